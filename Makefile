@@ -1,0 +1,101 @@
+# linseq build. `make` builds the libraries, the CLI and the tests; `make test` runs every
+# test twice (plain, then under AddressSanitizer + UndefinedBehaviorSanitizer); `make demo`
+# runs the demo; `make install PREFIX=...` installs header, libraries and pkg-config file.
+
+CC      ?= cc
+BUILD   ?= build
+OPT     ?= -O2
+SAN     ?=
+PREFIX  ?= /usr/local
+REFDATA ?= ../shared/refdata
+JUDGE   ?= ../shared/tools/check_npy_dir.py
+
+VERSION := $(shell sed -n 's/^\#define LINSEQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' include/linseq.h | paste -sd. -)
+SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
+
+WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla
+CFLAGS   ?=
+ALL_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g $(WARN) -fPIC -fopenmp \
+              -fvisibility=hidden -Iinclude -Isrc $(SAN) $(CFLAGS)
+LDLIBS_LIB := -lm -fopenmp -lpthread
+CJSON_LIBS := -lcjson
+
+LIB_SRC  := $(sort $(wildcard src/*/*.c))
+CLI_SRC  := $(sort $(wildcard tools/linseq/*.c))
+TEST_SRC := $(sort $(wildcard tests/test_*.c))
+TESTUTIL := tests/testutil.c
+
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+# The CLI sources minus main.c, linked into the tests that exercise the .npy reader and cases.
+CLI_LIB_OBJ := $(filter-out $(BUILD)/obj/tools/linseq/main.o,$(CLI_OBJ))
+
+STATIC := $(BUILD)/liblinseq.a
+SHARED := $(BUILD)/liblinseq.so.$(VERSION)
+CLI    := $(BUILD)/linseq
+
+.PHONY: all lib test test-run test-plain test-sanitize demo install clean deps
+all: lib $(CLI) $(TEST_BIN)
+lib: $(STATIC) $(SHARED)
+
+# Fails early with the command that installs cJSON when its header is missing.
+deps:
+	@printf '#include <cjson/cJSON.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 || \
+	  { echo "cJSON is missing: installing it with scripts/install-deps.sh"; \
+	    sh scripts/install-deps.sh; }
+
+$(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+$(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(SHARED): $(LIB_OBJ)
+	$(CC) $(ALL_CFLAGS) -shared -Wl,-soname,liblinseq.so.$(SOMAJOR) -o $@ $^ $(LDLIBS_LIB)
+	ln -sf liblinseq.so.$(VERSION) $(BUILD)/liblinseq.so.$(SOMAJOR)
+	ln -sf liblinseq.so.$(SOMAJOR) $(BUILD)/liblinseq.so
+
+$(CLI): $(CLI_OBJ) $(STATIC) | deps
+	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(CJSON_LIBS) $(LDLIBS_LIB)
+
+$(CLI_OBJ): | deps
+
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/testutil.o $(CLI_LIB_OBJ) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/obj/tests/testutil.o $(CLI_LIB_OBJ) $(STATIC) \
+	  $(CJSON_LIBS) $(LDLIBS_LIB)
+
+# Every unit test, the CLI over every reference case in every mode, and the independent
+# judge over the files `linseq run` writes.
+test-run: all
+	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
+	@sh tests/check_refdata.sh $(CLI) $(REFDATA) $(JUDGE)
+
+test-plain:
+	$(MAKE) test-run
+
+test-sanitize:
+	$(MAKE) BUILD=build/sanitize OPT=-O1 \
+	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test-run
+
+test: test-plain test-sanitize
+	@echo "make test: all tests passed (plain and sanitized)"
+
+demo: $(CLI)
+	$(CLI) demo
+
+install: lib
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
+	install -m 644 include/linseq.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(STATIC) $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf liblinseq.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/liblinseq.so.$(SOMAJOR)
+	ln -sf liblinseq.so.$(SOMAJOR) $(DESTDIR)$(PREFIX)/lib/liblinseq.so
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' linseq.pc.in \
+	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/linseq.pc
+
+clean:
+	rm -rf build

@@ -1,0 +1,265 @@
+/*
+ * linseq: linear-time sequence-mixing kernels (KDA / gated delta rule, Mamba1 selective
+ * scan, causal depthwise conv1d), exact in float32.
+ *
+ * The one public header. Every op is described by one "problem" struct (sizes, tensor
+ * pointers, options: *what* to compute) and run with an optional linseq_exec (mode, chunk
+ * size, threads: *how* to compute it). Forward and backward take the same problem struct.
+ *
+ * Conventions
+ *   - Tensors are dense, C order (row-major), float32, host memory. Shapes are given in the
+ *     comments as [B,T,H,K] etc.; the last index varies fastest.
+ *   - Every entry point validates every argument before it writes anything. On error it
+ *     returns a status != LINSEQ_OK, leaves every output byte unchanged, and
+ *     linseq_last_error() describes the argument at fault and what was expected.
+ *   - Zero-initialise a problem struct (`linseq_kda_problem p = {0};`) and set what you need:
+ *     every zero field means "absent" or "the default" as documented beside it.
+ *   - Workspace is allocated internally (malloc) for the duration of a call and freed before
+ *     it returns; allocation failure returns LINSEQ_ERR_OUT_OF_MEMORY before any output is
+ *     written. No call keeps state between calls; all entry points are thread-safe and
+ *     reentrant. The only global setting is the default thread count.
+ *   - Outputs must not overlap inputs or each other, except where an argument says it may be
+ *     the same pointer as an input (in-place state update).
+ */
+#ifndef LINSEQ_H
+#define LINSEQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define LINSEQ_VERSION_MAJOR 0
+#define LINSEQ_VERSION_MINOR 1
+#define LINSEQ_VERSION_PATCH 0
+
+#if defined(_WIN32)
+#define LINSEQ_API
+#else
+#define LINSEQ_API __attribute__((visibility("default")))
+#endif
+
+/* ------------------------------------------------------------------------------------ */
+/* Status and errors                                                                     */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum linseq_status {
+    LINSEQ_OK = 0,
+    LINSEQ_ERR_NULL_POINTER = 1,    /* a required pointer is NULL                           */
+    LINSEQ_ERR_INVALID_SIZE = 2,    /* a size < 1 (or otherwise out of its range)            */
+    LINSEQ_ERR_SIZE_OVERFLOW = 3,   /* a tensor's byte size does not fit in size_t           */
+    LINSEQ_ERR_SHAPE_MISMATCH = 4,  /* sizes inconsistent with each other (HV % H, D % G ...) */
+    LINSEQ_ERR_INVALID_CU_SEQLENS = 5, /* cu_seqlens not 0 .. T, or decreasing               */
+    LINSEQ_ERR_INVALID_ENUM = 6,    /* an enum field holds an unknown value                  */
+    LINSEQ_ERR_INVALID_VALUE = 7,   /* a scalar option out of range (scale, lower_bound ...) */
+    LINSEQ_ERR_ALIASING = 8,        /* an output overlaps an input or another output         */
+    LINSEQ_ERR_UNSUPPORTED = 9,     /* a valid request this build cannot run                 */
+    LINSEQ_ERR_OUT_OF_MEMORY = 10
+} linseq_status;
+
+/* A static string naming the status ("LINSEQ_ERR_NULL_POINTER: required pointer is NULL"). */
+LINSEQ_API const char *linseq_status_string(linseq_status status);
+
+/* The message of the last failed call on this thread ("" when none): names the function, the
+ * argument and the expected shape or range. Valid until the next linseq call on this thread. */
+LINSEQ_API const char *linseq_last_error(void);
+
+/* "MAJOR.MINOR.PATCH" */
+LINSEQ_API const char *linseq_version(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Execution settings (how to run, never what to compute)                               */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum linseq_mode {
+    LINSEQ_MODE_DEFAULT = 0,   /* chunked for KDA                                           */
+    LINSEQ_MODE_RECURRENT = 1, /* token by token: the state is updated once per token        */
+    LINSEQ_MODE_CHUNKED = 2    /* chunk-parallel (WY) form: matrix products inside a chunk   */
+} linseq_mode;
+
+typedef struct linseq_exec {
+    linseq_mode mode; /* KDA only; the other ops have a single algorithm                    */
+    int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64                             */
+    int threads;      /* > 0: use this many threads; 0 = linseq_get_num_threads()            */
+} linseq_exec;
+
+/* Default thread count for calls whose linseq_exec is NULL or has threads == 0.
+ * n == 0 restores the default (the number of processors OpenMP reports). n < 0 is rejected.
+ * Results are bitwise identical for every thread count. */
+LINSEQ_API linseq_status linseq_set_num_threads(int n);
+LINSEQ_API int linseq_get_num_threads(void);
+
+/* ------------------------------------------------------------------------------------ */
+/* Shared enums                                                                          */
+/* ------------------------------------------------------------------------------------ */
+
+typedef enum linseq_decay {
+    LINSEQ_DECAY_NONE = 0,        /* no decay (g is NULL): plain delta rule                */
+    LINSEQ_DECAY_PER_HEAD = 1,    /* g [B,T,HV]: one log-decay per token and head          */
+    LINSEQ_DECAY_PER_CHANNEL = 2  /* g [B,T,HV,K]: one log-decay per key channel (KDA)     */
+} linseq_decay;
+
+typedef enum linseq_activation {
+    LINSEQ_ACT_DEFAULT = 0,   /* the op's default: silu for the SSM1 gate, identity for conv */
+    LINSEQ_ACT_IDENTITY = 1,  /* f(z) = z                                                   */
+    LINSEQ_ACT_SILU = 2,      /* f(z) = z * sigmoid(z)                                      */
+    LINSEQ_ACT_SIGMOID = 3,   /* f(z) = 1 / (1 + exp(-z))                                   */
+    LINSEQ_ACT_GELU_TANH = 4, /* f(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))      */
+    LINSEQ_ACT_RELU = 5       /* f(z) = max(z, 0)                                           */
+} linseq_activation;
+
+/* ------------------------------------------------------------------------------------ */
+/* KDA: gated delta rule with per-channel (Kimi Delta Attention) or per-head decay        */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * Per (sequence, value head), with S a K x V state, for t = 0 .. T-1:
+ *     q_t, k_t  <- q_t / sqrt(|q_t|^2 + 1e-6), likewise k_t      (if qk_l2norm)
+ *     q_t       <- scale * q_t
+ *     S   <- diag(exp(g_t)) S               decay first (per head: exp(g_t) * S)
+ *     u_t <- beta_t (v_t - S^T k_t)         delta against the decayed state
+ *     S   <- S + k_t u_t^T                  rank-1 write
+ *     o_t <- S^T q_t                        read the updated state
+ * S starts from h0 (or zeros); ht is S after the last token.
+ *
+ * Layouts (HV value heads; q and k have H heads, HV = G*H, value head hv reads qk head hv/G):
+ *     q, k      [B,T,H,K]
+ *     v, o      [B,T,HV,V]
+ *     beta      [B,T,HV]        probabilities, or logits when beta_is_logit
+ *     g         [B,T,HV,K] (PER_CHANNEL) or [B,T,HV] (PER_HEAD); log decay, <= 0 expected.
+ *               With gate_in_kernel, g holds the raw gate input and the decay is
+ *               -exp(A_log[hv]) * softplus(g + dt_bias)          (lower_bound == 0), or
+ *               lower_bound * sigmoid(exp(A_log[hv]) * (g + dt_bias)) (lower_bound < 0).
+ *     h0, ht    [N,HV,K,V] (default) or [N,HV,V,K] (state_v_first); N = B, or the number of
+ *               sequences with cu_seqlens.
+ * Varlen: with cu_seqlens (int64, n_seqs + 1 entries, 0 = cu[0] <= cu[1] <= ... = T) and
+ * B == 1, the time axis packs n_seqs independent sequences; sequence n is tokens
+ * cu[n] .. cu[n+1]-1 and uses state row n.
+ *
+ * Chunked mode is exact for every g <= 0, down to -inf: no exponent it evaluates is
+ * positive. Per-token log decays below -110 are raised to -110 first, which changes nothing in
+ * float32 (exp(-110) already rounds to zero in any product with factors <= 1) and keeps the
+ * in-chunk cumulative sums small enough to subtract exactly.
+ */
+typedef struct linseq_kda_problem {
+    int64_t B, T;      /* batch, tokens per batch row (total packed tokens with cu_seqlens)  */
+    int64_t H;         /* query/key heads                                                    */
+    int64_t HV;        /* value heads, a multiple of H; 0 = H                                */
+    int64_t K, V;      /* key and value head dims, any >= 1                                  */
+
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (varlen; requires B == 1)      */
+    int64_t n_seqs;
+
+    const float *q, *k, *v, *beta;
+    const float *g;     /* see decay; NULL iff decay == LINSEQ_DECAY_NONE                     */
+    const float *h0;    /* NULL: start from zeros                                             */
+
+    linseq_decay decay;
+    float scale;        /* 0 = K^-0.5; any finite non-zero value otherwise                    */
+    bool qk_l2norm;     /* normalise q and k over K in the kernel (eps 1e-6 inside the sqrt)  */
+    bool beta_is_logit; /* beta holds logits; the kernel applies a sigmoid                    */
+    bool state_v_first; /* h0/ht are [.,V,K] instead of [.,K,V]                               */
+
+    bool gate_in_kernel;   /* g is the raw gate input; the decay is computed in the kernel   */
+    const float *A_log;    /* [HV]; NULL = zeros (exp(A_log) = 1)                             */
+    const float *dt_bias;  /* [HV*K] per channel, [HV] per head; NULL = zeros                  */
+    float lower_bound;     /* 0: default gate; < 0: lower-bound gate                          */
+} linseq_kda_problem;
+
+/* o [B,T,HV,V] (required); ht NULL or the state layout. ht may be the same pointer as h0
+ * (the state is updated in place); any other overlap with an input is rejected. */
+LINSEQ_API linseq_status linseq_kda_forward(const linseq_kda_problem *problem,
+                                            const linseq_exec *exec, float *o, float *ht);
+
+/* Single-step decode for a batch of requests: T must be 1, B is the number of requests, and
+ * each request's state lives in a pool of n_state_rows rows ([n_state_rows,HV,K,V] or V-first),
+ * updated in place. state_rows (int64 [B], optional) maps request b to its row; NULL means row
+ * b (then n_state_rows >= B). A negative row marks a padding request: its o row is set to 0
+ * and no state is touched. Two requests may not share a row. problem->h0 and cu_seqlens must
+ * be NULL. Rows not named are never read or written. */
+LINSEQ_API linseq_status linseq_kda_decode(const linseq_kda_problem *problem,
+                                           const linseq_exec *exec, float *state,
+                                           int64_t n_state_rows, const int64_t *state_rows,
+                                           float *o);
+
+/* ------------------------------------------------------------------------------------ */
+/* KDA gate (standalone): the decay of a KDA layer from its raw gate input               */
+/* ------------------------------------------------------------------------------------ */
+/*     default:      g = -exp(A_log[h]) * softplus(g_raw + dt_bias)
+ *     lower bound:  g = lower_bound * sigmoid(exp(A_log[h]) * (g_raw + dt_bias))
+ * PER_CHANNEL: g_raw, g [B,T,H,K], dt_bias [H*K]. PER_HEAD: g_raw, g [B,T,H], dt_bias [H].
+ * softplus(x) = log(1 + e^x), returning x for x > 20 (as torch and fla do). */
+typedef struct linseq_kda_gate_problem {
+    int64_t B, T, H, K;    /* K is ignored (may be 0) for PER_HEAD                          */
+    linseq_decay decay;    /* PER_HEAD or PER_CHANNEL                                       */
+    const float *g_raw;
+    const float *A_log;    /* [H]; NULL = zeros                                             */
+    const float *dt_bias;  /* NULL = zeros                                                  */
+    float lower_bound;     /* 0: default form; < 0: lower-bound form                        */
+} linseq_kda_gate_problem;
+
+LINSEQ_API linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *problem,
+                                                 const linseq_exec *exec, float *g);
+
+/* ------------------------------------------------------------------------------------ */
+/* SSM1: Mamba1 selective state space scan (real A)                                       */
+/* ------------------------------------------------------------------------------------ */
+/* Per sequence, channel d (group gi = d / (D/G)) and state n:
+ *     dt_t      = dt_softplus ? softplus(dt_t + dt_bias[d]) : dt_t    (threshold 20)
+ *     h_t[d,n]  = exp(A[d,n] dt_t[d]) h_{t-1}[d,n] + dt_t[d] B_t[gi,n] x_t[d]
+ *     y_t[d]    = sum_n h_t[d,n] C_t[gi,n] + D[d] x_t[d]
+ *     y_t[d]   *= act(gate_t[d])                                       (if gate)
+ * Layouts: x, dt, gate, y [B,T,D]; A [D,N]; B_proj, C_proj [B,T,G,N]; D_skip, dt_bias [D];
+ * h0, hT [N_seq,D,N] (N_seq = B, or n_seqs with cu_seqlens). hT is the state after the last
+ * token, before any gate. */
+typedef struct linseq_ssm1_problem {
+    int64_t B, T, D, N;
+    int64_t G;                 /* groups of B_proj / C_proj, dividing D; 0 = 1           */
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1)          */
+    int64_t n_seqs;
+
+    const float *x, *dt, *A;
+    const float *B_proj, *C_proj; /* the input-dependent B_t and C_t                     */
+    const float *D_skip;          /* NULL: no skip term                                  */
+    const float *gate;            /* NULL: no gating                                     */
+    const float *h0;              /* NULL: zeros                                         */
+
+    bool dt_softplus;             /* apply softplus(dt + dt_bias) in the kernel          */
+    const float *dt_bias;         /* [D], only with dt_softplus; NULL = zeros             */
+    linseq_activation gate_activation; /* DEFAULT = silu                                 */
+} linseq_ssm1_problem;
+
+/* y [B,T,D] (required); hT NULL or [N_seq,D,N], may be the same pointer as h0. */
+LINSEQ_API linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *problem,
+                                             const linseq_exec *exec, float *y, float *hT);
+
+/* ------------------------------------------------------------------------------------ */
+/* Causal depthwise conv1d (Mamba's short conv)                                           */
+/* ------------------------------------------------------------------------------------ */
+/*     xs = concat_time(conv_state or zeros [D,W-1], x^T)            per sequence
+ *     y[t,d] = act(bias[d] + sum_{j<W} weight[d,j] xs[d,t+j])      weight[d,W-1] hits x_t
+ *     conv_state_out = the last W-1 columns of xs                   (zero-padded on the left)
+ * Layouts: x, y [B,T,D]; weight [D,W]; bias [D]; conv_state, conv_state_out [N_seq,D,W-1],
+ * oldest input first (N_seq = B, or n_seqs with cu_seqlens). */
+typedef struct linseq_conv1d_problem {
+    int64_t B, T, D, W;
+    const int64_t *cu_seqlens;    /* NULL, or n_seqs + 1 offsets (requires B == 1)       */
+    int64_t n_seqs;
+    const float *x, *weight;
+    const float *bias;            /* NULL: no bias                                        */
+    const float *conv_state;      /* NULL: zeros                                          */
+    linseq_activation activation; /* DEFAULT = identity                                   */
+} linseq_conv1d_problem;
+
+/* y [B,T,D] (required); conv_state_out NULL or [N_seq,D,W-1], may be the same pointer as
+ * conv_state (decode: the window is advanced in place). */
+LINSEQ_API linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *problem,
+                                               const linseq_exec *exec, float *y,
+                                               float *conv_state_out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* LINSEQ_H */

@@ -1,0 +1,64 @@
+/* Internal: scalar activations and softplus, shared by the gate, SSM1 and conv so that an
+ * in-kernel option and the standalone op compute bit-identical values. */
+#ifndef LS_CORE_ACTIVATION_H
+#define LS_CORE_ACTIVATION_H
+
+#include <math.h>
+
+#include "linseq.h"
+
+static inline float ls_sigmoidf(float z)
+{
+    /* Two branches so that exp never overflows. */
+    if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
+    float e = expf(z);
+    return e / (1.0f + e);
+}
+
+/* log(1 + e^x), returning x above 20 like torch.nn.functional.softplus and mamba. */
+static inline float ls_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+static inline float ls_gelu_tanhf(float z)
+{
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * z * (1.0f + tanhf(k * (z + 0.044715f * z * z * z)));
+}
+
+/* act must be resolved (not LINSEQ_ACT_DEFAULT). */
+static inline float ls_activate(linseq_activation act, float z)
+{
+    switch (act) {
+    case LINSEQ_ACT_SILU: return z * ls_sigmoidf(z);
+    case LINSEQ_ACT_SIGMOID: return ls_sigmoidf(z);
+    case LINSEQ_ACT_GELU_TANH: return ls_gelu_tanhf(z);
+    case LINSEQ_ACT_RELU: return z > 0.0f ? z : (z == z ? 0.0f : z);
+    default: return z;
+    }
+}
+
+/* Double-precision twins for the scalar references. */
+static inline double ls_sigmoid(double z)
+{
+    if (z >= 0.0) return 1.0 / (1.0 + exp(-z));
+    double e = exp(z);
+    return e / (1.0 + e);
+}
+static inline double ls_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+static inline double ls_activate_ref(linseq_activation act, double z)
+{
+    switch (act) {
+    case LINSEQ_ACT_SILU: return z * ls_sigmoid(z);
+    case LINSEQ_ACT_SIGMOID: return ls_sigmoid(z);
+    case LINSEQ_ACT_GELU_TANH:
+        return 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
+    case LINSEQ_ACT_RELU: return z > 0.0 ? z : (z == z ? 0.0 : z);
+    default: return z;
+    }
+}
+
+static inline bool ls_activation_valid(linseq_activation act)
+{
+    return (unsigned)act <= (unsigned)LINSEQ_ACT_RELU;
+}
+
+#endif

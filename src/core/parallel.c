@@ -1,0 +1,56 @@
+/* Thread-count setting and the parallel loop over independent work items (OpenMP). */
+#include "core/parallel.h"
+
+#include <stdatomic.h>
+
+#include "core/status.h"
+#include "core/validate.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
+/* 0 = not set: use what OpenMP reports. The only global state of the library. */
+static atomic_int default_threads;
+
+linseq_status linseq_set_num_threads(int n)
+{
+    ls_clear_error();
+    if (n < 0)
+        return ls_fail("linseq_set_num_threads", LINSEQ_ERR_INVALID_VALUE,
+                       "n = %d; expected n >= 0 (0 restores the default)", n);
+    atomic_store(&default_threads, n);
+    return LINSEQ_OK;
+}
+
+int linseq_get_num_threads(void)
+{
+    int n = atomic_load(&default_threads);
+    if (n > 0) return n;
+#ifdef _OPENMP
+    return omp_get_num_procs();
+#else
+    return 1;
+#endif
+}
+
+int ls_resolve_threads(const linseq_exec *exec, int64_t max_items)
+{
+    int64_t n = exec && exec->threads > 0 ? exec->threads : linseq_get_num_threads();
+    if (n > max_items) n = max_items;
+    return n < 1 ? 1 : (int)n;
+}
+
+void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
+{
+#ifdef _OPENMP
+    if (n_threads > 1 && n_items > 1) {
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
+        for (int64_t i = 0; i < n_items; i++) fn(ctx, i, omp_get_thread_num());
+        return;
+    }
+#else
+    (void)n_threads;
+#endif
+    for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
+}

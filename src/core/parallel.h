@@ -1,0 +1,15 @@
+/* Internal: the one place that runs work items on threads.
+ *
+ * Items are independent (one per sequence and head, or per channel block); each item's
+ * arithmetic is the same whichever thread runs it, so results do not depend on the thread
+ * count. `thread` is in [0, n_threads) and indexes per-thread workspace. */
+#ifndef LS_CORE_PARALLEL_H
+#define LS_CORE_PARALLEL_H
+
+#include <stdint.h>
+
+typedef void (*ls_item_fn)(void *ctx, int64_t item, int thread);
+
+void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx);
+
+#endif

@@ -1,0 +1,150 @@
+/* Argument validation shared by every entry point: names the argument at fault. */
+#include "core/validate.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "core/status.h"
+
+ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr,
+                  bool required, ls_role role, size_t elem_size, int ndim, ...)
+{
+    /* The table size is a compile-time property of each entry point; overflowing it is a
+     * programming error caught by the tests, never by user input. */
+    ls_tensor *t = &a->t[a->n < LS_MAX_ARGS - 1 ? a->n++ : LS_MAX_ARGS - 1];
+    memset(t, 0, sizeof *t);
+    t->name = name;
+    t->dims = dims;
+    t->ptr = ptr;
+    t->required = required;
+    t->role = role;
+    t->elem_size = elem_size;
+    t->ndim = ndim;
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim && i < LS_MAX_DIMS; i++) t->shape[i] = va_arg(ap, int64_t);
+    va_end(ap);
+    return t;
+}
+
+void ls_shape_text(const ls_tensor *t, char *buf, size_t n)
+{
+    int w = snprintf(buf, n, "[%s] = [", t->dims);
+    for (int i = 0; i < t->ndim && w > 0 && (size_t)w < n; i++)
+        w += snprintf(buf + w, n - (size_t)w, "%s%lld", i ? "," : "", (long long)t->shape[i]);
+    if (w > 0 && (size_t)w < n) snprintf(buf + w, n - (size_t)w, "]");
+}
+
+bool ls_mul_ok(int64_t *out, int n, ...)
+{
+    va_list ap;
+    va_start(ap, n);
+    int64_t acc = 1;
+    bool ok = true;
+    for (int i = 0; i < n; i++) {
+        int64_t v = va_arg(ap, int64_t);
+        if (v < 0 || __builtin_mul_overflow(acc, v, &acc) || acc > (int64_t)PTRDIFF_MAX) ok = false;
+    }
+    va_end(ap);
+    *out = ok ? acc : 0;
+    return ok;
+}
+
+static bool tensor_bytes(ls_tensor *t)
+{
+    int64_t acc = (int64_t)t->elem_size;
+    for (int i = 0; i < t->ndim; i++) {
+        if (t->shape[i] < 0 || __builtin_mul_overflow(acc, t->shape[i], &acc) ||
+            acc > (int64_t)PTRDIFF_MAX)
+            return false;
+    }
+    t->bytes = (size_t)acc;
+    return true;
+}
+
+static bool overlap(const ls_tensor *x, const ls_tensor *y)
+{
+    if (!x->ptr || !y->ptr || !x->bytes || !y->bytes) return false;
+    uintptr_t a0 = (uintptr_t)x->ptr, a1 = a0 + x->bytes;
+    uintptr_t b0 = (uintptr_t)y->ptr, b1 = b0 + y->bytes;
+    return a0 < b1 && b0 < a1;
+}
+
+linseq_status ls_args_validate(ls_args *a)
+{
+    char shape[160];
+    for (int i = 0; i < a->n; i++) {
+        ls_tensor *t = &a->t[i];
+        if (t->required && !t->ptr) {
+            ls_shape_text(t, shape, sizeof shape);
+            return ls_fail(a->fn, LINSEQ_ERR_NULL_POINTER,
+                           "%s '%s' is NULL; expected a %s tensor %s",
+                           t->role == LS_OUT ? "output" : "argument", t->name,
+                           t->elem_size == 8 ? "int64" : "float32", shape);
+        }
+    }
+    for (int i = 0; i < a->n; i++) {
+        ls_tensor *t = &a->t[i];
+        if (!tensor_bytes(t)) {
+            ls_shape_text(t, shape, sizeof shape);
+            return ls_fail(a->fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                           "'%s' %s has a byte size that does not fit in ptrdiff_t", t->name,
+                           shape);
+        }
+    }
+    for (int i = 0; i < a->n; i++) {
+        const ls_tensor *o = &a->t[i];
+        if (o->role != LS_OUT || !o->ptr) continue;
+        for (int j = 0; j < a->n; j++) {
+            const ls_tensor *x = &a->t[j];
+            if (j == i || (x->role == LS_OUT && j < i) || !overlap(o, x)) continue;
+            bool allowed = x->role == LS_IN && o->may_alias && o->may_alias == x->ptr &&
+                           o->ptr == x->ptr && o->bytes == x->bytes;
+            if (!allowed)
+                return ls_fail(a->fn, LINSEQ_ERR_ALIASING,
+                               "output '%s' overlaps %s '%s'%s", o->name,
+                               x->role == LS_OUT ? "output" : "input", x->name,
+                               o->may_alias && x->ptr == o->may_alias
+                                   ? " (it may only be exactly the same buffer)"
+                                   : "");
+        }
+    }
+    return LINSEQ_OK;
+}
+
+linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min)
+{
+    if (value < min)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE, "size %s = %lld; expected %s >= %lld", name,
+                       (long long)value, name, (long long)min);
+    return LINSEQ_OK;
+}
+
+linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,
+                                  int64_t T)
+{
+    if (B != 1)
+        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "cu_seqlens is given, so B must be 1 (sequences are packed along T); "
+                       "got B = %lld", (long long)B);
+    if (n_seqs < 1)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                       "n_seqs = %lld; expected n_seqs >= 1 (cu_seqlens has n_seqs + 1 entries)",
+                       (long long)n_seqs);
+    if (cu[0] != 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS,
+                       "cu_seqlens[0] = %lld; expected 0", (long long)cu[0]);
+    for (int64_t i = 1; i <= n_seqs; i++) {
+        if (cu[i] < cu[i - 1])
+            return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS,
+                           "cu_seqlens decreases at index %lld (%lld < %lld); expected "
+                           "non-decreasing offsets",
+                           (long long)i, (long long)cu[i], (long long)cu[i - 1]);
+    }
+    if (cu[n_seqs] != T)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS,
+                       "cu_seqlens[n_seqs = %lld] = %lld; expected T = %lld", (long long)n_seqs,
+                       (long long)cu[n_seqs], (long long)T);
+    return LINSEQ_OK;
+}

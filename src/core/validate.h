@@ -1,0 +1,65 @@
+/* Internal: argument validation shared by every entry point.
+ *
+ * An entry point lists its tensor arguments (name, dims text, shape, pointer, role) in an
+ * ls_args, then ls_args_validate() checks, in this order, that every required pointer is
+ * non-NULL, that no byte size overflows, and that no output overlaps an input or another
+ * output (except an output explicitly allowed to be the same pointer as one input). The
+ * first failure is recorded with a message naming the argument and its expected shape. */
+#ifndef LS_CORE_VALIDATE_H
+#define LS_CORE_VALIDATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "linseq.h"
+
+#define LS_MAX_DIMS 5
+#define LS_MAX_ARGS 24
+
+typedef enum { LS_IN = 0, LS_OUT = 1 } ls_role;
+
+typedef struct ls_tensor {
+    const char *name;         /* argument name as the caller knows it: "q", "h0"          */
+    const char *dims;         /* "B,T,H,K"                                                 */
+    int ndim;
+    int64_t shape[LS_MAX_DIMS];
+    size_t elem_size;
+    const void *ptr;
+    bool required;
+    ls_role role;
+    const void *may_alias;    /* output only: the input pointer it may equal exactly     */
+    size_t bytes;             /* filled by ls_args_validate                              */
+} ls_tensor;
+
+typedef struct ls_args {
+    const char *fn;
+    int n;
+    ls_tensor t[LS_MAX_ARGS];
+} ls_args;
+
+/* Adds a tensor argument; shape values follow ndim. Returns the entry. */
+ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr,
+                  bool required, ls_role role, size_t elem_size, int ndim, ...);
+
+/* Null pointers, byte-size overflow, aliasing. Returns the first failure. */
+linseq_status ls_args_validate(ls_args *a);
+
+/* "[B,T,H,K] = [2,64,4,128]" */
+void ls_shape_text(const ls_tensor *t, char *buf, size_t n);
+
+/* size < min -> LINSEQ_ERR_INVALID_SIZE naming the size. */
+linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min);
+
+/* Offsets of n_seqs packed sequences in a time axis of T tokens (B must be 1). */
+linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,
+                                  int64_t T);
+
+/* Exact product of non-negative sizes, false if it exceeds PTRDIFF_MAX. */
+bool ls_mul_ok(int64_t *out, int n, ...);
+
+/* The thread count a call will use: exec->threads if > 0, else the global setting,
+ * capped at max_items (>= 1). */
+int ls_resolve_threads(const linseq_exec *exec, int64_t max_items);
+
+#endif

@@ -1,0 +1,89 @@
+/* Test harness implementation: counters, RNG, error metrics, poison buffers. */
+#include "testutil.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+int tu_failures;
+int tu_checks;
+
+int tu_finish(const char *suite)
+{
+    printf("%s: %d checks, %d failed\n", suite, tu_checks, tu_failures);
+    return tu_failures ? 1 : 0;
+}
+
+uint64_t tu_next(tu_rng *r)
+{
+    /* splitmix64: tiny, good enough for test data, identical on every platform */
+    uint64_t z = (r->s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+double tu_uniform(tu_rng *r, double lo, double hi)
+{
+    return lo + (hi - lo) * ((double)(tu_next(r) >> 11) * (1.0 / 9007199254740992.0));
+}
+
+double tu_normal(tu_rng *r)
+{
+    double u1 = tu_uniform(r, 1e-300, 1.0), u2 = tu_uniform(r, 0.0, 1.0);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+}
+
+void tu_fill_normal(tu_rng *r, float *x, size_t n, double sd)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)(sd * tu_normal(r));
+}
+
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, double lo, double hi)
+{
+    for (size_t i = 0; i < n; i++) x[i] = (float)tu_uniform(r, lo, hi);
+}
+
+float *tu_alloc(size_t n)
+{
+    float *p = calloc(n ? n : 1, sizeof(float));
+    if (!p) {
+        fprintf(stderr, "test allocation of %zu floats failed\n", n);
+        exit(2);
+    }
+    return p;
+}
+
+double tu_rel_err(const float *a, const float *ref, size_t n)
+{
+    double err = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double e = fabs((double)a[i] - (double)ref[i]);
+        if (e > err) err = e;
+        if (fabs((double)ref[i]) > mx) mx = fabs((double)ref[i]);
+    }
+    return mx > 0.0 ? err / mx : err;
+}
+
+double tu_rel_err_d(const float *a, const double *ref, size_t n)
+{
+    double err = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        double e = fabs((double)a[i] - ref[i]);
+        if (e > err) err = e;
+        if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
+    }
+    return mx > 0.0 ? err / mx : err;
+}
+
+void tu_poison(void *p, size_t bytes) { memset(p, 0xA5, bytes); }
+
+bool tu_is_poisoned(const void *p, size_t bytes)
+{
+    const unsigned char *c = p;
+    for (size_t i = 0; i < bytes; i++)
+        if (c[i] != 0xA5) return false;
+    return true;
+}

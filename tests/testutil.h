@@ -1,0 +1,57 @@
+/* A tiny test harness: checks that count failures, a deterministic RNG, error metrics. */
+#ifndef LS_TESTUTIL_H
+#define LS_TESTUTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "linseq.h"
+
+extern int tu_failures;
+extern int tu_checks;
+
+#define CHECK(cond, ...)                                                                 \
+    do {                                                                                 \
+        tu_checks++;                                                                     \
+        if (!(cond)) {                                                                   \
+            tu_failures++;                                                               \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                         \
+            fprintf(stderr, __VA_ARGS__);                                                \
+            fputc('\n', stderr);                                                         \
+        }                                                                                \
+    } while (0)
+
+/* Checks status == LINSEQ_OK and prints the library's message otherwise. */
+#define CHECK_OK(expr)                                                                   \
+    do {                                                                                 \
+        linseq_status st_ = (expr);                                                      \
+        CHECK(st_ == LINSEQ_OK, "%s -> %s (%s)", #expr, linseq_status_string(st_),       \
+              linseq_last_error());                                                      \
+    } while (0)
+
+/* Prints a summary line and returns the process exit code. */
+int tu_finish(const char *suite);
+
+/* Deterministic xoshiro-style generator. */
+typedef struct { uint64_t s; } tu_rng;
+uint64_t tu_next(tu_rng *r);
+double tu_uniform(tu_rng *r, double lo, double hi);
+double tu_normal(tu_rng *r);
+void tu_fill_normal(tu_rng *r, float *x, size_t n, double sd);
+void tu_fill_uniform(tu_rng *r, float *x, size_t n, double lo, double hi);
+
+/* Allocation that aborts the test on failure (zeroed). */
+float *tu_alloc(size_t n);
+
+/* max|a-b| / max|ref| (max|a-b| when ref is all zero); NaN/Inf in a gives +inf. */
+double tu_rel_err(const float *a, const float *ref, size_t n);
+/* Same with a double-precision reference. */
+double tu_rel_err_d(const float *a, const double *ref, size_t n);
+
+/* Fills with a byte pattern and checks it is intact (poisoned outputs on error). */
+void tu_poison(void *p, size_t bytes);
+bool tu_is_poisoned(const void *p, size_t bytes);
+
+#endif
