@@ -23,7 +23,9 @@ CJSON_LIBS := -lcjson
 LIB_SRC  := $(sort $(wildcard src/*/*.c))
 CLI_SRC  := $(sort $(wildcard tools/linseq/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
-TESTUTIL := tests/testutil.c
+# Helpers shared by the tests: every tests/*.c that is not a test_*.c program.
+TEST_SUPPORT := $(filter-out $(TEST_SRC),$(sort $(wildcard tests/*.c)))
+TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
@@ -63,9 +65,9 @@ $(CLI): $(CLI_OBJ) $(STATIC) | deps
 
 $(CLI_OBJ): | deps
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(BUILD)/obj/tests/testutil.o $(CLI_LIB_OBJ) $(STATIC)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(BUILD)/obj/tests/testutil.o $(CLI_LIB_OBJ) $(STATIC) \
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(STATIC) \
 	  $(CJSON_LIBS) $(LDLIBS_LIB)
 
 # Every unit test, the CLI over every reference case in every mode, and the independent

@@ -86,7 +86,7 @@ linseq_status ls_args_validate(ls_args *a)
     }
     for (int i = 0; i < a->n; i++) {
         ls_tensor *t = &a->t[i];
-        if (!tensor_bytes(t)) {
+        if (t->ptr && !tensor_bytes(t)) { /* an absent optional tensor has no size to check */
             ls_shape_text(t, shape, sizeof shape);
             return ls_fail(a->fn, LINSEQ_ERR_SIZE_OVERFLOW,
                            "'%s' %s has a byte size that does not fit in ptrdiff_t", t->name,

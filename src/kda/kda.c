@@ -1,0 +1,387 @@
+/* KDA entry points: validate the problem, split it into (sequence, value head) items, run
+ * each item with the recurrent or chunked kernel, store the states. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/parallel.h"
+#include "core/status.h"
+#include "core/validate.h"
+#include "kda/kda_internal.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* Per-token inputs and states, shared by both kernels                                        */
+/* ---------------------------------------------------------------------------------------- */
+
+static void l2norm_then_scale(const float *x, int64_t n, float scale, float *out)
+{
+    /* Summed in double: with K up to thousands a float sum of squares would cost digits. */
+    double ss = 0.0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    const float r = (float)(1.0 / sqrt(ss + 1e-6));
+    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * r) * scale;
+}
+
+void kda_load_token(const kda_plan *pl, int64_t tok, int64_t hv, float *qs, float *ks,
+                    float *beta, float *g)
+{
+    const linseq_kda_problem *p = pl->p;
+    const int64_t K = p->K, H = p->H, HV = pl->HV, h = hv / pl->group;
+    const float *q = p->q + (tok * H + h) * K;
+    const float *k = p->k + (tok * H + h) * K;
+    if (p->qk_l2norm) {
+        l2norm_then_scale(q, K, pl->scale, qs);
+        l2norm_then_scale(k, K, 1.0f, ks);
+    } else {
+        for (int64_t i = 0; i < K; i++) qs[i] = q[i] * pl->scale;
+        memcpy(ks, k, (size_t)K * sizeof *ks);
+    }
+    const float b = p->beta[tok * HV + hv];
+    *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
+
+    if (p->decay == LINSEQ_DECAY_NONE) {
+        g[0] = 0.0f;
+        return;
+    }
+    const int64_t gK = pl->gK;
+    const float *graw = p->g + (tok * HV + hv) * gK;
+    if (!p->gate_in_kernel) {
+        memcpy(g, graw, (size_t)gK * sizeof *g);
+        return;
+    }
+    const float a_log = p->A_log ? p->A_log[hv] : 0.0f;
+    for (int64_t i = 0; i < gK; i++) {
+        const float bias = p->dt_bias ? p->dt_bias[hv * gK + i] : 0.0f;
+        g[i] = kda_gate_value(graw[i], bias, a_log, p->lower_bound);
+    }
+}
+
+void kda_state_load(const kda_plan *pl, const float *src, float *S)
+{
+    const int64_t K = pl->p->K, V = pl->p->V;
+    if (!src) {
+        memset(S, 0, (size_t)(K * V) * sizeof *S);
+    } else if (!pl->p->state_v_first) {
+        memcpy(S, src, (size_t)(K * V) * sizeof *S);
+    } else {
+        for (int64_t j = 0; j < V; j++)
+            for (int64_t i = 0; i < K; i++) S[i * V + j] = src[j * K + i];
+    }
+}
+
+void kda_state_store(const kda_plan *pl, const float *S, float *dst)
+{
+    const int64_t K = pl->p->K, V = pl->p->V;
+    if (!pl->p->state_v_first) {
+        if (dst != S) memcpy(dst, S, (size_t)(K * V) * sizeof *S);
+    } else {
+        for (int64_t j = 0; j < V; j++)
+            for (int64_t i = 0; i < K; i++) dst[j * K + i] = S[i * V + j];
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Validation                                                                                 */
+/* ---------------------------------------------------------------------------------------- */
+
+static linseq_status check_exec(const char *fn, const linseq_exec *ex)
+{
+    if (!ex) return LINSEQ_OK;
+    if ((unsigned)ex->mode > (unsigned)LINSEQ_MODE_CHUNKED)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "exec->mode = %d; expected LINSEQ_MODE_DEFAULT, _RECURRENT or _CHUNKED",
+                       (int)ex->mode);
+    if (ex->chunk_size != 0 && ex->chunk_size != 16 && ex->chunk_size != 32 &&
+        ex->chunk_size != 64 && ex->chunk_size != 128)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "exec->chunk_size = %d; expected 16, 32, 64 or 128 (0 = 64)",
+                       ex->chunk_size);
+    if (ex->threads < 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "exec->threads = %d; expected >= 0 (0 = the global setting)", ex->threads);
+    return LINSEQ_OK;
+}
+
+/* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
+static linseq_status check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
+{
+    linseq_status st;
+    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
+    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
+        (st = ls_check_min(fn, "H", p->H, 1)) || (st = ls_check_min(fn, "HV", p->HV, 0)) ||
+        (st = ls_check_min(fn, "K", p->K, 1)) || (st = ls_check_min(fn, "V", p->V, 1)))
+        return st;
+    const int64_t HV = p->HV ? p->HV : p->H;
+    if (HV % p->H != 0)
+        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "HV = %lld is not a multiple of H = %lld (value head hv reads qk head "
+                       "hv / (HV/H))",
+                       (long long)HV, (long long)p->H);
+    if ((unsigned)p->decay > (unsigned)LINSEQ_DECAY_PER_CHANNEL)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "decay = %d; expected LINSEQ_DECAY_NONE, _PER_HEAD or _PER_CHANNEL",
+                       (int)p->decay);
+    if (p->decay == LINSEQ_DECAY_NONE && p->g)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'g' is given but decay is LINSEQ_DECAY_NONE; set decay to PER_HEAD "
+                       "([B,T,HV]) or PER_CHANNEL ([B,T,HV,K])");
+    if (p->decay == LINSEQ_DECAY_NONE && p->gate_in_kernel)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "gate_in_kernel needs a decay kind (PER_HEAD or PER_CHANNEL)");
+    if (!p->gate_in_kernel && (p->A_log || p->dt_bias || p->lower_bound != 0.0f))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "A_log, dt_bias or lower_bound is set but gate_in_kernel is false");
+    if (!(p->lower_bound <= 0.0f) || isinf(p->lower_bound))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
+                       (double)p->lower_bound);
+    if (!isfinite(p->scale))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "scale = %g; expected a finite value (0 = K^-0.5)", (double)p->scale);
+    int64_t n_seqs = p->B;
+    if (p->cu_seqlens) {
+        if ((st = ls_check_min(fn, "n_seqs", p->n_seqs, 1))) return st;
+        if (p->n_seqs == INT64_MAX)
+            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs + 1 overflows int64");
+        n_seqs = p->n_seqs;
+    }
+    pl->p = p;
+    pl->HV = HV;
+    pl->group = HV / p->H;
+    pl->n_seqs = n_seqs;
+    pl->gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+    pl->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->K));
+    pl->chunk = 0;
+    return LINSEQ_OK;
+}
+
+/* The tensor table shared by forward and decode: inputs only. */
+static void add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
+{
+    const linseq_kda_problem *p = pl->p;
+    const int64_t B = p->B, H = p->H, HV = pl->HV, K = p->K, V = p->V;
+    ls_arg(a, "q", "B,T,H,K", p->q, true, LS_IN, 4, 4, B, T, H, K);
+    ls_arg(a, "k", "B,T,H,K", p->k, true, LS_IN, 4, 4, B, T, H, K);
+    ls_arg(a, "v", "B,T,HV,V", p->v, true, LS_IN, 4, 4, B, T, HV, V);
+    ls_arg(a, "beta", "B,T,HV", p->beta, true, LS_IN, 4, 3, B, T, HV);
+    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
+        ls_arg(a, "g", "B,T,HV,K", p->g, true, LS_IN, 4, 4, B, T, HV, K);
+    else if (p->decay == LINSEQ_DECAY_PER_HEAD)
+        ls_arg(a, "g", "B,T,HV", p->g, true, LS_IN, 4, 3, B, T, HV);
+    if (p->gate_in_kernel) {
+        ls_arg(a, "A_log", "HV", p->A_log, false, LS_IN, 4, 1, HV);
+        if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
+            ls_arg(a, "dt_bias", "HV*K", p->dt_bias, false, LS_IN, 4, 1, HV * K);
+        else
+            ls_arg(a, "dt_bias", "HV", p->dt_bias, false, LS_IN, 4, 1, HV);
+    }
+    if (p->cu_seqlens)
+        ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, true, LS_IN, 8, 1, p->n_seqs + 1);
+}
+
+static const char *state_dims(const linseq_kda_problem *p, const char *rows)
+{
+    if (rows[0] == 'N') return p->state_v_first ? "N,HV,V,K" : "N,HV,K,V";
+    return p->state_v_first ? "n_state_rows,HV,V,K" : "n_state_rows,HV,K,V";
+}
+
+/* Sizes of the per-thread working set, checked so that no allocation size can wrap. */
+static linseq_status check_workspace(const char *fn, const kda_plan *pl, size_t *bytes)
+{
+    const linseq_kda_problem *p = pl->p;
+    int64_t kv, extra;
+    int64_t c = pl->chunk ? pl->chunk : 1;
+    if (!ls_mul_ok(&kv, 2, p->K, p->V) || !ls_mul_ok(&extra, 2, c, p->K + p->V + c) ||
+        kv > (int64_t)(PTRDIFF_MAX / 64) || extra > (int64_t)(PTRDIFF_MAX / 64))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                       "the working state K*V = %lld*%lld is too large to allocate",
+                       (long long)p->K, (long long)p->V);
+    size_t s = (size_t)kv * sizeof(float);
+    s = (s + 63) & ~(size_t)63;
+    *bytes = s + (pl->chunk ? kda_chunk_workspace_bytes(pl)
+                            : kda_recurrent_scratch_floats(pl) * sizeof(float));
+    *bytes = (*bytes + 63) & ~(size_t)63;
+    return LINSEQ_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Forward                                                                                    */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kda_plan *pl;
+    float *o, *ht;
+    unsigned char *ws;
+    size_t ws_stride, state_bytes;
+} forward_ctx;
+
+static void forward_item(void *ctx, int64_t item, int thread)
+{
+    const forward_ctx *c = ctx;
+    const kda_plan *pl = c->pl;
+    const linseq_kda_problem *p = pl->p;
+    const int64_t n = item / pl->HV, hv = item % pl->HV, KV = p->K * p->V;
+    int64_t start, len;
+    kda_seq_range(pl, n, &start, &len);
+
+    float *S = (float *)(void *)(c->ws + (size_t)thread * c->ws_stride);
+    void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
+    kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, S);
+    if (pl->chunk)
+        kda_chunk_item(pl, start, len, hv, S, c->o, scratch);
+    else
+        kda_recurrent_item(pl, start, len, hv, S, c->o, scratch);
+    if (c->ht) kda_state_store(pl, S, c->ht + (n * pl->HV + hv) * KV);
+}
+
+linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                 float *o, float *ht)
+{
+    static const char fn[] = "linseq_kda_forward";
+    ls_clear_error();
+    kda_plan pl;
+    linseq_status st;
+    if ((st = check_problem(fn, problem, &pl)) || (st = check_exec(fn, exec))) return st;
+    const linseq_kda_problem *p = problem;
+
+    ls_args a = {.fn = fn};
+    add_inputs(&a, &pl, p->T);
+    const char *sd = state_dims(p, "N");
+    const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
+    ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, pl.HV, d2, d3);
+    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, p->T, pl.HV, p->V);
+    ls_tensor *t_ht = ls_arg(&a, "ht", sd, ht, false, LS_OUT, 4, 4, pl.n_seqs, pl.HV, d2, d3);
+    t_ht->may_alias = p->h0;
+    const linseq_mode mode = exec ? exec->mode : LINSEQ_MODE_DEFAULT;
+    if (mode != LINSEQ_MODE_RECURRENT) pl.chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
+    size_t ws_stride;
+    if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
+        return st;
+    const int64_t n_items = pl.n_seqs * pl.HV;
+    const int threads = ls_resolve_threads(exec, n_items);
+    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
+    if (!ws)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
+                       ws_stride * (size_t)threads);
+
+    forward_ctx c = {.pl = &pl, .o = o, .ht = ht, .ws = ws, .ws_stride = ws_stride,
+                     .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63};
+    ls_parallel_for(n_items, threads, forward_item, &c);
+    free(ws);
+    return LINSEQ_OK;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Decode: one token per request against a pool of states, updated in place                   */
+/* ---------------------------------------------------------------------------------------- */
+
+typedef struct {
+    const kda_plan *pl;
+    float *state, *o;
+    const int64_t *rows;
+    unsigned char *ws;
+    size_t ws_stride, state_bytes;
+} decode_ctx;
+
+static void decode_item(void *ctx, int64_t item, int thread)
+{
+    const decode_ctx *c = ctx;
+    const kda_plan *pl = c->pl;
+    const linseq_kda_problem *p = pl->p;
+    const int64_t b = item / pl->HV, hv = item % pl->HV, KV = p->K * p->V;
+    const int64_t row = c->rows ? c->rows[b] : b;
+    if (row < 0) {
+        memset(c->o + (b * pl->HV + hv) * p->V, 0, (size_t)p->V * sizeof(float));
+        return;
+    }
+    float *slot = c->state + (row * pl->HV + hv) * KV;
+    void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
+    /* K-major rows are advanced where they live; V-first rows go through a K-major copy. */
+    float *S = p->state_v_first ? (float *)(void *)(c->ws + (size_t)thread * c->ws_stride) : slot;
+    if (p->state_v_first) kda_state_load(pl, slot, S);
+    kda_recurrent_item(pl, b, 1, hv, S, c->o, scratch);
+    if (p->state_v_first) kda_state_store(pl, S, slot);
+}
+
+static int compare_i64(const void *x, const void *y)
+{
+    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                float *o)
+{
+    static const char fn[] = "linseq_kda_decode";
+    ls_clear_error();
+    kda_plan pl;
+    linseq_status st;
+    if ((st = check_problem(fn, problem, &pl)) || (st = check_exec(fn, exec))) return st;
+    const linseq_kda_problem *p = problem;
+    if (p->T != 1)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                       "T = %lld; decode takes exactly one token per request (T = 1)",
+                       (long long)p->T);
+    if (p->h0 || p->cu_seqlens)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
+                       p->h0 ? "h0" : "cu_seqlens");
+    if ((st = ls_check_min(fn, "n_state_rows", n_state_rows, 1))) return st;
+    if (!state_rows && n_state_rows < p->B)
+        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
+                       (long long)n_state_rows, (long long)p->B);
+
+    ls_args a = {.fn = fn};
+    add_inputs(&a, &pl, 1);
+    ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, 8, 1, p->B);
+    const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
+    ls_arg(&a, "state", state_dims(p, "n"), state, true, LS_OUT, 4, 4, n_state_rows, pl.HV, d2,
+           d3);
+    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, (int64_t)1, pl.HV, p->V);
+    size_t ws_stride;
+    if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    const int64_t n_items = p->B * pl.HV;
+    const int threads = ls_resolve_threads(exec, n_items);
+    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
+    int64_t *sorted = state_rows ? malloc((size_t)p->B * sizeof *sorted) : NULL;
+    if (!ws || (state_rows && !sorted)) {
+        free(ws);
+        free(sorted);
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
+    }
+    if (state_rows) {
+        for (int64_t b = 0; b < p->B; b++) {
+            if (state_rows[b] >= n_state_rows) {
+                free(ws);
+                free(sorted);
+                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                               "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
+                               "(negative = padding request)",
+                               (long long)b, (long long)state_rows[b], (long long)n_state_rows);
+            }
+        }
+        memcpy(sorted, state_rows, (size_t)p->B * sizeof *sorted);
+        qsort(sorted, (size_t)p->B, sizeof *sorted, compare_i64);
+        for (int64_t b = 1; b < p->B; b++) {
+            if (sorted[b] >= 0 && sorted[b] == sorted[b - 1]) {
+                const int64_t dup = sorted[b];
+                free(ws);
+                free(sorted);
+                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                               "state_rows names row %lld twice; each request needs its own row",
+                               (long long)dup);
+            }
+        }
+        free(sorted);
+    }
+
+    decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
+                    .ws_stride = ws_stride,
+                    .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63};
+    ls_parallel_for(n_items, threads, decode_item, &c);
+    free(ws);
+    return LINSEQ_OK;
+}

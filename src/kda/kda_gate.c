@@ -1,0 +1,79 @@
+/* The standalone KDA gate: decay from raw gate input, A_log and dt_bias. It shares
+ * kda_gate_value with the in-kernel gate, so both give identical bits. */
+#include <math.h>
+
+#include "core/parallel.h"
+#include "core/status.h"
+#include "core/validate.h"
+#include "kda/kda_internal.h"
+
+typedef struct {
+    const linseq_kda_gate_problem *p;
+    int64_t gK, rows_per_item, rows;
+    float *g;
+} gate_ctx;
+
+static void gate_item(void *ctx, int64_t item, int thread)
+{
+    (void)thread;
+    const gate_ctx *c = ctx;
+    const linseq_kda_gate_problem *p = c->p;
+    const int64_t r0 = item * c->rows_per_item;
+    const int64_t r1 = r0 + c->rows_per_item < c->rows ? r0 + c->rows_per_item : c->rows;
+    for (int64_t row = r0; row < r1; row++) { /* row = (b*T + t)*H + h */
+        const int64_t h = row % p->H;
+        const float a_log = p->A_log ? p->A_log[h] : 0.0f;
+        const float *raw = p->g_raw + row * c->gK;
+        const float *bias = p->dt_bias ? p->dt_bias + h * c->gK : NULL;
+        float *out = c->g + row * c->gK;
+        for (int64_t i = 0; i < c->gK; i++)
+            out[i] = kda_gate_value(raw[i], bias ? bias[i] : 0.0f, a_log, p->lower_bound);
+    }
+}
+
+linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const linseq_exec *exec,
+                                      float *g)
+{
+    static const char fn[] = "linseq_kda_gate_forward";
+    ls_clear_error();
+    linseq_status st;
+    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
+    if (p->decay != LINSEQ_DECAY_PER_HEAD && p->decay != LINSEQ_DECAY_PER_CHANNEL)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "decay = %d; expected LINSEQ_DECAY_PER_HEAD or LINSEQ_DECAY_PER_CHANNEL",
+                       (int)p->decay);
+    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
+    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
+        (st = ls_check_min(fn, "H", p->H, 1)) ||
+        (per_channel && (st = ls_check_min(fn, "K", p->K, 1))))
+        return st;
+    if (exec && exec->threads < 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "exec->threads = %d; expected >= 0",
+                       exec->threads);
+    if (!(p->lower_bound <= 0.0f) || isinf(p->lower_bound))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
+                       (double)p->lower_bound);
+    const int64_t gK = per_channel ? p->K : 1;
+
+    ls_args a = {.fn = fn};
+    if (per_channel) {
+        ls_arg(&a, "g_raw", "B,T,H,K", p->g_raw, true, LS_IN, 4, 4, p->B, p->T, p->H, p->K);
+        ls_arg(&a, "dt_bias", "H*K", p->dt_bias, false, LS_IN, 4, 1, p->H * p->K);
+        ls_arg(&a, "A_log", "H", p->A_log, false, LS_IN, 4, 1, p->H);
+        ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, 4, 4, p->B, p->T, p->H, p->K);
+    } else {
+        ls_arg(&a, "g_raw", "B,T,H", p->g_raw, true, LS_IN, 4, 3, p->B, p->T, p->H);
+        ls_arg(&a, "dt_bias", "H", p->dt_bias, false, LS_IN, 4, 1, p->H);
+        ls_arg(&a, "A_log", "H", p->A_log, false, LS_IN, 4, 1, p->H);
+        ls_arg(&a, "g", "B,T,H", g, true, LS_OUT, 4, 3, p->B, p->T, p->H);
+    }
+    if ((st = ls_args_validate(&a))) return st;
+
+    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g};
+    /* Items of ~16K values: enough work per item to amortise the dispatch. */
+    c.rows_per_item = 1 + (16384 - 1) / gK;
+    const int64_t n_items = (c.rows + c.rows_per_item - 1) / c.rows_per_item;
+    ls_parallel_for(n_items, ls_resolve_threads(exec, n_items), gate_item, &c);
+    return LINSEQ_OK;
+}
