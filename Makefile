@@ -78,6 +78,7 @@ test-run: all
 
 test-plain:
 	$(MAKE) test-run
+	@sh tests/check_install.sh
 
 test-sanitize:
 	$(MAKE) BUILD=build/sanitize OPT=-O1 \

@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs what building and testing linseq needs on Debian/Ubuntu: a C compiler with
-# OpenMP, make, cJSON (meta.json parsing in the CLI) and python3 (the independent judge).
+# OpenMP, make, pkg-config, cJSON (meta.json parsing in the CLI) and python3 (the
+# independent judge of the reference cases).
 set -e
-pkgs="build-essential libcjson-dev python3"
+pkgs="build-essential pkg-config libcjson-dev python3"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"

@@ -619,6 +619,19 @@ static void test_gate_op(void)
              * wise the error grows with |exp(A_log) x| where the sigmoid saturates.) */
             const double err = tu_rel_err(g, ref, n);
             CHECK(err <= 1e-6, "gate decay %d lb %d: rel err %.3g", dk, lb, err);
+            /* absent A_log and dt_bias mean zeros */
+            {
+                float *zeros = tu_alloc((size_t)(H * gK)), *g0 = tu_alloc(n), *g1 = tu_alloc(n);
+                linseq_kda_gate_problem absent = p, zero = p;
+                absent.A_log = absent.dt_bias = NULL;
+                zero.A_log = zero.dt_bias = zeros;
+                CHECK_OK(linseq_kda_gate_forward(&absent, NULL, g0));
+                CHECK_OK(linseq_kda_gate_forward(&zero, NULL, g1));
+                CHECK(memcmp(g0, g1, n * 4) == 0, "NULL A_log/dt_bias differ from zeros");
+                free(zeros);
+                free(g0);
+                free(g1);
+            }
             /* per-head is per-channel with K = 1 */
             if (dk == 1) {
                 linseq_kda_gate_problem pc = p;
