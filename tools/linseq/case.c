@@ -1,0 +1,798 @@
+/* Loading a case folder into its op's problem struct, running it, writing its outputs.
+ *
+ * Each op has a setup function that reads its sizes and options from meta.json, loads the
+ * inputs whose shapes those sizes imply, and declares the outputs it produces; the op table
+ * at the bottom ties a name in meta.json to that setup and to the forward call. A backward
+ * pass will add a third function there and compute the "grads" files the same way. */
+#include "case.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "commands.h"
+
+/* Far above any real meta.json; stops a wrong path (a huge file) from being slurped. */
+#define META_MAX_BYTES (16L << 20)
+/* Sizes must be exact in a double, where cJSON keeps every number. */
+#define META_MAX_SIZE 9007199254740992.0
+
+typedef struct loader {
+    ls_case *c;
+    const cJSON *inputs, *outputs, *grads; /* the name lists of meta.json              */
+    bool used[CASE_MAX_TENSORS];           /* inputs entry i was loaded by the setup    */
+    char *err;
+    size_t err_size;
+} loader;
+
+typedef struct op_entry {
+    const char *name;
+    case_op op;
+    bool (*setup)(loader *L);
+    /* out[i] is produced[i], allocated with its declared shape. */
+    linseq_status (*forward)(const ls_case *c, const linseq_exec *exec, float *const *out);
+} op_entry;
+
+/* ---------------------------------------------------------------------------------- */
+/* Messages                                                                           */
+/* ---------------------------------------------------------------------------------- */
+
+__attribute__((format(printf, 3, 4))) static bool fail_to(char *err, size_t err_size,
+                                                          const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, err_size, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+/* "DIR/meta.json: <text>" */
+__attribute__((format(printf, 2, 3))) static bool meta_fail(loader *L, const char *fmt, ...)
+{
+    int n = snprintf(L->err, L->err_size, "%s/meta.json: ", L->c->dir);
+    if (n >= 0 && (size_t)n < L->err_size) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(L->err + n, L->err_size - (size_t)n, fmt, ap);
+        va_end(ap);
+    }
+    return false;
+}
+
+char *case_path(const char *dir, const char *name, const char *ext)
+{
+    size_t n = strlen(dir) + strlen(name) + strlen(ext) + 2;
+    char *p = malloc(n);
+    if (p) snprintf(p, n, "%s/%s%s", dir, name, ext);
+    return p;
+}
+
+void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n)
+{
+    linseq_exec ex = exec ? *exec : (linseq_exec){0};
+    int threads = ex.threads > 0 ? ex.threads : linseq_get_num_threads();
+    char mode[48] = "";
+    if (with_mode && ex.mode == LINSEQ_MODE_RECURRENT)
+        snprintf(mode, sizeof mode, "recurrent, ");
+    else if (with_mode)
+        snprintf(mode, sizeof mode, "chunked, chunk %d, ", ex.chunk_size ? ex.chunk_size : 64);
+    snprintf(buf, n, "%s%d thread%s", mode, threads, threads == 1 ? "" : "s");
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* meta.json values                                                                   */
+/* ---------------------------------------------------------------------------------- */
+
+/* JSON null means "absent" everywhere: the reference data writes e.g. "K": null. */
+static const cJSON *meta_get(loader *L, const char *key)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(L->c->meta, key);
+    return cJSON_IsNull(v) ? NULL : v;
+}
+
+/* A size: an integer >= 1. Absent leaves *out = 0 unless required. */
+static bool meta_size(loader *L, const char *key, bool required, int64_t *out)
+{
+    const cJSON *v = meta_get(L, key);
+    *out = 0;
+    if (!v) return required ? meta_fail(L, "the size \"%s\" is missing", key) : true;
+    double d = cJSON_IsNumber(v) ? v->valuedouble : NAN;
+    if (!(d >= 1.0 && d <= META_MAX_SIZE && d == floor(d)))
+        return meta_fail(L, "\"%s\" must be an integer >= 1", key);
+    *out = (int64_t)d;
+    return true;
+}
+
+static bool meta_bool(loader *L, const char *key, bool *out)
+{
+    const cJSON *v = meta_get(L, key);
+    *out = false;
+    if (!v) return true;
+    if (!cJSON_IsBool(v)) return meta_fail(L, "\"%s\" must be true or false", key);
+    *out = cJSON_IsTrue(v);
+    return true;
+}
+
+static bool meta_float(loader *L, const char *key, float *out)
+{
+    const cJSON *v = meta_get(L, key);
+    *out = 0.0f;
+    if (!v) return true;
+    if (!cJSON_IsNumber(v)) return meta_fail(L, "\"%s\" must be a number or null", key);
+    *out = (float)v->valuedouble;
+    return true;
+}
+
+static bool meta_string(loader *L, const char *key, const char **out)
+{
+    const cJSON *v = meta_get(L, key);
+    *out = NULL;
+    if (!v) return true;
+    if (!cJSON_IsString(v)) return meta_fail(L, "\"%s\" must be a string or null", key);
+    *out = v->valuestring;
+    return true;
+}
+
+static bool parse_decay(loader *L, const char *key, bool none_allowed, linseq_decay *out)
+{
+    const char *s;
+    if (!meta_string(L, key, &s)) return false;
+    if (s && strcmp(s, "per_channel") == 0) {
+        *out = LINSEQ_DECAY_PER_CHANNEL;
+    } else if (s && strcmp(s, "per_head") == 0) {
+        *out = LINSEQ_DECAY_PER_HEAD;
+    } else if (none_allowed && (!s || strcmp(s, "none") == 0)) {
+        *out = LINSEQ_DECAY_NONE;
+    } else {
+        return meta_fail(L, "\"%s\" is %s%s%s (expected \"per_channel\" or \"per_head\"%s)", key,
+                         s ? "\"" : "", s ? s : "missing", s ? "\"" : "",
+                         none_allowed ? " or \"none\"" : "");
+    }
+    return true;
+}
+
+/* null keeps the op's default (identity for conv, silu for the SSM1 gate). */
+static bool parse_activation(loader *L, const char *key, linseq_activation *out)
+{
+    static const struct {
+        const char *name;
+        linseq_activation act;
+    } acts[] = {{"silu", LINSEQ_ACT_SILU},           {"sigmoid", LINSEQ_ACT_SIGMOID},
+                {"gelu_tanh", LINSEQ_ACT_GELU_TANH}, {"relu", LINSEQ_ACT_RELU},
+                {"identity", LINSEQ_ACT_IDENTITY},   {"none", LINSEQ_ACT_IDENTITY}};
+    const char *s;
+    if (!meta_string(L, key, &s)) return false;
+    if (!s) return true;
+    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
+        if (strcmp(s, acts[i].name) == 0) {
+            *out = acts[i].act;
+            return true;
+        }
+    return meta_fail(L,
+                     "\"%s\" is \"%s\" (expected null, \"silu\", \"sigmoid\", \"gelu_tanh\", "
+                     "\"relu\" or \"identity\")",
+                     key, s);
+}
+
+/* Names become file names, so nothing that could leave the folder is accepted. */
+static bool valid_name(const char *s)
+{
+    size_t n = strlen(s);
+    if (n == 0 || n >= CASE_NAME_LEN) return false;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              *s == '_'))
+            return false;
+    return true;
+}
+
+static bool name_list(loader *L, const char *key, bool required, const cJSON **out)
+{
+    const cJSON *v = meta_get(L, key);
+    *out = v;
+    if (!v) return required ? meta_fail(L, "the list \"%s\" is missing", key) : true;
+    if (!cJSON_IsArray(v)) return meta_fail(L, "\"%s\" must be a list of names", key);
+    if (cJSON_GetArraySize(v) > CASE_MAX_TENSORS)
+        return meta_fail(L, "\"%s\" has more than %d entries", key, CASE_MAX_TENSORS);
+    const cJSON *a, *b;
+    cJSON_ArrayForEach(a, v) {
+        if (!cJSON_IsString(a) || !valid_name(a->valuestring))
+            return meta_fail(L, "\"%s\" holds an entry that is not a name of 1 to %d letters, "
+                                "digits or '_'",
+                             key, CASE_NAME_LEN - 1);
+        for (b = v->child; b != a; b = b->next)
+            if (strcmp(a->valuestring, b->valuestring) == 0)
+                return meta_fail(L, "\"%s\" lists \"%s\" twice", key, a->valuestring);
+    }
+    return true;
+}
+
+static int list_index(const cJSON *list, const char *name)
+{
+    int i = 0;
+    const cJSON *a;
+    cJSON_ArrayForEach(a, list) {
+        if (strcmp(a->valuestring, name) == 0) return i;
+        i++;
+    }
+    return -1;
+}
+
+static bool listed(loader *L, const char *name) { return list_index(L->inputs, name) >= 0; }
+
+/* A flag such as has_h0 must agree with the inputs list when both are given. */
+static bool check_flag(loader *L, const char *flag, const char *input)
+{
+    bool f;
+    if (!meta_get(L, flag)) return true;
+    if (!meta_bool(L, flag, &f)) return false;
+    if (f != listed(L, input))
+        return meta_fail(L, "\"%s\" is %s but \"inputs\" %s \"%s\"", flag, f ? "true" : "false",
+                         f ? "does not list" : "lists", input);
+    return true;
+}
+
+static bool mul_size(loader *L, int64_t a, int64_t b, const char *what, int64_t *out)
+{
+    if (__builtin_mul_overflow(a, b, out)) return meta_fail(L, "%s overflows", what);
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Inputs and outputs                                                                 */
+/* ---------------------------------------------------------------------------------- */
+
+/* Reads DIR/NAME.npy into the next input slot; *arr is NULL when NAME is not listed. */
+static bool read_input(loader *L, const char *name, bool required, npy_dtype dtype,
+                       const npy_array **arr)
+{
+    ls_case *c = L->c;
+    int idx = list_index(L->inputs, name);
+    *arr = NULL;
+    if (idx < 0)
+        return required ? meta_fail(L, "\"inputs\" lacks \"%s\", which op %s requires", name,
+                                    c->op_name)
+                        : true;
+    char *path = case_path(c->dir, name, ".npy");
+    if (!path) return fail_to(L->err, L->err_size, "out of memory");
+    case_tensor *t = &c->inputs[c->n_inputs];
+    bool ok = npy_read(path, &t->arr, L->err, L->err_size);
+    if (ok && t->arr.dtype != dtype)
+        ok = fail_to(L->err, L->err_size, "%s: dtype %s, expected %s", path,
+                     npy_dtype_name(t->arr.dtype), npy_dtype_name(dtype));
+    free(path);
+    if (!ok) {
+        npy_free(&t->arr);
+        return false;
+    }
+    snprintf(t->name, sizeof t->name, "%s", name);
+    c->n_inputs++;
+    L->used[idx] = true;
+    *arr = &t->arr;
+    return true;
+}
+
+static bool shape_equal(const npy_array *a, int ndim, const int64_t *shape)
+{
+    if (a->ndim != ndim) return false;
+    for (int i = 0; i < ndim; i++)
+        if (a->shape[i] != shape[i]) return false;
+    return true;
+}
+
+/* A float32 input whose shape must be exactly SHAPE ("dims" names it, e.g. "[B,T,H,K]"). */
+static bool input_f32(loader *L, const char *name, bool required, const char *dims, int ndim,
+                      const int64_t *shape, const float **out)
+{
+    const npy_array *a;
+    *out = NULL;
+    if (!read_input(L, name, required, NPY_F32, &a)) return false;
+    if (!a) return true;
+    if (!shape_equal(a, ndim, shape)) {
+        char got[160], want[160];
+        npy_shape_text(a->ndim, a->shape, got, sizeof got);
+        npy_shape_text(ndim, shape, want, sizeof want);
+        return fail_to(L->err, L->err_size,
+                       "%s/%s.npy: shape %s, but meta.json's sizes give %s = %s", L->c->dir,
+                       name, got, dims, want);
+    }
+    *out = a->data;
+    return true;
+}
+
+/* cu_seqlens: int64 [n_seqs + 1]; n_expected > 0 pins n_seqs (KDA's "N"). */
+static bool input_cu_seqlens(loader *L, int64_t n_expected, const int64_t **cu, int64_t *n_seqs)
+{
+    const npy_array *a;
+    *cu = NULL;
+    *n_seqs = 0;
+    if (!read_input(L, "cu_seqlens", false, NPY_I64, &a)) return false;
+    if (!a) return true;
+    char got[160];
+    npy_shape_text(a->ndim, a->shape, got, sizeof got);
+    if (a->ndim != 1 || a->shape[0] < 2)
+        return fail_to(L->err, L->err_size,
+                       "%s/cu_seqlens.npy: shape %s, expected [n_seqs + 1] with n_seqs >= 1",
+                       L->c->dir, got);
+    if (n_expected > 0 && a->shape[0] != n_expected + 1)
+        return fail_to(L->err, L->err_size,
+                       "%s/cu_seqlens.npy: shape %s, but meta.json's sizes give [N+1] = [%lld]",
+                       L->c->dir, got, (long long)n_expected + 1);
+    *cu = a->data;
+    *n_seqs = a->shape[0] - 1;
+    return true;
+}
+
+static bool declare_output(loader *L, const char *name, int ndim, const int64_t *shape)
+{
+    ls_case *c = L->c;
+    size_t count;
+    if (!npy_shape_count(ndim, shape, &count) || count > SIZE_MAX / sizeof(float))
+        return meta_fail(L, "the output \"%s\" implied by the sizes is too large", name);
+    case_output *o = &c->produced[c->n_produced++];
+    snprintf(o->name, sizeof o->name, "%s", name);
+    o->ndim = ndim;
+    memcpy(o->shape, shape, (size_t)ndim * sizeof *shape);
+    return true;
+}
+
+/* After the op's setup: nothing listed may be left unused or unknown. */
+static bool finish_lists(loader *L)
+{
+    ls_case *c = L->c;
+    const cJSON *a;
+    int i = 0;
+    cJSON_ArrayForEach(a, L->inputs) {
+        if (!L->used[i++])
+            return meta_fail(L, "\"inputs\" lists \"%s\", which op %s does not take with these "
+                                "options",
+                             a->valuestring, c->op_name);
+    }
+    cJSON_ArrayForEach(a, L->outputs) {
+        int k = 0;
+        while (k < c->n_produced && strcmp(c->produced[k].name, a->valuestring) != 0) k++;
+        if (k == c->n_produced)
+            return meta_fail(L, "\"outputs\" lists \"%s\", which op %s does not produce",
+                             a->valuestring, c->op_name);
+        c->outputs[c->n_outputs++] = k;
+    }
+    if (!L->grads) return true;
+    cJSON_ArrayForEach(a, L->grads) {
+        snprintf(c->grads[c->n_grads++], CASE_NAME_LEN, "%s", a->valuestring);
+    }
+    return true;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* The ops                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static bool setup_kda(loader *L)
+{
+    linseq_kda_problem *p = &L->c->p.kda;
+    int64_t B, T, H, HV, K, V, N, HVK;
+    bool state_v_first, gate_in_kernel;
+    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
+        !meta_size(L, "H", true, &H) || !meta_size(L, "HV", false, &HV) ||
+        !meta_size(L, "K", true, &K) || !meta_size(L, "V", true, &V) ||
+        !meta_size(L, "N", false, &N) || !parse_decay(L, "decay", true, &p->decay) ||
+        !meta_bool(L, "use_qk_l2norm", &p->qk_l2norm) ||
+        !meta_bool(L, "beta_is_logit", &p->beta_is_logit) ||
+        !meta_bool(L, "state_v_first", &state_v_first) ||
+        !meta_bool(L, "gate_in_kernel", &gate_in_kernel) || !meta_float(L, "scale", &p->scale) ||
+        !meta_float(L, "lower_bound", &p->lower_bound) || !check_flag(L, "varlen", "cu_seqlens") ||
+        !check_flag(L, "has_h0", "h0"))
+        return false;
+    if (!HV) HV = H;
+    if (!mul_size(L, HV, K, "HV*K", &HVK)) return false;
+    p->B = B;
+    p->T = T;
+    p->H = H;
+    p->HV = HV;
+    p->K = K;
+    p->V = V;
+    p->state_v_first = state_v_first;
+    p->gate_in_kernel = gate_in_kernel;
+
+    if (!input_cu_seqlens(L, N, &p->cu_seqlens, &p->n_seqs)) return false;
+    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
+    if (N && N != rows)
+        return meta_fail(L, "\"N\" is %lld but the state has %lld rows (B without cu_seqlens)",
+                         (long long)N, (long long)rows);
+    const int64_t state[4] = {rows, HV, state_v_first ? V : K, state_v_first ? K : V};
+    const char *state_dims = state_v_first ? "[N,HV,V,K]" : "[N,HV,K,V]";
+    bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
+
+    if (!input_f32(L, "q", true, "[B,T,H,K]", 4, (int64_t[]){B, T, H, K}, &p->q) ||
+        !input_f32(L, "k", true, "[B,T,H,K]", 4, (int64_t[]){B, T, H, K}, &p->k) ||
+        !input_f32(L, "v", true, "[B,T,HV,V]", 4, (int64_t[]){B, T, HV, V}, &p->v) ||
+        !input_f32(L, "beta", true, "[B,T,HV]", 3, (int64_t[]){B, T, HV}, &p->beta) ||
+        !input_f32(L, "h0", false, state_dims, 4, state, &p->h0))
+        return false;
+    if (p->decay != LINSEQ_DECAY_NONE &&
+        !input_f32(L, "g", true, per_channel ? "[B,T,HV,K]" : "[B,T,HV]", per_channel ? 4 : 3,
+                   (int64_t[]){B, T, HV, K}, &p->g))
+        return false;
+    if (gate_in_kernel &&
+        (!input_f32(L, "A_log", false, "[HV]", 1, (int64_t[]){HV}, &p->A_log) ||
+         !input_f32(L, "dt_bias", false, per_channel ? "[HV*K]" : "[HV]", 1,
+                    (int64_t[]){per_channel ? HVK : HV}, &p->dt_bias)))
+        return false;
+    return declare_output(L, "o", 4, (int64_t[]){B, T, HV, V}) &&
+           declare_output(L, "ht", 4, state);
+}
+
+static linseq_status forward_kda(const ls_case *c, const linseq_exec *exec, float *const *out)
+{
+    return linseq_kda_forward(&c->p.kda, exec, out[0], out[1]);
+}
+
+static bool setup_kda_gate(loader *L)
+{
+    linseq_kda_gate_problem *p = &L->c->p.gate;
+    int64_t B, T, H, K = 0, HK = 0;
+    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
+        !meta_size(L, "H", true, &H) || !parse_decay(L, "decay", false, &p->decay) ||
+        !meta_float(L, "lower_bound", &p->lower_bound))
+        return false;
+    bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
+    /* Per head, the reference data writes "K": null and the library ignores K. */
+    if (per_channel && (!meta_size(L, "K", true, &K) || !mul_size(L, H, K, "H*K", &HK)))
+        return false;
+    p->B = B;
+    p->T = T;
+    p->H = H;
+    p->K = K;
+    const int64_t g_shape[4] = {B, T, H, K};
+    const char *g_dims = per_channel ? "[B,T,H,K]" : "[B,T,H]";
+    int g_ndim = per_channel ? 4 : 3;
+    return input_f32(L, "g_raw", true, g_dims, g_ndim, g_shape, &p->g_raw) &&
+           input_f32(L, "A_log", false, "[H]", 1, (int64_t[]){H}, &p->A_log) &&
+           input_f32(L, "dt_bias", false, per_channel ? "[H*K]" : "[H]", 1,
+                     (int64_t[]){per_channel ? HK : H}, &p->dt_bias) &&
+           declare_output(L, "g", g_ndim, g_shape);
+}
+
+static linseq_status forward_kda_gate(const ls_case *c, const linseq_exec *exec,
+                                      float *const *out)
+{
+    return linseq_kda_gate_forward(&c->p.gate, exec, out[0]);
+}
+
+static bool setup_ssm1(loader *L)
+{
+    linseq_ssm1_problem *p = &L->c->p.ssm1;
+    int64_t B, T, D, N, G;
+    /* "activation" is how the reference data names the gate's; "gate_activation" wins. */
+    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
+        !meta_size(L, "D", true, &D) || !meta_size(L, "N", true, &N) ||
+        !meta_size(L, "G", false, &G) || !meta_bool(L, "dt_softplus", &p->dt_softplus) ||
+        !parse_activation(L, "activation", &p->gate_activation) ||
+        !parse_activation(L, "gate_activation", &p->gate_activation) ||
+        !check_flag(L, "varlen", "cu_seqlens") || !check_flag(L, "has_h0", "h0") ||
+        !check_flag(L, "has_gate", "gate"))
+        return false;
+    p->B = B;
+    p->T = T;
+    p->D = D;
+    p->N = N;
+    p->G = G;
+    if (!input_cu_seqlens(L, 0, &p->cu_seqlens, &p->n_seqs)) return false;
+    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
+    const int64_t btd[3] = {B, T, D}, state[3] = {rows, D, N};
+    /* Without "G" the projections are [B,T,N] as in the reference data. */
+    const int64_t bc[4] = {B, T, G ? G : N, N};
+    const char *bc_dims = G ? "[B,T,G,N]" : "[B,T,N]";
+    int bc_ndim = G ? 4 : 3;
+    if (!input_f32(L, "x", true, "[B,T,D]", 3, btd, &p->x) ||
+        !input_f32(L, "dt", true, "[B,T,D]", 3, btd, &p->dt) ||
+        !input_f32(L, "A", true, "[D,N]", 2, (int64_t[]){D, N}, &p->A) ||
+        !input_f32(L, "B", true, bc_dims, bc_ndim, bc, &p->B_proj) ||
+        !input_f32(L, "C", true, bc_dims, bc_ndim, bc, &p->C_proj) ||
+        !input_f32(L, "D", false, "[D]", 1, (int64_t[]){D}, &p->D_skip) ||
+        !input_f32(L, "gate", false, "[B,T,D]", 3, btd, &p->gate) ||
+        !input_f32(L, "h0", false, "[N_seq,D,N]", 3, state, &p->h0))
+        return false;
+    if (p->dt_softplus && !input_f32(L, "dt_bias", false, "[D]", 1, (int64_t[]){D}, &p->dt_bias))
+        return false;
+    return declare_output(L, "y", 3, btd) && declare_output(L, "hT", 3, state);
+}
+
+static linseq_status forward_ssm1(const ls_case *c, const linseq_exec *exec, float *const *out)
+{
+    return linseq_ssm1_forward(&c->p.ssm1, exec, out[0], out[1]);
+}
+
+static bool setup_conv1d(loader *L)
+{
+    linseq_conv1d_problem *p = &L->c->p.conv;
+    int64_t B, T, D, W;
+    p->activation = LINSEQ_ACT_IDENTITY; /* "activation": null means none */
+    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
+        !meta_size(L, "D", true, &D) || !meta_size(L, "W", true, &W) ||
+        !parse_activation(L, "activation", &p->activation) ||
+        !check_flag(L, "varlen", "cu_seqlens") || !check_flag(L, "has_bias", "bias") ||
+        !check_flag(L, "has_state", "conv_state"))
+        return false;
+    p->B = B;
+    p->T = T;
+    p->D = D;
+    p->W = W;
+    if (!input_cu_seqlens(L, 0, &p->cu_seqlens, &p->n_seqs)) return false;
+    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
+    const int64_t btd[3] = {B, T, D}, state[3] = {rows, D, W - 1};
+    return input_f32(L, "x", true, "[B,T,D]", 3, btd, &p->x) &&
+           input_f32(L, "weight", true, "[D,W]", 2, (int64_t[]){D, W}, &p->weight) &&
+           input_f32(L, "bias", false, "[D]", 1, (int64_t[]){D}, &p->bias) &&
+           input_f32(L, "conv_state", false, "[N_seq,D,W-1]", 3, state, &p->conv_state) &&
+           declare_output(L, "y", 3, btd) && declare_output(L, "conv_state_out", 3, state);
+}
+
+static linseq_status forward_conv1d(const ls_case *c, const linseq_exec *exec,
+                                    float *const *out)
+{
+    return linseq_conv1d_forward(&c->p.conv, exec, out[0], out[1]);
+}
+
+static const op_entry ops[] = {
+    {"kda", CASE_OP_KDA, setup_kda, forward_kda},
+    {"kda_gate", CASE_OP_KDA_GATE, setup_kda_gate, forward_kda_gate},
+    {"ssm1", CASE_OP_SSM1, setup_ssm1, forward_ssm1},
+    {"causal_conv1d", CASE_OP_CONV1D, setup_conv1d, forward_conv1d},
+};
+
+static const op_entry *op_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (strcmp(ops[i].name, name) == 0) return &ops[i];
+    return NULL;
+}
+
+static const op_entry *op_of(case_op op)
+{
+    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
+        if (ops[i].op == op) return &ops[i];
+    return NULL;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Loading                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+static char *read_text(const char *path, size_t *len, char *err, size_t err_size)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fail_to(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - 1 - n, f);
+        if (n < cap - 1) break;
+        if ((long)cap > META_MAX_BYTES) {
+            fail_to(err, err_size, "%s: larger than %ld bytes", path, META_MAX_BYTES);
+            free(buf);
+            fclose(f);
+            return NULL;
+        }
+        char *bigger = realloc(buf, cap * 2);
+        if (!bigger) free(buf);
+        buf = bigger;
+        cap *= 2;
+    }
+    bool bad = ferror(f);
+    fclose(f);
+    if (!buf) {
+        fail_to(err, err_size, "%s: out of memory", path);
+        return NULL;
+    }
+    if (bad) {
+        fail_to(err, err_size, "%s: read error", path);
+        free(buf);
+        return NULL;
+    }
+    buf[n] = '\0';
+    *len = n;
+    return buf;
+}
+
+static bool parse_meta(ls_case *c, char *err, size_t err_size)
+{
+    char *path = case_path(c->dir, "meta", ".json");
+    if (!path) return fail_to(err, err_size, "out of memory");
+    size_t len = 0;
+    char *text = read_text(path, &len, err, err_size);
+    bool ok = text != NULL;
+    if (ok && strlen(text) != len) ok = fail_to(err, err_size, "%s: NUL byte in the file", path);
+    if (ok) {
+        const char *end = NULL;
+        c->meta = cJSON_ParseWithOpts(text, &end, 1);
+        if (!c->meta) {
+            int line = 1;
+            for (const char *s = text; end && s < end; s++) line += *s == '\n';
+            ok = fail_to(err, err_size, "%s: malformed JSON (line %d)", path, line);
+        } else if (!cJSON_IsObject(c->meta)) {
+            ok = fail_to(err, err_size, "%s: the top level is not an object", path);
+        }
+    }
+    free(text);
+    free(path);
+    return ok;
+}
+
+bool case_load(const char *dir, ls_case *c, char *err, size_t err_size)
+{
+    memset(c, 0, sizeof *c);
+    c->dir = strdup(dir);
+    if (!c->dir) return fail_to(err, err_size, "out of memory");
+    /* "cases/foo/" names the case "foo". */
+    for (size_t n = strlen(c->dir); n > 1 && c->dir[n - 1] == '/'; n--) c->dir[n - 1] = '\0';
+    const char *slash = strrchr(c->dir, '/');
+    c->name = slash && slash[1] ? slash + 1 : c->dir;
+
+    loader L = {.c = c, .err = err, .err_size = err_size};
+    const char *op_name = NULL;
+    bool ok = parse_meta(c, err, err_size) && meta_string(&L, "op", &op_name);
+    if (ok && !op_name) ok = meta_fail(&L, "\"op\" is missing");
+    const op_entry *op = ok ? op_find(op_name) : NULL;
+    if (ok && !op)
+        ok = meta_fail(&L, "unknown op \"%s\" (expected kda, kda_gate, ssm1 or causal_conv1d)",
+                       op_name);
+    if (ok) {
+        c->op = op->op;
+        c->op_name = op->name;
+        ok = name_list(&L, "inputs", true, &L.inputs) &&
+             name_list(&L, "outputs", true, &L.outputs) &&
+             name_list(&L, "grads", false, &L.grads) && op->setup(&L) && finish_lists(&L);
+    }
+    if (!ok) case_free(c);
+    return ok;
+}
+
+void case_free(ls_case *c)
+{
+    for (int i = 0; i < c->n_inputs; i++) npy_free(&c->inputs[i].arr);
+    cJSON_Delete(c->meta);
+    free(c->dir);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Running                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
+             size_t err_size)
+{
+    const op_entry *op = op_of(c->op);
+    float *out[CASE_MAX_TENSORS] = {0};
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < c->n_produced; i++) {
+        const case_output *o = &c->produced[i];
+        case_tensor *t = &r->t[r->n];
+        if (!npy_alloc_f32(&t->arr, o->ndim, o->shape, err, err_size)) {
+            case_result_free(r);
+            return LS_EXIT_ERROR;
+        }
+        snprintf(t->name, sizeof t->name, "%s", o->name);
+        out[r->n++] = t->arr.data;
+    }
+    linseq_exec ex = exec ? *exec : (linseq_exec){0};
+    /* The other ops have one algorithm; a KDA chunk size means nothing to them. */
+    if (c->op != CASE_OP_KDA) {
+        ex.mode = LINSEQ_MODE_DEFAULT;
+        ex.chunk_size = 0;
+    }
+    linseq_status st = op->forward(c, &ex, out);
+    if (st != LINSEQ_OK) {
+        fail_to(err, err_size, "%s (%s)", linseq_last_error(), linseq_status_string(st));
+        case_result_free(r);
+        return LS_EXIT_FAIL;
+    }
+    return LS_EXIT_OK;
+}
+
+void case_result_free(case_result *r)
+{
+    for (int i = 0; i < r->n; i++) npy_free(&r->t[i].arr);
+    memset(r, 0, sizeof *r);
+}
+
+const case_tensor *case_output_tensor(const ls_case *c, const case_result *r, int i)
+{
+    return &r->t[c->outputs[i]];
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* Writing                                                                            */
+/* ---------------------------------------------------------------------------------- */
+
+/* mkdir -p: an existing folder is fine, anything else in the way is an error. */
+static bool make_dirs(const char *path, char *err, size_t err_size)
+{
+    char *p = strdup(path);
+    if (!p) return fail_to(err, err_size, "out of memory");
+    bool ok = true;
+    for (char *s = p + 1; ok; s++) {
+        if (*s != '/' && *s != '\0') continue;
+        char saved = *s;
+        *s = '\0';
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            ok = fail_to(err, err_size, "%s: cannot create the output folder: %s", path,
+                         strerror(errno));
+        *s = saved;
+        if (!saved) break;
+    }
+    free(p);
+    struct stat st;
+    if (ok && (stat(path, &st) != 0 || !S_ISDIR(st.st_mode)))
+        ok = fail_to(err, err_size, "%s: the output folder is not a folder", path);
+    return ok;
+}
+
+bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir,
+                        char *err, size_t err_size)
+{
+    char *written[CASE_MAX_TENSORS];
+    int n_written = 0;
+    bool ok = make_dirs(out_dir, err, err_size);
+    for (int i = 0; ok && i < c->n_outputs; i++) {
+        const case_tensor *t = case_output_tensor(c, r, i);
+        char *path = case_path(out_dir, t->name, ".npy");
+        if (!path) {
+            ok = fail_to(err, err_size, "out of memory");
+        } else if (!npy_write_f32(path, t->arr.data, t->arr.ndim, t->arr.shape, err,
+                                  err_size)) {
+            ok = false;
+            free(path);
+        } else {
+            written[n_written++] = path;
+        }
+    }
+    for (int i = 0; i < n_written; i++) {
+        if (!ok) unlink(written[i]);
+        free(written[i]);
+    }
+    return ok;
+}
+
+int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec)
+{
+    ls_case c;
+    case_result r;
+    char err[2048];
+    if (!case_load(case_dir, &c, err, sizeof err)) {
+        fprintf(stderr, "linseq run: %s\n", err);
+        return LS_EXIT_ERROR;
+    }
+    int rc = case_run(&c, exec, &r, err, sizeof err);
+    if (rc != LS_EXIT_OK) {
+        fprintf(stderr, "linseq run: %s: %s\n", c.dir, err);
+        case_free(&c);
+        return LS_EXIT_ERROR;
+    }
+    if (!case_write_outputs(&c, &r, out_dir, err, sizeof err)) {
+        fprintf(stderr, "linseq run: %s\n", err);
+        rc = LS_EXIT_ERROR;
+    } else {
+        char how[96];
+        case_exec_text(exec, c.op == CASE_OP_KDA, how, sizeof how);
+        printf("%s: %s (%s): wrote", c.name, c.op_name, how);
+        for (int i = 0; i < c.n_outputs; i++)
+            printf(" %s.npy", case_output_tensor(&c, &r, i)->name);
+        printf(" to %s", out_dir);
+        if (c.n_grads) printf("; %d gradient files not computed yet", c.n_grads);
+        printf("\n");
+    }
+    case_result_free(&r);
+    case_free(&c);
+    return rc;
+}

@@ -1,0 +1,93 @@
+/* A reference case folder (meta.json plus one .npy file per tensor), loaded into the
+ * problem struct of its op and run through the public API.
+ *
+ * The library trusts the sizes in a problem struct, so the loader is the memory-safety
+ * boundary: every input file must have exactly the dtype and the shape that meta.json's
+ * sizes imply before any pointer reaches the library. */
+#ifndef LS_TOOLS_CASE_H
+#define LS_TOOLS_CASE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <cjson/cJSON.h>
+
+#include "linseq.h"
+#include "npy.h"
+
+#define CASE_MAX_TENSORS 16
+#define CASE_NAME_LEN 48
+
+typedef enum case_op { CASE_OP_KDA, CASE_OP_KDA_GATE, CASE_OP_SSM1, CASE_OP_CONV1D } case_op;
+
+typedef struct case_tensor {
+    char name[CASE_NAME_LEN]; /* file name without ".npy"                           */
+    npy_array arr;
+} case_tensor;
+
+/* An output the op produces, with the shape the sizes imply. */
+typedef struct case_output {
+    char name[CASE_NAME_LEN];
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+} case_output;
+
+typedef struct ls_case {
+    char *dir;        /* as given on the command line                            */
+    const char *name; /* last component of dir                                   */
+    cJSON *meta;
+    case_op op;
+    const char *op_name;
+    union {
+        linseq_kda_problem kda;
+        linseq_kda_gate_problem gate;
+        linseq_ssm1_problem ssm1;
+        linseq_conv1d_problem conv;
+    } p; /* points into inputs[].arr.data                                         */
+
+    int n_inputs;
+    case_tensor inputs[CASE_MAX_TENSORS];
+    int n_produced; /* every output the op computes, listed in meta.json or not   */
+    case_output produced[CASE_MAX_TENSORS];
+    int n_outputs; /* meta.json "outputs", in its order: indices into produced[]  */
+    int outputs[CASE_MAX_TENSORS];
+    int n_grads; /* meta.json "grads": not computed yet (no backward in the CLI)  */
+    char grads[CASE_MAX_TENSORS][CASE_NAME_LEN];
+} ls_case;
+
+/* Tensors computed by case_run, one per produced[] entry, in that order. */
+typedef struct case_result {
+    int n;
+    case_tensor t[CASE_MAX_TENSORS];
+} case_result;
+
+/* Loads and validates DIR/meta.json and every input it lists. On failure returns false
+ * with a one-line message naming the file (and the key or the shapes) in err, and leaves
+ * *c empty (case_free is still safe). */
+bool case_load(const char *dir, ls_case *c, char *err, size_t err_size);
+void case_free(ls_case *c);
+
+/* Runs the op's forward. Returns LS_EXIT_OK, LS_EXIT_FAIL when the library returned an
+ * error (err holds its status and linseq_last_error()), or LS_EXIT_ERROR when memory ran
+ * out. The exec's mode and chunk size reach KDA only. */
+int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
+             size_t err_size);
+void case_result_free(case_result *r);
+
+/* The computed tensor for output i of meta.json's list. */
+const case_tensor *case_output_tensor(const ls_case *c, const case_result *r, int i);
+
+/* Writes meta.json's outputs as OUT_DIR/<name>.npy, creating OUT_DIR (and its parents)
+ * if missing. Each file appears complete or not at all; when one fails, the files this
+ * call already wrote are removed again so that no mixed set is left. */
+bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir,
+                        char *err, size_t err_size);
+
+/* What an exec resolves to, for messages: "chunked, chunk 64, 2 threads", or only
+ * "2 threads" when the mode does not apply (with_mode false). */
+void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n);
+
+/* DIR/NAME + EXT in a new string (NULL when out of memory). */
+char *case_path(const char *dir, const char *name, const char *ext);
+
+#endif

@@ -1,0 +1,150 @@
+/* `linseq`: subcommand dispatch and option parsing; the commands live in their own files. */
+#include <errno.h>
+#include <limits.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "commands.h"
+#include "linseq.h"
+
+static const char usage_text[] =
+    "usage:\n"
+    "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N]\n"
+    "      run a reference case's op; write its outputs to OUT_DIR/<name>.npy\n"
+    "  linseq check [--mode M] [--chunk-size N] [--threads N] DIR...\n"
+    "      compare every case's outputs with its reference files; DIR is a case folder\n"
+    "      (with meta.json) or a folder of case folders\n"
+    "  linseq demo [--threads N]\n"
+    "      a KDA layer and a Mamba block at realistic sizes: timings and consistency checks\n"
+    "  linseq --help | --version\n"
+    "\n"
+    "options:\n"
+    "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
+    "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
+    "  --threads N                threads per call (default: all processors)\n"
+    "\n"
+    "exit status: 0 success, 1 a check failed, 2 bad usage or unreadable input\n";
+
+static const char *command = "";
+
+static int usage_error(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "linseq%s%s: ", *command ? " " : "", command);
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (see linseq --help)\n");
+    return LS_EXIT_ERROR;
+}
+
+static bool parse_int(const char *s, long lo, long hi, int *out)
+{
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = (int)v;
+    return true;
+}
+
+/* The demo compares the KDA modes itself, so only --threads applies to it. */
+static bool known_option(const char *cmd, const char *opt)
+{
+    if (strcmp(opt, "--threads") == 0) return true;
+    return strcmp(cmd, "demo") != 0 &&
+           (strcmp(opt, "--mode") == 0 || strcmp(opt, "--chunk-size") == 0);
+}
+
+/* Sets one known execution option; returns LS_EXIT_OK or reports the bad value. */
+static int set_option(const char *opt, const char *val, linseq_exec *ex)
+{
+    if (strcmp(opt, "--mode") == 0) {
+        if (strcmp(val, "recurrent") == 0)
+            ex->mode = LINSEQ_MODE_RECURRENT;
+        else if (strcmp(val, "chunked") == 0)
+            ex->mode = LINSEQ_MODE_CHUNKED;
+        else
+            return usage_error("--mode: '%s' is not recurrent or chunked", val);
+    } else if (strcmp(opt, "--chunk-size") == 0) {
+        int n;
+        if (!parse_int(val, 1, INT_MAX, &n) || (n != 16 && n != 32 && n != 64 && n != 128))
+            return usage_error("--chunk-size: '%s' is not 16, 32, 64 or 128", val);
+        ex->chunk_size = n;
+    } else if (!parse_int(val, 1, 4096, &ex->threads)) {
+        return usage_error("--threads: '%s' is not a thread count from 1 to 4096", val);
+    }
+    return LS_EXIT_OK;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        fputs(usage_text, stderr);
+        return LS_EXIT_ERROR;
+    }
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        fputs(usage_text, stdout);
+        return LS_EXIT_OK;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("linseq %s\n", linseq_version());
+        return LS_EXIT_OK;
+    }
+    if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "demo") != 0)
+        return usage_error("unknown command '%s'", cmd);
+    command = cmd;
+
+    /* Options may come before, between or after the operands; "--" ends them. */
+    linseq_exec ex = {0};
+    char **pos = calloc((size_t)argc, sizeof *pos);
+    int n_pos = 0;
+    bool options_done = false;
+    if (!pos) return LS_EXIT_ERROR;
+    for (int i = 2; i < argc; i++) {
+        char *a = argv[i];
+        if (options_done || a[0] != '-' || a[1] == '\0') {
+            pos[n_pos++] = a;
+            continue;
+        }
+        if (strcmp(a, "--") == 0) {
+            options_done = true;
+            continue;
+        }
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(usage_text, stdout);
+            free(pos);
+            return LS_EXIT_OK;
+        }
+        char *eq = strchr(a, '=');
+        char opt[64];
+        snprintf(opt, sizeof opt, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
+        int rc = LS_EXIT_ERROR;
+        if (!known_option(cmd, opt)) {
+            fprintf(stderr, "linseq %s: unknown option '%s' (see linseq --help)\n", cmd, a);
+        } else {
+            const char *val = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+            if (val)
+                rc = set_option(opt, val, &ex);
+            else
+                fprintf(stderr, "linseq %s: option '%s' needs a value\n", cmd, opt);
+        }
+        if (rc != LS_EXIT_OK) {
+            free(pos);
+            return rc;
+        }
+    }
+
+    int rc;
+    if (strcmp(cmd, "run") == 0) {
+        rc = n_pos == 2 ? cmd_run(pos[0], pos[1], &ex)
+                        : usage_error("%s needs CASE_DIR and OUT_DIR", "run");
+    } else if (strcmp(cmd, "check") == 0) {
+        rc = n_pos >= 1 ? cmd_check(n_pos, pos, &ex)
+                        : usage_error("%s needs at least one folder", "check");
+    } else {
+        rc = n_pos == 0 ? cmd_demo(&ex) : usage_error("demo takes no operand ('%s')", pos[0]);
+    }
+    free(pos);
+    return rc;
+}

@@ -1,0 +1,51 @@
+/* .npy files (NumPy format versions 1.0, 2.0 and 3.0), limited to the two dtypes the
+ * reference data uses: little-endian float32 ('<f4') and int64 ('<i8', cu_seqlens only).
+ *
+ * The reader trusts nothing in the file: every header field is parsed and checked, the
+ * shape's element count and byte size are computed with overflow checks, and the data
+ * length must match the shape exactly. Every failure is reported as "PATH: reason". */
+#ifndef LS_TOOLS_NPY_H
+#define LS_TOOLS_NPY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define NPY_MAX_DIMS 8
+
+typedef enum npy_dtype { NPY_F32 = 0, NPY_I64 = 1 } npy_dtype;
+
+typedef struct npy_array {
+    npy_dtype dtype;
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+    size_t count; /* product of shape (1 for a 0-d array)           */
+    void *data;   /* count elements in host order, C order; owned   */
+} npy_array;
+
+/* Reads PATH into *out (zeroed first). On failure returns false, leaves *out empty and
+ * writes "PATH: reason" to err. */
+bool npy_read(const char *path, npy_array *out, char *err, size_t err_size);
+
+/* Allocates a zero-filled float32 array of the given shape; false (with err) when the size
+ * overflows or memory runs out. */
+bool npy_alloc_f32(npy_array *out, int ndim, const int64_t *shape, char *err, size_t err_size);
+
+void npy_free(npy_array *a);
+
+/* Writes a float32 array as a version 1.0 .npy file with the data 64-byte aligned. The
+ * file is written under a temporary name in the same folder and renamed into place, so
+ * PATH either keeps its old content or holds the complete new file. */
+bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
+                   char *err, size_t err_size);
+
+/* Element count of a shape; false when a dimension is negative or the product overflows. */
+bool npy_shape_count(int ndim, const int64_t *shape, size_t *count);
+
+/* "[2, 3, 4]" (NumPy prints a tuple, but brackets read better next to meta.json). */
+void npy_shape_text(int ndim, const int64_t *shape, char *buf, size_t n);
+
+/* "float32" / "int64" */
+const char *npy_dtype_name(npy_dtype dtype);
+
+#endif
