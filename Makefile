@@ -38,6 +38,8 @@ SHARED := $(BUILD)/liblinseq.so.$(VERSION)
 CLI    := $(BUILD)/linseq
 
 .PHONY: all lib test test-run test-plain test-sanitize demo install clean deps
+# Keep the test objects make would otherwise treat as intermediate and delete.
+.SECONDARY:
 all: lib $(CLI) $(TEST_BIN)
 lib: $(STATIC) $(SHARED)
 

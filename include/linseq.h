@@ -83,7 +83,8 @@ typedef enum linseq_mode {
 typedef struct linseq_exec {
     linseq_mode mode; /* KDA only; the other ops have a single algorithm                    */
     int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64                             */
-    int threads;      /* > 0: use this many threads; 0 = linseq_get_num_threads()            */
+    int threads;      /* > 0: use this many threads (at most one per work item); 0 = up to  
+                       * linseq_get_num_threads(), fewer when the call is too small to share */
 } linseq_exec;
 
 /* Default thread count for calls whose linseq_exec is NULL or has threads == 0.

@@ -34,10 +34,13 @@ int linseq_get_num_threads(void)
 #endif
 }
 
-int ls_resolve_threads(const linseq_exec *exec, int64_t max_items)
+int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work)
 {
-    int64_t n = exec && exec->threads > 0 ? exec->threads : linseq_get_num_threads();
+    const bool explicit_count = exec && exec->threads > 0;
+    int64_t n = explicit_count ? exec->threads : linseq_get_num_threads();
     if (n > max_items) n = max_items;
+    if (!explicit_count && (double)n * LS_MIN_WORK_PER_THREAD > work)
+        n = (int64_t)(work / LS_MIN_WORK_PER_THREAD);
     return n < 1 ? 1 : (int)n;
 }
 

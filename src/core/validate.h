@@ -58,8 +58,12 @@ linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_s
 /* Exact product of non-negative sizes, false if it exceeds PTRDIFF_MAX. */
 bool ls_mul_ok(int64_t *out, int n, ...);
 
-/* The thread count a call will use: exec->threads if > 0, else the global setting,
- * capped at max_items (>= 1). */
-int ls_resolve_threads(const linseq_exec *exec, int64_t max_items);
+/* The thread count a call will use, capped at max_items and never below 1: exec->threads
+ * when the caller sets it (> 0); otherwise the global setting, further capped at one thread
+ * per LS_MIN_WORK_PER_THREAD of work (an estimate in flop-equivalents), because waking and
+ * joining a team costs tens of microseconds, more than a small decode step takes, and far
+ * more when another process holds a core. */
+#define LS_MIN_WORK_PER_THREAD 262144.0
+int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work);
 
 #endif

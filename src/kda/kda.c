@@ -204,6 +204,12 @@ static linseq_status check_workspace(const char *fn, const kda_plan *pl, size_t 
     return LINSEQ_OK;
 }
 
+/* About 7 K V flops per token and value head in either mode. */
+static double kda_work(const kda_plan *pl, int64_t tokens)
+{
+    return 7.0 * (double)tokens * (double)pl->HV * (double)pl->p->K * (double)pl->p->V;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Forward                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
@@ -259,7 +265,7 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
-    const int threads = ls_resolve_threads(exec, n_items);
+    const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B * p->T));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
     if (!ws)
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
@@ -344,7 +350,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
     const int64_t n_items = p->B * pl.HV;
-    const int threads = ls_resolve_threads(exec, n_items);
+    const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
     int64_t *sorted = state_rows ? malloc((size_t)p->B * sizeof *sorted) : NULL;
     if (!ws || (state_rows && !sorted)) {

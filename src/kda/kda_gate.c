@@ -74,6 +74,6 @@ linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const li
     /* Items of ~16K values: enough work per item to amortise the dispatch. */
     c.rows_per_item = 1 + (16384 - 1) / gK;
     const int64_t n_items = (c.rows + c.rows_per_item - 1) / c.rows_per_item;
-    ls_parallel_for(n_items, ls_resolve_threads(exec, n_items), gate_item, &c);
+    ls_parallel_for(n_items, ls_resolve_threads(exec, n_items, 20.0 * (double)c.rows * (double)gK), gate_item, &c);
     return LINSEQ_OK;
 }
