@@ -228,7 +228,7 @@ typedef struct linseq_ssm1_problem {
     const float *h0;              /* NULL: zeros                                         */
 
     bool dt_softplus;             /* apply softplus(dt + dt_bias) in the kernel          */
-    const float *dt_bias;         /* [D], only with dt_softplus; NULL = zeros             */
+    const float *dt_bias;         /* [D]; NULL = zeros. Only with dt_softplus (else rejected) */
     linseq_activation gate_activation; /* DEFAULT = silu                                 */
 } linseq_ssm1_problem;
 

@@ -61,20 +61,6 @@ static void conv_free(conv_data *c)
     free(c->state);
 }
 
-static bool same_bits(const float *a, const float *b, size_t n)
-{
-    return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-/* Outputs that a comparison checks start as garbage, so that a region the kernel never writes
- * cannot match a zero-initialised baseline by accident. */
-static float *alloc_poisoned(size_t n)
-{
-    float *p = tu_alloc(n);
-    tu_poison(p, n * sizeof(float));
-    return p;
-}
-
 /* ------------------------------------------------------------------------------------ */
 
 /* W = 3, one channel, worked by hand: xs = [10, 20, 1, 2, 3] (state, then x). */
@@ -113,13 +99,13 @@ static void check_against_reference(const conv_spec *sp, uint64_t seed, const ch
 {
     conv_data c;
     conv_make(&c, sp, seed);
-    float *y = alloc_poisoned(c.n_y), *state_out = alloc_poisoned(c.n_state);
+    float *y = tu_alloc_poisoned(c.n_y), *state_out = tu_alloc_poisoned(c.n_state);
     float *y_ref = tu_alloc(c.n_y), *state_ref = tu_alloc(c.n_state);
     CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, state_out));
     ls_conv1d_reference(&c.p, y_ref, state_ref);
     double err = tu_rel_err(y, y_ref, c.n_y);
     CHECK(err <= 1e-6, "%s: y rel err %.3g", label, err);
-    CHECK(same_bits(state_out, state_ref, c.n_state), "%s: conv_state_out differs", label);
+    CHECK(tu_same_bits(state_out, state_ref, c.n_state), "%s: conv_state_out differs", label);
     free(y);
     free(state_out);
     free(y_ref);
@@ -154,7 +140,7 @@ static void test_activations(void)
     conv_spec base = {.B = 2, .T = 30, .D = 70, .W = 4, .bias = true, .state = true};
     conv_data c;
     conv_make(&c, &base, 1100);
-    float *y_lin = tu_alloc(c.n_y), *y = alloc_poisoned(c.n_y);
+    float *y_lin = tu_alloc(c.n_y), *y = tu_alloc_poisoned(c.n_y);
     linseq_conv1d_problem p = c.p;
     p.activation = LINSEQ_ACT_IDENTITY;
     CHECK_OK(linseq_conv1d_forward(&p, NULL, y_lin, NULL));
@@ -180,22 +166,6 @@ static void test_activations(void)
     conv_free(&c);
 }
 
-/* Tokens [t0, t0+len) of every batch row: [B,T,D] -> out [B,len,D]. */
-static void slice_tokens(const float *src, int64_t B, int64_t T, int64_t D, int64_t t0,
-                         int64_t len, float *out)
-{
-    for (int64_t b = 0; b < B; b++)
-        memcpy(out + b * len * D, src + (b * T + t0) * D, (size_t)(len * D) * sizeof(float));
-}
-
-/* The inverse: [B,len,D] -> tokens [t0, t0+len) of dst [B,T,D]. */
-static void place_tokens(const float *src, int64_t B, int64_t T, int64_t D, int64_t t0,
-                         int64_t len, float *dst)
-{
-    for (int64_t b = 0; b < B; b++)
-        memcpy(dst + (b * T + t0) * D, src + b * len * D, (size_t)(len * D) * sizeof(float));
-}
-
 /* One call == the same tokens in pieces, each piece starting from the previous piece's
  * conv_state_out (bitwise: the same products in the same order). in_place runs the pieces
  * with conv_state_out == conv_state; pieces shorter than W-1 test the state shift. */
@@ -211,13 +181,13 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
     float *y_full = tu_alloc(c.n_y), *state_full = tu_alloc(c.n_state);
     CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y_full, state_full));
 
-    float *y_pieces = alloc_poisoned(c.n_y), *state = alloc_poisoned(c.n_state);
-    float *next = alloc_poisoned(c.n_state);
+    float *y_pieces = tu_alloc_poisoned(c.n_y), *state = tu_alloc_poisoned(c.n_state);
+    float *next = tu_alloc_poisoned(c.n_state);
     float *x_piece = tu_alloc(c.n_y), *y_piece = tu_alloc(c.n_y);
     int64_t t0 = 0;
     for (int i = 0; i < n_pieces; i++) {
         const int64_t len = pieces[i];
-        slice_tokens(c.x, sp.B, T, sp.D, t0, len, x_piece);
+        tu_slice_tokens(c.x, sp.B, T, sp.D, t0, len, x_piece);
         linseq_conv1d_problem p = c.p;
         p.T = len;
         p.x = x_piece;
@@ -225,11 +195,11 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
         float *out = in_place && i > 0 ? state : next;
         CHECK_OK(linseq_conv1d_forward(&p, NULL, y_piece, out));
         if (out == next) memcpy(state, next, c.n_state * sizeof(float));
-        place_tokens(y_piece, sp.B, T, sp.D, t0, len, y_pieces);
+        tu_place_tokens(y_piece, sp.B, T, sp.D, t0, len, y_pieces);
         t0 += len;
     }
-    CHECK(same_bits(y_full, y_pieces, c.n_y), "%s: y of the pieces differs from one call", label);
-    CHECK(same_bits(state_full, state, c.n_state), "%s: the final state differs from one call",
+    CHECK(tu_same_bits(y_full, y_pieces, c.n_y), "%s: y of the pieces differs from one call", label);
+    CHECK(tu_same_bits(state_full, state, c.n_state), "%s: the final state differs from one call",
           label);
     free(y_full);
     free(state_full);
@@ -273,7 +243,7 @@ static void test_varlen(void)
                         .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = n_seqs};
         conv_data c;
         conv_make(&c, &sp, 1300 + (uint64_t)with_state);
-        float *y = alloc_poisoned(c.n_y), *state_out = alloc_poisoned(c.n_state);
+        float *y = tu_alloc_poisoned(c.n_y), *state_out = tu_alloc_poisoned(c.n_state);
         CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, state_out));
         const size_t row = (size_t)(D * (W - 1));
         for (int64_t n = 0; n < n_seqs; n++) {
@@ -294,9 +264,9 @@ static void test_varlen(void)
             p.conv_state = c.state ? c.state + n * row : NULL;
             float *y_one = tu_alloc((size_t)(len * D)), *state_one = tu_alloc(row);
             CHECK_OK(linseq_conv1d_forward(&p, NULL, y_one, state_one));
-            CHECK(same_bits(y + t0 * D, y_one, (size_t)(len * D)),
+            CHECK(tu_same_bits(y + t0 * D, y_one, (size_t)(len * D)),
                   "varlen: y of sequence %lld differs from its own call", (long long)n);
-            CHECK(same_bits(state_out + n * row, state_one, row),
+            CHECK(tu_same_bits(state_out + n * row, state_one, row),
                   "varlen: state of sequence %lld differs from its own call", (long long)n);
             free(y_one);
             free(state_one);
@@ -319,14 +289,14 @@ static void test_threads(void)
         conv_data c;
         conv_make(&c, &specs[i], 1400 + i);
         float *y1 = tu_alloc(c.n_y), *s1 = tu_alloc(c.n_state);
-        float *y = alloc_poisoned(c.n_y), *s = alloc_poisoned(c.n_state);
+        float *y = tu_alloc_poisoned(c.n_y), *s = tu_alloc_poisoned(c.n_state);
         linseq_exec one = {.threads = 1};
         CHECK_OK(linseq_conv1d_forward(&c.p, &one, y1, s1));
         for (int threads = 2; threads <= 3; threads++) {
             linseq_exec ex = {.threads = threads};
             CHECK_OK(linseq_conv1d_forward(&c.p, &ex, y, s));
-            CHECK(same_bits(y1, y, c.n_y), "spec %zu: y with %d threads differs", i, threads);
-            CHECK(same_bits(s1, s, c.n_state), "spec %zu: state with %d threads differs", i,
+            CHECK(tu_same_bits(y1, y, c.n_y), "spec %zu: y with %d threads differs", i, threads);
+            CHECK(tu_same_bits(s1, s, c.n_state), "spec %zu: state with %d threads differs", i,
                   threads);
         }
         free(y1);

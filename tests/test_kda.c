@@ -313,21 +313,16 @@ static void test_prefill_then_decode(void)
         linseq_exec rec = {.mode = LINSEQ_MODE_RECURRENT};
         CHECK_OK(linseq_kda_forward(&f.p, &rec, o_full, h_full));
 
-        /* Slice a [B,T,...] tensor to tokens [t0, t0+n). */
-#define SLICE(dst, src, width, t0, n)                                                     \
-    for (int64_t b = 0; b < B; b++)                                                      \
-        memcpy((dst) + b * (n) * (width), (src) + (b * T + (t0)) * (width),              \
-               sizeof(float) * (size_t)((n) * (width)))
         float *q = tu_alloc((size_t)(B * T * H * K)), *k = tu_alloc((size_t)(B * T * H * K));
         float *v = tu_alloc((size_t)(B * T * HV * V)), *be = tu_alloc((size_t)(B * T * HV));
         float *g = tu_alloc((size_t)(B * T * HV * K)), *o = tu_alloc((size_t)(B * T * HV * V));
         float *state = tu_alloc(f.n_state);
         linseq_kda_problem p = f.p;
-        SLICE(q, f.q, H * K, 0, T1);
-        SLICE(k, f.k, H * K, 0, T1);
-        SLICE(v, f.v, HV * V, 0, T1);
-        SLICE(be, f.beta, HV, 0, T1);
-        SLICE(g, f.g, HV * K, 0, T1);
+        tu_slice_tokens(f.q, B, T, H * K, 0, T1, q);
+        tu_slice_tokens(f.k, B, T, H * K, 0, T1, k);
+        tu_slice_tokens(f.v, B, T, HV * V, 0, T1, v);
+        tu_slice_tokens(f.beta, B, T, HV, 0, T1, be);
+        tu_slice_tokens(f.g, B, T, HV * K, 0, T1, g);
         p.T = T1;
         p.q = q, p.k = k, p.v = v, p.beta = be, p.g = g;
         linseq_exec chunked = {.mode = LINSEQ_MODE_CHUNKED, .chunk_size = 16};
@@ -335,21 +330,20 @@ static void test_prefill_then_decode(void)
         CHECK_OK(linseq_kda_forward(&p, &chunked, o_pre, state));
         double err = 0.0;
         for (int64_t t = T1; t < T; t++) {
-            SLICE(q, f.q, H * K, t, 1);
-            SLICE(k, f.k, H * K, t, 1);
-            SLICE(v, f.v, HV * V, t, 1);
-            SLICE(be, f.beta, HV, t, 1);
-            SLICE(g, f.g, HV * K, t, 1);
+            tu_slice_tokens(f.q, B, T, H * K, t, 1, q);
+            tu_slice_tokens(f.k, B, T, H * K, t, 1, k);
+            tu_slice_tokens(f.v, B, T, HV * V, t, 1, v);
+            tu_slice_tokens(f.beta, B, T, HV, t, 1, be);
+            tu_slice_tokens(f.g, B, T, HV * K, t, 1, g);
             p.T = 1;
             p.h0 = NULL;
             CHECK_OK(linseq_kda_decode(&p, NULL, state, B, NULL, o));
             float *want = tu_alloc((size_t)(B * HV * V));
-            SLICE(want, o_full, HV * V, t, 1);
+            tu_slice_tokens(o_full, B, T, HV * V, t, 1, want);
             const double e = tu_rel_err(o, want, (size_t)(B * HV * V));
             if (e > err) err = e;
             free(want);
         }
-#undef SLICE
         const double eh = tu_rel_err(state, h_full, f.n_state);
         CHECK(err <= TOL_VS_REF && eh <= TOL_VS_REF,
               "v_first %d: prefill + decode vs one call: o %.3g state %.3g", vfirst, err, eh);

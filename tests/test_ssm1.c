@@ -93,20 +93,6 @@ static void ssm_free(ssm_data *s)
     free(s->dt_bias);
 }
 
-static bool same_bits(const float *a, const float *b, size_t n)
-{
-    return memcmp(a, b, n * sizeof(float)) == 0;
-}
-
-/* Outputs that a comparison checks start as garbage, so that a region the kernel never writes
- * cannot match a zero-initialised baseline by accident. */
-static float *alloc_poisoned(size_t n)
-{
-    float *p = tu_alloc(n);
-    tu_poison(p, n * sizeof(float));
-    return p;
-}
-
 /* ------------------------------------------------------------------------------------ */
 
 /* D = N = 1, two tokens, worked by hand from the header's formulas: checks where the skip
@@ -146,7 +132,7 @@ static void check_against_reference(const ssm_spec *sp, uint64_t seed, const cha
 {
     ssm_data s;
     ssm_make(&s, sp, seed);
-    float *y = alloc_poisoned(s.n_y), *hT = alloc_poisoned(s.n_state);
+    float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
     float *y_ref = tu_alloc(s.n_y), *hT_ref = tu_alloc(s.n_state);
     CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, hT));
     CHECK_OK(ls_ssm1_reference(&s.p, y_ref, hT_ref));
@@ -196,7 +182,7 @@ static void test_softplus_outside(void)
     ssm_data s;
     ssm_make(&s, &sp, 7);
     float *y_in = tu_alloc(s.n_y), *hT_in = tu_alloc(s.n_state);
-    float *y_out = alloc_poisoned(s.n_y), *hT_out = alloc_poisoned(s.n_state);
+    float *y_out = tu_alloc_poisoned(s.n_y), *hT_out = tu_alloc_poisoned(s.n_state);
     CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_in, hT_in));
 
     float *dt_applied = tu_alloc(s.n_y);
@@ -209,8 +195,8 @@ static void test_softplus_outside(void)
     p.dt_softplus = false;
     p.dt_bias = NULL;
     CHECK_OK(linseq_ssm1_forward(&p, NULL, y_out, hT_out));
-    CHECK(same_bits(y_in, y_out, s.n_y), "softplus in kernel: y differs from softplus outside");
-    CHECK(same_bits(hT_in, hT_out, s.n_state), "softplus in kernel: hT differs");
+    CHECK(tu_same_bits(y_in, y_out, s.n_y), "softplus in kernel: y differs from softplus outside");
+    CHECK(tu_same_bits(hT_in, hT_out, s.n_state), "softplus in kernel: hT differs");
     free(dt_applied);
     free(y_in);
     free(hT_in);
@@ -229,7 +215,7 @@ static void test_gate_outside(void)
         ssm_data s;
         ssm_make(&s, &sp, 300 + (uint64_t)act);
         float *y_gated = tu_alloc(s.n_y), *hT_gated = tu_alloc(s.n_state);
-        float *y_plain = alloc_poisoned(s.n_y), *hT_plain = alloc_poisoned(s.n_state);
+        float *y_plain = tu_alloc_poisoned(s.n_y), *hT_plain = tu_alloc_poisoned(s.n_state);
         CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_gated, hT_gated));
         linseq_ssm1_problem p = s.p;
         p.gate = NULL;
@@ -242,7 +228,7 @@ static void test_gate_outside(void)
             if (memcmp(&expect, &y_gated[i], sizeof expect) != 0) bad++;
         }
         CHECK(bad == 0, "activation %d: %zu gated outputs differ from y * act(gate)", act, bad);
-        CHECK(same_bits(hT_gated, hT_plain, s.n_state), "activation %d: the gate changed hT", act);
+        CHECK(tu_same_bits(hT_gated, hT_plain, s.n_state), "activation %d: the gate changed hT", act);
         free(y_gated);
         free(hT_gated);
         free(y_plain);
@@ -272,16 +258,16 @@ static void test_groups_expanded(void)
                     C_wide[(bt * D + d) * N + n] = s.C_proj[(bt * G + g) * N + n];
                 }
         float *y_g = tu_alloc(s.n_y), *hT_g = tu_alloc(s.n_state);
-        float *y_w = alloc_poisoned(s.n_y), *hT_w = alloc_poisoned(s.n_state);
+        float *y_w = tu_alloc_poisoned(s.n_y), *hT_w = tu_alloc_poisoned(s.n_state);
         CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_g, hT_g));
         linseq_ssm1_problem p = s.p;
         p.G = D;
         p.B_proj = B_wide;
         p.C_proj = C_wide;
         CHECK_OK(linseq_ssm1_forward(&p, NULL, y_w, hT_w));
-        CHECK(same_bits(y_g, y_w, s.n_y), "G = %lld: y differs from the expanded problem",
+        CHECK(tu_same_bits(y_g, y_w, s.n_y), "G = %lld: y differs from the expanded problem",
               (long long)G);
-        CHECK(same_bits(hT_g, hT_w, s.n_state), "G = %lld: hT differs", (long long)G);
+        CHECK(tu_same_bits(hT_g, hT_w, s.n_state), "G = %lld: hT differs", (long long)G);
         free(B_wide);
         free(C_wide);
         free(y_g);
@@ -304,7 +290,7 @@ static void test_varlen(void)
                        .n_seqs = n_seqs};
         ssm_data s;
         ssm_make(&s, &sp, 500 + (uint64_t)with_h0);
-        float *y = alloc_poisoned(s.n_y), *hT = alloc_poisoned(s.n_state);
+        float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
         CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, hT));
 
         const size_t row = (size_t)(D * N);
@@ -330,9 +316,9 @@ static void test_varlen(void)
             p.h0 = s.h0 ? s.h0 + n * row : NULL;
             float *y_one = tu_alloc((size_t)(len * D)), *hT_one = tu_alloc(row);
             CHECK_OK(linseq_ssm1_forward(&p, NULL, y_one, hT_one));
-            CHECK(same_bits(y + t0 * D, y_one, (size_t)(len * D)),
+            CHECK(tu_same_bits(y + t0 * D, y_one, (size_t)(len * D)),
                   "varlen: y of sequence %lld differs from its own call", (long long)n);
-            CHECK(same_bits(hT + n * row, hT_one, row),
+            CHECK(tu_same_bits(hT + n * row, hT_one, row),
                   "varlen: hT of sequence %lld differs from its own call", (long long)n);
             free(y_one);
             free(hT_one);
@@ -341,24 +327,6 @@ static void test_varlen(void)
         free(hT);
         ssm_free(&s);
     }
-}
-
-/* Tokens [t0, t0+len) of every batch row: [B,T,width] -> out [B,len,width]. */
-static void slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                         int64_t len, float *out)
-{
-    for (int64_t b = 0; b < B; b++)
-        memcpy(out + b * len * width, src + (b * T + t0) * width,
-               (size_t)(len * width) * sizeof(float));
-}
-
-/* The inverse: [B,len,width] -> tokens [t0, t0+len) of dst [B,T,width]. */
-static void place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                         int64_t len, float *dst)
-{
-    for (int64_t b = 0; b < B; b++)
-        memcpy(dst + (b * T + t0) * width, src + b * len * width,
-               (size_t)(len * width) * sizeof(float));
 }
 
 /* A prefill, then single-token decode steps updating the state in place (hT == h0) == one
@@ -376,13 +344,13 @@ static void test_prefill_then_decode(void)
     const size_t piece_btd = (size_t)(B * prefill * D), piece_btn = (size_t)(B * prefill * N);
     float *x = tu_alloc(piece_btd), *dt = tu_alloc(piece_btd), *gate = tu_alloc(piece_btd);
     float *Bp = tu_alloc(piece_btn), *Cp = tu_alloc(piece_btn), *y = tu_alloc(piece_btd);
-    float *state = alloc_poisoned(s.n_state), *y_steps = alloc_poisoned(s.n_y);
+    float *state = tu_alloc_poisoned(s.n_state), *y_steps = tu_alloc_poisoned(s.n_y);
     for (int64_t t0 = 0, len = prefill; t0 < T; t0 += len, len = 1) {
-        slice_tokens(s.x, B, T, D, t0, len, x);
-        slice_tokens(s.dt, B, T, D, t0, len, dt);
-        slice_tokens(s.gate, B, T, D, t0, len, gate);
-        slice_tokens(s.B_proj, B, T, N, t0, len, Bp);
-        slice_tokens(s.C_proj, B, T, N, t0, len, Cp);
+        tu_slice_tokens(s.x, B, T, D, t0, len, x);
+        tu_slice_tokens(s.dt, B, T, D, t0, len, dt);
+        tu_slice_tokens(s.gate, B, T, D, t0, len, gate);
+        tu_slice_tokens(s.B_proj, B, T, N, t0, len, Bp);
+        tu_slice_tokens(s.C_proj, B, T, N, t0, len, Cp);
         linseq_ssm1_problem p = s.p;
         p.T = len;
         p.x = x;
@@ -392,10 +360,10 @@ static void test_prefill_then_decode(void)
         p.C_proj = Cp;
         p.h0 = t0 == 0 ? s.h0 : state;
         CHECK_OK(linseq_ssm1_forward(&p, NULL, y, state));
-        place_tokens(y, B, T, D, t0, len, y_steps);
+        tu_place_tokens(y, B, T, D, t0, len, y_steps);
     }
-    CHECK(same_bits(y_full, y_steps, s.n_y), "prefill + in-place decode: y differs from one call");
-    CHECK(same_bits(hT_full, state, s.n_state),
+    CHECK(tu_same_bits(y_full, y_steps, s.n_y), "prefill + in-place decode: y differs from one call");
+    CHECK(tu_same_bits(hT_full, state, s.n_state),
           "prefill + in-place decode: the state differs from one call's hT");
     free(x);
     free(dt);
@@ -424,19 +392,19 @@ static void test_threads(void)
         ssm_data s;
         ssm_make(&s, &specs[i], 700 + i);
         float *y1 = tu_alloc(s.n_y), *hT1 = tu_alloc(s.n_state);
-        float *y = alloc_poisoned(s.n_y), *hT = alloc_poisoned(s.n_state);
+        float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
         linseq_exec one = {.threads = 1};
         CHECK_OK(linseq_ssm1_forward(&s.p, &one, y1, hT1));
         for (int threads = 2; threads <= 3; threads++) {
             linseq_exec ex = {.threads = threads};
             CHECK_OK(linseq_ssm1_forward(&s.p, &ex, y, hT));
-            CHECK(same_bits(y1, y, s.n_y), "spec %zu: y with %d threads differs from 1 thread", i,
+            CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y with %d threads differs from 1 thread", i,
                   threads);
-            CHECK(same_bits(hT1, hT, s.n_state), "spec %zu: hT with %d threads differs", i,
+            CHECK(tu_same_bits(hT1, hT, s.n_state), "spec %zu: hT with %d threads differs", i,
                   threads);
         }
         CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, NULL));
-        CHECK(same_bits(y1, y, s.n_y), "spec %zu: y without hT differs", i);
+        CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y without hT differs", i);
         free(y1);
         free(hT1);
         free(y);

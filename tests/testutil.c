@@ -87,3 +87,31 @@ bool tu_is_poisoned(const void *p, size_t bytes)
         if (c[i] != 0xA5) return false;
     return true;
 }
+
+bool tu_same_bits(const float *a, const float *b, size_t n)
+{
+    return n == 0 || memcmp(a, b, n * sizeof(float)) == 0;
+}
+
+float *tu_alloc_poisoned(size_t n)
+{
+    float *p = tu_alloc(n);
+    tu_poison(p, n * sizeof(float));
+    return p;
+}
+
+void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
+                     int64_t len, float *out)
+{
+    for (int64_t b = 0; b < B; b++)
+        memcpy(out + b * len * width, src + (b * T + t0) * width,
+               (size_t)(len * width) * sizeof(float));
+}
+
+void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
+                     int64_t len, float *dst)
+{
+    for (int64_t b = 0; b < B; b++)
+        memcpy(dst + (b * T + t0) * width, src + b * len * width,
+               (size_t)(len * width) * sizeof(float));
+}

@@ -50,6 +50,20 @@ double tu_rel_err(const float *a, const float *ref, size_t n);
 /* Same with a double-precision reference. */
 double tu_rel_err_d(const float *a, const double *ref, size_t n);
 
+/* Bitwise equality of n floats (true for n == 0). */
+bool tu_same_bits(const float *a, const float *b, size_t n);
+
+/* An output buffer that starts as garbage, so that a region a kernel never writes cannot
+ * match a zero-initialised baseline by accident. */
+float *tu_alloc_poisoned(size_t n);
+
+/* Tokens [t0, t0+len) of every batch row: [B,T,width] -> out [B,len,width]. */
+void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
+                     int64_t len, float *out);
+/* The inverse: [B,len,width] -> tokens [t0, t0+len) of dst [B,T,width]. */
+void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
+                     int64_t len, float *dst);
+
 /* Fills with a byte pattern and checks it is intact (poisoned outputs on error). */
 void tu_poison(void *p, size_t bytes);
 bool tu_is_poisoned(const void *p, size_t bytes);

@@ -148,3 +148,22 @@ linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_s
                        (long long)cu[n_seqs], (long long)T);
     return LINSEQ_OK;
 }
+
+/* Every op validates the whole exec: an unknown mode is an error even where it is unused. */
+linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
+{
+    if (!ex) return LINSEQ_OK;
+    if ((unsigned)ex->mode > (unsigned)LINSEQ_MODE_CHUNKED)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "exec->mode = %d; expected LINSEQ_MODE_DEFAULT, _RECURRENT or _CHUNKED",
+                       (int)ex->mode);
+    if (ex->chunk_size != 0 && ex->chunk_size != 16 && ex->chunk_size != 32 &&
+        ex->chunk_size != 64 && ex->chunk_size != 128)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "exec->chunk_size = %d; expected 16, 32, 64 or 128 (0 = 64)",
+                       ex->chunk_size);
+    if (ex->threads < 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "exec->threads = %d; expected >= 0 (0 = the global setting)", ex->threads);
+    return LINSEQ_OK;
+}

@@ -51,6 +51,9 @@ void ls_shape_text(const ls_tensor *t, char *buf, size_t n);
 /* size < min -> LINSEQ_ERR_INVALID_SIZE naming the size. */
 linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min);
 
+/* exec (may be NULL): mode, chunk size, thread count. */
+linseq_status ls_check_exec(const char *fn, const linseq_exec *exec);
+
 /* Offsets of n_seqs packed sequences in a time axis of T tokens (B must be 1). */
 linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,
                                   int64_t T);

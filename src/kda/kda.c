@@ -84,24 +84,6 @@ void kda_state_store(const kda_plan *pl, const float *S, float *dst)
 /* Validation                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
-static linseq_status check_exec(const char *fn, const linseq_exec *ex)
-{
-    if (!ex) return LINSEQ_OK;
-    if ((unsigned)ex->mode > (unsigned)LINSEQ_MODE_CHUNKED)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
-                       "exec->mode = %d; expected LINSEQ_MODE_DEFAULT, _RECURRENT or _CHUNKED",
-                       (int)ex->mode);
-    if (ex->chunk_size != 0 && ex->chunk_size != 16 && ex->chunk_size != 32 &&
-        ex->chunk_size != 64 && ex->chunk_size != 128)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "exec->chunk_size = %d; expected 16, 32, 64 or 128 (0 = 64)",
-                       ex->chunk_size);
-    if (ex->threads < 0)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "exec->threads = %d; expected >= 0 (0 = the global setting)", ex->threads);
-    return LINSEQ_OK;
-}
-
 /* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
 static linseq_status check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
 {
@@ -247,7 +229,7 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = check_problem(fn, problem, &pl)) || (st = check_exec(fn, exec))) return st;
+    if ((st = check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
     const linseq_kda_problem *p = problem;
 
     ls_args a = {.fn = fn};
@@ -324,7 +306,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = check_problem(fn, problem, &pl)) || (st = check_exec(fn, exec))) return st;
+    if ((st = check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
     const linseq_kda_problem *p = problem;
     if (p->T != 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,

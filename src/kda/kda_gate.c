@@ -47,9 +47,7 @@ linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const li
         (st = ls_check_min(fn, "H", p->H, 1)) ||
         (per_channel && (st = ls_check_min(fn, "K", p->K, 1))))
         return st;
-    if (exec && exec->threads < 0)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "exec->threads = %d; expected >= 0",
-                       exec->threads);
+    if ((st = ls_check_exec(fn, exec))) return st;
     if (!(p->lower_bound <= 0.0f) || isinf(p->lower_bound))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",

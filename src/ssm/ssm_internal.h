@@ -35,16 +35,14 @@ static inline int64_t ssm_seq_count(const int64_t *cu_seqlens, int64_t n_seqs, i
     return cu_seqlens ? n_seqs : B;
 }
 
-/* The checks both entry points make before building their argument table: the thread count,
- * and n_seqs when cu_seqlens is given (n_seqs is ignored without it). cu_seqlens itself is
- * read only after its byte size has been validated, by ls_check_cu_seqlens. */
+/* The checks both entry points make before building their argument table: the exec, and
+ * n_seqs when cu_seqlens is given (n_seqs is ignored without it). cu_seqlens itself is read
+ * only after its byte size has been validated, by ls_check_cu_seqlens. */
 static inline linseq_status ssm_check_common(const char *fn, const linseq_exec *exec,
                                              const int64_t *cu_seqlens, int64_t n_seqs)
 {
-    if (exec && exec->threads < 0)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "exec->threads = %d; expected exec->threads >= 0 (0 = the default)",
-                       exec->threads);
+    linseq_status st = ls_check_exec(fn, exec);
+    if (st) return st;
     if (cu_seqlens) return ls_check_min(fn, "n_seqs", n_seqs, 1);
     return LINSEQ_OK;
 }
