@@ -20,6 +20,14 @@
  *     reentrant. The only global setting is the default thread count.
  *   - Outputs must not overlap inputs or each other, except where an argument says it may be
  *     the same pointer as an input (in-place state update).
+ *   - Backward: each op's _backward takes the same problem struct as its _forward, the
+ *     upstream gradients of the forward's outputs, and a grads struct of output pointers. A
+ *     NULL gradient pointer is not computed; a non-NULL one is overwritten (never accumulated
+ *     into). Gradients are those of the float64 math evaluated in float32, with respect to the
+ *     inputs as given (raw q and k under qk_l2norm, logits under beta_is_logit, the raw gate
+ *     input under gate_in_kernel, dt before softplus under dt_softplus). Parameters shared by
+ *     sequences (A_log, dt_bias, A, D_skip, weight, bias) get the sum over the batch.
+ *     Memory: no state is stored per token; see README "Backward memory".
  */
 #ifndef LINSEQ_H
 #define LINSEQ_H
@@ -185,6 +193,24 @@ LINSEQ_API linseq_status linseq_kda_decode(const linseq_kda_problem *problem,
                                            int64_t n_state_rows, const int64_t *state_rows,
                                            float *o);
 
+typedef struct linseq_kda_grads {
+    float *dq, *dk;     /* [B,T,H,K]; summed over the value heads of each group (GVA)       */
+    float *dv;          /* [B,T,HV,V]                                                        */
+    float *dbeta;       /* [B,T,HV]: w.r.t. beta as given (the logits with beta_is_logit)    */
+    float *dg;          /* shape of g: w.r.t. g as given (the raw gate input when in kernel) */
+    float *dh0;         /* state layout; allowed without h0 (the gradient at a zero state)   */
+    float *dA_log;      /* [HV], gate_in_kernel only                                         */
+    float *ddt_bias;    /* [HV*K] or [HV], gate_in_kernel only                               */
+} linseq_kda_grads;
+
+/* The gradients of L = sum(o * d_o) + sum(ht * d_ht). d_o [B,T,HV,V] is required; d_ht (state
+ * layout) may be NULL. Recurrent mode checkpoints the state every chunk_size tokens and
+ * recomputes inside a segment; chunked mode keeps one state per chunk. Both are exact for
+ * every g <= 0 and give the same gradients to float32 rounding. */
+LINSEQ_API linseq_status linseq_kda_backward(const linseq_kda_problem *problem,
+                                             const linseq_exec *exec, const float *d_o,
+                                             const float *d_ht, const linseq_kda_grads *grads);
+
 /* ------------------------------------------------------------------------------------ */
 /* KDA gate (standalone): the decay of a KDA layer from its raw gate input               */
 /* ------------------------------------------------------------------------------------ */
@@ -203,6 +229,17 @@ typedef struct linseq_kda_gate_problem {
 
 LINSEQ_API linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *problem,
                                                  const linseq_exec *exec, float *g);
+
+typedef struct linseq_kda_gate_grads {
+    float *dg_raw;   /* shape of g_raw                                                       */
+    float *dA_log;   /* [H]                                                                  */
+    float *ddt_bias; /* [H*K] or [H]                                                         */
+} linseq_kda_gate_grads;
+
+/* The gradients of L = sum(g * d_g); d_g has the shape of g. */
+LINSEQ_API linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *problem,
+                                                  const linseq_exec *exec, const float *d_g,
+                                                  const linseq_kda_gate_grads *grads);
 
 /* ------------------------------------------------------------------------------------ */
 /* SSM1: Mamba1 selective state space scan (real A)                                       */
@@ -236,6 +273,25 @@ typedef struct linseq_ssm1_problem {
 LINSEQ_API linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *problem,
                                              const linseq_exec *exec, float *y, float *hT);
 
+typedef struct linseq_ssm1_grads {
+    float *dx;       /* [B,T,D]                                                              */
+    float *ddt;      /* [B,T,D]: w.r.t. dt as given (before softplus with dt_softplus)       */
+    float *dA;       /* [D,N], summed over the batch                                         */
+    float *dB_proj;  /* [B,T,G,N], summed over the channels of each group                    */
+    float *dC_proj;  /* [B,T,G,N]                                                            */
+    float *dD_skip;  /* [D], only with D_skip                                                */
+    float *dgate;    /* [B,T,D], only with gate                                              */
+    float *dh0;      /* [N_seq,D,N]; allowed without h0 (the gradient at a zero state)       */
+    float *ddt_bias; /* [D], only with dt_softplus                                           */
+} linseq_ssm1_grads;
+
+/* The gradients of L = sum(y * d_y) + sum(hT * d_hT). d_y [B,T,D] is required, d_hT
+ * [N_seq,D,N] may be NULL. The state is checkpointed every 64 tokens and recomputed inside a
+ * segment. */
+LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem,
+                                              const linseq_exec *exec, const float *d_y,
+                                              const float *d_hT, const linseq_ssm1_grads *grads);
+
 /* ------------------------------------------------------------------------------------ */
 /* Causal depthwise conv1d (Mamba's short conv)                                           */
 /* ------------------------------------------------------------------------------------ */
@@ -259,6 +315,21 @@ typedef struct linseq_conv1d_problem {
 LINSEQ_API linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *problem,
                                                const linseq_exec *exec, float *y,
                                                float *conv_state_out);
+
+typedef struct linseq_conv1d_grads {
+    float *dx;          /* [B,T,D]                                                           */
+    float *dweight;     /* [D,W], summed over the batch                                      */
+    float *dbias;       /* [D], only with bias                                               */
+    float *dconv_state; /* [N_seq,D,W-1]; allowed without conv_state (gradient at zeros)     */
+} linseq_conv1d_grads;
+
+/* The gradients of L = sum(y * d_y) + sum(conv_state_out * d_conv_state_out). d_y [B,T,D] is
+ * required; d_conv_state_out [N_seq,D,W-1] may be NULL (it carries the gradient of the next
+ * segment when a long sequence is processed in pieces). */
+LINSEQ_API linseq_status linseq_conv1d_backward(const linseq_conv1d_problem *problem,
+                                                const linseq_exec *exec, const float *d_y,
+                                                const float *d_conv_state_out,
+                                                const linseq_conv1d_grads *grads);
 
 #ifdef __cplusplus
 }

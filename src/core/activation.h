@@ -36,6 +36,32 @@ static inline float ls_activate(linseq_activation act, float z)
     }
 }
 
+/* d softplus / dx, matching the threshold of ls_softplusf (slope exactly 1 above 20). */
+static inline float ls_softplus_gradf(float x) { return x > 20.0f ? 1.0f : ls_sigmoidf(x); }
+
+/* f'(z) of ls_activate (act resolved). relu'(0) = 0, as torch. */
+static inline float ls_activate_gradf(linseq_activation act, float z)
+{
+    switch (act) {
+    case LINSEQ_ACT_SILU: {
+        const float s = ls_sigmoidf(z);
+        return s * (1.0f + z * (1.0f - s));
+    }
+    case LINSEQ_ACT_SIGMOID: {
+        const float s = ls_sigmoidf(z);
+        return s * (1.0f - s);
+    }
+    case LINSEQ_ACT_GELU_TANH: {
+        const float k = 0.7978845608028654f;
+        const float th = tanhf(k * (z + 0.044715f * z * z * z));
+        return 0.5f * (1.0f + th) +
+               0.5f * z * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * z * z);
+    }
+    case LINSEQ_ACT_RELU: return z > 0.0f ? 1.0f : (z == z ? 0.0f : z);
+    default: return 1.0f;
+    }
+}
+
 /* Double-precision twins for the scalar references. */
 static inline double ls_sigmoid(double z)
 {
@@ -53,6 +79,29 @@ static inline double ls_activate_ref(linseq_activation act, double z)
         return 0.5 * z * (1.0 + tanh(0.7978845608028654 * (z + 0.044715 * z * z * z)));
     case LINSEQ_ACT_RELU: return z > 0.0 ? z : (z == z ? 0.0 : z);
     default: return z;
+    }
+}
+
+static inline double ls_softplus_grad(double x) { return x > 20.0 ? 1.0 : ls_sigmoid(x); }
+
+static inline double ls_activate_grad_ref(linseq_activation act, double z)
+{
+    switch (act) {
+    case LINSEQ_ACT_SILU: {
+        const double s = ls_sigmoid(z);
+        return s * (1.0 + z * (1.0 - s));
+    }
+    case LINSEQ_ACT_SIGMOID: {
+        const double s = ls_sigmoid(z);
+        return s * (1.0 - s);
+    }
+    case LINSEQ_ACT_GELU_TANH: {
+        const double k = 0.7978845608028654;
+        const double th = tanh(k * (z + 0.044715 * z * z * z));
+        return 0.5 * (1.0 + th) + 0.5 * z * (1.0 - th * th) * k * (1.0 + 3.0 * 0.044715 * z * z);
+    }
+    case LINSEQ_ACT_RELU: return z > 0.0 ? 1.0 : (z == z ? 0.0 : z);
+    default: return 1.0;
     }
 }
 
