@@ -209,6 +209,85 @@ static void test_gate_table(void)
            LINSEQ_ERR_NULL_POINTER, "problem", gout, sizeof gout, NULL, 0);
 }
 
+static void test_backward_table(void)
+{
+    static float d_o[B * T * HV * V], d_ht[B * HV * K * V];
+    static float dq[B * T * H * K], dk[B * T * H * K], dv[B * T * HV * V], dbeta[B * T * HV],
+        dg[B * T * HV * K], dh0[B * HV * K * V], dA[HV], ddt[HV * K];
+    float *outs[] = {dq, dk, dv, dbeta, dg, dh0, dA, ddt};
+    const size_t sizes[] = {sizeof dq, sizeof dk, sizeof dv, sizeof dbeta,
+                            sizeof dg, sizeof dh0, sizeof dA, sizeof ddt};
+    const linseq_kda_grads all = {.dq = dq, .dk = dk, .dv = dv, .dbeta = dbeta, .dg = dg, .dh0 = dh0};
+    linseq_kda_problem p;
+    linseq_kda_grads gr;
+
+#define BWD(label, prob, dout, dstate, grads, want, needle)                                 \
+    do {                                                                                   \
+        for (int i_ = 0; i_ < 8; i_++) tu_poison(outs[i_], sizes[i_]);                     \
+        linseq_kda_problem pp_ = (prob);                                                   \
+        linseq_status s_ = linseq_kda_backward(&pp_, NULL, dout, dstate, grads);           \
+        expect(label, s_, want, needle, NULL, 0, NULL, 0);                                 \
+        bool intact_ = true;                                                               \
+        for (int i_ = 0; i_ < 8; i_++) intact_ &= tu_is_poisoned(outs[i_], sizes[i_]);     \
+        CHECK(intact_, "%s: a gradient byte changed", label);                             \
+    } while (0)
+
+    BWD("grads NULL", valid(), d_o, d_ht, NULL, LINSEQ_ERR_NULL_POINTER, "grads");
+    BWD("d_o NULL", valid(), NULL, d_ht, &all, LINSEQ_ERR_NULL_POINTER, "'d_o'");
+    p = valid();
+    p.K = 0;
+    BWD("K 0", p, d_o, d_ht, &all, LINSEQ_ERR_INVALID_SIZE, "K");
+    p = valid();
+    p.decay = LINSEQ_DECAY_NONE;
+    p.g = NULL;
+    BWD("dg without decay", p, d_o, d_ht, &all, LINSEQ_ERR_INVALID_VALUE, "dg");
+    gr = all;
+    gr.dA_log = dA;
+    BWD("dA_log without gate", valid(), d_o, d_ht, &gr, LINSEQ_ERR_INVALID_VALUE, "dA_log");
+    gr = all;
+    gr.dq = (float *)q;
+    BWD("dq aliases q", valid(), d_o, d_ht, &gr, LINSEQ_ERR_ALIASING, "'dq'");
+    gr = all;
+    gr.dk = dq;
+    BWD("dk aliases dq", valid(), d_o, d_ht, &gr, LINSEQ_ERR_ALIASING, "'dk'");
+    gr = all;
+    gr.dh0 = d_ht;
+    BWD("dh0 aliases d_ht", valid(), d_o, d_ht, &gr, LINSEQ_ERR_ALIASING, "'dh0'");
+    p = valid();
+    p.T = (int64_t)1 << 60;
+    BWD("overflow", p, d_o, d_ht, &all, LINSEQ_ERR_SIZE_OVERFLOW, "'q'");
+    p = valid();
+    p.B = 1;
+    p.T = 10;
+    p.h0 = NULL;
+    p.cu_seqlens = cu;
+    p.n_seqs = 2;
+    int64_t bad_end[3] = {0, 4, 11};
+    p.cu_seqlens = bad_end;
+    BWD("cu_seqlens end", p, d_o, NULL, &all, LINSEQ_ERR_INVALID_CU_SEQLENS, "expected T");
+#undef BWD
+    /* the corrected call runs and writes */
+    for (int i = 0; i < 6; i++) tu_poison(outs[i], sizes[i]);
+    p = valid();
+    CHECK_OK(linseq_kda_backward(&p, NULL, d_o, d_ht, &all));
+    CHECK(!tu_is_poisoned(dq, sizeof dq) && !tu_is_poisoned(dh0, sizeof dh0),
+          "a valid backward left its outputs unwritten");
+
+    /* the gate's backward */
+    static float graw[B * T * H * K], dgate[B * T * H * K], dgraw[B * T * H * K];
+    const linseq_kda_gate_problem gp = {.B = B, .T = T, .H = H, .K = K,
+                                        .decay = LINSEQ_DECAY_PER_CHANNEL, .g_raw = graw};
+    linseq_kda_gate_grads gg = {.dg_raw = dgraw};
+    tu_poison(dgraw, sizeof dgraw);
+    expect("gate grads NULL", linseq_kda_gate_backward(&gp, NULL, dgate, NULL),
+           LINSEQ_ERR_NULL_POINTER, "grads", dgraw, sizeof dgraw, NULL, 0);
+    expect("gate d_g NULL", linseq_kda_gate_backward(&gp, NULL, NULL, &gg),
+           LINSEQ_ERR_NULL_POINTER, "'d_g'", dgraw, sizeof dgraw, NULL, 0);
+    gg.dg_raw = dgate;
+    expect("dg_raw aliases d_g", linseq_kda_gate_backward(&gp, NULL, dgate, &gg),
+           LINSEQ_ERR_ALIASING, "'dg_raw'", dgraw, sizeof dgraw, NULL, 0);
+}
+
 static void test_threads_setting(void)
 {
     CHECK(linseq_set_num_threads(-2) == LINSEQ_ERR_INVALID_VALUE, "negative thread count accepted");
@@ -231,6 +310,7 @@ int main(void)
     test_forward_table();
     test_decode_table();
     test_gate_table();
+    test_backward_table();
     test_threads_setting();
     return tu_finish("test_kda_errors");
 }

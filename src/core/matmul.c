@@ -33,6 +33,16 @@ void ls_gemm_tn(int64_t M, int64_t N, int64_t Kd, const float *A, int64_t lda, c
     }
 }
 
+void ls_gemm_nt(int64_t M, int64_t N, int64_t Kd, const float *A, int64_t lda, const float *B,
+                int64_t ldb, float *C, int64_t ldc, bool accumulate)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            const float d = ls_dot(Kd, A + i * lda, B + j * ldb);
+            C[i * ldc + j] = accumulate ? C[i * ldc + j] + d : d;
+        }
+}
+
 float ls_dot(int64_t n, const float *x, const float *y)
 {
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

@@ -15,6 +15,10 @@ void ls_gemm_nn(int64_t M, int64_t N, int64_t Kd, const float *A, int64_t lda, c
 void ls_gemm_tn(int64_t M, int64_t N, int64_t Kd, const float *A, int64_t lda, const float *B,
                 int64_t ldb, float *C, int64_t ldc, bool accumulate);
 
+/* C[M,N] = (accumulate ? C : 0) + A[M,Kd] B[N,Kd]^T, each entry one ls_dot. */
+void ls_gemm_nt(int64_t M, int64_t N, int64_t Kd, const float *A, int64_t lda, const float *B,
+                int64_t ldb, float *C, int64_t ldc, bool accumulate);
+
 /* x[0..n) . y[0..n), summed in eight interleaved partial sums (fixed order). */
 float ls_dot(int64_t n, const float *x, const float *y);
 

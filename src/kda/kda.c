@@ -85,7 +85,7 @@ void kda_state_store(const kda_plan *pl, const float *S, float *dst)
 /* ---------------------------------------------------------------------------------------- */
 
 /* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
-static linseq_status check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
+linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
 {
     linseq_status st;
     if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
@@ -138,7 +138,7 @@ static linseq_status check_problem(const char *fn, const linseq_kda_problem *p, 
 }
 
 /* The tensor table shared by forward and decode: inputs only. */
-static void add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
+void kda_add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t B = p->B, H = p->H, HV = pl->HV, K = p->K, V = p->V;
@@ -161,7 +161,7 @@ static void add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
         ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, true, LS_IN, 8, 1, p->n_seqs + 1);
 }
 
-static const char *state_dims(const linseq_kda_problem *p, const char *rows)
+const char *kda_state_dims(const linseq_kda_problem *p, const char *rows)
 {
     if (rows[0] == 'N') return p->state_v_first ? "N,HV,V,K" : "N,HV,K,V";
     return p->state_v_first ? "n_state_rows,HV,V,K" : "n_state_rows,HV,K,V";
@@ -229,12 +229,12 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
     const linseq_kda_problem *p = problem;
 
     ls_args a = {.fn = fn};
-    add_inputs(&a, &pl, p->T);
-    const char *sd = state_dims(p, "N");
+    kda_add_inputs(&a, &pl, p->T);
+    const char *sd = kda_state_dims(p, "N");
     const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
     ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, pl.HV, d2, d3);
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, p->T, pl.HV, p->V);
@@ -306,7 +306,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
     const linseq_kda_problem *p = problem;
     if (p->T != 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
@@ -323,10 +323,10 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
                        (long long)n_state_rows, (long long)p->B);
 
     ls_args a = {.fn = fn};
-    add_inputs(&a, &pl, 1);
+    kda_add_inputs(&a, &pl, 1);
     ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, 8, 1, p->B);
     const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
-    ls_arg(&a, "state", state_dims(p, "n"), state, true, LS_OUT, 4, 4, n_state_rows, pl.HV, d2,
+    ls_arg(&a, "state", kda_state_dims(p, "n"), state, true, LS_OUT, 4, 4, n_state_rows, pl.HV, d2,
            d3);
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;

@@ -3,8 +3,8 @@
  * Per chunk of C tokens with chunk-start state S0 [K,V] and in-chunk cumulative log decay
  * G_r = sum_{i<=r} g_i (per channel or per head):
  *     Aqk[r,c] = sum_d qs_r[d] k_c[d] e^{G_r[d]-G_c[d]}          c <= r
- *     Akk[r,c] = beta_r sum_d k_r[d] k_c[d] e^{G_r[d]-G_c[d]}    c <  r
- *     (I + Akk) Vnew = beta V - diag(beta) (e^G * K) S0            forward substitution
+ *     Akk[r,c] = sum_d k_r[d] k_c[d] e^{G_r[d]-G_c[d]}           c <  r
+ *     (I + diag(beta) Akk) Vnew = diag(beta) V - diag(beta) (e^G * K) S0
  *     O  = (e^G * Qs) S0 + Aqk Vnew
  *     S_C = diag(e^{G_last}) S0 + (e^{G_last - G} * K)^T Vnew
  * Vnew row r is the delta u_r of the recurrence, so the chunk reproduces it exactly.
@@ -22,31 +22,17 @@
  * -0.01 ...) would otherwise leave differences G_r - G_c with only a few correct bits. Each
  * g is first raised to -110 at most: e^{-110} underflows to 0 in float32, so every factor that
  * contains such a token is 0 either way, and the sums stay small. */
+#include "kda/kda_chunk.h"
+
 #include <math.h>
 #include <string.h>
 
 #include "core/matmul.h"
-#include "kda/kda_internal.h"
-
-enum { SUB_CHUNK = 16 };
-
-/* Below this log decay every float32 factor containing the token is exactly zero. */
-static const float LOG_DECAY_FLOOR = -110.0f;
-
-typedef struct {
-    float *qs, *ks, *beta, *g;          /* loaded rows: [C,K] [C,K] [C] [C,gK]          */
-    double *G;                          /* in-chunk cumulative log decay [C,gK]          */
-    float *qg, *kbg, *kd;               /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G}    */
-    float *kc, *qt, *kt, *tmp;          /* sub-chunk factors [C,K] [16,K] [16,K] [K]     */
-    float *Aqk, *Akk;                   /* [C,C]                                         */
-    float *vnew;                        /* [C,V]                                         */
-    float *decay_last;                  /* [K] e^{G_last}                                */
-} chunk_ws;
 
 static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Lays the workspace out in one block; with base == NULL it only measures. */
-static size_t carve(const kda_plan *pl, unsigned char *base, chunk_ws *w)
+static size_t carve(const kda_plan *pl, unsigned char *base, kda_chunk_ws *w)
 {
     const size_t C = (size_t)pl->chunk, K = (size_t)pl->p->K, V = (size_t)pl->p->V;
     const size_t gK = (size_t)pl->gK;
@@ -61,12 +47,14 @@ static size_t carve(const kda_plan *pl, unsigned char *base, chunk_ws *w)
     TAKE(beta, float, C);
     TAKE(g, float, C * gK);
     TAKE(G, double, C * gK);
+    TAKE(eG, float, C * gK);
+    TAKE(eL, float, C * gK);
     TAKE(qg, float, C * K);
     TAKE(kbg, float, C * K);
     TAKE(kd, float, C * K);
     TAKE(kc, float, C * K);
-    TAKE(qt, float, SUB_CHUNK * K);
-    TAKE(kt, float, SUB_CHUNK * K);
+    TAKE(qt, float, KDA_SUB_CHUNK * K);
+    TAKE(kt, float, KDA_SUB_CHUNK * K);
     TAKE(tmp, float, K);
     TAKE(Aqk, float, C * C);
     TAKE(Akk, float, C * C);
@@ -76,15 +64,16 @@ static size_t carve(const kda_plan *pl, unsigned char *base, chunk_ws *w)
     return off;
 }
 
-size_t kda_chunk_workspace_bytes(const kda_plan *pl) { return carve(pl, NULL, NULL); }
+size_t kda_chunk_ws_bytes(const kda_plan *pl) { return carve(pl, NULL, NULL); }
+void kda_chunk_ws_carve(const kda_plan *pl, void *base, kda_chunk_ws *w) { carve(pl, base, w); }
 
 static float exp_diff(double a, double b) { return expf((float)(a - b)); }
 
 /* Aqk and Akk for a per-channel decay, through 16-row sub-chunks (see the file comment). */
-static void build_scores_per_channel(const chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+static void build_scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
 {
-    for (int64_t n = 0; n < Lc; n += SUB_CHUNK) {
-        const int64_t m = Lc - n < SUB_CHUNK ? Lc - n : SUB_CHUNK;
+    for (int64_t n = 0; n < Lc; n += KDA_SUB_CHUNK) {
+        const int64_t m = Lc - n < KDA_SUB_CHUNK ? Lc - n : KDA_SUB_CHUNK;
         const double *Gn = w->G + n * K;
         if (n > 0) {
             for (int64_t r = 0; r < m; r++) {
@@ -103,13 +92,11 @@ static void build_scores_per_channel(const chunk_ws *w, int64_t Lc, int64_t K, i
                 float *kc = w->kc + c * K;
                 for (int64_t i = 0; i < K; i++) kc[i] = k[i] * exp_diff(Gn[i], Gc[i]);
             }
-            for (int64_t r = 0; r < m; r++) {
-                const float beta = w->beta[n + r];
+            for (int64_t r = 0; r < m; r++)
                 for (int64_t c = 0; c < n; c++) {
                     w->Aqk[(n + r) * C + c] = ls_dot(K, w->qt + r * K, w->kc + c * K);
-                    w->Akk[(n + r) * C + c] = beta * ls_dot(K, w->kt + r * K, w->kc + c * K);
+                    w->Akk[(n + r) * C + c] = ls_dot(K, w->kt + r * K, w->kc + c * K);
                 }
-            }
         }
         for (int64_t r = n; r < n + m; r++) {
             const double *Gr = w->G + r * K;
@@ -118,110 +105,125 @@ static void build_scores_per_channel(const chunk_ws *w, int64_t Lc, int64_t K, i
                 const float *k = w->ks + c * K;
                 for (int64_t i = 0; i < K; i++) w->tmp[i] = k[i] * exp_diff(Gr[i], Gc[i]);
                 w->Aqk[r * C + c] = ls_dot(K, w->qs + r * K, w->tmp);
-                if (c < r) w->Akk[r * C + c] = w->beta[r] * ls_dot(K, w->ks + r * K, w->tmp);
+                if (c < r) w->Akk[r * C + c] = ls_dot(K, w->ks + r * K, w->tmp);
             }
         }
     }
 }
 
 /* With one decay per token the factor e^{G_r - G_c} is a scalar outside the dot product. */
-static void build_scores_per_head(const chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+static void build_scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
 {
     for (int64_t r = 0; r < Lc; r++)
         for (int64_t c = 0; c <= r; c++) {
             const float d = exp_diff(w->G[r], w->G[c]);
             w->Aqk[r * C + c] = ls_dot(K, w->qs + r * K, w->ks + c * K) * d;
-            if (c < r) w->Akk[r * C + c] = w->beta[r] * ls_dot(K, w->ks + r * K, w->ks + c * K) * d;
+            if (c < r) w->Akk[r * C + c] = ls_dot(K, w->ks + r * K, w->ks + c * K) * d;
         }
 }
+
+void kda_chunk_prepare(const kda_plan *pl, const kda_chunk_ws *w, int64_t first, int64_t Lc,
+                       int64_t hv)
+{
+    const int64_t K = pl->p->K, C = pl->chunk, gK = pl->gK;
+    const bool per_channel = pl->p->decay == LINSEQ_DECAY_PER_CHANNEL;
+
+    for (int64_t r = 0; r < Lc; r++)
+        kda_load_token(pl, first + r, hv, w->qs + r * K, w->ks + r * K, &w->beta[r],
+                       w->g + r * gK);
+    for (int64_t i = 0; i < gK; i++) {
+        double acc = 0.0;
+        for (int64_t r = 0; r < Lc; r++) {
+            float g = w->g[r * gK + i];
+            if (g < KDA_LOG_DECAY_FLOOR) g = KDA_LOG_DECAY_FLOOR; /* NaN stays NaN */
+            acc += g;
+            w->G[r * gK + i] = acc;
+        }
+    }
+
+    if (per_channel)
+        build_scores_per_channel(w, Lc, K, C);
+    else
+        build_scores_per_head(w, Lc, K, C);
+
+    const double *Glast = w->G + (Lc - 1) * gK;
+    for (int64_t r = 0; r < Lc; r++) {
+        const double *Gr = w->G + r * gK;
+        float *eG = w->eG + r * gK, *eL = w->eL + r * gK;
+        for (int64_t i = 0; i < gK; i++) {
+            eG[i] = expf((float)Gr[i]);
+            eL[i] = exp_diff(Glast[i], Gr[i]);
+        }
+        const float *q = w->qs + r * K, *k = w->ks + r * K;
+        float *qg = w->qg + r * K, *kbg = w->kbg + r * K, *kd = w->kd + r * K;
+        const float beta = w->beta[r];
+        for (int64_t i = 0; i < K; i++) {
+            const float e = eG[per_channel ? i : 0], el = eL[per_channel ? i : 0];
+            qg[i] = q[i] * e;
+            kbg[i] = beta * k[i] * e;
+            kd[i] = k[i] * el;
+        }
+    }
+    for (int64_t i = 0; i < K; i++)
+        w->decay_last[i] = expf((float)Glast[per_channel ? i : 0]);
+}
+
+void kda_chunk_solve(const kda_plan *pl, const kda_chunk_ws *w, const float *S0, int64_t first,
+                     int64_t Lc, int64_t hv)
+{
+    const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk;
+    ls_gemm_nn(Lc, V, K, w->kbg, K, S0, V, w->vnew, V, false);
+    for (int64_t r = 0; r < Lc; r++) {
+        const float *v = pl->p->v + ((first + r) * HV + hv) * V;
+        float *vn = w->vnew + r * V;
+        const float beta = w->beta[r];
+        for (int64_t j = 0; j < V; j++) vn[j] = beta * v[j] - vn[j];
+        for (int64_t c = 0; c < r; c++) {
+            const float a = beta * w->Akk[r * C + c];
+            const float *vc = w->vnew + c * V;
+            for (int64_t j = 0; j < V; j++) vn[j] -= a * vc[j];
+        }
+    }
+}
+
+void kda_chunk_advance(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc)
+{
+    const int64_t K = pl->p->K, V = pl->p->V;
+    for (int64_t i = 0; i < K; i++) {
+        float *row = S + i * V;
+        const float d = w->decay_last[i];
+        for (int64_t j = 0; j < V; j++) row[j] *= d;
+    }
+    ls_gemm_tn(K, V, Lc, w->kd, K, w->vnew, V, S, V, true);
+}
+
+size_t kda_chunk_workspace_bytes(const kda_plan *pl) { return kda_chunk_ws_bytes(pl); }
 
 void kda_chunk_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
                     float *o, void *ws)
 {
-    const linseq_kda_problem *p = pl->p;
-    const int64_t K = p->K, V = p->V, HV = pl->HV, C = pl->chunk, gK = pl->gK;
-    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    chunk_ws w;
-    carve(pl, ws, &w);
+    const int64_t V = pl->p->V, HV = pl->HV, C = pl->chunk, K = pl->p->K;
+    kda_chunk_ws w;
+    kda_chunk_ws_carve(pl, ws, &w);
 
     for (int64_t c0 = 0; c0 < len; c0 += C) {
         const int64_t Lc = len - c0 < C ? len - c0 : C;
         const int64_t first = tok0 + c0;
-
-        for (int64_t r = 0; r < Lc; r++)
-            kda_load_token(pl, first + r, hv, w.qs + r * K, w.ks + r * K, &w.beta[r],
-                           w.g + r * gK);
-        for (int64_t i = 0; i < gK; i++) {
-            double acc = 0.0;
+        kda_chunk_prepare(pl, &w, first, Lc, hv);
+        kda_chunk_solve(pl, &w, S, first, Lc, hv);
+        if (o) {
+            /* The decayed chunk-start state read by q, plus the in-chunk part. */
+            float *out = o + (first * HV + hv) * V;
+            ls_gemm_nn(Lc, V, K, w.qg, K, S, V, out, HV * V, false);
             for (int64_t r = 0; r < Lc; r++) {
-                float g = w.g[r * gK + i];
-                if (g < LOG_DECAY_FLOOR) g = LOG_DECAY_FLOOR; /* NaN stays NaN */
-                acc += g;
-                w.G[r * gK + i] = acc;
-            }
-        }
-
-        if (per_channel)
-            build_scores_per_channel(&w, Lc, K, C);
-        else
-            build_scores_per_head(&w, Lc, K, C);
-
-        const double *Glast = w.G + (Lc - 1) * gK;
-        for (int64_t r = 0; r < Lc; r++) {
-            const double *Gr = w.G + r * gK;
-            const float *q = w.qs + r * K, *k = w.ks + r * K;
-            float *qg = w.qg + r * K, *kbg = w.kbg + r * K, *kd = w.kd + r * K;
-            const float beta = w.beta[r];
-            if (per_channel) {
-                for (int64_t i = 0; i < K; i++) {
-                    const float e = expf((float)Gr[i]);
-                    qg[i] = q[i] * e;
-                    kbg[i] = beta * k[i] * e;
-                    kd[i] = k[i] * exp_diff(Glast[i], Gr[i]);
-                }
-            } else {
-                const float e = expf((float)Gr[0]), el = exp_diff(Glast[0], Gr[0]);
-                for (int64_t i = 0; i < K; i++) {
-                    qg[i] = q[i] * e;
-                    kbg[i] = beta * k[i] * e;
-                    kd[i] = k[i] * el;
+                float *orow = out + r * HV * V;
+                for (int64_t c = 0; c <= r; c++) {
+                    const float a = w.Aqk[r * C + c];
+                    const float *vc = w.vnew + c * V;
+                    for (int64_t j = 0; j < V; j++) orow[j] += a * vc[j];
                 }
             }
         }
-        for (int64_t i = 0; i < K; i++) w.decay_last[i] = expf((float)Glast[per_channel ? i : 0]);
-
-        /* Right-hand side beta V - diag(beta)(e^G K) S0, then the triangular solve. */
-        ls_gemm_nn(Lc, V, K, w.kbg, K, S, V, w.vnew, V, false);
-        for (int64_t r = 0; r < Lc; r++) {
-            const float *v = p->v + ((first + r) * HV + hv) * V;
-            float *vn = w.vnew + r * V;
-            const float beta = w.beta[r];
-            for (int64_t j = 0; j < V; j++) vn[j] = beta * v[j] - vn[j];
-            for (int64_t c = 0; c < r; c++) {
-                const float a = w.Akk[r * C + c];
-                const float *vc = w.vnew + c * V;
-                for (int64_t j = 0; j < V; j++) vn[j] -= a * vc[j];
-            }
-        }
-
-        /* Outputs: the decayed chunk-start state read by q, plus the in-chunk part. */
-        float *out = o + (first * HV + hv) * V;
-        ls_gemm_nn(Lc, V, K, w.qg, K, S, V, out, HV * V, false);
-        for (int64_t r = 0; r < Lc; r++) {
-            float *orow = out + r * HV * V;
-            for (int64_t c = 0; c <= r; c++) {
-                const float a = w.Aqk[r * C + c];
-                const float *vc = w.vnew + c * V;
-                for (int64_t j = 0; j < V; j++) orow[j] += a * vc[j];
-            }
-        }
-
-        /* State at the chunk end. */
-        for (int64_t i = 0; i < K; i++) {
-            float *row = S + i * V;
-            const float d = w.decay_last[i];
-            for (int64_t j = 0; j < V; j++) row[j] *= d;
-        }
-        ls_gemm_tn(K, V, Lc, w.kd, K, w.vnew, V, S, V, true);
+        kda_chunk_advance(pl, &w, S, Lc);
     }
 }

@@ -24,6 +24,16 @@ typedef struct kda_plan {
     int chunk;        /* chunk size (chunked mode)                                         */
 } kda_plan;
 
+/* Validates everything but the tensor pointers and fills the plan (chunk = 0). */
+linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl);
+
+/* The input tensors of a validated problem (T tokens per batch row) for ls_args_validate. */
+struct ls_args;
+void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T);
+
+/* "N,HV,K,V" or "N,HV,V,K" (rows "N"), or with "n_state_rows" (rows "n"). */
+const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
+
 /* Tokens [*start, *start + *len) of sequence n in the flattened time axis. */
 static inline void kda_seq_range(const kda_plan *pl, int64_t n, int64_t *start, int64_t *len)
 {
@@ -46,6 +56,21 @@ static inline float kda_gate_value(float raw, float bias, float a_log, float low
     return lower_bound * ls_sigmoidf(expf(a_log) * x);
 }
 
+/* dg/draw (== dg/ddt_bias) and dg/dA_log of kda_gate_value, in the same float arithmetic. */
+static inline void kda_gate_grad(float raw, float bias, float a_log, float lower_bound,
+                                 float *d_raw, float *d_alog)
+{
+    const float x = raw + bias, e = expf(a_log);
+    if (lower_bound == 0.0f) {
+        *d_raw = -e * ls_softplus_gradf(x);
+        *d_alog = -e * ls_softplusf(x);
+    } else {
+        const float s = ls_sigmoidf(e * x), ds = lower_bound * s * (1.0f - s);
+        *d_raw = ds * e;
+        *d_alog = ds * (e * x);
+    }
+}
+
 /* One token of one item after the in-kernel options: qs = scale * l2norm(q) (or scale * q),
  * ks = l2norm(k) (or k), *beta (after the sigmoid when beta is a logit), g[gK] the log decay
  * (after the gate when it is in kernel; 0 with no decay). tok is a flattened token index. */
@@ -58,21 +83,35 @@ void kda_state_load(const kda_plan *pl, const float *src, float *S);
 void kda_state_store(const kda_plan *pl, const float *S, float *dst);
 
 /* Recurrent mode: advances S over tokens [tok0, tok0+len) of value head hv and writes their
- * outputs. scratch holds kda_recurrent_scratch_floats(pl) floats. */
+ * outputs (none when o is NULL). scratch holds kda_recurrent_scratch_floats(pl) floats. */
 size_t kda_recurrent_scratch_floats(const kda_plan *pl);
 void kda_recurrent_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
                         float *o, float *scratch);
 
-/* Chunked mode: same contract. ws holds kda_chunk_workspace_bytes(pl) bytes, 64-aligned. */
+/* Chunked mode: same contract. ws holds kda_chunk_workspace_bytes(pl) bytes, 64-aligned
+ * (pl->chunk set). */
 size_t kda_chunk_workspace_bytes(const kda_plan *pl);
 void kda_chunk_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
                     float *o, void *ws);
 
 /* The readable reference: the recurrence of the header comment, token by token, in double,
- * with every option applied literally. Assumes a validated problem. */
+ * with every option applied literally. Assumes a validated problem; test-only (slow).
+ * _f64 keeps the double results (finite differences need them). */
 linseq_status ls_kda_reference(const linseq_kda_problem *p, float *o, float *ht);
+linseq_status ls_kda_reference_f64(const linseq_kda_problem *p, double *o, double *ht);
 
-/* Reference of the standalone gate, in double. */
+/* The reference backward, in double, storing every state. All pointers but dh0 are required
+ * (dA_log and ddt_bias only with gate_in_kernel); shapes as in linseq_kda_grads. */
+typedef struct ls_kda_ref_grads {
+    double *dq, *dk, *dv, *dbeta, *dg, *dh0, *dA_log, *ddt_bias;
+} ls_kda_ref_grads;
+linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float *d_o,
+                                        const float *d_ht, const ls_kda_ref_grads *grads);
+
+/* Reference of the standalone gate and of its backward, in double. */
 void ls_kda_gate_reference(const linseq_kda_gate_problem *p, float *g);
+void ls_kda_gate_reference_f64(const linseq_kda_gate_problem *p, double *g);
+void ls_kda_gate_reference_backward(const linseq_kda_gate_problem *p, const float *d_g,
+                                    double *dg_raw, double *dA_log, double *ddt_bias);
 
 #endif

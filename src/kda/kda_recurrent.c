@@ -24,7 +24,7 @@ void kda_recurrent_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t h
         float beta;
         kda_load_token(pl, tok, hv, qs, ks, &beta, g);
         const float *v = p->v + (tok * HV + hv) * V;
-        float *out = o + (tok * HV + hv) * V;
+        float *out = o ? o + (tok * HV + hv) * V : NULL;
 
         /* Pass 1: decay the state, then measure what it predicts for k. */
         const float head_decay = has_decay && !per_channel ? expf(g[0]) : 1.0f;
@@ -41,6 +41,14 @@ void kda_recurrent_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t h
         for (int64_t j = 0; j < V; j++) kS[j] = beta * (v[j] - kS[j]);
 
         /* Pass 2: the rank-1 write, then read the updated state. */
+        if (!out) {
+            for (int64_t i = 0; i < K; i++) {
+                float *row = S + i * V;
+                const float ki = ks[i];
+                for (int64_t j = 0; j < V; j++) row[j] += ki * kS[j];
+            }
+            continue;
+        }
         memset(out, 0, (size_t)V * sizeof *out);
         for (int64_t i = 0; i < K; i++) {
             float *row = S + i * V;

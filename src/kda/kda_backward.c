@@ -1,0 +1,229 @@
+/* linseq_kda_backward: validation, the (sequence, qk head) work items, and the chain rules of
+ * the in-kernel options (l2norm and scale, beta sigmoid, gate) around the kernels' gradients.
+ * The sums over the batch (dA_log, ddt_bias) go through per-item partials reduced in item
+ * order, so the result does not depend on the thread count. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/parallel.h"
+#include "core/status.h"
+#include "core/validate.h"
+#include "kda/kda_backward.h"
+
+void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,
+                  const float *dv, float dbeta, const float *dg, double *item_partials)
+{
+    const kda_plan *pl = b->pl;
+    const linseq_kda_problem *p = pl->p;
+    const linseq_kda_grads *gr = b->gr;
+    const int64_t K = p->K, V = p->V, H = p->H, HV = pl->HV, gK = pl->gK;
+    const int64_t h = hv / pl->group;
+    if (gr->dq) {
+        float *row = gr->dq + (tok * H + h) * K;
+        for (int64_t i = 0; i < K; i++) row[i] += dqs[i];
+    }
+    if (gr->dk) {
+        float *row = gr->dk + (tok * H + h) * K;
+        for (int64_t i = 0; i < K; i++) row[i] += dks[i];
+    }
+    if (gr->dv) memcpy(gr->dv + (tok * HV + hv) * V, dv, (size_t)V * sizeof(float));
+    if (gr->dbeta) {
+        float d = dbeta;
+        if (p->beta_is_logit) {
+            const float s = ls_sigmoidf(p->beta[tok * HV + hv]);
+            d *= s * (1.0f - s);
+        }
+        gr->dbeta[tok * HV + hv] = d;
+    }
+    if (p->decay == LINSEQ_DECAY_NONE) return;
+    const int64_t at = (tok * HV + hv) * gK;
+    if (!p->gate_in_kernel) {
+        if (gr->dg) memcpy(gr->dg + at, dg, (size_t)gK * sizeof(float));
+        return;
+    }
+    const int64_t g_in_group = hv % pl->group;
+    const float a_log = p->A_log ? p->A_log[hv] : 0.0f;
+    for (int64_t i = 0; i < gK; i++) {
+        const float bias = p->dt_bias ? p->dt_bias[hv * gK + i] : 0.0f;
+        float d_raw, d_alog;
+        kda_gate_grad(p->g[at + i], bias, a_log, p->lower_bound, &d_raw, &d_alog);
+        const float d = dg[i] * d_raw;
+        if (gr->dg) gr->dg[at + i] = d;
+        if (item_partials) {
+            item_partials[g_in_group] += (double)(dg[i] * d_alog);
+            item_partials[pl->group + g_in_group * gK + i] += (double)d;
+        }
+    }
+}
+
+void kda_bwd_load_dht(const kda_bwd *b, int64_t n, int64_t hv, float *dS)
+{
+    const int64_t KV = b->pl->p->K * b->pl->p->V;
+    kda_state_load(b->pl, b->d_ht ? b->d_ht + (n * b->pl->HV + hv) * KV : NULL, dS);
+}
+
+void kda_bwd_store_dh0(const kda_bwd *b, int64_t n, int64_t hv, const float *dS)
+{
+    const int64_t KV = b->pl->p->K * b->pl->p->V;
+    if (b->gr->dh0) kda_state_store(b->pl, dS, b->gr->dh0 + (n * b->pl->HV + hv) * KV);
+}
+
+/* The l2norm's backward, xhat = x r with r = 1/sqrt(|x|^2 + 1e-6):
+ *     dx = r dxhat - r^3 x (x . dxhat).
+ * The two terms cancel where dxhat is parallel to x, so they are formed in double. dx holds
+ * dxhat on entry. */
+static void l2norm_backward(const float *x, int64_t n, float *dx)
+{
+    double ss = 0.0, dot = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        ss += (double)x[i] * (double)x[i];
+        dot += (double)x[i] * (double)dx[i];
+    }
+    const double r = 1.0 / sqrt(ss + 1e-6), r3dot = r * r * r * dot;
+    for (int64_t i = 0; i < n; i++) dx[i] = (float)(r * (double)dx[i] - r3dot * (double)x[i]);
+}
+
+typedef struct {
+    const kda_bwd *b;
+    unsigned char *ws;
+    size_t ws_stride;
+} bwd_ctx;
+
+static void backward_item(void *ctx, int64_t item, int thread)
+{
+    const bwd_ctx *c = ctx;
+    const kda_bwd *b = c->b;
+    const kda_plan *pl = b->pl;
+    const linseq_kda_problem *p = pl->p;
+    const linseq_kda_grads *gr = b->gr;
+    const int64_t H = p->H, K = p->K, n = item / H, h = item % H;
+    int64_t start, len;
+    kda_seq_range(pl, n, &start, &len);
+    void *ws = c->ws + (size_t)thread * c->ws_stride;
+    double *partials = b->partials ? b->partials + item * b->partial_len : NULL;
+
+    for (int64_t tok = start; tok < start + len; tok++) {
+        if (gr->dq) memset(gr->dq + (tok * H + h) * K, 0, (size_t)K * sizeof(float));
+        if (gr->dk) memset(gr->dk + (tok * H + h) * K, 0, (size_t)K * sizeof(float));
+    }
+    for (int64_t hv = h * pl->group; hv < (h + 1) * pl->group; hv++) {
+        if (pl->chunk)
+            kda_chunk_bwd_item(b, n, hv, start, len, ws, partials);
+        else
+            kda_recurrent_bwd_item(b, n, hv, start, len, ws, partials);
+    }
+    /* dq and dk now hold the group's sum w.r.t. qs and ks: chain through scale and l2norm. */
+    for (int64_t tok = start; tok < start + len; tok++) {
+        if (gr->dq) {
+            float *row = gr->dq + (tok * H + h) * K;
+            for (int64_t i = 0; i < K; i++) row[i] *= pl->scale;
+            if (p->qk_l2norm) l2norm_backward(p->q + (tok * H + h) * K, K, row);
+        }
+        if (gr->dk && p->qk_l2norm) l2norm_backward(p->k + (tok * H + h) * K, K, gr->dk + (tok * H + h) * K);
+    }
+}
+
+linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                  const float *d_o, const float *d_ht,
+                                  const linseq_kda_grads *grads)
+{
+    static const char fn[] = "linseq_kda_backward";
+    ls_clear_error();
+    kda_plan pl;
+    linseq_status st;
+    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if (!grads) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'grads' is NULL");
+    const linseq_kda_problem *p = problem;
+    const linseq_kda_grads *gr = grads;
+    if (p->decay == LINSEQ_DECAY_NONE && gr->dg)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "grads->dg is given but decay is LINSEQ_DECAY_NONE (there is no g)");
+    if (!p->gate_in_kernel && (gr->dA_log || gr->ddt_bias))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "grads->%s is given but gate_in_kernel is false",
+                       gr->dA_log ? "dA_log" : "ddt_bias");
+
+    const int64_t B = p->B, T = p->T, H = p->H, HV = pl.HV, K = p->K, V = p->V, gK = pl.gK;
+    ls_args a = {.fn = fn};
+    kda_add_inputs(&a, &pl, T);
+    const char *sd = kda_state_dims(p, "N");
+    const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
+    ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
+    ls_arg(&a, "d_o", "B,T,HV,V", d_o, true, LS_IN, 4, 4, B, T, HV, V);
+    ls_arg(&a, "d_ht", sd, d_ht, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
+    ls_arg(&a, "dq", "B,T,H,K", gr->dq, false, LS_OUT, 4, 4, B, T, H, K);
+    ls_arg(&a, "dk", "B,T,H,K", gr->dk, false, LS_OUT, 4, 4, B, T, H, K);
+    ls_arg(&a, "dv", "B,T,HV,V", gr->dv, false, LS_OUT, 4, 4, B, T, HV, V);
+    ls_arg(&a, "dbeta", "B,T,HV", gr->dbeta, false, LS_OUT, 4, 3, B, T, HV);
+    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
+        ls_arg(&a, "dg", "B,T,HV,K", gr->dg, false, LS_OUT, 4, 4, B, T, HV, K);
+    else
+        ls_arg(&a, "dg", "B,T,HV", gr->dg, false, LS_OUT, 4, 3, B, T, HV);
+    ls_arg(&a, "dh0", sd, gr->dh0, false, LS_OUT, 4, 4, pl.n_seqs, HV, d2, d3);
+    ls_arg(&a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
+    ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1, HV * gK);
+
+    const linseq_mode mode = exec ? exec->mode : LINSEQ_MODE_DEFAULT;
+    const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
+    if (mode != LINSEQ_MODE_RECURRENT) pl.chunk = chunk;
+    if ((st = ls_args_validate(&a))) return st;
+    int64_t max_len = p->T;
+    if (p->cu_seqlens) {
+        if ((st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+        max_len = 0;
+        for (int64_t n = 0; n < p->n_seqs; n++)
+            if (p->cu_seqlens[n + 1] - p->cu_seqlens[n] > max_len)
+                max_len = p->cu_seqlens[n + 1] - p->cu_seqlens[n];
+    }
+    kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
+                 .segment = chunk};
+    /* Per thread: one state per chunk or segment of the longest sequence, plus a segment of
+     * states (recurrent) or one chunk's matrices (chunked). */
+    int64_t kv, n_ckpt_states, chunk_rows;
+    if (!ls_mul_ok(&kv, 2, K, V) || !ls_mul_ok(&chunk_rows, 2, (int64_t)chunk, K + V + chunk) ||
+        !ls_mul_ok(&n_ckpt_states, 2, kv, max_len / chunk + 2 + chunk) ||
+        n_ckpt_states > (int64_t)(PTRDIFF_MAX / 64) || chunk_rows > (int64_t)(PTRDIFF_MAX / 64))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                       "the backward's checkpoints (T/%d + %d states of K*V = %lld*%lld floats) "
+                       "are too large to allocate",
+                       chunk, chunk + 2, (long long)K, (long long)V);
+
+    const size_t ws_stride =
+        ((pl.chunk ? kda_chunk_bwd_ws_bytes(&b) : kda_recurrent_bwd_ws_bytes(&b)) + 63) &
+        ~(size_t)63;
+    const int64_t n_items = pl.n_seqs * H;
+    const double work = 20.0 * (double)B * (double)T * (double)HV * (double)K * (double)V;
+    const int threads = ls_resolve_threads(exec, n_items, work);
+    const bool want_partials = p->gate_in_kernel && (gr->dA_log || gr->ddt_bias);
+    b.partial_len = pl.group * (1 + gK);
+    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
+    b.partials = want_partials ? calloc((size_t)(n_items * b.partial_len), sizeof(double)) : NULL;
+    if (!ws || (want_partials && !b.partials)) {
+        free(ws);
+        free(b.partials);
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
+                       ws_stride * (size_t)threads);
+    }
+    bwd_ctx c = {.b = &b, .ws = ws, .ws_stride = ws_stride};
+    ls_parallel_for(n_items, threads, backward_item, &c);
+
+    if (want_partials) {
+        /* partials[item] for item = n*H + h: summed over n into the first H, in order */
+        for (int64_t item = H; item < n_items; item++)
+            for (int64_t i = 0; i < b.partial_len; i++)
+                b.partials[(item % H) * b.partial_len + i] += b.partials[item * b.partial_len + i];
+        for (int64_t h = 0; h < H; h++) {
+            const double *part = b.partials + h * b.partial_len;
+            for (int64_t g = 0; g < pl.group; g++) {
+                const int64_t hv = h * pl.group + g;
+                if (gr->dA_log) gr->dA_log[hv] = (float)part[g];
+                for (int64_t i = 0; gr->ddt_bias && i < gK; i++)
+                    gr->ddt_bias[hv * gK + i] = (float)part[pl.group + g * gK + i];
+            }
+        }
+    }
+    free(b.partials);
+    free(ws);
+    return LINSEQ_OK;
+}

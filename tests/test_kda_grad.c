@@ -1,0 +1,653 @@
+/* KDA backward: the double reference backward against central finite differences of the
+ * double reference forward, then the fast recurrent and chunked backward against the
+ * reference backward, and the properties of the gradients (recurrent == chunked, varlen ==
+ * separate calls, in-kernel options == the same math outside, thread independence). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kda/kda_internal.h"
+#include "kda_fixture.h"
+#include "testutil.h"
+
+/* ---------------------------------------------------------------------------------------- */
+/* Finite differences                                                                          */
+/* ---------------------------------------------------------------------------------------- */
+
+/* A perturbation of 2^-10 is exact in float32 for |x| < 8 (every input here), so x +- h are
+ * exactly the points the double forward is evaluated at; the central difference then errs by
+ * h^2/6 f''' ~ 2e-7 |f'''|, and the double arithmetic adds ~1e-16/h. */
+static const double FD_STEP = 1.0 / 1024.0;
+/* max|fd - analytic| / max|analytic| per tensor: the truncation above relative to the
+ * gradient's scale, with margin for the larger third derivatives of l2norm and the gate. */
+static const double FD_TOL = 2e-5;
+
+typedef struct {
+    kda_fixture f;
+    float *d_o, *d_ht;
+    size_t n_o;
+    float *A_log, *dt_bias;
+} grad_case;
+
+static double loss(const grad_case *c)
+{
+    const linseq_kda_problem *p = &c->f.p;
+    double *o = malloc(sizeof(double) * c->n_o), *ht = malloc(sizeof(double) * c->f.n_state);
+    if (!o || !ht) abort();
+    CHECK_OK(ls_kda_reference_f64(p, o, ht));
+    double L = 0.0;
+    for (size_t i = 0; i < c->n_o; i++) L += o[i] * c->d_o[i];
+    for (size_t i = 0; c->d_ht && i < c->f.n_state; i++) L += ht[i] * c->d_ht[i];
+    free(o);
+    free(ht);
+    return L;
+}
+
+/* Central differences of every element of x against the analytic gradient. */
+static void fd_check(grad_case *c, const char *label, float *x, size_t n, const double *analytic)
+{
+    if (!x || n == 0) return;
+    double err = 0.0, mx = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        const float x0 = x[i];
+        x[i] = (float)(x0 + FD_STEP);
+        const double up = loss(c);
+        x[i] = (float)(x0 - FD_STEP);
+        const double down = loss(c);
+        x[i] = x0;
+        const double fd = (up - down) / (2.0 * FD_STEP);
+        if (fabs(fd - analytic[i]) > err) err = fabs(fd - analytic[i]);
+        if (fabs(analytic[i]) > mx) mx = fabs(analytic[i]);
+    }
+    const double rel = mx > 0 ? err / mx : err;
+    CHECK(rel <= FD_TOL, "%s: reference backward vs finite differences: %.3g (max |grad| %.3g)",
+          label, rel, mx);
+}
+
+static void make_case(grad_case *c, const kda_spec *s, bool with_dht, bool gate, double lower)
+{
+    memset(c, 0, sizeof *c);
+    kda_fixture_make(&c->f, s);
+    const int64_t HV = s->HV ? s->HV : s->H;
+    c->n_o = (size_t)(s->B * s->T * HV * s->V);
+    tu_rng r = {s->seed + 77};
+    c->d_o = tu_alloc(c->n_o);
+    tu_fill_normal(&r, c->d_o, c->n_o, 1.0);
+    if (with_dht) {
+        c->d_ht = tu_alloc(c->f.n_state);
+        tu_fill_normal(&r, c->d_ht, c->f.n_state, 1.0);
+    }
+    if (gate) {
+        const int64_t gK = s->decay == LINSEQ_DECAY_PER_CHANNEL ? s->K : 1;
+        c->A_log = tu_alloc((size_t)HV);
+        c->dt_bias = tu_alloc((size_t)(HV * gK));
+        for (int64_t i = 0; i < HV; i++) c->A_log[i] = (float)tu_uniform(&r, -1.0, 1.5);
+        tu_fill_normal(&r, c->dt_bias, (size_t)(HV * gK), 1.0);
+        tu_fill_normal(&r, c->f.g, c->f.n_g, 1.5); /* raw gate input */
+        c->f.p.gate_in_kernel = true;
+        c->f.p.A_log = c->A_log;
+        c->f.p.dt_bias = c->dt_bias;
+        c->f.p.lower_bound = (float)lower;
+    }
+}
+
+static void free_case(grad_case *c)
+{
+    free(c->d_o);
+    free(c->d_ht);
+    free(c->A_log);
+    free(c->dt_bias);
+    kda_fixture_free(&c->f);
+}
+
+/* Reference gradients of a case, allocated with their shapes. */
+typedef struct {
+    ls_kda_ref_grads g;
+    size_t n_qk, n_v, n_beta, n_g, n_state, n_alog, n_dtb;
+} ref_grads;
+
+static void ref_grads_alloc(ref_grads *r, const grad_case *c)
+{
+    const kda_spec *s = &c->f.s;
+    const int64_t HV = s->HV ? s->HV : s->H;
+    const int64_t gK = s->decay == LINSEQ_DECAY_PER_CHANNEL ? s->K : 1;
+    r->n_qk = c->f.n_qk;
+    r->n_v = c->f.n_v;
+    r->n_beta = c->f.n_beta;
+    r->n_g = c->f.n_g;
+    r->n_state = c->f.n_state;
+    r->n_alog = (size_t)HV;
+    r->n_dtb = (size_t)(HV * gK);
+    r->g.dq = calloc(r->n_qk, sizeof(double));
+    r->g.dk = calloc(r->n_qk, sizeof(double));
+    r->g.dv = calloc(r->n_v, sizeof(double));
+    r->g.dbeta = calloc(r->n_beta, sizeof(double));
+    r->g.dg = calloc(r->n_g + 1, sizeof(double));
+    r->g.dh0 = calloc(r->n_state, sizeof(double));
+    r->g.dA_log = calloc(r->n_alog, sizeof(double));
+    r->g.ddt_bias = calloc(r->n_dtb, sizeof(double));
+}
+
+static void ref_grads_free(ref_grads *r)
+{
+    free(r->g.dq);
+    free(r->g.dk);
+    free(r->g.dv);
+    free(r->g.dbeta);
+    free(r->g.dg);
+    free(r->g.dh0);
+    free(r->g.dA_log);
+    free(r->g.ddt_bias);
+}
+
+static void test_reference_against_finite_differences(void)
+{
+    static const int64_t cu[] = {0, 3, 3, 8};
+    struct {
+        kda_spec s;
+        bool dht, gate;
+        double lower;
+        float scale;
+        bool logit;
+    } cases[] = {
+        {{.B = 2, .T = 9, .H = 1, .HV = 2, .K = 5, .V = 4, .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true, .with_h0 = true, .gmag = 0.5, .regime = GATE_RAND, .seed = 11},
+         true, false, 0, 0, false},
+        {{.B = 1, .T = 8, .H = 2, .K = 4, .V = 3, .decay = LINSEQ_DECAY_PER_HEAD,
+          .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .n_seqs = 3, .cu = cu, .seed = 12},
+         true, false, 0, 0, true},
+        {{.B = 1, .T = 7, .H = 1, .K = 6, .V = 5, .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true, .with_h0 = true, .v_first = true, .regime = GATE_RAND, .seed = 13},
+         true, true, 0, 0, false},
+        {{.B = 2, .T = 6, .H = 1, .HV = 2, .K = 4, .V = 4, .decay = LINSEQ_DECAY_PER_HEAD,
+          .l2norm = true, .regime = GATE_RAND, .seed = 14},
+         false, true, -5.0, 0, true},
+        {{.B = 1, .T = 10, .H = 2, .K = 3, .V = 5, .decay = LINSEQ_DECAY_NONE, .with_h0 = true,
+          .seed = 15},
+         true, false, 0, 0.7f, false},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
+        grad_case c;
+        make_case(&c, &cases[ci].s, cases[ci].dht, cases[ci].gate, cases[ci].lower);
+        c.f.p.scale = cases[ci].scale;
+        if (cases[ci].logit) {
+            tu_rng r = {99};
+            tu_fill_normal(&r, c.f.beta, c.f.n_beta, 1.5);
+            c.f.p.beta_is_logit = true;
+        }
+        ref_grads rg;
+        ref_grads_alloc(&rg, &c);
+        CHECK_OK(ls_kda_reference_backward(&c.f.p, c.d_o, c.d_ht, &rg.g));
+        char label[64];
+#define FD(name, arr, n, an)                                                             \
+    snprintf(label, sizeof label, "case %zu %s", ci, name);                            \
+    fd_check(&c, label, arr, n, an)
+        FD("q", c.f.q, c.f.n_qk, rg.g.dq);
+        FD("k", c.f.k, c.f.n_qk, rg.g.dk);
+        FD("v", c.f.v, c.f.n_v, rg.g.dv);
+        FD("beta", c.f.beta, c.f.n_beta, rg.g.dbeta);
+        FD("g", c.f.g, c.f.n_g, rg.g.dg);
+        FD("h0", c.f.h0, c.f.n_state, rg.g.dh0);
+        if (cases[ci].gate) {
+            FD("A_log", c.A_log, rg.n_alog, rg.g.dA_log);
+            FD("dt_bias", c.dt_bias, rg.n_dtb, rg.g.ddt_bias);
+        }
+#undef FD
+        ref_grads_free(&rg);
+        free_case(&c);
+    }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Fast backward against the reference backward                                                */
+/* ---------------------------------------------------------------------------------------- */
+
+/* Float32 gradients against the float64 reference: the per-token gradients measure <= 1e-5
+ * over every shape and regime below (2e-5 keeps headroom, 50x under the spec's 1e-3). The
+ * gate parameters dA_log and ddt_bias are sums of dg over every token, which cancel: in
+ * chunked mode one rounding error of the in-chunk dG_r reaches all r+1 earlier tokens of
+ * the chunk through dg_t = sum_{r>=t} dG_r, so their relative error grows with the chunk
+ * size (measured 1.4e-5 at chunk 128); they get 1e-4, still 10x under the spec. */
+static const double TOL_GRAD = 2e-5, TOL_GRAD_SUMMED = 1e-4;
+static double worst_grad[2];
+
+typedef struct {
+    linseq_kda_grads g;
+    float *all[8];
+} fast_grads;
+
+static void fast_grads_alloc(fast_grads *f, const ref_grads *r, bool gate, bool decay)
+{
+    memset(f, 0, sizeof *f);
+    f->g.dq = f->all[0] = tu_alloc_poisoned(r->n_qk);
+    f->g.dk = f->all[1] = tu_alloc_poisoned(r->n_qk);
+    f->g.dv = f->all[2] = tu_alloc_poisoned(r->n_v);
+    f->g.dbeta = f->all[3] = tu_alloc_poisoned(r->n_beta);
+    if (decay) f->g.dg = f->all[4] = tu_alloc_poisoned(r->n_g);
+    f->g.dh0 = f->all[5] = tu_alloc_poisoned(r->n_state);
+    if (gate) {
+        f->g.dA_log = f->all[6] = tu_alloc_poisoned(r->n_alog);
+        f->g.ddt_bias = f->all[7] = tu_alloc_poisoned(r->n_dtb);
+    }
+}
+
+static void fast_grads_free(fast_grads *f)
+{
+    for (int i = 0; i < 8; i++) free(f->all[i]);
+}
+
+static double compare_grads(const fast_grads *f, const ref_grads *r, const char *what)
+{
+    const struct {
+        const char *name;
+        const float *a;
+        const double *ref;
+        size_t n;
+    } t[] = {{"dq", f->g.dq, r->g.dq, r->n_qk},       {"dk", f->g.dk, r->g.dk, r->n_qk},
+             {"dv", f->g.dv, r->g.dv, r->n_v},        {"dbeta", f->g.dbeta, r->g.dbeta, r->n_beta},
+             {"dg", f->g.dg, r->g.dg, r->n_g},        {"dh0", f->g.dh0, r->g.dh0, r->n_state},
+             {"dA_log", f->g.dA_log, r->g.dA_log, r->n_alog},
+             {"ddt_bias", f->g.ddt_bias, r->g.ddt_bias, r->n_dtb}};
+    double worst = 0.0;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (!t[i].a) continue;
+        const double e = tu_rel_err_d(t[i].a, t[i].ref, t[i].n);
+        if (e > worst) worst = e;
+        const double tol = i >= 6 ? TOL_GRAD_SUMMED : TOL_GRAD;
+        CHECK(e <= tol, "%s: %s err %.3g (tol %.1g)", what, t[i].name, e, tol);
+    }
+    return worst;
+}
+
+static void check_backward(grad_case *c, const char *what)
+{
+    const bool gate = c->f.p.gate_in_kernel, decay = c->f.p.decay != LINSEQ_DECAY_NONE;
+    ref_grads rg;
+    ref_grads_alloc(&rg, c);
+    CHECK_OK(ls_kda_reference_backward(&c->f.p, c->d_o, c->d_ht, &rg.g));
+    static const int chunks[] = {0, 16, 32, 64, 128};
+    for (int m = 0; m < 5; m++) {
+        fast_grads fg;
+        fast_grads_alloc(&fg, &rg, gate, decay);
+        linseq_exec ex = {.mode = m ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT,
+                          .chunk_size = m ? chunks[m] : 16};
+        CHECK_OK(linseq_kda_backward(&c->f.p, &ex, c->d_o, c->d_ht, &fg.g));
+        char label[160];
+        snprintf(label, sizeof label, "%s [%s %d]", what, m ? "chunked" : "recurrent", ex.chunk_size);
+        const double e = compare_grads(&fg, &rg, label);
+        if (e > worst_grad[m ? 1 : 0]) worst_grad[m ? 1 : 0] = e;
+        fast_grads_free(&fg);
+    }
+    ref_grads_free(&rg);
+}
+
+static void test_fast_against_reference(void)
+{
+    static const int64_t dims[][2] = {{16, 16}, {32, 64}, {64, 32}, {60, 60}, {3, 5}, {1, 1},
+                                      {128, 128}};
+    static const int64_t lens[] = {1, 37, 150};
+    uint64_t seed = 300;
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
+            for (int dk = 0; dk < 3; dk++) {
+                if (dims[d][0] == 128 && lens[t] != 150) continue;
+                kda_spec s = {.B = 2, .T = lens[t], .H = 2, .HV = 4, .K = dims[d][0],
+                              .V = dims[d][1], .decay = (linseq_decay)dk,
+                              .l2norm = seed % 2 == 0, .with_h0 = seed % 3 != 0,
+                              .v_first = seed % 5 == 0, .gmag = 0.5, .regime = GATE_RAND,
+                              .seed = seed++};
+                if (dims[d][0] == 128) s.B = 1, s.H = 1, s.HV = 1;
+                /* l2norm of a 1-vector is the constant +-1: its derivative eps/q^2 is a pure
+                 * cancellation that no float32 gradient resolves */
+                if (dims[d][0] == 1) s.l2norm = false;
+                grad_case c;
+                make_case(&c, &s, seed % 2 == 1, false, 0);
+                char what[96];
+                snprintf(what, sizeof what, "K=%lld V=%lld T=%lld decay %d", (long long)s.K,
+                         (long long)s.V, (long long)s.T, dk);
+                check_backward(&c, what);
+                free_case(&c);
+            }
+    /* decay regimes from none to -1000 and -inf per token: every gradient finite and exact */
+    static const double mags[] = {0.01, 1.0, 8.0};
+    for (int dk = 1; dk <= 2; dk++)
+        for (size_t m = 0; m < sizeof mags / sizeof mags[0]; m++)
+            for (int regime = GATE_ZERO; regime <= GATE_EXTREME; regime++) {
+                kda_spec s = {.B = 1, .T = 140, .H = 1, .HV = 2, .K = 24, .V = 20,
+                              .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
+                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed++};
+                grad_case c;
+                make_case(&c, &s, true, false, 0);
+                char what[96];
+                snprintf(what, sizeof what, "regime %d gmag %g decay %d", regime, mags[m], dk);
+                check_backward(&c, what);
+                free_case(&c);
+            }
+    /* every in-kernel option at once, both gate forms, varlen with an empty sequence */
+    static const int64_t cu[] = {0, 40, 40, 41, 170};
+    for (int dk = 1; dk <= 2; dk++)
+        for (int lb = 0; lb < 2; lb++) {
+            kda_spec s = {.B = 1, .T = 170, .H = 2, .HV = 6, .K = 20, .V = 12,
+                          .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
+                          .v_first = lb, .regime = GATE_RAND, .n_seqs = 4, .cu = cu,
+                          .seed = seed++};
+            grad_case c;
+            make_case(&c, &s, true, true, lb ? -5.0 : 0.0);
+            tu_rng r = {seed};
+            tu_fill_normal(&r, c.f.beta, c.f.n_beta, 1.5);
+            c.f.p.beta_is_logit = true;
+            c.f.p.scale = 0.3f;
+            char what[96];
+            snprintf(what, sizeof what, "all options decay %d lb %d", dk, lb);
+            check_backward(&c, what);
+            free_case(&c);
+        }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Properties of the fast backward                                                            */
+/* ---------------------------------------------------------------------------------------- */
+
+static void run_backward(const grad_case *c, const linseq_kda_problem *p, linseq_mode mode,
+                         int chunk, int threads, fast_grads *f, const ref_grads *shape)
+{
+    fast_grads_alloc(f, shape, p->gate_in_kernel, p->decay != LINSEQ_DECAY_NONE);
+    linseq_exec ex = {.mode = mode, .chunk_size = chunk, .threads = threads};
+    CHECK_OK(linseq_kda_backward(p, &ex, c->d_o, c->d_ht, &f->g));
+}
+
+static bool same_grads(const fast_grads *a, const fast_grads *b, const ref_grads *n)
+{
+    const size_t len[8] = {n->n_qk, n->n_qk, n->n_v, n->n_beta, n->n_g, n->n_state, n->n_alog, n->n_dtb};
+    bool same = true;
+    for (int i = 0; i < 8; i++)
+        if (a->all[i]) same &= tu_same_bits(a->all[i], b->all[i], len[i]);
+    return same;
+}
+
+/* Recurrent and chunked backward agree on larger shapes than the reference can afford, and
+ * every thread count gives the same bits. */
+static void test_recurrent_equals_chunked(void)
+{
+    for (int trial = 0; trial < 4; trial++) {
+        kda_spec s = {.B = 1 + trial % 2, .T = 400 + 61 * trial, .H = 2, .HV = 2 + 2 * (trial % 2),
+                      .K = 48 + 16 * trial, .V = 80 - 16 * trial,
+                      .decay = (linseq_decay)(1 + trial % 2), .l2norm = true, .with_h0 = true,
+                      .gmag = trial < 2 ? 0.1 : 2.0,
+                      .regime = trial == 3 ? GATE_EXTREME : GATE_RAND, .seed = 700u + trial};
+        grad_case c;
+        make_case(&c, &s, true, trial == 2, 0);
+        ref_grads shape;
+        ref_grads_alloc(&shape, &c);
+        fast_grads rec, chk, other;
+        run_backward(&c, &c.f.p, LINSEQ_MODE_RECURRENT, 64, 1, &rec, &shape);
+        static const int chunks[] = {16, 64, 128};
+        for (int ci = 0; ci < 3; ci++) {
+            run_backward(&c, &c.f.p, LINSEQ_MODE_CHUNKED, chunks[ci], 1, &chk, &shape);
+            const size_t len[8] = {shape.n_qk, shape.n_qk, shape.n_v, shape.n_beta,
+                                   shape.n_g, shape.n_state, shape.n_alog, shape.n_dtb};
+            for (int i = 0; i < 8; i++) {
+                if (!rec.all[i]) continue;
+                const double e = tu_rel_err(chk.all[i], rec.all[i], len[i]);
+                CHECK(e <= (i >= 6 ? TOL_GRAD_SUMMED : TOL_GRAD),
+                      "trial %d chunk %d: gradient %d chunked vs recurrent %.3g", trial,
+                      chunks[ci], i, e);
+            }
+            for (int threads = 2; threads <= 3; threads++) {
+                run_backward(&c, &c.f.p, LINSEQ_MODE_CHUNKED, chunks[ci], threads, &other, &shape);
+                CHECK(same_grads(&chk, &other, &shape), "trial %d: %d threads differ", trial, threads);
+                fast_grads_free(&other);
+            }
+            fast_grads_free(&chk);
+        }
+        run_backward(&c, &c.f.p, LINSEQ_MODE_RECURRENT, 64, 3, &other, &shape);
+        CHECK(same_grads(&rec, &other, &shape), "trial %d: recurrent, 3 threads differ", trial);
+        fast_grads_free(&other);
+        fast_grads_free(&rec);
+        ref_grads_free(&shape);
+        free_case(&c);
+    }
+}
+
+/* Packed sequences: each sequence's gradients are exactly those of its own call; the gate
+ * parameters are the sum over the sequences. */
+static void test_varlen_equals_separate(void)
+{
+    static const int64_t cu[] = {0, 23, 23, 90, 91, 160};
+    const int64_t n_seqs = 5, H = 2, HV = 4, K = 12, V = 10, KV = K * V;
+    for (int mode = 0; mode < 2; mode++) {
+        kda_spec s = {.B = 1, .T = 160, .H = H, .HV = HV, .K = K, .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
+                      .regime = GATE_RAND, .n_seqs = n_seqs, .cu = cu, .seed = 800};
+        grad_case c;
+        make_case(&c, &s, true, true, 0);
+        ref_grads shape;
+        ref_grads_alloc(&shape, &c);
+        const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
+        fast_grads all;
+        run_backward(&c, &c.f.p, m, 16, 0, &all, &shape);
+        double *alog_sum = calloc((size_t)HV, sizeof(double));
+        bool same = true;
+        for (int64_t n = 0; n < n_seqs; n++) {
+            const int64_t t0 = cu[n], len = cu[n + 1] - cu[n];
+            if (len == 0) {
+                /* an empty sequence hands d_ht through as dh0 */
+                same &= tu_same_bits(all.g.dh0 + n * HV * KV, c.d_ht + n * HV * KV, (size_t)(HV * KV));
+                continue;
+            }
+            linseq_kda_problem p = c.f.p;
+            p.cu_seqlens = NULL;
+            p.n_seqs = 0;
+            p.T = len;
+            p.q = c.f.q + t0 * H * K;
+            p.k = c.f.k + t0 * H * K;
+            p.v = c.f.v + t0 * HV * V;
+            p.beta = c.f.beta + t0 * HV;
+            p.g = c.f.g + t0 * HV * K;
+            p.h0 = c.f.h0 + n * HV * KV;
+            grad_case one = c;
+            one.d_o = c.d_o + t0 * HV * V;
+            one.d_ht = c.d_ht + n * HV * KV;
+            linseq_kda_grads g1 = {
+                .dq = tu_alloc((size_t)(len * H * K)), .dk = tu_alloc((size_t)(len * H * K)),
+                .dv = tu_alloc((size_t)(len * HV * V)), .dbeta = tu_alloc((size_t)(len * HV)),
+                .dg = tu_alloc((size_t)(len * HV * K)), .dh0 = tu_alloc((size_t)(HV * KV)),
+                .dA_log = tu_alloc((size_t)HV), .ddt_bias = tu_alloc((size_t)(HV * K))};
+            linseq_exec ex = {.mode = m, .chunk_size = 16};
+            CHECK_OK(linseq_kda_backward(&p, &ex, one.d_o, one.d_ht, &g1));
+            same &= tu_same_bits(g1.dq, all.g.dq + t0 * H * K, (size_t)(len * H * K));
+            same &= tu_same_bits(g1.dk, all.g.dk + t0 * H * K, (size_t)(len * H * K));
+            same &= tu_same_bits(g1.dv, all.g.dv + t0 * HV * V, (size_t)(len * HV * V));
+            same &= tu_same_bits(g1.dbeta, all.g.dbeta + t0 * HV, (size_t)(len * HV));
+            same &= tu_same_bits(g1.dg, all.g.dg + t0 * HV * K, (size_t)(len * HV * K));
+            same &= tu_same_bits(g1.dh0, all.g.dh0 + n * HV * KV, (size_t)(HV * KV));
+            for (int64_t i = 0; i < HV; i++) alog_sum[i] += g1.dA_log[i];
+            free(g1.dq), free(g1.dk), free(g1.dv), free(g1.dbeta), free(g1.dg), free(g1.dh0);
+            free(g1.dA_log), free(g1.ddt_bias);
+        }
+        CHECK(same, "mode %d: varlen gradients differ from separate calls", mode);
+        CHECK(tu_rel_err_d(all.g.dA_log, alog_sum, (size_t)HV) <= 1e-6,
+              "mode %d: varlen dA_log is not the sum over the sequences", mode);
+        free(alog_sum);
+        fast_grads_free(&all);
+        ref_grads_free(&shape);
+        free_case(&c);
+    }
+}
+
+/* The in-kernel options give the gradients of the same math done outside: the gate through
+ * the standalone gate op's backward, the beta sigmoid and the l2norm by hand. GVA gives the
+ * group sum of the repeated heads' dq and dk. */
+static void test_options_equal_outside(void)
+{
+    const int64_t B = 2, T = 70, H = 2, G = 3, HV = H * G, K = 16, V = 12;
+    for (int mode = 0; mode < 2; mode++) {
+        const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
+        kda_spec s = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
+                      .regime = GATE_RAND, .seed = 900};
+        grad_case c;
+        make_case(&c, &s, true, true, -5.0);
+        tu_rng r = {17};
+        tu_fill_normal(&r, c.f.beta, c.f.n_beta, 1.5);
+        c.f.p.beta_is_logit = true;
+        ref_grads shape;
+        ref_grads_alloc(&shape, &c);
+        fast_grads in;
+        run_backward(&c, &c.f.p, m, 32, 0, &in, &shape);
+
+        /* outside: g from the gate op, beta = sigmoid(logits), q and k normalised, heads repeated */
+        float *g = tu_alloc(c.f.n_g), *beta = tu_alloc(c.f.n_beta);
+        float *q2 = tu_alloc((size_t)(B * T * HV * K)), *k2 = tu_alloc((size_t)(B * T * HV * K));
+        linseq_kda_gate_problem gp = {.B = B, .T = T, .H = HV, .K = K,
+                                      .decay = LINSEQ_DECAY_PER_CHANNEL, .g_raw = c.f.g,
+                                      .A_log = c.A_log, .dt_bias = c.dt_bias, .lower_bound = -5.0f};
+        CHECK_OK(linseq_kda_gate_forward(&gp, NULL, g));
+        for (size_t i = 0; i < c.f.n_beta; i++) beta[i] = (float)(1.0 / (1.0 + exp(-(double)c.f.beta[i])));
+        for (int64_t bt = 0; bt < B * T; bt++)
+            for (int64_t hv = 0; hv < HV; hv++) {
+                const float *qs = c.f.q + (bt * H + hv / G) * K, *ks = c.f.k + (bt * H + hv / G) * K;
+                double sq = 0, sk = 0;
+                for (int64_t i = 0; i < K; i++) sq += (double)qs[i] * qs[i], sk += (double)ks[i] * ks[i];
+                for (int64_t i = 0; i < K; i++) {
+                    q2[(bt * HV + hv) * K + i] = (float)(qs[i] / sqrt(sq + 1e-6));
+                    k2[(bt * HV + hv) * K + i] = (float)(ks[i] / sqrt(sk + 1e-6));
+                }
+            }
+        linseq_kda_problem out = c.f.p;
+        out.H = HV;
+        out.HV = 0;
+        out.q = q2;
+        out.k = k2;
+        out.qk_l2norm = false;
+        out.beta = beta;
+        out.beta_is_logit = false;
+        out.g = g;
+        out.gate_in_kernel = false;
+        out.A_log = out.dt_bias = NULL;
+        out.lower_bound = 0.0f;
+        const size_t n_rep = (size_t)(B * T * HV * K);
+        linseq_kda_grads go = {.dq = tu_alloc(n_rep), .dk = tu_alloc(n_rep), .dv = tu_alloc(c.f.n_v),
+                               .dbeta = tu_alloc(c.f.n_beta), .dg = tu_alloc(c.f.n_g),
+                               .dh0 = tu_alloc(c.f.n_state)};
+        linseq_exec ex = {.mode = m, .chunk_size = 32};
+        CHECK_OK(linseq_kda_backward(&out, &ex, c.d_o, c.d_ht, &go));
+        /* the gate's own backward turns dg into dg_raw, dA_log, ddt_bias */
+        linseq_kda_gate_grads gg = {.dg_raw = tu_alloc(c.f.n_g), .dA_log = tu_alloc((size_t)HV),
+                                    .ddt_bias = tu_alloc((size_t)(HV * K))};
+        CHECK_OK(linseq_kda_gate_backward(&gp, NULL, go.dg, &gg));
+        /* q and k normalised in double outside vs in float inside: float32 ulps apart */
+        CHECK(tu_rel_err(in.g.dg, gg.dg_raw, c.f.n_g) <= 2e-6, "mode %d: in-kernel gate dg %.3g",
+              mode, tu_rel_err(in.g.dg, gg.dg_raw, c.f.n_g));
+        CHECK(tu_rel_err(in.g.dA_log, gg.dA_log, (size_t)HV) <= 1e-5 &&
+                  tu_rel_err(in.g.ddt_bias, gg.ddt_bias, (size_t)(HV * K)) <= 1e-5,
+              "mode %d: in-kernel gate parameter gradients %.3g %.3g", mode,
+              tu_rel_err(in.g.dA_log, gg.dA_log, (size_t)HV),
+              tu_rel_err(in.g.ddt_bias, gg.ddt_bias, (size_t)(HV * K)));
+        /* sigmoid: dlogit = dbeta s (1 - s) */
+        float *dlogit = tu_alloc(c.f.n_beta);
+        for (size_t i = 0; i < c.f.n_beta; i++) dlogit[i] = go.dbeta[i] * beta[i] * (1.0f - beta[i]);
+        CHECK(tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta) <= 1e-6, "mode %d: beta sigmoid gradient %.3g",
+              mode, tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta));
+        CHECK(tu_same_bits(in.g.dv, go.dv, c.f.n_v) || tu_rel_err(in.g.dv, go.dv, c.f.n_v) <= 1e-6,
+              "mode %d: dv differs", mode);
+        /* l2norm by hand on the group sums: dx = r dxhat - r^3 x (x . dxhat) */
+        float *dq_hand = tu_alloc(c.f.n_qk), *dk_hand = tu_alloc(c.f.n_qk);
+        for (int64_t bt = 0; bt < B * T; bt++)
+            for (int64_t h = 0; h < H; h++) {
+                for (int which = 0; which < 2; which++) {
+                    const float *x = (which ? c.f.k : c.f.q) + (bt * H + h) * K;
+                    const float *rep = which ? go.dk : go.dq;
+                    double ss = 0, dot = 0, dxhat[16];
+                    for (int64_t i = 0; i < K; i++) {
+                        dxhat[i] = 0;
+                        for (int64_t g2 = 0; g2 < G; g2++) dxhat[i] += rep[(bt * HV + h * G + g2) * K + i];
+                        ss += (double)x[i] * x[i];
+                        dot += (double)x[i] * dxhat[i];
+                    }
+                    const double rr = 1.0 / sqrt(ss + 1e-6);
+                    float *dst = (which ? dk_hand : dq_hand) + (bt * H + h) * K;
+                    for (int64_t i = 0; i < K; i++) dst[i] = (float)(rr * dxhat[i] - rr * rr * rr * x[i] * dot);
+                }
+            }
+        CHECK(tu_rel_err(in.g.dq, dq_hand, c.f.n_qk) <= 2e-6, "mode %d: dq through l2norm+GVA %.3g",
+              mode, tu_rel_err(in.g.dq, dq_hand, c.f.n_qk));
+        CHECK(tu_rel_err(in.g.dk, dk_hand, c.f.n_qk) <= 2e-6, "mode %d: dk through l2norm+GVA %.3g",
+              mode, tu_rel_err(in.g.dk, dk_hand, c.f.n_qk));
+        free(dq_hand), free(dk_hand), free(dlogit);
+        free(gg.dg_raw), free(gg.dA_log), free(gg.ddt_bias);
+        free(go.dq), free(go.dk), free(go.dv), free(go.dbeta), free(go.dg), free(go.dh0);
+        free(g), free(beta), free(q2), free(k2);
+        fast_grads_free(&in);
+        ref_grads_free(&shape);
+        free_case(&c);
+    }
+}
+
+/* The standalone gate backward against its double reference and finite differences. */
+static void test_gate_backward(void)
+{
+    for (int dk = 1; dk <= 2; dk++)
+        for (int lb = 0; lb < 2; lb++) {
+            const int64_t B = 2, T = 5, H = 3, K = 4, gK = dk == 2 ? K : 1;
+            const size_t n = (size_t)(B * T * H * gK);
+            tu_rng r = {(uint64_t)(40 + 2 * dk + lb)};
+            float *raw = tu_alloc(n), *dg = tu_alloc(n), A_log[3], *bias = tu_alloc((size_t)(H * gK));
+            tu_fill_normal(&r, raw, n, 2.0);
+            tu_fill_normal(&r, dg, n, 1.0);
+            tu_fill_normal(&r, bias, (size_t)(H * gK), 1.0);
+            for (int i = 0; i < 3; i++) A_log[i] = (float)tu_uniform(&r, -1.0, 1.5);
+            linseq_kda_gate_problem p = {.B = B, .T = T, .H = H, .K = K, .decay = (linseq_decay)dk,
+                                         .g_raw = raw, .A_log = A_log, .dt_bias = bias,
+                                         .lower_bound = lb ? -5.0f : 0.0f};
+            linseq_kda_gate_grads gr = {.dg_raw = tu_alloc(n), .dA_log = tu_alloc(3),
+                                        .ddt_bias = tu_alloc((size_t)(H * gK))};
+            CHECK_OK(linseq_kda_gate_backward(&p, NULL, dg, &gr));
+            double *r_raw = calloc(n, sizeof(double)), r_alog[3], *r_bias = calloc((size_t)(H * gK), sizeof(double));
+            ls_kda_gate_reference_backward(&p, dg, r_raw, r_alog, r_bias);
+            /* dg_raw: a few float32 roundings; the parameter sums cancel (up to 10x) */
+            CHECK(tu_rel_err_d(gr.dg_raw, r_raw, n) <= 1e-6 && tu_rel_err_d(gr.dA_log, r_alog, 3) <= 1e-5 &&
+                      tu_rel_err_d(gr.ddt_bias, r_bias, (size_t)(H * gK)) <= 1e-5,
+                  "gate backward decay %d lb %d vs reference: %.3g %.3g %.3g", dk, lb,
+                  tu_rel_err_d(gr.dg_raw, r_raw, n), tu_rel_err_d(gr.dA_log, r_alog, 3),
+                  tu_rel_err_d(gr.ddt_bias, r_bias, (size_t)(H * gK)));
+            /* finite differences of L = sum(g * dg) through the double forward */
+            double *gd = malloc(sizeof(double) * n);
+            float *params[3] = {raw, A_log, bias};
+            const size_t sizes[3] = {n, 3, (size_t)(H * gK)};
+            const double *an[3] = {r_raw, r_alog, r_bias};
+            for (int t = 0; t < 3; t++) {
+                double err = 0, mx = 0;
+                for (size_t i = 0; i < sizes[t]; i++) {
+                    const float x0 = params[t][i];
+                    double L[2];
+                    for (int side = 0; side < 2; side++) {
+                        params[t][i] = (float)(x0 + (side ? -FD_STEP : FD_STEP));
+                        ls_kda_gate_reference_f64(&p, gd);
+                        L[side] = 0;
+                        for (size_t j = 0; j < n; j++) L[side] += gd[j] * dg[j];
+                    }
+                    params[t][i] = x0;
+                    const double fd = (L[0] - L[1]) / (2 * FD_STEP);
+                    if (fabs(fd - an[t][i]) > err) err = fabs(fd - an[t][i]);
+                    if (fabs(an[t][i]) > mx) mx = fabs(an[t][i]);
+                }
+                CHECK(err <= FD_TOL * mx, "gate decay %d lb %d param %d: fd err %.3g of %.3g", dk, lb, t, err, mx);
+            }
+            free(gd), free(r_raw), free(r_bias);
+            free(raw), free(dg), free(bias), free(gr.dg_raw), free(gr.dA_log), free(gr.ddt_bias);
+        }
+}
+
+int main(void)
+{
+    test_reference_against_finite_differences();
+    test_gate_backward();
+    test_fast_against_reference();
+    test_recurrent_equals_chunked();
+    test_varlen_equals_separate();
+    test_options_equal_outside();
+    printf("worst gradient error vs the double reference: recurrent %.3g, chunked %.3g\n",
+           worst_grad[0], worst_grad[1]);
+    return tu_finish("test_kda_grad");
+}
