@@ -1,6 +1,9 @@
 /* Causal depthwise conv1d forward: the fast path against the double reference and a
  * hand-worked example, state chaining and in-place decode, varlen, activations, thread count,
- * W == 1, and the table of invalid arguments. */
+ * W == 1, and the table of invalid arguments.
+ * Backward: the fast path against the double reference backward, both against finite
+ * differences of the double forward, the same properties for the gradients, large inputs, and
+ * its own table of invalid arguments. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -448,6 +451,620 @@ static void test_errors(void)
     }
 }
 
+/* ==================================================================================== */
+/* Backward                                                                               */
+/* ==================================================================================== */
+
+enum { CG_DX, CG_DW, CG_DBIAS, CG_DSTATE, N_CONV_GRADS };
+static const char *const conv_grad_names[N_CONV_GRADS] = {"dx", "dweight", "dbias",
+                                                          "dconv_state"};
+
+/* The upstream gradients, and every gradient the problem has: from the fast backward (float,
+ * poisoned before the call so that an element it never writes cannot pass) and from the
+ * double reference. */
+typedef struct conv_bwd {
+    float *d_y, *d_state_out;
+    size_t n[N_CONV_GRADS]; /* 0 for a gradient the problem does not have */
+    float *g[N_CONV_GRADS];
+    double *ref[N_CONV_GRADS];
+} conv_bwd;
+
+/* d_y and d_conv_state_out N(0,1); the latter only when with_d_state_out (and W > 1). */
+static void conv_bwd_make(conv_bwd *b, const conv_data *c, bool with_d_state_out, uint64_t seed)
+{
+    tu_rng rng = {seed};
+    const linseq_conv1d_problem *p = &c->p;
+    memset(b, 0, sizeof *b);
+    b->d_y = tu_alloc(c->n_y);
+    tu_fill_normal(&rng, b->d_y, c->n_y, 1.0);
+    if (with_d_state_out && p->W > 1) {
+        b->d_state_out = tu_alloc(c->n_state);
+        tu_fill_normal(&rng, b->d_state_out, c->n_state, 1.0);
+    }
+    const size_t sizes[N_CONV_GRADS] = {c->n_y, (size_t)(p->D * p->W), p->bias ? (size_t)p->D : 0,
+                                        p->W > 1 ? c->n_state : 0};
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        b->n[k] = sizes[k];
+        if (!sizes[k]) continue;
+        b->g[k] = tu_alloc_poisoned(sizes[k]);
+        b->ref[k] = calloc(sizes[k], sizeof(double));
+        if (!b->ref[k]) exit(2);
+    }
+}
+
+static void conv_bwd_free(conv_bwd *b)
+{
+    free(b->d_y);
+    free(b->d_state_out);
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        free(b->g[k]);
+        free(b->ref[k]);
+    }
+}
+
+static linseq_conv1d_grads conv_grads_of(float *const g[N_CONV_GRADS])
+{
+    linseq_conv1d_grads out = {.dx = g[CG_DX], .dweight = g[CG_DW], .dbias = g[CG_DBIAS],
+                               .dconv_state = g[CG_DSTATE]};
+    return out;
+}
+
+static void conv_run_backward(const conv_data *c, conv_bwd *b, const linseq_exec *exec)
+{
+    const linseq_conv1d_grads g = conv_grads_of(b->g);
+    CHECK_OK(linseq_conv1d_backward(&c->p, exec, b->d_y, b->d_state_out, &g));
+}
+
+static void conv_run_reference_backward(const conv_data *c, conv_bwd *b)
+{
+    const ls_conv1d_grads_f64 g = {.dx = b->ref[CG_DX], .dweight = b->ref[CG_DW],
+                                   .dbias = b->ref[CG_DBIAS], .dconv_state = b->ref[CG_DSTATE]};
+    CHECK_OK(ls_conv1d_backward_reference(&c->p, b->d_y, b->d_state_out, &g));
+}
+
+/* Fast float32 backward against the double reference, max|a - b| / max|ref| per gradient. dx
+ * and dconv_state are sums of at most W products (plus d_conv_state_out): a few ulp; dweight
+ * and dbias sum B*T products in two levels, ~(64 + BT/64) ulp at worst, relative to the
+ * largest term. Measured at most ~3e-7; 1e-5 leaves room for other compilers and libms while
+ * a wrong tap, a shifted token or a missing d_conv_state_out is O(1). */
+#define CONV_BWD_TOL 1e-5
+
+static void check_conv_backward(const conv_spec *sp, bool with_d_state_out, uint64_t seed,
+                                const char *label, double worst[N_CONV_GRADS])
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    conv_bwd b;
+    conv_bwd_make(&b, &c, with_d_state_out, seed + 1);
+    conv_run_backward(&c, &b, NULL);
+    conv_run_reference_backward(&c, &b);
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        if (!b.n[k]) continue;
+        const double err = tu_rel_err_d(b.g[k], b.ref[k], b.n[k]);
+        CHECK(err <= CONV_BWD_TOL, "%s: %s rel err %.3g", label, conv_grad_names[k], err);
+        if (err > worst[k]) worst[k] = err;
+    }
+    conv_bwd_free(&b);
+    conv_free(&c);
+}
+
+static void print_conv_worst(const char *what, const double worst[N_CONV_GRADS])
+{
+    printf("  %s, max rel err:", what);
+    for (int k = 0; k < N_CONV_GRADS; k++) printf(" %s %.2g", conv_grad_names[k], worst[k]);
+    printf("\n");
+}
+
+static void test_backward_against_reference(void)
+{
+    static const int64_t widths[] = {1, 2, 3, 4, 7};
+    static const int64_t lengths[] = {1, 2, 5, 70};
+    static const int64_t channels[] = {3, 64, 100};
+    static const int64_t cu[] = {0, 2, 2, 70, 71, 140};
+    double worst[N_CONV_GRADS] = {0};
+    char label[128];
+    int variant = 0;
+    for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
+        for (size_t ti = 0; ti < sizeof lengths / sizeof lengths[0]; ti++)
+            for (size_t di = 0; di < sizeof channels / sizeof channels[0]; di++, variant++) {
+                conv_spec sp = {.B = 2, .T = lengths[ti], .D = channels[di], .W = widths[wi],
+                                .bias = variant % 2 == 0, .state = variant % 3 != 0,
+                                .act = (linseq_activation)(variant % 6)};
+                const bool d_state_out = variant % 4 != 1;
+                snprintf(label, sizeof label,
+                         "backward W=%lld T=%lld D=%lld bias=%d state=%d act=%d d_state_out=%d",
+                         (long long)sp.W, (long long)sp.T, (long long)sp.D, sp.bias, sp.state,
+                         (int)sp.act, d_state_out);
+                check_conv_backward(&sp, d_state_out, 4000 + 2 * (uint64_t)variant, label, worst);
+            }
+    for (int64_t W = 1; W <= 5; W += 2) {
+        conv_spec sp = {.B = 1, .T = 140, .D = 70, .W = W, .bias = true, .state = true,
+                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = 5};
+        snprintf(label, sizeof label, "backward varlen W=%lld", (long long)W);
+        check_conv_backward(&sp, true, 4200 + (uint64_t)W, label, worst);
+    }
+    print_conv_worst("backward vs double reference", worst);
+}
+
+/* L = sum(y d_y) + sum(conv_state_out d_conv_state_out), everything in double. */
+static double conv_loss(const conv_data *c, const conv_bwd *b, double *y, double *state_out)
+{
+    ls_conv1d_reference_f64(&c->p, y, state_out);
+    double loss = 0.0;
+    for (size_t i = 0; i < c->n_y; i++) loss += y[i] * b->d_y[i];
+    if (b->d_state_out)
+        for (size_t i = 0; i < c->n_state; i++) loss += state_out[i] * b->d_state_out[i];
+    return loss;
+}
+
+/* Central differences with h = 2^-10 of the double forward: each input element moved to the
+ * float32 values v +- h (the quotient divides by the step actually taken). L is linear in x,
+ * weight, bias and conv_state except through the activation, so the truncation error is
+ * h^2/6 |act^(3)| |u|^3, u the factor the input meets (a weight ~0.5 for x and the state, an
+ * input up to ~3 for the weight): up to ~4e-6 of the gradients, measured 1.3e-6. Rounding is
+ * 1e-16 |L| / h ~ 1e-12, and the fast backward adds its float32 error (< 1e-6). 1e-5 of
+ * max|grad| still catches any wrong term (O(1e-2) or more). Relu is left out (a difference
+ * across its kink is meaningless); test_backward_activation_outside checks its derivative
+ * exactly. Every element of every input is checked. */
+#define FD_STEP 0x1p-10
+#define CONV_FD_TOL 1e-5
+
+static void check_conv_finite_differences(const conv_spec *sp, uint64_t seed, const char *label,
+                                          double worst[2])
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    if (!c.state && sp->W > 1) { /* perturbing the state needs one: start from zeros */
+        c.state = tu_alloc(c.n_state);
+        c.p.conv_state = c.state;
+    }
+    conv_bwd b;
+    conv_bwd_make(&b, &c, true, seed + 1);
+    conv_run_backward(&c, &b, NULL);
+    conv_run_reference_backward(&c, &b);
+    double *y = malloc(c.n_y * sizeof *y), *state_out = malloc((c.n_state + 1) * sizeof *y);
+    if (!y || !state_out) exit(2);
+    float *const inputs[N_CONV_GRADS] = {c.x, c.weight, c.bias, c.state};
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        float *v = inputs[k];
+        if (!v || !b.n[k]) continue;
+        double scale = 0.0, err_ref = 0.0, err_fast = 0.0;
+        for (size_t i = 0; i < b.n[k]; i++) scale = fmax(scale, fabs(b.ref[k][i]));
+        for (size_t i = 0; i < b.n[k]; i++) {
+            const float saved = v[i];
+            const float up = (float)(saved + FD_STEP), down = (float)(saved - FD_STEP);
+            v[i] = up;
+            const double loss_up = conv_loss(&c, &b, y, state_out);
+            v[i] = down;
+            const double loss_down = conv_loss(&c, &b, y, state_out);
+            v[i] = saved;
+            const double fd = (loss_up - loss_down) / ((double)up - (double)down);
+            err_ref = fmax(err_ref, fabs(fd - b.ref[k][i]));
+            err_fast = fmax(err_fast, fabs(fd - (double)b.g[k][i]));
+        }
+        err_ref /= scale > 0.0 ? scale : 1.0;
+        err_fast /= scale > 0.0 ? scale : 1.0;
+        CHECK(err_ref <= CONV_FD_TOL, "%s: %s: finite differences vs reference backward %.3g",
+              label, conv_grad_names[k], err_ref);
+        CHECK(err_fast <= CONV_FD_TOL, "%s: %s: finite differences vs fast backward %.3g", label,
+              conv_grad_names[k], err_fast);
+        worst[0] = fmax(worst[0], err_ref);
+        worst[1] = fmax(worst[1], err_fast);
+    }
+    free(y);
+    free(state_out);
+    conv_bwd_free(&b);
+    conv_free(&c);
+}
+
+static void test_backward_finite_differences(void)
+{
+    static const int64_t cu[] = {0, 2, 2, 9};
+    double worst[2] = {0.0, 0.0};
+    char label[80];
+    for (int act = LINSEQ_ACT_DEFAULT; act < LINSEQ_ACT_RELU; act++) {
+        conv_spec sp = {.B = 2, .T = 7, .D = 5, .W = 4, .bias = true, .state = act % 2 == 0,
+                        .act = (linseq_activation)act};
+        snprintf(label, sizeof label, "finite differences, activation %d", act);
+        check_conv_finite_differences(&sp, 4300 + (uint64_t)act, label, worst);
+    }
+    conv_spec varlen = {.B = 1, .T = 9, .D = 5, .W = 3, .bias = true, .state = true,
+                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = 3};
+    check_conv_finite_differences(&varlen, 4310, "finite differences, varlen", worst);
+    conv_spec single = {.B = 2, .T = 6, .D = 3, .W = 1, .bias = true, .act = LINSEQ_ACT_GELU_TANH};
+    check_conv_finite_differences(&single, 4320, "finite differences, W = 1", worst);
+    printf("  finite differences, max err / max|grad|: reference backward %.2g, fast %.2g\n",
+           worst[0], worst[1]);
+}
+
+/* For every activation: the backward == the identity conv's backward with d_y * act'(pre) as
+ * its upstream gradient, pre being the identity conv's output. Bitwise: the kernel recomputes
+ * pre with the forward's arithmetic and does exactly this multiplication. */
+static void test_backward_activation_outside(void)
+{
+    conv_spec base = {.B = 2, .T = 70, .D = 70, .W = 4, .bias = true, .state = true};
+    conv_data c;
+    conv_make(&c, &base, 4400);
+    float *pre = tu_alloc(c.n_y);
+    linseq_conv1d_problem identity = c.p;
+    identity.activation = LINSEQ_ACT_IDENTITY;
+    CHECK_OK(linseq_conv1d_forward(&identity, NULL, pre, NULL));
+    for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
+        conv_data with_act = c;
+        with_act.p.activation = (linseq_activation)act;
+        const linseq_activation resolved = conv1d_activation(&with_act.p);
+        conv_bwd in, out;
+        conv_bwd_make(&in, &with_act, true, 4410);
+        conv_run_backward(&with_act, &in, NULL);
+        conv_data plain = c;
+        plain.p = identity;
+        conv_bwd_make(&out, &plain, true, 4410);
+        for (size_t i = 0; i < c.n_y; i++)
+            out.d_y[i] = in.d_y[i] * ls_activate_gradf(resolved, pre[i]);
+        conv_run_backward(&plain, &out, NULL);
+        for (int k = 0; k < N_CONV_GRADS; k++)
+            CHECK(tu_same_bits(in.g[k], out.g[k], in.n[k]),
+                  "activation %d: %s differs from the identity conv's with d_y * act'", act,
+                  conv_grad_names[k]);
+        conv_bwd_free(&in);
+        conv_bwd_free(&out);
+    }
+    free(pre);
+    conv_free(&c);
+}
+
+/* The relative error of a float result against a double sum of float pieces. */
+#define CONV_SUM_TOL 1e-5
+
+static void add_floats(double *sum, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) sum[i] += src[i];
+}
+
+/* Varlen == one call per sequence: dx and dconv_state bitwise, dweight and dbias within
+ * CONV_SUM_TOL of the sum of the calls' (another summation order). An empty sequence passes
+ * d_conv_state_out to dconv_state. */
+static void test_backward_varlen(void)
+{
+    static const int64_t cu[] = {0, 2, 2, 100, 101, 145};
+    const int64_t n_seqs = 5, D = 70, W = 4;
+    for (int with_state = 0; with_state <= 1; with_state++) {
+        conv_spec sp = {.B = 1, .T = 145, .D = D, .W = W, .bias = true, .state = with_state,
+                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = n_seqs};
+        conv_data c;
+        conv_make(&c, &sp, 4500 + (uint64_t)with_state);
+        conv_bwd all;
+        conv_bwd_make(&all, &c, with_state, 4510);
+        conv_run_backward(&c, &all, NULL);
+        const size_t row = (size_t)(D * (W - 1));
+        double *dw_sum = calloc((size_t)(D * W), sizeof(double));
+        double *db_sum = calloc((size_t)D, sizeof(double));
+        if (!dw_sum || !db_sum) exit(2);
+        for (int64_t n = 0; n < n_seqs; n++) {
+            const int64_t t0 = cu[n], len = cu[n + 1] - cu[n];
+            const float *dstate = all.g[CG_DSTATE] + n * row;
+            if (len == 0) {
+                bool passed = true;
+                for (size_t i = 0; i < row; i++)
+                    passed &= dstate[i] == (all.d_state_out ? all.d_state_out[n * row + i] : 0.0f);
+                CHECK(passed, "varlen backward: empty sequence %lld did not pass "
+                              "d_conv_state_out to dconv_state", (long long)n);
+                continue;
+            }
+            conv_data one = c;
+            one.p.cu_seqlens = NULL;
+            one.p.n_seqs = 0;
+            one.p.T = len;
+            one.p.x = c.x + t0 * D;
+            one.p.conv_state = c.state ? c.state + n * row : NULL;
+            one.n_y = (size_t)(len * D);
+            one.n_state = row;
+            conv_bwd b;
+            conv_bwd_make(&b, &one, with_state, 4520);
+            memcpy(b.d_y, all.d_y + t0 * D, one.n_y * sizeof(float));
+            if (b.d_state_out)
+                memcpy(b.d_state_out, all.d_state_out + n * row, row * sizeof(float));
+            conv_run_backward(&one, &b, NULL);
+            CHECK(tu_same_bits(all.g[CG_DX] + t0 * D, b.g[CG_DX], one.n_y),
+                  "varlen backward: dx of sequence %lld differs from its own call", (long long)n);
+            CHECK(tu_same_bits(dstate, b.g[CG_DSTATE], row),
+                  "varlen backward: dconv_state of sequence %lld differs from its own call",
+                  (long long)n);
+            add_floats(dw_sum, b.g[CG_DW], (size_t)(D * W));
+            add_floats(db_sum, b.g[CG_DBIAS], (size_t)D);
+            conv_bwd_free(&b);
+        }
+        double err = tu_rel_err_d(all.g[CG_DW], dw_sum, (size_t)(D * W));
+        CHECK(err <= CONV_SUM_TOL, "varlen backward: dweight rel err %.3g against the calls' sum",
+              err);
+        err = tu_rel_err_d(all.g[CG_DBIAS], db_sum, (size_t)D);
+        CHECK(err <= CONV_SUM_TOL, "varlen backward: dbias rel err %.3g against the calls' sum",
+              err);
+        free(dw_sum);
+        free(db_sum);
+        conv_bwd_free(&all);
+        conv_free(&c);
+    }
+}
+
+/* One call == two pieces, the second starting from the first's conv_state_out and the first
+ * getting the second's dconv_state as its d_conv_state_out (the last call gets the whole
+ * call's). Within CONV_SUM_TOL: the gradients of the W-1 inputs next to the cut, and dweight
+ * and dbias, add the same terms in another order; first pieces shorter than W-1 included. */
+static void check_backward_chained(int64_t W, int64_t first, int64_t T)
+{
+    const int64_t B = 2, D = 67;
+    conv_spec sp = {.B = B, .T = T, .D = D, .W = W, .bias = true, .state = true,
+                    .act = LINSEQ_ACT_SILU};
+    conv_data c;
+    conv_make(&c, &sp, 4600 + (uint64_t)(W * 100 + first));
+    conv_bwd whole;
+    conv_bwd_make(&whole, &c, true, 4610);
+    conv_run_backward(&c, &whole, NULL);
+
+    const int64_t t0[2] = {0, first}, len[2] = {first, T - first};
+    conv_data piece[2];
+    conv_bwd pb[2];
+    float *state_mid = tu_alloc(c.n_state), *y_first = tu_alloc(c.n_y);
+    for (int i = 0; i < 2; i++) {
+        piece[i] = c;
+        piece[i].p.T = len[i];
+        piece[i].n_y = (size_t)(B * len[i] * D);
+        piece[i].x = tu_alloc(piece[i].n_y);
+        tu_slice_tokens(c.x, B, T, D, t0[i], len[i], piece[i].x);
+        piece[i].p.x = piece[i].x;
+        conv_bwd_make(&pb[i], &piece[i], true, 4620);
+        tu_slice_tokens(whole.d_y, B, T, D, t0[i], len[i], pb[i].d_y);
+    }
+    CHECK_OK(linseq_conv1d_forward(&piece[0].p, NULL, y_first, state_mid));
+    piece[1].p.conv_state = state_mid;
+    memcpy(pb[1].d_state_out, whole.d_state_out, c.n_state * sizeof(float));
+    conv_run_backward(&piece[1], &pb[1], NULL);
+    memcpy(pb[0].d_state_out, pb[1].g[CG_DSTATE], c.n_state * sizeof(float));
+    conv_run_backward(&piece[0], &pb[0], NULL);
+
+    float *dx = tu_alloc_poisoned(c.n_y);
+    for (int i = 0; i < 2; i++) tu_place_tokens(pb[i].g[CG_DX], B, T, D, t0[i], len[i], dx);
+    CHECK(tu_rel_err(dx, whole.g[CG_DX], c.n_y) <= CONV_SUM_TOL,
+          "chained W=%lld first=%lld: dx of the pieces differs from one call", (long long)W,
+          (long long)first);
+    CHECK(tu_rel_err(pb[0].g[CG_DSTATE], whole.g[CG_DSTATE], c.n_state) <= CONV_SUM_TOL,
+          "chained W=%lld first=%lld: dconv_state differs from one call", (long long)W,
+          (long long)first);
+    for (int k = CG_DW; k <= CG_DBIAS; k++) {
+        double *sum = calloc(whole.n[k], sizeof(double));
+        if (!sum) exit(2);
+        add_floats(sum, pb[0].g[k], whole.n[k]);
+        add_floats(sum, pb[1].g[k], whole.n[k]);
+        const double err = tu_rel_err_d(whole.g[k], sum, whole.n[k]);
+        CHECK(err <= CONV_SUM_TOL, "chained W=%lld first=%lld: %s rel err %.3g", (long long)W,
+              (long long)first, conv_grad_names[k], err);
+        free(sum);
+    }
+    free(dx);
+    free(state_mid);
+    free(y_first);
+    for (int i = 0; i < 2; i++) {
+        free(piece[i].x);
+        conv_bwd_free(&pb[i]);
+    }
+    conv_bwd_free(&whole);
+    conv_free(&c);
+}
+
+static void test_backward_chained(void)
+{
+    for (int64_t W = 2; W <= 5; W++) {
+        check_backward_chained(W, 13, 20);
+        check_backward_chained(W, 1, 20);  /* a first piece shorter than W-1 (for W > 2) */
+        check_backward_chained(W, 100, 103); /* a second piece shorter than W-1 (W = 5)  */
+    }
+}
+
+/* Thread counts 1, 2, 3 give bitwise identical gradients, and a call asking for one gradient
+ * gets the same bits for it. */
+static void test_backward_threads(void)
+{
+    static const int64_t cu[] = {0, 50, 51, 90};
+    const conv_spec specs[] = {
+        {.B = 3, .T = 40, .D = 200, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU},
+        {.B = 1, .T = 90, .D = 150, .W = 3, .state = true, .cu_seqlens = cu, .n_seqs = 3},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        conv_data c;
+        conv_make(&c, &specs[i], 4700 + i);
+        conv_bwd one, b;
+        conv_bwd_make(&one, &c, true, 4710);
+        conv_bwd_make(&b, &c, true, 4710);
+        const linseq_exec single = {.threads = 1};
+        conv_run_backward(&c, &one, &single);
+        for (int threads = 2; threads <= 3; threads++) {
+            const linseq_exec ex = {.threads = threads};
+            for (int k = 0; k < N_CONV_GRADS; k++)
+                if (b.g[k]) tu_poison(b.g[k], b.n[k] * sizeof(float));
+            conv_run_backward(&c, &b, &ex);
+            for (int k = 0; k < N_CONV_GRADS; k++)
+                CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
+                      "spec %zu: %s with %d threads differs from 1 thread", i,
+                      conv_grad_names[k], threads);
+        }
+        for (int k = 0; k < N_CONV_GRADS; k++) {
+            if (!b.g[k]) continue;
+            float *only[N_CONV_GRADS] = {0};
+            only[k] = b.g[k];
+            tu_poison(b.g[k], b.n[k] * sizeof(float));
+            const linseq_conv1d_grads g = conv_grads_of(only);
+            CHECK_OK(linseq_conv1d_backward(&c.p, NULL, b.d_y, b.d_state_out, &g));
+            CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
+                  "spec %zu: %s alone differs from %s with every gradient", i,
+                  conv_grad_names[k], conv_grad_names[k]);
+        }
+        conv_bwd_free(&one);
+        conv_bwd_free(&b);
+        conv_free(&c);
+    }
+}
+
+/* W == 1 has no state: the state gradient pointers may be anything and are never touched. */
+static void test_backward_width_one(void)
+{
+    conv_spec sp = {.B = 2, .T = 7, .D = 9, .W = 1, .bias = true, .act = LINSEQ_ACT_SILU};
+    conv_data c;
+    conv_make(&c, &sp, 4800);
+    conv_bwd b;
+    conv_bwd_make(&b, &c, false, 4810);
+    float *untouched = tu_alloc_poisoned(16);
+    linseq_conv1d_grads g = conv_grads_of(b.g);
+    g.dconv_state = untouched;
+    CHECK_OK(linseq_conv1d_backward(&c.p, NULL, b.d_y, untouched, &g));
+    CHECK(tu_is_poisoned(untouched, 16 * sizeof(float)), "W = 1: a state buffer was touched");
+    conv_run_reference_backward(&c, &b);
+    for (int k = 0; k < N_CONV_GRADS; k++)
+        CHECK(tu_rel_err_d(b.g[k], b.ref[k], b.n[k]) <= CONV_BWD_TOL,
+              "W = 1: %s differs from the reference", conv_grad_names[k]);
+    free(untouched);
+    conv_bwd_free(&b);
+    conv_free(&c);
+}
+
+/* Pre-activations of +-1e4 and inputs of 1e4: every activation's gradient stays finite. */
+static void test_backward_large_inputs(void)
+{
+    for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
+        conv_spec sp = {.B = 1, .T = 20, .D = 70, .W = 4, .bias = true, .state = true,
+                        .act = (linseq_activation)act};
+        conv_data c;
+        conv_make(&c, &sp, 4900 + (uint64_t)act);
+        for (size_t i = 0; i < c.n_y; i++) c.x[i] = i % 2 ? 1e4f : -1e4f;
+        conv_bwd b;
+        conv_bwd_make(&b, &c, true, 4910);
+        conv_run_backward(&c, &b, NULL);
+        for (int k = 0; k < N_CONV_GRADS; k++) {
+            size_t bad = 0;
+            for (size_t i = 0; i < b.n[k]; i++) bad += !isfinite(b.g[k][i]);
+            CHECK(bad == 0, "activation %d, large inputs: %zu of %s not finite", act, bad,
+                  conv_grad_names[k]);
+        }
+        conv_bwd_free(&b);
+        conv_free(&c);
+    }
+}
+
+/* Invalid arguments of the backward: the forward's problem checks (shared code, a sample here)
+ * and the backward's own. */
+typedef struct conv_bwd_err_bufs {
+    err_bufs in; /* the problem's inputs (its y and state_out unused) */
+    float d_y[ERR_B * ERR_T * ERR_D], d_state_out[ERR_B * ERR_D * (ERR_W - 1)];
+    float dx[ERR_B * ERR_T * ERR_D], dweight[ERR_D * ERR_W], dbias[ERR_D];
+    float dconv_state[ERR_B * ERR_D * (ERR_W - 1)];
+} conv_bwd_err_bufs;
+
+static const err_case conv_bwd_errors[] = {
+    {"problem NULL", LINSEQ_ERR_NULL_POINTER, "problem"},
+    {"grads NULL", LINSEQ_ERR_NULL_POINTER, "grads"},
+    {"d_y NULL", LINSEQ_ERR_NULL_POINTER, "'d_y'"},
+    {"weight NULL", LINSEQ_ERR_NULL_POINTER, "'weight'"},
+    {"W = 0", LINSEQ_ERR_INVALID_SIZE, "W = 0"},
+    {"cu_seqlens not ending at T", LINSEQ_ERR_INVALID_CU_SEQLENS, "expected T"},
+    {"activation = 6", LINSEQ_ERR_INVALID_ENUM, "activation"},
+    {"exec->threads = -1", LINSEQ_ERR_INVALID_VALUE, "threads"},
+    {"dbias without bias", LINSEQ_ERR_INVALID_VALUE, "dbias"},
+    {"dx == x", LINSEQ_ERR_ALIASING, "'dx' overlaps input 'x'"},
+    {"dx overlaps d_y", LINSEQ_ERR_ALIASING, "'dx' overlaps input 'd_y'"},
+    {"dweight == weight", LINSEQ_ERR_ALIASING, "'dweight' overlaps input 'weight'"},
+    {"dconv_state == conv_state", LINSEQ_ERR_ALIASING, "'dconv_state' overlaps input 'conv_state'"},
+    {"dconv_state == d_conv_state_out", LINSEQ_ERR_ALIASING,
+     "'dconv_state' overlaps input 'd_conv_state_out'"},
+    {"dbias overlaps dweight", LINSEQ_ERR_ALIASING, "'dweight' overlaps output 'dbias'"},
+    {"dx byte size overflows", LINSEQ_ERR_SIZE_OVERFLOW, "'x'"},
+};
+
+static void break_conv_backward(size_t i, linseq_conv1d_problem *p, linseq_exec *exec,
+                                const float **d_y, linseq_conv1d_grads **grads,
+                                conv_bwd_err_bufs *b)
+{
+    linseq_conv1d_grads *g = *grads;
+    switch (i) {
+    case 1: *grads = NULL; break;
+    case 2: *d_y = NULL; break;
+    case 3: p->weight = NULL; break;
+    case 4: p->W = 0; break;
+    case 5:
+        p->B = 1, p->T = 10, p->n_seqs = ERR_SEQS, p->cu_seqlens = b->in.cu;
+        b->in.cu[0] = 0, b->in.cu[1] = 4, b->in.cu[2] = 9;
+        break;
+    case 6: p->activation = (linseq_activation)6; break;
+    case 7: exec->threads = -1; break;
+    case 8: p->bias = NULL; break;
+    case 9: g->dx = b->in.x; break;
+    case 10: g->dx = b->d_y + 1; break;
+    case 11: g->dweight = b->in.weight; break;
+    case 12: g->dconv_state = b->in.state; break;
+    case 13: g->dconv_state = b->d_state_out; break;
+    case 14: g->dbias = g->dweight + 2; break;
+    case 15: p->T = (int64_t)1 << 40, p->D = (int64_t)1 << 30; break;
+    default: break;
+    }
+}
+
+static void test_backward_errors(void)
+{
+    for (size_t i = 0; i < sizeof conv_bwd_errors / sizeof conv_bwd_errors[0]; i++) {
+        conv_bwd_err_bufs *b = calloc(1, sizeof *b);
+        if (!b) exit(2);
+        tu_rng rng = {5000 + i};
+        tu_fill_normal(&rng, (float *)&b->in, offsetof(err_bufs, cu) / sizeof(float), 1.0);
+        tu_fill_normal(&rng, b->d_y, sizeof b->d_y / sizeof(float), 1.0);
+        tu_fill_normal(&rng, b->d_state_out, sizeof b->d_state_out / sizeof(float), 1.0);
+        linseq_conv1d_problem p = {
+            .B = ERR_B, .T = ERR_T, .D = ERR_D, .W = ERR_W, .x = b->in.x, .weight = b->in.weight,
+            .bias = b->in.bias, .conv_state = b->in.state, .activation = LINSEQ_ACT_SILU,
+        };
+        linseq_conv1d_grads grads = {.dx = b->dx, .dweight = b->dweight, .dbias = b->dbias,
+                                     .dconv_state = b->dconv_state};
+        linseq_conv1d_grads *grads_arg = &grads;
+        linseq_exec exec = {0};
+        const float *d_y = b->d_y;
+        break_conv_backward(i, &p, &exec, &d_y, &grads_arg, b);
+        const size_t grads_offset = offsetof(conv_bwd_err_bufs, dx);
+        tu_poison((char *)b + grads_offset, sizeof *b - grads_offset);
+        conv_bwd_err_bufs *before = malloc(sizeof *before);
+        if (!before) exit(2);
+        memcpy(before, b, sizeof *before);
+
+        linseq_status st = linseq_conv1d_backward(i == 0 ? NULL : &p, &exec, d_y, b->d_state_out,
+                                                  grads_arg);
+        const char *msg = linseq_last_error();
+        CHECK(st == conv_bwd_errors[i].expect, "conv backward error '%s': got %s, expected %s (%s)",
+              conv_bwd_errors[i].what, linseq_status_string(st),
+              linseq_status_string(conv_bwd_errors[i].expect), msg);
+        CHECK(strstr(msg, "linseq_conv1d_backward") != NULL &&
+                  strstr(msg, conv_bwd_errors[i].needle) != NULL,
+              "conv backward error '%s': message \"%s\" does not name \"%s\"",
+              conv_bwd_errors[i].what, msg, conv_bwd_errors[i].needle);
+        CHECK(tu_is_poisoned((char *)b + grads_offset, sizeof *b - grads_offset),
+              "conv backward error '%s': a gradient was written", conv_bwd_errors[i].what);
+        CHECK(memcmp(before, b, sizeof *before) == 0,
+              "conv backward error '%s': a buffer was written", conv_bwd_errors[i].what);
+        free(before);
+        free(b);
+    }
+
+    /* dconv_state without conv_state is the gradient at the zero state; a success clears the
+     * message of the failure before it. */
+    const float x[2] = {1.0f, 2.0f}, weight[3] = {0.5f, -1.0f, 2.0f}, d_y[2] = {1.0f, 1.0f};
+    float dstate[2] = {0.0f, 0.0f};
+    linseq_conv1d_problem p = {.B = 1, .T = 2, .D = 1, .W = 3, .x = x, .weight = weight};
+    linseq_conv1d_grads grads = {.dconv_state = dstate};
+    CHECK(linseq_conv1d_backward(&p, NULL, d_y, NULL, NULL) == LINSEQ_ERR_NULL_POINTER,
+          "NULL grads");
+    CHECK_OK(linseq_conv1d_backward(&p, NULL, d_y, NULL, &grads));
+    CHECK(linseq_last_error()[0] == '\0', "a success left the message \"%s\"", linseq_last_error());
+    /* xs = [s0, s1, x0, x1]: y0 = 0.5 s0 - s1 + 2 x0, y1 = 0.5 s1 - x0 + 2 x1. */
+    CHECK(dstate[0] == 0.5f && dstate[1] == -0.5f,
+          "hand dconv_state = [%g, %g], expected [0.5, -0.5]", dstate[0], dstate[1]);
+}
+
 int main(void)
 {
     test_hand_example();
@@ -458,5 +1075,14 @@ int main(void)
     test_threads();
     test_width_one();
     test_errors();
+    test_backward_against_reference();
+    test_backward_finite_differences();
+    test_backward_activation_outside();
+    test_backward_varlen();
+    test_backward_chained();
+    test_backward_threads();
+    test_backward_width_one();
+    test_backward_large_inputs();
+    test_backward_errors();
     return tu_finish("test_conv1d");
 }

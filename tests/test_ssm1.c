@@ -1,6 +1,9 @@
 /* SSM1 forward: the fast scan against the double reference and a hand-worked example, the
  * properties that tie the options together (softplus, gate, groups, varlen, chaining, thread
- * count), and the table of invalid arguments. */
+ * count), and the table of invalid arguments.
+ * SSM1 backward: the fast backward against the double reference backward, both against finite
+ * differences of the double forward, the same properties for the gradients, extreme steps, and
+ * its own table of invalid arguments. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -558,6 +561,818 @@ static void test_errors(void)
     CHECK(linseq_last_error()[0] == '\0', "a success left the message \"%s\"", linseq_last_error());
 }
 
+/* ==================================================================================== */
+/* Backward                                                                               */
+/* ==================================================================================== */
+
+enum { GR_DX, GR_DDT, GR_DA, GR_DB, GR_DC, GR_DD, GR_DGATE, GR_DH0, GR_DBIAS, N_GRADS };
+static const char *const grad_names[N_GRADS] = {"dx",      "ddt",     "dA",
+                                                "dB_proj", "dC_proj", "dD_skip",
+                                                "dgate",   "dh0",     "ddt_bias"};
+
+/* The upstream gradients, and every gradient the problem has: from the fast backward (float,
+ * poisoned before the call so that an element it never writes cannot pass) and from the
+ * double reference. */
+typedef struct ssm_bwd {
+    float *d_y, *d_hT;
+    size_t n[N_GRADS]; /* 0 for a gradient of an input the problem does not have */
+    float *g[N_GRADS];
+    double *ref[N_GRADS];
+} ssm_bwd;
+
+/* d_y and d_hT N(0,1); d_hT only when with_d_hT. */
+static void bwd_make(ssm_bwd *b, const ssm_data *s, bool with_d_hT, uint64_t seed)
+{
+    tu_rng rng = {seed};
+    const linseq_ssm1_problem *p = &s->p;
+    memset(b, 0, sizeof *b);
+    b->d_y = tu_alloc(s->n_y);
+    tu_fill_normal(&rng, b->d_y, s->n_y, 1.0);
+    if (with_d_hT) {
+        b->d_hT = tu_alloc(s->n_state);
+        tu_fill_normal(&rng, b->d_hT, s->n_state, 1.0);
+    }
+    const size_t D = (size_t)p->D;
+    const size_t sizes[N_GRADS] = {s->n_y, s->n_y, D * (size_t)p->N, s->n_proj, s->n_proj,
+                                   p->D_skip ? D : 0, p->gate ? s->n_y : 0, s->n_state,
+                                   p->dt_softplus ? D : 0};
+    for (int k = 0; k < N_GRADS; k++) {
+        b->n[k] = sizes[k];
+        if (!sizes[k]) continue;
+        b->g[k] = tu_alloc_poisoned(sizes[k]);
+        b->ref[k] = calloc(sizes[k], sizeof(double));
+        if (!b->ref[k]) exit(2);
+    }
+}
+
+static void bwd_free(ssm_bwd *b)
+{
+    free(b->d_y);
+    free(b->d_hT);
+    for (int k = 0; k < N_GRADS; k++) {
+        free(b->g[k]);
+        free(b->ref[k]);
+    }
+}
+
+static linseq_ssm1_grads grads_of(float *const g[N_GRADS])
+{
+    linseq_ssm1_grads out = {.dx = g[GR_DX], .ddt = g[GR_DDT], .dA = g[GR_DA],
+                             .dB_proj = g[GR_DB], .dC_proj = g[GR_DC], .dD_skip = g[GR_DD],
+                             .dgate = g[GR_DGATE], .dh0 = g[GR_DH0], .ddt_bias = g[GR_DBIAS]};
+    return out;
+}
+
+static ls_ssm1_grads_f64 ref_grads_of(double *const g[N_GRADS])
+{
+    ls_ssm1_grads_f64 out = {.dx = g[GR_DX], .ddt = g[GR_DDT], .dA = g[GR_DA],
+                             .dB_proj = g[GR_DB], .dC_proj = g[GR_DC], .dD_skip = g[GR_DD],
+                             .dgate = g[GR_DGATE], .dh0 = g[GR_DH0], .ddt_bias = g[GR_DBIAS]};
+    return out;
+}
+
+static void run_backward(const ssm_data *s, ssm_bwd *b, const linseq_exec *exec)
+{
+    const linseq_ssm1_grads g = grads_of(b->g);
+    CHECK_OK(linseq_ssm1_backward(&s->p, exec, b->d_y, b->d_hT, &g));
+}
+
+static void run_reference_backward(const ssm_data *s, ssm_bwd *b)
+{
+    const ls_ssm1_grads_f64 g = ref_grads_of(b->ref);
+    CHECK_OK(ls_ssm1_backward_reference(&s->p, b->d_y, b->d_hT, &g));
+}
+
+/* The largest error per gradient seen by a group of checks, printed as a record of the margin
+ * under each tolerance. */
+typedef struct worst_errors {
+    double e[N_GRADS];
+} worst_errors;
+
+static void print_worst(const char *what, const worst_errors *w)
+{
+    printf("  %s, max rel err:", what);
+    for (int k = 0; k < N_GRADS; k++) printf(" %s %.2g", grad_names[k], w->e[k]);
+    printf("\n");
+}
+
+/* Fast float32 backward against the double reference, max|a - b| / max|ref| per gradient.
+ * The float32 error has the forward's sources (the N-term sums and the state, whose rounding
+ * errors decay at the rate a_t) plus the same for the adjoint dh, which also decays at a_t, and
+ * the sums over tokens of dA, dD_skip, ddt_bias (two-level: ~(64 + T/64) ulp at worst) and over
+ * the channels of a group of dB/dC (cancelling sums: relative to the largest term, not to the
+ * result). Measured at most ~1e-6 over these shapes, T = 700 included; 2e-5 leaves room for
+ * other compilers and libms, and any wrong term (a missing decay, a gradient on the wrong
+ * token, a missed group or softplus slope) is O(1e-2) or more. */
+#define BWD_TOL 2e-5
+
+static void check_backward_against_reference(const ssm_spec *sp, bool with_d_hT, uint64_t seed,
+                                             const char *label, worst_errors *worst)
+{
+    ssm_data s;
+    ssm_make(&s, sp, seed);
+    ssm_bwd b;
+    bwd_make(&b, &s, with_d_hT, seed + 1);
+    run_backward(&s, &b, NULL);
+    run_reference_backward(&s, &b);
+    for (int k = 0; k < N_GRADS; k++) {
+        if (!b.n[k]) continue;
+        const double err = tu_rel_err_d(b.g[k], b.ref[k], b.n[k]);
+        CHECK(err <= BWD_TOL, "%s: %s rel err %.3g", label, grad_names[k], err);
+        if (err > worst->e[k]) worst->e[k] = err;
+    }
+    bwd_free(&b);
+    ssm_free(&s);
+}
+
+static void test_backward_against_reference(void)
+{
+    static const int64_t cu[] = {0, 5, 5, 70, 71, 200};
+    const ssm_spec specs[] = {
+        {.B = 1, .T = 1, .D = 1, .N = 1},
+        {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step   */
+        {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* ragged block  */
+        /* several checkpoint segments and a partial last one; groups of one block each */
+        {.B = 1, .T = 700, .D = 70, .N = 16, .G = 2, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true},
+        /* groups of three blocks (64, 64, 2 channels): dB/dC partials added over blocks */
+        {.B = 2, .T = 40, .D = 260, .N = 5, .G = 2, .gate = true, .skip = true, .h0 = true},
+        {.B = 1, .T = 130, .D = 130, .N = 7, .softplus = true, .bias = true, .skip = true},
+        {.B = 3, .T = 17, .D = 96, .N = 7, .G = 3, .h0 = true, .skip = true},
+        {.B = 1, .T = 50, .D = 12, .N = 3, .G = 12, .gate = true},         /* G == D        */
+        {.B = 2, .T = 9, .D = 200, .N = 16, .G = 4, .softplus = true, .bias = true, .h0 = true},
+        {.B = 1, .T = 40, .D = 5, .N = 33, .softplus = true}, /* ddt_bias without dt_bias   */
+        {.B = 1, .T = 200, .D = 70, .N = 6, .G = 2, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true, .cu_seqlens = cu, .n_seqs = 5}, /* empty sequence */
+    };
+    worst_errors worst = {{0}};
+    char label[64];
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (int with_d_hT = 0; with_d_hT <= 1; with_d_hT++) {
+            snprintf(label, sizeof label, "backward spec %zu, d_hT %d", i, with_d_hT);
+            check_backward_against_reference(&specs[i], with_d_hT,
+                                             2000 + 10 * i + (uint64_t)with_d_hT, label, &worst);
+        }
+    for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
+        ssm_spec sp = {.B = 2, .T = 21, .D = 70, .N = 8, .G = 2, .gate = true, .skip = true,
+                       .h0 = true, .softplus = true, .bias = true, .act = (linseq_activation)act};
+        snprintf(label, sizeof label, "backward gate activation %d", act);
+        check_backward_against_reference(&sp, true, 2200 + (uint64_t)act, label, &worst);
+    }
+    print_worst("backward vs double reference", &worst);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Finite differences of the double forward                                              */
+
+/* L = sum(y d_y) + sum(hT d_hT), everything in double. */
+static double ssm_loss(const ssm_data *s, const ssm_bwd *b, double *y, double *hT)
+{
+    CHECK_OK(ls_ssm1_reference_f64(&s->p, y, hT));
+    double loss = 0.0;
+    for (size_t i = 0; i < s->n_y; i++) loss += y[i] * b->d_y[i];
+    if (b->d_hT)
+        for (size_t i = 0; i < s->n_state; i++) loss += hT[i] * b->d_hT[i];
+    return loss;
+}
+
+/* Central differences with h = 2^-10: each input element is moved to the float32 values
+ * v + h and v - h (rounded where v has bits below their ulp; the quotient divides by the step
+ * actually taken), and L is evaluated in double. Truncation error h^2/6 |L^(3)| ~ 1.6e-7
+ * |L^(3)|; rounding 1e-16 |L| / h ~ 1e-12. For most inputs the third derivative is within a
+ * few times the largest gradient (measured errors <= 8e-7 of max|grad|), but L depends on A
+ * through exp(A dt), whose third derivative carries dt^3, and the raw dt near softplus's
+ * threshold gives dt ~ 20: dA's quotient is off by up to 6e-6 of max|dA|, the same for the
+ * double and the fast backward (which adds < 1e-6, see BWD_TOL). 2e-5 covers that; a wrong
+ * term (h_t for h_{t-1}, a missing decay or softplus slope) is off by 1e-2 or more. Every
+ * element of every input is checked, except gate elements within 2h of relu's kink. */
+#define FD_STEP 0x1p-10
+#define FD_TOL 2e-5
+
+static void check_finite_differences(const ssm_spec *sp, uint64_t seed, const char *label,
+                                     double worst[2])
+{
+    ssm_data s;
+    ssm_make(&s, sp, seed);
+    ssm_bwd b;
+    bwd_make(&b, &s, true, seed + 1);
+    run_backward(&s, &b, NULL);
+    run_reference_backward(&s, &b);
+    double *y = malloc(s.n_y * sizeof *y), *hT = malloc(s.n_state * sizeof *hT);
+    if (!y || !hT) exit(2);
+
+    const linseq_activation act = ssm1_gate_activation(&s.p);
+    const struct {
+        float *v;
+        int grad;
+    } inputs[] = {
+        {s.x, GR_DX},      {s.dt, GR_DDT},      {s.A, GR_DA},      {s.B_proj, GR_DB},
+        {s.C_proj, GR_DC}, {s.D_skip, GR_DD},   {s.gate, GR_DGATE}, {s.h0, GR_DH0},
+        {s.dt_bias, GR_DBIAS},
+    };
+    for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++) {
+        float *v = inputs[k].v;
+        const int gi = inputs[k].grad;
+        if (!v) continue;
+        double scale = 0.0, err_ref = 0.0, err_fast = 0.0;
+        for (size_t i = 0; i < b.n[gi]; i++) scale = fmax(scale, fabs(b.ref[gi][i]));
+        for (size_t i = 0; i < b.n[gi]; i++) {
+            const float saved = v[i];
+            if (gi == GR_DGATE && act == LINSEQ_ACT_RELU && fabsf(saved) < 2 * FD_STEP) continue;
+            const float up = (float)(saved + FD_STEP), down = (float)(saved - FD_STEP);
+            v[i] = up;
+            const double loss_up = ssm_loss(&s, &b, y, hT);
+            v[i] = down;
+            const double loss_down = ssm_loss(&s, &b, y, hT);
+            v[i] = saved;
+            const double fd = (loss_up - loss_down) / ((double)up - (double)down);
+            err_ref = fmax(err_ref, fabs(fd - b.ref[gi][i]));
+            err_fast = fmax(err_fast, fabs(fd - (double)b.g[gi][i]));
+        }
+        err_ref /= scale > 0.0 ? scale : 1.0;
+        err_fast /= scale > 0.0 ? scale : 1.0;
+        CHECK(err_ref <= FD_TOL, "%s: %s: finite differences vs reference backward %.3g", label,
+              grad_names[gi], err_ref);
+        CHECK(err_fast <= FD_TOL, "%s: %s: finite differences vs fast backward %.3g", label,
+              grad_names[gi], err_fast);
+        worst[0] = fmax(worst[0], err_ref);
+        worst[1] = fmax(worst[1], err_fast);
+    }
+    free(y);
+    free(hT);
+    bwd_free(&b);
+    ssm_free(&s);
+}
+
+static void test_finite_differences(void)
+{
+    static const int64_t cu[] = {0, 4, 4, 13};
+    double worst[2] = {0.0, 0.0};
+    char label[64];
+    for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
+        ssm_spec sp = {.B = 2, .T = 9, .D = 6, .N = 3, .G = 2, .gate = true, .skip = true,
+                       .h0 = true, .softplus = true, .bias = true, .act = (linseq_activation)act};
+        snprintf(label, sizeof label, "finite differences, activation %d", act);
+        check_finite_differences(&sp, 2300 + (uint64_t)act, label, worst);
+    }
+    ssm_spec plain = {.B = 2, .T = 9, .D = 6, .N = 3, .G = 3, .h0 = true};
+    check_finite_differences(&plain, 2310, "finite differences, dt as given", worst);
+    ssm_spec varlen = {.B = 1, .T = 13, .D = 6, .N = 3, .G = 2, .gate = true, .skip = true,
+                       .h0 = true, .softplus = true, .bias = true, .cu_seqlens = cu, .n_seqs = 3};
+    check_finite_differences(&varlen, 2320, "finite differences, varlen", worst);
+    printf("  finite differences, max err / max|grad|: reference backward %.2g, fast %.2g\n",
+           worst[0], worst[1]);
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* In-kernel options against the same math outside the kernel                           */
+
+/* The relative error of a float result against a double sum of float pieces. */
+#define SUM_TOL 1e-5
+
+/* dt_softplus in the kernel == softplus applied outside, the chain rule applied by hand:
+ * ddt_raw = ddt * softplus'(dt_raw + dt_bias) (slope 1 above the threshold 20). Bitwise for
+ * everything but ddt_bias, which the test sums in another order. */
+static void test_backward_softplus_outside(void)
+{
+    ssm_spec sp = {.B = 2, .T = 90, .D = 80, .N = 16, .softplus = true, .bias = true,
+                   .gate = true, .skip = true, .h0 = true};
+    ssm_data s;
+    ssm_make(&s, &sp, 2400);
+    ssm_bwd in, out;
+    bwd_make(&in, &s, true, 2401);
+    run_backward(&s, &in, NULL);
+
+    float *dt_applied = tu_alloc(s.n_y);
+    for (size_t i = 0; i < s.n_y; i++)
+        dt_applied[i] = ls_softplusf(s.dt[i] + s.dt_bias[i % (size_t)sp.D]);
+    ssm_data outside = s;
+    outside.p.dt = dt_applied;
+    outside.p.dt_softplus = false;
+    outside.p.dt_bias = NULL;
+    bwd_make(&out, &outside, true, 2401);
+    run_backward(&outside, &out, NULL);
+
+    size_t bad = 0;
+    double *bias_sum = calloc((size_t)sp.D, sizeof(double));
+    if (!bias_sum) exit(2);
+    for (size_t i = 0; i < s.n_y; i++) {
+        const float chained =
+            out.g[GR_DDT][i] * ls_softplus_gradf(s.dt[i] + s.dt_bias[i % (size_t)sp.D]);
+        if (memcmp(&chained, &in.g[GR_DDT][i], sizeof chained) != 0) bad++;
+        bias_sum[i % (size_t)sp.D] += chained;
+    }
+    CHECK(bad == 0, "softplus outside: %zu of ddt differ from ddt * softplus'", bad);
+    for (int k = 0; k < N_GRADS; k++) {
+        if (k == GR_DDT || k == GR_DBIAS) continue;
+        CHECK(tu_same_bits(in.g[k], out.g[k], in.n[k]), "softplus outside: %s differs",
+              grad_names[k]);
+    }
+    const double err = tu_rel_err_d(in.g[GR_DBIAS], bias_sum, (size_t)sp.D);
+    CHECK(err <= SUM_TOL, "softplus outside: ddt_bias rel err %.3g against the sum of ddt", err);
+    free(bias_sum);
+    free(dt_applied);
+    bwd_free(&in);
+    bwd_free(&out);
+    ssm_free(&s);
+}
+
+/* For every activation, the gated problem's gradients == the ungated problem's with
+ * d_y * act(gate) as its upstream gradient, and dgate == d_y * y_ungated * act'(gate). Bitwise:
+ * the kernel does exactly these float operations. */
+static void test_backward_gate_outside(void)
+{
+    for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
+        ssm_spec sp = {.B = 1, .T = 70, .D = 100, .N = 16, .gate = true, .skip = true,
+                       .h0 = true, .act = (linseq_activation)act};
+        ssm_data s;
+        ssm_make(&s, &sp, 2500 + (uint64_t)act);
+        const linseq_activation resolved = ssm1_gate_activation(&s.p);
+        ssm_bwd gated, plain;
+        bwd_make(&gated, &s, true, 2510);
+        run_backward(&s, &gated, NULL);
+
+        ssm_data ungated = s;
+        ungated.p.gate = NULL;
+        float *y_plain = tu_alloc(s.n_y);
+        CHECK_OK(linseq_ssm1_forward(&ungated.p, NULL, y_plain, NULL));
+        bwd_make(&plain, &ungated, true, 2510);
+        for (size_t i = 0; i < s.n_y; i++)
+            plain.d_y[i] = gated.d_y[i] * ls_activate(resolved, s.gate[i]);
+        run_backward(&ungated, &plain, NULL);
+
+        for (int k = 0; k < N_GRADS; k++) {
+            if (k == GR_DGATE) continue;
+            CHECK(tu_same_bits(gated.g[k], plain.g[k], gated.n[k]),
+                  "activation %d: %s differs from the ungated problem's", act, grad_names[k]);
+        }
+        size_t bad = 0;
+        for (size_t i = 0; i < s.n_y; i++) {
+            const float expect =
+                gated.d_y[i] * y_plain[i] * ls_activate_gradf(resolved, s.gate[i]);
+            if (memcmp(&expect, &gated.g[GR_DGATE][i], sizeof expect) != 0) bad++;
+        }
+        CHECK(bad == 0, "activation %d: %zu of dgate differ from d_y * y * act'(gate)", act, bad);
+        free(y_plain);
+        bwd_free(&gated);
+        bwd_free(&plain);
+        ssm_free(&s);
+    }
+}
+
+/* G groups == B_proj and C_proj expanded to one group per channel: dB and dC of a group ==
+ * the sum over its channels of the expanded problem's (within SUM_TOL: another summation
+ * order), everything else bitwise. Groups of several blocks (D/G = 130) included. */
+static void test_backward_groups_expanded(void)
+{
+    static const int64_t groups[] = {1, 2, 3, 8};
+    static const int64_t widths[] = {96, 260, 96, 96};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        ssm_spec sp = {.B = 2, .T = 70, .D = widths[gi], .N = 5, .G = groups[gi], .gate = true,
+                       .skip = true, .h0 = true, .softplus = true, .bias = true};
+        ssm_data s;
+        ssm_make(&s, &sp, 2600 + gi);
+        const int64_t G = sp.G, D = sp.D, N = sp.N, BT = sp.B * sp.T;
+        float *B_wide = tu_alloc((size_t)(BT * D * N));
+        float *C_wide = tu_alloc((size_t)(BT * D * N));
+        for (int64_t bt = 0; bt < BT; bt++)
+            for (int64_t d = 0; d < D; d++)
+                for (int64_t n = 0; n < N; n++) {
+                    const int64_t g = d / (D / G);
+                    B_wide[(bt * D + d) * N + n] = s.B_proj[(bt * G + g) * N + n];
+                    C_wide[(bt * D + d) * N + n] = s.C_proj[(bt * G + g) * N + n];
+                }
+        ssm_bwd grouped, wide;
+        bwd_make(&grouped, &s, true, 2610);
+        run_backward(&s, &grouped, NULL);
+        ssm_data expanded = s;
+        expanded.p.G = D;
+        expanded.p.B_proj = B_wide;
+        expanded.p.C_proj = C_wide;
+        expanded.n_proj = (size_t)(BT * D * N);
+        bwd_make(&wide, &expanded, true, 2610);
+        run_backward(&expanded, &wide, NULL);
+
+        for (int k = 0; k < N_GRADS; k++) {
+            if (k == GR_DB || k == GR_DC) continue;
+            CHECK(tu_same_bits(grouped.g[k], wide.g[k], grouped.n[k]),
+                  "G = %lld: %s differs from the expanded problem's", (long long)G, grad_names[k]);
+        }
+        double *sum = calloc(s.n_proj, sizeof(double));
+        if (!sum) exit(2);
+        for (int k = GR_DB; k <= GR_DC; k++) {
+            memset(sum, 0, s.n_proj * sizeof(double));
+            for (int64_t bt = 0; bt < BT; bt++)
+                for (int64_t d = 0; d < D; d++)
+                    for (int64_t n = 0; n < N; n++)
+                        sum[(bt * G + d / (D / G)) * N + n] += wide.g[k][(bt * D + d) * N + n];
+            const double err = tu_rel_err_d(grouped.g[k], sum, s.n_proj);
+            CHECK(err <= SUM_TOL, "G = %lld: %s rel err %.3g against the expanded sum",
+                  (long long)G, grad_names[k], err);
+        }
+        free(sum);
+        free(B_wide);
+        free(C_wide);
+        bwd_free(&grouped);
+        bwd_free(&wide);
+        ssm_free(&s);
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Varlen, chained pieces, thread counts                                                 */
+
+/* Adds src (n floats) to a double sum. */
+static void accumulate(double *sum, const float *src, size_t n)
+{
+    for (size_t i = 0; i < n; i++) sum[i] += src[i];
+}
+
+/* The parameters shared by sequences: summed over calls by the tests. */
+static const int shared_grads[] = {GR_DA, GR_DD, GR_DBIAS};
+
+/* Varlen == one call per sequence: the per-token and per-sequence gradients bitwise, dA,
+ * dD_skip and ddt_bias within SUM_TOL of the sum of the calls' (another summation order). An
+ * empty sequence passes d_hT to dh0 unchanged. */
+static void test_backward_varlen(void)
+{
+    static const int64_t cu[] = {0, 5, 5, 140, 141, 170};
+    const int64_t n_seqs = 5, D = 70, N = 6, G = 2;
+    for (int with_h0 = 0; with_h0 <= 1; with_h0++) {
+        ssm_spec sp = {.B = 1, .T = 170, .D = D, .N = N, .G = G, .gate = true, .skip = true,
+                       .h0 = with_h0, .softplus = true, .bias = true, .cu_seqlens = cu,
+                       .n_seqs = n_seqs};
+        ssm_data s;
+        ssm_make(&s, &sp, 2700 + (uint64_t)with_h0);
+        ssm_bwd all;
+        bwd_make(&all, &s, with_h0, 2710);
+        run_backward(&s, &all, NULL);
+
+        const size_t row = (size_t)(D * N);
+        double *sums[N_GRADS] = {0};
+        for (size_t k = 0; k < sizeof shared_grads / sizeof shared_grads[0]; k++) {
+            sums[shared_grads[k]] = calloc(all.n[shared_grads[k]], sizeof(double));
+            if (!sums[shared_grads[k]]) exit(2);
+        }
+        for (int64_t n = 0; n < n_seqs; n++) {
+            const int64_t t0 = cu[n], len = cu[n + 1] - cu[n];
+            float *dh0_all = all.g[GR_DH0] + n * row;
+            if (len == 0) {
+                bool passed = true;
+                for (size_t i = 0; i < row; i++)
+                    passed &= dh0_all[i] == (all.d_hT ? all.d_hT[n * row + i] : 0.0f);
+                CHECK(passed, "varlen backward: empty sequence %lld did not pass d_hT to dh0",
+                      (long long)n);
+                continue;
+            }
+            ssm_data one = s;
+            one.p.cu_seqlens = NULL;
+            one.p.n_seqs = 0;
+            one.p.T = len;
+            one.p.x = s.x + t0 * D;
+            one.p.dt = s.dt + t0 * D;
+            one.p.gate = s.gate + t0 * D;
+            one.p.B_proj = s.B_proj + t0 * G * N;
+            one.p.C_proj = s.C_proj + t0 * G * N;
+            one.p.h0 = s.h0 ? s.h0 + n * row : NULL;
+            one.n_y = (size_t)(len * D);
+            one.n_proj = (size_t)(len * G * N);
+            one.n_state = row;
+            ssm_bwd b;
+            bwd_make(&b, &one, with_h0, 2720);
+            memcpy(b.d_y, all.d_y + t0 * D, one.n_y * sizeof(float));
+            if (b.d_hT) memcpy(b.d_hT, all.d_hT + n * row, row * sizeof(float));
+            run_backward(&one, &b, NULL);
+            const size_t offsets[N_GRADS] = {
+                [GR_DX] = (size_t)(t0 * D), [GR_DDT] = (size_t)(t0 * D),
+                [GR_DB] = (size_t)(t0 * G * N), [GR_DC] = (size_t)(t0 * G * N),
+                [GR_DGATE] = (size_t)(t0 * D), [GR_DH0] = n * row};
+            for (int k = 0; k < N_GRADS; k++) {
+                if (sums[k]) {
+                    accumulate(sums[k], b.g[k], b.n[k]);
+                    continue;
+                }
+                CHECK(tu_same_bits(all.g[k] + offsets[k], b.g[k], b.n[k]),
+                      "varlen backward: %s of sequence %lld differs from its own call",
+                      grad_names[k], (long long)n);
+            }
+            bwd_free(&b);
+        }
+        for (size_t k = 0; k < sizeof shared_grads / sizeof shared_grads[0]; k++) {
+            const int gk = shared_grads[k];
+            const double err = tu_rel_err_d(all.g[gk], sums[gk], all.n[gk]);
+            CHECK(err <= SUM_TOL, "varlen backward: %s rel err %.3g against the sum of the calls",
+                  grad_names[gk], err);
+            free(sums[gk]);
+        }
+        bwd_free(&all);
+        ssm_free(&s);
+    }
+}
+
+/* One long call == two pieces, the second starting from the first's hT and the first getting
+ * the second's dh0 as its d_hT. The per-token gradients and dh0 bitwise (the recomputed states
+ * and the carried gradient are the same floats whatever the segment boundaries); the shared
+ * parameters within SUM_TOL of the sum of the pieces'. */
+static void test_backward_chained(void)
+{
+    const int64_t B = 2, T = 150, D = 70, N = 8, first = 100, second = T - first;
+    ssm_spec sp = {.B = B, .T = T, .D = D, .N = N, .gate = true, .skip = true, .h0 = true,
+                   .softplus = true, .bias = true};
+    ssm_data s;
+    ssm_make(&s, &sp, 2800);
+    ssm_bwd whole;
+    bwd_make(&whole, &s, true, 2810);
+    run_backward(&s, &whole, NULL);
+
+    ssm_data piece[2];
+    ssm_bwd pb[2];
+    const int64_t t0[2] = {0, first}, len[2] = {first, second};
+    float *hT_first = tu_alloc(s.n_state);
+    for (int i = 0; i < 2; i++) {
+        ssm_spec psp = sp;
+        psp.T = len[i];
+        ssm_make(&piece[i], &psp, 2820); /* allocations of the right sizes, then overwritten */
+        tu_slice_tokens(s.x, B, T, D, t0[i], len[i], piece[i].x);
+        tu_slice_tokens(s.dt, B, T, D, t0[i], len[i], piece[i].dt);
+        tu_slice_tokens(s.gate, B, T, D, t0[i], len[i], piece[i].gate);
+        tu_slice_tokens(s.B_proj, B, T, N, t0[i], len[i], piece[i].B_proj);
+        tu_slice_tokens(s.C_proj, B, T, N, t0[i], len[i], piece[i].C_proj);
+        memcpy(piece[i].A, s.A, (size_t)(D * N) * sizeof(float));
+        memcpy(piece[i].D_skip, s.D_skip, (size_t)D * sizeof(float));
+        memcpy(piece[i].dt_bias, s.dt_bias, (size_t)D * sizeof(float));
+        if (i == 0) memcpy(piece[0].h0, s.h0, s.n_state * sizeof(float));
+        bwd_make(&pb[i], &piece[i], true, 2830);
+        tu_slice_tokens(whole.d_y, B, T, D, t0[i], len[i], pb[i].d_y);
+    }
+    /* The second piece starts from the state the forward of the first one ends in. */
+    float *y_first = tu_alloc(piece[0].n_y);
+    CHECK_OK(linseq_ssm1_forward(&piece[0].p, NULL, y_first, hT_first));
+    memcpy(piece[1].h0, hT_first, s.n_state * sizeof(float));
+    memcpy(pb[1].d_hT, whole.d_hT, s.n_state * sizeof(float));
+    run_backward(&piece[1], &pb[1], NULL);
+    memcpy(pb[0].d_hT, pb[1].g[GR_DH0], s.n_state * sizeof(float));
+    run_backward(&piece[0], &pb[0], NULL);
+
+    const int per_token[] = {GR_DX, GR_DDT, GR_DGATE, GR_DB, GR_DC};
+    for (size_t k = 0; k < sizeof per_token / sizeof per_token[0]; k++) {
+        const int gk = per_token[k];
+        const int64_t width = gk == GR_DB || gk == GR_DC ? N : D;
+        float *joined = tu_alloc_poisoned(whole.n[gk]);
+        for (int i = 0; i < 2; i++)
+            tu_place_tokens(pb[i].g[gk], B, T, width, t0[i], len[i], joined);
+        CHECK(tu_same_bits(whole.g[gk], joined, whole.n[gk]),
+              "chained backward: %s of the pieces differs from one call", grad_names[gk]);
+        free(joined);
+    }
+    CHECK(tu_same_bits(whole.g[GR_DH0], pb[0].g[GR_DH0], s.n_state),
+          "chained backward: dh0 of the pieces differs from one call");
+    for (size_t k = 0; k < sizeof shared_grads / sizeof shared_grads[0]; k++) {
+        const int gk = shared_grads[k];
+        double *sum = calloc(whole.n[gk], sizeof(double));
+        if (!sum) exit(2);
+        accumulate(sum, pb[0].g[gk], whole.n[gk]);
+        accumulate(sum, pb[1].g[gk], whole.n[gk]);
+        const double err = tu_rel_err_d(whole.g[gk], sum, whole.n[gk]);
+        CHECK(err <= SUM_TOL, "chained backward: %s rel err %.3g against the pieces' sum",
+              grad_names[gk], err);
+        free(sum);
+    }
+    free(hT_first);
+    free(y_first);
+    for (int i = 0; i < 2; i++) {
+        bwd_free(&pb[i]);
+        ssm_free(&piece[i]);
+    }
+    bwd_free(&whole);
+    ssm_free(&s);
+}
+
+/* Thread counts 1, 2, 3 give bitwise identical gradients (several blocks per group, so the
+ * partial sums of dB/dC, and varlen), and a call asking for a subset of the gradients gets the
+ * same bits for them. */
+static void test_backward_threads(void)
+{
+    static const int64_t cu[] = {0, 70, 71, 150};
+    const ssm_spec specs[] = {
+        {.B = 3, .T = 40, .D = 260, .N = 7, .G = 2, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true},
+        {.B = 1, .T = 150, .D = 150, .N = 5, .G = 3, .softplus = true, .bias = true, .h0 = true,
+         .cu_seqlens = cu, .n_seqs = 3},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        ssm_data s;
+        ssm_make(&s, &specs[i], 2900 + i);
+        ssm_bwd one, b;
+        bwd_make(&one, &s, true, 2910);
+        bwd_make(&b, &s, true, 2910);
+        const linseq_exec single = {.threads = 1};
+        run_backward(&s, &one, &single);
+        for (int threads = 2; threads <= 3; threads++) {
+            const linseq_exec ex = {.threads = threads};
+            for (int k = 0; k < N_GRADS; k++)
+                if (b.g[k]) tu_poison(b.g[k], b.n[k] * sizeof(float));
+            run_backward(&s, &b, &ex);
+            for (int k = 0; k < N_GRADS; k++)
+                CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
+                      "spec %zu: %s with %d threads differs from 1 thread", i, grad_names[k],
+                      threads);
+        }
+        /* One gradient at a time: the others NULL. */
+        for (int k = 0; k < N_GRADS; k++) {
+            if (!b.g[k]) continue;
+            float *only[N_GRADS] = {0};
+            only[k] = b.g[k];
+            tu_poison(b.g[k], b.n[k] * sizeof(float));
+            const linseq_ssm1_grads g = grads_of(only);
+            CHECK_OK(linseq_ssm1_backward(&s.p, NULL, b.d_y, b.d_hT, &g));
+            CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
+                  "spec %zu: %s alone differs from %s with every gradient", i, grad_names[k],
+                  grad_names[k]);
+        }
+        bwd_free(&one);
+        bwd_free(&b);
+        ssm_free(&s);
+    }
+}
+
+/* Extreme steps: dt = softplus(30) = 30 (past the threshold), A dt down to -1000 (the decay
+ * underflows to 0), dt = 0 (the decay is 1, nothing enters the state). Every gradient finite
+ * and within BWD_TOL of the reference. */
+static void test_backward_stability(void)
+{
+    for (int variant = 0; variant < 3; variant++) {
+        ssm_spec sp = {.B = 2, .T = 80, .D = 70, .N = 16, .gate = true, .skip = true,
+                       .h0 = true, .softplus = variant == 0, .bias = variant == 0};
+        ssm_data s;
+        ssm_make(&s, &sp, 3000 + (uint64_t)variant);
+        for (size_t i = 0; i < s.n_y; i++) {
+            if (variant == 0) s.dt[i] = 30.0f - s.dt_bias[i % (size_t)sp.D];
+            if (variant == 1) s.dt[i] = 250.0f;
+            if (variant == 2) s.dt[i] = i % 3 ? 0.0f : s.dt[i];
+        }
+        if (variant == 1)
+            for (int64_t i = 0; i < sp.D * sp.N; i++) s.A[i] = i % 2 ? -4.0f : -1e-3f;
+        ssm_bwd b;
+        bwd_make(&b, &s, true, 3010);
+        run_backward(&s, &b, NULL);
+        run_reference_backward(&s, &b);
+        for (int k = 0; k < N_GRADS; k++) {
+            if (!b.n[k]) continue;
+            size_t bad = 0;
+            for (size_t i = 0; i < b.n[k]; i++) bad += !isfinite(b.g[k][i]);
+            CHECK(bad == 0, "stability %d: %zu of %s not finite", variant, bad, grad_names[k]);
+            const double err = tu_rel_err_d(b.g[k], b.ref[k], b.n[k]);
+            CHECK(err <= BWD_TOL, "stability %d: %s rel err %.3g", variant, grad_names[k], err);
+        }
+        bwd_free(&b);
+        ssm_free(&s);
+    }
+}
+
+/* ------------------------------------------------------------------------------------ */
+/* Invalid arguments of the backward: the forward's problem checks (shared code, a sample   */
+/* here) and the backward's own.                                                         */
+
+typedef struct bwd_err_bufs {
+    err_bufs in; /* the problem's inputs (its y and hT unused) */
+    float d_y[ERR_B * ERR_T * ERR_D], d_hT[ERR_B * ERR_D * ERR_N];
+    float dx[ERR_B * ERR_T * ERR_D], ddt[ERR_B * ERR_T * ERR_D], dgate[ERR_B * ERR_T * ERR_D];
+    float dA[ERR_D * ERR_N], dD_skip[ERR_D], ddt_bias[ERR_D], dh0[ERR_B * ERR_D * ERR_N];
+    float dB_proj[ERR_B * ERR_T * ERR_G * ERR_N], dC_proj[ERR_B * ERR_T * ERR_G * ERR_N];
+} bwd_err_bufs;
+
+static const err_case ssm_bwd_errors[] = {
+    {"problem NULL", LINSEQ_ERR_NULL_POINTER, "problem"},
+    {"grads NULL", LINSEQ_ERR_NULL_POINTER, "grads"},
+    {"d_y NULL", LINSEQ_ERR_NULL_POINTER, "'d_y'"},
+    {"x NULL", LINSEQ_ERR_NULL_POINTER, "'x'"},
+    {"N = 0", LINSEQ_ERR_INVALID_SIZE, "N = 0"},
+    {"G = 3 does not divide D = 8", LINSEQ_ERR_SHAPE_MISMATCH, "G = 3"},
+    {"cu_seqlens decreasing", LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens decreases"},
+    {"gate_activation = 99", LINSEQ_ERR_INVALID_ENUM, "gate_activation"},
+    {"exec->threads = -1", LINSEQ_ERR_INVALID_VALUE, "threads"},
+    {"dt_bias without dt_softplus", LINSEQ_ERR_INVALID_VALUE, "dt_bias"},
+    {"dgate without gate", LINSEQ_ERR_INVALID_VALUE, "dgate"},
+    {"dD_skip without D_skip", LINSEQ_ERR_INVALID_VALUE, "dD_skip"},
+    {"ddt_bias without dt_softplus", LINSEQ_ERR_INVALID_VALUE, "ddt_bias"},
+    {"dx == x", LINSEQ_ERR_ALIASING, "'dx' overlaps input 'x'"},
+    {"dx overlaps d_y", LINSEQ_ERR_ALIASING, "'dx' overlaps input 'd_y'"},
+    {"dh0 == h0", LINSEQ_ERR_ALIASING, "'dh0' overlaps input 'h0'"},
+    {"dh0 == d_hT", LINSEQ_ERR_ALIASING, "'dh0' overlaps input 'd_hT'"},
+    {"dA overlaps A", LINSEQ_ERR_ALIASING, "'dA' overlaps input 'A'"},
+    {"dgate == gate", LINSEQ_ERR_ALIASING, "'dgate' overlaps input 'gate'"},
+    {"ddt_bias == dt_bias", LINSEQ_ERR_ALIASING, "'ddt_bias' overlaps input 'dt_bias'"},
+    {"dB_proj == dC_proj", LINSEQ_ERR_ALIASING, "'dB_proj' overlaps output 'dC_proj'"},
+    {"ddt overlaps dx", LINSEQ_ERR_ALIASING, "'dx' overlaps output 'ddt'"},
+    {"dh0 overlaps dA", LINSEQ_ERR_ALIASING, "'dA' overlaps output 'dh0'"},
+};
+
+/* Applies case i to a valid problem and its gradients. */
+static void break_ssm_backward(size_t i, linseq_ssm1_problem *p, linseq_exec *exec,
+                               const float **d_y, linseq_ssm1_grads **grads, bwd_err_bufs *b)
+{
+    linseq_ssm1_grads *g = *grads;
+    switch (i) {
+    case 1: *grads = NULL; break;
+    case 2: *d_y = NULL; break;
+    case 3: p->x = NULL; break;
+    case 4: p->N = 0; break;
+    case 5: p->G = 3; break;
+    case 6:
+        p->B = 1, p->T = 10, p->n_seqs = ERR_SEQS, p->cu_seqlens = b->in.cu;
+        b->in.cu[0] = 0, b->in.cu[1] = 11, b->in.cu[2] = 10;
+        break;
+    case 7: p->gate_activation = (linseq_activation)99; break;
+    case 8: exec->threads = -1; break;
+    case 9: p->dt_softplus = false, g->ddt_bias = NULL; break;
+    case 10: p->gate = NULL; break;
+    case 11: p->D_skip = NULL; break;
+    case 12: p->dt_softplus = false, p->dt_bias = NULL; break;
+    case 13: g->dx = b->in.x; break;
+    case 14: g->dx = b->d_y + 3; break;
+    case 15: g->dh0 = b->in.h0; break;
+    case 16: g->dh0 = b->d_hT; break;
+    case 17: g->dA = b->in.A + 1; break;
+    case 18: g->dgate = b->in.gate; break;
+    case 19: g->ddt_bias = b->in.dt_bias; break;
+    case 20: g->dC_proj = g->dB_proj; break;
+    case 21: g->ddt = g->dx + 1; break;
+    case 22: g->dh0 = g->dA; break;
+    default: break;
+    }
+}
+
+static void test_backward_errors(void)
+{
+    for (size_t i = 0; i < sizeof ssm_bwd_errors / sizeof ssm_bwd_errors[0]; i++) {
+        bwd_err_bufs *b = calloc(1, sizeof *b);
+        if (!b) exit(2);
+        tu_rng rng = {3100 + i};
+        tu_fill_normal(&rng, (float *)&b->in, offsetof(err_bufs, cu) / sizeof(float), 1.0);
+        tu_fill_normal(&rng, b->d_y, sizeof b->d_y / sizeof(float), 1.0);
+        tu_fill_normal(&rng, b->d_hT, sizeof b->d_hT / sizeof(float), 1.0);
+        for (size_t k = 0; k < ERR_D * ERR_N; k++) b->in.A[k] = -fabsf(b->in.A[k]);
+        linseq_ssm1_problem p = {
+            .B = ERR_B, .T = ERR_T, .D = ERR_D, .N = ERR_N, .G = ERR_G,
+            .x = b->in.x, .dt = b->in.dt, .A = b->in.A, .B_proj = b->in.B_proj,
+            .C_proj = b->in.C_proj, .D_skip = b->in.D_skip, .gate = b->in.gate, .h0 = b->in.h0,
+            .dt_bias = b->in.dt_bias, .dt_softplus = true,
+        };
+        linseq_ssm1_grads grads = {.dx = b->dx, .ddt = b->ddt, .dA = b->dA,
+                                   .dB_proj = b->dB_proj, .dC_proj = b->dC_proj,
+                                   .dD_skip = b->dD_skip, .dgate = b->dgate, .dh0 = b->dh0,
+                                   .ddt_bias = b->ddt_bias};
+        linseq_ssm1_grads *grads_arg = &grads;
+        linseq_exec exec = {0};
+        const float *d_y = b->d_y;
+        break_ssm_backward(i, &p, &exec, &d_y, &grads_arg, b);
+        /* Every gradient buffer (and the spare room after h0) is poisoned: none may change. */
+        const size_t grads_offset = offsetof(bwd_err_bufs, dx);
+        tu_poison((char *)b + grads_offset, sizeof *b - grads_offset);
+        tu_poison(b->in.spare, sizeof b->in.spare);
+        bwd_err_bufs *before = malloc(sizeof *before);
+        if (!before) exit(2);
+        memcpy(before, b, sizeof *before);
+
+        linseq_status st = linseq_ssm1_backward(i == 0 ? NULL : &p, &exec, d_y, b->d_hT, grads_arg);
+        const char *msg = linseq_last_error();
+        CHECK(st == ssm_bwd_errors[i].expect, "ssm1 backward error '%s': got %s, expected %s (%s)",
+              ssm_bwd_errors[i].what, linseq_status_string(st),
+              linseq_status_string(ssm_bwd_errors[i].expect), msg);
+        CHECK(strstr(msg, "linseq_ssm1_backward") != NULL && strstr(msg, ssm_bwd_errors[i].needle),
+              "ssm1 backward error '%s': message \"%s\" does not name \"%s\"",
+              ssm_bwd_errors[i].what, msg, ssm_bwd_errors[i].needle);
+        CHECK(tu_is_poisoned((char *)b + grads_offset, sizeof *b - grads_offset) &&
+                  tu_is_poisoned(b->in.spare, sizeof b->in.spare),
+              "ssm1 backward error '%s': a gradient was written", ssm_bwd_errors[i].what);
+        CHECK(memcmp(before, b, sizeof *before) == 0,
+              "ssm1 backward error '%s': a buffer was written", ssm_bwd_errors[i].what);
+        free(before);
+        free(b);
+    }
+
+    /* The valid edge cases: dh0 without h0, ddt_bias without dt_bias, no gradient at all; and
+     * a success clears the message of the failure before it. */
+    float x = 1.0f, dt = 0.1f, A = -1.0f, Bv = 1.0f, Cv = 1.0f, d_y = 1.0f, dh0 = -1.0f;
+    float ddt_bias = -1.0f;
+    linseq_ssm1_problem p = {.B = 1, .T = 1, .D = 1, .N = 1, .x = &x, .dt = &dt, .A = &A,
+                             .B_proj = &Bv, .C_proj = &Cv, .dt_softplus = true};
+    linseq_ssm1_grads grads = {.dh0 = &dh0, .ddt_bias = &ddt_bias};
+    CHECK(linseq_ssm1_backward(&p, NULL, &d_y, NULL, NULL) == LINSEQ_ERR_NULL_POINTER,
+          "NULL grads");
+    CHECK_OK(linseq_ssm1_backward(&p, NULL, &d_y, NULL, &grads));
+    CHECK(linseq_last_error()[0] == '\0', "a success left the message \"%s\"", linseq_last_error());
+    /* h_1 = dt B x with dt = softplus(0.1): dL/dh0 = exp(A dt) C, ddt_bias = softplus'(0.1)
+     * (B x C + A exp(A dt) h0 C) with h0 = 0. */
+    const double step = log1p(exp(0.1));
+    CHECK(fabs(dh0 - exp(-step)) < 1e-6, "dh0 without h0 = %g, expected %g", dh0, exp(-step));
+    CHECK(fabs(ddt_bias - 1.0 / (1.0 + exp(-0.1))) < 1e-6, "ddt_bias without dt_bias = %g",
+          ddt_bias);
+    const linseq_ssm1_grads none = {0};
+    CHECK_OK(linseq_ssm1_backward(&p, NULL, &d_y, NULL, &none));
+}
+
 int main(void)
 {
     test_hand_example();
@@ -569,5 +1384,15 @@ int main(void)
     test_prefill_then_decode();
     test_threads();
     test_errors();
+    test_backward_against_reference();
+    test_finite_differences();
+    test_backward_softplus_outside();
+    test_backward_gate_outside();
+    test_backward_groups_expanded();
+    test_backward_varlen();
+    test_backward_chained();
+    test_backward_threads();
+    test_backward_stability();
+    test_backward_errors();
     return tu_finish("test_ssm1");
 }

@@ -1,4 +1,5 @@
-/* linseq_conv1d_forward: validation, then the fast float32 causal depthwise conv.
+/* linseq_conv1d_forward and linseq_conv1d_backward: one validation of the problem for both;
+ * the fast float32 causal depthwise conv (the backward kernel is in conv1d_bwd.c).
  *
  * A work item is (sequence, block of SSM_LANES channels). For each token the W taps are added
  * one after another as whole rows of channels, reading x contiguously along D; the taps that
@@ -12,8 +13,6 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "ssm/ssm_internal.h"
-
-#define FN "linseq_conv1d_forward"
 
 typedef struct conv_plan {
     const linseq_conv1d_problem *p;
@@ -126,47 +125,99 @@ static linseq_status conv_run(const linseq_conv1d_problem *p, const linseq_exec 
     return LINSEQ_OK;
 }
 
-linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *p, const linseq_exec *exec,
-                                    float *y, float *conv_state_out)
+/* The sizes, options and exec of a problem, then its input tensors appended to the argument
+ * table `a` (whose fn names the entry point). Run first by both entry points, so the backward
+ * accepts exactly the problems the forward accepts. */
+static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
+                                   const linseq_exec *exec)
 {
-    ls_clear_error();
+    const char *fn = a->fn;
     if (!p)
-        return ls_fail(FN, LINSEQ_ERR_NULL_POINTER,
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
                        "problem is NULL; expected a linseq_conv1d_problem");
     linseq_status st;
-    if ((st = ls_check_min(FN, "B", p->B, 1)) || (st = ls_check_min(FN, "T", p->T, 1)) ||
-        (st = ls_check_min(FN, "D", p->D, 1)) || (st = ls_check_min(FN, "W", p->W, 1)))
+    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
+        (st = ls_check_min(fn, "D", p->D, 1)) || (st = ls_check_min(fn, "W", p->W, 1)))
         return st;
-    if ((st = ssm_check_common(FN, exec, p->cu_seqlens, p->n_seqs))) return st;
+    if ((st = ssm_check_common(fn, exec, p->cu_seqlens, p->n_seqs))) return st;
     if (!ls_activation_valid(p->activation))
-        return ls_fail(FN, LINSEQ_ERR_INVALID_ENUM,
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
                        "activation = %d; expected a linseq_activation (LINSEQ_ACT_DEFAULT .. "
                        "LINSEQ_ACT_RELU)",
                        (int)p->activation);
 
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    ls_args a = {.fn = FN};
-    ls_arg(&a, "x", "B,T,D", p->x, true, LS_IN, sizeof(float), 3, B, T, D);
-    ls_arg(&a, "weight", "D,W", p->weight, true, LS_IN, sizeof(float), 2, D, W);
-    ls_arg(&a, "bias", "D", p->bias, false, LS_IN, sizeof(float), 1, D);
-    ls_arg(&a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
+    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, sizeof(float), 3, B, T, D);
+    ls_arg(a, "weight", "D,W", p->weight, true, LS_IN, sizeof(float), 2, D, W);
+    ls_arg(a, "bias", "D", p->bias, false, LS_IN, sizeof(float), 1, D);
+    ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
            ssm_cu_entries(p->cu_seqlens, p->n_seqs));
-    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, sizeof(float), 3, B, T, D);
     /* With W == 1 there is no state: the state pointers are neither read nor written. */
-    if (W > 1) {
-        ls_arg(&a, "conv_state", "N_seq,D,W-1", p->conv_state, false, LS_IN, sizeof(float), 3,
+    if (W > 1)
+        ls_arg(a, "conv_state", "N_seq,D,W-1", p->conv_state, false, LS_IN, sizeof(float), 3,
                n_seqs, D, W - 1);
+    return LINSEQ_OK;
+}
+
+linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                    float *y, float *conv_state_out)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_conv1d_forward"};
+    linseq_status st = check_problem(&a, p, exec);
+    if (st) return st;
+    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), W = p->W;
+    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, sizeof(float), 3, p->B, p->T, p->D);
+    if (W > 1)
         ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT,
-               sizeof(float), 3, n_seqs, D, W - 1)
+               sizeof(float), 3, n_seqs, p->D, W - 1)
             ->may_alias = p->conv_state;
-    }
-    if ((st = ls_args_validate(&a))) return st;
-    if (p->cu_seqlens && (st = ls_check_cu_seqlens(FN, p->cu_seqlens, p->n_seqs, B, T)))
-        return st;
+    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
     st = conv_run(p, exec, y, W > 1 ? conv_state_out : NULL);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
-        return ls_fail(FN, st, "could not allocate the workspace (W = %lld)", (long long)W);
+        return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
+    return st;
+}
+
+linseq_status linseq_conv1d_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                     const float *d_y, const float *d_conv_state_out,
+                                     const linseq_conv1d_grads *grads)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_conv1d_backward"};
+    linseq_status st = check_problem(&a, p, exec);
+    if (st) return st;
+    if (!grads)
+        return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
+                       "grads is NULL; expected a linseq_conv1d_grads (NULL members are skipped)");
+    /* A bias gradient without a bias would be silently meaningless; dconv_state is allowed
+     * without conv_state (the gradient at the zero state). */
+    if (grads->dbias && !p->bias)
+        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
+                       "dbias is given but bias is NULL: there is no bias to differentiate; "
+                       "pass dbias = NULL");
+
+    const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
+    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
+    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, sizeof(float), 3, B, T, D);
+    if (W > 1)
+        ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN,
+               sizeof(float), 3, n_seqs, D, W - 1);
+    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, sizeof(float), 3, B, T, D);
+    ls_arg(&a, "dweight", "D,W", grads->dweight, false, LS_OUT, sizeof(float), 2, D, W);
+    ls_arg(&a, "dbias", "D", grads->dbias, false, LS_OUT, sizeof(float), 1, D);
+    if (W > 1)
+        ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT,
+               sizeof(float), 3, n_seqs, D, W - 1);
+    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+
+    /* With W == 1 the state gradients do not exist: the kernel never sees their pointers. */
+    linseq_conv1d_grads used = *grads;
+    if (W == 1) used.dconv_state = NULL;
+    st = ls_conv1d_scan_backward(p, exec, d_y, W > 1 ? d_conv_state_out : NULL, &used);
+    if (st == LINSEQ_ERR_OUT_OF_MEMORY)
+        return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
     return st;
 }

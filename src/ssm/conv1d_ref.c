@@ -1,7 +1,11 @@
-/* The causal depthwise conv1d reference: the formulas of linseq.h in double.
+/* The causal depthwise conv1d references: the formulas of linseq.h in double, and their
+ * reverse mode.
  *
  * Per (sequence, channel) the padded input is xs = concat(conv_state or zeros [W-1], x), so
  * xs[k] for k < W-1 is the state and xs[W-1+t] is x_t. */
+#include <stdlib.h>
+#include <string.h>
+
 #include "core/activation.h"
 #include "ssm/ssm_internal.h"
 
@@ -14,7 +18,23 @@ static double padded_input(const linseq_conv1d_problem *p, const float *state_ro
     return p->x[(start + k - (W - 1)) * p->D + d];
 }
 
-void ls_conv1d_reference(const linseq_conv1d_problem *p, float *y, float *state_out)
+/* The outputs of one forward: either float (rounded on store) or double, each may be NULL. */
+typedef struct ref_outputs {
+    float *y, *state_out;
+    double *y64, *state_out64;
+} ref_outputs;
+
+/* bias + sum_j weight[d,j] xs[t+j]: the argument of the activation. */
+static double pre_activation(const linseq_conv1d_problem *p, const float *state_row,
+                             int64_t start, int64_t d, int64_t t)
+{
+    double acc = p->bias ? p->bias[d] : 0.0;
+    for (int64_t j = 0; j < p->W; j++)
+        acc += (double)p->weight[d * p->W + j] * padded_input(p, state_row, start, d, t + j);
+    return acc;
+}
+
+static void reference_forward(const linseq_conv1d_problem *p, const ref_outputs *out)
 {
     const int64_t D = p->D, W = p->W;
     const linseq_activation act = conv1d_activation(p);
@@ -27,19 +47,83 @@ void ls_conv1d_reference(const linseq_conv1d_problem *p, float *y, float *state_
             const float *state_row =
                 W > 1 && p->conv_state ? p->conv_state + (s * D + d) * (W - 1) : NULL;
             for (int64_t t = 0; t < len; t++) {
-                double acc = p->bias ? p->bias[d] : 0.0;
-                for (int64_t j = 0; j < W; j++)
-                    acc += (double)p->weight[d * W + j] *
-                           padded_input(p, state_row, start, d, t + j);
-                y[(start + t) * D + d] = (float)ls_activate_ref(act, acc);
+                const double y = ls_activate_ref(act, pre_activation(p, state_row, start, d, t));
+                if (out->y64) out->y64[(start + t) * D + d] = y;
+                if (out->y) out->y[(start + t) * D + d] = (float)y;
             }
             /* The last W-1 entries of xs. Ascending order reads xs[len + i] before writing
              * entry i (len + i >= i), so an in-place state_out == conv_state is safe. */
-            if (W > 1 && state_out) {
-                float *out_row = state_out + (s * D + d) * (W - 1);
-                for (int64_t i = 0; i < W - 1; i++)
-                    out_row[i] = (float)padded_input(p, state_row, start, d, len + i);
+            if (W == 1) continue;
+            const int64_t row = (s * D + d) * (W - 1);
+            for (int64_t i = 0; i < W - 1; i++) {
+                const double v = padded_input(p, state_row, start, d, len + i);
+                if (out->state_out64) out->state_out64[row + i] = v;
+                if (out->state_out) out->state_out[row + i] = (float)v;
             }
         }
     }
+}
+
+void ls_conv1d_reference(const linseq_conv1d_problem *p, float *y, float *state_out)
+{
+    const ref_outputs out = {.y = y, .state_out = state_out};
+    reference_forward(p, &out);
+}
+
+void ls_conv1d_reference_f64(const linseq_conv1d_problem *p, double *y, double *state_out)
+{
+    const ref_outputs out = {.y64 = y, .state_out64 = state_out};
+    reference_forward(p, &out);
+}
+
+linseq_status ls_conv1d_backward_reference(const linseq_conv1d_problem *p, const float *d_y,
+                                           const float *d_conv_state_out,
+                                           const ls_conv1d_grads_f64 *grads)
+{
+    const int64_t D = p->D, W = p->W;
+    const linseq_activation act = conv1d_activation(p);
+    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
+    int64_t longest = 0;
+    for (int64_t s = 0; s < n_seqs; s++) {
+        int64_t start, len;
+        ssm_seq_range(p->cu_seqlens, p->T, s, &start, &len);
+        if (len > longest) longest = len;
+    }
+    /* dxs[k]: the gradient of xs[k] of one (sequence, channel); one spare entry so that the
+     * size is never 0 (W == 1 with only empty sequences). */
+    double *dxs = malloc((size_t)(longest + W) * sizeof *dxs);
+    if (!dxs) return LINSEQ_ERR_OUT_OF_MEMORY;
+    if (grads->dweight) memset(grads->dweight, 0, (size_t)(D * W) * sizeof(double));
+    if (grads->dbias) memset(grads->dbias, 0, (size_t)D * sizeof(double));
+
+    for (int64_t s = 0; s < n_seqs; s++) {
+        int64_t start, len;
+        ssm_seq_range(p->cu_seqlens, p->T, s, &start, &len);
+        for (int64_t d = 0; d < D; d++) {
+            const int64_t state_row = (s * D + d) * (W - 1);
+            const float *conv_state = W > 1 && p->conv_state ? p->conv_state + state_row : NULL;
+            memset(dxs, 0, (size_t)(len + W - 1) * sizeof *dxs);
+            /* conv_state_out = xs[len .. len + W-2] */
+            if (W > 1 && d_conv_state_out)
+                for (int64_t i = 0; i < W - 1; i++) dxs[len + i] += d_conv_state_out[state_row + i];
+            /* y_t = act(pre_t), pre_t = bias + sum_j weight[j] xs[t+j] */
+            for (int64_t t = 0; t < len; t++) {
+                const double pre = pre_activation(p, conv_state, start, d, t);
+                const double d_pre = d_y[(start + t) * D + d] * ls_activate_grad_ref(act, pre);
+                if (grads->dbias) grads->dbias[d] += d_pre;
+                for (int64_t j = 0; j < W; j++) {
+                    dxs[t + j] += d_pre * p->weight[d * W + j];
+                    if (grads->dweight)
+                        grads->dweight[d * W + j] +=
+                            d_pre * padded_input(p, conv_state, start, d, t + j);
+                }
+            }
+            if (W > 1 && grads->dconv_state)
+                for (int64_t k = 0; k < W - 1; k++) grads->dconv_state[state_row + k] = dxs[k];
+            if (grads->dx)
+                for (int64_t t = 0; t < len; t++) grads->dx[(start + t) * D + d] = dxs[W - 1 + t];
+        }
+    }
+    free(dxs);
+    return LINSEQ_OK;
 }

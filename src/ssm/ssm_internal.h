@@ -1,8 +1,11 @@
 /* Internal: what the SSM1 and conv1d entry points share with their kernels and references.
  *
- * The entry points (ssm1.c, conv1d.c) validate the problem; the fast paths split it into
- * independent items, one per (sequence, block of SSM_LANES channels). Both ops walk time in
- * the outer loop and channels in the inner loop, so the reads of x along D are contiguous. */
+ * The entry points (ssm1.c, conv1d.c) validate the problem; the fast forwards split it into
+ * independent items, one per (sequence, block of SSM_LANES channels). The backwards use one
+ * item per block of channels that walks every sequence in order, so the gradients of the
+ * parameters shared by sequences (A, D_skip, dt_bias, weight, bias) are summed inside one item
+ * in a fixed order. Both ops walk time in the outer loop and channels in the inner loop, so
+ * the reads of x along D are contiguous. */
 #ifndef LS_SSM_INTERNAL_H
 #define LS_SSM_INTERNAL_H
 
@@ -47,6 +50,18 @@ static inline linseq_status ssm_check_common(const char *fn, const linseq_exec *
     return LINSEQ_OK;
 }
 
+/* The checks both entry points of both ops make once their argument table is complete:
+ * pointers, sizes and aliasing, then the offsets in cu_seqlens, read only once its size is
+ * known to be valid. */
+static inline linseq_status ssm_check_table(ls_args *a, const int64_t *cu_seqlens,
+                                            int64_t n_seqs, int64_t B, int64_t T)
+{
+    linseq_status st = ls_args_validate(a);
+    if (st) return st;
+    if (cu_seqlens) return ls_check_cu_seqlens(a->fn, cu_seqlens, n_seqs, B, T);
+    return LINSEQ_OK;
+}
+
 /* The entry count of cu_seqlens for its argument-table row; saturates so that an absurd n_seqs
  * is reported as a size overflow instead of overflowing here. */
 static inline int64_t ssm_cu_entries(const int64_t *cu_seqlens, int64_t n_seqs)
@@ -71,11 +86,54 @@ static inline linseq_activation conv1d_activation(const linseq_conv1d_problem *p
 linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
                            float *hT);
 
-/* The readable references: the header's formulas transcribed literally, computed in double,
- * rounded to float32 on store. They assume a validated problem and accept the same in-place
- * state (hT == h0, state_out == conv_state) as the entry points. ls_ssm1_reference returns
- * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, if its state row cannot be allocated. */
+/* Tokens between two state checkpoints of the SSM1 backward: the backward stores one state per
+ * segment of this many tokens and recomputes the states inside a segment, so its memory is
+ * O(T / SSM_BWD_SEGMENT) states instead of O(T). */
+#define SSM_BWD_SEGMENT 64
+
+/* The fast float32 backward of a validated problem (arguments as in linseq_ssm1_backward;
+ * every NULL gradient is skipped). Returns LINSEQ_ERR_OUT_OF_MEMORY, having written nothing,
+ * when its workspace cannot be allocated. */
+linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                    const float *d_y, const float *d_hT,
+                                    const linseq_ssm1_grads *grads);
+
+/* The fast float32 conv1d backward of a validated problem (arguments as in
+ * linseq_conv1d_backward; with W == 1 the state arguments must be NULL). Returns
+ * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when its workspace cannot be allocated. */
+linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                      const float *d_y, const float *d_conv_state_out,
+                                      const linseq_conv1d_grads *grads);
+
+/* The readable references: the header's formulas transcribed literally, computed in double.
+ * They assume a validated problem and accept the same in-place state (hT == h0, state_out ==
+ * conv_state) as the entry points. The float versions round to float32 on store; the _f64
+ * versions keep double outputs (the finite-difference tests evaluate the loss with them). The
+ * SSM1 ones return LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, if their state row cannot
+ * be allocated. */
 linseq_status ls_ssm1_reference(const linseq_ssm1_problem *p, float *y, float *hT);
+linseq_status ls_ssm1_reference_f64(const linseq_ssm1_problem *p, double *y, double *hT);
 void ls_conv1d_reference(const linseq_conv1d_problem *p, float *y, float *state_out);
+void ls_conv1d_reference_f64(const linseq_conv1d_problem *p, double *y, double *state_out);
+
+/* The reference backwards' outputs: linseq_ssm1_grads / linseq_conv1d_grads in double, with
+ * the same shapes and the same meaning (NULL = not computed, non-NULL = overwritten). */
+typedef struct ls_ssm1_grads_f64 {
+    double *dx, *ddt, *dA, *dB_proj, *dC_proj, *dD_skip, *dgate, *dh0, *ddt_bias;
+} ls_ssm1_grads_f64;
+
+typedef struct ls_conv1d_grads_f64 {
+    double *dx, *dweight, *dbias, *dconv_state;
+} ls_conv1d_grads_f64;
+
+/* Reverse mode of the references' recurrences in double, every state of the current (sequence,
+ * channel) kept (test code: (T + 1) N doubles). Arguments as the backward entry points,
+ * validated. Return LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when their buffers cannot
+ * be allocated. */
+linseq_status ls_ssm1_backward_reference(const linseq_ssm1_problem *p, const float *d_y,
+                                         const float *d_hT, const ls_ssm1_grads_f64 *grads);
+linseq_status ls_conv1d_backward_reference(const linseq_conv1d_problem *p, const float *d_y,
+                                           const float *d_conv_state_out,
+                                           const ls_conv1d_grads_f64 *grads);
 
 #endif
