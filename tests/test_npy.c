@@ -1,6 +1,9 @@
 /* The CLI's file handling: .npy round trips and every rejection the reader promises (each
  * with a message naming the file and the fault), the case loader's refusal of broken case
- * folders, `run` leaving no partial file behind, and the comparison rule's edge cases. */
+ * folders (inputs, upstream gradients and gradient names), the gradients of a conv case
+ * checked against values worked out by hand, `run` writing outputs and gradients or no
+ * partial set at all, `check` with and without --fwd-only, and the comparison rule's edge
+ * cases. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
@@ -325,11 +328,12 @@ static const char conv_meta[] =
     "{\"op\": \"causal_conv1d\", \"B\": 1, \"T\": 3, \"D\": 2, \"W\": 4, \"activation\": null,\n"
     " \"has_bias\": true, \"has_state\": false,\n"
     " \"inputs\": [\"x\", \"weight\", \"bias\"], \"outputs\": [\"y\", \"conv_state_out\"],\n"
-    " \"grads\": [\"dx\", \"dweight\", \"dbias\"]}\n";
+    " \"upstream_grads\": [\"d_y\"], \"grads\": [\"dx\", \"dweight\", \"dbias\"]}\n";
 
 static const float conv_x[6] = {1, -2, 0.5f, 3, -1, 0.25f};
 static const float conv_w[8] = {0.1f, 0.2f, 0.3f, 0.4f, -1, 0.5f, 2, 1};
 static const float conv_b[2] = {0.5f, -0.25f};
+static const float conv_dy[6] = {1, 2, -1, 0.5f, 0.25f, -3};
 
 /* A valid causal_conv1d case; the tests then break one thing at a time. */
 static char *make_conv_case(const char *name)
@@ -339,6 +343,7 @@ static char *make_conv_case(const char *name)
     write_f32(path_in(dir, "x.npy"), 3, (const int64_t[]){1, 3, 2}, conv_x);
     write_f32(path_in(dir, "weight.npy"), 2, (const int64_t[]){2, 4}, conv_w);
     write_f32(path_in(dir, "bias.npy"), 1, (const int64_t[]){2}, conv_b);
+    write_f32(path_in(dir, "d_y.npy"), 3, (const int64_t[]){1, 3, 2}, conv_dy);
     return dir;
 }
 
@@ -362,7 +367,8 @@ static void test_case_valid(void)
     bool ok = case_load(dir, &c, err, sizeof err);
     CHECK(ok, "valid case rejected: %s", err);
     if (!ok) return;
-    CHECK(c.op == CASE_OP_CONV1D && c.n_outputs == 2 && c.n_grads == 3 && c.n_inputs == 3,
+    CHECK(c.op == CASE_OP_CONV1D && c.n_outputs == 2 && c.n_grads == 3 && c.n_inputs == 4 &&
+              c.upstream[0] != NULL && c.upstream[1] == NULL,
           "parsed op/lists");
     CHECK(strcmp(c.name, "case_ok") == 0, "name %s", c.name);
     case_result r;
@@ -388,6 +394,54 @@ static void test_case_valid(void)
               "conv_state_out shape");
         case_result_free(&r);
     }
+    case_free(&c);
+}
+
+/* The conv case's gradients, worked out by hand from
+ *     y[t,d] = bias[d] + sum_j w[d,j] xs[t+j],  xs = (0, 0, 0, x_0, x_1, x_2)
+ * with the loss sum(y * d_y):
+ *     dx[s,d]     = sum_{t >= s} d_y[t,d] w[d, 3 - (t - s)]
+ *     dweight[d,j] = sum_t d_y[t,d] xs[t+j]
+ *     dbias[d]    = sum_t d_y[t,d]
+ * Channel 0: w = (0.1, 0.2, 0.3, 0.4), x = (1, 0.5, -1), d_y = (1, -1, 0.25):
+ *     dx = (0.4 - 0.3 + 0.05, -0.4 + 0.075, 0.1), dweight = (0, 0.25, -1 + 0.125,
+ *     1 - 0.5 - 0.25), dbias = 0.25.
+ * Channel 1: w = (-1, 0.5, 2, 1), x = (-2, 3, 0.25), d_y = (2, 0.5, -3):
+ *     dx = (2 + 1 - 1.5, 0.5 - 6, -3), dweight = (0, 6, -1 - 9, -4 + 1.5 - 0.75),
+ *     dbias = -0.5. */
+static void test_case_grads_by_hand(void)
+{
+    static const float want_dx[6] = {0.15f, 1.5f, -0.325f, -5.5f, 0.1f, -3};
+    static const float want_dw[8] = {0, 0.25f, -0.875f, 0.25f, 0, 6, -10, -3.25f};
+    static const float want_db[2] = {0.25f, -0.5f};
+    static const struct {
+        const char *name;
+        const float *want;
+        int ndim;
+        int64_t shape[3];
+    } grads[3] = {{"dx", want_dx, 3, {1, 3, 2}},
+                  {"dweight", want_dw, 2, {2, 4}},
+                  {"dbias", want_db, 1, {2}}};
+    char *dir = make_conv_case("case_grads"), err[1024] = "";
+    ls_case c;
+    bool ok = case_load(dir, &c, err, sizeof err);
+    CHECK(ok, "valid case rejected: %s", err);
+    if (!ok) return;
+    case_result r = {0};
+    int rc = case_run_backward(&c, NULL, &r, err, sizeof err);
+    CHECK(rc == LS_EXIT_OK && r.n_grads == 3, "case_run_backward: %s", err);
+    for (int i = 0; rc == LS_EXIT_OK && i < r.n_grads && i < 3; i++) {
+        const npy_array *a = &r.g[i].arr;
+        bool shape_ok = strcmp(r.g[i].name, grads[i].name) == 0 && a->ndim == grads[i].ndim;
+        for (int d = 0; shape_ok && d < a->ndim; d++) shape_ok = a->shape[d] == grads[i].shape[d];
+        CHECK(shape_ok, "gradient %d is %s with the wrong shape", i, r.g[i].name);
+        if (!shape_ok) continue;
+        double worst = 0;
+        for (size_t k = 0; k < a->count; k++)
+            worst = fmax(worst, fabs((double)((float *)a->data)[k] - grads[i].want[k]));
+        CHECK(worst < 1e-6, "%s wrong by %g", grads[i].name, worst);
+    }
+    case_result_free(&r);
     case_free(&c);
 }
 
@@ -417,6 +471,32 @@ static void test_case_rejections(void)
                   "{'descr': '<f8', 'fortran_order': False, 'shape': (2,), }", db, sizeof db);
     expect_load_fail(dir, "bias.npy", "unsupported dtype '<f8'", "float64 input");
 
+    /* upstream gradients are checked like inputs, and named in the message */
+    dir = make_conv_case("case_dy_shape");
+    write_f32(path_in(dir, "d_y.npy"), 3, (const int64_t[]){1, 2, 3}, conv_dy);
+    expect_load_fail(dir, "d_y.npy: shape [1, 2, 3]", "y's shape [B,T,D] = [1, 3, 2]",
+                     "wrong-shape upstream gradient");
+
+    dir = make_conv_case("case_dy_dtype");
+    const int64_t idy[6] = {0};
+    write_npy_raw(path_in(dir, "d_y.npy"), 1, 0,
+                  "{'descr': '<i8', 'fortran_order': False, 'shape': (1, 3, 2), }", idy,
+                  sizeof idy);
+    expect_load_fail(dir, "d_y.npy: dtype int64", "expected float32", "int64 upstream gradient");
+
+    dir = make_conv_case("case_dy_missing");
+    unlink(path_in(dir, "d_y.npy"));
+    expect_load_fail(dir, "d_y.npy", "cannot open", "missing upstream gradient file");
+
+    /* a gradient this op cannot produce without a bias */
+    dir = make_conv_case("case_dbias_nobias");
+    write_text(path_in(dir, "meta.json"),
+               "{\"op\": \"causal_conv1d\", \"B\": 1, \"T\": 3, \"D\": 2, \"W\": 4,\n"
+               " \"inputs\": [\"x\", \"weight\"], \"outputs\": [\"y\"],\n"
+               " \"upstream_grads\": [\"d_y\"], \"grads\": [\"dx\", \"dbias\"]}\n");
+    expect_load_fail(dir, "\"grads\" lists \"dbias\", which op causal_conv1d does not compute",
+                     "meta.json", "gradient of an absent input");
+
     dir = make_conv_case("case_json");
     write_text(path_in(dir, "meta.json"), "{\"op\": \"causal_conv1d\",\n \"B\": 1,, }\n");
     expect_load_fail(dir, "meta.json", "malformed JSON (line 2)", "malformed meta.json");
@@ -444,6 +524,15 @@ static void test_case_rejections(void)
         {"\"weight\", ", "", "lacks \"weight\"", "required input not listed"},
         {"\"activation\": null", "\"activation\": \"tanh\"", "\"activation\" is \"tanh\"",
          "unknown activation"},
+        {"\"dbias\"]", "\"dbias\", \"dgate\"]",
+         "\"grads\" lists \"dgate\", which op causal_conv1d does not compute", "unknown gradient"},
+        {"\"dbias\"]", "\"dbias\", \"../dx\"]", "not a name", "path in a gradient name"},
+        {"\"upstream_grads\": [\"d_y\"]", "\"upstream_grads\": []",
+         "\"upstream_grads\" lacks \"d_y\"", "gradients without their upstream gradient"},
+        {"\"upstream_grads\": [\"d_y\"], ", "", "\"upstream_grads\" lacks \"d_y\"",
+         "no upstream_grads list"},
+        {"[\"d_y\"]", "[\"d_y\", \"d_x\"]", "\"upstream_grads\" lists \"d_x\", which op",
+         "unknown upstream gradient"},
     };
     for (size_t i = 0; i < sizeof edits / sizeof edits[0]; i++) {
         char name[32], text[1024];
@@ -459,30 +548,90 @@ static void test_case_rejections(void)
     }
 }
 
-/* cmd_run with its stdout and stderr discarded: the failures below are the expected ones. */
-static int run_quietly(const char *case_dir, const char *out_dir)
+/* Redirects stdout to OUT_PATH (NULL: /dev/null) and stderr to /dev/null until
+ * quiet_end(): the failures below are the expected ones. False when that cannot be set up. */
+static int saved_fds[2] = {-1, -1};
+
+static bool quiet_begin(const char *out_path)
+{
+    fflush(stdout);
+    fflush(stderr);
+    int out_fd = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0666)
+                          : open("/dev/null", O_WRONLY);
+    int null_fd = open("/dev/null", O_WRONLY);
+    saved_fds[0] = dup(1);
+    saved_fds[1] = dup(2);
+    bool ok = out_fd >= 0 && null_fd >= 0 && saved_fds[0] >= 0 && saved_fds[1] >= 0;
+    if (ok) {
+        dup2(out_fd, 1);
+        dup2(null_fd, 2);
+    } else {
+        for (int i = 0; i < 2; i++)
+            if (saved_fds[i] >= 0) close(saved_fds[i]);
+        saved_fds[0] = saved_fds[1] = -1;
+    }
+    if (out_fd >= 0) close(out_fd);
+    if (null_fd >= 0) close(null_fd);
+    return ok;
+}
+
+static void quiet_end(void)
+{
+    if (saved_fds[0] < 0) return;
+    fflush(stdout);
+    fflush(stderr);
+    dup2(saved_fds[0], 1);
+    dup2(saved_fds[1], 2);
+    close(saved_fds[0]);
+    close(saved_fds[1]);
+    saved_fds[0] = saved_fds[1] = -1;
+}
+
+static int run_quietly_opt(const char *case_dir, const char *out_dir, bool fwd_only)
 {
     const linseq_exec ex = {0};
-    fflush(stdout);
-    fflush(stderr);
-    int saved_out = dup(1), saved_err = dup(2), null_fd = open("/dev/null", O_WRONLY);
-    if (saved_out < 0 || saved_err < 0 || null_fd < 0) {
-        if (saved_out >= 0) close(saved_out);
-        if (saved_err >= 0) close(saved_err);
-        if (null_fd >= 0) close(null_fd);
-        return cmd_run(case_dir, out_dir, &ex);
-    }
-    dup2(null_fd, 1);
-    dup2(null_fd, 2);
-    int rc = cmd_run(case_dir, out_dir, &ex);
-    fflush(stdout);
-    fflush(stderr);
-    dup2(saved_out, 1);
-    dup2(saved_err, 2);
-    close(saved_out);
-    close(saved_err);
-    close(null_fd);
+    quiet_begin(NULL);
+    int rc = cmd_run(case_dir, out_dir, &ex, fwd_only);
+    quiet_end();
     return rc;
+}
+
+static int run_quietly(const char *case_dir, const char *out_dir)
+{
+    return run_quietly_opt(case_dir, out_dir, false);
+}
+
+/* cmd_check on one folder; *last gets the closing line ("N passed, N failed, N skipped"). */
+static int check_captured(const char *dir, bool fwd_only, char *last, size_t n)
+{
+    const linseq_exec ex = {0};
+    char *out_path = path_in(root, "check_stdout.txt");
+    last[0] = '\0';
+    if (!quiet_begin(out_path)) return -1;
+    char *dirs[1] = {(char *)dir};
+    int rc = cmd_check(1, dirs, &ex, fwd_only);
+    quiet_end();
+    FILE *f = fopen(out_path, "r");
+    char line[4096];
+    while (f && fgets(line, sizeof line, f)) {
+        size_t k = strlen(line) < n ? strlen(line) : n - 1;
+        memcpy(last, line, k);
+        last[k] = '\0';
+    }
+    if (f) fclose(f);
+    last[strcspn(last, "\n")] = '\0';
+    return rc;
+}
+
+/* A float32 file's shape is SHAPE. */
+static bool file_has_shape(const char *path, int ndim, const int64_t *shape)
+{
+    npy_array a;
+    char err[512];
+    bool ok = npy_read(path, &a, err, sizeof err) && a.dtype == NPY_F32 && a.ndim == ndim;
+    for (int d = 0; ok && d < ndim; d++) ok = a.shape[d] == shape[d];
+    npy_free(&a);
+    return ok;
 }
 
 static void test_run_outputs(void)
@@ -505,23 +654,79 @@ static void test_run_outputs(void)
     CHECK(count_entries(out) == 1 && !exists(path_in(out, "y.npy")),
           "partial output left in %s (%d entries)", out, count_entries(out));
 
-    /* the normal case: exactly the listed outputs, complete, in a folder created on demand */
+    /* a folder blocking a gradient: the outputs written before it are withdrawn too */
+    out = make_dir("out_blocked_grad");
+    CHECK(mkdir(path_in(out, "dbias.npy"), 0777) == 0, "mkdir blocker");
+    CHECK(run_quietly(dir, out) == LS_EXIT_ERROR, "run with a blocked gradient succeeded");
+    CHECK(count_entries(out) == 1, "partial output left in %s (%d entries)", out,
+          count_entries(out));
+
+    /* the normal case: exactly the listed outputs and gradients, complete, with the shapes
+     * the sizes imply, in a folder created on demand */
     char *fresh = path_in(root, "out_new/nested");
     CHECK(run_quietly(dir, fresh) == LS_EXIT_OK, "run into a new folder failed");
-    CHECK(count_entries(fresh) == 2, "%s holds %d entries, expected 2", fresh,
+    CHECK(count_entries(fresh) == 5, "%s holds %d entries, expected 5", fresh,
           count_entries(fresh));
-    npy_array y;
-    char err[512];
-    bool ok = npy_read(path_in(fresh, "y.npy"), &y, err, sizeof err);
-    CHECK(ok && y.ndim == 3 && y.shape[0] == 1 && y.shape[1] == 3 && y.shape[2] == 2,
-          "y.npy: %s", ok ? "wrong shape" : err);
-    npy_free(&y);
+    const struct {
+        const char *file;
+        int ndim;
+        int64_t shape[3];
+    } want[5] = {{"y.npy", 3, {1, 3, 2}},
+                 {"conv_state_out.npy", 3, {1, 2, 3}},
+                 {"dx.npy", 3, {1, 3, 2}},
+                 {"dweight.npy", 2, {2, 4}},
+                 {"dbias.npy", 1, {2}}};
+    for (int i = 0; i < 5; i++)
+        CHECK(file_has_shape(path_in(fresh, want[i].file), want[i].ndim, want[i].shape),
+              "%s/%s is unreadable or has the wrong shape", fresh, want[i].file);
+
+    /* --fwd-only: the outputs only */
+    char *fwd = path_in(root, "out_fwd");
+    CHECK(run_quietly_opt(dir, fwd, true) == LS_EXIT_OK, "run --fwd-only failed");
+    CHECK(count_entries(fwd) == 2 && exists(path_in(fwd, "y.npy")) &&
+              !exists(path_in(fwd, "dx.npy")),
+          "run --fwd-only wrote %d files", count_entries(fwd));
 
     /* a case the loader rejects writes nothing either */
     char *broken = make_conv_case("case_run_broken");
     unlink(path_in(broken, "x.npy"));
     char *out2 = path_in(root, "out_broken");
     CHECK(run_quietly(broken, out2) == LS_EXIT_ERROR && !exists(out2), "broken case ran");
+}
+
+/* check compares the gradients like the outputs; --fwd-only counts them as skipped. */
+static void test_check_grads(void)
+{
+    char *dir = make_conv_case("case_check"), last[256];
+    /* the case's own results as its references: everything passes */
+    CHECK(run_quietly(dir, dir) == LS_EXIT_OK, "run into the case folder failed");
+    int rc = check_captured(dir, false, last, sizeof last);
+    CHECK(rc == LS_EXIT_OK && strcmp(last, "5 passed, 0 failed, 0 skipped") == 0,
+          "check: rc %d, \"%s\"", rc, last);
+    rc = check_captured(dir, true, last, sizeof last);
+    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+          "check --fwd-only: rc %d, \"%s\"", rc, last);
+
+    /* a wrong gradient reference fails check, and only without --fwd-only */
+    const float wrong[2] = {1, 1};
+    write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){2}, wrong);
+    rc = check_captured(dir, false, last, sizeof last);
+    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+          "check with a wrong dbias: rc %d, \"%s\"", rc, last);
+    rc = check_captured(dir, true, last, sizeof last);
+    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+          "check --fwd-only with a wrong dbias: rc %d, \"%s\"", rc, last);
+
+    /* a gradient reference of the wrong shape fails like a wrong output */
+    write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){1}, wrong);
+    rc = check_captured(dir, false, last, sizeof last);
+    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+          "check with a wrong-shape dbias: rc %d, \"%s\"", rc, last);
+
+    /* a missing gradient reference: the case cannot be checked */
+    unlink(path_in(dir, "dbias.npy"));
+    rc = check_captured(dir, false, last, sizeof last);
+    CHECK(rc == LS_EXIT_ERROR, "check with no dbias.npy: rc %d, \"%s\"", rc, last);
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -609,8 +814,10 @@ int main(void)
     test_rejections();
     test_write_failure();
     test_case_valid();
+    test_case_grads_by_hand();
     test_case_rejections();
     test_run_outputs();
+    test_check_grads();
     test_compare();
     remove_tree(root);
     return tu_finish("test_npy");

@@ -25,11 +25,13 @@ typedef struct case_tensor {
     npy_array arr;
 } case_tensor;
 
-/* An output the op produces, with the shape the sizes imply. */
+/* An output or a gradient the op produces, with the shape the sizes imply. */
 typedef struct case_output {
     char name[CASE_NAME_LEN];
+    const char *dims; /* the shape in meta.json's letters, "[B,T,H,K]", for messages  */
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
+    int slot; /* gradients: the op's own index of the field in its grads struct   */
 } case_output;
 
 typedef struct ls_case {
@@ -45,41 +47,59 @@ typedef struct ls_case {
         linseq_conv1d_problem conv;
     } p; /* points into inputs[].arr.data                                         */
 
-    int n_inputs;
+    int n_inputs; /* every file read: the inputs, then the upstream gradients     */
     case_tensor inputs[CASE_MAX_TENSORS];
     int n_produced; /* every output the op computes, listed in meta.json or not   */
     case_output produced[CASE_MAX_TENSORS];
     int n_outputs; /* meta.json "outputs", in its order: indices into produced[]  */
     int outputs[CASE_MAX_TENSORS];
-    int n_grads; /* meta.json "grads": not computed yet (no backward in the CLI)  */
-    char grads[CASE_MAX_TENSORS][CASE_NAME_LEN];
+    /* The gradients of the op's outputs, from meta.json "upstream_grads": [0] of the
+     * first output (d_o, d_g, d_y), [1] of the state (d_ht, d_hT, d_conv_state_out); NULL
+     * when not given. [0] is always given when "grads" lists anything. */
+    const float *upstream[2];
+    int n_computable; /* every gradient the backward computes with these options     */
+    case_output computable[CASE_MAX_TENSORS];
+    int n_grads; /* meta.json "grads", in its order: indices into computable[]     */
+    int grads[CASE_MAX_TENSORS];
 } ls_case;
 
-/* Tensors computed by case_run, one per produced[] entry, in that order. */
+/* Tensors computed by case_run (t: one per produced[] entry, in that order) and by
+ * case_run_backward (g: one per meta.json "grads" entry, in that order). */
 typedef struct case_result {
     int n;
     case_tensor t[CASE_MAX_TENSORS];
+    int n_grads;
+    case_tensor g[CASE_MAX_TENSORS];
 } case_result;
 
-/* Loads and validates DIR/meta.json and every input it lists. On failure returns false
- * with a one-line message naming the file (and the key or the shapes) in err, and leaves
- * *c empty (case_free is still safe). */
+/* Loads and validates DIR/meta.json, every input and every upstream gradient it lists. On
+ * failure returns false with a one-line message naming the file (and the key or the shapes)
+ * in err, and leaves *c empty (case_free is still safe). */
 bool case_load(const char *dir, ls_case *c, char *err, size_t err_size);
 void case_free(ls_case *c);
 
-/* Runs the op's forward. Returns LS_EXIT_OK, LS_EXIT_FAIL when the library returned an
- * error (err holds its status and linseq_last_error()), or LS_EXIT_ERROR when memory ran
- * out. The exec's mode and chunk size reach KDA only. */
+/* Runs the op's forward into a zeroed *r. Returns LS_EXIT_OK, LS_EXIT_FAIL when the
+ * library returned an error (err holds its status and linseq_last_error()), or
+ * LS_EXIT_ERROR when memory ran out; *r is empty on failure. The exec's mode and chunk size
+ * reach KDA only. */
 int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
              size_t err_size);
+
+/* Runs the op's backward with the same problem and the case's upstream gradients, adding
+ * meta.json's "grads" to r (after case_run, or to a zeroed r). Only the listed gradients
+ * are computed; the op gets NULL for the others. Same return values as case_run; on
+ * failure r's gradients are freed and its outputs kept. Does nothing when "grads" is empty. */
+int case_run_backward(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
+                      size_t err_size);
 void case_result_free(case_result *r);
 
 /* The computed tensor for output i of meta.json's list. */
 const case_tensor *case_output_tensor(const ls_case *c, const case_result *r, int i);
 
-/* Writes meta.json's outputs as OUT_DIR/<name>.npy, creating OUT_DIR (and its parents)
- * if missing. Each file appears complete or not at all; when one fails, the files this
- * call already wrote are removed again so that no mixed set is left. */
+/* Writes meta.json's outputs, then the gradients r holds (if any), as OUT_DIR/<name>.npy,
+ * creating OUT_DIR (and its parents) if missing. Each file appears complete or not at all;
+ * when one fails, the files this call already wrote are removed again so that no mixed set
+ * is left. */
 bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir,
                         char *err, size_t err_size);
 

@@ -3,16 +3,20 @@
 #ifndef LS_TOOLS_COMMANDS_H
 #define LS_TOOLS_COMMANDS_H
 
+#include <stdbool.h>
+
 #include "linseq.h"
 
 /* 1 is kept for "a check ran and failed" so that scripts can tell it from bad input. */
 enum { LS_EXIT_OK = 0, LS_EXIT_FAIL = 1, LS_EXIT_ERROR = 2 };
 
-/* linseq run CASE_DIR OUT_DIR: the case's outputs as .npy files in OUT_DIR. */
-int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec);
+/* linseq run CASE_DIR OUT_DIR: the case's outputs and, unless fwd_only, its gradients as
+ * .npy files in OUT_DIR. */
+int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec, bool fwd_only);
 
-/* linseq check DIR...: every case under each DIR against its reference files. */
-int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec);
+/* linseq check DIR...: every case under each DIR against its reference files; with
+ * fwd_only the gradient files are counted as skipped. */
+int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_only);
 
 /* linseq demo: a KDA layer and a Mamba block at realistic sizes, timed and cross-checked. */
 int cmd_demo(const linseq_exec *exec);

@@ -1,4 +1,5 @@
-/* The comparison rule, and `linseq check`, which applies it to every output of every case. */
+/* The comparison rule, and `linseq check`, which applies it to every output and gradient of
+ * every case. */
 #include "compare.h"
 
 #include <dirent.h>
@@ -141,12 +142,13 @@ static void case_error(const char *name, const char *msg, tally *t)
     t->errors++;
 }
 
-/* Compares output i with its reference file; false on an unusable reference or meta. */
-static bool check_output(const ls_case *c, const case_tensor *cand, line_buf *line, tally *t,
-                         bool *pass, char *err, size_t err_size)
+/* Compares a computed output or gradient with its reference file; false on an unusable
+ * reference or meta.json. */
+static bool check_file(const ls_case *c, const case_tensor *cand, bool is_grad, line_buf *line,
+                       tally *t, bool *pass, char *err, size_t err_size)
 {
     cmp_tol tol;
-    if (!cmp_tolerance(c->meta, cand->name, false, &tol, err, err_size)) return false;
+    if (!cmp_tolerance(c->meta, cand->name, is_grad, &tol, err, err_size)) return false;
     char *path = case_path(c->dir, cand->name, ".npy");
     if (!path) {
         snprintf(err, err_size, "out of memory");
@@ -177,7 +179,17 @@ static bool check_output(const ls_case *c, const case_tensor *cand, line_buf *li
     return ok;
 }
 
-static void check_case(const char *dir, const linseq_exec *exec, tally *t)
+/* A call the library rejected is a failing implementation, not bad input: every file it
+ * should have produced counts as failed. */
+static void call_failed(const char *what, const char *msg, int n_files, line_buf *line,
+                        tally *t, bool *pass)
+{
+    line_add(line, "  %s: %s", what, msg);
+    t->failed += n_files;
+    *pass = false;
+}
+
+static void check_case(const char *dir, const linseq_exec *exec, bool fwd_only, tally *t)
 {
     ls_case c;
     case_result r;
@@ -187,35 +199,42 @@ static void check_case(const char *dir, const linseq_exec *exec, tally *t)
         case_error(slash && slash[1] ? slash + 1 : dir, err, t);
         return;
     }
+    line_buf line = {.n = 0};
+    tally mine = {0};
+    bool pass = true, ok = true;
     int rc = case_run(&c, exec, &r, err, sizeof err);
     if (rc == LS_EXIT_ERROR) {
-        case_error(c.name, err, t);
+        ok = false;
     } else if (rc == LS_EXIT_FAIL) {
-        /* A rejected call is a failing implementation, not bad input: count it as failed. */
-        printf("FAIL  %s  %s: %s", c.name, c.op_name, err);
-        if (c.n_grads) printf("  (%d grads skipped)", c.n_grads);
-        printf("\n");
-        t->failed += c.n_outputs;
-        t->skipped += c.n_grads;
+        call_failed("forward", err, c.n_outputs, &line, &mine, &pass);
     } else {
-        line_buf line = {.n = 0};
-        tally mine = {0};
-        bool pass = true, ok = true;
         for (int i = 0; ok && i < c.n_outputs; i++)
-            ok = check_output(&c, case_output_tensor(&c, &r, i), &line, &mine, &pass, err,
-                              sizeof err);
-        if (!ok) {
-            case_error(c.name, err, t);
-        } else {
-            printf("%s  %s%s", pass ? "PASS" : "FAIL", c.name, line.s);
-            if (c.n_grads) printf("  (%d grads skipped)", c.n_grads);
-            printf("\n");
-            t->passed += mine.passed;
-            t->failed += mine.failed;
-            t->skipped += c.n_grads;
-        }
-        case_result_free(&r);
+            ok = check_file(&c, case_output_tensor(&c, &r, i), false, &line, &mine, &pass, err,
+                            sizeof err);
     }
+    /* The backward does not use the forward's results, so it runs even when that failed. */
+    if (ok && fwd_only) {
+        mine.skipped += c.n_grads;
+    } else if (ok && c.n_grads) {
+        rc = case_run_backward(&c, exec, &r, err, sizeof err);
+        if (rc == LS_EXIT_ERROR)
+            ok = false;
+        else if (rc == LS_EXIT_FAIL)
+            call_failed("backward", err, c.n_grads, &line, &mine, &pass);
+        for (int i = 0; ok && i < r.n_grads; i++)
+            ok = check_file(&c, &r.g[i], true, &line, &mine, &pass, err, sizeof err);
+    }
+    if (!ok) {
+        case_error(c.name, err, t);
+    } else {
+        printf("%s  %s%s", pass ? "PASS" : "FAIL", c.name, line.s);
+        if (mine.skipped) printf("  (%d grads skipped)", mine.skipped);
+        printf("\n");
+        t->passed += mine.passed;
+        t->failed += mine.failed;
+        t->skipped += mine.skipped;
+    }
+    case_result_free(&r);
     case_free(&c);
 }
 
@@ -285,15 +304,15 @@ static bool list_cases(const char *dir, char ***out, int *n_out, char *err, size
     return true;
 }
 
-int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec)
+int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_only)
 {
     tally t = {0};
     char how[96];
     case_exec_text(exec, true, how, sizeof how);
-    printf("linseq check (KDA %s)\n", how);
+    printf("linseq check (KDA %s%s)\n", how, fwd_only ? "; forward only" : "");
     for (int i = 0; i < n_dirs; i++) {
         if (is_case_dir(dirs[i])) {
-            check_case(dirs[i], exec, &t);
+            check_case(dirs[i], exec, fwd_only, &t);
             continue;
         }
         char **cases, err[1024];
@@ -305,7 +324,7 @@ int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec)
             continue;
         }
         for (int k = 0; k < n; k++) {
-            check_case(cases[k], exec, &t);
+            check_case(cases[k], exec, fwd_only, &t);
             free(cases[k]);
         }
         free(cases);

@@ -11,11 +11,12 @@
 
 static const char usage_text[] =
     "usage:\n"
-    "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N]\n"
-    "      run a reference case's op; write its outputs to OUT_DIR/<name>.npy\n"
-    "  linseq check [--mode M] [--chunk-size N] [--threads N] DIR...\n"
-    "      compare every case's outputs with its reference files; DIR is a case folder\n"
-    "      (with meta.json) or a folder of case folders\n"
+    "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N] [--fwd-only]\n"
+    "      run a reference case's op forward and backward; write its outputs and its\n"
+    "      gradients to OUT_DIR/<name>.npy\n"
+    "  linseq check [--mode M] [--chunk-size N] [--threads N] [--fwd-only] DIR...\n"
+    "      compare every case's outputs and gradients with its reference files; DIR is a\n"
+    "      case folder (with meta.json) or a folder of case folders\n"
     "  linseq demo [--threads N]\n"
     "      a KDA layer and a Mamba block at realistic sizes: timings and consistency checks\n"
     "  linseq --help | --version\n"
@@ -24,6 +25,8 @@ static const char usage_text[] =
     "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
     "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
     "  --threads N                threads per call (default: all processors)\n"
+    "  --fwd-only                 skip the backward: no gradient files are written, and\n"
+    "                             check counts them as skipped\n"
     "\n"
     "exit status: 0 success, 1 a check failed, 2 bad usage or unreadable input\n";
 
@@ -53,6 +56,12 @@ static bool known_option(const char *cmd, const char *opt)
     if (strcmp(opt, "--threads") == 0) return true;
     return strcmp(cmd, "demo") != 0 &&
            (strcmp(opt, "--mode") == 0 || strcmp(opt, "--chunk-size") == 0);
+}
+
+/* Switches take no value, so they stay out of set_option's "OPT VALUE" parsing. */
+static bool known_flag(const char *cmd, const char *opt)
+{
+    return strcmp(opt, "--fwd-only") == 0 && strcmp(cmd, "demo") != 0;
 }
 
 /* Sets one known execution option; returns LS_EXIT_OK or reports the bad value. */
@@ -97,6 +106,7 @@ int main(int argc, char **argv)
 
     /* Options may come before, between or after the operands; "--" ends them. */
     linseq_exec ex = {0};
+    bool fwd_only = false;
     char **pos = calloc((size_t)argc, sizeof *pos);
     int n_pos = 0;
     bool options_done = false;
@@ -120,7 +130,14 @@ int main(int argc, char **argv)
         char opt[64];
         snprintf(opt, sizeof opt, "%.*s", eq ? (int)(eq - a) : (int)strlen(a), a);
         int rc = LS_EXIT_ERROR;
-        if (!known_option(cmd, opt)) {
+        if (known_flag(cmd, opt)) {
+            if (eq) {
+                fprintf(stderr, "linseq %s: option '%s' takes no value\n", cmd, opt);
+            } else {
+                fwd_only = true;
+                rc = LS_EXIT_OK;
+            }
+        } else if (!known_option(cmd, opt)) {
             fprintf(stderr, "linseq %s: unknown option '%s' (see linseq --help)\n", cmd, a);
         } else {
             const char *val = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
@@ -137,10 +154,10 @@ int main(int argc, char **argv)
 
     int rc;
     if (strcmp(cmd, "run") == 0) {
-        rc = n_pos == 2 ? cmd_run(pos[0], pos[1], &ex)
+        rc = n_pos == 2 ? cmd_run(pos[0], pos[1], &ex, fwd_only)
                         : usage_error("%s needs CASE_DIR and OUT_DIR", "run");
     } else if (strcmp(cmd, "check") == 0) {
-        rc = n_pos >= 1 ? cmd_check(n_pos, pos, &ex)
+        rc = n_pos >= 1 ? cmd_check(n_pos, pos, &ex, fwd_only)
                         : usage_error("%s needs at least one folder", "check");
     } else {
         rc = n_pos == 0 ? cmd_demo(&ex) : usage_error("demo takes no operand ('%s')", pos[0]);
