@@ -15,7 +15,7 @@
 #include "linseq.h"
 
 #define LS_MAX_DIMS 5
-#define LS_MAX_ARGS 24
+#define LS_MAX_ARGS 32
 
 typedef enum { LS_IN = 0, LS_OUT = 1 } ls_role;
 
@@ -35,6 +35,7 @@ typedef struct ls_tensor {
 typedef struct ls_args {
     const char *fn;
     int n;
+    bool overflow; /* more than LS_MAX_ARGS were added: a bug, reported by validate */
     ls_tensor t[LS_MAX_ARGS];
 } ls_args;
 

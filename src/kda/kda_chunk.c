@@ -203,7 +203,7 @@ void kda_chunk_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, f
                     float *o, void *ws)
 {
     const int64_t V = pl->p->V, HV = pl->HV, C = pl->chunk, K = pl->p->K;
-    kda_chunk_ws w;
+    kda_chunk_ws w = {0};
     kda_chunk_ws_carve(pl, ws, &w);
 
     for (int64_t c0 = 0; c0 < len; c0 += C) {

@@ -321,9 +321,9 @@ void kda_chunk_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, i
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
     const int64_t KV = p->K * p->V, C = pl->chunk;
-    bwd_ws w;
+    bwd_ws w = {0};
     carve(b, ws, &w);
-    kda_chunk_ws cw;
+    kda_chunk_ws cw = {0};
     kda_chunk_ws_carve(pl, w.chunk, &cw);
 
     const int64_t n_chunks = (len + C - 1) / C;

@@ -133,7 +133,7 @@ void kda_recurrent_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
     const int64_t KV = p->K * p->V, seg = b->segment;
-    rec_ws w;
+    rec_ws w = {0};
     carve(b, ws, &w);
     float *scratch = w.step;
 
