@@ -119,6 +119,15 @@ linseq_status ls_args_validate(ls_args *a)
     return LINSEQ_OK;
 }
 
+int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T)
+{
+    if (!cu_seqlens) return T;
+    int64_t longest = 0;
+    for (int64_t n = 0; n < n_seqs; n++)
+        if (cu_seqlens[n + 1] - cu_seqlens[n] > longest) longest = cu_seqlens[n + 1] - cu_seqlens[n];
+    return longest;
+}
+
 linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min)
 {
     if (value < min)

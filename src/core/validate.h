@@ -59,6 +59,9 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *exec);
 linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,
                                   int64_t T);
 
+/* The longest of the packed sequences (T without cu_seqlens); cu_seqlens already checked. */
+int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T);
+
 /* Exact product of non-negative sizes, false if it exceeds PTRDIFF_MAX. */
 bool ls_mul_ok(int64_t *out, int n, ...);
 

@@ -168,14 +168,9 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
     const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
     if (mode != LINSEQ_MODE_RECURRENT) pl.chunk = chunk;
     if ((st = ls_args_validate(&a))) return st;
-    int64_t max_len = p->T;
-    if (p->cu_seqlens) {
-        if ((st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
-        max_len = 0;
-        for (int64_t n = 0; n < p->n_seqs; n++)
-            if (p->cu_seqlens[n + 1] - p->cu_seqlens[n] > max_len)
-                max_len = p->cu_seqlens[n + 1] - p->cu_seqlens[n];
-    }
+    if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
+        return st;
+    const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
                  .segment = chunk};
     /* Per thread: one state per chunk or segment of the longest sequence, plus a segment of

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "core/activation.h"
+#include "core/validate.h"
 #include "kda/kda_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -253,12 +254,7 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
     }
     const int64_t K = w.K, V = w.V, H = w.H, HV = w.HV, KV = K * V;
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? K : 1;
-    int64_t max_len = 0;
-    for (int64_t n = 0; n < w.n_seqs; n++) {
-        int64_t s, e;
-        seq_range(&w, n, &s, &e);
-        if (e - s > max_len) max_len = e - s;
-    }
+    const int64_t max_len = ls_longest_sequence(p->cu_seqlens, w.n_seqs, p->T);
     double *states = malloc(sizeof(double) * (size_t)((max_len + 1) * KV));
     double *dS = malloc(sizeof(double) * (size_t)KV), *Sd = malloc(sizeof(double) * (size_t)KV);
     double *pred = malloc(sizeof(double) * (size_t)V), *du = malloc(sizeof(double) * (size_t)V);

@@ -83,12 +83,7 @@ linseq_status ls_conv1d_backward_reference(const linseq_conv1d_problem *p, const
     const int64_t D = p->D, W = p->W;
     const linseq_activation act = conv1d_activation(p);
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
-    int64_t longest = 0;
-    for (int64_t s = 0; s < n_seqs; s++) {
-        int64_t start, len;
-        ssm_seq_range(p->cu_seqlens, p->T, s, &start, &len);
-        if (len > longest) longest = len;
-    }
+    const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     /* dxs[k]: the gradient of xs[k] of one (sequence, channel); one spare entry so that the
      * size is never 0 (W == 1 with only empty sequences). */
     double *dxs = malloc((size_t)(longest + W) * sizeof *dxs);

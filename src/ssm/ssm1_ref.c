@@ -92,12 +92,7 @@ linseq_status ls_ssm1_backward_reference(const linseq_ssm1_problem *p, const flo
     const int64_t channels_per_group = D / G;
     const linseq_activation gate_act = ssm1_gate_activation(p);
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
-    int64_t longest = 0;
-    for (int64_t s = 0; s < n_seqs; s++) {
-        int64_t start, len;
-        ssm_seq_range(p->cu_seqlens, p->T, s, &start, &len);
-        if (len > longest) longest = len;
-    }
+    const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
 
     /* h[i*N + n] = the state after i tokens of the sequence (h[0] = h0); dh the gradient
      * reaching the current state from later tokens. */

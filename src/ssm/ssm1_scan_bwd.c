@@ -422,12 +422,7 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     pl.n_tokens = p->B * p->T;
     pl.gate_act = ssm1_gate_activation(p);
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
-    int64_t longest = 0;
-    for (int64_t s = 0; s < n_seqs; s++) {
-        int64_t start, len;
-        ssm_seq_range(p->cu_seqlens, p->T, s, &start, &len);
-        if (len > longest) longest = len;
-    }
+    const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.max_segments = longest > 0 ? (longest + SEGMENT - 1) / SEGMENT : 1;
 
     const int n_threads =
