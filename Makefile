@@ -20,14 +20,24 @@ ALL_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g $(WARN) -fPIC -fopenm
 LDLIBS_LIB := -lm -fopenmp -lpthread
 CJSON_LIBS := -lcjson
 
-LIB_SRC  := $(sort $(wildcard src/*/*.c))
+# Sources named *_simd.c hold the hot kernels: each is compiled once per ISA (isa.h), with
+# that ISA's flags; the rest of the library is built for the baseline target, never
+# -march=native, so one build runs on any x86-64.
+ISA_SRC  := $(sort $(wildcard src/*/*_simd.c))
+LIB_SRC  := $(filter-out $(ISA_SRC),$(sort $(wildcard src/*/*.c)))
+X86      := $(if $(findstring x86_64,$(shell $(CC) -dumpmachine)),1,)
+ISAS     := scalar $(if $(X86),avx2 avx512)
+ISA_FLAGS_scalar := -DLS_ISA=0
+ISA_FLAGS_avx2   := -DLS_ISA=1 -mavx2 -mfma
+ISA_FLAGS_avx512 := -DLS_ISA=2 -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma
 CLI_SRC  := $(sort $(wildcard tools/linseq/*.c))
 TEST_SRC := $(sort $(wildcard tests/test_*.c))
 # Helpers shared by the tests: every tests/*.c that is not a test_*.c program.
 TEST_SUPPORT := $(filter-out $(TEST_SRC),$(sort $(wildcard tests/*.c)))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
-LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) \
+            $(foreach i,$(ISAS),$(ISA_SRC:%.c=$(BUILD)/obj/%.$(i).o))
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # The CLI sources minus main.c, linked into the tests that exercise the .npy reader and cases.
@@ -52,6 +62,13 @@ deps:
 $(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+define ISA_RULE
+$(BUILD)/obj/%.$(1).o: %.c include/linseq.h $(wildcard src/*/*.h)
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(ALL_CFLAGS) $$(ISA_FLAGS_$(1)) -c $$< -o $$@
+endef
+$(foreach i,$(ISAS),$(eval $(call ISA_RULE,$(i))))
 
 $(STATIC): $(LIB_OBJ)
 	@mkdir -p $(dir $@)

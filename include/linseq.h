@@ -78,6 +78,10 @@ LINSEQ_API const char *linseq_last_error(void);
 /* "MAJOR.MINOR.PATCH" */
 LINSEQ_API const char *linseq_version(void);
 
+/* The instruction set the kernels run with: "avx512", "avx2" or "scalar". The best one the
+ * CPU supports; the environment variable LINSEQ_ISA (same names) can lower it. */
+LINSEQ_API const char *linseq_isa(void);
+
 /* ------------------------------------------------------------------------------------ */
 /* Execution settings (how to run, never what to compute)                               */
 /* ------------------------------------------------------------------------------------ */

@@ -1,0 +1,40 @@
+/* The vector layer on AVX-512: 16 float lanes, masked tails. Included through vec.h. */
+#include <immintrin.h>
+
+#define VW 16
+typedef __m512 vf;
+typedef __mmask16 vmask;
+
+static inline vf vf_load(const float *p) { return _mm512_loadu_ps(p); }
+static inline void vf_store(float *p, vf v) { _mm512_storeu_ps(p, v); }
+static inline vmask vf_tail(int64_t n) { return (vmask)((1u << n) - 1u); }
+static inline vf vf_load_n(const float *p, int64_t n) { return _mm512_maskz_loadu_ps(vf_tail(n), p); }
+static inline void vf_store_n(float *p, vf v, int64_t n) { _mm512_mask_storeu_ps(p, vf_tail(n), v); }
+static inline vf vf_set1(float x) { return _mm512_set1_ps(x); }
+static inline vf vf_zero(void) { return _mm512_setzero_ps(); }
+static inline vf vf_add(vf a, vf b) { return _mm512_add_ps(a, b); }
+static inline vf vf_sub(vf a, vf b) { return _mm512_sub_ps(a, b); }
+static inline vf vf_mul(vf a, vf b) { return _mm512_mul_ps(a, b); }
+static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
+static inline vf vf_sqrt(vf a) { return _mm512_sqrt_ps(a); }
+/* a * b + c and c - a * b, one rounding */
+static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
+/* NaN in x passes through: when an operand is NaN these return the second one */
+static inline vf vf_max(vf lo, vf x) { return _mm512_max_ps(lo, x); }
+static inline vf vf_min(vf hi, vf x) { return _mm512_min_ps(hi, x); }
+static inline vf vf_abs(vf a) { return _mm512_abs_ps(a); }
+static inline vf vf_round(vf a) { return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+/* y * 2^n for integral n; over- and underflow round like a multiplication */
+static inline vf vf_ldexp(vf y, vf n) { return _mm512_scalef_ps(y, n); }
+/* x >= 0 ? a : b, and x > t ? a : b (false for NaN x) */
+static inline vf vf_select_nonneg(vf x, vf a, vf b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+}
+static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), b, a);
+}
+/* A fixed pairwise order, the same on every call. */
+static inline float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }

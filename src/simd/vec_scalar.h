@@ -1,0 +1,32 @@
+/* The vector layer in portable C: one lane. The kernels written against vec.h compile to
+ * plain loops here (and run on any CPU). Via vec.h. */
+#include <math.h>
+
+#define VW 1
+typedef float vf;
+
+static inline vf vf_load(const float *p) { return *p; }
+static inline void vf_store(float *p, vf v) { *p = v; }
+static inline vf vf_load_n(const float *p, int64_t n) { return n > 0 ? *p : 0.0f; }
+static inline void vf_store_n(float *p, vf v, int64_t n)
+{
+    if (n > 0) *p = v;
+}
+static inline vf vf_set1(float x) { return x; }
+static inline vf vf_zero(void) { return 0.0f; }
+static inline vf vf_add(vf a, vf b) { return a + b; }
+static inline vf vf_sub(vf a, vf b) { return a - b; }
+static inline vf vf_mul(vf a, vf b) { return a * b; }
+static inline vf vf_div(vf a, vf b) { return a / b; }
+static inline vf vf_sqrt(vf a) { return sqrtf(a); }
+/* Two roundings here: without hardware FMA, fmaf is a slow library call. */
+static inline vf vf_fmadd(vf a, vf b, vf c) { return a * b + c; }
+static inline vf vf_fnmadd(vf a, vf b, vf c) { return c - a * b; }
+static inline vf vf_max(vf lo, vf x) { return x != x ? x : (x > lo ? x : lo); }
+static inline vf vf_min(vf hi, vf x) { return x != x ? x : (x < hi ? x : hi); }
+static inline vf vf_abs(vf a) { return fabsf(a); }
+static inline vf vf_round(vf a) { return nearbyintf(a); }
+static inline vf vf_ldexp(vf y, vf n) { return ldexpf(y, (int)n); }
+static inline vf vf_select_nonneg(vf x, vf a, vf b) { return x >= 0.0f ? a : b; }
+static inline vf vf_select_gt(vf x, vf t, vf a, vf b) { return x > t ? a : b; }
+static inline float vf_hsum(vf a) { return a; }

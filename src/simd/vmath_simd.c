@@ -1,0 +1,18 @@
+/* The array forms of vec.h's vector math; compiled once per ISA. */
+#include "simd/vec.h"
+#include "simd/vmath.h"
+
+#define ARRAY_FORM(name, op)                                                             \
+    void LS_ISA_FN(name)(int64_t n, const float *x, float *y)                           \
+    {                                                                                    \
+        int64_t i = 0;                                                                   \
+        for (; i + VW <= n; i += VW) vf_store(y + i, op(vf_load(x + i)));                \
+        if (i < n) vf_store_n(y + i, op(vf_load_n(x + i, n - i)), n - i);                \
+    }
+
+ARRAY_FORM(ls_vexp_n, vf_exp)
+ARRAY_FORM(ls_vsigmoid_n, vf_sigmoid)
+ARRAY_FORM(ls_vsoftplus_n, vf_softplus)
+ARRAY_FORM(ls_vsilu_n, vf_silu)
+ARRAY_FORM(ls_vlog1p01_n, vf_log1p01)
+ARRAY_FORM(ls_vrsqrt_n, vf_rsqrt)
