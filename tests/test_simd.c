@@ -87,6 +87,23 @@ static void specials_and_tails(const vmath_case *c, ls_isa isa)
     }
 }
 
+/* vf_hsum_lanes: lane i is the sum of vector i, exactly as a fixed-order float sum allows. */
+static void hsum_lanes(ls_isa isa)
+{
+    int (*fn[])(const float *, float *) = {ls_vhsum_lanes_n_scalar, ls_vhsum_lanes_n_avx2,
+                                            ls_vhsum_lanes_n_avx512};
+    float in[256], out[16];
+    for (int i = 0; i < 256; i++) in[i] = (float)((i * 37) % 101) - 50.0f + 0.25f * (float)(i % 5);
+    const int w = fn[isa](in, out);
+    bool ok = true;
+    for (int i = 0; i < w; i++) {
+        double s = 0.0;
+        for (int j = 0; j < w; j++) s += in[i * w + j];
+        ok &= fabs((double)out[i] - s) <= 1e-4; /* small integers and quarters: exact */
+    }
+    CHECK(ok, "%s: vf_hsum_lanes gives wrong lane sums", ls_isa_name(isa));
+}
+
 int main(void)
 {
 #define FNS(base) {base##_scalar, base##_avx2, base##_avx512}
@@ -109,6 +126,7 @@ int main(void)
             printf("  %s: not available on this CPU or build\n", ls_isa_name((ls_isa)isa));
             continue;
         }
+        hsum_lanes((ls_isa)isa);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             sweep(&cases[i], (ls_isa)isa);
             specials_and_tails(&cases[i], (ls_isa)isa);

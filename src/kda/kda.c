@@ -7,54 +7,12 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "kda/kda_chunk.h"
 #include "kda/kda_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Per-token inputs and states, shared by both kernels                                        */
 /* ---------------------------------------------------------------------------------------- */
-
-static void l2norm_then_scale(const float *x, int64_t n, float scale, float *out)
-{
-    /* Summed in double: with K up to thousands a float sum of squares would cost digits. */
-    double ss = 0.0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
-    const float r = (float)(1.0 / sqrt(ss + 1e-6));
-    for (int64_t i = 0; i < n; i++) out[i] = (x[i] * r) * scale;
-}
-
-void kda_load_token(const kda_plan *pl, int64_t tok, int64_t hv, float *qs, float *ks,
-                    float *beta, float *g)
-{
-    const linseq_kda_problem *p = pl->p;
-    const int64_t K = p->K, H = p->H, HV = pl->HV, h = hv / pl->group;
-    const float *q = p->q + (tok * H + h) * K;
-    const float *k = p->k + (tok * H + h) * K;
-    if (p->qk_l2norm) {
-        l2norm_then_scale(q, K, pl->scale, qs);
-        l2norm_then_scale(k, K, 1.0f, ks);
-    } else {
-        for (int64_t i = 0; i < K; i++) qs[i] = q[i] * pl->scale;
-        memcpy(ks, k, (size_t)K * sizeof *ks);
-    }
-    const float b = p->beta[tok * HV + hv];
-    *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
-
-    if (p->decay == LINSEQ_DECAY_NONE) {
-        g[0] = 0.0f;
-        return;
-    }
-    const int64_t gK = pl->gK;
-    const float *graw = p->g + (tok * HV + hv) * gK;
-    if (!p->gate_in_kernel) {
-        memcpy(g, graw, (size_t)gK * sizeof *g);
-        return;
-    }
-    const float a_log = p->A_log ? p->A_log[hv] : 0.0f;
-    for (int64_t i = 0; i < gK; i++) {
-        const float bias = p->dt_bias ? p->dt_bias[hv * gK + i] : 0.0f;
-        g[i] = kda_gate_value(graw[i], bias, a_log, p->lower_bound);
-    }
-}
 
 void kda_state_load(const kda_plan *pl, const float *src, float *S)
 {
@@ -180,7 +138,7 @@ static linseq_status check_workspace(const char *fn, const kda_plan *pl, size_t 
                        (long long)p->K, (long long)p->V);
     size_t s = (size_t)kv * sizeof(float);
     s = (s + 63) & ~(size_t)63;
-    *bytes = s + (pl->chunk ? kda_chunk_workspace_bytes(pl)
+    *bytes = s + (pl->chunk ? kda_chunk_ws_layout(pl, NULL, NULL)
                             : kda_recurrent_scratch_floats(pl) * sizeof(float));
     *bytes = (*bytes + 63) & ~(size_t)63;
     return LINSEQ_OK;
@@ -201,6 +159,7 @@ typedef struct {
     float *o, *ht;
     unsigned char *ws;
     size_t ws_stride, state_bytes;
+    ls_isa isa;
 } forward_ctx;
 
 static void forward_item(void *ctx, int64_t item, int thread)
@@ -216,9 +175,9 @@ static void forward_item(void *ctx, int64_t item, int thread)
     void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
     kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, S);
     if (pl->chunk)
-        kda_chunk_item(pl, start, len, hv, S, c->o, scratch);
+        LS_ISA_PICK(c->isa, kda_chunk_item)(pl, start, len, hv, S, c->o, scratch);
     else
-        kda_recurrent_item(pl, start, len, hv, S, c->o, scratch);
+        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start, len, hv, S, c->o, scratch);
     if (c->ht) kda_state_store(pl, S, c->ht + (n * pl->HV + hv) * KV);
 }
 
@@ -254,7 +213,8 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
                        ws_stride * (size_t)threads);
 
     forward_ctx c = {.pl = &pl, .o = o, .ht = ht, .ws = ws, .ws_stride = ws_stride,
-                     .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63};
+                     .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
+                     .isa = ls_isa_active()};
     ls_parallel_for(n_items, threads, forward_item, &c);
     free(ws);
     return LINSEQ_OK;
@@ -270,6 +230,7 @@ typedef struct {
     const int64_t *rows;
     unsigned char *ws;
     size_t ws_stride, state_bytes;
+    ls_isa isa;
 } decode_ctx;
 
 static void decode_item(void *ctx, int64_t item, int thread)
@@ -288,7 +249,7 @@ static void decode_item(void *ctx, int64_t item, int thread)
     /* K-major rows are advanced where they live; V-first rows go through a K-major copy. */
     float *S = p->state_v_first ? (float *)(void *)(c->ws + (size_t)thread * c->ws_stride) : slot;
     if (p->state_v_first) kda_state_load(pl, slot, S);
-    kda_recurrent_item(pl, b, 1, hv, S, c->o, scratch);
+    LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, S, c->o, scratch);
     if (p->state_v_first) kda_state_store(pl, S, slot);
 }
 
@@ -368,7 +329,8 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
 
     decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
                     .ws_stride = ws_stride,
-                    .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63};
+                    .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
+                    .isa = ls_isa_active()};
     ls_parallel_for(n_items, threads, decode_item, &c);
     free(ws);
     return LINSEQ_OK;

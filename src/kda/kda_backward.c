@@ -109,9 +109,9 @@ static void backward_item(void *ctx, int64_t item, int thread)
     }
     for (int64_t hv = h * pl->group; hv < (h + 1) * pl->group; hv++) {
         if (pl->chunk)
-            kda_chunk_bwd_item(b, n, hv, start, len, ws, partials);
+            LS_ISA_PICK(b->isa, kda_chunk_bwd_item)(b, n, hv, start, len, ws, partials);
         else
-            kda_recurrent_bwd_item(b, n, hv, start, len, ws, partials);
+            LS_ISA_PICK(b->isa, kda_recurrent_bwd_item)(b, n, hv, start, len, ws, partials);
     }
     /* dq and dk now hold the group's sum w.r.t. qs and ks: chain through scale and l2norm. */
     for (int64_t tok = start; tok < start + len; tok++) {
@@ -172,7 +172,7 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
         return st;
     const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
-                 .segment = chunk};
+                 .segment = chunk, .isa = ls_isa_active()};
     /* Per thread: one state per chunk or segment of the longest sequence, plus a segment of
      * states (recurrent) or one chunk's matrices (chunked). */
     int64_t kv, n_ckpt_states, chunk_rows;
@@ -185,7 +185,8 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
                        chunk, chunk + 2, (long long)K, (long long)V);
 
     const size_t ws_stride =
-        ((pl.chunk ? kda_chunk_bwd_ws_bytes(&b) : kda_recurrent_bwd_ws_bytes(&b)) + 63) &
+        ((pl.chunk ? LS_ISA_PICK(b.isa, kda_chunk_bwd_ws_bytes)(&b)
+                   : LS_ISA_PICK(b.isa, kda_recurrent_bwd_ws_bytes)(&b)) + 63) &
         ~(size_t)63;
     const int64_t n_items = pl.n_seqs * H;
     const double work = 20.0 * (double)B * (double)T * (double)HV * (double)K * (double)V;

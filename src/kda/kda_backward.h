@@ -22,6 +22,7 @@ typedef struct kda_bwd {
     int64_t segment;      /* recurrent mode: tokens between state checkpoints             */
     double *partials;     /* per item: [G] dA_log, then [G*gK] ddt_bias, summed in double */
     int64_t partial_len;
+    ls_isa isa;
 } kda_bwd;
 
 /* Gradients of one token of value head hv w.r.t. its loaded quantities: dqs, dks [K] (added
@@ -35,13 +36,15 @@ void kda_bwd_load_dht(const kda_bwd *b, int64_t n, int64_t hv, float *dS);
 void kda_bwd_store_dh0(const kda_bwd *b, int64_t n, int64_t hv, const float *dS);
 
 /* Recurrent: the backward of value head hv over tokens [tok0, tok0+len) of sequence n. */
-size_t kda_recurrent_bwd_ws_bytes(const kda_bwd *b);
-void kda_recurrent_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len,
-                            void *ws, double *item_partials);
+LS_ISA_DECLARE(size_t, kda_recurrent_bwd_ws_bytes, (const kda_bwd *b));
+LS_ISA_DECLARE(void, kda_recurrent_bwd_item,
+               (const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len, void *ws,
+                double *item_partials));
 
 /* Chunked: the same contract (b->pl->chunk set). */
-size_t kda_chunk_bwd_ws_bytes(const kda_bwd *b);
-void kda_chunk_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len,
-                        void *ws, double *item_partials);
+LS_ISA_DECLARE(size_t, kda_chunk_bwd_ws_bytes, (const kda_bwd *b));
+LS_ISA_DECLARE(void, kda_chunk_bwd_item,
+               (const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len, void *ws,
+                double *item_partials));
 
 #endif

@@ -1,45 +1,95 @@
-/* Internal: the steps of one KDA chunk, shared by the chunked forward (kda_chunk.c) and the
- * chunked backward (kda_chunk_bwd.c), which recomputes a chunk from its start state before
- * differentiating it. See kda_chunk.c for the algebra. */
+/* Internal: the steps of one KDA chunk, shared by the chunked forward (kda_chunk_simd.c) and
+ * the chunked backward (kda_chunk_bwd_simd.c), which recomputes a chunk from its start state
+ * before differentiating it. See kda_chunk_simd.c for the algebra. */
 #ifndef LS_KDA_CHUNK_H
 #define LS_KDA_CHUNK_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "kda/kda_internal.h"
+#include "simd/isa.h"
 
 enum { KDA_SUB_CHUNK = 16 };
 
-/* One thread's buffers for one chunk of C rows. */
+/* The log decay every chunk computation sees: g raised to this floor (NaN stays NaN). Below
+ * it every float32 factor that contains the token is exactly zero anyway. */
+#define KDA_LOG_DECAY_FLOOR (-110.0f)
+
+/* One thread's buffers for one chunk of C rows. All decay factors are products of the
+ * per-token decays a_t = e^{g_t} <= 1, never exponentials of differences of sums, so none can
+ * overflow, and a decay of -1000 is an exact zero that leaves the other factors intact. */
 typedef struct kda_chunk_ws {
     float *qs, *ks, *beta, *g;   /* loaded rows [C,K] [C,K] [C] [C,gK] (g after the gate)    */
-    double *G;                   /* in-chunk cumulative log decay [C,gK]                     */
-    float *eG, *eL;              /* [C,gK]: e^{G_r} and e^{G_last - G_r}                      */
+    float *a;                    /* [C,gK] e^{g_r} with g floored                            */
+    float *eG, *eL;              /* [C,gK] e^{G_r} and e^{G_last - G_r} (G: in-chunk sums)   */
     float *qg, *kbg, *kd;        /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G}               */
-    float *kc, *qt, *kt, *tmp;   /* sub-chunk factors [C,K] [16,K] [16,K] [K]                */
-    float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}           */
+    float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; 0 above  */
     float *Akk;                  /* [C,C] strictly lower: sum_d k_r k_c e^{G_r - G_c} (no beta) */
     float *vnew;                 /* [C,V] the deltas u of the chunk's tokens                  */
     float *decay_last;           /* [K] e^{G_last}                                           */
+    /* scratch of the score construction */
+    float *yt;                   /* [K,C] column factors, transposed                         */
+    float *yts;                  /* [K,C] the same scaled to one row block's reference       */
+    float *xt;                   /* [2*16,K] the row block's q and k, scaled                 */
+    float *sc;                   /* [2*16,C] one row block's scores                          */
+    float *w, *fr, *dscale;      /* [K] running products                                     */
+    float *tot;                  /* [C/16,K] each sub-chunk's total decay                    */
+    float *tmpv;                 /* [16,V]                                                   */
 } kda_chunk_ws;
 
-/* Bytes of one kda_chunk_ws (64-aligned pieces), and its layout in a block of that size. */
-size_t kda_chunk_ws_bytes(const kda_plan *pl);
-void kda_chunk_ws_carve(const kda_plan *pl, void *base, kda_chunk_ws *w);
+static inline size_t kda_align64(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Loads rows [first, first+Lc) of value head hv, their cumulative decay, the score matrices
- * and the decay factors: everything of a chunk that does not depend on its start state. */
-void kda_chunk_prepare(const kda_plan *pl, const kda_chunk_ws *w, int64_t first, int64_t Lc,
-                       int64_t hv);
+/* Lays the workspace out in one block; with base == NULL it only measures. */
+static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base, kda_chunk_ws *w)
+{
+    const size_t C = (size_t)pl->chunk, K = (size_t)pl->p->K, V = (size_t)pl->p->V;
+    const size_t gK = (size_t)pl->gK, S = KDA_SUB_CHUNK;
+    size_t off = 0;
+#define TAKE(field, count)                                                               \
+    do {                                                                                 \
+        if (base) w->field = (float *)(void *)(base + off);                              \
+        off += kda_align64((count) * sizeof(float));                                     \
+    } while (0)
+    TAKE(qs, C * K);
+    TAKE(ks, C * K);
+    TAKE(beta, C);
+    TAKE(g, C * gK);
+    TAKE(a, C * gK);
+    TAKE(eG, C * gK);
+    TAKE(eL, C * gK);
+    TAKE(qg, C * K);
+    TAKE(kbg, C * K);
+    TAKE(kd, C * K);
+    TAKE(Aqk, C * C);
+    TAKE(Akk, C * C);
+    TAKE(vnew, C * V);
+    TAKE(decay_last, K);
+    TAKE(yt, K * C);
+    TAKE(yts, K * C);
+    TAKE(xt, 2 * S * K);
+    TAKE(sc, 2 * S * C);
+    TAKE(w, K);
+    TAKE(fr, K);
+    TAKE(dscale, K);
+    TAKE(tot, (C / S + 1) * K);
+    TAKE(tmpv, S * V);
+#undef TAKE
+    return off;
+}
+
+/* Loads rows [first, first+Lc) of value head hv, their decay factors and the score matrices:
+ * everything of a chunk that does not depend on its start state. */
+LS_ISA_DECLARE(void, kda_chunk_prepare,
+               (const kda_plan *pl, const kda_chunk_ws *w, int64_t first, int64_t Lc, int64_t hv));
 
 /* vnew = (I + diag(beta) Akk)^{-1} (diag(beta) V - kbg S0). */
-void kda_chunk_solve(const kda_plan *pl, const kda_chunk_ws *w, const float *S0, int64_t first,
-                     int64_t Lc, int64_t hv);
+LS_ISA_DECLARE(void, kda_chunk_solve,
+               (const kda_plan *pl, const kda_chunk_ws *w, const float *S0, int64_t first,
+                int64_t Lc, int64_t hv));
 
 /* S <- diag(e^{G_last}) S + kd^T vnew. */
-void kda_chunk_advance(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc);
-
-/* The log decay every chunk computation sees: g raised to KDA_LOG_DECAY_FLOOR (NaN stays). */
-#define KDA_LOG_DECAY_FLOOR (-110.0f)
+LS_ISA_DECLARE(void, kda_chunk_advance,
+               (const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc));
 
 #endif

@@ -1,5 +1,5 @@
-/* The standalone KDA gate: decay from raw gate input, A_log and dt_bias. It shares
- * kda_gate_value with the in-kernel gate, so both give identical bits. */
+/* The standalone KDA gate: decay from raw gate input, A_log and dt_bias, forward (the rows in
+ * kda_gate_simd.c, shared with the in-kernel gate) and backward. */
 #include <math.h>
 
 #include "core/parallel.h"
@@ -11,6 +11,7 @@ typedef struct {
     const linseq_kda_gate_problem *p;
     int64_t gK, rows_per_item, rows;
     float *g;
+    ls_isa isa;
 } gate_ctx;
 
 static void gate_item(void *ctx, int64_t item, int thread)
@@ -20,15 +21,7 @@ static void gate_item(void *ctx, int64_t item, int thread)
     const linseq_kda_gate_problem *p = c->p;
     const int64_t r0 = item * c->rows_per_item;
     const int64_t r1 = r0 + c->rows_per_item < c->rows ? r0 + c->rows_per_item : c->rows;
-    for (int64_t row = r0; row < r1; row++) { /* row = (b*T + t)*H + h */
-        const int64_t h = row % p->H;
-        const float a_log = p->A_log ? p->A_log[h] : 0.0f;
-        const float *raw = p->g_raw + row * c->gK;
-        const float *bias = p->dt_bias ? p->dt_bias + h * c->gK : NULL;
-        float *out = c->g + row * c->gK;
-        for (int64_t i = 0; i < c->gK; i++)
-            out[i] = kda_gate_value(raw[i], bias ? bias[i] : 0.0f, a_log, p->lower_bound);
-    }
+    LS_ISA_PICK(c->isa, kda_gate_rows)(p, c->gK, r0, r1, c->g);
 }
 
 /* Sizes, enums and options, then the gate's input tensors into a (shared by forward and
@@ -78,7 +71,7 @@ linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const li
         ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, 4, 4, p->B, p->T, p->H, p->K);
     if ((st = ls_args_validate(&a))) return st;
 
-    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g};
+    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g, .isa = ls_isa_active()};
     /* Items of ~16K values: enough work per item to amortise the dispatch. */
     c.rows_per_item = 1 + (16384 - 1) / gK;
     const int64_t n_items = (c.rows + c.rows_per_item - 1) / c.rows_per_item;

@@ -12,6 +12,7 @@
 
 #include "core/activation.h"
 #include "linseq.h"
+#include "simd/isa.h"
 
 /* A validated problem with its defaults resolved. */
 typedef struct kda_plan {
@@ -47,16 +48,11 @@ static inline void kda_seq_range(const kda_plan *pl, int64_t n, int64_t *start, 
     }
 }
 
-/* The decay of the in-kernel gate; the standalone gate op uses the same function so the two
- * agree bit for bit. */
-static inline float kda_gate_value(float raw, float bias, float a_log, float lower_bound)
-{
-    const float x = raw + bias;
-    if (lower_bound == 0.0f) return -expf(a_log) * ls_softplusf(x);
-    return lower_bound * ls_sigmoidf(expf(a_log) * x);
-}
+/* Rows [r0, r1) of the standalone gate's output (row = (b*T + t)*H + h, gK values each). */
+LS_ISA_DECLARE(void, kda_gate_rows,
+               (const linseq_kda_gate_problem *p, int64_t gK, int64_t r0, int64_t r1, float *g));
 
-/* dg/draw (== dg/ddt_bias) and dg/dA_log of kda_gate_value, in the same float arithmetic. */
+/* dg/draw (== dg/ddt_bias) and dg/dA_log of the gate (kda_gate_vec in kda_simd.h). */
 static inline void kda_gate_grad(float raw, float bias, float a_log, float lower_bound,
                                  float *d_raw, float *d_alog)
 {
@@ -71,12 +67,6 @@ static inline void kda_gate_grad(float raw, float bias, float a_log, float lower
     }
 }
 
-/* One token of one item after the in-kernel options: qs = scale * l2norm(q) (or scale * q),
- * ks = l2norm(k) (or k), *beta (after the sigmoid when beta is a logit), g[gK] the log decay
- * (after the gate when it is in kernel; 0 with no decay). tok is a flattened token index. */
-void kda_load_token(const kda_plan *pl, int64_t tok, int64_t hv, float *qs, float *ks,
-                    float *beta, float *g);
-
 /* S [K,V] <- the stored state row (K-major or V-first), or zeros when src is NULL. */
 void kda_state_load(const kda_plan *pl, const float *src, float *S);
 /* The stored state row <- S [K,V]. */
@@ -84,15 +74,19 @@ void kda_state_store(const kda_plan *pl, const float *S, float *dst);
 
 /* Recurrent mode: advances S over tokens [tok0, tok0+len) of value head hv and writes their
  * outputs (none when o is NULL). scratch holds kda_recurrent_scratch_floats(pl) floats. */
-size_t kda_recurrent_scratch_floats(const kda_plan *pl);
-void kda_recurrent_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
-                        float *o, float *scratch);
+static inline size_t kda_recurrent_scratch_floats(const kda_plan *pl)
+{
+    return (size_t)(6 * pl->p->K + 64);
+}
+LS_ISA_DECLARE(void, kda_recurrent_item,
+               (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
+                float *scratch));
 
-/* Chunked mode: same contract. ws holds kda_chunk_workspace_bytes(pl) bytes, 64-aligned
- * (pl->chunk set). */
-size_t kda_chunk_workspace_bytes(const kda_plan *pl);
-void kda_chunk_item(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
-                    float *o, void *ws);
+/* Chunked mode: same contract; ws holds kda_chunk_ws_layout(pl, NULL, NULL) bytes (see
+ * kda_chunk.h), 64-aligned, with pl->chunk set. */
+LS_ISA_DECLARE(void, kda_chunk_item,
+               (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
+                void *ws));
 
 /* The readable reference: the recurrence of the header comment, token by token, in double,
  * with every option applied literally. Assumes a validated problem; test-only (slow).

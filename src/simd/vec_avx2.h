@@ -44,6 +44,18 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 {
     return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, t, _CMP_GT_OQ));
 }
+/* Lane i of the result = the sum of the lanes of a[i] (eight horizontal sums at once). */
+static inline vf vf_hsum_lanes(const vf *a)
+{
+    const vf h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
+    const vf h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
+    const vf h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    /* h0123: [s0 s1 s2 s3 | s0' s1' s2' s3'] (halves of the same sums), likewise h4567 */
+    const vf lo = _mm256_permute2f128_ps(h0123, h4567, 0x20);
+    const vf hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+    return _mm256_add_ps(lo, hi);
+}
+
 static inline float vf_hsum(vf a)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));

@@ -38,3 +38,28 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 }
 /* A fixed pairwise order, the same on every call. */
 static inline float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
+
+/* Lane i of the result = the sum of the lanes of a[i]: sixteen horizontal sums at the cost of
+ * about two, by adding halves of register pairs (a transpose fused with the additions). */
+static inline vf vf_hsum_lanes(const vf *a)
+{
+    vf s8[8], s4[4], s2[2];
+    for (int i = 0; i < 8; i++) { /* 256-bit halves: lanes 0-7 of i, lanes 8-15 of i+8 */
+        const vf lo = _mm512_shuffle_f32x4(a[i], a[i + 8], 0x44); /* a[i].q0 q1, a[i+8].q0 q1 */
+        const vf hi = _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE); /* a[i].q2 q3, a[i+8].q2 q3 */
+        s8[i] = _mm512_add_ps(lo, hi); /* q0: i, q1: i, q2: i+8, q3: i+8 (partial sums) */
+    }
+    for (int i = 0; i < 4; i++) {
+        const vf lo = _mm512_shuffle_f32x4(s8[i], s8[i + 4], 0x88); /* q0 q2 of each */
+        const vf hi = _mm512_shuffle_f32x4(s8[i], s8[i + 4], 0xDD); /* q1 q3 of each */
+        s4[i] = _mm512_add_ps(lo, hi); /* quarters: i, i+8, i+4, i+12 (4 partial lanes each) */
+    }
+    for (int i = 0; i < 2; i++) {
+        const vf lo = _mm512_shuffle_ps(s4[i], s4[i + 2], 0x44); /* lanes 0,1 of each quarter */
+        const vf hi = _mm512_shuffle_ps(s4[i], s4[i + 2], 0xEE); /* lanes 2,3 */
+        s2[i] = _mm512_add_ps(lo, hi);
+    }
+    const vf lo = _mm512_shuffle_ps(s2[0], s2[1], 0x88), hi = _mm512_shuffle_ps(s2[0], s2[1], 0xDD);
+    const vf sums = _mm512_add_ps(lo, hi); /* lane order: 0 2 1 3 | 8 10 9 11 | 4 6 5 7 | 12 14 13 15 */
+    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), sums);
+}

@@ -30,3 +30,4 @@ static inline vf vf_ldexp(vf y, vf n) { return ldexpf(y, (int)n); }
 static inline vf vf_select_nonneg(vf x, vf a, vf b) { return x >= 0.0f ? a : b; }
 static inline vf vf_select_gt(vf x, vf t, vf a, vf b) { return x > t ? a : b; }
 static inline float vf_hsum(vf a) { return a; }
+static inline vf vf_hsum_lanes(const vf *a) { return a[0]; }

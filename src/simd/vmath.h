@@ -16,4 +16,8 @@ LS_ISA_DECLARE(void, ls_vsilu_n, (int64_t n, const float *x, float *y));
 LS_ISA_DECLARE(void, ls_vlog1p01_n, (int64_t n, const float *x, float *y));
 LS_ISA_DECLARE(void, ls_vrsqrt_n, (int64_t n, const float *x, float *y));
 
+/* out[i] = sum of in[i*VW .. i*VW+VW) for i < VW (vf_hsum_lanes), out has VW floats;
+ * returns VW. For the tests of the reduction primitive. */
+LS_ISA_DECLARE(int, ls_vhsum_lanes_n, (const float *in, float *out));
+
 #endif

@@ -16,3 +16,11 @@ ARRAY_FORM(ls_vsoftplus_n, vf_softplus)
 ARRAY_FORM(ls_vsilu_n, vf_silu)
 ARRAY_FORM(ls_vlog1p01_n, vf_log1p01)
 ARRAY_FORM(ls_vrsqrt_n, vf_rsqrt)
+
+int LS_ISA_FN(ls_vhsum_lanes_n)(const float *in, float *out)
+{
+    vf a[VW];
+    for (int i = 0; i < VW; i++) a[i] = vf_load(in + i * VW);
+    vf_store(out, vf_hsum_lanes(a));
+    return VW;
+}

@@ -1,4 +1,5 @@
-/* KDA chunked backward: the reverse of kda_chunk.c, one chunk at a time from the last.
+/* KDA chunked backward: the reverse of kda_chunk_simd.c, one chunk at a time from the last;
+ * compiled once per ISA.
  *
  * Memory: a forward pass keeps the state at the start of every chunk (one state per chunk,
  * never one per token); walking the chunks in reverse, each chunk is recomputed from its
@@ -10,34 +11,36 @@
  *     R = diag(beta) V - Kbg S0             ->  dV, dbeta, dKbg = -dR S0^T, dS0 -= Kbg^T dR
  * and the factors Qg = Qs e^G, Kbg = beta K e^G, Kd = K e^{G_L - G} pass their share to dG,
  * the gradient w.r.t. the cumulative log decay. The score matrices go back through the same
- * sub-chunk factorisation as the forward, so no exponent is positive here either: for
- * A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]},
+ * factorisation into products of decays as the forward, so no exponent is evaluated here
+ * either: for A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]},
  *     dX_r = sum_c dA[r,c] Y_c e^{G_r-G_c},  dY_c = sum_r dA[r,c] X_r e^{G_r-G_c},
  *     dG_r += X_r dX_r,  dG_c -= Y_c dY_c.
  * Finally dg_t = sum_{r >= t} dG_r inside the chunk (the earlier chunks see g_t only through
  * the state, whose gradient dS0 carries on), and tokens whose g was raised to the floor get 0:
  * every factor they enter is an exact float32 zero. */
-#include <math.h>
 #include <string.h>
 
-#include "core/matmul.h"
 #include "kda/kda_backward.h"
 #include "kda/kda_chunk.h"
-
-static size_t align64(size_t n) { return (n + 63) & ~(size_t)63; }
+#include "kda/kda_simd.h"
 
 typedef struct {
     float *ckpt;                 /* [n_chunks,K,V] the state at each chunk start             */
     float *S, *dS, *dS0;         /* [K,V]                                                   */
+    float *ST, *dST;             /* [V,K] S0 and dS transposed                              */
+    float *VnT;                  /* [V,C] Vn transposed                                     */
     float *dVn, *dR;             /* [C,V]; dR holds -dL/dR                                  */
     float *dqg, *dkd, *dkbg;     /* [C,K]                                                   */
     float *dqs, *dks;            /* [C,K]                                                   */
     float *dX, *dY;              /* [C,K] score backward results                            */
-    float *fr, *fc, *xt, *yt;    /* [C,K] sub-chunk factors and factored rows               */
+    float *cf, *fc, *xt, *yt;    /* [C,K] column factors, their block scaling, scaled rows  */
     float *prod;                 /* [C,K]                                                   */
+    float *Mb;                   /* [C,C] beta_r Akk[r,c]                                   */
     float *dAqk, *dAkk, *dAe;    /* [C,C]                                                   */
+    float *fr, *dsc, *run;       /* [K]                                                     */
     float *dbeta;                /* [C]                                                     */
     float *dg;                   /* [C,gK] the emitted dg                                   */
+    float *tmpv;                 /* [16,V]                                                  */
     double *dG;                  /* [C,gK] dL/dG: many terms that cancel, so summed in double */
     double *dGL;                 /* [gK]                                                    */
     double *dgt;                 /* [gK] the running sum sum_{r >= t} dG_r                  */
@@ -54,13 +57,16 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
 #define TAKE_T(field, type, count)                                                       \
     do {                                                                                 \
         if (base) w->field = (type *)(void *)(base + off);                               \
-        off += align64((count) * sizeof(type));                                          \
+        off += kda_align64((count) * sizeof(type));                                      \
     } while (0)
 #define TAKE(field, count) TAKE_T(field, float, count)
     TAKE(ckpt, (n_chunks ? n_chunks : 1) * KV);
     TAKE(S, KV);
     TAKE(dS, KV);
     TAKE(dS0, KV);
+    TAKE(ST, KV);
+    TAKE(dST, KV);
+    TAKE(VnT, V * C);
     TAKE(dVn, C * V);
     TAKE(dR, C * V);
     TAKE(dqg, C * K);
@@ -70,26 +76,60 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(dks, C * K);
     TAKE(dX, C * K);
     TAKE(dY, C * K);
-    TAKE(fr, C * K);
+    TAKE(cf, C * K);
     TAKE(fc, C * K);
     TAKE(xt, C * K);
     TAKE(yt, C * K);
     TAKE(prod, C * K);
+    TAKE(Mb, C * C);
     TAKE(dAqk, C * C);
     TAKE(dAkk, C * C);
     TAKE(dAe, C * C);
+    TAKE(fr, K);
+    TAKE(dsc, K);
+    TAKE(run, K);
     TAKE(dbeta, C);
     TAKE(dg, C * gK);
+    TAKE(tmpv, KDA_SUB_CHUNK * V);
     TAKE_T(dG, double, C * gK);
     TAKE_T(dGL, double, gK);
     TAKE_T(dgt, double, gK);
 #undef TAKE
 #undef TAKE_T
     if (base) w->chunk = base + off;
-    return off + kda_chunk_ws_bytes(pl);
+    return off + kda_chunk_ws_layout(pl, NULL, NULL);
 }
 
-size_t kda_chunk_bwd_ws_bytes(const kda_bwd *b) { return carve(b, NULL, NULL); }
+size_t LS_ISA_FN(kda_chunk_bwd_ws_bytes)(const kda_bwd *b) { return carve(b, NULL, NULL); }
+
+/* dst[j][i] = src[i][j] for a rows x cols block, in 8 x 8 tiles for the caches. */
+static void transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
+                      int64_t ldd)
+{
+    for (int64_t i0 = 0; i0 < rows; i0 += 8)
+        for (int64_t j0 = 0; j0 < cols; j0 += 8) {
+            const int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
+            for (int64_t i = i0; i < i1; i++)
+                for (int64_t j = j0; j < j1; j++) dst[j * ldd + i] = src[i * lds + j];
+        }
+}
+
+/* y = x * s, y += x * s over n floats */
+static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, vf_mul(vf_load(x + i), vf_load(s + i)));
+    if (i < n) vf_store_n(y + i, vf_mul(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i)), n - i);
+}
+static inline void vfma3(int64_t n, const float *x, const float *s, float *y)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW)
+        vf_store(y + i, vf_fmadd(vf_load(x + i), vf_load(s + i), vf_load(y + i)));
+    if (i < n)
+        vf_store_n(y + i, vf_fmadd(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i), vf_load_n(y + i, n - i)),
+                   n - i);
+}
 
 /* dG_row += sign * a (*) b: element-wise per channel, summed over K per head. */
 static void add_dG(double *dG_row, int64_t gK, int64_t K, const float *a, const float *b,
@@ -98,60 +138,69 @@ static void add_dG(double *dG_row, int64_t gK, int64_t K, const float *a, const 
     if (gK == K) {
         for (int64_t d = 0; d < K; d++) dG_row[d] += sign * (double)(a[d] * b[d]);
     } else {
-        dG_row[0] += sign * (double)ls_dot(K, a, b);
+        dG_row[0] += sign * (double)ls_vdot(K, a, b);
     }
 }
 
 /* For A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]} (c <= r, or c < r when strict):
- * dX = dA-weighted Y, dY = dA-weighted X, both overwritten (see the file comment). */
+ * dX = dA-weighted Y, dY = dA-weighted X, overwritten, through the forward's factorisation. */
 static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
                                         int64_t K, int64_t C, const float *dA, bool strict,
                                         const float *X, const float *Y)
 {
+    const int64_t S = KDA_SUB_CHUNK;
     memset(w->dX, 0, (size_t)(Lc * K) * sizeof(float));
     memset(w->dY, 0, (size_t)(Lc * K) * sizeof(float));
-    for (int64_t n = 0; n < Lc; n += KDA_SUB_CHUNK) {
-        const int64_t m = Lc - n < KDA_SUB_CHUNK ? Lc - n : KDA_SUB_CHUNK;
-        const double *Gn = cw->G + n * K;
-        if (n > 0) {
-            /* rows r of this sub-chunk against every column c < n, through reference row n */
-            for (int64_t r = 0; r < m; r++) {
-                const double *Gr = cw->G + (n + r) * K;
-                for (int64_t d = 0; d < K; d++) {
-                    const float f = expf((float)(Gr[d] - Gn[d]));
-                    w->fr[r * K + d] = f;
-                    w->xt[r * K + d] = X[(n + r) * K + d] * f;
-                }
-            }
-            for (int64_t c = 0; c < n; c++) {
-                const double *Gc = cw->G + c * K;
-                for (int64_t d = 0; d < K; d++) {
-                    const float f = expf((float)(Gn[d] - Gc[d]));
-                    w->fc[c * K + d] = f;
-                    w->yt[c * K + d] = Y[c * K + d] * f;
-                }
-            }
-            ls_gemm_nn(m, K, n, dA + n * C, C, w->yt, K, w->prod, K, false);
-            for (int64_t r = 0; r < m; r++)
-                for (int64_t d = 0; d < K; d++)
-                    w->dX[(n + r) * K + d] += w->fr[r * K + d] * w->prod[r * K + d];
-            ls_gemm_tn(n, K, m, dA + n * C, C, w->xt, K, w->prod, K, false);
-            for (int64_t c = 0; c < n; c++)
-                for (int64_t d = 0; d < K; d++)
-                    w->dY[c * K + d] += w->fc[c * K + d] * w->prod[c * K + d];
-        }
+    for (int64_t n = 0; n < Lc; n += S) {
+        const int64_t m = Lc - n < S ? Lc - n : S;
+        /* diagonal block: running products from r down to c */
         for (int64_t r = n; r < n + m; r++) {
-            const double *Gr = cw->G + r * K;
-            for (int64_t c = n; c < r + (strict ? 0 : 1); c++) {
-                const double *Gc = cw->G + c * K;
-                const float a = dA[r * C + c];
-                for (int64_t d = 0; d < K; d++) {
-                    const float e = a * expf((float)(Gr[d] - Gc[d]));
-                    w->dX[r * K + d] += e * Y[c * K + d];
-                    w->dY[c * K + d] += e * X[r * K + d];
+            if (!strict) {
+                ls_vaxpy(K, dA[r * C + r], Y + r * K, w->dX + r * K);
+                ls_vaxpy(K, dA[r * C + r], X + r * K, w->dY + r * K);
+            }
+            for (int64_t d = 0; d < K; d++) w->run[d] = 1.0f;
+            for (int64_t c = r - 1; c >= n; c--) {
+                vmul3(K, w->run, cw->a + (c + 1) * K, w->run);
+                const float coef = dA[r * C + c];
+                const vf vc = vf_set1(coef);
+                int64_t d = 0;
+                for (; d + VW <= K; d += VW) {
+                    const vf e = vf_mul(vc, vf_load(w->run + d));
+                    vf_store(w->dX + r * K + d, vf_fmadd(e, vf_load(Y + c * K + d), vf_load(w->dX + r * K + d)));
+                    vf_store(w->dY + c * K + d, vf_fmadd(e, vf_load(X + r * K + d), vf_load(w->dY + c * K + d)));
+                }
+                if (d < K) {
+                    const int64_t t = K - d;
+                    const vf e = vf_mul(vc, vf_load_n(w->run + d, t));
+                    vf_store_n(w->dX + r * K + d, vf_fmadd(e, vf_load_n(Y + c * K + d, t), vf_load_n(w->dX + r * K + d, t)), t);
+                    vf_store_n(w->dY + c * K + d, vf_fmadd(e, vf_load_n(X + r * K + d, t), vf_load_n(w->dY + c * K + d, t)), t);
                 }
             }
         }
+        if (n == 0) continue;
+        /* rows of this block against every earlier column, as two matrix products */
+        for (int64_t d = 0; d < K; d++) w->fr[d] = 1.0f;
+        for (int64_t rr = 0; rr < m; rr++) {
+            if (rr > 0) vmul3(K, w->fr, cw->a + (n + rr) * K, w->fr);
+            memcpy(w->prod + rr * K, w->fr, (size_t)K * sizeof(float)); /* rf_r, kept below */
+            vmul3(K, X + (n + rr) * K, w->fr, w->xt + rr * K);
+        }
+        memcpy(w->dsc, cw->a + n * K, (size_t)K * sizeof(float));
+        for (int64_t j = n / S - 1; j >= 0; j--) {
+            for (int64_t c = j * S; c < (j + 1) * S; c++) {
+                vmul3(K, w->cf + c * K, w->dsc, w->fc + c * K);
+                vmul3(K, Y + c * K, w->fc + c * K, w->yt + c * K);
+            }
+            if (j > 0) vmul3(K, w->dsc, cw->tot + j * K, w->dsc);
+        }
+        /* dX_r += rf_r * (dA[rows, :n] Y') ; the rf_r rows sit in prod[0..m) */
+        float *rf = w->prod, *t = w->prod + m * K;
+        ls_gemm(m, K, n, dA + n * C, C, 1, w->yt, K, t, K, false);
+        for (int64_t rr = 0; rr < m; rr++) vfma3(K, rf + rr * K, t + rr * K, w->dX + (n + rr) * K);
+        /* dY_c += fc_c * (dA[rows, :n]^T X') */
+        ls_gemm(n, K, m, dA + n * C, 1, C, w->xt, K, t, K, false);
+        for (int64_t c = 0; c < n; c++) vfma3(K, w->fc + c * K, t + c * K, w->dY + c * K);
     }
 }
 
@@ -160,13 +209,16 @@ static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, in
                                      int64_t K, int64_t C, const float *dA, bool strict,
                                      const float *X, const float *Y)
 {
-    for (int64_t r = 0; r < Lc; r++)
-        for (int64_t c = 0; c < Lc; c++)
-            w->dAe[r * C + c] = (c < r || (c == r && !strict))
-                                    ? dA[r * C + c] * expf((float)(cw->G[r] - cw->G[c]))
-                                    : 0.0f;
-    ls_gemm_nn(Lc, K, Lc, w->dAe, C, Y, K, w->dX, K, false);
-    ls_gemm_tn(Lc, K, Lc, w->dAe, C, X, K, w->dY, K, false);
+    for (int64_t r = 0; r < Lc; r++) {
+        float e = 1.0f;
+        for (int64_t c = Lc - 1; c > r; c--) w->dAe[r * C + c] = 0.0f;
+        for (int64_t c = r; c >= 0; c--) {
+            w->dAe[r * C + c] = (c < r || !strict) ? dA[r * C + c] * e : 0.0f;
+            e *= cw->a[c];
+        }
+    }
+    ls_gemm(Lc, K, Lc, w->dAe, C, 1, Y, K, w->dX, K, false);
+    ls_gemm(Lc, K, Lc, w->dAe, 1, C, X, K, w->dY, K, false);
 }
 
 static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw,
@@ -186,54 +238,64 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
 {
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
-    const int64_t K = p->K, V = p->V, HV = pl->HV, C = pl->chunk, gK = pl->gK;
+    const int64_t K = p->K, V = p->V, HV = pl->HV, C = pl->chunk, gK = pl->gK, SC = KDA_SUB_CHUNK;
     const int64_t ldo = HV * V;
     const float *dO = b->d_o + (first * HV + hv) * V;
     const float *Vn = cw->vnew;
     const bool has_decay = p->decay != LINSEQ_DECAY_NONE;
+    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
 
     memset(w->dG, 0, (size_t)(Lc * gK) * sizeof(double));
     memset(w->dGL, 0, (size_t)gK * sizeof(double));
     memset(w->dbeta, 0, (size_t)Lc * sizeof(float));
+    transpose(K, V, S0, V, w->ST, K);
+    transpose(K, V, w->dS, V, w->dST, K);
+    transpose(Lc, V, Vn, V, w->VnT, C);
 
     /* S_C = diag(e^{G_L}) S0 + Kd^T Vn */
-    ls_gemm_nn(Lc, V, K, cw->kd, K, w->dS, V, w->dVn, V, false);
-    ls_gemm_nt(Lc, K, V, Vn, V, w->dS, V, w->dkd, K, false);
+    ls_gemm(Lc, V, K, cw->kd, K, 1, w->dS, V, w->dVn, V, false);
+    ls_gemm(Lc, K, V, Vn, V, 1, w->dST, K, w->dkd, K, false);
     for (int64_t i = 0; i < K; i++) {
-        const float *ds = w->dS + i * V, *s0 = S0 + i * V;
+        const float *ds = w->dS + i * V;
         float *d0 = w->dS0 + i * V;
         const float e = cw->decay_last[i];
         for (int64_t j = 0; j < V; j++) d0[j] = e * ds[j];
-        w->dGL[gK == K ? i : 0] += (double)(e * ls_dot(V, s0, ds));
+        w->dGL[per_channel ? i : 0] += (double)(e * ls_vdot(V, S0 + i * V, ds));
     }
 
     /* O = Qg S0 + Aqk Vn */
-    ls_gemm_nt(Lc, K, V, dO, ldo, S0, V, w->dqg, K, false);
-    ls_gemm_tn(K, V, Lc, cw->qg, K, dO, ldo, w->dS0, V, true);
-    for (int64_t r = 0; r < Lc; r++)
-        for (int64_t c = 0; c <= r; c++) {
-            w->dAqk[r * C + c] = ls_dot(V, dO + r * ldo, Vn + c * V);
-            const float a = cw->Aqk[r * C + c];
-            float *dvc = w->dVn + c * V;
-            const float *dor = dO + r * ldo;
-            for (int64_t j = 0; j < V; j++) dvc[j] += a * dor[j];
-        }
+    ls_gemm(Lc, K, V, dO, ldo, 1, w->ST, K, w->dqg, K, false);
+    ls_gemm(K, V, Lc, cw->qg, 1, K, dO, ldo, w->dS0, V, true);
+    ls_gemm(Lc, Lc, V, dO, ldo, 1, w->VnT, C, w->dAqk, C, false);
+    ls_gemm(Lc, V, Lc, cw->Aqk, 1, C, dO, ldo, w->dVn, V, true); /* Aqk is 0 above the diagonal */
 
-    /* M Vn = R: dR = M^{-T} dVn by back substitution, stored negated in w->dR; then
-     * dM[r,c] = -dR_r . Vn_c with M[r,c] = beta_r Akk[r,c]. */
-    for (int64_t r = Lc - 1; r >= 0; r--) {
-        float *x = w->dR + r * V;
-        const float *src = w->dVn + r * V;
-        for (int64_t j = 0; j < V; j++) x[j] = -src[j];
-        for (int64_t c = r + 1; c < Lc; c++) {
-            const float m = cw->beta[c] * cw->Akk[c * C + r];
-            const float *xc = w->dR + c * V;
-            for (int64_t j = 0; j < V; j++) x[j] -= m * xc[j];
-        }
-    }
+    /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR */
     for (int64_t r = 0; r < Lc; r++)
-        for (int64_t c = 0; c < r; c++) {
-            const float dM = ls_dot(V, w->dR + r * V, Vn + c * V); /* = -dR_r . Vn_c */
+        for (int64_t c = 0; c < Lc; c++) w->Mb[r * C + c] = c < r ? cw->beta[r] * cw->Akk[r * C + c] : 0.0f;
+    /* (only Mb's strictly lower part is read: the back substitution walks c > r) */
+    for (int64_t n = (Lc - 1) / SC * SC; n >= 0; n -= SC) {
+        const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
+        for (int64_t r = n; r < after; r++) {
+            const float *src = w->dVn + r * V;
+            float *x = w->dR + r * V;
+            for (int64_t j = 0; j < V; j++) x[j] = -src[j];
+        }
+        if (after < Lc) {
+            ls_gemm(m, V, Lc - after, w->Mb + after * C + n, 1, C, w->dR + after * V, V, w->tmpv, V, false);
+            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(V, -1.0f, w->tmpv + rr * V, w->dR + (n + rr) * V);
+        }
+        for (int64_t r = after - 2; r >= n; r--)
+            for (int64_t c = r + 1; c < after; c++) ls_vaxpy(V, -w->Mb[c * C + r], w->dR + c * V, w->dR + r * V);
+    }
+    /* dM = -dR Vn^T = (w->dR) Vn^T, strictly lower; M[r,c] = beta_r Akk[r,c] */
+    ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
+    for (int64_t r = 0; r < Lc; r++)
+        for (int64_t c = 0; c < Lc; c++) {
+            if (c >= r) { /* Akk holds nothing above its diagonal */
+                w->dAkk[r * C + c] = 0.0f;
+                continue;
+            }
+            const float dM = w->dAe[r * C + c];
             w->dbeta[r] += dM * cw->Akk[r * C + c];
             w->dAkk[r * C + c] = dM * cw->beta[r];
         }
@@ -241,10 +303,10 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     /* R = diag(beta) V - Kbg S0, with -dR in w->dR */
     for (int64_t r = 0; r < Lc; r++) {
         const float *v = p->v + ((first + r) * HV + hv) * V;
-        w->dbeta[r] -= ls_dot(V, v, w->dR + r * V);
+        w->dbeta[r] -= ls_vdot(V, v, w->dR + r * V);
     }
-    ls_gemm_nt(Lc, K, V, w->dR, V, S0, V, w->dkbg, K, false);
-    ls_gemm_tn(K, V, Lc, cw->kbg, K, w->dR, V, w->dS0, V, true);
+    ls_gemm(Lc, K, V, w->dR, V, 1, w->ST, K, w->dkbg, K, false);
+    ls_gemm(K, V, Lc, cw->kbg, 1, K, w->dR, V, w->dS0, V, true);
 
     for (int64_t r = 0; r < Lc; r++) {
         const float *k = cw->ks + r * K, *eG = cw->eG + r * gK, *eL = cw->eL + r * gK;
@@ -254,10 +316,10 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         const float beta = cw->beta[r];
         float db = 0.0f;
         for (int64_t d = 0; d < K; d++) {
-            const float e = eG[gK == K ? d : 0], el = eL[gK == K ? d : 0];
-            db += dkbg[d] * k[d] * e;              /* Kbg = beta K e^G             */
-            dks[d] = beta * e * dkbg[d] + el * dkd[d]; /* ... and Kd = K e^{G_L - G} */
-            dqs[d] = e * dqg[d];                   /* Qg = Qs e^G                  */
+            const float e = eG[per_channel ? d : 0], el = eL[per_channel ? d : 0];
+            db += dkbg[d] * (k[d] * e);                  /* Kbg = beta K e^G             */
+            dks[d] = beta * e * dkbg[d] + el * dkd[d];   /* ... and Kd = K e^{G_L - G}    */
+            dqs[d] = e * dqg[d];                         /* Qg = Qs e^G                  */
         }
         w->dbeta[r] += db;
         if (has_decay) {
@@ -269,13 +331,18 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         }
     }
 
-    /* The score matrices: Aqk (qs against k, diagonal included), Akk (k against k). */
+    /* The score matrices: Aqk (qs against k, diagonal included), Akk (k against k). The
+     * column factors e^{G_e - G_c} within each sub-chunk, shared by both. */
+    if (per_channel)
+        for (int64_t nj = 0; nj < Lc; nj += SC) {
+            const int64_t ej = (nj + SC < Lc ? nj + SC : Lc) - 1;
+            for (int64_t d = 0; d < K; d++) w->cf[ej * K + d] = 1.0f;
+            for (int64_t c = ej - 1; c >= nj; c--) vmul3(K, w->cf + (c + 1) * K, cw->a + (c + 1) * K, w->cf + c * K);
+        }
     scores_backward(pl, w, cw, Lc, w->dAqk, false, cw->qs, cw->ks);
     for (int64_t r = 0; r < Lc; r++) {
-        for (int64_t d = 0; d < K; d++) {
-            w->dqs[r * K + d] += w->dX[r * K + d];
-            w->dks[r * K + d] += w->dY[r * K + d];
-        }
+        ls_vaxpy(K, 1.0f, w->dX + r * K, w->dqs + r * K);
+        ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {
             add_dG(w->dG + r * gK, gK, K, cw->qs + r * K, w->dX + r * K, 1.0);
             add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0);
@@ -283,8 +350,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     }
     scores_backward(pl, w, cw, Lc, w->dAkk, true, cw->ks, cw->ks);
     for (int64_t r = 0; r < Lc; r++) {
-        for (int64_t d = 0; d < K; d++)
-            w->dks[r * K + d] += w->dX[r * K + d] + w->dY[r * K + d];
+        ls_vaxpy(K, 1.0f, w->dX + r * K, w->dks + r * K);
+        ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {
             add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dX + r * K, 1.0);
             add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0);
@@ -315,8 +382,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     memcpy(w->dS, w->dS0, (size_t)(K * V) * sizeof(float));
 }
 
-void kda_chunk_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len,
-                        void *ws, double *item_partials)
+void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0,
+                                   int64_t len, void *ws, double *item_partials)
 {
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
@@ -324,7 +391,7 @@ void kda_chunk_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, i
     bwd_ws w = {0};
     carve(b, ws, &w);
     kda_chunk_ws cw = {0};
-    kda_chunk_ws_carve(pl, w.chunk, &cw);
+    kda_chunk_ws_layout(pl, w.chunk, &cw);
 
     const int64_t n_chunks = (len + C - 1) / C;
     kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.S);
@@ -332,17 +399,17 @@ void kda_chunk_bwd_item(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, i
         memcpy(w.ckpt + c * KV, w.S, (size_t)KV * sizeof(float));
         if (c + 1 == n_chunks) break;
         const int64_t first = tok0 + c * C;
-        kda_chunk_prepare(pl, &cw, first, C, hv);
-        kda_chunk_solve(pl, &cw, w.S, first, C, hv);
-        kda_chunk_advance(pl, &cw, w.S, C);
+        LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, C, hv);
+        LS_ISA_FN(kda_chunk_solve)(pl, &cw, w.S, first, C, hv);
+        LS_ISA_FN(kda_chunk_advance)(pl, &cw, w.S, C);
     }
 
     kda_bwd_load_dht(b, n, hv, w.dS);
     for (int64_t c = n_chunks - 1; c >= 0; c--) {
         const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
         const float *S0 = w.ckpt + c * KV;
-        kda_chunk_prepare(pl, &cw, first, Lc, hv);
-        kda_chunk_solve(pl, &cw, S0, first, Lc, hv);
+        LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, Lc, hv);
+        LS_ISA_FN(kda_chunk_solve)(pl, &cw, S0, first, Lc, hv);
         chunk_backward(b, &w, &cw, first, Lc, hv, S0, item_partials);
     }
     kda_bwd_store_dh0(b, n, hv, w.dS);

@@ -1,0 +1,282 @@
+/* KDA chunked mode (the WY / UT-transform form), exact for every decay g <= 0; compiled once
+ * per ISA.
+ *
+ * Per chunk of C tokens with chunk-start state S0 [K,V] and in-chunk cumulative log decay
+ * G_r = sum_{i<=r} g_i (per channel or per head):
+ *     Aqk[r,c] = sum_d qs_r[d] k_c[d] e^{G_r[d]-G_c[d]}          c <= r
+ *     Akk[r,c] = sum_d k_r[d] k_c[d] e^{G_r[d]-G_c[d]}           c <  r
+ *     (I + diag(beta) Akk) Vnew = diag(beta) V - diag(beta) (e^G * K) S0
+ *     O  = (e^G * Qs) S0 + Aqk Vnew
+ *     S_C = diag(e^{G_last}) S0 + (e^{G_last - G} * K)^T Vnew
+ * Vnew row r is the delta u_r of the recurrence, so the chunk reproduces it exactly.
+ *
+ * No exponent is ever evaluated at all beyond the per-token decays a_t = e^{g_t} <= 1: every
+ * factor e^{G_r - G_c} (c <= r) is the product a_{c+1} ... a_r. A product of factors <= 1
+ * cannot overflow, a token with g = -1000 contributes an exact 0 without disturbing the other
+ * factors (where a difference of cumulative sums would lose their bits), and the rounding of
+ * a product grows only with its length (<= 1.7 ulp per factor; the chains below are short).
+ * For a per-channel decay Aqk and Akk cannot be a plain product (Q e^G)(K e^{-G})^T, whose
+ * factors overflow once the decay over the chunk passes -88. They are built from 16-row
+ * sub-chunks instead: rows r of sub-chunk i against columns c of an earlier sub-chunk j
+ * factor as
+ *     e^{G_r - G_c} = e^{G_r - G_n} * e^{G_n - G_e} * e^{G_e - G_c}
+ * with n the first row of i and e the last row of j (n > e >= c): three products of decays,
+ * so the block is a matrix product of scaled rows and scaled columns; the 16 x 16 diagonal
+ * blocks run their products element by element. Each g is first raised to -110 at most: its
+ * a_t is then an exact float32 zero either way. */
+#include <string.h>
+
+#include "kda/kda_chunk.h"
+#include "kda/kda_simd.h"
+
+/* y = x * s over n floats */
+static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, vf_mul(vf_load(x + i), vf_load(s + i)));
+    if (i < n) vf_store_n(y + i, vf_mul(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i)), n - i);
+}
+
+static inline void vfill(int64_t n, float value, float *y)
+{
+    for (int64_t i = 0; i < n; i++) y[i] = value;
+}
+
+/* Diagonal 16-row block [n, n+m): Aqk[r][c] and Akk[r][c] for n <= c <= r, with the running
+ * product w = a_{c+1} ... a_r over every channel carried from c = r down to n. */
+static void diagonal_block_per_channel(const kda_chunk_ws *w, int64_t n, int64_t m, int64_t K,
+                                       int64_t C)
+{
+    for (int64_t r = n; r < n + m; r++) {
+        const float *q = w->qs + r * K, *kr = w->ks + r * K;
+        w->Aqk[r * C + r] = ls_vdot(K, q, kr);
+        vfill(K, 1.0f, w->w);
+        for (int64_t c = r - 1; c >= n; c--) {
+            const float *a = w->a + (c + 1) * K, *kc = w->ks + c * K;
+            vf acc_q = vf_zero(), acc_k = vf_zero();
+            int64_t d = 0;
+            for (; d + VW <= K; d += VW) {
+                const vf run = vf_mul(vf_load(w->w + d), vf_load(a + d));
+                vf_store(w->w + d, run);
+                const vf kw = vf_mul(vf_load(kc + d), run);
+                acc_q = vf_fmadd(vf_load(q + d), kw, acc_q);
+                acc_k = vf_fmadd(vf_load(kr + d), kw, acc_k);
+            }
+            if (d < K) {
+                const int64_t t = K - d;
+                const vf run = vf_mul(vf_load_n(w->w + d, t), vf_load_n(a + d, t));
+                vf_store_n(w->w + d, run, t);
+                const vf kw = vf_mul(vf_load_n(kc + d, t), run);
+                acc_q = vf_fmadd(vf_load_n(q + d, t), kw, acc_q);
+                acc_k = vf_fmadd(vf_load_n(kr + d, t), kw, acc_k);
+            }
+            w->Aqk[r * C + c] = vf_hsum(acc_q);
+            w->Akk[r * C + c] = vf_hsum(acc_k);
+        }
+    }
+}
+
+/* A 16-row diagonal block as two 8-row triangles, element by element, and the 8 x 8 block
+ * between them as one product: rows r >= n+8 against columns c < n+8 factor through row
+ * n+8 as (x_r e^{G_r - G_{n+8}}) . (k_c e^{G_{n+8} - G_c}). Half the element-wise work. */
+static void diagonal_block_halves(const kda_chunk_ws *w, int64_t n, int64_t m, int64_t K,
+                                  int64_t C)
+{
+    enum { HALF = KDA_SUB_CHUNK / 2 };
+    if (m <= HALF) {
+        diagonal_block_per_channel(w, n, m, K, C);
+        return;
+    }
+    const int64_t n2 = n + HALF, m2 = m - HALF;
+    diagonal_block_per_channel(w, n, HALF, K, C);
+    diagonal_block_per_channel(w, n2, m2, K, C);
+    /* columns n .. n2-1 scaled by a_{c+1} ... a_{n2}, stored transposed [K][HALF] */
+    memcpy(w->w, w->a + n2 * K, (size_t)K * sizeof(float));
+    for (int64_t c = n2 - 1; c >= n; c--) {
+        if (c < n2 - 1) vmul3(K, w->w, w->a + (c + 1) * K, w->w);
+        const float *kc = w->ks + c * K;
+        for (int64_t d = 0; d < K; d++) w->yts[d * HALF + (c - n)] = kc[d] * w->w[d];
+    }
+    /* rows n2 .. n+m-1 scaled by a_{n2+1} ... a_r */
+    vfill(K, 1.0f, w->fr);
+    for (int64_t rr = 0; rr < m2; rr++) {
+        if (rr > 0) vmul3(K, w->fr, w->a + (n2 + rr) * K, w->fr);
+        vmul3(K, w->qs + (n2 + rr) * K, w->fr, w->xt + rr * K);
+        vmul3(K, w->ks + (n2 + rr) * K, w->fr, w->xt + (m2 + rr) * K);
+    }
+    ls_gemm(2 * m2, HALF, K, w->xt, K, 1, w->yts, HALF, w->sc, C, false);
+    for (int64_t rr = 0; rr < m2; rr++) {
+        memcpy(w->Aqk + (n2 + rr) * C + n, w->sc + rr * C, HALF * sizeof(float));
+        memcpy(w->Akk + (n2 + rr) * C + n, w->sc + (m2 + rr) * C, HALF * sizeof(float));
+    }
+}
+
+static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+{
+    const int64_t S = KDA_SUB_CHUNK;
+    /* Column side, once per chunk: row c of sub-chunk j scaled by e^{G_e - G_c} (e the last
+     * row of j), stored transposed for the products; and each sub-chunk's total decay. */
+    for (int64_t nj = 0, j = 0; nj < Lc; nj += S, j++) {
+        const int64_t ej = (nj + S < Lc ? nj + S : Lc) - 1;
+        vfill(K, 1.0f, w->w);
+        for (int64_t c = ej; c >= nj; c--) {
+            if (c < ej) vmul3(K, w->w, w->a + (c + 1) * K, w->w);
+            const float *kc = w->ks + c * K;
+            for (int64_t d = 0; d < K; d++) w->yt[d * C + c] = kc[d] * w->w[d];
+        }
+        vmul3(K, w->w, w->a + nj * K, w->tot + j * K);
+    }
+    /* Row blocks i >= 1 against all earlier columns: one matrix product per block. */
+    for (int64_t n = S, i = 1; n < Lc; n += S, i++) {
+        const int64_t m = Lc - n < S ? Lc - n : S;
+        vfill(K, 1.0f, w->fr);
+        for (int64_t rr = 0; rr < m; rr++) {
+            if (rr > 0) vmul3(K, w->fr, w->a + (n + rr) * K, w->fr);
+            vmul3(K, w->qs + (n + rr) * K, w->fr, w->xt + rr * K);
+            vmul3(K, w->ks + (n + rr) * K, w->fr, w->xt + (m + rr) * K);
+        }
+        /* e^{G_n - G_e} for the sub-chunk j just before i is a_n; further back it gathers
+         * the totals of the sub-chunks in between. */
+        memcpy(w->dscale, w->a + n * K, (size_t)K * sizeof(float));
+        for (int64_t j = i - 1; j >= 0; j--) {
+            const int64_t nj = j * S;
+            for (int64_t d = 0; d < K; d++) {
+                const vf f = vf_set1(w->dscale[d]);
+                for (int64_t c = nj; c < nj + S; c += VW) /* S is a multiple of VW */
+                    vf_store(w->yts + d * C + c, vf_mul(vf_load(w->yt + d * C + c), f));
+            }
+            if (j > 0) vmul3(K, w->dscale, w->tot + j * K, w->dscale);
+        }
+        ls_gemm(2 * m, n, K, w->xt, K, 1, w->yts, C, w->sc, C, false);
+        for (int64_t rr = 0; rr < m; rr++) {
+            memcpy(w->Aqk + (n + rr) * C, w->sc + rr * C, (size_t)n * sizeof(float));
+            memcpy(w->Akk + (n + rr) * C, w->sc + (m + rr) * C, (size_t)n * sizeof(float));
+        }
+    }
+    for (int64_t n = 0; n < Lc; n += S) diagonal_block_halves(w, n, Lc - n < S ? Lc - n : S, K, C);
+}
+
+/* With one decay per token e^{G_r - G_c} is a scalar: the plain products Qs K^T and K K^T,
+ * weighted by a running product along each row. */
+static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+{
+    for (int64_t c = 0; c < Lc; c++)
+        for (int64_t d = 0; d < K; d++) w->yt[d * C + c] = w->ks[c * K + d];
+    ls_gemm(Lc, Lc, K, w->qs, K, 1, w->yt, C, w->Aqk, C, false);
+    ls_gemm(Lc, Lc, K, w->ks, K, 1, w->yt, C, w->Akk, C, false);
+    for (int64_t r = 0; r < Lc; r++) {
+        float e = 1.0f;
+        for (int64_t c = r; c >= 0; c--) {
+            w->Aqk[r * C + c] *= e;
+            w->Akk[r * C + c] = c < r ? w->Akk[r * C + c] * e : 0.0f;
+            e *= w->a[c];
+        }
+    }
+}
+
+void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int64_t first,
+                                  int64_t Lc, int64_t hv)
+{
+    const int64_t K = pl->p->K, C = pl->chunk, gK = pl->gK;
+    const bool per_channel = pl->p->decay == LINSEQ_DECAY_PER_CHANNEL;
+
+    for (int64_t r = 0; r < Lc; r++) {
+        kda_load_token_v(pl, first + r, hv, w->qs + r * K, w->ks + r * K, &w->beta[r],
+                         w->g + r * gK);
+        kda_decay_row(gK, w->g + r * gK, KDA_LOG_DECAY_FLOOR, w->a + r * gK);
+    }
+    /* e^{G_r} and e^{G_last - G_r} as running products from either end */
+    memcpy(w->eG, w->a, (size_t)gK * sizeof(float));
+    for (int64_t r = 1; r < Lc; r++) vmul3(gK, w->eG + (r - 1) * gK, w->a + r * gK, w->eG + r * gK);
+    vfill(gK, 1.0f, w->eL + (Lc - 1) * gK);
+    for (int64_t r = Lc - 2; r >= 0; r--)
+        vmul3(gK, w->eL + (r + 1) * gK, w->a + (r + 1) * gK, w->eL + r * gK);
+
+    for (int64_t r = 0; r < Lc; r++) {
+        const float *q = w->qs + r * K, *k = w->ks + r * K;
+        float *qg = w->qg + r * K, *kbg = w->kbg + r * K, *kd = w->kd + r * K;
+        if (per_channel) {
+            vmul3(K, q, w->eG + r * K, qg);
+            vmul3(K, k, w->eG + r * K, kbg);
+            ls_vscale(K, w->beta[r], kbg);
+            vmul3(K, k, w->eL + r * K, kd);
+        } else {
+            const float e = w->eG[r], el = w->eL[r];
+            for (int64_t i = 0; i < K; i++) {
+                qg[i] = q[i] * e;
+                kbg[i] = w->beta[r] * (k[i] * e);
+                kd[i] = k[i] * el;
+            }
+        }
+    }
+    for (int64_t i = 0; i < K; i++) w->decay_last[i] = w->eG[(Lc - 1) * gK + (per_channel ? i : 0)];
+
+    if (per_channel)
+        scores_per_channel(w, Lc, K, C);
+    else
+        scores_per_head(w, Lc, K, C);
+    /* Aqk above the diagonal is 0: the output product runs over whole sub-chunk blocks. */
+    for (int64_t r = 0; r < Lc; r++) vfill(Lc - r - 1, 0.0f, w->Aqk + r * C + r + 1);
+}
+
+void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
+                                int64_t first, int64_t Lc, int64_t hv)
+{
+    const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, S = KDA_SUB_CHUNK;
+    ls_gemm(Lc, V, K, w->kbg, K, 1, S0, V, w->vnew, V, false);
+    for (int64_t r = 0; r < Lc; r++) {
+        const float *v = pl->p->v + ((first + r) * HV + hv) * V;
+        float *vn = w->vnew + r * V;
+        const vf beta = vf_set1(w->beta[r]);
+        int64_t j = 0;
+        for (; j + VW <= V; j += VW)
+            vf_store(vn + j, vf_fmadd(beta, vf_load(v + j), vf_sub(vf_zero(), vf_load(vn + j))));
+        if (j < V)
+            vf_store_n(vn + j, vf_fmadd(beta, vf_load_n(v + j, V - j), vf_sub(vf_zero(), vf_load_n(vn + j, V - j))),
+                       V - j);
+    }
+    /* Forward substitution by 16-row blocks: the rows of earlier blocks enter as one matrix
+     * product, the block itself row by row. */
+    for (int64_t n = 0; n < Lc; n += S) {
+        const int64_t m = Lc - n < S ? Lc - n : S;
+        if (n > 0) {
+            ls_gemm(m, V, n, w->Akk + n * C, C, 1, w->vnew, V, w->tmpv, V, false);
+            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(V, -w->beta[n + rr], w->tmpv + rr * V, w->vnew + (n + rr) * V);
+        }
+        for (int64_t r = n + 1; r < n + m; r++)
+            for (int64_t c = n; c < r; c++)
+                ls_vaxpy(V, -(w->beta[r] * w->Akk[r * C + c]), w->vnew + c * V, w->vnew + r * V);
+    }
+}
+
+void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc)
+{
+    const int64_t K = pl->p->K, V = pl->p->V;
+    for (int64_t i = 0; i < K; i++) ls_vscale(V, w->decay_last[i], S + i * V);
+    ls_gemm(K, V, Lc, w->kd, 1, K, w->vnew, V, S, V, true);
+}
+
+void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
+                               float *S, float *o, void *ws)
+{
+    const int64_t V = pl->p->V, HV = pl->HV, C = pl->chunk, K = pl->p->K, SC = KDA_SUB_CHUNK;
+    kda_chunk_ws w = {0};
+    kda_chunk_ws_layout(pl, ws, &w);
+
+    for (int64_t c0 = 0; c0 < len; c0 += C) {
+        const int64_t Lc = len - c0 < C ? len - c0 : C;
+        const int64_t first = tok0 + c0;
+        LS_ISA_FN(kda_chunk_prepare)(pl, &w, first, Lc, hv);
+        LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv);
+        if (o) {
+            /* the decayed chunk-start state read by q, then the in-chunk part by row blocks */
+            float *out = o + (first * HV + hv) * V;
+            ls_gemm(Lc, V, K, w.qg, K, 1, S, V, out, HV * V, false);
+            for (int64_t n = 0; n < Lc; n += SC) {
+                const int64_t m = Lc - n < SC ? Lc - n : SC;
+                ls_gemm(m, V, n + m, w.Aqk + n * C, C, 1, w.vnew, V, out + n * HV * V, HV * V, true);
+            }
+        }
+        LS_ISA_FN(kda_chunk_advance)(pl, &w, S, Lc);
+    }
+}

@@ -1,0 +1,97 @@
+/* Internal: per-ISA inline helpers of the KDA kernels (include from *_simd.c files after
+ * simd/vec.h): the in-kernel gate and the loading of one token with its in-kernel options. */
+#ifndef LS_KDA_SIMD_H
+#define LS_KDA_SIMD_H
+
+#include <math.h>
+#include <string.h>
+
+#include "kda/kda_internal.h"
+#include "simd/gemm.h"
+#include "simd/vec.h"
+
+/* The gate on one vector: -exp(A_log) softplus(raw + bias), or
+ * lower_bound sigmoid(exp(A_log) (raw + bias)). The standalone gate op runs this same
+ * function, so both agree bit for bit on one ISA. */
+static inline vf kda_gate_vec(vf raw, vf bias, float a_log, float lower_bound)
+{
+    const vf x = vf_add(raw, bias);
+    if (lower_bound == 0.0f) return vf_mul(vf_set1(-expf(a_log)), vf_softplus(x));
+    return vf_mul(vf_set1(lower_bound), vf_sigmoid(vf_mul(vf_set1(expf(a_log)), x)));
+}
+
+/* out[0..n) = gate(raw[i] + bias[i]) (bias NULL: zeros). */
+static inline void kda_gate_row(int64_t n, const float *raw, const float *bias, float a_log,
+                                float lower_bound, float *out)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        const vf b = bias ? vf_load(bias + i) : vf_zero();
+        vf_store(out + i, kda_gate_vec(vf_load(raw + i), b, a_log, lower_bound));
+    }
+    if (i < n) {
+        const vf b = bias ? vf_load_n(bias + i, n - i) : vf_zero();
+        vf_store_n(out + i, kda_gate_vec(vf_load_n(raw + i, n - i), b, a_log, lower_bound), n - i);
+    }
+}
+
+/* a[0..n) = e^{g} with every g raised to floor first (NaN stays NaN). */
+static inline void kda_decay_row(int64_t n, const float *g, float floor, float *a)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(a + i, vf_exp(vf_max(vf_set1(floor), vf_load(g + i))));
+    if (i < n) vf_store_n(a + i, vf_exp(vf_max(vf_set1(floor), vf_load_n(g + i, n - i))), n - i);
+}
+
+/* a[0..K) = the per-token decay of every key row: e^{g} per channel, one e^{g} broadcast per
+ * head, 1 without decay (the recurrent kernels; no floor needed, e^{g} is exact there). */
+static inline void kda_row_decays(const kda_plan *pl, const float *g, float *a)
+{
+    const int64_t K = pl->p->K;
+    if (pl->p->decay == LINSEQ_DECAY_PER_CHANNEL) {
+        kda_decay_row(K, g, -INFINITY, a);
+        return;
+    }
+    float e = 1.0f;
+    if (pl->p->decay == LINSEQ_DECAY_PER_HEAD) kda_decay_row(1, g, -INFINITY, &e);
+    for (int64_t i = 0; i < K; i++) a[i] = e;
+}
+
+/* out = x * r * scale with r = 1/sqrt(|x|^2 + 1e-6) (l2norm) or out = x * scale. */
+static inline void kda_norm_scale(int64_t n, const float *x, bool l2norm, float scale, float *out)
+{
+    float mul = scale;
+    if (l2norm) mul = (float)(1.0 / sqrt((double)ls_vdot(n, x, x) + 1e-6)) * scale;
+    const vf m = vf_set1(mul);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(out + i, vf_mul(vf_load(x + i), m));
+    if (i < n) vf_store_n(out + i, vf_mul(vf_load_n(x + i, n - i), m), n - i);
+}
+
+/* One token of value head hv after the in-kernel options: qs = scale * l2norm(q), ks =
+ * l2norm(k) (or q * scale, k), *beta after the sigmoid when beta is a logit, g[gK] the log
+ * decay after the gate (0 without decay). tok is a flattened token index. */
+static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv, float *qs,
+                                    float *ks, float *beta, float *g)
+{
+    const linseq_kda_problem *p = pl->p;
+    const int64_t K = p->K, H = p->H, HV = pl->HV, h = hv / pl->group;
+    kda_norm_scale(K, p->q + (tok * H + h) * K, p->qk_l2norm, pl->scale, qs);
+    kda_norm_scale(K, p->k + (tok * H + h) * K, p->qk_l2norm, 1.0f, ks);
+    const float b = p->beta[tok * HV + hv];
+    *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
+    if (p->decay == LINSEQ_DECAY_NONE) {
+        g[0] = 0.0f;
+        return;
+    }
+    const int64_t gK = pl->gK;
+    const float *graw = p->g + (tok * HV + hv) * gK;
+    if (!p->gate_in_kernel) {
+        memcpy(g, graw, (size_t)gK * sizeof *g);
+        return;
+    }
+    kda_gate_row(gK, graw, p->dt_bias ? p->dt_bias + hv * gK : NULL,
+                 p->A_log ? p->A_log[hv] : 0.0f, p->lower_bound, g);
+}
+
+#endif
