@@ -26,6 +26,7 @@
 
 typedef struct {
     float *ckpt;                 /* [n_chunks,K,V] the state at each chunk start             */
+    float *vnew_all;             /* [n_chunks*C,V] each chunk's deltas (per token, not a state) */
     float *S, *dS, *dS0;         /* [K,V]                                                   */
     float *ST, *dST;             /* [V,K] S0 and dS transposed                              */
     float *VnT;                  /* [V,C] Vn transposed                                     */
@@ -41,8 +42,8 @@ typedef struct {
     float *dbeta;                /* [C]                                                     */
     float *dg;                   /* [C,gK] the emitted dg                                   */
     float *tmpv;                 /* [16,V]                                                  */
-    double *dG;                  /* [C,gK] dL/dG: many terms that cancel, so summed in double */
-    double *dGL;                 /* [gK]                                                    */
+    float *dG;                   /* [C,gK] dL/dG of each row                                 */
+    float *dGL;                  /* [gK]                                                    */
     double *dgt;                 /* [gK] the running sum sum_{r >= t} dG_r                  */
     unsigned char *chunk;        /* the forward's chunk workspace                           */
 } bwd_ws;
@@ -61,6 +62,7 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     } while (0)
 #define TAKE(field, count) TAKE_T(field, float, count)
     TAKE(ckpt, (n_chunks ? n_chunks : 1) * KV);
+    TAKE(vnew_all, (n_chunks ? n_chunks : 1) * C * V);
     TAKE(S, KV);
     TAKE(dS, KV);
     TAKE(dS0, KV);
@@ -91,8 +93,8 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(dbeta, C);
     TAKE(dg, C * gK);
     TAKE(tmpv, KDA_SUB_CHUNK * V);
-    TAKE_T(dG, double, C * gK);
-    TAKE_T(dGL, double, gK);
+    TAKE(dG, C * gK);
+    TAKE(dGL, gK);
     TAKE_T(dgt, double, gK);
 #undef TAKE
 #undef TAKE_T
@@ -132,14 +134,21 @@ static inline void vfma3(int64_t n, const float *x, const float *s, float *y)
 }
 
 /* dG_row += sign * a (*) b: element-wise per channel, summed over K per head. */
-static void add_dG(double *dG_row, int64_t gK, int64_t K, const float *a, const float *b,
-                   double sign)
+static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const float *b,
+                   float sign)
 {
-    if (gK == K) {
-        for (int64_t d = 0; d < K; d++) dG_row[d] += sign * (double)(a[d] * b[d]);
-    } else {
-        dG_row[0] += sign * (double)ls_vdot(K, a, b);
+    if (gK != K) {
+        dG_row[0] += sign * ls_vdot(K, a, b);
+        return;
     }
+    const vf s = vf_set1(sign);
+    int64_t d = 0;
+    for (; d + VW <= K; d += VW)
+        vf_store(dG_row + d, vf_fmadd(vf_mul(s, vf_load(a + d)), vf_load(b + d), vf_load(dG_row + d)));
+    if (d < K)
+        vf_store_n(dG_row + d,
+                   vf_fmadd(vf_mul(s, vf_load_n(a + d, K - d)), vf_load_n(b + d, K - d), vf_load_n(dG_row + d, K - d)),
+                   K - d);
 }
 
 /* For A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]} (c <= r, or c < r when strict):
@@ -245,8 +254,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     const bool has_decay = p->decay != LINSEQ_DECAY_NONE;
     const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
 
-    memset(w->dG, 0, (size_t)(Lc * gK) * sizeof(double));
-    memset(w->dGL, 0, (size_t)gK * sizeof(double));
+    memset(w->dG, 0, (size_t)(Lc * gK) * sizeof(float));
+    memset(w->dGL, 0, (size_t)gK * sizeof(float));
     memset(w->dbeta, 0, (size_t)Lc * sizeof(float));
     transpose(K, V, S0, V, w->ST, K);
     transpose(K, V, w->dS, V, w->dST, K);
@@ -260,7 +269,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         float *d0 = w->dS0 + i * V;
         const float e = cw->decay_last[i];
         for (int64_t j = 0; j < V; j++) d0[j] = e * ds[j];
-        w->dGL[per_channel ? i : 0] += (double)(e * ls_vdot(V, S0 + i * V, ds));
+        w->dGL[per_channel ? i : 0] += e * ls_vdot(V, S0 + i * V, ds);
     }
 
     /* O = Qg S0 + Aqk Vn */
@@ -311,7 +320,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     for (int64_t r = 0; r < Lc; r++) {
         const float *k = cw->ks + r * K, *eG = cw->eG + r * gK, *eL = cw->eL + r * gK;
         float *dks = w->dks + r * K, *dqs = w->dqs + r * K;
-        double *dG = w->dG + r * gK;
+        float *dG = w->dG + r * gK;
         const float *dkbg = w->dkbg + r * K, *dqg = w->dqg + r * K, *dkd = w->dkd + r * K;
         const float beta = cw->beta[r];
         float db = 0.0f;
@@ -323,11 +332,11 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         }
         w->dbeta[r] += db;
         if (has_decay) {
-            add_dG(dG, gK, K, dkbg, cw->kbg + r * K, 1.0);
-            add_dG(dG, gK, K, dqg, cw->qg + r * K, 1.0);
+            add_dG(dG, gK, K, dkbg, cw->kbg + r * K, 1.0f);
+            add_dG(dG, gK, K, dqg, cw->qg + r * K, 1.0f);
             /* Kd's exponent G_L - G_r: -dG_r, and +dG_L for every row */
-            add_dG(dG, gK, K, dkd, cw->kd + r * K, -1.0);
-            add_dG(w->dGL, gK, K, dkd, cw->kd + r * K, 1.0);
+            add_dG(dG, gK, K, dkd, cw->kd + r * K, -1.0f);
+            add_dG(w->dGL, gK, K, dkd, cw->kd + r * K, 1.0f);
         }
     }
 
@@ -344,8 +353,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         ls_vaxpy(K, 1.0f, w->dX + r * K, w->dqs + r * K);
         ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {
-            add_dG(w->dG + r * gK, gK, K, cw->qs + r * K, w->dX + r * K, 1.0);
-            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0);
+            add_dG(w->dG + r * gK, gK, K, cw->qs + r * K, w->dX + r * K, 1.0f);
+            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0f);
         }
     }
     scores_backward(pl, w, cw, Lc, w->dAkk, true, cw->ks, cw->ks);
@@ -353,8 +362,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         ls_vaxpy(K, 1.0f, w->dX + r * K, w->dks + r * K);
         ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {
-            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dX + r * K, 1.0);
-            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0);
+            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dX + r * K, 1.0f);
+            add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0f);
         }
     }
     for (int64_t i = 0; i < gK; i++) w->dG[(Lc - 1) * gK + i] += w->dGL[i];
@@ -365,7 +374,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     for (int64_t r = Lc - 1; r >= 0; r--) {
         float *dg = w->dg + r * gK;
         for (int64_t i = 0; i < gK; i++) {
-            w->dgt[i] += w->dG[r * gK + i];
+            w->dgt[i] += (double)w->dG[r * gK + i]; /* the running sum cancels: double */
             dg[i] = cw->g[r * gK + i] < KDA_LOG_DECAY_FLOOR ? 0.0f : (float)w->dgt[i];
         }
     }
@@ -395,22 +404,26 @@ void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int6
 
     const int64_t n_chunks = (len + C - 1) / C;
     kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.S);
+    /* The forward pass keeps each chunk's start state and deltas; the walk back then only
+     * rebuilds the chunk-local matrices, no state product. */
+    const float *vnew_forward = cw.vnew;
     for (int64_t c = 0; c < n_chunks; c++) {
         memcpy(w.ckpt + c * KV, w.S, (size_t)KV * sizeof(float));
-        if (c + 1 == n_chunks) break;
-        const int64_t first = tok0 + c * C;
-        LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, C, hv);
-        LS_ISA_FN(kda_chunk_solve)(pl, &cw, w.S, first, C, hv);
-        LS_ISA_FN(kda_chunk_advance)(pl, &cw, w.S, C);
+        const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
+        cw.vnew = w.vnew_all + c * C * p->V;
+        LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, Lc, hv);
+        LS_ISA_FN(kda_chunk_solve)(pl, &cw, w.S, first, Lc, hv);
+        if (c + 1 < n_chunks) LS_ISA_FN(kda_chunk_advance)(pl, &cw, w.S, Lc);
     }
 
     kda_bwd_load_dht(b, n, hv, w.dS);
     for (int64_t c = n_chunks - 1; c >= 0; c--) {
         const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
         const float *S0 = w.ckpt + c * KV;
+        cw.vnew = w.vnew_all + c * C * p->V;
         LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, Lc, hv);
-        LS_ISA_FN(kda_chunk_solve)(pl, &cw, S0, first, Lc, hv);
         chunk_backward(b, &w, &cw, first, Lc, hv, S0, item_partials);
     }
+    cw.vnew = (float *)vnew_forward;
     kda_bwd_store_dh0(b, n, hv, w.dS);
 }
