@@ -591,6 +591,37 @@ static void test_threads_and_in_place(void)
     kda_fixture_free(&f);
 }
 
+/* One sequence and head on several threads: the threads split the state's columns (and build
+ * the chunk matrices of a window in parallel); every thread count gives the same bits, which
+ * are those of the reference to float32 rounding. */
+static void test_single_item_split(void)
+{
+    for (int dk = 1; dk <= 2; dk++) {
+        kda_spec s = {.B = 1, .T = 333, .H = 1, .K = 40, .V = 100, .decay = (linseq_decay)dk,
+                      .l2norm = true, .with_h0 = true, .gmag = 0.5, .regime = GATE_RAND,
+                      .seed = 1800u + (uint64_t)dk};
+        kda_fixture f;
+        kda_fixture_make(&f, &s);
+        const size_t no = o_len(&f);
+        float *o1 = tu_alloc(no), *o2 = tu_alloc_poisoned(no), *h1 = tu_alloc(f.n_state),
+              *h2 = tu_alloc_poisoned(f.n_state), *o_ref = tu_alloc(no);
+        CHECK_OK(ls_kda_reference(&f.p, o_ref, NULL));
+        for (int mode = 0; mode < 2; mode++) {
+            const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
+            run(&f, m, 32, 1, o1, h1);
+            CHECK(tu_rel_err(o1, o_ref, no) <= TOL_VS_REF, "split: one thread vs reference");
+            for (int t = 2; t <= 3; t++) {
+                run(&f, m, 32, t, o2, h2);
+                CHECK(tu_same_bits(o1, o2, no) && tu_same_bits(h1, h2, f.n_state),
+                      "decay %d mode %d: one item on %d threads differs from one thread", dk,
+                      mode, t);
+            }
+        }
+        free(o1), free(o2), free(h1), free(h2), free(o_ref);
+        kda_fixture_free(&f);
+    }
+}
+
 /* The standalone gate against its double reference, both forms, both kinds. */
 static void test_gate_op(void)
 {
@@ -657,6 +688,7 @@ int main(void)
     test_beta_logit_and_l2norm();
     test_decay_kinds_agree();
     test_threads_and_in_place();
+    test_single_item_split();
     test_shapes_and_regimes();
     printf("worst error vs the double reference: recurrent %.3g, chunked %.3g\n",
            worst_recurrent, worst_chunked);

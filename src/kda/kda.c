@@ -177,8 +177,116 @@ static void forward_item(void *ctx, int64_t item, int thread)
     if (pl->chunk)
         LS_ISA_PICK(c->isa, kda_chunk_item)(pl, start, len, hv, S, c->o, scratch);
     else
-        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start, len, hv, S, c->o, scratch);
+        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start, len, hv, S, c->o, scratch, 0, p->V);
     if (c->ht) kda_state_store(pl, S, c->ht + (n * pl->HV + hv) * KV);
+}
+
+/* Fewer items than threads (one long sequence): the threads share each item. The columns of
+ * the state are independent in every step that touches it, so they split the columns; the
+ * chunk-local matrices, which do not depend on the state, are built for a window of chunks
+ * in parallel first. Every column sees the arithmetic of the one-thread path: same bits. */
+typedef struct {
+    const kda_plan *pl;
+    ls_isa isa;
+    int64_t tok0, len, hv;
+    float *S, *o;
+    int64_t col_width;          /* columns per range                                      */
+    unsigned char *chunk_ws;    /* window of chunk workspaces                             */
+    size_t chunk_ws_bytes;
+    int64_t window_first;       /* first chunk of the window                              */
+    int64_t chunk;              /* the chunk the column ranges work on                    */
+    float *scratch;             /* recurrent: one scratch per column range                */
+    size_t scratch_floats;
+} split_ctx;
+
+static void split_range(const split_ctx *c, int64_t r, int64_t *j0, int64_t *j1)
+{
+    *j0 = r * c->col_width;
+    *j1 = *j0 + c->col_width < c->pl->p->V ? *j0 + c->col_width : c->pl->p->V;
+}
+
+static void split_recurrent_range(void *ctx, int64_t r, int thread)
+{
+    (void)thread;
+    const split_ctx *c = ctx;
+    int64_t j0, j1;
+    split_range(c, r, &j0, &j1);
+    LS_ISA_PICK(c->isa, kda_recurrent_item)(c->pl, c->tok0, c->len, c->hv, c->S, c->o,
+                                            c->scratch + r * (int64_t)c->scratch_floats, j0, j1);
+}
+
+static void split_prepare_chunk(void *ctx, int64_t k, int thread)
+{
+    (void)thread;
+    const split_ctx *c = ctx;
+    const int64_t C = c->pl->chunk, c0 = (c->window_first + k) * C;
+    kda_chunk_ws w = {0};
+    kda_chunk_ws_layout(c->pl, c->chunk_ws + (size_t)k * c->chunk_ws_bytes, &w);
+    LS_ISA_PICK(c->isa, kda_chunk_prepare)(c->pl, &w, c->tok0 + c0, c->len - c0 < C ? c->len - c0 : C, c->hv);
+}
+
+static void split_state_range(void *ctx, int64_t r, int thread)
+{
+    (void)thread;
+    const split_ctx *c = ctx;
+    const int64_t C = c->pl->chunk, c0 = c->chunk * C, Lc = c->len - c0 < C ? c->len - c0 : C;
+    kda_chunk_ws w = {0};
+    kda_chunk_ws_layout(c->pl, c->chunk_ws + (size_t)(c->chunk - c->window_first) * c->chunk_ws_bytes, &w);
+    int64_t j0, j1;
+    split_range(c, r, &j0, &j1);
+    const int64_t first = c->tok0 + c0;
+    LS_ISA_PICK(c->isa, kda_chunk_solve)(c->pl, &w, c->S, first, Lc, c->hv, j0, j1);
+    if (c->o) LS_ISA_PICK(c->isa, kda_chunk_output)(c->pl, &w, c->S, first, Lc, c->hv, c->o, j0, j1);
+    LS_ISA_PICK(c->isa, kda_chunk_advance)(c->pl, &w, c->S, Lc, j0, j1);
+}
+
+/* Runs every item with all threads; returns false when the workspace cannot be allocated. */
+static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht)
+{
+    const linseq_kda_problem *p = pl->p;
+    const int64_t KV = p->K * p->V;
+    /* column ranges of whole 32-float panels, at most one per thread */
+    int64_t width = (p->V + threads - 1) / threads;
+    width = (width + 31) / 32 * 32;
+    const int64_t n_ranges = (p->V + width - 1) / width;
+    const int64_t window = pl->chunk ? 2 * (int64_t)threads : 0;
+    split_ctx c = {.pl = pl, .isa = ls_isa_active(), .o = o, .col_width = width};
+    c.chunk_ws_bytes = pl->chunk ? (kda_chunk_ws_layout(pl, NULL, NULL) + 63) & ~(size_t)63 : 0;
+    c.scratch_floats = (kda_recurrent_scratch_floats(pl) + 15) & ~(size_t)15;
+    float *state = aligned_alloc(64, (((size_t)KV * sizeof(float)) + 63) & ~(size_t)63);
+    unsigned char *chunk_ws = window ? aligned_alloc(64, c.chunk_ws_bytes * (size_t)window) : NULL;
+    float *scratch = aligned_alloc(64, c.scratch_floats * sizeof(float) * (size_t)n_ranges);
+    if (!state || (window && !chunk_ws) || !scratch) {
+        free(state);
+        free(chunk_ws);
+        free(scratch);
+        return false;
+    }
+    c.S = state;
+    c.chunk_ws = chunk_ws;
+    c.scratch = scratch;
+    for (int64_t item = 0; item < pl->n_seqs * pl->HV; item++) {
+        const int64_t n = item / pl->HV;
+        c.hv = item % pl->HV;
+        kda_seq_range(pl, n, &c.tok0, &c.len);
+        kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + c.hv) * KV : NULL, state);
+        if (!pl->chunk) {
+            ls_parallel_for(n_ranges, threads, split_recurrent_range, &c);
+        } else {
+            const int64_t n_chunks = (c.len + pl->chunk - 1) / pl->chunk;
+            for (c.window_first = 0; c.window_first < n_chunks; c.window_first += window) {
+                const int64_t in_window = n_chunks - c.window_first < window ? n_chunks - c.window_first : window;
+                ls_parallel_for(in_window, threads, split_prepare_chunk, &c);
+                for (c.chunk = c.window_first; c.chunk < c.window_first + in_window; c.chunk++)
+                    ls_parallel_for(n_ranges, threads, split_state_range, &c);
+            }
+        }
+        if (ht) kda_state_store(pl, state, ht + (n * pl->HV + c.hv) * KV);
+    }
+    free(state);
+    free(chunk_ws);
+    free(scratch);
+    return true;
 }
 
 linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
@@ -206,6 +314,12 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
+    const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
+    if (n_items < all_threads && p->V > 32) {
+        if (!forward_split(&pl, all_threads, o, ht))
+            return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
+        return LINSEQ_OK;
+    }
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B * p->T));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
     if (!ws)
@@ -249,7 +363,7 @@ static void decode_item(void *ctx, int64_t item, int thread)
     /* K-major rows are advanced where they live; V-first rows go through a K-major copy. */
     float *S = p->state_v_first ? (float *)(void *)(c->ws + (size_t)thread * c->ws_stride) : slot;
     if (p->state_v_first) kda_state_load(pl, slot, S);
-    LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, S, c->o, scratch);
+    LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, S, c->o, scratch, 0, p->V);
     if (p->state_v_first) kda_state_store(pl, S, slot);
 }
 

@@ -83,13 +83,20 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
 LS_ISA_DECLARE(void, kda_chunk_prepare,
                (const kda_plan *pl, const kda_chunk_ws *w, int64_t first, int64_t Lc, int64_t hv));
 
-/* vnew = (I + diag(beta) Akk)^{-1} (diag(beta) V - kbg S0). */
+/* The steps that involve the state touch the columns [j0, j1) of S, vnew and o only: each
+ * column of V is independent there, so threads may take disjoint column ranges of one chunk
+ * (and get the same bits as one thread doing all of them).
+ *     solve:   vnew = (I + diag(beta) Akk)^{-1} (diag(beta) V - kbg S0)
+ *     output:  o = qg S0 + Aqk vnew
+ *     advance: S <- diag(e^{G_last}) S + kd^T vnew */
 LS_ISA_DECLARE(void, kda_chunk_solve,
                (const kda_plan *pl, const kda_chunk_ws *w, const float *S0, int64_t first,
-                int64_t Lc, int64_t hv));
-
-/* S <- diag(e^{G_last}) S + kd^T vnew. */
+                int64_t Lc, int64_t hv, int64_t j0, int64_t j1));
+LS_ISA_DECLARE(void, kda_chunk_output,
+               (const kda_plan *pl, const kda_chunk_ws *w, const float *S0, int64_t first,
+                int64_t Lc, int64_t hv, float *o, int64_t j0, int64_t j1));
 LS_ISA_DECLARE(void, kda_chunk_advance,
-               (const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc));
+               (const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc, int64_t j0,
+                int64_t j1));
 
 #endif

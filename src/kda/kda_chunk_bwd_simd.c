@@ -412,8 +412,8 @@ void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int6
         const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
         cw.vnew = w.vnew_all + c * C * p->V;
         LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, Lc, hv);
-        LS_ISA_FN(kda_chunk_solve)(pl, &cw, w.S, first, Lc, hv);
-        if (c + 1 < n_chunks) LS_ISA_FN(kda_chunk_advance)(pl, &cw, w.S, Lc);
+        LS_ISA_FN(kda_chunk_solve)(pl, &cw, w.S, first, Lc, hv, 0, p->V);
+        if (c + 1 < n_chunks) LS_ISA_FN(kda_chunk_advance)(pl, &cw, w.S, Lc, 0, p->V);
     }
 
     kda_bwd_load_dht(b, n, hv, w.dS);

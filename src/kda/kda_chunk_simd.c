@@ -220,46 +220,65 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
 }
 
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
-                                int64_t first, int64_t Lc, int64_t hv)
+                                int64_t first, int64_t Lc, int64_t hv, int64_t j0, int64_t j1)
 {
     const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, S = KDA_SUB_CHUNK;
-    ls_gemm(Lc, V, K, w->kbg, K, 1, S0, V, w->vnew, V, false);
+    const int64_t n = j1 - j0;
+    float *vnew = w->vnew + j0;
+    ls_gemm(Lc, n, K, w->kbg, K, 1, S0 + j0, V, vnew, V, false);
     for (int64_t r = 0; r < Lc; r++) {
-        const float *v = pl->p->v + ((first + r) * HV + hv) * V;
-        float *vn = w->vnew + r * V;
+        const float *v = pl->p->v + ((first + r) * HV + hv) * V + j0;
+        float *vn = vnew + r * V;
         const vf beta = vf_set1(w->beta[r]);
         int64_t j = 0;
-        for (; j + VW <= V; j += VW)
+        for (; j + VW <= n; j += VW)
             vf_store(vn + j, vf_fmadd(beta, vf_load(v + j), vf_sub(vf_zero(), vf_load(vn + j))));
-        if (j < V)
-            vf_store_n(vn + j, vf_fmadd(beta, vf_load_n(v + j, V - j), vf_sub(vf_zero(), vf_load_n(vn + j, V - j))),
-                       V - j);
+        if (j < n)
+            vf_store_n(vn + j, vf_fmadd(beta, vf_load_n(v + j, n - j), vf_sub(vf_zero(), vf_load_n(vn + j, n - j))),
+                       n - j);
     }
     /* Forward substitution by 16-row blocks: the rows of earlier blocks enter as one matrix
      * product, the block itself row by row. */
-    for (int64_t n = 0; n < Lc; n += S) {
-        const int64_t m = Lc - n < S ? Lc - n : S;
-        if (n > 0) {
-            ls_gemm(m, V, n, w->Akk + n * C, C, 1, w->vnew, V, w->tmpv, V, false);
-            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(V, -w->beta[n + rr], w->tmpv + rr * V, w->vnew + (n + rr) * V);
+    for (int64_t r0 = 0; r0 < Lc; r0 += S) {
+        const int64_t m = Lc - r0 < S ? Lc - r0 : S;
+        if (r0 > 0) {
+            float *tmp = w->tmpv + j0;
+            ls_gemm(m, n, r0, w->Akk + r0 * C, C, 1, vnew, V, tmp, V, false);
+            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(n, -w->beta[r0 + rr], tmp + rr * V, vnew + (r0 + rr) * V);
         }
-        for (int64_t r = n + 1; r < n + m; r++)
-            for (int64_t c = n; c < r; c++)
-                ls_vaxpy(V, -(w->beta[r] * w->Akk[r * C + c]), w->vnew + c * V, w->vnew + r * V);
+        for (int64_t r = r0 + 1; r < r0 + m; r++)
+            for (int64_t c = r0; c < r; c++)
+                ls_vaxpy(n, -(w->beta[r] * w->Akk[r * C + c]), vnew + c * V, vnew + r * V);
     }
 }
 
-void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc)
+void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
+                                 int64_t first, int64_t Lc, int64_t hv, float *o, int64_t j0,
+                                 int64_t j1)
+{
+    const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, SC = KDA_SUB_CHUNK;
+    const int64_t n = j1 - j0;
+    /* the decayed chunk-start state read by q, then the in-chunk part by row blocks */
+    float *out = o + (first * HV + hv) * V + j0;
+    ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, HV * V, false);
+    for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
+        const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
+        ls_gemm(m, n, r0 + m, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V, true);
+    }
+}
+
+void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc,
+                                  int64_t j0, int64_t j1)
 {
     const int64_t K = pl->p->K, V = pl->p->V;
-    for (int64_t i = 0; i < K; i++) ls_vscale(V, w->decay_last[i], S + i * V);
-    ls_gemm(K, V, Lc, w->kd, 1, K, w->vnew, V, S, V, true);
+    for (int64_t i = 0; i < K; i++) ls_vscale(j1 - j0, w->decay_last[i], S + i * V + j0);
+    ls_gemm(K, j1 - j0, Lc, w->kd, 1, K, w->vnew + j0, V, S + j0, V, true);
 }
 
 void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
                                float *S, float *o, void *ws)
 {
-    const int64_t V = pl->p->V, HV = pl->HV, C = pl->chunk, K = pl->p->K, SC = KDA_SUB_CHUNK;
+    const int64_t V = pl->p->V, C = pl->chunk;
     kda_chunk_ws w = {0};
     kda_chunk_ws_layout(pl, ws, &w);
 
@@ -267,16 +286,8 @@ void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, in
         const int64_t Lc = len - c0 < C ? len - c0 : C;
         const int64_t first = tok0 + c0;
         LS_ISA_FN(kda_chunk_prepare)(pl, &w, first, Lc, hv);
-        LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv);
-        if (o) {
-            /* the decayed chunk-start state read by q, then the in-chunk part by row blocks */
-            float *out = o + (first * HV + hv) * V;
-            ls_gemm(Lc, V, K, w.qg, K, 1, S, V, out, HV * V, false);
-            for (int64_t n = 0; n < Lc; n += SC) {
-                const int64_t m = Lc - n < SC ? Lc - n : SC;
-                ls_gemm(m, V, n + m, w.Aqk + n * C, C, 1, w.vnew, V, out + n * HV * V, HV * V, true);
-            }
-        }
-        LS_ISA_FN(kda_chunk_advance)(pl, &w, S, Lc);
+        LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv, 0, V);
+        if (o) LS_ISA_FN(kda_chunk_output)(pl, &w, S, first, Lc, hv, o, 0, V);
+        LS_ISA_FN(kda_chunk_advance)(pl, &w, S, Lc, 0, V);
     }
 }

@@ -73,14 +73,16 @@ void kda_state_load(const kda_plan *pl, const float *src, float *S);
 void kda_state_store(const kda_plan *pl, const float *S, float *dst);
 
 /* Recurrent mode: advances S over tokens [tok0, tok0+len) of value head hv and writes their
- * outputs (none when o is NULL). scratch holds kda_recurrent_scratch_floats(pl) floats. */
+ * outputs (none when o is NULL), for the columns [j0, j1) of S and o only: columns are
+ * independent in the recurrence, so threads may split one item's columns. scratch holds
+ * kda_recurrent_scratch_floats(pl) floats. */
 static inline size_t kda_recurrent_scratch_floats(const kda_plan *pl)
 {
     return (size_t)(6 * pl->p->K + 64);
 }
 LS_ISA_DECLARE(void, kda_recurrent_item,
                (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
-                float *scratch));
+                float *scratch, int64_t j0, int64_t j1));
 
 /* Chunked mode: same contract; ws holds kda_chunk_ws_layout(pl, NULL, NULL) bytes (see
  * kda_chunk.h), 64-aligned, with pl->chunk set. */

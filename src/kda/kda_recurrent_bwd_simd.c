@@ -191,7 +191,7 @@ void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, 
     for (int64_t s = 0; s < n_seg; s++) {
         memcpy(w.ckpt + s * KV, w.seg, (size_t)KV * sizeof(float));
         const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
-        if (s + 1 < n_seg) LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch);
+        if (s + 1 < n_seg) LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch, 0, p->V);
     }
 
     kda_bwd_load_dht(b, n, hv, w.dS);
@@ -201,7 +201,7 @@ void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, 
         memcpy(w.seg, w.ckpt + s * KV, (size_t)KV * sizeof(float));
         for (int64_t i = 1; i < cnt; i++) {
             memcpy(w.seg + i * KV, w.seg + (i - 1) * KV, (size_t)KV * sizeof(float));
-            LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0 + i - 1, 1, hv, w.seg + i * KV, NULL, scratch);
+            LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0 + i - 1, 1, hv, w.seg + i * KV, NULL, scratch, 0, p->V);
         }
         for (int64_t i = cnt - 1; i >= 0; i--)
             token_backward(b, &w, tok0 + t0 + i, hv, w.seg + i * KV, item_partials);

@@ -73,7 +73,7 @@ static inline void column_block(int64_t K, int64_t V, float *S, int64_t j0, int 
 }
 
 void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
-                                   float *S, float *o, float *scratch)
+                                   float *S, float *o, float *scratch, int64_t j0, int64_t j1)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
@@ -91,10 +91,10 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
         const float *v = p->v + (tok * HV + hv) * V;
         float *out = o ? o + (tok * HV + hv) * V : NULL;
         const int64_t block = COLS * VW;
-        for (int64_t j0 = 0; j0 < V; j0 += block) {
-            const int64_t w = V - j0 < block ? V - j0 : block;
+        for (int64_t jb = j0; jb < j1; jb += block) {
+            const int64_t w = j1 - jb < block ? j1 - jb : block;
             const int nv = (int)((w + VW - 1) / VW);
-            column_block(K, V, S, j0, nv, w - (int64_t)(nv - 1) * VW, a, ak, aq, ks, qk, beta, v, out);
+            column_block(K, V, S, jb, nv, w - (int64_t)(nv - 1) * VW, a, ak, aq, ks, qk, beta, v, out);
         }
     }
 }
