@@ -360,11 +360,11 @@ static void decode_item(void *ctx, int64_t item, int thread)
     }
     float *slot = c->state + (row * pl->HV + hv) * KV;
     void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
-    /* K-major rows are advanced where they live; V-first rows go through a K-major copy. */
-    float *S = p->state_v_first ? (float *)(void *)(c->ws + (size_t)thread * c->ws_stride) : slot;
-    if (p->state_v_first) kda_state_load(pl, slot, S);
-    LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, S, c->o, scratch, 0, p->V);
-    if (p->state_v_first) kda_state_store(pl, S, slot);
+    /* the state row is advanced where it lives, in either layout */
+    if (p->state_v_first)
+        LS_ISA_PICK(c->isa, kda_decode_v_first)(pl, b, hv, slot, c->o, scratch);
+    else
+        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, slot, c->o, scratch, 0, p->V);
 }
 
 static int compare_i64(const void *x, const void *y)

@@ -84,6 +84,11 @@ LS_ISA_DECLARE(void, kda_recurrent_item,
                (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
                 float *scratch, int64_t j0, int64_t j1));
 
+/* Decode of one token where a V-first state row [V,K] lives (no transposed copy). */
+LS_ISA_DECLARE(void, kda_decode_v_first,
+               (const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o,
+                float *scratch));
+
 /* Chunked mode: same contract; ws holds kda_chunk_ws_layout(pl, NULL, NULL) bytes (see
  * kda_chunk.h), 64-aligned, with pl->chunk set. */
 LS_ISA_DECLARE(void, kda_chunk_item,

@@ -98,3 +98,64 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
         }
     }
 }
+
+/* One decode token on a V-first state S^T [V,K] where it lives: row j of S^T is column j of
+ * S, so pred_j = (a k) . S^T_j and o_j need one dot product per row, reduced VW rows at a
+ * time, and the update S^T_j <- a * S^T_j + u_j k rewrites each row while it is in L1. */
+void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, float *ST,
+                                   float *o, float *scratch)
+{
+    const linseq_kda_problem *p = pl->p;
+    const int64_t K = p->K, V = p->V, HV = pl->HV;
+    float *qs = scratch, *ks = qs + K, *g = ks + K, *a = g + K, *ak = a + K, *aq = ak + K;
+    float beta;
+    kda_load_token_v(pl, tok, hv, qs, ks, &beta, g);
+    kda_row_decays(pl, g, a);
+    for (int64_t i = 0; i < K; i++) {
+        ak[i] = a[i] * ks[i];
+        aq[i] = a[i] * qs[i];
+    }
+    const float qk = ls_vdot(K, qs, ks);
+    const float *v = p->v + (tok * HV + hv) * V;
+    float *out = o + (tok * HV + hv) * V;
+    for (int64_t j0 = 0; j0 < V; j0 += VW) {
+        const int64_t rows = V - j0 < VW ? V - j0 : VW;
+        vf acc_p[VW], acc_o[VW];
+        for (int64_t r = 0; r < VW; r++) acc_p[r] = acc_o[r] = vf_zero();
+        for (int64_t r = 0; r < rows; r++) {
+            const float *row = ST + (j0 + r) * K;
+            int64_t i = 0;
+            for (; i + VW <= K; i += VW) {
+                const vf s = vf_load(row + i);
+                acc_p[r] = vf_fmadd(vf_load(ak + i), s, acc_p[r]);
+                acc_o[r] = vf_fmadd(vf_load(aq + i), s, acc_o[r]);
+            }
+            if (i < K) {
+                const vf s = vf_load_n(row + i, K - i);
+                acc_p[r] = vf_fmadd(vf_load_n(ak + i, K - i), s, acc_p[r]);
+                acc_o[r] = vf_fmadd(vf_load_n(aq + i, K - i), s, acc_o[r]);
+            }
+        }
+        const vf pred = vf_hsum_lanes(acc_p), o_pre = vf_hsum_lanes(acc_o);
+        const vf vin = rows == VW ? vf_load(v + j0) : vf_load_n(v + j0, rows);
+        const vf u = vf_mul(vf_set1(beta), vf_sub(vin, pred));
+        const vf ov = vf_fmadd(vf_set1(qk), u, o_pre);
+        float ubuf[VW];
+        vf_store(ubuf, u);
+        if (rows == VW)
+            vf_store(out + j0, ov);
+        else
+            vf_store_n(out + j0, ov, rows);
+        for (int64_t r = 0; r < rows; r++) {
+            float *row = ST + (j0 + r) * K;
+            const vf ur = vf_set1(ubuf[r]);
+            int64_t i = 0;
+            for (; i + VW <= K; i += VW)
+                vf_store(row + i, vf_fmadd(ur, vf_load(ks + i), vf_mul(vf_load(a + i), vf_load(row + i))));
+            if (i < K)
+                vf_store_n(row + i,
+                           vf_fmadd(ur, vf_load_n(ks + i, K - i), vf_mul(vf_load_n(a + i, K - i), vf_load_n(row + i, K - i))),
+                           K - i);
+        }
+    }
+}
