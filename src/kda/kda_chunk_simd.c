@@ -42,72 +42,84 @@ static inline void vfill(int64_t n, float value, float *y)
     for (int64_t i = 0; i < n; i++) y[i] = value;
 }
 
-/* Diagonal 16-row block [n, n+m): Aqk[r][c] and Akk[r][c] for n <= c <= r, with the running
- * product w = a_{c+1} ... a_r over every channel carried from c = r down to n. */
+/* Lane sums of 16 vectors into out[16], VW vectors per reduction. */
+static inline void reduce16(const vf *acc, float *out)
+{
+    for (int g = 0; g < 16; g += VW) vf_store(out + g, vf_hsum_lanes(acc + g));
+}
+
+/* Row r of a diagonal block against the columns [c_lo, c_hi) (at most 8, all below r):
+ * Aqk[r][c] = sum_d q_r k_c w_c and Akk[r][c] = sum_d k_r k_c w_c with the running product
+ * w_c = a_{c+1} ... a_r carried down from c_hi - 1. w_carry holds, per channel, the product
+ * down to c_hi (1 when c_hi == r) and is left holding it down to c_lo. Walking the channels
+ * outside and the (at most 8) columns inside keeps all 16 sums in registers. */
+static void diagonal_row_segment(const kda_chunk_ws *w, int64_t r, int64_t c_lo, int64_t c_hi,
+                                 int64_t K, int64_t C, float *w_carry)
+{
+    const int nc = (int)(c_hi - c_lo);
+    const float *q = w->qs + r * K, *kr = w->ks + r * K;
+    vf acc[16];
+    for (int i = 0; i < 16; i++) acc[i] = vf_zero();
+    int64_t d = 0;
+    /* two channel vectors at a time: the running products are a chain of multiplications
+     * down the columns, so two independent chains hide its latency (four spill registers) */
+    for (; d + 2 * VW <= K; d += 2 * VW) {
+        vf run0 = vf_load(w_carry + d), run1 = vf_load(w_carry + d + VW);
+        const vf q0 = vf_load(q + d), q1 = vf_load(q + d + VW);
+        const vf k0 = vf_load(kr + d), k1 = vf_load(kr + d + VW);
+#pragma GCC unroll 8
+        for (int cc = 7; cc >= 0; cc--) {
+            if (cc >= nc) continue;
+            const int64_t c = c_lo + cc;
+            const float *a = w->a + (c + 1) * K + d, *kc = w->ks + c * K + d;
+            run0 = vf_mul(run0, vf_load(a));
+            run1 = vf_mul(run1, vf_load(a + VW));
+            const vf kw0 = vf_mul(vf_load(kc), run0), kw1 = vf_mul(vf_load(kc + VW), run1);
+            acc[cc] = vf_fmadd(q1, kw1, vf_fmadd(q0, kw0, acc[cc]));
+            acc[8 + cc] = vf_fmadd(k1, kw1, vf_fmadd(k0, kw0, acc[8 + cc]));
+        }
+        vf_store(w_carry + d, run0);
+        vf_store(w_carry + d + VW, run1);
+    }
+    for (; d < K; d += VW) {
+        const int64_t t = K - d < VW ? K - d : VW;
+        const bool full = t == VW;
+        vf run = full ? vf_load(w_carry + d) : vf_load_n(w_carry + d, t);
+        const vf vq = full ? vf_load(q + d) : vf_load_n(q + d, t);
+        const vf vk = full ? vf_load(kr + d) : vf_load_n(kr + d, t);
+        for (int cc = nc - 1; cc >= 0; cc--) {
+            const int64_t c = c_lo + cc;
+            const float *a = w->a + (c + 1) * K + d, *kc = w->ks + c * K + d;
+            run = vf_mul(run, full ? vf_load(a) : vf_load_n(a, t));
+            const vf kw = vf_mul(full ? vf_load(kc) : vf_load_n(kc, t), run);
+            acc[cc] = vf_fmadd(vq, kw, acc[cc]);
+            acc[8 + cc] = vf_fmadd(vk, kw, acc[8 + cc]);
+        }
+        if (full)
+            vf_store(w_carry + d, run);
+        else
+            vf_store_n(w_carry + d, run, t);
+    }
+    float sums[16];
+    reduce16(acc, sums);
+    for (int cc = 0; cc < nc; cc++) {
+        w->Aqk[r * C + c_lo + cc] = sums[cc];
+        w->Akk[r * C + c_lo + cc] = sums[8 + cc];
+    }
+}
+
+/* Diagonal block [n, n+m): Aqk[r][c] and Akk[r][c] for n <= c <= r, element by element (no
+ * factorisation keeps every exponent <= 0 inside it), in segments of 8 columns. */
 static void diagonal_block_per_channel(const kda_chunk_ws *w, int64_t n, int64_t m, int64_t K,
                                        int64_t C)
 {
     for (int64_t r = n; r < n + m; r++) {
-        const float *q = w->qs + r * K, *kr = w->ks + r * K;
-        w->Aqk[r * C + r] = ls_vdot(K, q, kr);
+        w->Aqk[r * C + r] = ls_vdot(K, w->qs + r * K, w->ks + r * K);
         vfill(K, 1.0f, w->w);
-        for (int64_t c = r - 1; c >= n; c--) {
-            const float *a = w->a + (c + 1) * K, *kc = w->ks + c * K;
-            vf acc_q = vf_zero(), acc_k = vf_zero();
-            int64_t d = 0;
-            for (; d + VW <= K; d += VW) {
-                const vf run = vf_mul(vf_load(w->w + d), vf_load(a + d));
-                vf_store(w->w + d, run);
-                const vf kw = vf_mul(vf_load(kc + d), run);
-                acc_q = vf_fmadd(vf_load(q + d), kw, acc_q);
-                acc_k = vf_fmadd(vf_load(kr + d), kw, acc_k);
-            }
-            if (d < K) {
-                const int64_t t = K - d;
-                const vf run = vf_mul(vf_load_n(w->w + d, t), vf_load_n(a + d, t));
-                vf_store_n(w->w + d, run, t);
-                const vf kw = vf_mul(vf_load_n(kc + d, t), run);
-                acc_q = vf_fmadd(vf_load_n(q + d, t), kw, acc_q);
-                acc_k = vf_fmadd(vf_load_n(kr + d, t), kw, acc_k);
-            }
-            w->Aqk[r * C + c] = vf_hsum(acc_q);
-            w->Akk[r * C + c] = vf_hsum(acc_k);
+        for (int64_t c_hi = r; c_hi > n; c_hi -= 8) {
+            const int64_t c_lo = c_hi - 8 > n ? c_hi - 8 : n;
+            diagonal_row_segment(w, r, c_lo, c_hi, K, C, w->w);
         }
-    }
-}
-
-/* A 16-row diagonal block as two 8-row triangles, element by element, and the 8 x 8 block
- * between them as one product: rows r >= n+8 against columns c < n+8 factor through row
- * n+8 as (x_r e^{G_r - G_{n+8}}) . (k_c e^{G_{n+8} - G_c}). Half the element-wise work. */
-static void diagonal_block_halves(const kda_chunk_ws *w, int64_t n, int64_t m, int64_t K,
-                                  int64_t C)
-{
-    enum { HALF = KDA_SUB_CHUNK / 2 };
-    if (m <= HALF) {
-        diagonal_block_per_channel(w, n, m, K, C);
-        return;
-    }
-    const int64_t n2 = n + HALF, m2 = m - HALF;
-    diagonal_block_per_channel(w, n, HALF, K, C);
-    diagonal_block_per_channel(w, n2, m2, K, C);
-    /* columns n .. n2-1 scaled by a_{c+1} ... a_{n2}, stored transposed [K][HALF] */
-    memcpy(w->w, w->a + n2 * K, (size_t)K * sizeof(float));
-    for (int64_t c = n2 - 1; c >= n; c--) {
-        if (c < n2 - 1) vmul3(K, w->w, w->a + (c + 1) * K, w->w);
-        const float *kc = w->ks + c * K;
-        for (int64_t d = 0; d < K; d++) w->yts[d * HALF + (c - n)] = kc[d] * w->w[d];
-    }
-    /* rows n2 .. n+m-1 scaled by a_{n2+1} ... a_r */
-    vfill(K, 1.0f, w->fr);
-    for (int64_t rr = 0; rr < m2; rr++) {
-        if (rr > 0) vmul3(K, w->fr, w->a + (n2 + rr) * K, w->fr);
-        vmul3(K, w->qs + (n2 + rr) * K, w->fr, w->xt + rr * K);
-        vmul3(K, w->ks + (n2 + rr) * K, w->fr, w->xt + (m2 + rr) * K);
-    }
-    ls_gemm(2 * m2, HALF, K, w->xt, K, 1, w->yts, HALF, w->sc, C, false);
-    for (int64_t rr = 0; rr < m2; rr++) {
-        memcpy(w->Aqk + (n2 + rr) * C + n, w->sc + rr * C, HALF * sizeof(float));
-        memcpy(w->Akk + (n2 + rr) * C + n, w->sc + (m2 + rr) * C, HALF * sizeof(float));
     }
 }
 
@@ -153,7 +165,7 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
             memcpy(w->Akk + (n + rr) * C, w->sc + (m + rr) * C, (size_t)n * sizeof(float));
         }
     }
-    for (int64_t n = 0; n < Lc; n += S) diagonal_block_halves(w, n, Lc - n < S ? Lc - n : S, K, C);
+    for (int64_t n = 0; n < Lc; n += S) diagonal_block_per_channel(w, n, Lc - n < S ? Lc - n : S, K, C);
 }
 
 /* With one decay per token e^{G_r - G_c} is a scalar: the plain products Qs K^T and K K^T,
