@@ -53,6 +53,31 @@ static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64
         for (int v = 0; v < GEMM_NV; v++) vf_store(C + i * ldc + v * VW, acc[i][v]);
 }
 
+/* MR full rows by one vector column of width w <= VW (masked when w < VW): the column tail
+ * of a product, with its accumulators still in registers. */
+static inline void gemm_tile_col(int64_t w, int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
+                                 const float *B, int64_t ldb, float *C, int64_t ldc,
+                                 bool accumulate)
+{
+    vf acc[GEMM_MR];
+    const bool full = w == VW;
+#pragma GCC unroll 8
+    for (int i = 0; i < GEMM_MR; i++)
+        acc[i] = accumulate ? (full ? vf_load(C + i * ldc) : vf_load_n(C + i * ldc, w)) : vf_zero();
+    for (int64_t p = 0; p < K; p++) {
+        const vf b = full ? vf_load(B + p * ldb) : vf_load_n(B + p * ldb, w);
+#pragma GCC unroll 8
+        for (int i = 0; i < GEMM_MR; i++) acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < GEMM_MR; i++) {
+        if (full)
+            vf_store(C + i * ldc, acc[i]);
+        else
+            vf_store_n(C + i * ldc, acc[i], w);
+    }
+}
+
 /* An edge tile: mr <= MR rows, one vector column of width w <= VW (masked when w < VW). */
 static inline void gemm_tile_edge(int64_t mr, int64_t w, int64_t K, const float *A, int64_t a_rs,
                                   int64_t a_cs, const float *B, int64_t ldb, float *C,
@@ -99,11 +124,11 @@ static inline void ls_gemm(int64_t M, int64_t N, int64_t K, const float *A, int6
     }
     for (int64_t j = n_full; j < N; j += VW) {
         const int64_t w = N - j < VW ? N - j : VW;
-        for (int64_t i = 0; i < M; i += GEMM_MR) {
-            const int64_t mr = M - i < GEMM_MR ? M - i : GEMM_MR;
-            gemm_tile_edge(mr, w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc,
-                           accumulate);
-        }
+        for (int64_t i = 0; i < m_full; i += GEMM_MR)
+            gemm_tile_col(w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+        if (m_full < M)
+            gemm_tile_edge(M - m_full, w, K, A + m_full * a_rs, a_rs, a_cs, B + j, ldb,
+                           C + m_full * ldc + j, ldc, accumulate);
     }
 }
 
