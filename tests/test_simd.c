@@ -104,6 +104,28 @@ static void hsum_lanes(ls_isa isa)
     CHECK(ok, "%s: vf_hsum_lanes gives wrong lane sums", ls_isa_name(isa));
 }
 
+/* ls_transpose on every block shape: full register blocks, edges, both at once. */
+static void transpose_shapes(ls_isa isa)
+{
+    void (*fn[])(int64_t, int64_t, const float *, int64_t, float *, int64_t) = {
+        ls_transpose_n_scalar, ls_transpose_n_avx2, ls_transpose_n_avx512};
+    static const int64_t shapes[][2] = {{16, 16}, {32, 48}, {17, 5}, {5, 33}, {64, 128}, {1, 1}, {40, 24}};
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        const int64_t R = shapes[s][0], Cc = shapes[s][1], lds = Cc + 3, ldd = R + 5;
+        float *src = tu_alloc((size_t)(R * lds)), *dst = tu_alloc_poisoned((size_t)(Cc * ldd));
+        for (int64_t i = 0; i < R * lds; i++) src[i] = (float)i;
+        fn[isa](R, Cc, src, lds, dst, ldd);
+        bool ok = true;
+        for (int64_t i = 0; i < R; i++)
+            for (int64_t j = 0; j < Cc; j++) ok &= dst[j * ldd + i] == src[i * lds + j];
+        for (int64_t j = 0; j < Cc; j++) /* the padding of each destination row is untouched */
+            ok &= tu_is_poisoned(dst + j * ldd + R, (size_t)(ldd - R) * sizeof(float));
+        CHECK(ok, "%s: transpose of %lld x %lld", ls_isa_name(isa), (long long)R, (long long)Cc);
+        free(src);
+        free(dst);
+    }
+}
+
 int main(void)
 {
 #define FNS(base) {base##_scalar, base##_avx2, base##_avx512}
@@ -127,6 +149,7 @@ int main(void)
             continue;
         }
         hsum_lanes((ls_isa)isa);
+        transpose_shapes((ls_isa)isa);
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
             sweep(&cases[i], (ls_isa)isa);
             specials_and_tails(&cases[i], (ls_isa)isa);

@@ -104,18 +104,6 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
 
 size_t LS_ISA_FN(kda_chunk_bwd_ws_bytes)(const kda_bwd *b) { return carve(b, NULL, NULL); }
 
-/* dst[j][i] = src[i][j] for a rows x cols block, in 8 x 8 tiles for the caches. */
-static void transpose(int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
-                      int64_t ldd)
-{
-    for (int64_t i0 = 0; i0 < rows; i0 += 8)
-        for (int64_t j0 = 0; j0 < cols; j0 += 8) {
-            const int64_t i1 = i0 + 8 < rows ? i0 + 8 : rows, j1 = j0 + 8 < cols ? j0 + 8 : cols;
-            for (int64_t i = i0; i < i1; i++)
-                for (int64_t j = j0; j < j1; j++) dst[j * ldd + i] = src[i * lds + j];
-        }
-}
-
 /* y = x * s, y += x * s over n floats */
 static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
 {
@@ -257,9 +245,9 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     memset(w->dG, 0, (size_t)(Lc * gK) * sizeof(float));
     memset(w->dGL, 0, (size_t)gK * sizeof(float));
     memset(w->dbeta, 0, (size_t)Lc * sizeof(float));
-    transpose(K, V, S0, V, w->ST, K);
-    transpose(K, V, w->dS, V, w->dST, K);
-    transpose(Lc, V, Vn, V, w->VnT, C);
+    ls_transpose(K, V, S0, V, w->ST, K);
+    ls_transpose(K, V, w->dS, V, w->dST, K);
+    ls_transpose(Lc, V, Vn, V, w->VnT, C);
 
     /* S_C = diag(e^{G_L}) S0 + Kd^T Vn */
     ls_gemm(Lc, V, K, cw->kd, K, 1, w->dS, V, w->dVn, V, false);

@@ -133,9 +133,9 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
         vfill(K, 1.0f, w->w);
         for (int64_t c = ej; c >= nj; c--) {
             if (c < ej) vmul3(K, w->w, w->a + (c + 1) * K, w->w);
-            const float *kc = w->ks + c * K;
-            for (int64_t d = 0; d < K; d++) w->yt[d * C + c] = kc[d] * w->w[d];
+            vmul3(K, w->ks + c * K, w->w, w->xt + (c - nj) * K);
         }
+        ls_transpose(ej - nj + 1, K, w->xt, K, w->yt + nj, C);
         vmul3(K, w->w, w->a + nj * K, w->tot + j * K);
     }
     /* Row blocks i >= 1 against all earlier columns: one matrix product per block. */
@@ -172,8 +172,7 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
  * weighted by a running product along each row. */
 static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
 {
-    for (int64_t c = 0; c < Lc; c++)
-        for (int64_t d = 0; d < K; d++) w->yt[d * C + c] = w->ks[c * K + d];
+    ls_transpose(Lc, K, w->ks, K, w->yt, C);
     ls_gemm(Lc, Lc, K, w->qs, K, 1, w->yt, C, w->Aqk, C, false);
     ls_gemm(Lc, Lc, K, w->ks, K, 1, w->yt, C, w->Akk, C, false);
     for (int64_t r = 0; r < Lc; r++) {

@@ -132,6 +132,17 @@ static inline void ls_gemm(int64_t M, int64_t N, int64_t K, const float *A, int6
     }
 }
 
+/* dst[j][i] = src[i][j] for a rows x cols block: VW x VW register transposes, scalar edges. */
+static inline void ls_transpose(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                float *dst, int64_t ldd)
+{
+    const int64_t rf = rows - rows % VW, cf = cols - cols % VW;
+    for (int64_t i = 0; i < rf; i += VW)
+        for (int64_t j = 0; j < cf; j += VW) vf_transpose_block(src + i * lds + j, lds, dst + j * ldd + i, ldd);
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = i < rf ? cf : 0; j < cols; j++) dst[j * ldd + i] = src[i * lds + j];
+}
+
 /* x[0..n) . y[0..n): VW lanes of partial sums, then a fixed horizontal order. */
 static inline float ls_vdot(int64_t n, const float *x, const float *y)
 {

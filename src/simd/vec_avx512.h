@@ -36,6 +36,38 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), b, a);
 }
+/* dst[j][i] = src[i][j] for a 16 x 16 block: unpack pairs, then quadruples, then 128-bit
+ * quarters twice. */
+static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
+{
+    __m512 r[16], t[16];
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+        const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    /* r[4g + k] now holds, in each 128-bit quarter q, column 4q + k of rows 4g .. 4g+3 */
+    for (int k = 0; k < 4; k++) {
+        const __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);     /* quarters 0,2 | 0,2 */
+        const __m512 b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);     /* quarters 1,3 | 1,3 */
+        const __m512 c = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0x88);
+        const __m512 d = _mm512_shuffle_f32x4(r[8 + k], r[12 + k], 0xDD);
+        t[k] = _mm512_shuffle_f32x4(a, c, 0x88);      /* column k      */
+        t[8 + k] = _mm512_shuffle_f32x4(a, c, 0xDD);  /* column 8 + k  */
+        t[4 + k] = _mm512_shuffle_f32x4(b, d, 0x88);  /* column 4 + k  */
+        t[12 + k] = _mm512_shuffle_f32x4(b, d, 0xDD); /* column 12 + k */
+    }
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, t[i]);
+}
+
 /* A fixed pairwise order, the same on every call. */
 static inline float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
 

@@ -1,4 +1,5 @@
 /* The array forms of vec.h's vector math; compiled once per ISA. */
+#include "simd/gemm.h"
 #include "simd/vec.h"
 #include "simd/vmath.h"
 
@@ -23,4 +24,10 @@ int LS_ISA_FN(ls_vhsum_lanes_n)(const float *in, float *out)
     for (int i = 0; i < VW; i++) a[i] = vf_load(in + i * VW);
     vf_store(out, vf_hsum_lanes(a));
     return VW;
+}
+
+void LS_ISA_FN(ls_transpose_n)(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                               float *dst, int64_t ldd)
+{
+    ls_transpose(rows, cols, src, lds, dst, ldd);
 }
