@@ -150,29 +150,46 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
     memset(w->dY, 0, (size_t)(Lc * K) * sizeof(float));
     for (int64_t n = 0; n < Lc; n += S) {
         const int64_t m = Lc - n < S ? Lc - n : S;
-        /* diagonal block: running products from r down to c */
+        /* diagonal block: for row r, walk the channels outside and the columns inside, so the
+         * running product and dX_r stay in registers (two channel vectors at a time hide the
+         * multiply latency of the product chain); dY_c collects in memory. */
         for (int64_t r = n; r < n + m; r++) {
+            const float *xr = X + r * K;
+            float *dxr = w->dX + r * K;
             if (!strict) {
-                ls_vaxpy(K, dA[r * C + r], Y + r * K, w->dX + r * K);
-                ls_vaxpy(K, dA[r * C + r], X + r * K, w->dY + r * K);
+                ls_vaxpy(K, dA[r * C + r], Y + r * K, dxr);
+                ls_vaxpy(K, dA[r * C + r], xr, w->dY + r * K);
             }
-            for (int64_t d = 0; d < K; d++) w->run[d] = 1.0f;
-            for (int64_t c = r - 1; c >= n; c--) {
-                vmul3(K, w->run, cw->a + (c + 1) * K, w->run);
-                const float coef = dA[r * C + c];
-                const vf vc = vf_set1(coef);
-                int64_t d = 0;
-                for (; d + VW <= K; d += VW) {
-                    const vf e = vf_mul(vc, vf_load(w->run + d));
-                    vf_store(w->dX + r * K + d, vf_fmadd(e, vf_load(Y + c * K + d), vf_load(w->dX + r * K + d)));
-                    vf_store(w->dY + c * K + d, vf_fmadd(e, vf_load(X + r * K + d), vf_load(w->dY + c * K + d)));
+            int64_t d = 0;
+            for (; d + 2 * VW <= K; d += 2 * VW) {
+                vf run0 = vf_set1(1.0f), run1 = vf_set1(1.0f), acc0 = vf_zero(), acc1 = vf_zero();
+                const vf x0 = vf_load(xr + d), x1 = vf_load(xr + d + VW);
+                for (int64_t c = r - 1; c >= n; c--) {
+                    const float *a = cw->a + (c + 1) * K + d, *y = Y + c * K + d;
+                    float *dy = w->dY + c * K + d;
+                    const vf coef = vf_set1(dA[r * C + c]);
+                    run0 = vf_mul(run0, vf_load(a));
+                    run1 = vf_mul(run1, vf_load(a + VW));
+                    const vf e0 = vf_mul(coef, run0), e1 = vf_mul(coef, run1);
+                    acc0 = vf_fmadd(e0, vf_load(y), acc0);
+                    acc1 = vf_fmadd(e1, vf_load(y + VW), acc1);
+                    vf_store(dy, vf_fmadd(e0, x0, vf_load(dy)));
+                    vf_store(dy + VW, vf_fmadd(e1, x1, vf_load(dy + VW)));
                 }
-                if (d < K) {
-                    const int64_t t = K - d;
-                    const vf e = vf_mul(vc, vf_load_n(w->run + d, t));
-                    vf_store_n(w->dX + r * K + d, vf_fmadd(e, vf_load_n(Y + c * K + d, t), vf_load_n(w->dX + r * K + d, t)), t);
-                    vf_store_n(w->dY + c * K + d, vf_fmadd(e, vf_load_n(X + r * K + d, t), vf_load_n(w->dY + c * K + d, t)), t);
+                vf_store(dxr + d, vf_add(vf_load(dxr + d), acc0));
+                vf_store(dxr + d + VW, vf_add(vf_load(dxr + d + VW), acc1));
+            }
+            for (; d < K; d += VW) {
+                const int64_t t = K - d < VW ? K - d : VW;
+                vf run = vf_set1(1.0f), acc = vf_zero();
+                const vf x = vf_load_n(xr + d, t);
+                for (int64_t c = r - 1; c >= n; c--) {
+                    float *dy = w->dY + c * K + d;
+                    const vf e = vf_mul(vf_set1(dA[r * C + c]), run = vf_mul(run, vf_load_n(cw->a + (c + 1) * K + d, t)));
+                    acc = vf_fmadd(e, vf_load_n(Y + c * K + d, t), acc);
+                    vf_store_n(dy, vf_fmadd(e, x, vf_load_n(dy, t)), t);
                 }
+                vf_store_n(dxr + d, vf_add(vf_load_n(dxr + d, t), acc), t);
             }
         }
         if (n == 0) continue;
@@ -311,14 +328,19 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         float *dG = w->dG + r * gK;
         const float *dkbg = w->dkbg + r * K, *dqg = w->dqg + r * K, *dkd = w->dkd + r * K;
         const float beta = cw->beta[r];
-        float db = 0.0f;
-        for (int64_t d = 0; d < K; d++) {
-            const float e = eG[per_channel ? d : 0], el = eL[per_channel ? d : 0];
-            db += dkbg[d] * (k[d] * e);                  /* Kbg = beta K e^G             */
-            dks[d] = beta * e * dkbg[d] + el * dkd[d];   /* ... and Kd = K e^{G_L - G}    */
-            dqs[d] = e * dqg[d];                         /* Qg = Qs e^G                  */
+        /* Kbg = beta K e^G, Kd = K e^{G_L - G}, Qg = Qs e^G */
+        vf db = vf_zero();
+        const vf vbeta = vf_set1(beta);
+        for (int64_t d = 0; d < K; d += VW) {
+            const int64_t t = K - d < VW ? K - d : VW;
+            const vf e = per_channel ? vf_load_n(eG + d, t) : vf_set1(eG[0]);
+            const vf el = per_channel ? vf_load_n(eL + d, t) : vf_set1(eL[0]);
+            const vf vkbg = vf_load_n(dkbg + d, t);
+            db = vf_fmadd(vkbg, vf_mul(vf_load_n(k + d, t), e), db);
+            vf_store_n(dks + d, vf_fmadd(el, vf_load_n(dkd + d, t), vf_mul(vf_mul(vbeta, e), vkbg)), t);
+            vf_store_n(dqs + d, vf_mul(e, vf_load_n(dqg + d, t)), t);
         }
-        w->dbeta[r] += db;
+        w->dbeta[r] += vf_hsum(db);
         if (has_decay) {
             add_dG(dG, gK, K, dkbg, cw->kbg + r * K, 1.0f);
             add_dG(dG, gK, K, dqg, cw->qg + r * K, 1.0f);
