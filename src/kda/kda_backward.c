@@ -19,13 +19,17 @@ void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, c
     const linseq_kda_grads *gr = b->gr;
     const int64_t K = p->K, V = p->V, H = p->H, HV = pl->HV, gK = pl->gK;
     const int64_t h = hv / pl->group;
+    /* restrict: the rows are the caller's outputs, never the kernel's buffers (and the
+     * compiler can then vectorise the sums) */
     if (gr->dq) {
-        float *row = gr->dq + (tok * H + h) * K;
-        for (int64_t i = 0; i < K; i++) row[i] += dqs[i];
+        float *restrict row = gr->dq + (tok * H + h) * K;
+        const float *restrict src = dqs;
+        for (int64_t i = 0; i < K; i++) row[i] += src[i];
     }
     if (gr->dk) {
-        float *row = gr->dk + (tok * H + h) * K;
-        for (int64_t i = 0; i < K; i++) row[i] += dks[i];
+        float *restrict row = gr->dk + (tok * H + h) * K;
+        const float *restrict src = dks;
+        for (int64_t i = 0; i < K; i++) row[i] += src[i];
     }
     if (gr->dv) memcpy(gr->dv + (tok * HV + hv) * V, dv, (size_t)V * sizeof(float));
     if (gr->dbeta) {

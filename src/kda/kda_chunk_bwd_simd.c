@@ -38,7 +38,7 @@ typedef struct {
     float *prod;                 /* [C,K]                                                   */
     float *Mb;                   /* [C,C] beta_r Akk[r,c]                                   */
     float *dAqk, *dAkk, *dAe;    /* [C,C]                                                   */
-    float *fr, *dsc, *run;       /* [K]                                                     */
+    float *fr, *dsc;             /* [K]                                                     */
     float *dbeta;                /* [C]                                                     */
     float *dg;                   /* [C,gK] the emitted dg                                   */
     float *tmpv;                 /* [16,V]                                                  */
@@ -89,7 +89,6 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(dAe, C * C);
     TAKE(fr, K);
     TAKE(dsc, K);
-    TAKE(run, K);
     TAKE(dbeta, C);
     TAKE(dg, C * gK);
     TAKE(tmpv, KDA_SUB_CHUNK * V);
@@ -103,6 +102,15 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
 }
 
 size_t LS_ISA_FN(kda_chunk_bwd_ws_bytes)(const kda_bwd *b) { return carve(b, NULL, NULL); }
+
+/* y = a x over n floats */
+static inline void vscale_to(int64_t n, float a, const float *x, float *y)
+{
+    const vf av = vf_set1(a);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, vf_mul(av, vf_load(x + i)));
+    if (i < n) vf_store_n(y + i, vf_mul(av, vf_load_n(x + i, n - i)), n - i);
+}
 
 /* y = x * s, y += x * s over n floats */
 static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
@@ -273,7 +281,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         const float *ds = w->dS + i * V;
         float *d0 = w->dS0 + i * V;
         const float e = cw->decay_last[i];
-        for (int64_t j = 0; j < V; j++) d0[j] = e * ds[j];
+        vscale_to(V, e, ds, d0);
         w->dGL[per_channel ? i : 0] += e * ls_vdot(V, S0 + i * V, ds);
     }
 
@@ -284,15 +292,12 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     ls_gemm(Lc, V, Lc, cw->Aqk, 1, C, dO, ldo, w->dVn, V, true); /* Aqk is 0 above the diagonal */
 
     /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR */
-    for (int64_t r = 0; r < Lc; r++)
-        for (int64_t c = 0; c < Lc; c++) w->Mb[r * C + c] = c < r ? cw->beta[r] * cw->Akk[r * C + c] : 0.0f;
-    /* (only Mb's strictly lower part is read: the back substitution walks c > r) */
+    /* only Mb's strictly lower part is read: the back substitution walks c > r */
+    for (int64_t r = 1; r < Lc; r++) vscale_to(r, cw->beta[r], cw->Akk + r * C, w->Mb + r * C);
     for (int64_t n = (Lc - 1) / SC * SC; n >= 0; n -= SC) {
         const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
         for (int64_t r = n; r < after; r++) {
-            const float *src = w->dVn + r * V;
-            float *x = w->dR + r * V;
-            for (int64_t j = 0; j < V; j++) x[j] = -src[j];
+            vscale_to(V, -1.0f, w->dVn + r * V, w->dR + r * V);
         }
         if (after < Lc) {
             ls_gemm(m, V, Lc - after, w->Mb + after * C + n, 1, C, w->dR + after * V, V, w->tmpv, V, false);
@@ -392,7 +397,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         /* the token's dv = beta_r dR_r (w->dR holds -dR); dVn row r is free to hold it */
         float *dv = w->dVn + r * V;
         const float beta = cw->beta[r], *ndr = w->dR + r * V;
-        for (int64_t j = 0; j < V; j++) dv[j] = -beta * ndr[j];
+        vscale_to(V, -beta, ndr, dv);
         kda_bwd_emit(b, first + r, hv, w->dqs + r * K, w->dks + r * K, dv, w->dbeta[r],
                      has_decay ? w->dg + r * gK : NULL, item_partials);
     }
