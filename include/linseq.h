@@ -215,6 +215,24 @@ LINSEQ_API linseq_status linseq_kda_backward(const linseq_kda_problem *problem,
                                              const linseq_exec *exec, const float *d_o,
                                              const float *d_ht, const linseq_kda_grads *grads);
 
+/* Training without recomputation. linseq_kda_backward runs the forward again to get the state
+ * at every chunk start; a training step that calls forward and backward can instead keep
+ * those from its forward: linseq_kda_forward_train is linseq_kda_forward that also writes
+ * `saved` (the state before every chunk, or every chunk_size tokens in recurrent mode, and in
+ * chunked mode every token's delta: per sequence and value head ceil(L/C) K V + L V floats,
+ * never one state per token), and linseq_kda_backward_saved uses it. Pass the same problem
+ * and exec to the three calls; a header in `saved` checks mode, chunk size and sizes. */
+LINSEQ_API linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem,
+                                               const linseq_exec *exec, size_t *bytes);
+LINSEQ_API linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,
+                                                  const linseq_exec *exec, float *o, float *ht,
+                                                  void *saved, size_t saved_bytes);
+LINSEQ_API linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
+                                                   const linseq_exec *exec, const void *saved,
+                                                   size_t saved_bytes, const float *d_o,
+                                                   const float *d_ht,
+                                                   const linseq_kda_grads *grads);
+
 /* ------------------------------------------------------------------------------------ */
 /* KDA gate (standalone): the decay of a KDA layer from its raw gate input               */
 /* ------------------------------------------------------------------------------------ */

@@ -639,6 +639,81 @@ static void test_gate_backward(void)
         }
 }
 
+/* The training pair (forward_train + backward_saved) gives exactly what forward + backward
+ * give, in both modes, with varlen, V-first states and one sequence split over threads; and a
+ * saved block made for another mode, chunk size or problem is refused. */
+static void test_saved_forward(void)
+{
+    static const int64_t cu[] = {0, 70, 70, 200};
+    struct {
+        kda_spec s;
+        int threads;
+    } cases[] = {
+        {{.B = 2, .T = 150, .H = 2, .HV = 4, .K = 24, .V = 40, .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true, .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .seed = 950}, 2},
+        {{.B = 1, .T = 200, .H = 1, .K = 16, .V = 20, .decay = LINSEQ_DECAY_PER_HEAD,
+          .with_h0 = true, .v_first = true, .gmag = 0.4, .regime = GATE_RAND, .n_seqs = 3,
+          .cu = cu, .seed = 951}, 3},
+        {{.B = 1, .T = 301, .H = 1, .K = 32, .V = 100, .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true, .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .seed = 952}, 2},
+    };
+    for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
+        for (int mode = 0; mode < 2; mode++) {
+            grad_case c;
+            make_case(&c, &cases[ci].s, true, false, 0);
+            ref_grads shape;
+            ref_grads_alloc(&shape, &c);
+            linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT,
+                              .chunk_size = 32, .threads = cases[ci].threads};
+            const size_t no = c.n_o;
+            float *o1 = tu_alloc(no), *o2 = tu_alloc_poisoned(no);
+            float *h1 = tu_alloc(c.f.n_state), *h2 = tu_alloc_poisoned(c.f.n_state);
+            size_t bytes = 0;
+            CHECK_OK(linseq_kda_saved_size(&c.f.p, &ex, &bytes));
+            unsigned char *saved = malloc(bytes);
+            CHECK_OK(linseq_kda_forward(&c.f.p, &ex, o1, h1));
+            CHECK_OK(linseq_kda_forward_train(&c.f.p, &ex, o2, h2, saved, bytes));
+            CHECK(tu_same_bits(o1, o2, no) && tu_same_bits(h1, h2, c.f.n_state),
+                  "case %zu mode %d: the training forward's outputs differ", ci, mode);
+            fast_grads g1, g2;
+            run_backward(&c, &c.f.p, ex.mode, 32, cases[ci].threads, &g1, &shape);
+            fast_grads_alloc(&g2, &shape, false, true);
+            CHECK_OK(linseq_kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g));
+            CHECK(same_grads(&g1, &g2, &shape), "case %zu mode %d: saved backward differs", ci, mode);
+            /* refusals, each leaving the gradients untouched */
+            fast_grads_free(&g2);
+            fast_grads_alloc(&g2, &shape, false, true);
+            linseq_exec other = ex;
+            other.chunk_size = 16;
+            CHECK(linseq_kda_backward_saved(&c.f.p, &other, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
+                      LINSEQ_ERR_INVALID_VALUE && strstr(linseq_last_error(), "chunk size 32"),
+                  "another chunk size is not refused: %s", linseq_last_error());
+            CHECK(linseq_kda_backward_saved(&c.f.p, &ex, saved, bytes - 4, c.d_o, c.d_ht, &g2.g) ==
+                      LINSEQ_ERR_INVALID_SIZE, "a short saved block is not refused");
+            CHECK(linseq_kda_backward_saved(&c.f.p, &ex, NULL, bytes, c.d_o, c.d_ht, &g2.g) ==
+                      LINSEQ_ERR_NULL_POINTER, "a NULL saved block is not refused");
+            linseq_kda_problem wrong = c.f.p;
+            wrong.V = c.f.p.V - 1; /* the same buffers describe a smaller problem */
+            CHECK(linseq_kda_backward_saved(&wrong, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
+                      LINSEQ_ERR_SHAPE_MISMATCH, "a saved block of another problem is not refused");
+            saved[0] ^= 1;
+            CHECK(linseq_kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
+                      LINSEQ_ERR_INVALID_VALUE, "a block not written by forward_train is accepted");
+            bool untouched = true;
+            for (int i = 0; i < 8; i++)
+                if (g2.all[i]) untouched &= tu_is_poisoned(g2.all[i], 4); /* first bytes */
+            CHECK(untouched, "a refused saved backward wrote a gradient");
+            CHECK(linseq_kda_forward_train(&c.f.p, &ex, o2, h2, saved, bytes - 4) ==
+                      LINSEQ_ERR_INVALID_SIZE, "forward_train accepts a short block");
+            free(saved);
+            free(o1), free(o2), free(h1), free(h2);
+            fast_grads_free(&g1);
+            fast_grads_free(&g2);
+            ref_grads_free(&shape);
+            free_case(&c);
+        }
+}
+
 int main(void)
 {
     test_reference_against_finite_differences();
@@ -647,6 +722,7 @@ int main(void)
     test_recurrent_equals_chunked();
     test_varlen_equals_separate();
     test_options_equal_outside();
+    test_saved_forward();
     printf("worst gradient error vs the double reference: recurrent %.3g, chunked %.3g\n",
            worst_grad[0], worst_grad[1]);
     return tu_finish("test_kda_grad");

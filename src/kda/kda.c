@@ -42,6 +42,14 @@ void kda_state_store(const kda_plan *pl, const float *S, float *dst)
 /* Validation                                                                                 */
 /* ---------------------------------------------------------------------------------------- */
 
+void kda_exec_plan(kda_plan *pl, const linseq_exec *exec)
+{
+    const linseq_mode mode = exec ? exec->mode : LINSEQ_MODE_DEFAULT;
+    const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
+    pl->chunk = mode != LINSEQ_MODE_RECURRENT ? chunk : 0;
+    pl->segment = chunk;
+}
+
 /* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
 linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
 {
@@ -92,6 +100,7 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
     pl->gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
     pl->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->K));
     pl->chunk = 0;
+    pl->segment = 64;
     return LINSEQ_OK;
 }
 
@@ -160,7 +169,22 @@ typedef struct {
     unsigned char *ws;
     size_t ws_stride, state_bytes;
     ls_isa isa;
+    float *saved;              /* training: the saved blocks (after the header), or NULL     */
+    const int64_t *saved_at;   /* their offsets per item                                      */
 } forward_ctx;
+
+/* Recurrent mode, keeping the state before every segment of pl->segment tokens. */
+static void recurrent_item_saving(const forward_ctx *c, int64_t start, int64_t len, int64_t hv,
+                                  float *S, void *scratch, float *save)
+{
+    const kda_plan *pl = c->pl;
+    const int64_t KV = pl->p->K * pl->p->V, seg = pl->segment;
+    for (int64_t t0 = 0; t0 < len; t0 += seg) {
+        memcpy(save + t0 / seg * KV, S, (size_t)KV * sizeof(float));
+        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start + t0, len - t0 < seg ? len - t0 : seg,
+                                                hv, S, c->o, scratch, 0, pl->p->V);
+    }
+}
 
 static void forward_item(void *ctx, int64_t item, int thread)
 {
@@ -174,8 +198,11 @@ static void forward_item(void *ctx, int64_t item, int thread)
     float *S = (float *)(void *)(c->ws + (size_t)thread * c->ws_stride);
     void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
     kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, S);
+    float *save = c->saved ? c->saved + c->saved_at[item] : NULL;
     if (pl->chunk)
-        LS_ISA_PICK(c->isa, kda_chunk_item)(pl, start, len, hv, S, c->o, scratch);
+        LS_ISA_PICK(c->isa, kda_chunk_item)(pl, start, len, hv, S, c->o, scratch, save);
+    else if (save)
+        recurrent_item_saving(c, start, len, hv, S, scratch, save);
     else
         LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start, len, hv, S, c->o, scratch, 0, p->V);
     if (c->ht) kda_state_store(pl, S, c->ht + (n * pl->HV + hv) * KV);
@@ -197,6 +224,7 @@ typedef struct {
     int64_t chunk;              /* the chunk the column ranges work on                    */
     float *scratch;             /* recurrent: one scratch per column range                */
     size_t scratch_floats;
+    float *save;                /* training: this item's saved block, or NULL            */
 } split_ctx;
 
 static void split_range(const split_ctx *c, int64_t r, int64_t *j0, int64_t *j1)
@@ -205,14 +233,28 @@ static void split_range(const split_ctx *c, int64_t r, int64_t *j0, int64_t *j1)
     *j1 = *j0 + c->col_width < c->pl->p->V ? *j0 + c->col_width : c->pl->p->V;
 }
 
+/* The columns [j0, j1) of the state into the saved state s of the current item. */
+static void save_columns(const split_ctx *c, int64_t s, int64_t j0, int64_t j1)
+{
+    const int64_t K = c->pl->p->K, V = c->pl->p->V;
+    float *dst = c->save + s * K * V;
+    for (int64_t i = 0; i < K; i++)
+        memcpy(dst + i * V + j0, c->S + i * V + j0, (size_t)(j1 - j0) * sizeof(float));
+}
+
 static void split_recurrent_range(void *ctx, int64_t r, int thread)
 {
     (void)thread;
     const split_ctx *c = ctx;
     int64_t j0, j1;
     split_range(c, r, &j0, &j1);
-    LS_ISA_PICK(c->isa, kda_recurrent_item)(c->pl, c->tok0, c->len, c->hv, c->S, c->o,
-                                            c->scratch + r * (int64_t)c->scratch_floats, j0, j1);
+    float *scratch = c->scratch + r * (int64_t)c->scratch_floats;
+    const int64_t seg = c->save ? c->pl->segment : c->len;
+    for (int64_t t0 = 0; t0 < c->len; t0 += seg) {
+        if (c->save) save_columns(c, t0 / seg, j0, j1);
+        LS_ISA_PICK(c->isa, kda_recurrent_item)(c->pl, c->tok0 + t0, c->len - t0 < seg ? c->len - t0 : seg,
+                                                c->hv, c->S, c->o, scratch, j0, j1);
+    }
 }
 
 static void split_prepare_chunk(void *ctx, int64_t k, int thread)
@@ -235,13 +277,19 @@ static void split_state_range(void *ctx, int64_t r, int thread)
     int64_t j0, j1;
     split_range(c, r, &j0, &j1);
     const int64_t first = c->tok0 + c0;
+    if (c->save) {
+        const int64_t KV = c->pl->p->K * c->pl->p->V;
+        save_columns(c, c->chunk, j0, j1);
+        w.vnew = c->save + (c->len + C - 1) / C * KV + c0 * c->pl->p->V;
+    }
     LS_ISA_PICK(c->isa, kda_chunk_solve)(c->pl, &w, c->S, first, Lc, c->hv, j0, j1);
     if (c->o) LS_ISA_PICK(c->isa, kda_chunk_output)(c->pl, &w, c->S, first, Lc, c->hv, c->o, j0, j1);
     LS_ISA_PICK(c->isa, kda_chunk_advance)(c->pl, &w, c->S, Lc, j0, j1);
 }
 
 /* Runs every item with all threads; returns false when the workspace cannot be allocated. */
-static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht)
+static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht, float *saved,
+                          const int64_t *saved_at)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t KV = p->K * p->V;
@@ -270,6 +318,7 @@ static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht)
         c.hv = item % pl->HV;
         kda_seq_range(pl, n, &c.tok0, &c.len);
         kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + c.hv) * KV : NULL, state);
+        c.save = saved ? saved + saved_at[item] : NULL;
         if (!pl->chunk) {
             ls_parallel_for(n_ranges, threads, split_recurrent_range, &c);
         } else {
@@ -289,10 +338,11 @@ static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht)
     return true;
 }
 
-linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
-                                 float *o, float *ht)
+/* The forward, and with saved != NULL the training forward that also fills saved. */
+static linseq_status forward_impl(const char *fn, const linseq_kda_problem *problem,
+                                  const linseq_exec *exec, float *o, float *ht, void *saved,
+                                  size_t saved_bytes)
 {
-    static const char fn[] = "linseq_kda_forward";
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
@@ -307,31 +357,90 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, p->T, pl.HV, p->V);
     ls_tensor *t_ht = ls_arg(&a, "ht", sd, ht, false, LS_OUT, 4, 4, pl.n_seqs, pl.HV, d2, d3);
     t_ht->may_alias = p->h0;
-    const linseq_mode mode = exec ? exec->mode : LINSEQ_MODE_DEFAULT;
-    if (mode != LINSEQ_MODE_RECURRENT) pl.chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
+    if (saved) ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes);
+    kda_exec_plan(&pl, exec);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
+    int64_t *saved_at = NULL;
+    if (saved) {
+        size_t need;
+        saved_at = malloc((size_t)n_items * sizeof *saved_at);
+        if (!saved_at) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the saved layout");
+        if ((st = kda_saved_layout(fn, &pl, saved_at, &need))) {
+            free(saved_at);
+            return st;
+        }
+        if (saved_bytes < need) {
+            free(saved_at);
+            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                           "saved_bytes = %zu; expected at least %zu (linseq_kda_saved_size)",
+                           saved_bytes, need);
+        }
+    }
+    float *saved_data = saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {
-        if (!forward_split(&pl, all_threads, o, ht))
-            return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
-        return LINSEQ_OK;
+        const bool ok = forward_split(&pl, all_threads, o, ht, saved_data, saved_at);
+        if (ok && saved) kda_saved_write_header(&pl, saved);
+        free(saved_at);
+        return ok ? LINSEQ_OK : ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
     }
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B * p->T));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
-    if (!ws)
+    if (!ws) {
+        free(saved_at);
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
                        ws_stride * (size_t)threads);
-
+    }
     forward_ctx c = {.pl = &pl, .o = o, .ht = ht, .ws = ws, .ws_stride = ws_stride,
                      .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
-                     .isa = ls_isa_active()};
+                     .isa = ls_isa_active(), .saved = saved_data, .saved_at = saved_at};
     ls_parallel_for(n_items, threads, forward_item, &c);
+    if (saved) kda_saved_write_header(&pl, saved);
     free(ws);
+    free(saved_at);
     return LINSEQ_OK;
+}
+
+linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                 float *o, float *ht)
+{
+    return forward_impl("linseq_kda_forward", problem, exec, o, ht, NULL, 0);
+}
+
+linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,
+                                       const linseq_exec *exec, float *o, float *ht,
+                                       void *saved, size_t saved_bytes)
+{
+    static const char fn[] = "linseq_kda_forward_train";
+    if (!saved) {
+        ls_clear_error();
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "argument 'saved' is NULL; expected linseq_kda_saved_size bytes");
+    }
+    return forward_impl(fn, problem, exec, o, ht, saved, saved_bytes);
+}
+
+linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                    size_t *bytes)
+{
+    static const char fn[] = "linseq_kda_saved_size";
+    ls_clear_error();
+    kda_plan pl;
+    linseq_status st;
+    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if (!bytes) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
+    ls_args a = {.fn = fn};
+    kda_add_inputs(&a, &pl, problem->T);
+    if ((st = ls_args_validate(&a))) return st;
+    if (problem->cu_seqlens &&
+        (st = ls_check_cu_seqlens(fn, problem->cu_seqlens, problem->n_seqs, problem->B, problem->T)))
+        return st;
+    kda_exec_plan(&pl, exec);
+    return kda_saved_layout(fn, &pl, NULL, bytes);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -128,11 +128,12 @@ static void backward_item(void *ctx, int64_t item, int thread)
     }
 }
 
-linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linseq_exec *exec,
-                                  const float *d_o, const float *d_ht,
-                                  const linseq_kda_grads *grads)
+/* The backward; with saved (from linseq_kda_forward_train) it skips the forward pass. */
+static linseq_status backward_impl(const char *fn, const linseq_kda_problem *problem,
+                                   const linseq_exec *exec, const void *saved,
+                                   size_t saved_bytes, const float *d_o, const float *d_ht,
+                                   const linseq_kda_grads *grads)
 {
-    static const char fn[] = "linseq_kda_backward";
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
@@ -167,26 +168,50 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
     ls_arg(&a, "dh0", sd, gr->dh0, false, LS_OUT, 4, 4, pl.n_seqs, HV, d2, d3);
     ls_arg(&a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
     ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1, HV * gK);
+    if (saved) ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes);
 
-    const linseq_mode mode = exec ? exec->mode : LINSEQ_MODE_DEFAULT;
-    const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
-    if (mode != LINSEQ_MODE_RECURRENT) pl.chunk = chunk;
+    kda_exec_plan(&pl, exec);
+    const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
     if ((st = ls_args_validate(&a))) return st;
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
+    int64_t *saved_at = NULL;
+    if (saved) {
+        size_t need;
+        if (saved_bytes < KDA_SAVED_HEADER_BYTES)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                           "saved_bytes = %zu is smaller than the saved header", saved_bytes);
+        if ((st = kda_saved_check_header(fn, &pl, saved))) return st;
+        saved_at = malloc((size_t)(pl.n_seqs * HV) * sizeof *saved_at);
+        if (!saved_at) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the saved layout");
+        if ((st = kda_saved_layout(fn, &pl, saved_at, &need))) {
+            free(saved_at);
+            return st;
+        }
+        if (saved_bytes < need) {
+            free(saved_at);
+            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                           "saved_bytes = %zu; expected %zu (linseq_kda_saved_size)", saved_bytes, need);
+        }
+    }
     const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
-                 .segment = chunk, .isa = ls_isa_active()};
+                 .segment = chunk, .isa = ls_isa_active(), .saved_at = saved_at,
+                 .saved = saved ? (const float *)(const void *)((const unsigned char *)saved +
+                                                                KDA_SAVED_HEADER_BYTES)
+                                : NULL};
     /* Per thread: one state per chunk or segment of the longest sequence, plus a segment of
      * states (recurrent) or one chunk's matrices (chunked). */
     int64_t kv, n_ckpt_states, chunk_rows;
     if (!ls_mul_ok(&kv, 2, K, V) || !ls_mul_ok(&chunk_rows, 2, (int64_t)chunk, K + V + chunk) ||
         !ls_mul_ok(&n_ckpt_states, 2, kv, max_len / chunk + 2 + chunk) ||
-        n_ckpt_states > (int64_t)(PTRDIFF_MAX / 64) || chunk_rows > (int64_t)(PTRDIFF_MAX / 64))
+        n_ckpt_states > (int64_t)(PTRDIFF_MAX / 64) || chunk_rows > (int64_t)(PTRDIFF_MAX / 64)) {
+        free(saved_at);
         return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                        "the backward's checkpoints (T/%d + %d states of K*V = %lld*%lld floats) "
                        "are too large to allocate",
                        chunk, chunk + 2, (long long)K, (long long)V);
+    }
 
     const size_t ws_stride =
         ((pl.chunk ? LS_ISA_PICK(b.isa, kda_chunk_bwd_ws_bytes)(&b)
@@ -202,6 +227,7 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
     if (!ws || (want_partials && !b.partials)) {
         free(ws);
         free(b.partials);
+        free(saved_at);
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
                        ws_stride * (size_t)threads);
     }
@@ -225,5 +251,27 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
     }
     free(b.partials);
     free(ws);
+    free(saved_at);
     return LINSEQ_OK;
+}
+
+linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                  const float *d_o, const float *d_ht,
+                                  const linseq_kda_grads *grads)
+{
+    return backward_impl("linseq_kda_backward", problem, exec, NULL, 0, d_o, d_ht, grads);
+}
+
+linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
+                                        const linseq_exec *exec, const void *saved,
+                                        size_t saved_bytes, const float *d_o, const float *d_ht,
+                                        const linseq_kda_grads *grads)
+{
+    static const char fn[] = "linseq_kda_backward_saved";
+    if (!saved) {
+        ls_clear_error();
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "argument 'saved' is NULL; expected what linseq_kda_forward_train wrote");
+    }
+    return backward_impl(fn, problem, exec, saved, saved_bytes, d_o, d_ht, grads);
 }

@@ -23,7 +23,16 @@ typedef struct kda_bwd {
     double *partials;     /* per item: [G] dA_log, then [G*gK] ddt_bias, summed in double */
     int64_t partial_len;
     ls_isa isa;
+    const float *saved;        /* the training forward's blocks, or NULL (recompute)       */
+    const int64_t *saved_at;   /* their offsets per item                                    */
 } kda_bwd;
+
+/* This item's saved block: the states before each chunk or segment, then (chunked) the
+ * deltas; NULL without one. */
+static inline const float *kda_bwd_saved_block(const kda_bwd *b, int64_t n, int64_t hv)
+{
+    return b->saved ? b->saved + b->saved_at[n * b->pl->HV + hv] : NULL;
+}
 
 /* Gradients of one token of value head hv w.r.t. its loaded quantities: dqs, dks [K] (added
  * to the item's dq/dk rows, chained at the end of the item), dv [V], dbeta (w.r.t. beta after

@@ -61,8 +61,10 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
         off += kda_align64((count) * sizeof(type));                                      \
     } while (0)
 #define TAKE(field, count) TAKE_T(field, float, count)
-    TAKE(ckpt, (n_chunks ? n_chunks : 1) * KV);
-    TAKE(vnew_all, (n_chunks ? n_chunks : 1) * C * V);
+    if (!b->saved) { /* with a saved forward these come from it */
+        TAKE(ckpt, (n_chunks ? n_chunks : 1) * KV);
+        TAKE(vnew_all, (n_chunks ? n_chunks : 1) * C * V);
+    }
     TAKE(S, KV);
     TAKE(dS, KV);
     TAKE(dS0, KV);
@@ -418,11 +420,14 @@ void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int6
     kda_chunk_ws_layout(pl, w.chunk, &cw);
 
     const int64_t n_chunks = (len + C - 1) / C;
-    kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.S);
-    /* The forward pass keeps each chunk's start state and deltas; the walk back then only
-     * rebuilds the chunk-local matrices, no state product. */
+    const float *saved = kda_bwd_saved_block(b, n, hv);
+    const float *ckpt = saved ? saved : w.ckpt;
+    const float *vnew_all = saved ? saved + n_chunks * KV : w.vnew_all;
+    /* The forward pass keeps each chunk's start state and deltas (unless the training forward
+     * saved them); the walk back then only rebuilds the chunk-local matrices. */
     const float *vnew_forward = cw.vnew;
-    for (int64_t c = 0; c < n_chunks; c++) {
+    if (!saved) kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.S);
+    for (int64_t c = 0; !saved && c < n_chunks; c++) {
         memcpy(w.ckpt + c * KV, w.S, (size_t)KV * sizeof(float));
         const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
         cw.vnew = w.vnew_all + c * C * p->V;
@@ -434,8 +439,8 @@ void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int6
     kda_bwd_load_dht(b, n, hv, w.dS);
     for (int64_t c = n_chunks - 1; c >= 0; c--) {
         const int64_t first = tok0 + c * C, Lc = len - c * C < C ? len - c * C : C;
-        const float *S0 = w.ckpt + c * KV;
-        cw.vnew = w.vnew_all + c * C * p->V;
+        const float *S0 = ckpt + c * KV;
+        cw.vnew = (float *)(vnew_all + c * C * p->V); /* read only from here on */
         LS_ISA_FN(kda_chunk_prepare)(pl, &cw, first, Lc, hv);
         chunk_backward(b, &w, &cw, first, Lc, hv, S0, item_partials);
     }

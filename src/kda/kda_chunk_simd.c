@@ -287,15 +287,20 @@ void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, flo
 }
 
 void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
-                               float *S, float *o, void *ws)
+                               float *S, float *o, void *ws, float *save)
 {
-    const int64_t V = pl->p->V, C = pl->chunk;
+    const int64_t V = pl->p->V, C = pl->chunk, KV = pl->p->K * V;
     kda_chunk_ws w = {0};
     kda_chunk_ws_layout(pl, ws, &w);
+    float *save_deltas = save ? save + (len + C - 1) / C * KV : NULL;
 
     for (int64_t c0 = 0; c0 < len; c0 += C) {
         const int64_t Lc = len - c0 < C ? len - c0 : C;
         const int64_t first = tok0 + c0;
+        if (save) {
+            memcpy(save + c0 / C * KV, S, (size_t)KV * sizeof(float));
+            w.vnew = save_deltas + c0 * V; /* the deltas land in the saved block directly */
+        }
         LS_ISA_FN(kda_chunk_prepare)(pl, &w, first, Lc, hv);
         LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv, 0, V);
         if (o) LS_ISA_FN(kda_chunk_output)(pl, &w, S, first, Lc, hv, o, 0, V);

@@ -22,8 +22,12 @@ typedef struct kda_plan {
     int64_t n_seqs;   /* state rows: B, or the varlen sequence count                       */
     int64_t gK;       /* decay values per token and head: K, or 1 (per head / none)          */
     float scale;
-    int chunk;        /* chunk size (chunked mode)                                         */
+    int chunk;        /* chunk size (chunked mode), 0 in recurrent mode                    */
+    int segment;      /* recurrent mode: tokens between saved states                      */
 } kda_plan;
+
+/* The mode and chunk size of exec (NULL: defaults) into the plan. */
+void kda_exec_plan(kda_plan *pl, const linseq_exec *exec);
 
 /* Validates everything but the tensor pointers and fills the plan (chunk = 0). */
 linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl);
@@ -34,6 +38,15 @@ void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T);
 
 /* "N,HV,K,V" or "N,HV,V,K" (rows "N"), or with "n_state_rows" (rows "n"). */
 const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
+
+/* The saved forward of training (kda_saved.c): a header, then per item (n*HV + hv) a block at
+ * offsets[item] floats after it: the states before each chunk or segment, then (chunked)
+ * the item's deltas. */
+#define KDA_SAVED_HEADER_BYTES 64
+linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets,
+                               size_t *bytes);
+void kda_saved_write_header(const kda_plan *pl, void *saved);
+linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const void *saved);
 
 /* Tokens [*start, *start + *len) of sequence n in the flattened time axis. */
 static inline void kda_seq_range(const kda_plan *pl, int64_t n, int64_t *start, int64_t *len)
@@ -90,10 +103,11 @@ LS_ISA_DECLARE(void, kda_decode_v_first,
                 float *scratch));
 
 /* Chunked mode: same contract; ws holds kda_chunk_ws_layout(pl, NULL, NULL) bytes (see
- * kda_chunk.h), 64-aligned, with pl->chunk set. */
+ * kda_chunk.h), 64-aligned, with pl->chunk set. save (NULL: nothing) receives the state
+ * before every chunk, then the deltas of every token (the saved block of training). */
 LS_ISA_DECLARE(void, kda_chunk_item,
                (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
-                void *ws));
+                void *ws, float *save));
 
 /* The readable reference: the recurrence of the header comment, token by token, in double,
  * with every option applied literally. Assumes a validated problem; test-only (slow).

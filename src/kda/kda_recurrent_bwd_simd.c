@@ -46,7 +46,7 @@ static size_t carve(const kda_bwd *b, unsigned char *base, rec_ws *w)
         if (base) w->field = (float *)(void *)(base + off);                              \
         off += kda_align64((count) * sizeof(float));                                     \
     } while (0)
-    TAKE(ckpt, (n_ckpt ? n_ckpt : 1) * KV);
+    if (!b->saved) TAKE(ckpt, (n_ckpt ? n_ckpt : 1) * KV); /* else from the saved forward */
     TAKE(seg, seg * KV);
     TAKE(dS, KV);
     TAKE(qs, K);
@@ -185,20 +185,24 @@ void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, 
     carve(b, ws, &w);
     float *scratch = w.step;
 
-    /* Checkpoints: the state before each segment. */
+    /* Checkpoints: the state before each segment (saved by a training forward, or made here) */
     const int64_t n_seg = (len + seg - 1) / seg;
-    kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.seg);
-    for (int64_t s = 0; s < n_seg; s++) {
-        memcpy(w.ckpt + s * KV, w.seg, (size_t)KV * sizeof(float));
-        const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
-        if (s + 1 < n_seg) LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch, 0, p->V);
+    const float *saved = kda_bwd_saved_block(b, n, hv);
+    const float *ckpt = saved ? saved : w.ckpt;
+    if (!saved) {
+        kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, w.seg);
+        for (int64_t s = 0; s < n_seg; s++) {
+            memcpy(w.ckpt + s * KV, w.seg, (size_t)KV * sizeof(float));
+            const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
+            if (s + 1 < n_seg) LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch, 0, p->V);
+        }
     }
 
     kda_bwd_load_dht(b, n, hv, w.dS);
     for (int64_t s = n_seg - 1; s >= 0; s--) {
         const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
         /* seg[i] = S_{t0+i-1}, the state before token t0 + i */
-        memcpy(w.seg, w.ckpt + s * KV, (size_t)KV * sizeof(float));
+        memcpy(w.seg, ckpt + s * KV, (size_t)KV * sizeof(float));
         for (int64_t i = 1; i < cnt; i++) {
             memcpy(w.seg + i * KV, w.seg + (i - 1) * KV, (size_t)KV * sizeof(float));
             LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0 + i - 1, 1, hv, w.seg + i * KV, NULL, scratch, 0, p->V);

@@ -1,0 +1,98 @@
+/* The saved forward state of KDA training: what linseq_kda_forward_train keeps so that
+ * linseq_kda_backward_saved need not run the forward again. A 64-byte header (to check that
+ * the backward describes the same problem, mode and chunk size), then one block per
+ * (sequence, value head) item in item order: the state before every chunk (every chunk_size
+ * tokens in recurrent mode), and in chunked mode every token's delta u. */
+#include <string.h>
+
+#include "core/status.h"
+#include "core/validate.h"
+#include "kda/kda_internal.h"
+
+static const char MAGIC[8] = {'l', 's', 'K', 'D', 'A', 's', 'v', '1'};
+
+typedef struct {
+    char magic[8];
+    int64_t chunked, chunk, K, V, HV, tokens, n_seqs;
+} saved_header;
+
+_Static_assert(sizeof(saved_header) == KDA_SAVED_HEADER_BYTES, "saved header size");
+
+/* Floats of one item's block, rounded to 64 bytes; -1 on overflow. */
+static int64_t item_floats(const kda_plan *pl, int64_t len)
+{
+    const int64_t C = pl->chunk ? pl->chunk : pl->segment, KV = pl->p->K * pl->p->V;
+    int64_t states, deltas = 0;
+    if (!ls_mul_ok(&states, 2, (len + C - 1) / C, KV)) return -1;
+    if (pl->chunk && !ls_mul_ok(&deltas, 2, len, pl->p->V)) return -1;
+    if (states > INT64_MAX - deltas - 16) return -1;
+    return (states + deltas + 15) / 16 * 16;
+}
+
+linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets,
+                               size_t *bytes)
+{
+    int64_t total = 0;
+    for (int64_t n = 0; n < pl->n_seqs; n++) {
+        int64_t start, len;
+        kda_seq_range(pl, n, &start, &len);
+        const int64_t f = item_floats(pl, len);
+        int64_t block;
+        if (f < 0 || !ls_mul_ok(&block, 2, f, pl->HV) || total > INT64_MAX / 4 - block)
+            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                           "the saved states (one K*V state per chunk per sequence and head) "
+                           "overflow the address space");
+        for (int64_t hv = 0; offsets && hv < pl->HV; hv++) offsets[n * pl->HV + hv] = total + hv * f;
+        total += block;
+    }
+    if (total > (int64_t)((PTRDIFF_MAX - KDA_SAVED_HEADER_BYTES) / sizeof(float)))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "the saved states overflow the address space");
+    *bytes = KDA_SAVED_HEADER_BYTES + (size_t)total * sizeof(float);
+    return LINSEQ_OK;
+}
+
+static saved_header header_of(const kda_plan *pl)
+{
+    saved_header h;
+    memset(&h, 0, sizeof h);
+    memcpy(h.magic, MAGIC, sizeof MAGIC);
+    h.chunked = pl->chunk != 0;
+    h.chunk = pl->chunk ? pl->chunk : pl->segment;
+    h.K = pl->p->K;
+    h.V = pl->p->V;
+    h.HV = pl->HV;
+    h.tokens = pl->p->B * pl->p->T;
+    h.n_seqs = pl->n_seqs;
+    return h;
+}
+
+void kda_saved_write_header(const kda_plan *pl, void *saved)
+{
+    const saved_header h = header_of(pl);
+    memcpy(saved, &h, sizeof h);
+}
+
+linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const void *saved)
+{
+    saved_header h;
+    memcpy(&h, saved, sizeof h);
+    const saved_header want = header_of(pl);
+    if (memcmp(h.magic, MAGIC, sizeof MAGIC) != 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'saved' was not written by linseq_kda_forward_train");
+    if (h.chunked != want.chunked || h.chunk != want.chunk)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'saved' was written in %s mode with chunk size %lld; this call asks for "
+                       "%s mode with chunk size %lld (pass the forward's exec)",
+                       h.chunked ? "chunked" : "recurrent", (long long)h.chunk,
+                       want.chunked ? "chunked" : "recurrent", (long long)want.chunk);
+    if (h.K != want.K || h.V != want.V || h.HV != want.HV || h.tokens != want.tokens ||
+        h.n_seqs != want.n_seqs)
+        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "'saved' describes K=%lld V=%lld HV=%lld, %lld tokens in %lld sequences; "
+                       "this problem has K=%lld V=%lld HV=%lld, %lld tokens in %lld sequences",
+                       (long long)h.K, (long long)h.V, (long long)h.HV, (long long)h.tokens,
+                       (long long)h.n_seqs, (long long)want.K, (long long)want.V,
+                       (long long)want.HV, (long long)want.tokens, (long long)want.n_seqs);
+    return LINSEQ_OK;
+}
