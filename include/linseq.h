@@ -221,7 +221,8 @@ LINSEQ_API linseq_status linseq_kda_backward(const linseq_kda_problem *problem,
  * `saved` (the state before every chunk, or every chunk_size tokens in recurrent mode, and in
  * chunked mode every token's delta: per sequence and value head ceil(L/C) K V + L V floats,
  * never one state per token), and linseq_kda_backward_saved uses it. Pass the same problem
- * and exec to the three calls; a header in `saved` checks mode, chunk size and sizes. */
+ * and exec to the three calls; a header in `saved` checks mode, chunk size and sizes.
+ * linseq_kda_saved_size reads only the sizes and cu_seqlens of the problem. */
 LINSEQ_API linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem,
                                                const linseq_exec *exec, size_t *bytes);
 LINSEQ_API linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,

@@ -21,4 +21,12 @@ int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_o
 /* linseq demo: a KDA layer and a Mamba block at realistic sizes, timed and cross-checked. */
 int cmd_demo(const linseq_exec *exec);
 
+/* linseq bench OP|peak|suite [options]: argv is main's, whole (argv[1] is "bench"), because
+ * bench may exec itself again with the same arguments (see ls_bench_usage). Parses its own
+ * options. */
+int cmd_bench(int argc, char **argv);
+
+/* The bench part of `linseq --help`. */
+extern const char ls_bench_usage[];
+
 #endif

@@ -19,16 +19,30 @@ static const char usage_text[] =
     "      case folder (with meta.json) or a folder of case folders\n"
     "  linseq demo [--threads N]\n"
     "      a KDA layer and a Mamba block at realistic sizes: timings and consistency checks\n"
+    "  linseq bench OP|peak|suite [options]\n"
+    "      time one op at one shape, measure the machine's peak, or run the standard\n"
+    "      benchmark shapes (see \"bench\" below)\n"
     "  linseq --help | --version\n"
     "\n"
-    "options:\n"
+    "options of run, check and demo:\n"
     "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
     "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
     "  --threads N                threads per call (default: all processors)\n"
     "  --fwd-only                 skip the backward: no gradient files are written, and\n"
     "                             check counts them as skipped\n"
+    "\n";
+
+/* After the bench part (commands.h), which has its own options. */
+static const char usage_tail[] =
     "\n"
     "exit status: 0 success, 1 a check failed, 2 bad usage or unreadable input\n";
+
+static void print_usage(FILE *f)
+{
+    fputs(usage_text, f);
+    fputs(ls_bench_usage, f);
+    fputs(usage_tail, f);
+}
 
 static const char *command = "";
 
@@ -88,18 +102,20 @@ static int set_option(const char *opt, const char *val, linseq_exec *ex)
 int main(int argc, char **argv)
 {
     if (argc < 2) {
-        fputs(usage_text, stderr);
+        print_usage(stderr);
         return LS_EXIT_ERROR;
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
-        fputs(usage_text, stdout);
+        print_usage(stdout);
         return LS_EXIT_OK;
     }
     if (strcmp(cmd, "--version") == 0) {
         printf("linseq %s\n", linseq_version());
         return LS_EXIT_OK;
     }
+    /* bench has options of its own, and may run itself again with the whole argv. */
+    if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
     if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "demo") != 0)
         return usage_error("unknown command '%s'", cmd);
     command = cmd;
@@ -122,7 +138,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(usage_text, stdout);
+            print_usage(stdout);
             free(pos);
             return LS_EXIT_OK;
         }
