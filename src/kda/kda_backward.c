@@ -73,21 +73,6 @@ void kda_bwd_store_dh0(const kda_bwd *b, int64_t n, int64_t hv, const float *dS)
     if (b->gr->dh0) kda_state_store(b->pl, dS, b->gr->dh0 + (n * b->pl->HV + hv) * KV);
 }
 
-/* The l2norm's backward, xhat = x r with r = 1/sqrt(|x|^2 + 1e-6):
- *     dx = r dxhat - r^3 x (x . dxhat).
- * The two terms cancel where dxhat is parallel to x, so they are formed in double. dx holds
- * dxhat on entry. */
-static void l2norm_backward(const float *x, int64_t n, float *dx)
-{
-    double ss = 0.0, dot = 0.0;
-    for (int64_t i = 0; i < n; i++) {
-        ss += (double)x[i] * (double)x[i];
-        dot += (double)x[i] * (double)dx[i];
-    }
-    const double r = 1.0 / sqrt(ss + 1e-6), r3dot = r * r * r * dot;
-    for (int64_t i = 0; i < n; i++) dx[i] = (float)(r * (double)dx[i] - r3dot * (double)x[i]);
-}
-
 typedef struct {
     const kda_bwd *b;
     unsigned char *ws;
@@ -118,14 +103,7 @@ static void backward_item(void *ctx, int64_t item, int thread)
             LS_ISA_PICK(b->isa, kda_recurrent_bwd_item)(b, n, hv, start, len, ws, partials);
     }
     /* dq and dk now hold the group's sum w.r.t. qs and ks: chain through scale and l2norm. */
-    for (int64_t tok = start; tok < start + len; tok++) {
-        if (gr->dq) {
-            float *row = gr->dq + (tok * H + h) * K;
-            for (int64_t i = 0; i < K; i++) row[i] *= pl->scale;
-            if (p->qk_l2norm) l2norm_backward(p->q + (tok * H + h) * K, K, row);
-        }
-        if (gr->dk && p->qk_l2norm) l2norm_backward(p->k + (tok * H + h) * K, K, gr->dk + (tok * H + h) * K);
-    }
+    LS_ISA_PICK(b->isa, kda_bwd_chain_qk)(b, start, len, h);
 }
 
 /* The backward; with saved (from linseq_kda_forward_train) it skips the forward pass. */

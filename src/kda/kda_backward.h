@@ -44,6 +44,10 @@ void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, c
 void kda_bwd_load_dht(const kda_bwd *b, int64_t n, int64_t hv, float *dS);
 void kda_bwd_store_dh0(const kda_bwd *b, int64_t n, int64_t hv, const float *dS);
 
+/* dq and dk rows of tokens [tok0, tok0+len) of qk head h: from the gradients w.r.t. the
+ * loaded qs and ks (the group's sum) to the gradients w.r.t. the raw q and k. */
+LS_ISA_DECLARE(void, kda_bwd_chain_qk, (const kda_bwd *b, int64_t tok0, int64_t len, int64_t h));
+
 /* Recurrent: the backward of value head hv over tokens [tok0, tok0+len) of sequence n. */
 LS_ISA_DECLARE(size_t, kda_recurrent_bwd_ws_bytes, (const kda_bwd *b));
 LS_ISA_DECLARE(void, kda_recurrent_bwd_item,
