@@ -35,6 +35,14 @@ static inline void kda_gate_row(int64_t n, const float *raw, const float *bias, 
     }
 }
 
+/* y[0..n) = x * s */
+static inline void kda_vmul(int64_t n, const float *x, const float *s, float *y)
+{
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, vf_mul(vf_load(x + i), vf_load(s + i)));
+    if (i < n) vf_store_n(y + i, vf_mul(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i)), n - i);
+}
+
 /* a[0..n) = e^{g} with every g raised to floor first (NaN stays NaN). */
 static inline void kda_decay_row(int64_t n, const float *g, float floor, float *a)
 {
