@@ -3,15 +3,46 @@
  * W == 1, and the table of invalid arguments.
  * Backward: the fast path against the double reference backward, both against finite
  * differences of the double forward, the same properties for the gradients, large inputs, and
- * its own table of invalid arguments. */
+ * its own table of invalid arguments.
+ * The vector activations the SSM1 and conv kernels share, against double.
+ * The numeric and property tests run once per ISA the CPU has (scalar, avx2, avx512), each
+ * through ls_conv1d_forward_isa / _backward_isa, the entry points with the kernels' ISA as an
+ * argument; the tables of invalid arguments go through the public entry points. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <float.h>
+
 #include "core/activation.h"
+#include "simd/isa.h"
 #include "ssm/ssm_internal.h"
+#include "ssm/ssm_kernels.h"
 #include "testutil.h"
+
+/* The ISA whose kernels the numeric tests run; main sets it to each one the CPU has. */
+static ls_isa test_isa = LS_ISA_SCALAR;
+
+static linseq_status conv_forward(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                  float *y, float *conv_state_out)
+{
+    return ls_conv1d_forward_isa(p, exec, y, conv_state_out, test_isa);
+}
+
+static linseq_status conv_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                   const float *d_y, const float *d_conv_state_out,
+                                   const linseq_conv1d_grads *grads)
+{
+    return ls_conv1d_backward_isa(p, exec, d_y, d_conv_state_out, grads, test_isa);
+}
+
+/* fn (act resolved) over n floats in the vector form the kernels of test_isa compute: an
+ * in-kernel activation is compared bitwise with the same math applied outside through this. */
+static void kernel_math(ls_ssm_vfn fn, linseq_activation act, size_t n, const float *x, float *y)
+{
+    LS_ISA_PICK(test_isa, ls_ssm_vmath_n)(fn, act, (int64_t)n, x, y);
+}
 
 typedef struct conv_spec {
     int64_t B, T, D, W;
@@ -76,7 +107,7 @@ static void test_hand_example(void)
     linseq_conv1d_problem p = {.B = 1, .T = 3, .D = 1, .W = 3, .x = x, .weight = weight,
                                .bias = bias, .conv_state = state};
     float y[3], state_out[2], y_ref[3], state_ref[2];
-    CHECK_OK(linseq_conv1d_forward(&p, NULL, y, state_out));
+    CHECK_OK(conv_forward(&p, NULL, y, state_out));
     ls_conv1d_reference(&p, y_ref, state_ref);
     for (int t = 0; t < 3; t++) {
         CHECK(y[t] == y_expect[t], "hand y[%d] = %g, expected %g", t, y[t], y_expect[t]);
@@ -88,7 +119,7 @@ static void test_hand_example(void)
 
     /* One token: the new state keeps the newest old entry (20) and appends x_0. */
     p.T = 1;
-    CHECK_OK(linseq_conv1d_forward(&p, NULL, y, state_out));
+    CHECK_OK(conv_forward(&p, NULL, y, state_out));
     CHECK(y[0] == y_expect[0], "hand T=1: y = %g", y[0]);
     CHECK(state_out[0] == 20.0f && state_out[1] == 1.0f,
           "hand T=1: state_out = [%g, %g], expected [20, 1]", state_out[0], state_out[1]);
@@ -104,7 +135,7 @@ static void check_against_reference(const conv_spec *sp, uint64_t seed, const ch
     conv_make(&c, sp, seed);
     float *y = tu_alloc_poisoned(c.n_y), *state_out = tu_alloc_poisoned(c.n_state);
     float *y_ref = tu_alloc(c.n_y), *state_ref = tu_alloc(c.n_state);
-    CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, state_out));
+    CHECK_OK(conv_forward(&c.p, NULL, y, state_out));
     ls_conv1d_reference(&c.p, y_ref, state_ref);
     double err = tu_rel_err(y, y_ref, c.n_y);
     CHECK(err <= 1e-6, "%s: y rel err %.3g", label, err);
@@ -134,6 +165,10 @@ static void test_against_reference(void)
                          (int)sp.act);
                 check_against_reference(&sp, 1000 + (uint64_t)variant, label);
             }
+    /* Several channel spans and token chunks of the forward's items, the last span ragged. */
+    const conv_spec wide = {.B = 2, .T = 200, .D = 600, .W = 4, .bias = true, .state = true,
+                            .act = LINSEQ_ACT_SILU};
+    check_against_reference(&wide, 1090, "D=600 T=200");
 }
 
 /* Every activation == the activation applied to the identity output (bitwise: it is the
@@ -146,17 +181,18 @@ static void test_activations(void)
     float *y_lin = tu_alloc(c.n_y), *y = tu_alloc_poisoned(c.n_y);
     linseq_conv1d_problem p = c.p;
     p.activation = LINSEQ_ACT_IDENTITY;
-    CHECK_OK(linseq_conv1d_forward(&p, NULL, y_lin, NULL));
+    CHECK_OK(conv_forward(&p, NULL, y_lin, NULL));
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
         p.activation = (linseq_activation)act;
-        CHECK_OK(linseq_conv1d_forward(&p, NULL, y, NULL));
+        CHECK_OK(conv_forward(&p, NULL, y, NULL));
         const linseq_activation resolved =
             act == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_IDENTITY : (linseq_activation)act;
+        float *expect = tu_alloc(c.n_y);
+        kernel_math(LS_SSM_VACT, resolved, c.n_y, y_lin, expect);
         size_t bad = 0;
-        for (size_t i = 0; i < c.n_y; i++) {
-            float expect = ls_activate(resolved, y_lin[i]);
-            if (memcmp(&expect, &y[i], sizeof expect) != 0) bad++;
-        }
+        for (size_t i = 0; i < c.n_y; i++)
+            if (memcmp(&expect[i], &y[i], sizeof expect[i]) != 0) bad++;
+        free(expect);
         CHECK(bad == 0, "activation %d: %zu outputs differ from act(identity output)", act, bad);
         char label[32];
         snprintf(label, sizeof label, "activation %d", act);
@@ -182,7 +218,7 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
     conv_data c;
     conv_make(&c, &sp, 1200 + (uint64_t)W);
     float *y_full = tu_alloc(c.n_y), *state_full = tu_alloc(c.n_state);
-    CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y_full, state_full));
+    CHECK_OK(conv_forward(&c.p, NULL, y_full, state_full));
 
     float *y_pieces = tu_alloc_poisoned(c.n_y), *state = tu_alloc_poisoned(c.n_state);
     float *next = tu_alloc_poisoned(c.n_state);
@@ -196,7 +232,7 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
         p.x = x_piece;
         p.conv_state = i == 0 ? c.state : state;
         float *out = in_place && i > 0 ? state : next;
-        CHECK_OK(linseq_conv1d_forward(&p, NULL, y_piece, out));
+        CHECK_OK(conv_forward(&p, NULL, y_piece, out));
         if (out == next) memcpy(state, next, c.n_state * sizeof(float));
         tu_place_tokens(y_piece, sp.B, T, sp.D, t0, len, y_pieces);
         t0 += len;
@@ -233,6 +269,12 @@ static void test_chaining(void)
             check_chaining(W, ones, 8, st, true, label);
         }
     }
+    /* A window wider than the forward's token chunk (CONV1D_CHUNK): the state is still read
+     * only by the first chunk's items, before any of them writes the new state in place. */
+    static const int64_t long_pieces[] = {150, 30, 1};
+    const int64_t wide = CONV1D_CHUNK + 6;
+    check_chaining(wide, long_pieces, 3, true, true, "wide window, in place");
+    check_chaining(wide, long_pieces, 3, false, false, "wide window");
 }
 
 /* Varlen == one call per sequence (bitwise); an empty sequence passes its state row through,
@@ -247,7 +289,7 @@ static void test_varlen(void)
         conv_data c;
         conv_make(&c, &sp, 1300 + (uint64_t)with_state);
         float *y = tu_alloc_poisoned(c.n_y), *state_out = tu_alloc_poisoned(c.n_state);
-        CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, state_out));
+        CHECK_OK(conv_forward(&c.p, NULL, y, state_out));
         const size_t row = (size_t)(D * (W - 1));
         for (int64_t n = 0; n < n_seqs; n++) {
             const int64_t t0 = cu[n], len = cu[n + 1] - cu[n];
@@ -266,7 +308,7 @@ static void test_varlen(void)
             p.x = c.x + t0 * D;
             p.conv_state = c.state ? c.state + n * row : NULL;
             float *y_one = tu_alloc((size_t)(len * D)), *state_one = tu_alloc(row);
-            CHECK_OK(linseq_conv1d_forward(&p, NULL, y_one, state_one));
+            CHECK_OK(conv_forward(&p, NULL, y_one, state_one));
             CHECK(tu_same_bits(y + t0 * D, y_one, (size_t)(len * D)),
                   "varlen: y of sequence %lld differs from its own call", (long long)n);
             CHECK(tu_same_bits(state_out + n * row, state_one, row),
@@ -287,6 +329,8 @@ static void test_threads(void)
     const conv_spec specs[] = {
         {.B = 3, .T = 40, .D = 200, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU},
         {.B = 1, .T = 90, .D = 150, .W = 3, .state = true, .cu_seqlens = cu, .n_seqs = 3},
+        {.B = 1, .T = 150, .D = 1100, .W = 4, .bias = true, .state = true,
+         .act = LINSEQ_ACT_SILU}, /* several spans and chunks */
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         conv_data c;
@@ -294,10 +338,10 @@ static void test_threads(void)
         float *y1 = tu_alloc(c.n_y), *s1 = tu_alloc(c.n_state);
         float *y = tu_alloc_poisoned(c.n_y), *s = tu_alloc_poisoned(c.n_state);
         linseq_exec one = {.threads = 1};
-        CHECK_OK(linseq_conv1d_forward(&c.p, &one, y1, s1));
+        CHECK_OK(conv_forward(&c.p, &one, y1, s1));
         for (int threads = 2; threads <= 3; threads++) {
             linseq_exec ex = {.threads = threads};
-            CHECK_OK(linseq_conv1d_forward(&c.p, &ex, y, s));
+            CHECK_OK(conv_forward(&c.p, &ex, y, s));
             CHECK(tu_same_bits(y1, y, c.n_y), "spec %zu: y with %d threads differs", i, threads);
             CHECK(tu_same_bits(s1, s, c.n_state), "spec %zu: state with %d threads differs", i,
                   threads);
@@ -320,13 +364,13 @@ static void test_width_one(void)
     tu_poison(untouched, 16 * sizeof(float));
     linseq_conv1d_problem p = c.p;
     p.conv_state = untouched; /* would be [B,D,0]: nothing to read */
-    CHECK_OK(linseq_conv1d_forward(&p, NULL, y, untouched));
+    CHECK_OK(conv_forward(&p, NULL, y, untouched));
     CHECK(tu_is_poisoned(untouched, 16 * sizeof(float)), "W = 1: a state buffer was touched");
     ls_conv1d_reference(&c.p, y_ref, NULL);
     CHECK(tu_rel_err(y, y_ref, c.n_y) <= 1e-6, "W = 1: y differs from the reference");
     /* Even the output itself or an input as the (empty) state output is accepted. */
-    CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, y));
-    CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, c.x));
+    CHECK_OK(conv_forward(&c.p, NULL, y, y));
+    CHECK_OK(conv_forward(&c.p, NULL, y, c.x));
     free(y);
     free(y_ref);
     free(untouched);
@@ -512,7 +556,7 @@ static linseq_conv1d_grads conv_grads_of(float *const g[N_CONV_GRADS])
 static void conv_run_backward(const conv_data *c, conv_bwd *b, const linseq_exec *exec)
 {
     const linseq_conv1d_grads g = conv_grads_of(b->g);
-    CHECK_OK(linseq_conv1d_backward(&c->p, exec, b->d_y, b->d_state_out, &g));
+    CHECK_OK(conv_backward(&c->p, exec, b->d_y, b->d_state_out, &g));
 }
 
 static void conv_run_reference_backward(const conv_data *c, conv_bwd *b)
@@ -583,6 +627,14 @@ static void test_backward_against_reference(void)
         snprintf(label, sizeof label, "backward varlen W=%lld", (long long)W);
         check_conv_backward(&sp, true, 4200 + (uint64_t)W, label, worst);
     }
+    /* Items of several blocks, the last ragged; several token chunks; a window wider than
+     * the ring's chunk of tokens. */
+    const conv_spec wide = {.B = 2, .T = 150, .D = 600, .W = 4, .bias = true, .state = true,
+                            .act = LINSEQ_ACT_GELU_TANH};
+    check_conv_backward(&wide, true, 4250, "backward D=600", worst);
+    const conv_spec long_window = {.B = 1, .T = 90, .D = 70, .W = 20, .bias = true,
+                                   .state = true, .act = LINSEQ_ACT_SILU};
+    check_conv_backward(&long_window, true, 4260, "backward W=20", worst);
     print_conv_worst("backward vs double reference", worst);
 }
 
@@ -688,7 +740,7 @@ static void test_backward_activation_outside(void)
     float *pre = tu_alloc(c.n_y);
     linseq_conv1d_problem identity = c.p;
     identity.activation = LINSEQ_ACT_IDENTITY;
-    CHECK_OK(linseq_conv1d_forward(&identity, NULL, pre, NULL));
+    CHECK_OK(conv_forward(&identity, NULL, pre, NULL));
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
         conv_data with_act = c;
         with_act.p.activation = (linseq_activation)act;
@@ -699,8 +751,10 @@ static void test_backward_activation_outside(void)
         conv_data plain = c;
         plain.p = identity;
         conv_bwd_make(&out, &plain, true, 4410);
-        for (size_t i = 0; i < c.n_y; i++)
-            out.d_y[i] = in.d_y[i] * ls_activate_gradf(resolved, pre[i]);
+        float *slope = tu_alloc(c.n_y);
+        kernel_math(LS_SSM_VACT_GRAD, resolved, c.n_y, pre, slope);
+        for (size_t i = 0; i < c.n_y; i++) out.d_y[i] = in.d_y[i] * slope[i];
+        free(slope);
         conv_run_backward(&plain, &out, NULL);
         for (int k = 0; k < N_CONV_GRADS; k++)
             CHECK(tu_same_bits(in.g[k], out.g[k], in.n[k]),
@@ -816,7 +870,7 @@ static void check_backward_chained(int64_t W, int64_t first, int64_t T)
         conv_bwd_make(&pb[i], &piece[i], true, 4620);
         tu_slice_tokens(whole.d_y, B, T, D, t0[i], len[i], pb[i].d_y);
     }
-    CHECK_OK(linseq_conv1d_forward(&piece[0].p, NULL, y_first, state_mid));
+    CHECK_OK(conv_forward(&piece[0].p, NULL, y_first, state_mid));
     piece[1].p.conv_state = state_mid;
     memcpy(pb[1].d_state_out, whole.d_state_out, c.n_state * sizeof(float));
     conv_run_backward(&piece[1], &pb[1], NULL);
@@ -869,6 +923,9 @@ static void test_backward_threads(void)
     const conv_spec specs[] = {
         {.B = 3, .T = 40, .D = 200, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU},
         {.B = 1, .T = 90, .D = 150, .W = 3, .state = true, .cu_seqlens = cu, .n_seqs = 3},
+        /* enough blocks that items group several, differently for each thread count */
+        {.B = 2, .T = 70, .D = 1100, .W = 4, .bias = true, .state = true,
+         .act = LINSEQ_ACT_SILU},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         conv_data c;
@@ -894,7 +951,7 @@ static void test_backward_threads(void)
             only[k] = b.g[k];
             tu_poison(b.g[k], b.n[k] * sizeof(float));
             const linseq_conv1d_grads g = conv_grads_of(only);
-            CHECK_OK(linseq_conv1d_backward(&c.p, NULL, b.d_y, b.d_state_out, &g));
+            CHECK_OK(conv_backward(&c.p, NULL, b.d_y, b.d_state_out, &g));
             CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
                   "spec %zu: %s alone differs from %s with every gradient", i,
                   conv_grad_names[k], conv_grad_names[k]);
@@ -916,7 +973,7 @@ static void test_backward_width_one(void)
     float *untouched = tu_alloc_poisoned(16);
     linseq_conv1d_grads g = conv_grads_of(b.g);
     g.dconv_state = untouched;
-    CHECK_OK(linseq_conv1d_backward(&c.p, NULL, b.d_y, untouched, &g));
+    CHECK_OK(conv_backward(&c.p, NULL, b.d_y, untouched, &g));
     CHECK(tu_is_poisoned(untouched, 16 * sizeof(float)), "W = 1: a state buffer was touched");
     conv_run_reference_backward(&c, &b);
     for (int k = 0; k < N_CONV_GRADS; k++)
@@ -1065,24 +1122,152 @@ static void test_backward_errors(void)
           "hand dconv_state = [%g, %g], expected [0.5, -0.5]", dstate[0], dstate[1]);
 }
 
+/* ------------------------------------------------------------------------------------ */
+/* The vector activations of the SSM1 and conv kernels                                    */
+
+/* fn(x) in double, and the size of what its float evaluation rounds: |f| for the activations
+ * (times 1 + |u| for gelu, whose sigmoid argument u = 2k(z + c z^3) carries a few ulp that
+ * the sigmoid scales by up to |u|), and the sum of the terms' magnitudes for the derivatives
+ * that add terms of opposite signs (silu', sigmoid' = s (1 - s), gelu'), where a relative
+ * bound would measure the cancellation, not the kernel. gelu is evaluated here as z sigmoid(u)
+ * (= 0.5 z (1 + tanh(u/2))): below z = -5, 1 + tanh cancels to nothing even in double. */
+static double vector_ref(ls_ssm_vfn fn, linseq_activation act, double z, double *scale)
+{
+    const double s = ls_sigmoid(z);
+    const double u = 2.0 * 0.7978845608028654 * (z + 0.044715 * z * z * z);
+    const double du = 2.0 * 0.7978845608028654 * (1.0 + 3 * 0.044715 * z * z);
+    const double sg = ls_sigmoid(u);
+    double f;
+    switch (fn) {
+    case LS_SSM_VACT:
+        f = act == LINSEQ_ACT_GELU_TANH ? z * sg : ls_activate_ref(act, z);
+        *scale = fabs(f) * (act == LINSEQ_ACT_GELU_TANH ? 1.0 + fabs(u) : 1.0);
+        return f;
+    case LS_SSM_VACT_GRAD:
+        f = act == LINSEQ_ACT_GELU_TANH ? sg + z * sg * (1.0 - sg) * du
+                                        : ls_activate_grad_ref(act, z);
+        if (act == LINSEQ_ACT_SILU) *scale = s * (1.0 + fabs(z) * (1.0 + s));
+        else if (act == LINSEQ_ACT_SIGMOID) *scale = s * (1.0 + s);
+        else if (act == LINSEQ_ACT_GELU_TANH)
+            *scale = (sg + fabs(z) * sg * (1.0 + sg) * du) * (1.0 + fabs(u));
+        else *scale = fabs(f);
+        return f;
+    case LS_SSM_VSOFTPLUS: f = ls_softplus(z); *scale = fabs(f); return f;
+    default: f = ls_softplus_grad(z); *scale = fabs(f); return f;
+    }
+}
+
+/* Every activation, softplus and their derivatives over [-100, 100] in steps of 1/20 (both
+ * branches of the sigmoid, softplus's threshold 20 on both sides, saturation) and at the
+ * special points, against double: within 8 float epsilons of the scale above (vec.h bounds
+ * its primitives by 4 ulp), plus 1e-37 for results in the subnormal range; relu's value and
+ * slope exact, NaN passed through; softplus x itself above 20 and its slope exactly 1. */
+static void test_vector_activations(void)
+{
+    enum { SWEEP = 4001, EXTRA = 8, N = SWEEP + EXTRA };
+    static const float extra[EXTRA] = {0.0f, -0.0f, 1e-30f, -1e-30f, 19.999998f, 20.000002f,
+                                       88.0f, -88.0f};
+    float *x = tu_alloc(N), *y = tu_alloc(N);
+    for (int i = 0; i < SWEEP; i++) x[i] = (float)(-100.0 + i / 20.0);
+    memcpy(x + SWEEP, extra, sizeof extra);
+    double worst = 0.0;
+    for (int fn = LS_SSM_VACT; fn <= LS_SSM_VSOFTPLUS_GRAD; fn++) {
+        /* softplus and its slope take no activation: run them once */
+        const int last = fn <= LS_SSM_VACT_GRAD ? LINSEQ_ACT_RELU : LINSEQ_ACT_IDENTITY;
+        for (int act = LINSEQ_ACT_IDENTITY; act <= last; act++) {
+            kernel_math((ls_ssm_vfn)fn, (linseq_activation)act, N, x, y);
+            size_t bad = 0;
+            for (int i = 0; i < N; i++) {
+                double scale;
+                const double ref = vector_ref((ls_ssm_vfn)fn, (linseq_activation)act, x[i], &scale);
+                const double err = fabs((double)y[i] - ref);
+                const double tol = 8.0 * FLT_EPSILON * scale + 1e-37;
+                if (!(err <= tol)) bad++;
+                if (scale > 1e-30) worst = fmax(worst, err / (FLT_EPSILON * scale));
+            }
+            CHECK(bad == 0, "%s: vector fn %d, activation %d: %zu values off",
+                  ls_isa_name(test_isa), fn, act, bad);
+        }
+    }
+    printf("  vector activations: max error %.2g float epsilons of their scale\n", worst);
+
+    /* (NaN only where no exp runs: the portable vf_exp converts its exponent to int.) */
+    const float specials[4] = {NAN, 20.5f, 1e30f, -3.0f};
+    float out[4];
+    kernel_math(LS_SSM_VACT, LINSEQ_ACT_RELU, 4, specials, out);
+    CHECK(isnan(out[0]) && out[1] == 20.5f && out[3] == 0.0f, "relu special values");
+    kernel_math(LS_SSM_VACT_GRAD, LINSEQ_ACT_RELU, 4, specials, out);
+    CHECK(isnan(out[0]) && out[1] == 1.0f && out[3] == 0.0f, "relu slope special values");
+    kernel_math(LS_SSM_VSOFTPLUS, LINSEQ_ACT_IDENTITY, 3, specials + 1, out);
+    CHECK(out[0] == 20.5f && out[1] == 1e30f, "softplus above 20 is not x itself");
+    kernel_math(LS_SSM_VSOFTPLUS_GRAD, LINSEQ_ACT_IDENTITY, 3, specials + 1, out);
+    CHECK(out[0] == 1.0f && out[1] == 1.0f, "softplus slope above 20 is not 1");
+    free(x);
+    free(y);
+}
+
+/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
+ * given ls_isa_active(). */
+static void test_public_entry_points(void)
+{
+    conv_spec sp = {.B = 2, .T = 30, .D = 70, .W = 4, .bias = true, .state = true,
+                    .act = LINSEQ_ACT_SILU};
+    conv_data c;
+    conv_make(&c, &sp, 5000);
+    const ls_isa active = ls_isa_active();
+    float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state);
+    float *y_isa = tu_alloc_poisoned(c.n_y), *st_isa = tu_alloc_poisoned(c.n_state);
+    CHECK_OK(linseq_conv1d_forward(&c.p, NULL, y, st));
+    CHECK_OK(ls_conv1d_forward_isa(&c.p, NULL, y_isa, st_isa, active));
+    CHECK(tu_same_bits(y, y_isa, c.n_y) && tu_same_bits(st, st_isa, c.n_state),
+          "linseq_conv1d_forward differs from the %s kernels", ls_isa_name(active));
+    conv_bwd pub, isa;
+    conv_bwd_make(&pub, &c, true, 5010);
+    conv_bwd_make(&isa, &c, true, 5010);
+    const linseq_conv1d_grads g_pub = conv_grads_of(pub.g), g_isa = conv_grads_of(isa.g);
+    CHECK_OK(linseq_conv1d_backward(&c.p, NULL, pub.d_y, pub.d_state_out, &g_pub));
+    CHECK_OK(ls_conv1d_backward_isa(&c.p, NULL, isa.d_y, isa.d_state_out, &g_isa, active));
+    for (int k = 0; k < N_CONV_GRADS; k++)
+        CHECK(tu_same_bits(pub.g[k], isa.g[k], pub.n[k]),
+              "linseq_conv1d_backward: %s differs from the %s kernels", conv_grad_names[k],
+              ls_isa_name(active));
+    conv_bwd_free(&pub);
+    conv_bwd_free(&isa);
+    free(y);
+    free(st);
+    free(y_isa);
+    free(st_isa);
+    conv_free(&c);
+}
+
 int main(void)
 {
-    test_hand_example();
-    test_against_reference();
-    test_activations();
-    test_chaining();
-    test_varlen();
-    test_threads();
-    test_width_one();
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) {
+            printf("  %s: not available on this CPU, skipped\n", ls_isa_name((ls_isa)isa));
+            continue;
+        }
+        test_isa = (ls_isa)isa;
+        printf("  kernels: %s\n", ls_isa_name(test_isa));
+        test_vector_activations();
+        test_hand_example();
+        test_against_reference();
+        test_activations();
+        test_chaining();
+        test_varlen();
+        test_threads();
+        test_width_one();
+        test_backward_against_reference();
+        test_backward_finite_differences();
+        test_backward_activation_outside();
+        test_backward_varlen();
+        test_backward_chained();
+        test_backward_threads();
+        test_backward_width_one();
+        test_backward_large_inputs();
+    }
+    test_public_entry_points();
     test_errors();
-    test_backward_against_reference();
-    test_backward_finite_differences();
-    test_backward_activation_outside();
-    test_backward_varlen();
-    test_backward_chained();
-    test_backward_threads();
-    test_backward_width_one();
-    test_backward_large_inputs();
     test_backward_errors();
     return tu_finish("test_conv1d");
 }

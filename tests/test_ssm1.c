@@ -3,15 +3,43 @@
  * count), and the table of invalid arguments.
  * SSM1 backward: the fast backward against the double reference backward, both against finite
  * differences of the double forward, the same properties for the gradients, extreme steps, and
- * its own table of invalid arguments. */
+ * its own table of invalid arguments.
+ * The numeric and property tests run once per ISA the CPU has (scalar, avx2, avx512), each
+ * through ls_ssm1_forward_isa / _backward_isa, the entry points with the kernels' ISA as an
+ * argument; the tables of invalid arguments go through the public entry points. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/activation.h"
+#include "simd/isa.h"
 #include "ssm/ssm_internal.h"
+#include "ssm/ssm_kernels.h"
 #include "testutil.h"
+
+/* The ISA whose kernels the numeric tests run; main sets it to each one the CPU has. */
+static ls_isa test_isa = LS_ISA_SCALAR;
+
+static linseq_status ssm_forward(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
+                                 float *hT)
+{
+    return ls_ssm1_forward_isa(p, exec, y, hT, test_isa);
+}
+
+static linseq_status ssm_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                  const float *d_y, const float *d_hT,
+                                  const linseq_ssm1_grads *grads)
+{
+    return ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, test_isa);
+}
+
+/* fn (act resolved) over n floats in the vector form the kernels of test_isa compute: an
+ * in-kernel option is compared bitwise with the same math applied outside through this. */
+static void kernel_math(ls_ssm_vfn fn, linseq_activation act, size_t n, const float *x, float *y)
+{
+    LS_ISA_PICK(test_isa, ls_ssm_vmath_n)(fn, act, (int64_t)n, x, y);
+}
 
 /* What a random problem holds. */
 typedef struct ssm_spec {
@@ -113,7 +141,7 @@ static void test_hand_example(void)
     double silu1 = 1.0 / (1.0 + exp(-1.0)), silu2 = -2.0 / (1.0 + exp(2.0));
     double y_expect[2] = {(3.0 * h1 + 0.5 * 2.0) * silu1, (-1.0 * h2 + 0.5 * -1.0) * silu2};
     float y[2], hT[1], y_ref[2], hT_ref[1];
-    CHECK_OK(linseq_ssm1_forward(&p, NULL, y, hT));
+    CHECK_OK(ssm_forward(&p, NULL, y, hT));
     CHECK_OK(ls_ssm1_reference(&p, y_ref, hT_ref));
     for (int t = 0; t < 2; t++) {
         CHECK(fabs(y[t] - y_expect[t]) <= 1e-6 * fabs(y_expect[t]),
@@ -137,7 +165,7 @@ static void check_against_reference(const ssm_spec *sp, uint64_t seed, const cha
     ssm_make(&s, sp, seed);
     float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
     float *y_ref = tu_alloc(s.n_y), *hT_ref = tu_alloc(s.n_state);
-    CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, hT));
+    CHECK_OK(ssm_forward(&s.p, NULL, y, hT));
     CHECK_OK(ls_ssm1_reference(&s.p, y_ref, hT_ref));
     double ey = tu_rel_err(y, y_ref, s.n_y), eh = tu_rel_err(hT, hT_ref, s.n_state);
     CHECK(ey <= 1e-5, "%s: y rel err %.3g", label, ey);
@@ -154,6 +182,8 @@ static void test_against_reference(void)
     static const ssm_spec specs[] = {
         {.B = 1, .T = 1, .D = 1, .N = 1},
         {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step  */
+        {.B = 2, .T = 1, .D = 100, .N = 33, .G = 4, .gate = true, .softplus = true,
+         .bias = true},                            /* decode: ragged rows, groups, no h0   */
         {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* tail block   */
         {.B = 1, .T = 300, .D = 130, .N = 16, .G = 2, .gate = true, .skip = true},
         {.B = 3, .T = 17, .D = 96, .N = 7, .G = 3, .h0 = true, .skip = true}, /* spans groups */
@@ -177,7 +207,8 @@ static void test_against_reference(void)
 }
 
 /* dt_softplus with dt_bias == the same problem given dt = softplus(dt + dt_bias). The same
- * float32 formula on both sides (softplus with threshold 20), so the results agree bitwise. */
+ * float32 formula on both sides (the kernels' vector softplus, threshold 20), so the results
+ * agree bitwise. */
 static void test_softplus_outside(void)
 {
     ssm_spec sp = {.B = 2, .T = 40, .D = 80, .N = 16, .softplus = true, .bias = true,
@@ -186,18 +217,16 @@ static void test_softplus_outside(void)
     ssm_make(&s, &sp, 7);
     float *y_in = tu_alloc(s.n_y), *hT_in = tu_alloc(s.n_state);
     float *y_out = tu_alloc_poisoned(s.n_y), *hT_out = tu_alloc_poisoned(s.n_state);
-    CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_in, hT_in));
+    CHECK_OK(ssm_forward(&s.p, NULL, y_in, hT_in));
 
     float *dt_applied = tu_alloc(s.n_y);
-    for (size_t i = 0; i < s.n_y; i++) {
-        float z = s.dt[i] + s.dt_bias[i % (size_t)sp.D];
-        dt_applied[i] = z > 20.0f ? z : log1pf(expf(z));
-    }
+    for (size_t i = 0; i < s.n_y; i++) dt_applied[i] = s.dt[i] + s.dt_bias[i % (size_t)sp.D];
+    kernel_math(LS_SSM_VSOFTPLUS, LINSEQ_ACT_IDENTITY, s.n_y, dt_applied, dt_applied);
     linseq_ssm1_problem p = s.p;
     p.dt = dt_applied;
     p.dt_softplus = false;
     p.dt_bias = NULL;
-    CHECK_OK(linseq_ssm1_forward(&p, NULL, y_out, hT_out));
+    CHECK_OK(ssm_forward(&p, NULL, y_out, hT_out));
     CHECK(tu_same_bits(y_in, y_out, s.n_y), "softplus in kernel: y differs from softplus outside");
     CHECK(tu_same_bits(hT_in, hT_out, s.n_state), "softplus in kernel: hT differs");
     free(dt_applied);
@@ -219,17 +248,20 @@ static void test_gate_outside(void)
         ssm_make(&s, &sp, 300 + (uint64_t)act);
         float *y_gated = tu_alloc(s.n_y), *hT_gated = tu_alloc(s.n_state);
         float *y_plain = tu_alloc_poisoned(s.n_y), *hT_plain = tu_alloc_poisoned(s.n_state);
-        CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_gated, hT_gated));
+        CHECK_OK(ssm_forward(&s.p, NULL, y_gated, hT_gated));
         linseq_ssm1_problem p = s.p;
         p.gate = NULL;
-        CHECK_OK(linseq_ssm1_forward(&p, NULL, y_plain, hT_plain));
+        CHECK_OK(ssm_forward(&p, NULL, y_plain, hT_plain));
         const linseq_activation resolved =
             act == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : (linseq_activation)act;
+        float *act_gate = tu_alloc(s.n_y);
+        kernel_math(LS_SSM_VACT, resolved, s.n_y, s.gate, act_gate);
         size_t bad = 0;
         for (size_t i = 0; i < s.n_y; i++) {
-            float expect = y_plain[i] * ls_activate(resolved, s.gate[i]);
+            float expect = y_plain[i] * act_gate[i];
             if (memcmp(&expect, &y_gated[i], sizeof expect) != 0) bad++;
         }
+        free(act_gate);
         CHECK(bad == 0, "activation %d: %zu gated outputs differ from y * act(gate)", act, bad);
         CHECK(tu_same_bits(hT_gated, hT_plain, s.n_state), "activation %d: the gate changed hT", act);
         free(y_gated);
@@ -262,12 +294,12 @@ static void test_groups_expanded(void)
                 }
         float *y_g = tu_alloc(s.n_y), *hT_g = tu_alloc(s.n_state);
         float *y_w = tu_alloc_poisoned(s.n_y), *hT_w = tu_alloc_poisoned(s.n_state);
-        CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_g, hT_g));
+        CHECK_OK(ssm_forward(&s.p, NULL, y_g, hT_g));
         linseq_ssm1_problem p = s.p;
         p.G = D;
         p.B_proj = B_wide;
         p.C_proj = C_wide;
-        CHECK_OK(linseq_ssm1_forward(&p, NULL, y_w, hT_w));
+        CHECK_OK(ssm_forward(&p, NULL, y_w, hT_w));
         CHECK(tu_same_bits(y_g, y_w, s.n_y), "G = %lld: y differs from the expanded problem",
               (long long)G);
         CHECK(tu_same_bits(hT_g, hT_w, s.n_state), "G = %lld: hT differs", (long long)G);
@@ -294,7 +326,7 @@ static void test_varlen(void)
         ssm_data s;
         ssm_make(&s, &sp, 500 + (uint64_t)with_h0);
         float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
-        CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, hT));
+        CHECK_OK(ssm_forward(&s.p, NULL, y, hT));
 
         const size_t row = (size_t)(D * N);
         for (int64_t n = 0; n < n_seqs; n++) {
@@ -318,7 +350,7 @@ static void test_varlen(void)
             p.C_proj = s.C_proj + t0 * G * N;
             p.h0 = s.h0 ? s.h0 + n * row : NULL;
             float *y_one = tu_alloc((size_t)(len * D)), *hT_one = tu_alloc(row);
-            CHECK_OK(linseq_ssm1_forward(&p, NULL, y_one, hT_one));
+            CHECK_OK(ssm_forward(&p, NULL, y_one, hT_one));
             CHECK(tu_same_bits(y + t0 * D, y_one, (size_t)(len * D)),
                   "varlen: y of sequence %lld differs from its own call", (long long)n);
             CHECK(tu_same_bits(hT + n * row, hT_one, row),
@@ -342,7 +374,7 @@ static void test_prefill_then_decode(void)
     ssm_data s;
     ssm_make(&s, &sp, 600);
     float *y_full = tu_alloc(s.n_y), *hT_full = tu_alloc(s.n_state);
-    CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y_full, hT_full));
+    CHECK_OK(ssm_forward(&s.p, NULL, y_full, hT_full));
 
     const size_t piece_btd = (size_t)(B * prefill * D), piece_btn = (size_t)(B * prefill * N);
     float *x = tu_alloc(piece_btd), *dt = tu_alloc(piece_btd), *gate = tu_alloc(piece_btd);
@@ -362,7 +394,7 @@ static void test_prefill_then_decode(void)
         p.B_proj = Bp;
         p.C_proj = Cp;
         p.h0 = t0 == 0 ? s.h0 : state;
-        CHECK_OK(linseq_ssm1_forward(&p, NULL, y, state));
+        CHECK_OK(ssm_forward(&p, NULL, y, state));
         tu_place_tokens(y, B, T, D, t0, len, y_steps);
     }
     CHECK(tu_same_bits(y_full, y_steps, s.n_y), "prefill + in-place decode: y differs from one call");
@@ -390,6 +422,10 @@ static void test_threads(void)
         {.B = 3, .T = 40, .D = 200, .N = 16, .G = 4, .gate = true, .skip = true, .h0 = true},
         {.B = 1, .T = 90, .D = 150, .N = 7, .G = 3, .softplus = true, .bias = true, .h0 = true,
          .cu_seqlens = cu, .n_seqs = 3},
+        /* few tokens: the forward groups blocks into larger items */
+        {.B = 2, .T = 3, .D = 1000, .N = 16, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true},
+        {.B = 3, .T = 1, .D = 1100, .N = 16, .G = 5, .gate = true, .h0 = true},
     };
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         ssm_data s;
@@ -397,16 +433,16 @@ static void test_threads(void)
         float *y1 = tu_alloc(s.n_y), *hT1 = tu_alloc(s.n_state);
         float *y = tu_alloc_poisoned(s.n_y), *hT = tu_alloc_poisoned(s.n_state);
         linseq_exec one = {.threads = 1};
-        CHECK_OK(linseq_ssm1_forward(&s.p, &one, y1, hT1));
+        CHECK_OK(ssm_forward(&s.p, &one, y1, hT1));
         for (int threads = 2; threads <= 3; threads++) {
             linseq_exec ex = {.threads = threads};
-            CHECK_OK(linseq_ssm1_forward(&s.p, &ex, y, hT));
+            CHECK_OK(ssm_forward(&s.p, &ex, y, hT));
             CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y with %d threads differs from 1 thread", i,
                   threads);
             CHECK(tu_same_bits(hT1, hT, s.n_state), "spec %zu: hT with %d threads differs", i,
                   threads);
         }
-        CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, NULL));
+        CHECK_OK(ssm_forward(&s.p, NULL, y, NULL));
         CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y without hT differs", i);
         free(y1);
         free(hT1);
@@ -634,7 +670,7 @@ static ls_ssm1_grads_f64 ref_grads_of(double *const g[N_GRADS])
 static void run_backward(const ssm_data *s, ssm_bwd *b, const linseq_exec *exec)
 {
     const linseq_ssm1_grads g = grads_of(b->g);
-    CHECK_OK(linseq_ssm1_backward(&s->p, exec, b->d_y, b->d_hT, &g));
+    CHECK_OK(ssm_backward(&s->p, exec, b->d_y, b->d_hT, &g));
 }
 
 static void run_reference_backward(const ssm_data *s, ssm_bwd *b)
@@ -843,9 +879,10 @@ static void test_backward_softplus_outside(void)
     bwd_make(&in, &s, true, 2401);
     run_backward(&s, &in, NULL);
 
-    float *dt_applied = tu_alloc(s.n_y);
-    for (size_t i = 0; i < s.n_y; i++)
-        dt_applied[i] = ls_softplusf(s.dt[i] + s.dt_bias[i % (size_t)sp.D]);
+    float *dt_biased = tu_alloc(s.n_y), *dt_applied = tu_alloc(s.n_y), *slope = tu_alloc(s.n_y);
+    for (size_t i = 0; i < s.n_y; i++) dt_biased[i] = s.dt[i] + s.dt_bias[i % (size_t)sp.D];
+    kernel_math(LS_SSM_VSOFTPLUS, LINSEQ_ACT_IDENTITY, s.n_y, dt_biased, dt_applied);
+    kernel_math(LS_SSM_VSOFTPLUS_GRAD, LINSEQ_ACT_IDENTITY, s.n_y, dt_biased, slope);
     ssm_data outside = s;
     outside.p.dt = dt_applied;
     outside.p.dt_softplus = false;
@@ -857,8 +894,7 @@ static void test_backward_softplus_outside(void)
     double *bias_sum = calloc((size_t)sp.D, sizeof(double));
     if (!bias_sum) exit(2);
     for (size_t i = 0; i < s.n_y; i++) {
-        const float chained =
-            out.g[GR_DDT][i] * ls_softplus_gradf(s.dt[i] + s.dt_bias[i % (size_t)sp.D]);
+        const float chained = out.g[GR_DDT][i] * slope[i];
         if (memcmp(&chained, &in.g[GR_DDT][i], sizeof chained) != 0) bad++;
         bias_sum[i % (size_t)sp.D] += chained;
     }
@@ -871,7 +907,9 @@ static void test_backward_softplus_outside(void)
     const double err = tu_rel_err_d(in.g[GR_DBIAS], bias_sum, (size_t)sp.D);
     CHECK(err <= SUM_TOL, "softplus outside: ddt_bias rel err %.3g against the sum of ddt", err);
     free(bias_sum);
+    free(dt_biased);
     free(dt_applied);
+    free(slope);
     bwd_free(&in);
     bwd_free(&out);
     ssm_free(&s);
@@ -895,10 +933,12 @@ static void test_backward_gate_outside(void)
         ssm_data ungated = s;
         ungated.p.gate = NULL;
         float *y_plain = tu_alloc(s.n_y);
-        CHECK_OK(linseq_ssm1_forward(&ungated.p, NULL, y_plain, NULL));
+        CHECK_OK(ssm_forward(&ungated.p, NULL, y_plain, NULL));
         bwd_make(&plain, &ungated, true, 2510);
-        for (size_t i = 0; i < s.n_y; i++)
-            plain.d_y[i] = gated.d_y[i] * ls_activate(resolved, s.gate[i]);
+        float *act_gate = tu_alloc(s.n_y), *act_slope = tu_alloc(s.n_y);
+        kernel_math(LS_SSM_VACT, resolved, s.n_y, s.gate, act_gate);
+        kernel_math(LS_SSM_VACT_GRAD, resolved, s.n_y, s.gate, act_slope);
+        for (size_t i = 0; i < s.n_y; i++) plain.d_y[i] = gated.d_y[i] * act_gate[i];
         run_backward(&ungated, &plain, NULL);
 
         for (int k = 0; k < N_GRADS; k++) {
@@ -908,11 +948,12 @@ static void test_backward_gate_outside(void)
         }
         size_t bad = 0;
         for (size_t i = 0; i < s.n_y; i++) {
-            const float expect =
-                gated.d_y[i] * y_plain[i] * ls_activate_gradf(resolved, s.gate[i]);
+            const float expect = gated.d_y[i] * y_plain[i] * act_slope[i];
             if (memcmp(&expect, &gated.g[GR_DGATE][i], sizeof expect) != 0) bad++;
         }
         CHECK(bad == 0, "activation %d: %zu of dgate differ from d_y * y * act'(gate)", act, bad);
+        free(act_gate);
+        free(act_slope);
         free(y_plain);
         bwd_free(&gated);
         bwd_free(&plain);
@@ -1107,7 +1148,7 @@ static void test_backward_chained(void)
     }
     /* The second piece starts from the state the forward of the first one ends in. */
     float *y_first = tu_alloc(piece[0].n_y);
-    CHECK_OK(linseq_ssm1_forward(&piece[0].p, NULL, y_first, hT_first));
+    CHECK_OK(ssm_forward(&piece[0].p, NULL, y_first, hT_first));
     memcpy(piece[1].h0, hT_first, s.n_state * sizeof(float));
     memcpy(pb[1].d_hT, whole.d_hT, s.n_state * sizeof(float));
     run_backward(&piece[1], &pb[1], NULL);
@@ -1185,7 +1226,7 @@ static void test_backward_threads(void)
             only[k] = b.g[k];
             tu_poison(b.g[k], b.n[k] * sizeof(float));
             const linseq_ssm1_grads g = grads_of(only);
-            CHECK_OK(linseq_ssm1_backward(&s.p, NULL, b.d_y, b.d_hT, &g));
+            CHECK_OK(ssm_backward(&s.p, NULL, b.d_y, b.d_hT, &g));
             CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
                   "spec %zu: %s alone differs from %s with every gradient", i, grad_names[k],
                   grad_names[k]);
@@ -1373,26 +1414,68 @@ static void test_backward_errors(void)
     CHECK_OK(linseq_ssm1_backward(&p, NULL, &d_y, NULL, &none));
 }
 
+/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
+ * given ls_isa_active(). */
+static void test_public_entry_points(void)
+{
+    ssm_spec sp = {.B = 2, .T = 70, .D = 70, .N = 16, .gate = true, .skip = true, .h0 = true,
+                   .softplus = true, .bias = true};
+    ssm_data s;
+    ssm_make(&s, &sp, 3200);
+    float *y = tu_alloc(s.n_y), *hT = tu_alloc(s.n_state);
+    float *y_isa = tu_alloc_poisoned(s.n_y), *hT_isa = tu_alloc_poisoned(s.n_state);
+    CHECK_OK(linseq_ssm1_forward(&s.p, NULL, y, hT));
+    CHECK_OK(ls_ssm1_forward_isa(&s.p, NULL, y_isa, hT_isa, ls_isa_active()));
+    CHECK(tu_same_bits(y, y_isa, s.n_y) && tu_same_bits(hT, hT_isa, s.n_state),
+          "linseq_ssm1_forward differs from the %s kernels", ls_isa_name(ls_isa_active()));
+    ssm_bwd pub, isa;
+    bwd_make(&pub, &s, true, 3210);
+    bwd_make(&isa, &s, true, 3210);
+    const linseq_ssm1_grads g_pub = grads_of(pub.g), g_isa = grads_of(isa.g);
+    CHECK_OK(linseq_ssm1_backward(&s.p, NULL, pub.d_y, pub.d_hT, &g_pub));
+    CHECK_OK(ls_ssm1_backward_isa(&s.p, NULL, isa.d_y, isa.d_hT, &g_isa, ls_isa_active()));
+    for (int k = 0; k < N_GRADS; k++)
+        CHECK(tu_same_bits(pub.g[k], isa.g[k], pub.n[k]),
+              "linseq_ssm1_backward: %s differs from the %s kernels", grad_names[k],
+              ls_isa_name(ls_isa_active()));
+    bwd_free(&pub);
+    bwd_free(&isa);
+    free(y);
+    free(hT);
+    free(y_isa);
+    free(hT_isa);
+    ssm_free(&s);
+}
+
 int main(void)
 {
-    test_hand_example();
-    test_against_reference();
-    test_softplus_outside();
-    test_gate_outside();
-    test_groups_expanded();
-    test_varlen();
-    test_prefill_then_decode();
-    test_threads();
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) {
+            printf("  %s: not available on this CPU, skipped\n", ls_isa_name((ls_isa)isa));
+            continue;
+        }
+        test_isa = (ls_isa)isa;
+        printf("  kernels: %s\n", ls_isa_name(test_isa));
+        test_hand_example();
+        test_against_reference();
+        test_softplus_outside();
+        test_gate_outside();
+        test_groups_expanded();
+        test_varlen();
+        test_prefill_then_decode();
+        test_threads();
+        test_backward_against_reference();
+        test_finite_differences();
+        test_backward_softplus_outside();
+        test_backward_gate_outside();
+        test_backward_groups_expanded();
+        test_backward_varlen();
+        test_backward_chained();
+        test_backward_threads();
+        test_backward_stability();
+    }
+    test_public_entry_points();
     test_errors();
-    test_backward_against_reference();
-    test_finite_differences();
-    test_backward_softplus_outside();
-    test_backward_gate_outside();
-    test_backward_groups_expanded();
-    test_backward_varlen();
-    test_backward_chained();
-    test_backward_threads();
-    test_backward_stability();
     test_backward_errors();
     return tu_finish("test_ssm1");
 }

@@ -25,8 +25,32 @@ static inline vf vf_fnmadd(vf a, vf b, vf c) { return c - a * b; }
 static inline vf vf_max(vf lo, vf x) { return x != x ? x : (x > lo ? x : lo); }
 static inline vf vf_min(vf hi, vf x) { return x != x ? x : (x < hi ? x : hi); }
 static inline vf vf_abs(vf a) { return fabsf(a); }
-static inline vf vf_round(vf a) { return nearbyintf(a); }
-static inline vf vf_ldexp(vf y, vf n) { return ldexpf(y, (int)n); }
+/* Round to nearest even for |a| < 2^22 (vf_exp's range) without a libm call: adding and
+ * removing 1.5 * 2^23 leaves no fraction bits. NaN stays NaN. */
+static inline vf vf_round(vf a)
+{
+    const float magic = 12582912.0f;
+    return (a + magic) - magic;
+}
+
+/* 2^k for integral k in [-126, 127], built from its exponent bits. */
+static inline float vf_pow2i(int k)
+{
+    union {
+        uint32_t u;
+        float f;
+    } v = {.u = (uint32_t)(k + 127) << 23};
+    return v.f;
+}
+
+/* y * 2^n for integral n in [-254, 254], as two exact powers of two (like the AVX2 version),
+ * so that subnormal results round once; NaN n gives NaN without an undefined conversion. */
+static inline vf vf_ldexp(vf y, vf n)
+{
+    if (n != n) return n;
+    const int ni = (int)n, n1 = ni >> 1, n2 = ni - n1;
+    return y * vf_pow2i(n1) * vf_pow2i(n2);
+}
 static inline vf vf_select_nonneg(vf x, vf a, vf b) { return x >= 0.0f ? a : b; }
 static inline vf vf_select_gt(vf x, vf t, vf a, vf b) { return x > t ? a : b; }
 static inline float vf_hsum(vf a) { return a; }

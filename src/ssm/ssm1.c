@@ -1,5 +1,6 @@
 /* linseq_ssm1_forward and linseq_ssm1_backward: one validation of the problem for both, then
- * the fast scan (ssm1_scan.c) or its backward (ssm1_scan_bwd.c). */
+ * the fast scan (ssm1_scan.c) or its backward (ssm1_scan_bwd.c) with the active ISA's
+ * kernels. */
 #include "core/activation.h"
 #include "core/status.h"
 #include "core/validate.h"
@@ -59,6 +60,19 @@ static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
 linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
                                   float *hT)
 {
+    return ls_ssm1_forward_isa(p, exec, y, hT, ls_isa_active());
+}
+
+linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                   const float *d_y, const float *d_hT,
+                                   const linseq_ssm1_grads *grads)
+{
+    return ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, ls_isa_active());
+}
+
+linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                  float *y, float *hT, ls_isa isa)
+{
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssm1_forward"};
     linseq_status st = check_problem(&a, p, exec);
@@ -69,16 +83,16 @@ linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *p, const linseq_exe
         ->may_alias = p->h0;
     if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
-    st = ls_ssm1_scan(p, exec, y, hT);
+    st = ls_ssm1_scan(p, exec, isa, y, hT);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",
                        (long long)p->N);
     return st;
 }
 
-linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                    const float *d_y, const float *d_hT,
-                                   const linseq_ssm1_grads *grads)
+                                   const linseq_ssm1_grads *grads, ls_isa isa)
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssm1_backward"};
@@ -118,7 +132,7 @@ linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_ex
     ls_arg(&a, "ddt_bias", "D", grads->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
     if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
-    st = ls_ssm1_scan_backward(p, exec, d_y, d_hT, grads);
+    st = ls_ssm1_scan_backward(p, exec, isa, d_y, d_hT, grads);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st,
                        "could not allocate the backward workspace (checkpoints every %d tokens "

@@ -5,7 +5,8 @@
  * item per block of channels that walks every sequence in order, so the gradients of the
  * parameters shared by sequences (A, D_skip, dt_bias, weight, bias) are summed inside one item
  * in a fixed order. Both ops walk time in the outer loop and channels in the inner loop, so
- * the reads of x along D are contiguous. */
+ * the reads of x along D are contiguous. The items' kernels are compiled once per ISA
+ * (ssm_kernels.h); the fast paths take the ISA to run as an argument. */
 #ifndef LS_SSM_INTERNAL_H
 #define LS_SSM_INTERNAL_H
 
@@ -14,9 +15,10 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "linseq.h"
+#include "simd/isa.h"
 
-/* Channels per work item. A full block runs loops with this constant trip count, which gcc
- * vectorises at -O2; 64 channels x N states (N = 16 in Mamba checkpoints) stay in L1. */
+/* Channels per work item: a whole number of vectors on every ISA (4 with AVX-512), and
+ * 64 channels x N states (N = 16 in Mamba checkpoints) stay in L1. */
 #define SSM_LANES 64
 
 /* Tokens [*start, *start + *len) of sequence n in the flattened [B*T] time axis. */
@@ -80,11 +82,25 @@ static inline linseq_activation conv1d_activation(const linseq_conv1d_problem *p
     return p->activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_IDENTITY : p->activation;
 }
 
+/* The public entry points with the kernels' instruction set as an argument: linseq_X(...) is
+ * ls_X_isa(..., ls_isa_active()). isa must be one ls_isa_available() accepts. The tests call
+ * these to run every kernel the CPU can run, each through the full validation. */
+linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                  float *y, float *hT, ls_isa isa);
+linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                   const float *d_y, const float *d_hT,
+                                   const linseq_ssm1_grads *grads, ls_isa isa);
+linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                    float *y, float *conv_state_out, ls_isa isa);
+linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                     const float *d_y, const float *d_conv_state_out,
+                                     const linseq_conv1d_grads *grads, ls_isa isa);
+
 /* The fast float32 forward of a validated problem (arguments as in linseq_ssm1_forward).
  * Returns LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when its workspace cannot be
  * allocated. */
-linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
-                           float *hT);
+linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec, ls_isa isa,
+                           float *y, float *hT);
 
 /* Tokens between two state checkpoints of the SSM1 backward: the backward stores one state per
  * segment of this many tokens and recomputes the states inside a segment, so its memory is
@@ -95,14 +111,18 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
  * every NULL gradient is skipped). Returns LINSEQ_ERR_OUT_OF_MEMORY, having written nothing,
  * when its workspace cannot be allocated. */
 linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                    const float *d_y, const float *d_hT,
+                                    ls_isa isa, const float *d_y, const float *d_hT,
                                     const linseq_ssm1_grads *grads);
 
-/* The fast float32 conv1d backward of a validated problem (arguments as in
- * linseq_conv1d_backward; with W == 1 the state arguments must be NULL). Returns
- * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when its workspace cannot be allocated. */
+/* The fast float32 conv1d forward and backward of a validated problem (arguments as in
+ * linseq_conv1d_forward / _backward; with W == 1 the state arguments must be NULL). Return
+ * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when their workspace cannot be
+ * allocated. */
+linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *exec, ls_isa isa,
+                             float *y, float *conv_state_out);
 linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
-                                      const float *d_y, const float *d_conv_state_out,
+                                      ls_isa isa, const float *d_y,
+                                      const float *d_conv_state_out,
                                       const linseq_conv1d_grads *grads);
 
 /* The readable references: the header's formulas transcribed literally, computed in double.

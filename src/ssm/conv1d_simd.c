@@ -1,0 +1,139 @@
+/* The causal depthwise conv1d forward kernel, compiled once per ISA: one work item is
+ * (sequence, span of CONV1D_SPAN channels, chunk of tokens); lanes are channels.
+ *
+ * Per token, each strip of VW channels starts from the bias and adds the W taps in order with
+ * one fma each, then applies the activation in vector form and stores y. A token's row of the
+ * span (2 KiB) is read and written contiguously, and the W rows a token reads stay in L1 for
+ * the next tokens: the op moves x and y once, near the machine's streaming rate. The taps that
+ * reach back before the sequence read the conv state, copied (transposed) into [W-1][span]
+ * columns by the item of the sequence's first chunk, which also writes conv_state_out after
+ * it has read the state (so conv_state_out == conv_state is safe; no other item reads the
+ * state). A chained call (starting from the previous call's conv_state_out) computes the same
+ * sums in the same order as one call. */
+#include <string.h>
+
+#include "ssm/ssm_kernels.h"
+#include "ssm/ssm_vec.h"
+
+#define SPAN CONV1D_SPAN
+
+/* y of token t, channels [d0, d0 + lanes) of one block (lanes <= SSM_LANES): bias + sum_j
+ * weight[j] xs[t+j], then act. Rows of xs before the sequence come from cols. taps and cols
+ * are the block's columns of the span's tiles (row stride SPAN). A ragged block computes its
+ * whole width (lanes past D read zeros and store nothing). */
+static void conv_token(const conv1d_plan *pl, const float *taps, const float *cols,
+                       int64_t start, int64_t t, int64_t d0, int64_t lanes)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t D = p->D, W = p->W;
+    float *y_t = pl->y + (start + t) * D + d0;
+    for (int64_t s = 0; s < STRIPS; s++) {
+        const int64_t valid = lanes - s * VW;
+        vf acc = p->bias ? vf_load_part(p->bias + d0 + s * VW, valid) : vf_zero();
+        for (int64_t j = 0; j < W; j++) {
+            const int64_t k = t + j;
+            const vf in = k < W - 1 ? vf_load(cols + k * SPAN + s * VW)
+                                    : vf_load_part(p->x + (start + k - (W - 1)) * D + d0 + s * VW,
+                                                   valid);
+            acc = vf_fmadd(vf_load(taps + j * SPAN + s * VW), in, acc);
+        }
+        vf_store_part(y_t + s * VW, vf_act(pl->act, acc), valid);
+    }
+}
+
+/* Tokens [t0, t1), t0 >= W-1 (every tap reads x), of `blocks` whole blocks from channel d0:
+ * conv_token's arithmetic, inlined with W and act constants (see run_full_blocks) so that the
+ * taps fold, the activation is straight-line code and every load is a whole vector. */
+LS_INLINE void conv_span(const conv1d_plan *pl, const float *taps, int64_t W,
+                         linseq_activation act, int64_t start, int64_t t0, int64_t t1,
+                         int64_t d0, int64_t blocks)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t D = p->D;
+    for (int64_t t = t0; t < t1; t++) {
+        const float *x0 = p->x + (start + t - (W - 1)) * D + d0; /* the row tap 0 reads */
+        float *y_t = pl->y + (start + t) * D + d0;
+        for (int64_t c = 0; c < blocks * SSM_LANES; c += SSM_LANES) {
+            LS_UNROLL_STRIPS
+            for (int64_t s = 0; s < STRIPS; s++) {
+                const int64_t o = c + s * VW;
+                vf acc = p->bias ? vf_load(p->bias + d0 + o) : vf_zero();
+                for (int64_t j = 0; j < W; j++)
+                    acc = vf_fmadd(vf_load(taps + j * SPAN + o), vf_load(x0 + j * D + o), acc);
+                vf_store(y_t + o, vf_act(act, acc));
+            }
+        }
+    }
+}
+
+/* conv_span with W == 4 (Mamba's width) and the activation as constants. */
+static void run_full_blocks(const conv1d_plan *pl, const float *taps, int64_t start, int64_t t0,
+                            int64_t t1, int64_t d0, int64_t blocks)
+{
+    const int64_t W = pl->p->W;
+#define CONV_SPAN_FOR(ACT)                                                                   \
+    if (W == 4)                                                                              \
+        conv_span(pl, taps, 4, ACT, start, t0, t1, d0, blocks);                              \
+    else                                                                                     \
+        conv_span(pl, taps, W, ACT, start, t0, t1, d0, blocks);                              \
+    break
+    switch (pl->act) {
+    case LINSEQ_ACT_SILU: CONV_SPAN_FOR(LINSEQ_ACT_SILU);
+    case LINSEQ_ACT_SIGMOID: CONV_SPAN_FOR(LINSEQ_ACT_SIGMOID);
+    case LINSEQ_ACT_GELU_TANH: CONV_SPAN_FOR(LINSEQ_ACT_GELU_TANH);
+    case LINSEQ_ACT_RELU: CONV_SPAN_FOR(LINSEQ_ACT_RELU);
+    default: CONV_SPAN_FOR(LINSEQ_ACT_IDENTITY);
+    }
+#undef CONV_SPAN_FOR
+}
+
+void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
+{
+    const conv1d_plan *pl = ctx;
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t D = p->D, W = p->W;
+    const int64_t per_seq = pl->n_blocks * pl->n_chunks;
+    const int64_t seq = item / per_seq;
+    const int64_t d0 = item % per_seq / pl->n_chunks * SPAN;
+    const int64_t t0 = item % pl->n_chunks * pl->chunk;
+    const int64_t width = D - d0 < SPAN ? D - d0 : SPAN;
+    int64_t start, len;
+    ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
+    if (t0 > 0 && t0 >= len) return; /* past a shorter sequence's end */
+    const int64_t t1 = len - t0 < pl->chunk ? len : t0 + pl->chunk;
+    /* The state rows of this span: channel d0 + l starts at state[l * (W-1)]. */
+    const float *state = W > 1 && p->conv_state ? p->conv_state + (seq * D + d0) * (W - 1) : NULL;
+
+    float *taps = pl->workspace + (size_t)thread * pl->thread_floats;
+    float *cols = taps + W * SPAN;
+    /* Lanes past D read zeros. */
+    if (width < SPAN || !state) memset(taps, 0, pl->thread_floats * sizeof(float));
+    ls_transpose_copy(taps, SPAN, p->weight + d0 * W, W, width, W);
+    if (state && t0 == 0) ls_transpose_copy(cols, SPAN, state, W - 1, width, W - 1);
+
+    /* Whole blocks run the main loop from token W-1 on; the first W-1 tokens (which may read
+     * the state) and a ragged last block run the general one. */
+    const int64_t full = width / SSM_LANES;
+    const int64_t head = W - 1 < t1 ? (W - 1 > t0 ? W - 1 : t0) : t1;
+    for (int64_t b = 0; b * SSM_LANES < width; b++) {
+        const int64_t lanes = width - b * SSM_LANES < SSM_LANES ? width - b * SSM_LANES : SSM_LANES;
+        const int64_t last = b < full ? head : t1;
+        for (int64_t t = t0; t < last; t++)
+            conv_token(pl, taps + b * SSM_LANES, cols + b * SSM_LANES, start, t,
+                       d0 + b * SSM_LANES, lanes);
+    }
+    if (full && head < t1) run_full_blocks(pl, taps, start, head, t1, d0, full);
+
+    /* state_out = xs[len .. len + W-2], read from x or from the copy of the old state in cols.
+     * Only the first chunk's item read the state, and it is this one. */
+    if (W > 1 && pl->state_out && t0 == 0) {
+        for (int64_t l = 0; l < width; l++) {
+            float *out_row = pl->state_out + (seq * D + d0 + l) * (W - 1);
+            for (int64_t i = 0; i < W - 1; i++) {
+                const int64_t k = len + i;
+                out_row[i] =
+                    k < W - 1 ? cols[k * SPAN + l] : p->x[(start + k - (W - 1)) * D + d0 + l];
+            }
+        }
+    }
+}

@@ -1,0 +1,62 @@
+/* Internal: the SSM1 step arithmetic shared by the forward and backward kernels (included by
+ * ssm1_scan_simd.c and ssm1_scan_bwd_simd.c only). The forward, the backward's checkpoint pass
+ * and its segment recompute all call these, so the states they produce are the same bits.
+ *
+ * Lanes are channels: a block of SSM_LANES channels is STRIPS vectors wide, and its state
+ * tile is state-major, [N][SSM_LANES], so one state row is STRIPS whole vectors. */
+#ifndef LS_SSM1_SIMD_H
+#define LS_SSM1_SIMD_H
+
+#include "ssm/ssm_internal.h"
+#include "ssm/ssm_vec.h"
+
+/* dt after softplus(dt + dt_bias) (when asked; dt_bias NULL adds zero, which changes no bit
+ * of softplus) for the lanes of strip s, the first `valid` of them real. */
+LS_INLINE vf ssm1_step_dt(const linseq_ssm1_problem *p, const float *dt_row, int64_t d,
+                          int64_t valid)
+{
+    vf dt = vf_load_part(dt_row, valid);
+    if (p->dt_softplus)
+        dt = vf_softplus(vf_add(dt, p->dt_bias ? vf_load_part(p->dt_bias + d, valid) : vf_zero()));
+    return dt;
+}
+
+/* exp(A dt): the decay of one state row over one token. */
+LS_INLINE vf ssm1_decay(vf rate, vf dt) { return vf_exp(vf_mul(rate, dt)); }
+
+/* h_t = a_t h_{t-1} + (dt x) B_t */
+LS_INLINE vf ssm1_update(vf decay, vf h_prev, vf dtx, vf b)
+{
+    return vf_fmadd(decay, h_prev, vf_mul(dtx, b));
+}
+
+/* The output before the gate: out = sum_n h C (n ascending, one fma each, from 0), then
+ * D x: the backward recomputes it for dgate in the same order. */
+LS_INLINE vf ssm1_skip(vf out, const float *D_skip, vf x, int64_t valid)
+{
+    return D_skip ? vf_fmadd(vf_load_part(D_skip, valid), x, out) : out;
+}
+
+/* B_lanes[n][l], C_lanes[n][l] <- B_t, C_t of the group of channel d0 + l, for a block whose
+ * channels span groups; lanes past the block stay as they are (zero). */
+static inline void ssm1_spread_groups(const linseq_ssm1_problem *p, int64_t G, int64_t cpg,
+                                      int64_t tok, int64_t d0, int64_t lanes, float *B_lanes,
+                                      float *C_lanes)
+{
+    const int64_t N = p->N;
+    for (int64_t l = 0; l < lanes;) {
+        const int64_t g = (d0 + l) / cpg;
+        const int64_t end = (g + 1) * cpg - d0 < lanes ? (g + 1) * cpg - d0 : lanes;
+        const float *B_g = p->B_proj + (tok * G + g) * N;
+        const float *C_g = p->C_proj + (tok * G + g) * N;
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t k = l; k < end; k++) {
+                B_lanes[n * SSM_LANES + k] = B_g[n];
+                C_lanes[n * SSM_LANES + k] = C_g[n];
+            }
+        }
+        l = end;
+    }
+}
+
+#endif

@@ -1,0 +1,121 @@
+/* Internal: the plans the SSM1 and conv1d drivers (ssm1_scan.c, ssm1_scan_bwd.c, conv1d.c,
+ * conv1d_bwd.c) hand to their work-item kernels, which live in *_simd.c sources compiled once
+ * per ISA. A driver validates nothing (its caller did), sizes and allocates the per-thread
+ * workspace, picks the kernel of the requested ISA once per call and runs it over the items
+ * with ls_parallel_for; each item function has the ls_item_fn signature and takes its plan as
+ * the context. */
+#ifndef LS_SSM_KERNELS_H
+#define LS_SSM_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "linseq.h"
+#include "simd/isa.h"
+#include "ssm/ssm_internal.h"
+
+/* ---- SSM1 forward: one item per (sequence, blocks of SSM_LANES channels) --------------- */
+
+typedef struct ssm1_scan_plan {
+    const linseq_ssm1_problem *p;
+    int64_t G, channels_per_group, n_blocks;
+    int64_t blocks_per_item; /* consecutive blocks of one sequence per work item              */
+    linseq_activation gate_act;
+    float *y, *hT;
+    float *workspace;     /* per thread: thread_floats, 64-byte aligned                     */
+    size_t thread_floats; /* SSM1_SCAN_FLOATS(N)                                            */
+} ssm1_scan_plan;
+
+/* Tokens whose step inputs (dt after softplus, dt x, act(gate)) are computed in one pass
+ * before their state updates, so that the long latency of softplus and the activation
+ * overlaps across tokens instead of stalling each token's updates. */
+#define SSM1_SCAN_CHUNK 16
+
+/* Per thread: four [N][SSM_LANES] tiles (the state, A transposed, and B_t, C_t spread over the
+ * lanes of a block spanning groups), then three [SSM1_SCAN_CHUNK][SSM_LANES] rows of step
+ * inputs (dt, dt x, act(gate)). */
+#define SSM1_SCAN_FLOATS(N) (4 * (N) * SSM_LANES + 3 * SSM1_SCAN_CHUNK * SSM_LANES)
+
+LS_ISA_DECLARE(void, ls_ssm1_scan_item, (void *plan, int64_t item, int thread));
+
+/* ---- SSM1 backward: one item per block of channels inside one group -------------------- */
+
+typedef struct ssm1_bwd_plan {
+    const linseq_ssm1_problem *p;
+    const float *d_y, *d_hT;
+    const linseq_ssm1_grads *grads;
+    int64_t G, channels_per_group, blocks_per_group, n_blocks, n_tokens;
+    int64_t max_segments; /* of the longest sequence, at least 1                            */
+    linseq_activation gate_act;
+    float *dB_partial, *dC_partial; /* [n_blocks][n_tokens][N], or NULL (written directly)   */
+    float *workspace;
+    size_t thread_floats; /* the layout below                                               */
+} ssm1_bwd_plan;
+
+/* Per thread, in this order (L = SSM_LANES): checkpoints [max_segments][N][L], the segment's
+ * states and decays [SEGMENT][N][L] each, SSM1_BWD_SEG_ROWS per-token inputs [SEGMENT][L]
+ * each (dt, dt x, gy, the softplus and gate slopes), the tiles rate, dh and the two dA sums
+ * [4][N][L], the per-token dB and dC rows [2][N rounded up to 16][16], and four lane vectors
+ * [4][L] (the dD_skip and ddt_bias sums). */
+#define SSM1_BWD_SEG_ROWS 5
+
+LS_ISA_DECLARE(void, ls_ssm1_bwd_item, (void *plan, int64_t item, int thread));
+
+/* dB and dC of SSM1_REDUCE_TOKENS tokens: each group's partials added in block order. */
+#define SSM1_REDUCE_TOKENS 256
+LS_ISA_DECLARE(void, ls_ssm1_bwd_reduce_item, (void *plan, int64_t item, int thread));
+
+/* ---- conv1d: items of (sequence, channel span, token chunk) forward, blocks backward ----- */
+
+typedef struct conv1d_plan {
+    const linseq_conv1d_problem *p;
+    int64_t n_blocks;                       /* forward: channel spans; backward: items       */
+    int64_t chunk, n_chunks;                /* forward: tokens per item, items per sequence  */
+    int64_t blocks_per_item, ring;          /* backward: blocks per item, rows of ring of g  */
+    linseq_activation act;
+    float *y, *state_out;                   /* forward                                       */
+    const float *d_y, *d_state_out;         /* backward                                      */
+    const linseq_conv1d_grads *grads;       /* backward                                      */
+    float *workspace;
+    size_t thread_floats;
+} conv1d_plan;
+
+/* Forward items: channels per item (8 blocks: a token's row of them is 2 KiB, read and written
+ * contiguously), and at least this many tokens per item (at least W-1, so that only the first
+ * chunk of a sequence reads its conv state). */
+#define CONV1D_SPAN (8 * SSM_LANES)
+#define CONV1D_CHUNK 64
+
+/* Per-thread rows: forward 2W rows of CONV1D_SPAN floats (the taps [W], the conv state's
+ * columns [W-1], one spare), backward 4W + 1 + ring rows of SSM_LANES per block of the item
+ * (taps, the two dweight sums [W] each, the state's columns [W-1], the two dbias sums, the
+ * ring of g). */
+#define CONV1D_FWD_FLOATS(W) (2 * (W) * CONV1D_SPAN)
+#define CONV1D_BWD_ROWS(W, ring) (4 * (W) + 1 + (ring))
+
+/* Backward: tokens whose g (d_y times the activation's slope) is computed in one pass before
+ * their sums; the ring of g then holds at least CONV1D_BWD_CHUNK + W - 1 rows (a power of two,
+ * conv1d_plan.ring). */
+#define CONV1D_BWD_CHUNK 16
+
+/* Backward items: at most this many blocks each (a token's rows of them read and written
+ * contiguously), fewer when that would leave fewer than 4 items per thread. */
+#define CONV1D_BWD_MAX_BLOCKS 4
+
+LS_ISA_DECLARE(void, ls_conv1d_item, (void *plan, int64_t item, int thread));
+LS_ISA_DECLARE(void, ls_conv1d_bwd_item, (void *plan, int64_t item, int thread));
+
+/* ---- the activations as the kernels compute them, over arrays (for tests) ------------- */
+
+typedef enum ls_ssm_vfn {
+    LS_SSM_VACT = 0,          /* act(x)                                                     */
+    LS_SSM_VACT_GRAD = 1,     /* act'(x)                                                    */
+    LS_SSM_VSOFTPLUS = 2,     /* softplus(x), threshold 20                                  */
+    LS_SSM_VSOFTPLUS_GRAD = 3 /* softplus'(x)                                               */
+} ls_ssm_vfn;
+
+/* y[i] = fn(x[i]) for i < n with the kernels' vector forms (act resolved); y may equal x. */
+LS_ISA_DECLARE(void, ls_ssm_vmath_n,
+               (ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y));
+
+#endif
