@@ -455,7 +455,7 @@ typedef struct {
     float *state, *o;
     const int64_t *rows;
     unsigned char *ws;
-    size_t ws_stride, state_bytes;
+    size_t ws_stride;
     ls_isa isa;
 } decode_ctx;
 
@@ -471,7 +471,7 @@ static void decode_item(void *ctx, int64_t item, int thread)
         return;
     }
     float *slot = c->state + (row * pl->HV + hv) * KV;
-    void *scratch = c->ws + (size_t)thread * c->ws_stride + c->state_bytes;
+    float *scratch = (float *)(void *)(c->ws + (size_t)thread * c->ws_stride);
     /* the state row is advanced where it lives, in either layout */
     if (p->state_v_first)
         LS_ISA_PICK(c->isa, kda_decode_v_first)(pl, b, hv, slot, c->o, scratch);
@@ -518,6 +518,9 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    /* Both layouts are advanced where they live, so a thread needs only the per-token
+     * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
+    ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;
     const int64_t n_items = p->B * pl.HV;
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
@@ -554,9 +557,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     }
 
     decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
-                    .ws_stride = ws_stride,
-                    .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
-                    .isa = ls_isa_active()};
+                    .ws_stride = ws_stride, .isa = ls_isa_active()};
     ls_parallel_for(n_items, threads, decode_item, &c);
     free(ws);
     return LINSEQ_OK;
