@@ -57,3 +57,17 @@ void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
 #endif
     for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
 }
+
+void ls_parallel_for_static(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
+{
+#ifdef _OPENMP
+    if (n_threads > 1 && n_items > 1) {
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+        for (int64_t i = 0; i < n_items; i++) fn(ctx, i, omp_get_thread_num());
+        return;
+    }
+#else
+    (void)n_threads;
+#endif
+    for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
+}

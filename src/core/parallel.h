@@ -12,4 +12,9 @@ typedef void (*ls_item_fn)(void *ctx, int64_t item, int thread);
 
 void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx);
 
+/* Equal-cost items in fixed contiguous blocks: a thread gets the same items on every
+ * call, so state that persists between calls (decode) stays in that core's cache
+ * instead of moving between cores. */
+void ls_parallel_for_static(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx);
+
 #endif

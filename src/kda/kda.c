@@ -558,7 +558,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
 
     decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
                     .ws_stride = ws_stride, .isa = ls_isa_active()};
-    ls_parallel_for(n_items, threads, decode_item, &c);
+    ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return LINSEQ_OK;
 }

@@ -44,7 +44,11 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
     pl.workspace = aligned_alloc(64, (size_t)total_bytes);
     if (!pl.workspace) return LINSEQ_ERR_OUT_OF_MEMORY;
 
-    ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssm1_scan_item), &pl);
+    /* decode: the same channels on the same core every call, so the state stays in its cache */
+    if (p->T < SHORT_TOKENS)
+        ls_parallel_for_static(n_items, n_threads, LS_ISA_PICK(isa, ls_ssm1_scan_item), &pl);
+    else
+        ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssm1_scan_item), &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }
