@@ -26,6 +26,7 @@ typedef struct kda_chunk_ws {
     float *qg, *kbg, *kd;        /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G}               */
     float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; 0 above  */
     float *Akk;                  /* [C,C] strictly lower: sum_d k_r k_c e^{G_r - G_c} (no beta) */
+    float *Mneg;                 /* [C,C] strictly lower: -beta_r Akk[r,c], the solve's factor */
     float *vnew;                 /* [C,V] the deltas u of the chunk's tokens                  */
     float *decay_last;           /* [K] e^{G_last}                                           */
     /* scratch of the score construction */
@@ -35,7 +36,6 @@ typedef struct kda_chunk_ws {
     float *sc;                   /* [2*16,C] one row block's scores                          */
     float *w, *fr, *dscale;      /* [K] running products                                     */
     float *tot;                  /* [C/16,K] each sub-chunk's total decay                    */
-    float *tmpv;                 /* [16,V]                                                   */
 } kda_chunk_ws;
 
 static inline size_t kda_align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -63,6 +63,7 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     TAKE(kd, C * K);
     TAKE(Aqk, C * C);
     TAKE(Akk, C * C);
+    TAKE(Mneg, C * C);
     TAKE(vnew, C * V);
     TAKE(decay_last, K);
     TAKE(yt, K * C);
@@ -73,7 +74,6 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     TAKE(fr, K);
     TAKE(dscale, K);
     TAKE(tot, (C / S + 1) * K);
-    TAKE(tmpv, S * V);
 #undef TAKE
     return off;
 }

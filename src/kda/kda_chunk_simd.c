@@ -39,7 +39,10 @@ static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
 
 static inline void vfill(int64_t n, float value, float *y)
 {
-    for (int64_t i = 0; i < n; i++) y[i] = value;
+    const vf v = vf_set1(value);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, v);
+    if (i < n) vf_store_n(y + i, v, n - i);
 }
 
 /* Lane sums of 16 vectors into out[16], VW vectors per reduction. */
@@ -228,6 +231,60 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
         scores_per_head(w, Lc, K, C);
     /* Aqk above the diagonal is 0: the output product runs over whole sub-chunk blocks. */
     for (int64_t r = 0; r < Lc; r++) vfill(Lc - r - 1, 0.0f, w->Aqk + r * C + r + 1);
+    for (int64_t r = 1; r < Lc; r++)
+        for (int64_t c = 0; c < r; c++) w->Mneg[r * C + c] = -(w->beta[r] * w->Akk[r * C + c]);
+}
+
+/* Rows r0+1 .. r0+m-1 of vnew take their in-block terms vnew_r += sum_{c<r} Mneg[r,c] vnew_c,
+ * a column block of up to SUB_COLS vectors at a time held in registers: updating the row in
+ * memory once per term made each step wait for the previous one's store. */
+enum { SUB_COLS = 4 };
+
+static inline void substitute_block(const kda_chunk_ws *w, float *vnew, int64_t r0, int64_t m,
+                                    int64_t n, int64_t V, int64_t C)
+{
+    for (int64_t j = 0; j < n; j += SUB_COLS * VW) {
+        const int64_t width = n - j < SUB_COLS * VW ? n - j : SUB_COLS * VW;
+        const int nv = (int)((width + VW - 1) / VW);
+        const int64_t w_last = width - (int64_t)(nv - 1) * VW;
+        if (nv == SUB_COLS && w_last == VW) {
+            for (int64_t r = r0 + 1; r < r0 + m; r++) {
+                float *row = vnew + r * V + j;
+                vf acc[SUB_COLS];
+#pragma GCC unroll 4
+                for (int v = 0; v < SUB_COLS; v++) acc[v] = vf_load(row + v * VW);
+                for (int64_t c = r0; c < r; c++) {
+                    const vf f = vf_set1(w->Mneg[r * C + c]);
+                    const float *src = vnew + c * V + j;
+#pragma GCC unroll 4
+                    for (int v = 0; v < SUB_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
+                }
+#pragma GCC unroll 4
+                for (int v = 0; v < SUB_COLS; v++) vf_store(row + v * VW, acc[v]);
+            }
+        } else {
+            for (int64_t r = r0 + 1; r < r0 + m; r++) {
+                float *row = vnew + r * V + j;
+                vf acc[SUB_COLS];
+                for (int v = 0; v < nv; v++)
+                    acc[v] = v == nv - 1 ? vf_load_n(row + v * VW, w_last) : vf_load(row + v * VW);
+                for (int64_t c = r0; c < r; c++) {
+                    const vf f = vf_set1(w->Mneg[r * C + c]);
+                    const float *src = vnew + c * V + j;
+                    for (int v = 0; v < nv; v++) {
+                        const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
+                        acc[v] = vf_fmadd(f, x, acc[v]);
+                    }
+                }
+                for (int v = 0; v < nv; v++) {
+                    if (v == nv - 1)
+                        vf_store_n(row + v * VW, acc[v], w_last);
+                    else
+                        vf_store(row + v * VW, acc[v]);
+                }
+            }
+        }
+    }
 }
 
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
@@ -249,17 +306,11 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
                        n - j);
     }
     /* Forward substitution by 16-row blocks: the rows of earlier blocks enter as one matrix
-     * product, the block itself row by row. */
+     * product accumulated into the block, the block itself row by row. */
     for (int64_t r0 = 0; r0 < Lc; r0 += S) {
         const int64_t m = Lc - r0 < S ? Lc - r0 : S;
-        if (r0 > 0) {
-            float *tmp = w->tmpv + j0;
-            ls_gemm(m, n, r0, w->Akk + r0 * C, C, 1, vnew, V, tmp, V, false);
-            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(n, -w->beta[r0 + rr], tmp + rr * V, vnew + (r0 + rr) * V);
-        }
-        for (int64_t r = r0 + 1; r < r0 + m; r++)
-            for (int64_t c = r0; c < r; c++)
-                ls_vaxpy(n, -(w->beta[r] * w->Akk[r * C + c]), vnew + c * V, vnew + r * V);
+        if (r0 > 0) ls_gemm(m, n, r0, w->Mneg + r0 * C, C, 1, vnew, V, vnew + r0 * V, V, true);
+        substitute_block(w, vnew, r0, m, n, V, C);
     }
 }
 
@@ -282,8 +333,7 @@ void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, flo
                                   int64_t j0, int64_t j1)
 {
     const int64_t K = pl->p->K, V = pl->p->V;
-    for (int64_t i = 0; i < K; i++) ls_vscale(j1 - j0, w->decay_last[i], S + i * V + j0);
-    ls_gemm(K, j1 - j0, Lc, w->kd, 1, K, w->vnew + j0, V, S + j0, V, true);
+    ls_gemm_scaled(K, j1 - j0, Lc, w->kd, 1, K, w->vnew + j0, V, S + j0, V, true, w->decay_last);
 }
 
 void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,

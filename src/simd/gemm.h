@@ -10,6 +10,7 @@
 #define LS_SIMD_GEMM_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "simd/vec.h"
@@ -28,14 +29,16 @@
 /* A full MR x (NV*VW) tile: C(i, j0 + ...) for rows i0 .. i0+MR. */
 static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
                                   const float *B, int64_t ldb, float *C, int64_t ldc,
-                                  bool accumulate)
+                                  bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR][GEMM_NV];
 #pragma GCC unroll 8
     for (int i = 0; i < GEMM_MR; i++)
 #pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++)
+        for (int v = 0; v < GEMM_NV; v++) {
             acc[i][v] = accumulate ? vf_load(C + i * ldc + v * VW) : vf_zero();
+            if (c_scale) acc[i][v] = vf_mul(vf_set1(c_scale[i]), acc[i][v]);
+        }
     for (int64_t p = 0; p < K; p++) {
         vf b[GEMM_NV];
 #pragma GCC unroll 4
@@ -57,13 +60,15 @@ static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64
  * of a product, with its accumulators still in registers. */
 static inline void gemm_tile_col(int64_t w, int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
                                  const float *B, int64_t ldb, float *C, int64_t ldc,
-                                 bool accumulate)
+                                 bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
     const bool full = w == VW;
 #pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
+    for (int i = 0; i < GEMM_MR; i++) {
         acc[i] = accumulate ? (full ? vf_load(C + i * ldc) : vf_load_n(C + i * ldc, w)) : vf_zero();
+        if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
+    }
     for (int64_t p = 0; p < K; p++) {
         const vf b = full ? vf_load(B + p * ldb) : vf_load_n(B + p * ldb, w);
 #pragma GCC unroll 8
@@ -81,11 +86,13 @@ static inline void gemm_tile_col(int64_t w, int64_t K, const float *A, int64_t a
 /* An edge tile: mr <= MR rows, one vector column of width w <= VW (masked when w < VW). */
 static inline void gemm_tile_edge(int64_t mr, int64_t w, int64_t K, const float *A, int64_t a_rs,
                                   int64_t a_cs, const float *B, int64_t ldb, float *C,
-                                  int64_t ldc, bool accumulate)
+                                  int64_t ldc, bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
-    for (int64_t i = 0; i < mr; i++)
+    for (int64_t i = 0; i < mr; i++) {
         acc[i] = accumulate ? (w == VW ? vf_load(C + i * ldc) : vf_load_n(C + i * ldc, w)) : vf_zero();
+        if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
+    }
     for (int64_t p = 0; p < K; p++) {
         const vf b = w == VW ? vf_load(B + p * ldb) : vf_load_n(B + p * ldb, w);
         for (int64_t i = 0; i < mr; i++) acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
@@ -98,38 +105,51 @@ static inline void gemm_tile_edge(int64_t mr, int64_t w, int64_t K, const float 
     }
 }
 
-/* C[M,N] = (accumulate ? C : 0) + A B, with A(i,p) = A[i*a_rs + p*a_cs] (a_rs = lda, a_cs = 1
- * for row-major A; a_rs = 1, a_cs = lda for A stored transposed), B row-major. */
-static inline void ls_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs,
-                           int64_t a_cs, const float *B, int64_t ldb, float *C, int64_t ldc,
-                           bool accumulate)
+/* C[M,N] = (accumulate ? C : 0) + A B, or with c_scale (accumulate implied)
+ * C = diag(c_scale) C + A B, the scaling applied where the tile is loaded so that C makes
+ * one trip through the registers. A(i,p) = A[i*a_rs + p*a_cs] (a_rs = lda, a_cs = 1 for
+ * row-major A; a_rs = 1, a_cs = lda for A stored transposed), B row-major. */
+static inline void ls_gemm_scaled(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs,
+                                  int64_t a_cs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                                  bool accumulate, const float *c_scale)
 {
     if (M <= 0 || N <= 0) return;
+    if (c_scale) accumulate = true;
     if (K <= 0) {
-        if (!accumulate)
-            for (int64_t i = 0; i < M; i++)
-                for (int64_t j = 0; j < N; j++) C[i * ldc + j] = 0.0f;
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < N; j++)
+                C[i * ldc + j] = !accumulate ? 0.0f : c_scale ? c_scale[i] * C[i * ldc + j] : C[i * ldc + j];
         return;
     }
     const int64_t panel = GEMM_NV * VW;
     const int64_t m_full = M - M % GEMM_MR, n_full = N - N % panel;
+    const float *s_edge = c_scale ? c_scale + m_full : NULL;
     /* Column panels outermost: a panel of B (K x NV*VW) stays in L1 across the row tiles. */
     for (int64_t j = 0; j < n_full; j += panel) {
         for (int64_t i = 0; i < m_full; i += GEMM_MR)
-            gemm_tile_full(K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+            gemm_tile_full(K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate,
+                           c_scale ? c_scale + i : NULL);
         if (m_full < M)
             for (int64_t v = 0; v < GEMM_NV; v++)
                 gemm_tile_edge(M - m_full, VW, K, A + m_full * a_rs, a_rs, a_cs, B + j + v * VW,
-                               ldb, C + m_full * ldc + j + v * VW, ldc, accumulate);
+                               ldb, C + m_full * ldc + j + v * VW, ldc, accumulate, s_edge);
     }
     for (int64_t j = n_full; j < N; j += VW) {
         const int64_t w = N - j < VW ? N - j : VW;
         for (int64_t i = 0; i < m_full; i += GEMM_MR)
-            gemm_tile_col(w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate);
+            gemm_tile_col(w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate,
+                          c_scale ? c_scale + i : NULL);
         if (m_full < M)
             gemm_tile_edge(M - m_full, w, K, A + m_full * a_rs, a_rs, a_cs, B + j, ldb,
-                           C + m_full * ldc + j, ldc, accumulate);
+                           C + m_full * ldc + j, ldc, accumulate, s_edge);
     }
+}
+
+static inline void ls_gemm(int64_t M, int64_t N, int64_t K, const float *A, int64_t a_rs,
+                           int64_t a_cs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                           bool accumulate)
+{
+    ls_gemm_scaled(M, N, K, A, a_rs, a_cs, B, ldb, C, ldc, accumulate, NULL);
 }
 
 /* dst[j][i] = src[i][j] for a rows x cols block: VW x VW register transposes, scalar edges. */
