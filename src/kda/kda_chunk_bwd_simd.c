@@ -36,15 +36,12 @@ typedef struct {
     float *dX, *dY;              /* [C,K] score backward results                            */
     float *cf, *fc, *xt, *yt;    /* [C,K] column factors, their block scaling, scaled rows  */
     float *prod;                 /* [C,K]                                                   */
-    float *Mb;                   /* [C,C] beta_r Akk[r,c]                                   */
     float *dAqk, *dAkk, *dAe;    /* [C,C]                                                   */
     float *fr, *dsc;             /* [K]                                                     */
     float *dbeta;                /* [C]                                                     */
     float *dg;                   /* [C,gK] the emitted dg                                   */
-    float *tmpv;                 /* [16,V]                                                  */
     float *dG;                   /* [C,gK] dL/dG of each row                                 */
     float *dGL;                  /* [gK]                                                    */
-    double *dgt;                 /* [gK] the running sum sum_{r >= t} dG_r                  */
     unsigned char *chunk;        /* the forward's chunk workspace                           */
 } bwd_ws;
 
@@ -85,7 +82,6 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(xt, C * K);
     TAKE(yt, C * K);
     TAKE(prod, C * K);
-    TAKE(Mb, C * C);
     TAKE(dAqk, C * C);
     TAKE(dAkk, C * C);
     TAKE(dAe, C * C);
@@ -93,10 +89,8 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(dsc, K);
     TAKE(dbeta, C);
     TAKE(dg, C * gK);
-    TAKE(tmpv, KDA_SUB_CHUNK * V);
     TAKE(dG, C * gK);
     TAKE(dGL, gK);
-    TAKE_T(dgt, double, gK);
 #undef TAKE
 #undef TAKE_T
     if (base) w->chunk = base + off;
@@ -256,6 +250,41 @@ static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk
         scores_backward_per_head(w, cw, Lc, K, C, dA, strict, X, Y);
 }
 
+/* dg_t = sum_{r >= t} dG_r from the last row up, 0 where g was floored. The running sum
+ * cancels, so it is kept in double: eight channels at a time in a generic double vector
+ * (one register where the ISA has 512-bit vectors). */
+typedef float f8 __attribute__((vector_size(32)));
+typedef double d8 __attribute__((vector_size(64)));
+typedef int32_t i8 __attribute__((vector_size(32)));
+
+static void running_sum_dg(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc, int64_t gK)
+{
+    int64_t i = 0;
+    for (; i + 8 <= gK; i += 8) {
+        d8 sum = {0};
+        for (int64_t r = Lc - 1; r >= 0; r--) {
+            f8 dG, g;
+            memcpy(&dG, w->dG + r * gK + i, sizeof dG);
+            memcpy(&g, cw->g + r * gK + i, sizeof g);
+            sum += __builtin_convertvector(dG, d8);
+            f8 out = __builtin_convertvector(sum, f8);
+            const f8 floor = {KDA_LOG_DECAY_FLOOR, KDA_LOG_DECAY_FLOOR, KDA_LOG_DECAY_FLOOR,
+                              KDA_LOG_DECAY_FLOOR, KDA_LOG_DECAY_FLOOR, KDA_LOG_DECAY_FLOOR,
+                              KDA_LOG_DECAY_FLOOR, KDA_LOG_DECAY_FLOOR};
+            const i8 keep = ~(g < floor); /* lanes of all ones where g is not floored */
+            out = (f8)((i8)out & keep);
+            memcpy(w->dg + r * gK + i, &out, sizeof out);
+        }
+    }
+    for (; i < gK; i++) {
+        double sum = 0.0;
+        for (int64_t r = Lc - 1; r >= 0; r--) {
+            sum += (double)w->dG[r * gK + i];
+            w->dg[r * gK + i] = cw->g[r * gK + i] < KDA_LOG_DECAY_FLOOR ? 0.0f : (float)sum;
+        }
+    }
+}
+
 /* The backward of one chunk: dS holds dL/dS_C on entry, dL/dS0 on return. */
 static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, int64_t first,
                            int64_t Lc, int64_t hv, const float *S0, double *item_partials)
@@ -293,33 +322,25 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     ls_gemm(Lc, Lc, V, dO, ldo, 1, w->VnT, C, w->dAqk, C, false);
     ls_gemm(Lc, V, Lc, cw->Aqk, 1, C, dO, ldo, w->dVn, V, true); /* Aqk is 0 above the diagonal */
 
-    /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR */
-    /* only Mb's strictly lower part is read: the back substitution walks c > r */
-    for (int64_t r = 1; r < Lc; r++) vscale_to(r, cw->beta[r], cw->Akk + r * C, w->Mb + r * C);
+    /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR. The
+     * forward's Mneg = -M below the diagonal: -dR_r = -dVn_r + sum_{c>r} Mneg[c,r] (-dR_c). */
     for (int64_t n = (Lc - 1) / SC * SC; n >= 0; n -= SC) {
         const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
-        for (int64_t r = n; r < after; r++) {
-            vscale_to(V, -1.0f, w->dVn + r * V, w->dR + r * V);
-        }
-        if (after < Lc) {
-            ls_gemm(m, V, Lc - after, w->Mb + after * C + n, 1, C, w->dR + after * V, V, w->tmpv, V, false);
-            for (int64_t rr = 0; rr < m; rr++) ls_vaxpy(V, -1.0f, w->tmpv + rr * V, w->dR + (n + rr) * V);
-        }
-        for (int64_t r = after - 2; r >= n; r--)
-            for (int64_t c = r + 1; c < after; c++) ls_vaxpy(V, -w->Mb[c * C + r], w->dR + c * V, w->dR + r * V);
+        for (int64_t r = n; r < after; r++) vscale_to(V, -1.0f, w->dVn + r * V, w->dR + r * V);
+        if (after < Lc)
+            ls_gemm(m, V, Lc - after, cw->Mneg + after * C + n, 1, C, w->dR + after * V, V,
+                    w->dR + n * V, V, true);
+        kda_substitute_rows(w->dR, V, V, after - 1, n - 1, cw->Mneg, 1, C);
     }
     /* dM = -dR Vn^T = (w->dR) Vn^T, strictly lower; M[r,c] = beta_r Akk[r,c] */
     ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
-    for (int64_t r = 0; r < Lc; r++)
-        for (int64_t c = 0; c < Lc; c++) {
-            if (c >= r) { /* Akk holds nothing above its diagonal */
-                w->dAkk[r * C + c] = 0.0f;
-                continue;
-            }
-            const float dM = w->dAe[r * C + c];
-            w->dbeta[r] += dM * cw->Akk[r * C + c];
-            w->dAkk[r * C + c] = dM * cw->beta[r];
-        }
+    for (int64_t r = 0; r < Lc; r++) {
+        const float *dM = w->dAe + r * C;
+        float *dAkk = w->dAkk + r * C;
+        w->dbeta[r] += ls_vdot(r, dM, cw->Akk + r * C);
+        vscale_to(r, cw->beta[r], dM, dAkk);
+        memset(dAkk + r, 0, (size_t)(Lc - r) * sizeof(float)); /* Akk is strictly lower */
+    }
 
     /* R = diag(beta) V - Kbg S0, with -dR in w->dR */
     for (int64_t r = 0; r < Lc; r++) {
@@ -387,14 +408,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
 
     /* dg_t = sum_{r >= t} dG_r, a running sum from the last row. A floored decay enters only
      * exact zeros, so its own gradient is 0. */
-    memset(w->dgt, 0, (size_t)gK * sizeof(double));
-    for (int64_t r = Lc - 1; r >= 0; r--) {
-        float *dg = w->dg + r * gK;
-        for (int64_t i = 0; i < gK; i++) {
-            w->dgt[i] += (double)w->dG[r * gK + i]; /* the running sum cancels: double */
-            dg[i] = cw->g[r * gK + i] < KDA_LOG_DECAY_FLOOR ? 0.0f : (float)w->dgt[i];
-        }
-    }
+    running_sum_dg(w, cw, Lc, gK);
     for (int64_t r = 0; r < Lc; r++) {
         /* the token's dv = beta_r dR_r (w->dR holds -dR); dVn row r is free to hold it */
         float *dv = w->dVn + r * V;
@@ -405,7 +419,9 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     }
 
     /* dS0 becomes the dS of the previous chunk */
-    memcpy(w->dS, w->dS0, (size_t)(K * V) * sizeof(float));
+    float *spare = w->dS;
+    w->dS = w->dS0;
+    w->dS0 = spare;
 }
 
 void LS_ISA_FN(kda_chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0,

@@ -235,58 +235,6 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
         for (int64_t c = 0; c < r; c++) w->Mneg[r * C + c] = -(w->beta[r] * w->Akk[r * C + c]);
 }
 
-/* Rows r0+1 .. r0+m-1 of vnew take their in-block terms vnew_r += sum_{c<r} Mneg[r,c] vnew_c,
- * a column block of up to SUB_COLS vectors at a time held in registers: updating the row in
- * memory once per term made each step wait for the previous one's store. */
-enum { SUB_COLS = 4 };
-
-static inline void substitute_block(const kda_chunk_ws *w, float *vnew, int64_t r0, int64_t m,
-                                    int64_t n, int64_t V, int64_t C)
-{
-    for (int64_t j = 0; j < n; j += SUB_COLS * VW) {
-        const int64_t width = n - j < SUB_COLS * VW ? n - j : SUB_COLS * VW;
-        const int nv = (int)((width + VW - 1) / VW);
-        const int64_t w_last = width - (int64_t)(nv - 1) * VW;
-        if (nv == SUB_COLS && w_last == VW) {
-            for (int64_t r = r0 + 1; r < r0 + m; r++) {
-                float *row = vnew + r * V + j;
-                vf acc[SUB_COLS];
-#pragma GCC unroll 4
-                for (int v = 0; v < SUB_COLS; v++) acc[v] = vf_load(row + v * VW);
-                for (int64_t c = r0; c < r; c++) {
-                    const vf f = vf_set1(w->Mneg[r * C + c]);
-                    const float *src = vnew + c * V + j;
-#pragma GCC unroll 4
-                    for (int v = 0; v < SUB_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
-                }
-#pragma GCC unroll 4
-                for (int v = 0; v < SUB_COLS; v++) vf_store(row + v * VW, acc[v]);
-            }
-        } else {
-            for (int64_t r = r0 + 1; r < r0 + m; r++) {
-                float *row = vnew + r * V + j;
-                vf acc[SUB_COLS];
-                for (int v = 0; v < nv; v++)
-                    acc[v] = v == nv - 1 ? vf_load_n(row + v * VW, w_last) : vf_load(row + v * VW);
-                for (int64_t c = r0; c < r; c++) {
-                    const vf f = vf_set1(w->Mneg[r * C + c]);
-                    const float *src = vnew + c * V + j;
-                    for (int v = 0; v < nv; v++) {
-                        const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
-                        acc[v] = vf_fmadd(f, x, acc[v]);
-                    }
-                }
-                for (int v = 0; v < nv; v++) {
-                    if (v == nv - 1)
-                        vf_store_n(row + v * VW, acc[v], w_last);
-                    else
-                        vf_store(row + v * VW, acc[v]);
-                }
-            }
-        }
-    }
-}
-
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
                                 int64_t first, int64_t Lc, int64_t hv, int64_t j0, int64_t j1)
 {
@@ -310,7 +258,7 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
     for (int64_t r0 = 0; r0 < Lc; r0 += S) {
         const int64_t m = Lc - r0 < S ? Lc - r0 : S;
         if (r0 > 0) ls_gemm(m, n, r0, w->Mneg + r0 * C, C, 1, vnew, V, vnew + r0 * V, V, true);
-        substitute_block(w, vnew, r0, m, n, V, C);
+        kda_substitute_rows(vnew, V, n, r0, r0 + m, w->Mneg, C, 1);
     }
 }
 

@@ -102,4 +102,61 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
                  p->A_log ? p->A_log[hv] : 0.0f, p->lower_bound, g);
 }
 
+/* Triangular substitution inside one row block of X [rows, ld], columns [0, n): the rows
+ * r = first, first+step, ... up to (not including) end take in turn
+ *     X_r += sum_c coef[r*coef_r + c*coef_c] X_c
+ * over the rows c visited before r (step = +1: forward, -1: backward substitution). The row
+ * is held in registers a column block at a time across all its terms: updating it in memory
+ * once per term made every step wait for the previous store. */
+enum { KDA_SUBST_COLS = 4 };
+
+static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t first,
+                                       int64_t end, const float *coef, int64_t coef_r,
+                                       int64_t coef_c)
+{
+    const int64_t step = end >= first ? 1 : -1;
+    for (int64_t j = 0; j < n; j += KDA_SUBST_COLS * VW) {
+        const int64_t width = n - j < KDA_SUBST_COLS * VW ? n - j : KDA_SUBST_COLS * VW;
+        const int nv = (int)((width + VW - 1) / VW);
+        const int64_t w_last = width - (int64_t)(nv - 1) * VW;
+        if (nv == KDA_SUBST_COLS && w_last == VW) {
+            for (int64_t r = first + step; r != end; r += step) {
+                float *row = X + r * ld + j;
+                vf acc[KDA_SUBST_COLS];
+#pragma GCC unroll 4
+                for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_load(row + v * VW);
+                for (int64_t c = first; c != r; c += step) {
+                    const vf f = vf_set1(coef[r * coef_r + c * coef_c]);
+                    const float *src = X + c * ld + j;
+#pragma GCC unroll 4
+                    for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
+                }
+#pragma GCC unroll 4
+                for (int v = 0; v < KDA_SUBST_COLS; v++) vf_store(row + v * VW, acc[v]);
+            }
+        } else {
+            for (int64_t r = first + step; r != end; r += step) {
+                float *row = X + r * ld + j;
+                vf acc[KDA_SUBST_COLS];
+                for (int v = 0; v < nv; v++)
+                    acc[v] = v == nv - 1 ? vf_load_n(row + v * VW, w_last) : vf_load(row + v * VW);
+                for (int64_t c = first; c != r; c += step) {
+                    const vf f = vf_set1(coef[r * coef_r + c * coef_c]);
+                    const float *src = X + c * ld + j;
+                    for (int v = 0; v < nv; v++) {
+                        const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
+                        acc[v] = vf_fmadd(f, x, acc[v]);
+                    }
+                }
+                for (int v = 0; v < nv; v++) {
+                    if (v == nv - 1)
+                        vf_store_n(row + v * VW, acc[v], w_last);
+                    else
+                        vf_store(row + v * VW, acc[v]);
+                }
+            }
+        }
+    }
+}
+
 #endif
