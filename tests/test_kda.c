@@ -81,7 +81,8 @@ static void test_shapes_and_regimes(void)
                 kda_spec s = {.B = 2, .T = lens[t], .H = 2, .K = dims[d][0], .V = dims[d][1],
                               .decay = (linseq_decay)dk, .l2norm = (seed % 2) == 0,
                               .with_h0 = (seed % 3) != 0, .gmag = 0.3,
-                              .regime = GATE_RAND, .seed = seed++};
+                              .regime = GATE_RAND, .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
                 if (dims[d][0] >= 128) s.B = 1, s.H = 1;
                 char what[96];
                 snprintf(what, sizeof what, "K=%lld V=%lld T=%lld decay=%d",
@@ -98,7 +99,8 @@ static void test_shapes_and_regimes(void)
             for (int regime = GATE_ZERO; regime <= GATE_EXTREME; regime++) {
                 kda_spec s = {.B = 1, .T = 200, .H = 2, .K = 48, .V = 40,
                               .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed++};
+                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
                 char what[96];
                 snprintf(what, sizeof what, "regime %d gmag %g decay %d", regime, mags[m], dk);
                 check_against_reference(&s, what);

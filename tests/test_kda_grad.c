@@ -295,7 +295,8 @@ static void test_fast_against_reference(void)
                               .V = dims[d][1], .decay = (linseq_decay)dk,
                               .l2norm = seed % 2 == 0, .with_h0 = seed % 3 != 0,
                               .v_first = seed % 5 == 0, .gmag = 0.5, .regime = GATE_RAND,
-                              .seed = seed++};
+                              .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
                 if (dims[d][0] == 128) s.B = 1, s.H = 1, s.HV = 1;
                 /* l2norm of a 1-vector is the constant +-1: its derivative eps/q^2 is a pure
                  * cancellation that no float32 gradient resolves */
@@ -315,7 +316,8 @@ static void test_fast_against_reference(void)
             for (int regime = GATE_ZERO; regime <= GATE_EXTREME; regime++) {
                 kda_spec s = {.B = 1, .T = 140, .H = 1, .HV = 2, .K = 24, .V = 20,
                               .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed++};
+                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
                 grad_case c;
                 make_case(&c, &s, true, false, 0);
                 char what[96];
@@ -330,7 +332,8 @@ static void test_fast_against_reference(void)
             kda_spec s = {.B = 1, .T = 170, .H = 2, .HV = 6, .K = 20, .V = 12,
                           .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
                           .v_first = lb, .regime = GATE_RAND, .n_seqs = 4, .cu = cu,
-                          .seed = seed++};
+                          .seed = seed};
+            seed++; /* after the initializer, whose expressions are unordered */
             grad_case c;
             make_case(&c, &s, true, true, lb ? -5.0 : 0.0);
             tu_rng r = {seed};
