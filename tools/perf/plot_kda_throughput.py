@@ -3,7 +3,8 @@
 docs/performance.md.
 
 Runs `linseq bench kda --json` at B=1, H=16, K=V=128 (per-channel decay) for T = 256 ..
-16384 in both modes and writes docs/kda_throughput.png (tokens/s against T, log x axis).
+16384, chunked with chunk 16, 32 and 64 (the default) and recurrent, and writes
+docs/kda_throughput.png (tokens/s against T, log x axis).
 Needs python3 and matplotlib; not run by make or CI. Takes a few minutes: each point runs
 for about a second, or at least 10 calls.
 
@@ -17,15 +18,28 @@ import subprocess
 import sys
 
 T_VALUES = [256, 512, 1024, 2048, 4096, 8192, 16384]
-MODES = ["chunked", "recurrent"]
+# (label, bench options): the chunked forward at three chunk sizes, and the recurrent one
+CONFIGS = [
+    ("chunked, chunk 64 (default)", ["--mode", "chunked", "--chunk-size", "64"]),
+    ("chunked, chunk 32", ["--mode", "chunked", "--chunk-size", "32"]),
+    ("chunked, chunk 16", ["--mode", "chunked", "--chunk-size", "16"]),
+    ("recurrent", ["--mode", "recurrent"]),
+]
 SHAPE = ["--B", "1", "--H", "16", "--K", "128", "--V", "128"]
 
 
-def run_point(cli, mode, t, extra):
+def config_label(r):
+    if r["mode"] == "recurrent":
+        return "recurrent"
+    c = r.get("chunk_size", 64)
+    return f"chunked, chunk {c}" + (" (default)" if c == 64 else "")
+
+
+def run_point(cli, options, t, extra):
     # The wait policy is set here so that bench need not run itself again for each point.
     env = dict(os.environ)
     env.setdefault("OMP_WAIT_POLICY", "active")
-    cmd = [cli, "bench", "kda", *SHAPE, "--T", str(t), "--mode", mode, "--no-peak", "--json",
+    cmd = [cli, "bench", "kda", *SHAPE, "--T", str(t), *options, "--no-peak", "--json",
            *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
@@ -41,10 +55,11 @@ def plot(results, out):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for mode, marker in zip(MODES, ["o", "s"]):
-        pts = sorted((r["shape"]["T"], r["tokens_per_s"]) for r in results if r["mode"] == mode)
+    for (label, _), marker in zip(CONFIGS, ["o", "^", "v", "s"]):
+        pts = sorted((r["shape"]["T"], r["tokens_per_s"]) for r in results
+                     if config_label(r) == label)
         if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=mode)
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     # Points timed while another process held a processor are marked, not hidden.
     busy = [(r["shape"]["T"], r["tokens_per_s"]) for r in results if r.get("contended")]
     if busy:
@@ -88,10 +103,10 @@ def main():
         if args.repeats:
             extra += ["--repeats", str(args.repeats)]
         results = []
-        for mode in MODES:
+        for label, options in CONFIGS:
             for t in T_VALUES:
-                r = run_point(args.cli, mode, t, extra)
-                print(f"{mode:9s} T={t:6d}  {r['tokens_per_s']:10.0f} tokens/s  "
+                r = run_point(args.cli, options, t, extra)
+                print(f"{label:28s} T={t:6d}  {r['tokens_per_s']:10.0f} tokens/s  "
                       f"median {r['median_s'] * 1e3:9.2f} ms", flush=True)
                 results.append(r)
         if args.save_json:
