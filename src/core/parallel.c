@@ -2,6 +2,7 @@
 #include "core/parallel.h"
 
 #include <stdatomic.h>
+#include <stdbool.h>
 
 #include "core/status.h"
 #include "core/validate.h"
@@ -44,30 +45,40 @@ int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work)
     return n < 1 ? 1 : (int)n;
 }
 
-void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
+/* fixed: thread t takes the t-th of n_threads contiguous, nearly equal blocks of items;
+ * otherwise threads take the next item as they come free. */
+static void run_items(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx, bool fixed)
 {
 #ifdef _OPENMP
     if (n_threads > 1 && n_items > 1) {
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1)
-        for (int64_t i = 0; i < n_items; i++) fn(ctx, i, omp_get_thread_num());
+#pragma omp parallel num_threads(n_threads)
+        {
+            const int t = omp_get_thread_num();
+            if (fixed) {
+                const int64_t nt = omp_get_num_threads(), per = n_items / nt, extra = n_items % nt;
+                const int64_t first = t * per + (t < extra ? t : extra);
+                const int64_t count = per + (t < extra ? 1 : 0);
+                for (int64_t i = first; i < first + count; i++) fn(ctx, i, t);
+            } else {
+#pragma omp for schedule(dynamic, 1)
+                for (int64_t i = 0; i < n_items; i++) fn(ctx, i, t);
+            }
+        }
         return;
     }
 #else
     (void)n_threads;
+    (void)fixed;
 #endif
     for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
 }
 
+void ls_parallel_for(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
+{
+    run_items(n_items, n_threads, fn, ctx, false);
+}
+
 void ls_parallel_for_static(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx)
 {
-#ifdef _OPENMP
-    if (n_threads > 1 && n_items > 1) {
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-        for (int64_t i = 0; i < n_items; i++) fn(ctx, i, omp_get_thread_num());
-        return;
-    }
-#else
-    (void)n_threads;
-#endif
-    for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
+    run_items(n_items, n_threads, fn, ctx, true);
 }
