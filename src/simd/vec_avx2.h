@@ -45,36 +45,56 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
     return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, t, _CMP_GT_OQ));
 }
 /* Lane i of the result = the sum of the lanes of a[i] (eight horizontal sums at once). */
-static inline vf vf_hsum_lanes(const vf *a)
+static inline vf vf_hsum_lanes(const vf *v)
 {
-    const vf h01 = _mm256_hadd_ps(a[0], a[1]), h23 = _mm256_hadd_ps(a[2], a[3]);
-    const vf h45 = _mm256_hadd_ps(a[4], a[5]), h67 = _mm256_hadd_ps(a[6], a[7]);
-    const vf h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
-    /* h0123: [s0 s1 s2 s3 | s0' s1' s2' s3'] (halves of the same sums), likewise h4567 */
-    const vf lo = _mm256_permute2f128_ps(h0123, h4567, 0x20);
-    const vf hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
-    return _mm256_add_ps(lo, hi);
+    __m256 s[4], u[2];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 4; i++)
+        s[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    #pragma GCC unroll 16
+    for (int i = 0; i < 2; i++) {
+        const __m256d a = _mm256_castps_pd(s[2 * i]), b = _mm256_castps_pd(s[2 * i + 1]);
+        u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
+                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20),
+                         _mm256_permute2f128_ps(u[0], u[1], 0x31));
 }
 
-/* dst[j][i] = src[i][j] for an 8 x 8 block. */
-static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
+/* r[j][i] = r[i][j] for an 8 x 8 block held in registers, and dst[j][i] = src[i][j] in memory. */
+static inline void vf_transpose_regs(vf r[8])
 {
-    __m256 r[8], t[8];
-    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    __m256 t[8];
+    #pragma GCC unroll 16
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
+    #pragma GCC unroll 16
     for (int i = 0; i < 2; i++) {
         r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
         r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
         r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
         r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
     }
+    #pragma GCC unroll 16
     for (int k = 0; k < 4; k++) {
-        _mm256_storeu_ps(dst + k * ldd, _mm256_permute2f128_ps(r[k], r[4 + k], 0x20));
-        _mm256_storeu_ps(dst + (4 + k) * ldd, _mm256_permute2f128_ps(r[k], r[4 + k], 0x31));
+        t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
+        t[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
     }
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) r[i] = t[i];
+}
+
+static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
+{
+    vf r[8];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
+    vf_transpose_regs(r);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ldd, r[i]);
 }
 
 static inline float vf_hsum(vf a)

@@ -36,16 +36,17 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), b, a);
 }
-/* dst[j][i] = src[i][j] for a 16 x 16 block: unpack pairs, then quadruples, then 128-bit
- * quarters twice. */
-static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
+/* r[j][i] = r[i][j] for a 16 x 16 block held in registers: unpack pairs, then quadruples,
+ * then 128-bit quarters twice; vf_transpose_block does the same from memory to memory. */
+static inline void vf_transpose_regs(vf r[16])
 {
-    __m512 r[16], t[16];
-    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+    __m512 t[16];
+    #pragma GCC unroll 16
     for (int i = 0; i < 8; i++) {
         t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
+    #pragma GCC unroll 16
     for (int i = 0; i < 4; i++) {
         const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
         const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
@@ -55,6 +56,7 @@ static inline void vf_transpose_block(const float *src, int64_t lds, float *dst,
         r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
     }
     /* r[4g + k] now holds, in each 128-bit quarter q, column 4q + k of rows 4g .. 4g+3 */
+    #pragma GCC unroll 16
     for (int k = 0; k < 4; k++) {
         const __m512 a = _mm512_shuffle_f32x4(r[k], r[4 + k], 0x88);     /* quarters 0,2 | 0,2 */
         const __m512 b = _mm512_shuffle_f32x4(r[k], r[4 + k], 0xDD);     /* quarters 1,3 | 1,3 */
@@ -65,7 +67,18 @@ static inline void vf_transpose_block(const float *src, int64_t lds, float *dst,
         t[4 + k] = _mm512_shuffle_f32x4(b, d, 0x88);  /* column 4 + k  */
         t[12 + k] = _mm512_shuffle_f32x4(b, d, 0xDD); /* column 12 + k */
     }
-    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, t[i]);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = t[i];
+}
+
+static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
+{
+    vf r[16];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * lds);
+    vf_transpose_regs(r);
+    #pragma GCC unroll 16
+    for (int i = 0; i < 16; i++) _mm512_storeu_ps(dst + i * ldd, r[i]);
 }
 
 /* A fixed pairwise order, the same on every call. */
@@ -73,25 +86,23 @@ static inline float vf_hsum(vf a) { return _mm512_reduce_add_ps(a); }
 
 /* Lane i of the result = the sum of the lanes of a[i]: sixteen horizontal sums at the cost of
  * about two, by adding halves of register pairs (a transpose fused with the additions). */
-static inline vf vf_hsum_lanes(const vf *a)
+static inline vf vf_hsum_lanes(const vf *v)
 {
-    vf s8[8], s4[4], s2[2];
-    for (int i = 0; i < 8; i++) { /* 256-bit halves: lanes 0-7 of i, lanes 8-15 of i+8 */
-        const vf lo = _mm512_shuffle_f32x4(a[i], a[i + 8], 0x44); /* a[i].q0 q1, a[i+8].q0 q1 */
-        const vf hi = _mm512_shuffle_f32x4(a[i], a[i + 8], 0xEE); /* a[i].q2 q3, a[i+8].q2 q3 */
-        s8[i] = _mm512_add_ps(lo, hi); /* q0: i, q1: i, q2: i+8, q3: i+8 (partial sums) */
-    }
+    __m512 s[8], u[4];
+    #pragma GCC unroll 16
+    for (int i = 0; i < 8; i++)
+        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    /* u[i], 128-bit lane L: the sums over that lane of v[4i .. 4i+3] */
+    #pragma GCC unroll 16
     for (int i = 0; i < 4; i++) {
-        const vf lo = _mm512_shuffle_f32x4(s8[i], s8[i + 4], 0x88); /* q0 q2 of each */
-        const vf hi = _mm512_shuffle_f32x4(s8[i], s8[i + 4], 0xDD); /* q1 q3 of each */
-        s4[i] = _mm512_add_ps(lo, hi); /* quarters: i, i+8, i+4, i+12 (4 partial lanes each) */
+        const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
+        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
     }
-    for (int i = 0; i < 2; i++) {
-        const vf lo = _mm512_shuffle_ps(s4[i], s4[i + 2], 0x44); /* lanes 0,1 of each quarter */
-        const vf hi = _mm512_shuffle_ps(s4[i], s4[i + 2], 0xEE); /* lanes 2,3 */
-        s2[i] = _mm512_add_ps(lo, hi);
-    }
-    const vf lo = _mm512_shuffle_ps(s2[0], s2[1], 0x88), hi = _mm512_shuffle_ps(s2[0], s2[1], 0xDD);
-    const vf sums = _mm512_add_ps(lo, hi); /* lane order: 0 2 1 3 | 8 10 9 11 | 4 6 5 7 | 12 14 13 15 */
-    return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15), sums);
+    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
+                                    _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
+    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
+                                    _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
 }

@@ -55,6 +55,7 @@ static inline vf vf_select_nonneg(vf x, vf a, vf b) { return x >= 0.0f ? a : b; 
 static inline vf vf_select_gt(vf x, vf t, vf a, vf b) { return x > t ? a : b; }
 static inline float vf_hsum(vf a) { return a; }
 static inline vf vf_hsum_lanes(const vf *a) { return a[0]; }
+static inline void vf_transpose_regs(vf r[1]) { (void)r; }
 static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
 {
     (void)lds;

@@ -6,7 +6,7 @@
  * (ssm1_simd.h), so every state is the forward's bits. The reverse walk fuses everything one
  * state row contributes (the adjoint, dx, ddt, dA, the decayed adjoint, the recomputed y for
  * dgate) in registers; dB_t and dC_t, sums over the block's channels, are accumulated over the
- * strips in one vector per state and reduced VW states at a time with vf_hsum_rows. */
+ * strips in one vector per state and reduced VW states at a time with vf_hsum_lanes. */
 #include <stdbool.h>
 #include <string.h>
 
@@ -165,7 +165,7 @@ static inline void store_row_sums(float *dst, const float *rows, int64_t N)
         vf r[VW];
         _Pragma("GCC unroll 16")
         for (int i = 0; i < VW; i++) r[i] = n0 + i < N ? vf_load(rows + (n0 + i) * ROW) : vf_zero();
-        vf_store_part(dst + n0, vf_hsum_rows(r), N - n0);
+        vf_store_part(dst + n0, vf_hsum_lanes(r), N - n0);
     }
 }
 

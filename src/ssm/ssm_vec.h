@@ -10,10 +10,8 @@
  *   vf_softplus_grad      d softplus / dx with vf_softplus's threshold (slope 1 above 20).
  *   vf_act_and_grad       both of the same z, sharing the sigmoid.
  *   vf_load_part, vf_store_part   a vector of a row whose valid prefix may be shorter.
- *   vf_transpose, ls_transpose_copy   VW x VW in registers, to move [channel][state] rows
- *                         (h0, A, hT, weight, conv state) to and from the kernels' tiles.
- *   vf_hsum_rows          VW horizontal sums at once (lane i = the sum of v[i]), for the
- *                         backward's per-token dB and dC reductions over channels.
+ *   ls_transpose_copy     VW x VW blocks through vf_transpose_regs, to move [channel][state]
+ *                         rows (h0, A, hT, weight, conv state) to and from the kernels' tiles.
  *   ls_prefetch_*         software prefetches of per-token rows (strided over D).
  * STRIPS is the number of vectors in a block of SSM_LANES channels. */
 #ifndef LS_SSM_VEC_H
@@ -162,110 +160,6 @@ LS_INLINE void ls_prefetch_floats_for_write(float *p, int64_t n)
 LS_INLINE void ls_prefetch_row(const float *p) { ls_prefetch_floats(p, SSM_LANES); }
 LS_INLINE void ls_prefetch_row_for_write(float *p) { ls_prefetch_floats_for_write(p, SSM_LANES); }
 
-#if LS_ISA == 2
-
-LS_INLINE void vf_transpose(vf r[16])
-{
-    __m512 t[16];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 8; i++) {
-        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* In each 128-bit lane L, r[4i+e] gets rows 4i..4i+3 of column 4L+e. */
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 4; i++) {
-        const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
-        const __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
-        r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
-        r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
-        r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
-        r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
-    }
-    _Pragma("GCC unroll 16")
-    for (int e = 0; e < 4; e++) {
-        const __m512 a = _mm512_shuffle_f32x4(r[e], r[4 + e], 0x88);
-        const __m512 b = _mm512_shuffle_f32x4(r[e], r[4 + e], 0xdd);
-        const __m512 c = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0x88);
-        const __m512 d = _mm512_shuffle_f32x4(r[8 + e], r[12 + e], 0xdd);
-        t[e] = _mm512_shuffle_f32x4(a, c, 0x88);
-        t[8 + e] = _mm512_shuffle_f32x4(a, c, 0xdd);
-        t[4 + e] = _mm512_shuffle_f32x4(b, d, 0x88);
-        t[12 + e] = _mm512_shuffle_f32x4(b, d, 0xdd);
-    }
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 16; i++) r[i] = t[i];
-}
-
-LS_INLINE vf vf_hsum_rows(const vf v[16])
-{
-    __m512 s[8], u[4];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 8; i++)
-        s[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    /* u[i], 128-bit lane L: the sums over that lane of v[4i .. 4i+3] */
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 4; i++) {
-        const __m512d a = _mm512_castps_pd(s[2 * i]), b = _mm512_castps_pd(s[2 * i + 1]);
-        u[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
-                             _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
-    }
-    const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88),
-                                    _mm512_shuffle_f32x4(u[0], u[1], 0xdd));
-    const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88),
-                                    _mm512_shuffle_f32x4(u[2], u[3], 0xdd));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xdd));
-}
-
-#elif LS_ISA == 1
-
-LS_INLINE void vf_transpose(vf r[8])
-{
-    __m256 t[8], u[8];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 4; i++) {
-        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-    }
-    /* u[4h+e], 128-bit lane L: rows 4h..4h+3 of column 4L+e */
-    for (int h = 0; h < 2; h++) {
-        u[4 * h] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0x44);
-        u[4 * h + 1] = _mm256_shuffle_ps(t[4 * h], t[4 * h + 2], 0xee);
-        u[4 * h + 2] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0x44);
-        u[4 * h + 3] = _mm256_shuffle_ps(t[4 * h + 1], t[4 * h + 3], 0xee);
-    }
-    _Pragma("GCC unroll 16")
-    for (int e = 0; e < 4; e++) {
-        r[e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x20);
-        r[4 + e] = _mm256_permute2f128_ps(u[e], u[4 + e], 0x31);
-    }
-}
-
-LS_INLINE vf vf_hsum_rows(const vf v[8])
-{
-    __m256 s[4], u[2];
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 4; i++)
-        s[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
-                             _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    _Pragma("GCC unroll 16")
-    for (int i = 0; i < 2; i++) {
-        const __m256d a = _mm256_castps_pd(s[2 * i]), b = _mm256_castps_pd(s[2 * i + 1]);
-        u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
-                             _mm256_castpd_ps(_mm256_unpackhi_pd(a, b)));
-    }
-    return _mm256_add_ps(_mm256_permute2f128_ps(u[0], u[1], 0x20),
-                         _mm256_permute2f128_ps(u[0], u[1], 0x31));
-}
-
-#else
-
-LS_INLINE void vf_transpose(vf r[1]) { (void)r; }
-
-LS_INLINE vf vf_hsum_rows(const vf v[1]) { return v[0]; }
-
-#endif
 
 /* dst[n * dst_stride + l] = src[l * src_stride + n] for l < rows, n < cols: [rows][cols] to
  * [cols][rows], in VW x VW register transposes where whole ones fit. */
@@ -282,7 +176,7 @@ static inline void ls_transpose_copy(float *restrict dst, int64_t dst_stride,
             const float *in = src + l0 * src_stride + n0;
             _Pragma("GCC unroll 16")
             for (int i = 0; i < VW; i++, in += src_stride) r[i] = vf_load(in);
-            vf_transpose(r);
+            vf_transpose_regs(r);
             float *out = dst + n0 * dst_stride + l0;
             _Pragma("GCC unroll 16")
             for (int i = 0; i < VW; i++, out += dst_stride) vf_store(out, r[i]);
