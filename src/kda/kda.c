@@ -365,21 +365,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
     int64_t *saved_at = NULL;
-    if (saved) {
-        size_t need;
-        saved_at = malloc((size_t)n_items * sizeof *saved_at);
-        if (!saved_at) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the saved layout");
-        if ((st = kda_saved_layout(fn, &pl, saved_at, &need))) {
-            free(saved_at);
-            return st;
-        }
-        if (saved_bytes < need) {
-            free(saved_at);
-            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
-                           "saved_bytes = %zu; expected at least %zu (linseq_kda_saved_size)",
-                           saved_bytes, need);
-        }
-    }
+    if (saved && (st = kda_saved_offsets(fn, &pl, saved_bytes, &saved_at))) return st;
     float *saved_data = saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {

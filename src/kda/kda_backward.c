@@ -155,22 +155,12 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
         return st;
     int64_t *saved_at = NULL;
     if (saved) {
-        size_t need;
         if (saved_bytes < KDA_SAVED_HEADER_BYTES)
             return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
                            "saved_bytes = %zu is smaller than the saved header", saved_bytes);
-        if ((st = kda_saved_check_header(fn, &pl, saved))) return st;
-        saved_at = malloc((size_t)(pl.n_seqs * HV) * sizeof *saved_at);
-        if (!saved_at) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the saved layout");
-        if ((st = kda_saved_layout(fn, &pl, saved_at, &need))) {
-            free(saved_at);
+        if ((st = kda_saved_check_header(fn, &pl, saved)) ||
+            (st = kda_saved_offsets(fn, &pl, saved_bytes, &saved_at)))
             return st;
-        }
-        if (saved_bytes < need) {
-            free(saved_at);
-            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
-                           "saved_bytes = %zu; expected %zu (linseq_kda_saved_size)", saved_bytes, need);
-        }
     }
     const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,

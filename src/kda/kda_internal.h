@@ -46,6 +46,10 @@ const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
 linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets,
                                size_t *bytes);
 void kda_saved_write_header(const kda_plan *pl, void *saved);
+/* The item offsets of kda_saved_layout in a new array (the caller frees it), after checking
+ * that saved_bytes holds the layout. */
+linseq_status kda_saved_offsets(const char *fn, const kda_plan *pl, size_t saved_bytes,
+                                int64_t **offsets);
 linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const void *saved);
 
 /* Tokens [*start, *start + *len) of sequence n in the flattened time axis. */

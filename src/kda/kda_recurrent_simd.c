@@ -74,20 +74,30 @@ static inline __attribute__((always_inline)) void column_block(int64_t K, int64_
     }
 }
 
+/* One token's factors in scratch [6K]: qs, ks, g, the decays a = e^g, a*ks and a*qs; and
+ * beta and qs . ks. */
+static inline void token_factors(const kda_plan *pl, int64_t tok, int64_t hv, float *scratch,
+                                 float *beta, float *qk)
+{
+    const int64_t K = pl->p->K;
+    float *qs = scratch, *ks = qs + K, *g = ks + K, *a = g + K, *ak = a + K, *aq = ak + K;
+    kda_load_token_v(pl, tok, hv, qs, ks, beta, g);
+    kda_row_decays(pl, g, a);
+    kda_vmul(K, a, ks, ak);
+    kda_vmul(K, a, qs, aq);
+    *qk = ls_vdot(K, qs, ks);
+}
+
 void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
                                    float *S, float *o, float *scratch, int64_t j0, int64_t j1)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
-    float *qs = scratch, *ks = qs + K, *g = ks + K, *a = g + K, *ak = a + K, *aq = ak + K;
+    const float *ks = scratch + K, *a = scratch + 3 * K, *ak = a + K, *aq = ak + K;
 
     for (int64_t tok = tok0; tok < tok0 + len; tok++) {
-        float beta;
-        kda_load_token_v(pl, tok, hv, qs, ks, &beta, g);
-        kda_row_decays(pl, g, a);
-        kda_vmul(K, a, ks, ak);
-        kda_vmul(K, a, qs, aq);
-        const float qk = ls_vdot(K, qs, ks);
+        float beta, qk;
+        token_factors(pl, tok, hv, scratch, &beta, &qk);
         const float *v = p->v + (tok * HV + hv) * V;
         float *out = o ? o + (tok * HV + hv) * V : NULL;
         const int64_t block = COLS * VW;
@@ -111,13 +121,9 @@ void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, 
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
-    float *qs = scratch, *ks = qs + K, *g = ks + K, *a = g + K, *ak = a + K, *aq = ak + K;
-    float beta;
-    kda_load_token_v(pl, tok, hv, qs, ks, &beta, g);
-    kda_row_decays(pl, g, a);
-    kda_vmul(K, a, ks, ak);
-    kda_vmul(K, a, qs, aq);
-    const float qk = ls_vdot(K, qs, ks);
+    const float *ks = scratch + K, *a = scratch + 3 * K, *ak = a + K, *aq = ak + K;
+    float beta, qk;
+    token_factors(pl, tok, hv, scratch, &beta, &qk);
     const float *v = p->v + (tok * HV + hv) * V;
     float *out = o + (tok * HV + hv) * V;
     for (int64_t j0 = 0; j0 < V; j0 += VW) {

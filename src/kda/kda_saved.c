@@ -3,6 +3,7 @@
  * the backward describes the same problem, mode and chunk size), then one block per
  * (sequence, value head) item in item order: the state before every chunk (every chunk_size
  * tokens in recurrent mode), and in chunked mode every token's delta u. */
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/status.h"
@@ -94,5 +95,24 @@ linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const v
                        (long long)h.K, (long long)h.V, (long long)h.HV, (long long)h.tokens,
                        (long long)h.n_seqs, (long long)want.K, (long long)want.V,
                        (long long)want.HV, (long long)want.tokens, (long long)want.n_seqs);
+    return LINSEQ_OK;
+}
+
+linseq_status kda_saved_offsets(const char *fn, const kda_plan *pl, size_t saved_bytes,
+                                int64_t **offsets)
+{
+    size_t need;
+    int64_t *at = malloc((size_t)(pl->n_seqs * pl->HV) * sizeof *at);
+    if (!at) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the saved layout");
+    linseq_status st = kda_saved_layout(fn, pl, at, &need);
+    if (!st && saved_bytes < need)
+        st = ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                     "saved_bytes = %zu; expected at least %zu (linseq_kda_saved_size)",
+                     saved_bytes, need);
+    if (st) {
+        free(at);
+        return st;
+    }
+    *offsets = at;
     return LINSEQ_OK;
 }
