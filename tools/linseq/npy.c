@@ -226,46 +226,58 @@ static bool parse_header(const char *text, header_info *h, char *why, size_t why
 /* Reading                                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-static bool read_exact(FILE *f, void *buf, size_t n) { return fread(buf, 1, n, f) == n; }
+/* The prefix (magic, version, header length) and the header dict come first; numpy writes at
+ * most 12 + NPY_MAX_HEADER bytes of them, so that much of a file decides its layout. */
+#define NPY_PREAMBLE_MAX (12 + NPY_MAX_HEADER)
 
-static bool read_open(FILE *f, const char *path, npy_array *out, char *err, size_t err_size)
+/* Where the data of an image lies and what it holds, once its preamble has been checked. */
+typedef struct npy_layout {
+    npy_dtype dtype;
+    int ndim;
+    int64_t shape[NPY_MAX_DIMS];
+    size_t count, offset, bytes; /* elements; data offset and byte size in the image */
+} npy_layout;
+
+/* The one parser of the format, for files and memory alike: checks the preamble of an image
+ * of TOTAL bytes whose first HAVE bytes are in buf (have == total, or have >=
+ * NPY_PREAMBLE_MAX), and that the data after it is exactly what the shape needs. Knowing the
+ * total first avoids allocating what a lying header asks for. */
+static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total,
+                           const char *path, npy_layout *l, char *err, size_t err_size)
 {
-    unsigned char pre[12];
-    if (!read_exact(f, pre, 8))
+    if (have < 8)
         return fail(err, err_size, "%s: not a .npy file (shorter than its magic string)", path);
-    if (memcmp(pre, npy_magic, sizeof npy_magic) != 0)
+    if (memcmp(buf, npy_magic, sizeof npy_magic) != 0)
         return fail(err, err_size, "%s: not a .npy file (bad magic string)", path);
-    int major = pre[6], minor = pre[7];
+    int major = buf[6], minor = buf[7];
     if ((major != 1 && major != 2 && major != 3) || minor != 0)
         return fail(err, err_size,
                     "%s: unsupported .npy format version %d.%d (need 1.0, 2.0 or 3.0)", path,
                     major, minor);
     size_t header_len, offset;
     if (major == 1) {
-        if (!read_exact(f, pre + 8, 2))
-            return fail(err, err_size, "%s: truncated header length", path);
-        header_len = (size_t)pre[8] | (size_t)pre[9] << 8;
+        if (have < 10) return fail(err, err_size, "%s: truncated header length", path);
+        header_len = (size_t)buf[8] | (size_t)buf[9] << 8;
         offset = 10;
     } else {
-        if (!read_exact(f, pre + 8, 4))
-            return fail(err, err_size, "%s: truncated header length", path);
-        uint32_t len32 = (uint32_t)pre[8] | (uint32_t)pre[9] << 8 | (uint32_t)pre[10] << 16 |
-                         (uint32_t)pre[11] << 24;
+        if (have < 12) return fail(err, err_size, "%s: truncated header length", path);
+        uint32_t len32 = (uint32_t)buf[8] | (uint32_t)buf[9] << 8 | (uint32_t)buf[10] << 16 |
+                         (uint32_t)buf[11] << 24;
         if (len32 > NPY_MAX_HEADER)
             return fail(err, err_size, "%s: header length %lu exceeds %d bytes", path,
                         (unsigned long)len32, NPY_MAX_HEADER);
         header_len = len32;
         offset = 12;
     }
-    offset += header_len;
+    if (have - offset < header_len)
+        return fail(err, err_size, "%s: truncated header (file ends inside it)", path);
 
+    /* The dict parser reads a NUL-terminated string. */
     char *text = malloc(header_len + 1);
     if (!text) return fail(err, err_size, "%s: out of memory reading the header", path);
-    if (!read_exact(f, text, header_len)) {
-        free(text);
-        return fail(err, err_size, "%s: truncated header (file ends inside it)", path);
-    }
+    memcpy(text, buf + offset, header_len);
     text[header_len] = '\0';
+    offset += header_len;
     header_info h;
     char why[128];
     bool ok = strlen(text) == header_len;
@@ -295,39 +307,102 @@ static bool read_open(FILE *f, const char *path, npy_array *out, char *err, size
         return fail(err, err_size, "%s: shape %s: element count overflows", path, shape_text);
     if (__builtin_mul_overflow(count, dtype_size(dtype), &bytes))
         return fail(err, err_size, "%s: shape %s: byte size overflows", path, shape_text);
+    uint64_t data_have = total - offset;
+    if (data_have < bytes)
+        return fail(err, err_size,
+                    "%s: truncated data: shape %s needs %zu bytes, the file has %llu", path,
+                    shape_text, bytes, (unsigned long long)data_have);
+    if (data_have > bytes)
+        return fail(err, err_size,
+                    "%s: %llu bytes of trailing garbage after the data of shape %s", path,
+                    (unsigned long long)(data_have - bytes), shape_text);
+    l->dtype = dtype;
+    l->ndim = h.ndim;
+    memcpy(l->shape, h.shape, sizeof h.shape);
+    l->count = count;
+    l->offset = offset;
+    l->bytes = bytes;
+    return true;
+}
 
-    /* Knowing the file size first avoids allocating what a lying header asks for. */
-    struct stat st;
-    if (fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)) {
-        uint64_t have = (uint64_t)st.st_size > offset ? (uint64_t)st.st_size - offset : 0;
-        if (have < bytes)
-            return fail(err, err_size,
-                        "%s: truncated data: shape %s needs %zu bytes, the file has %llu", path,
-                        shape_text, bytes, (unsigned long long)have);
-        if (have > bytes)
-            return fail(err, err_size,
-                        "%s: %llu bytes of trailing garbage after the data of shape %s", path,
-                        (unsigned long long)(have - bytes), shape_text);
-    }
-
-    void *data = malloc(bytes ? bytes : 1);
-    if (!data) return fail(err, err_size, "%s: out of memory (%zu bytes)", path, bytes);
-    if (!read_exact(f, data, bytes)) {
-        free(data);
-        return fail(err, err_size, "%s: truncated data: shape %s needs %zu bytes", path,
-                    shape_text, bytes);
-    }
-    if (fgetc(f) != EOF) {
-        free(data);
-        return fail(err, err_size, "%s: trailing garbage after the data of shape %s", path,
-                    shape_text);
-    }
-    swap_to_host(data, count, dtype_size(dtype));
-    out->dtype = dtype;
-    out->ndim = h.ndim;
-    memcpy(out->shape, h.shape, sizeof h.shape);
-    out->count = count;
+/* Hands a checked layout and its data (malloc'd, owned from now on) to *out. */
+static void take_data(npy_array *out, const npy_layout *l, void *data)
+{
+    swap_to_host(data, l->count, dtype_size(l->dtype));
+    out->dtype = l->dtype;
+    out->ndim = l->ndim;
+    memcpy(out->shape, l->shape, sizeof l->shape);
+    out->count = l->count;
     out->data = data;
+}
+
+bool npy_parse(const void *buf, size_t n, const char *name, npy_array *out, char *err,
+               size_t err_size)
+{
+    memset(out, 0, sizeof *out);
+    npy_layout l;
+    if (!parse_preamble(buf, n, n, name, &l, err, err_size)) return false;
+    void *data = malloc(l.bytes ? l.bytes : 1);
+    if (!data) return fail(err, err_size, "%s: out of memory (%zu bytes)", name, l.bytes);
+    memcpy(data, (const unsigned char *)buf + l.offset, l.bytes);
+    take_data(out, &l, data);
+    return true;
+}
+
+/* Up to n bytes; fewer only at the end of the file or on an error (ferror tells). */
+static size_t read_some(FILE *f, void *buf, size_t n) { return fread(buf, 1, n, f); }
+
+/* A pipe or a device has no size to check the header against: its whole content is read
+ * into memory and parsed there. */
+static bool read_unsized(FILE *f, const char *path, npy_array *out, char *err, size_t err_size)
+{
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    while (buf) {
+        n += read_some(f, buf + n, cap - n);
+        if (n < cap) break;
+        unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
+        if (!bigger) free(buf);
+        buf = bigger;
+        cap *= 2;
+    }
+    if (!buf) return fail(err, err_size, "%s: out of memory reading the file", path);
+    bool ok = ferror(f) ? fail(err, err_size, "%s: read error", path)
+                        : npy_parse(buf, n, path, out, err, err_size);
+    free(buf);
+    return ok;
+}
+
+/* A regular file: its preamble is parsed against the file's size, then only the data is
+ * read, straight into the array. */
+static bool read_sized(FILE *f, uint64_t size, const char *path, npy_array *out, char *err,
+                       size_t err_size)
+{
+    size_t have = size < NPY_PREAMBLE_MAX ? (size_t)size : NPY_PREAMBLE_MAX;
+    unsigned char *pre = malloc(have ? have : 1);
+    if (!pre) return fail(err, err_size, "%s: out of memory reading the header", path);
+    npy_layout l;
+    bool ok = read_some(f, pre, have) == have
+                  ? parse_preamble(pre, have, size, path, &l, err, err_size)
+                  : fail(err, err_size, "%s: read error (the file shrank while being read)",
+                         path);
+    free(pre);
+    if (!ok) return false;
+    void *data = malloc(l.bytes ? l.bytes : 1);
+    if (!data) return fail(err, err_size, "%s: out of memory (%zu bytes)", path, l.bytes);
+    char shape_text[160];
+    npy_shape_text(l.ndim, l.shape, shape_text, sizeof shape_text);
+    if (fseek(f, (long)l.offset, SEEK_SET) != 0 || read_some(f, data, l.bytes) != l.bytes)
+        ok = fail(err, err_size, "%s: truncated data: shape %s needs %zu bytes", path,
+                  shape_text, l.bytes);
+    else if (fgetc(f) != EOF) /* the file grew after fstat */
+        ok = fail(err, err_size, "%s: trailing garbage after the data of shape %s", path,
+                  shape_text);
+    if (!ok) {
+        free(data);
+        return false;
+    }
+    take_data(out, &l, data);
     return true;
 }
 
@@ -336,7 +411,10 @@ bool npy_read(const char *path, npy_array *out, char *err, size_t err_size)
     memset(out, 0, sizeof *out);
     FILE *f = fopen(path, "rb");
     if (!f) return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-    bool ok = read_open(f, path, out, err, err_size);
+    struct stat st;
+    bool ok = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)
+                  ? read_sized(f, (uint64_t)st.st_size, path, out, err, err_size)
+                  : read_unsized(f, path, out, err, err_size);
     if (ferror(f) && ok) {
         npy_free(out);
         ok = fail(err, err_size, "%s: read error", path);

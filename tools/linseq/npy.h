@@ -27,6 +27,11 @@ typedef struct npy_array {
  * writes "PATH: reason" to err. */
 bool npy_read(const char *path, npy_array *out, char *err, size_t err_size);
 
+/* The same parser on a whole .npy image in memory (N bytes at BUF, copied into *out); NAME
+ * stands for the path in messages. */
+bool npy_parse(const void *buf, size_t n, const char *name, npy_array *out, char *err,
+               size_t err_size);
+
 /* Allocates a zero-filled float32 array of the given shape; false (with err) when the size
  * overflows or memory runs out. */
 bool npy_alloc_f32(npy_array *out, int ndim, const int64_t *shape, char *err, size_t err_size);
