@@ -1,0 +1,353 @@
+"""The public functions, with the signatures of the APIs people already call.
+
+- ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
+- fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda`, `causal_conv1d`;
+- `kda_decode`: one token for many requests against a pool of states.
+
+Each function takes NumPy arrays, PyTorch CPU tensors or JAX arrays and answers in the same
+framework: NumPy runs the kernels directly, PyTorch goes through torch.autograd.Function
+(linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
+jax.pure_callback (linseq.jax), usable under jit and grad. The work is described once here
+as arrays plus frozen options; each framework's backend runs it.
+"""
+
+import dataclasses
+import functools
+import sys
+from typing import Optional
+
+import numpy as np
+
+from . import ops
+from ._arrays import framework_of
+
+KDA_ARRAYS = ("q", "k", "v", "beta", "g", "h0", "A_log", "dt_bias")
+SSM1_ARRAYS = ("x", "dt", "A", "B", "C", "D", "gate", "h0", "dt_bias")
+CONV_ARRAYS = ("x", "weight", "bias", "conv_state")
+GATE_ARRAYS = ("g_raw", "A_log", "dt_bias")
+
+
+@dataclasses.dataclass(frozen=True)
+class KdaOptions:
+    scale: Optional[float] = None
+    qk_l2norm: bool = False
+    beta_is_logit: bool = False
+    state_v_first: bool = False
+    gate_in_kernel: bool = False
+    lower_bound: Optional[float] = None
+    mode: str = "chunked"
+    chunk_size: int = 64
+
+    def inputs(self, arrays, cu_seqlens):
+        """ops.KdaInputs over NumPy-convertible arrays (a dict over KDA_ARRAYS)."""
+        a = arrays
+        return ops.KdaInputs(a["q"], a["k"], a["v"], a["beta"], a["g"], h0=a["h0"],
+                             cu_seqlens=cu_seqlens, scale=self.scale, qk_l2norm=self.qk_l2norm,
+                             beta_is_logit=self.beta_is_logit, state_v_first=self.state_v_first,
+                             gate_in_kernel=self.gate_in_kernel, A_log=a["A_log"],
+                             dt_bias=a["dt_bias"], lower_bound=self.lower_bound)
+
+    def run(self):
+        return {"mode": self.mode, "chunk_size": self.chunk_size}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ssm1Options:
+    activation: Optional[str] = None   # a name of ops.ACTIVATIONS; None = silu
+    dt_softplus: bool = False
+
+    def inputs(self, arrays, cu_seqlens):
+        a = arrays
+        return ops.Ssm1Inputs(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], gate=a["gate"],
+                              h0=a["h0"], cu_seqlens=cu_seqlens, dt_softplus=self.dt_softplus,
+                              dt_bias=a["dt_bias"], activation=self.activation)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvOptions:
+    activation: Optional[str] = None   # None = identity
+
+    def inputs(self, arrays, cu_seqlens):
+        a = arrays
+        return ops.Conv1dInputs(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"],
+                                cu_seqlens=cu_seqlens, activation=self.activation)
+
+
+@dataclasses.dataclass(frozen=True)
+class GateOptions:
+    lower_bound: Optional[float] = None
+
+    def inputs(self, arrays):
+        return ops.GateInputs(arrays["g_raw"], arrays["A_log"], arrays["dt_bias"],
+                              self.lower_bound)
+
+
+class NumpyBackend:
+    """Runs the forward only: NumPy has no autodiff (ops has the backward functions)."""
+
+    @staticmethod
+    def kda(arrays, cu_seqlens, opts):
+        return ops.kda_forward(opts.inputs(arrays, cu_seqlens), **opts.run())
+
+    @staticmethod
+    def kda_gate(arrays, opts):
+        return ops.kda_gate_forward(opts.inputs(arrays))
+
+    @staticmethod
+    def ssm1(arrays, cu_seqlens, opts):
+        return ops.ssm1_forward(opts.inputs(arrays, cu_seqlens))
+
+    @staticmethod
+    def conv1d(arrays, cu_seqlens, opts):
+        return ops.conv1d_forward(opts.inputs(arrays, cu_seqlens))
+
+    @staticmethod
+    def kda_decode(arrays, state, state_rows, opts, inplace):
+        if not inplace:
+            state = np.array(ops.as_f32(state, "state"), dtype=np.float32, copy=True)
+        elif not isinstance(state, np.ndarray):
+            raise TypeError("state: inplace=True needs the pool as a NumPy array, PyTorch "
+                            "tensor (float32, C-contiguous) it can write")
+        o = ops.kda_decode(opts.inputs(arrays, None), state, state_rows)
+        return o, state
+
+    @staticmethod
+    def multiply(y, gate_act):
+        return y * gate_act
+
+    @staticmethod
+    def cast(value, like):
+        dtype = getattr(like, "dtype", None)
+        if value is None or dtype is None or not np.issubdtype(dtype, np.floating):
+            return value
+        return value.astype(dtype, copy=False)
+
+
+def backend_for(values, forced=None):
+    name = forced or framework_of(values)
+    if name == "torch":
+        from . import torch as backend
+        return backend.TorchBackend
+    if name == "jax":
+        from . import jax as backend
+        return backend.JaxBackend
+    return NumpyBackend
+
+
+def _forced(framework):
+    """Decorator factory: the function of api with every call sent to one framework's
+    backend (linseq.torch.chunk_kda, linseq.jax.chunk_kda, ...)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            return fn(*args, _framework=framework, **kwargs)
+        return call
+    return wrap
+
+
+# ------------------------------------------------------------------------------------------
+# ejkernel-style KDA
+# ------------------------------------------------------------------------------------------
+
+def kda(query, key, value, beta, decay=None, *, softmax_scale=None, chunk_size=64,
+        initial_state=None, use_qk_l2norm=True, use_chunked=True, _framework=None):
+    """KDA (gated delta rule), ejkernel's signature.
+
+    query, key [B,T,H,K]; value [B,T,H,V] (or [B,T,HV,V], HV a multiple of H); beta
+    [B,T,HV]; decay [B,T,HV] (per head), [B,T,HV,K] (per channel) or None (no decay), as
+    log decays <= 0; initial_state [B,HV,K,V]. softmax_scale defaults to K**-0.5 and
+    multiplies q after the L2 norm. use_chunked picks the chunked algorithm (chunk_size 16,
+    32, 64 or 128) or the token-by-token recurrence: both are exact.
+    Returns (output [B,T,HV,V] float32, final_state [B,HV,K,V] float32).
+    """
+    arrays = dict(q=query, k=key, v=value, beta=beta, g=decay, h0=initial_state,
+                  A_log=None, dt_bias=None)
+    opts = KdaOptions(scale=softmax_scale, qk_l2norm=use_qk_l2norm,
+                      mode="chunked" if use_chunked else "recurrent",
+                      chunk_size=chunk_size if use_chunked else 64)
+    backend = backend_for(arrays.values(), _framework)
+    return backend.kda(arrays, None, opts)
+
+
+kernel_delta_attention = kda
+
+
+def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
+    """The KDA / Gated DeltaNet decay from the raw gate: -exp(A_log) * softplus(gate +
+    dt_bias), or lower_bound * sigmoid(exp(A_log) * (gate + dt_bias)) with lower_bound < 0.
+
+    Per head: gate [B,T,H], A_log [H], dt_bias [H]. Per channel: gate [B,T,H,K], dt_bias
+    [H*K] or [H,K]. Returns the log decay in gate's shape, float32.
+    """
+    arrays = dict(g_raw=gate, A_log=A_log, dt_bias=dt_bias)
+    backend = backend_for(arrays.values(), _framework)
+    return backend.kda_gate(arrays, GateOptions(lower_bound=lower_bound))
+
+
+# ------------------------------------------------------------------------------------------
+# fla-style KDA
+# ------------------------------------------------------------------------------------------
+
+def _fla_kda(mode, q, k, v, g, beta, scale, initial_state, output_final_state,
+             use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+             use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, chunk_size, framework):
+    arrays = dict(q=q, k=k, v=v, beta=beta, g=g, h0=initial_state, A_log=A_log,
+                  dt_bias=dt_bias)
+    opts = KdaOptions(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
+                      beta_is_logit=use_beta_sigmoid_in_kernel, state_v_first=state_v_first,
+                      gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound, mode=mode,
+                      chunk_size=chunk_size)
+    backend = backend_for(list(arrays.values()) + [cu_seqlens], framework)
+    o, ht = backend.kda(arrays, cu_seqlens, opts)
+    return backend.cast(o, v), (ht if output_final_state else None)
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
+              dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False, cu_seqlens=None,
+              state_v_first=False, *, chunk_size=64, transpose_state_layout=None,
+              _framework=None):
+    """KDA in chunked form, fla-core's `chunk_kda` signature.
+
+    q, k [B,T,H,K]; v [B,T,HV,V] (HV a multiple of H: grouped value heads); g [B,T,HV,K]
+    (per channel) or [B,T,HV] (per head): the log decay, or the raw gate input with
+    use_gate_in_kernel (then A_log [HV], dt_bias [HV*K] and optionally lower_bound < 0);
+    beta [B,T,HV] (logits with use_beta_sigmoid_in_kernel); initial_state [N,HV,K,V]
+    ([N,HV,V,K] with state_v_first); cu_seqlens: N+1 offsets of packed sequences (B == 1).
+    Returns (o [B,T,HV,V] in v's dtype, final_state float32 or None).
+    """
+    if transpose_state_layout is not None:
+        state_v_first = bool(transpose_state_layout)
+    return _fla_kda("chunked", q, k, v, g, beta, scale, initial_state, output_final_state,
+                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                    use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, chunk_size,
+                    _framework)
+
+
+def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None,
+                        output_final_state=False, use_qk_l2norm_in_kernel=False,
+                        use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
+                        use_beta_sigmoid_in_kernel=False, cu_seqlens=None, state_v_first=False,
+                        *, transpose_state_layout=None, _framework=None):
+    """KDA token by token, fla-core's `fused_recurrent_kda` signature (same arguments as
+    chunk_kda); unlike fla's, it has a backward."""
+    if transpose_state_layout is not None:
+        state_v_first = bool(transpose_state_layout)
+    return _fla_kda("recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
+                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
+                    use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, 64, _framework)
+
+
+def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
+               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
+               dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
+               state_v_first=False, inplace=False, _framework=None):
+    """One decode step for B requests, each with its state in a pool.
+
+    q, k [B,1,H,K] (or [B,H,K]); v [B,1,HV,V]; g [B,1,HV,K] or [B,1,HV]; beta [B,1,HV];
+    state: the pool [R,HV,K,V] ([R,HV,V,K] with state_v_first); state_indices [B] maps each
+    request to its row (default: request b uses row b); a negative index is a padding request
+    whose output is 0. With inplace=True the pool is updated where it is (a float32
+    C-contiguous NumPy array or PyTorch tensor) and returned; otherwise a new pool is
+    returned and the given one is untouched (JAX arrays are immutable: inplace=False only).
+    Returns (o [B,1,HV,V] float32, state).
+    """
+    def token(x):
+        shape = np.shape(x)
+        return x if x is None or len(shape) != 3 else x[:, None]
+    arrays = dict(q=token(q), k=token(k), v=token(v), beta=beta, g=g, h0=None,
+                  A_log=A_log, dt_bias=dt_bias)
+    if arrays["beta"] is not None and len(np.shape(arrays["beta"])) == 2:
+        arrays["beta"] = arrays["beta"][:, None]
+    if g is not None and len(np.shape(q)) == 3:
+        arrays["g"] = g[:, None]
+    opts = KdaOptions(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
+                      beta_is_logit=use_beta_sigmoid_in_kernel, state_v_first=state_v_first,
+                      gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
+                      mode="recurrent")
+    backend = backend_for(list(arrays.values()) + [state], _framework)
+    return backend.kda_decode(arrays, state, state_indices, opts, bool(inplace))
+
+
+# ------------------------------------------------------------------------------------------
+# SSM1 and conv
+# ------------------------------------------------------------------------------------------
+
+def _known_activation(act_fn):
+    """The in-kernel activation name for a known framework activation, else None."""
+    if act_fn is None:
+        return "silu"
+    if isinstance(act_fn, str):
+        name = act_fn.lower()
+        if name not in ops.ACTIVATIONS:
+            # "gelu" alone is refused: torch's default is the erf form, jax's the tanh one
+            raise ValueError(f"act_fn: expected a callable or one of {sorted(ops.ACTIVATIONS)}"
+                             f", got {act_fn!r}")
+        return name
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        fn = torch.nn.functional
+        table = {fn.silu: "silu", torch.sigmoid: "sigmoid", fn.sigmoid: "sigmoid",
+                 torch.relu: "relu", fn.relu: "relu"}
+        if act_fn in table:
+            return table[act_fn]
+        mods = {torch.nn.SiLU: "silu", torch.nn.Sigmoid: "sigmoid", torch.nn.ReLU: "relu"}
+        if type(act_fn) in mods:
+            return mods[type(act_fn)]
+        if isinstance(act_fn, torch.nn.GELU) and act_fn.approximate == "tanh":
+            return "gelu_tanh"
+    jax = sys.modules.get("jax")
+    if jax is not None:
+        # jax.nn.gelu's default is the tanh approximation, the kernel's gelu
+        table = {jax.nn.silu: "silu", jax.nn.swish: "silu", jax.nn.sigmoid: "sigmoid",
+                 jax.nn.relu: "relu", jax.nn.gelu: "gelu_tanh"}
+        try:
+            if act_fn in table:
+                return table[act_fn]
+        except TypeError:  # unhashable callable
+            return None
+    return None
+
+
+def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
+                   conv_state=None, act_fn=None, *, cu_seqlens=None, _framework=None):
+    """The Mamba1 selective scan, ejkernel's `state_space_v1` signature.
+
+    hidden_states, dt [B,T,D] (dt already after softplus); A [D,N]; B, C [B,T,N] (or
+    [B,T,G,N] with G groups dividing D); D [D] or None; gate [B,T,D] or None;
+    initial_state [B,D,N]. With a gate the output is y * act_fn(gate); act_fn None means
+    silu; silu, sigmoid, relu and tanh-gelu (names, or the framework's own functions) run in
+    the kernel, any other callable is applied here in the caller's framework (and
+    differentiated by it). conv_state is returned unchanged, as ejkernel does (the conv and
+    its cache update belong to the caller; see causal_conv1d).
+    Returns (y [B,T,D] in hidden_states' dtype, ssm_state [B,D,N] float32, conv_state).
+    """
+    kernel_act = _known_activation(act_fn) if gate is not None else None
+    in_kernel_gate = gate if (gate is None or kernel_act is not None) else None
+    arrays = dict(x=hidden_states, dt=dt, A=A, B=B, C=C, D=D, gate=in_kernel_gate,
+                  h0=initial_state, dt_bias=None)
+    backend = backend_for(list(arrays.values()) + [gate, cu_seqlens], _framework)
+    y, h = backend.ssm1(arrays, cu_seqlens, Ssm1Options(activation=kernel_act))
+    if gate is not None and kernel_act is None:
+        y = backend.multiply(y, act_fn(gate))
+    return backend.cast(y, hidden_states), h, conv_state
+
+
+def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cu_seqlens=None,
+                  _framework=None):
+    """Causal depthwise conv1d: y[t,d] = act(bias[d] + sum_j weight[d,j] x[t-W+1+j,d]).
+
+    x [B,T,D]; weight [D,W] (or nn.Conv1d's [D,1,W]); bias [D]; activation None /
+    "identity" or "silu" / "swish" (also "sigmoid", "relu", "gelu_tanh"); conv_state
+    [N,D,W-1], the W-1 inputs before the sequence, oldest first (zeros when None);
+    cu_seqlens: packed sequences (B == 1). Returns (y [B,T,D] in x's dtype, final conv state
+    [N,D,W-1] float32), the state to pass to the next call of the same sequences.
+    """
+    arrays = dict(x=x, weight=weight, bias=bias, conv_state=conv_state)
+    backend = backend_for(list(arrays.values()) + [cu_seqlens], _framework)
+    y, state = backend.conv1d(arrays, cu_seqlens, ConvOptions(activation=activation))
+    return backend.cast(y, x), state
+
+
+PUBLIC = ("kda", "kernel_delta_attention", "kda_decay", "chunk_kda", "fused_recurrent_kda",
+          "kda_decode", "state_space_v1", "causal_conv1d")

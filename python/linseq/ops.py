@@ -1,0 +1,451 @@
+"""The kernels on NumPy arrays, forward and backward, with every option of the C API.
+
+These are what the framework front ends (linseq.torch, linseq.jax and the seed-style
+functions in linseq.api) call. Inputs may be any array (see _arrays); outputs are new
+float32 NumPy arrays. Every shape is checked against the sizes the first array fixes before
+a pointer reaches the library.
+
+Modes: "chunked" (the default for KDA) or "recurrent"; chunk_size 16, 32, 64 or 128;
+threads 0 = the library's default thread count.
+"""
+
+import ctypes
+
+import numpy as np
+
+from . import _lib
+from ._arrays import as_cu_seqlens, as_f32, as_f32_ndim, ptr
+
+_MODES = {"chunked": _lib.MODE_CHUNKED, "recurrent": _lib.MODE_RECURRENT,
+          "default": _lib.MODE_DEFAULT}
+
+ACTIVATIONS = {
+    "identity": _lib.ACT_IDENTITY, "linear": _lib.ACT_IDENTITY, "none": _lib.ACT_IDENTITY,
+    "silu": _lib.ACT_SILU, "swish": _lib.ACT_SILU, "sigmoid": _lib.ACT_SIGMOID,
+    "gelu_tanh": _lib.ACT_GELU_TANH, "gelu_pytorch_tanh": _lib.ACT_GELU_TANH,
+    "relu": _lib.ACT_RELU,
+}
+
+
+def make_exec(mode="chunked", chunk_size=64, threads=0):
+    if mode not in _MODES:
+        raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
+    if chunk_size not in (16, 32, 64, 128):
+        raise ValueError(f"chunk_size: expected 16, 32, 64 or 128, got {chunk_size!r}")
+    if int(threads) < 0:
+        raise ValueError(f"threads: expected >= 0 (0 = the default), got {threads!r}")
+    return _lib.Exec(_MODES[mode], int(chunk_size), int(threads))
+
+
+def _empty(shape):
+    return np.empty(shape, dtype=np.float32)
+
+
+def _optional(value, name, shape, what):
+    return None if value is None else as_f32(value, name, shape, what)
+
+
+# ------------------------------------------------------------------------------------------
+# KDA
+# ------------------------------------------------------------------------------------------
+
+class KdaInputs:
+    """One KDA problem: the converted arrays (kept alive here) and the C struct over them.
+
+    q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV]; g [B,T,HV,K] (per channel), [B,T,HV]
+    (per head) or None (no decay); h0 [N,HV,K,V] ([N,HV,V,K] with state_v_first), N = B or
+    the number of sequences with cu_seqlens; A_log [HV]; dt_bias [HV*K] (or [HV,K]) per
+    channel, [HV] per head.
+    """
+
+    def __init__(self, q, k, v, beta, g=None, *, h0=None, cu_seqlens=None, scale=None,
+                 qk_l2norm=False, beta_is_logit=False, state_v_first=False,
+                 gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None):
+        self.q = as_f32_ndim(q, "q", (4,), "q of shape [B,T,H,K]")
+        B, T, H, K = self.q.shape
+        self.k = as_f32(k, "k", (B, T, H, K), "[B,T,H,K] like q")
+        vv = as_f32_ndim(v, "v", (4,), "v of shape [B,T,HV,V]")
+        HV, V = vv.shape[2], vv.shape[3]
+        if vv.shape[:2] != (B, T):
+            raise ValueError(f"v: expected shape [B,T,HV,V] with B,T = {B},{T} (from q), got "
+                             f"{list(vv.shape)}")
+        if HV % H:
+            raise ValueError(f"v: the value heads HV = {HV} must be a multiple of the query "
+                             f"heads H = {H}")
+        self.v = vv
+        self.beta = as_f32(beta, "beta", (B, T, HV), "[B,T,HV]")
+        decay = _lib.DECAY_NONE
+        self.g = None
+        if g is not None:
+            ga = as_f32_ndim(g, "g", (3, 4), "g of shape [B,T,HV,K] or [B,T,HV]")
+            decay = _lib.DECAY_PER_CHANNEL if ga.ndim == 4 else _lib.DECAY_PER_HEAD
+            want = (B, T, HV, K) if ga.ndim == 4 else (B, T, HV)
+            self.g = as_f32(ga, "g", want, "[B,T,HV,K]" if ga.ndim == 4 else "[B,T,HV]")
+        self.cu_seqlens = None
+        N = B
+        if cu_seqlens is not None:
+            if B != 1:
+                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
+            N = self.cu_seqlens.shape[0] - 1
+        self.state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
+        state_what = "[N,HV,V,K]" if state_v_first else "[N,HV,K,V]"
+        self.h0 = _optional(h0, "initial_state", self.state_shape, state_what)
+        if gate_in_kernel:
+            if self.g is None:
+                raise ValueError("g: the gate input is required with use_gate_in_kernel")
+            self.A_log = _optional(A_log, "A_log", (HV,), "[HV]")
+            if dt_bias is not None:
+                per_channel = decay == _lib.DECAY_PER_CHANNEL
+                dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2),
+                                 "dt_bias of shape [HV*K] or [HV,K]" if per_channel
+                                 else "dt_bias of shape [HV]")
+                want = (HV * K,) if per_channel else (HV,)
+                self.dt_bias_shape = dt.shape
+                self.dt_bias = as_f32(dt.reshape(-1) if dt.size == int(np.prod(want)) else dt,
+                                      "dt_bias", want, "[HV*K]" if per_channel else "[HV]")
+            else:
+                self.dt_bias, self.dt_bias_shape = None, None
+        else:
+            if A_log is not None or dt_bias is not None:
+                raise ValueError("A_log, dt_bias: given without use_gate_in_kernel=True")
+            self.A_log = self.dt_bias = None
+            self.dt_bias_shape = None
+        if lower_bound is not None and not gate_in_kernel:
+            raise ValueError("lower_bound: given without use_gate_in_kernel=True")
+        self.B, self.T, self.H, self.HV, self.K, self.V, self.N = B, T, H, HV, K, V, N
+        self.problem = _lib.KdaProblem(
+            B=B, T=T, H=H, HV=HV, K=K, V=V,
+            cu_seqlens=ptr(self.cu_seqlens), n_seqs=N if self.cu_seqlens is not None else 0,
+            q=ptr(self.q), k=ptr(self.k), v=ptr(self.v), beta=ptr(self.beta), g=ptr(self.g),
+            h0=ptr(self.h0), decay=decay, scale=0.0 if scale is None else float(scale),
+            qk_l2norm=bool(qk_l2norm), beta_is_logit=bool(beta_is_logit),
+            state_v_first=bool(state_v_first), gate_in_kernel=bool(gate_in_kernel),
+            A_log=ptr(self.A_log), dt_bias=ptr(self.dt_bias),
+            lower_bound=0.0 if lower_bound is None else float(lower_bound))
+        if scale is not None and not np.isfinite(scale):
+            raise ValueError(f"scale: expected a finite non-zero number, got {scale!r}")
+
+    def _grads(self, wanted):
+        """Output arrays for the gradients named in `wanted` (None = all that exist)."""
+        B, T, H, HV, K, V = self.B, self.T, self.H, self.HV, self.K, self.V
+        shapes = {"dq": (B, T, H, K), "dk": (B, T, H, K), "dv": (B, T, HV, V),
+                  "dbeta": (B, T, HV), "dh0": self.state_shape}
+        if self.g is not None:
+            shapes["dg"] = self.g.shape
+        if self.problem.gate_in_kernel:
+            shapes["dA_log"] = (HV,)
+            shapes["ddt_bias"] = self.dt_bias.shape if self.dt_bias is not None else (
+                (HV * K,) if self.g.ndim == 4 else (HV,))
+        out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
+        struct = _lib.KdaGrads(**{n: ptr(a) for n, a in out.items()})
+        return out, struct
+
+    def _upstream(self, d_o, d_ht):
+        d_o = as_f32(d_o, "d_o", (self.B, self.T, self.HV, self.V), "[B,T,HV,V] like o")
+        if d_ht is not None:
+            d_ht = as_f32(d_ht, "d_ht", self.state_shape, "the state layout")
+        return d_o, d_ht
+
+
+def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
+    """(o [B,T,HV,V], ht or None)."""
+    ex = make_exec(mode, chunk_size, threads)
+    o = _empty((inputs.B, inputs.T, inputs.HV, inputs.V))
+    ht = _empty(inputs.state_shape) if final_state else None
+    _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                           ptr(o), ptr(ht)))
+    return o, ht
+
+
+def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
+    """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs."""
+    ex = make_exec(mode, chunk_size, threads)
+    size = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.linseq_kda_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                              ctypes.byref(size)))
+    # float32 storage keeps the block aligned for the floats the library writes into it
+    saved = np.empty((size.value + 3) // 4, dtype=np.float32)
+    o = _empty((inputs.B, inputs.T, inputs.HV, inputs.V))
+    ht = _empty(inputs.state_shape) if final_state else None
+    _lib.check(_lib.lib.linseq_kda_forward_train(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), ptr(o), ptr(ht), ptr(saved),
+        size.value))
+    return o, ht, saved
+
+
+def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threads=0,
+                 saved=None, wanted=None):
+    """The gradients of sum(o * d_o) + sum(ht * d_ht), as a dict: dq, dk, dv, dbeta, dg,
+    dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
+    `saved` is the block kda_forward_train returned for the same inputs and settings."""
+    ex = make_exec(mode, chunk_size, threads)
+    d_o, d_ht = inputs._upstream(d_o, d_ht)
+    out, grads = inputs._grads(wanted)
+    if saved is None:
+        status = _lib.lib.linseq_kda_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                              ptr(d_o), ptr(d_ht), ctypes.byref(grads))
+    else:
+        status = _lib.lib.linseq_kda_backward_saved(
+            ctypes.byref(inputs.problem), ctypes.byref(ex), ptr(saved), saved.nbytes,
+            ptr(d_o), ptr(d_ht), ctypes.byref(grads))
+    _lib.check(status)
+    if "ddt_bias" in out and inputs.dt_bias_shape is not None:
+        out["ddt_bias"] = out["ddt_bias"].reshape(inputs.dt_bias_shape)
+    return out
+
+
+def kda_decode(inputs, state, state_rows=None, *, threads=0):
+    """One token for B requests: q etc. hold [B,1,...]; `state` is the pool
+    [R,HV,K,V] (or [R,HV,V,K] with state_v_first), a C-contiguous float32 NumPy array that is
+    updated in place. state_rows (int [B], optional) maps request b to its pool row; a
+    negative row is a padding request (its output row is 0). Returns o [B,1,HV,V]."""
+    if inputs.T != 1:
+        raise ValueError(f"q: decode takes one token per request (shape [B,1,H,K]), got "
+                         f"T = {inputs.T}")
+    if inputs.h0 is not None or inputs.cu_seqlens is not None:
+        raise ValueError("initial_state, cu_seqlens: decode reads the state pool instead")
+    if not (isinstance(state, np.ndarray) and state.dtype == np.float32
+            and state.flags.c_contiguous and state.flags.writeable):
+        raise TypeError("state: in-place decode needs a writable C-contiguous float32 array")
+    per_row = inputs.state_shape[1:]
+    if state.ndim != 4 or state.shape[1:] != per_row:
+        raise ValueError(f"state: expected a pool of shape [R,{','.join(map(str, per_row))}], "
+                         f"got {list(state.shape)}")
+    rows = None
+    if state_rows is not None:
+        rows = np.ascontiguousarray(np.asarray(state_rows), dtype=np.int64)
+        if rows.shape != (inputs.B,):
+            raise ValueError(f"state_indices: expected shape [B] = [{inputs.B}], got "
+                             f"{list(rows.shape)}")
+    ex = make_exec("recurrent", 64, threads)
+    o = _empty((inputs.B, 1, inputs.HV, inputs.V))
+    _lib.check(_lib.lib.linseq_kda_decode(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                          ptr(state), state.shape[0], ptr(rows), ptr(o)))
+    return o
+
+
+# ------------------------------------------------------------------------------------------
+# KDA gate
+# ------------------------------------------------------------------------------------------
+
+class GateInputs:
+    """g_raw [B,T,H,K] with dt_bias [H*K] or [H,K] (per channel), or g_raw [B,T,H] with
+    dt_bias [H] (per head); A_log [H]. lower_bound None = the default form."""
+
+    def __init__(self, g_raw, A_log=None, dt_bias=None, lower_bound=None):
+        self.g_raw = as_f32_ndim(g_raw, "gate", (3, 4), "gate of shape [B,T,H,K] or [B,T,H]")
+        per_channel = self.g_raw.ndim == 4
+        B, T, H = self.g_raw.shape[:3]
+        K = self.g_raw.shape[3] if per_channel else 0
+        self.A_log = _optional(A_log, "A_log", (H,), "[H]")
+        self.dt_bias_shape = None
+        self.dt_bias = None
+        if dt_bias is not None:
+            dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2), "dt_bias of shape [H*K] or [H,K]"
+                             if per_channel else "dt_bias of shape [H]")
+            want = (H * K,) if per_channel else (H,)
+            self.dt_bias_shape = dt.shape
+            flat = dt.reshape(-1) if dt.size == int(np.prod(want)) else dt
+            self.dt_bias = as_f32(flat, "dt_bias", want, "[H*K]" if per_channel else "[H]")
+        self.problem = _lib.KdaGateProblem(
+            B=B, T=T, H=H, K=K,
+            decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD,
+            g_raw=ptr(self.g_raw), A_log=ptr(self.A_log), dt_bias=ptr(self.dt_bias),
+            lower_bound=0.0 if lower_bound is None else float(lower_bound))
+
+
+def kda_gate_forward(inputs, *, threads=0):
+    ex = make_exec(threads=threads)
+    g = _empty(inputs.g_raw.shape)
+    _lib.check(_lib.lib.linseq_kda_gate_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                                ptr(g)))
+    return g
+
+
+def kda_gate_backward(inputs, d_g, *, threads=0, wanted=None):
+    """dict of dg_raw, dA_log, ddt_bias (the gradients of sum(g * d_g))."""
+    ex = make_exec(threads=threads)
+    d_g = as_f32(d_g, "d_g", inputs.g_raw.shape, "the shape of the gate")
+    H = inputs.problem.H
+    shapes = {"dg_raw": inputs.g_raw.shape, "dA_log": (H,),
+              "ddt_bias": (H * inputs.problem.K,) if inputs.g_raw.ndim == 4 else (H,)}
+    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
+    grads = _lib.KdaGateGrads(**{n: ptr(a) for n, a in out.items()})
+    _lib.check(_lib.lib.linseq_kda_gate_backward(ctypes.byref(inputs.problem),
+                                                 ctypes.byref(ex), ptr(d_g),
+                                                 ctypes.byref(grads)))
+    if "ddt_bias" in out and inputs.dt_bias_shape is not None:
+        out["ddt_bias"] = out["ddt_bias"].reshape(inputs.dt_bias_shape)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# SSM1
+# ------------------------------------------------------------------------------------------
+
+def activation_code(activation, default):
+    if activation is None:
+        return default
+    if isinstance(activation, str) and activation.lower() in ACTIVATIONS:
+        return ACTIVATIONS[activation.lower()]
+    raise ValueError(f"activation: expected None or one of {sorted(ACTIVATIONS)}, got "
+                     f"{activation!r}")
+
+
+class Ssm1Inputs:
+    """x, dt [B,T,D]; A [D,N]; B_proj, C_proj [B,T,N] or [B,T,G,N]; D_skip, dt_bias [D];
+    gate [B,T,D]; h0 [N_seq,D,N]. `dt` is the step after softplus unless dt_softplus."""
+
+    def __init__(self, x, dt, A, B_proj, C_proj, D_skip=None, *, gate=None, h0=None,
+                 cu_seqlens=None, dt_softplus=False, dt_bias=None, activation=None):
+        self.x = as_f32_ndim(x, "hidden_states", (3,), "hidden_states of shape [B,T,D]")
+        B, T, D = self.x.shape
+        self.dt = as_f32(dt, "dt", (B, T, D), "[B,T,D] like hidden_states")
+        A = as_f32_ndim(A, "A", (2,), "A of shape [D,N]")
+        if A.shape[0] != D:
+            raise ValueError(f"A: expected shape [D,N] with D = {D}, got {list(A.shape)}")
+        self.A = A
+        N = A.shape[1]
+        Bp = as_f32_ndim(B_proj, "B", (3, 4), "B of shape [B,T,N] or [B,T,G,N]")
+        G = 1 if Bp.ndim == 3 else Bp.shape[2]
+        bc_shape = (B, T, N) if Bp.ndim == 3 else (B, T, G, N)
+        bc_what = "[B,T,N]" if Bp.ndim == 3 else "[B,T,G,N]"
+        self.bc_shape = bc_shape
+        self.B_proj = as_f32(Bp, "B", bc_shape, bc_what)
+        self.C_proj = as_f32(C_proj, "C", bc_shape, bc_what + " like B")
+        if D % G:
+            raise ValueError(f"B: the groups G = {G} must divide D = {D}")
+        self.D_skip = _optional(D_skip, "D", (D,), "[D]")
+        self.gate = _optional(gate, "gate", (B, T, D), "[B,T,D] like hidden_states")
+        self.cu_seqlens = None
+        n_state = B
+        if cu_seqlens is not None:
+            if B != 1:
+                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
+            n_state = self.cu_seqlens.shape[0] - 1
+        self.state_shape = (n_state, D, N)
+        self.h0 = _optional(h0, "initial_state", self.state_shape, "[B,D,N]")
+        if dt_bias is not None and not dt_softplus:
+            raise ValueError("dt_bias: given without dt_softplus=True")
+        self.dt_bias = _optional(dt_bias, "dt_bias", (D,), "[D]")
+        self.B, self.T, self.D, self.N, self.G = B, T, D, N, G
+        self.problem = _lib.Ssm1Problem(
+            B=B, T=T, D=D, N=N, G=G, cu_seqlens=ptr(self.cu_seqlens),
+            n_seqs=n_state if self.cu_seqlens is not None else 0,
+            x=ptr(self.x), dt=ptr(self.dt), A=ptr(self.A), B_proj=ptr(self.B_proj),
+            C_proj=ptr(self.C_proj), D_skip=ptr(self.D_skip), gate=ptr(self.gate),
+            h0=ptr(self.h0), dt_softplus=bool(dt_softplus), dt_bias=ptr(self.dt_bias),
+            gate_activation=activation_code(activation, _lib.ACT_SILU))
+
+
+def ssm1_forward(inputs, *, threads=0, final_state=True):
+    """(y [B,T,D], hT [N_seq,D,N] or None)."""
+    ex = make_exec(threads=threads)
+    y = _empty(inputs.x.shape)
+    hT = _empty(inputs.state_shape) if final_state else None
+    _lib.check(_lib.lib.linseq_ssm1_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                            ptr(y), ptr(hT)))
+    return y, hT
+
+
+def ssm1_backward(inputs, d_y, d_hT=None, *, threads=0, wanted=None):
+    """dict of dx, ddt, dA, dB, dC, dD, dgate, dh0, ddt_bias (those that exist)."""
+    ex = make_exec(threads=threads)
+    d_y = as_f32(d_y, "d_y", inputs.x.shape, "[B,T,D] like y")
+    if d_hT is not None:
+        d_hT = as_f32(d_hT, "d_hT", inputs.state_shape, "[B,D,N] like the final state")
+    shapes = {"dx": inputs.x.shape, "ddt": inputs.x.shape, "dA": inputs.A.shape,
+              "dB": inputs.bc_shape, "dC": inputs.bc_shape, "dh0": inputs.state_shape}
+    if inputs.D_skip is not None:
+        shapes["dD"] = (inputs.D,)
+    if inputs.gate is not None:
+        shapes["dgate"] = inputs.x.shape
+    if inputs.problem.dt_softplus:
+        shapes["ddt_bias"] = (inputs.D,)
+    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
+    field = {"dB": "dB_proj", "dC": "dC_proj", "dD": "dD_skip"}
+    grads = _lib.Ssm1Grads(**{field.get(n, n): ptr(a) for n, a in out.items()})
+    _lib.check(_lib.lib.linseq_ssm1_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                             ptr(d_y), ptr(d_hT), ctypes.byref(grads)))
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# Causal conv1d
+# ------------------------------------------------------------------------------------------
+
+class Conv1dInputs:
+    """x [B,T,D]; weight [D,W] (or [D,1,W] as nn.Conv1d stores it); bias [D];
+    conv_state [N_seq,D,W-1], oldest input first."""
+
+    def __init__(self, x, weight, bias=None, *, conv_state=None, cu_seqlens=None,
+                 activation=None):
+        self.x = as_f32_ndim(x, "x", (3,), "x of shape [B,T,D]")
+        B, T, D = self.x.shape
+        w = as_f32_ndim(weight, "weight", (2, 3), "weight of shape [D,W] or [D,1,W]")
+        if w.ndim == 3:
+            if w.shape[1] != 1:
+                raise ValueError(f"weight: expected [D,W] or a depthwise [D,1,W], got "
+                                 f"{list(w.shape)}")
+            w = w.reshape(w.shape[0], w.shape[2])
+        if w.shape[0] != D:
+            raise ValueError(f"weight: expected shape [D,W] with D = {D}, got {list(w.shape)}")
+        self.weight_shape = np.shape(weight)
+        self.weight = w
+        W = w.shape[1]
+        self.bias = _optional(bias, "bias", (D,), "[D]")
+        self.cu_seqlens = None
+        n_state = B
+        if cu_seqlens is not None:
+            if B != 1:
+                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
+            n_state = self.cu_seqlens.shape[0] - 1
+        self.state_shape = (n_state, D, W - 1)
+        self.conv_state = _optional(conv_state, "conv_state", self.state_shape,
+                                    "[B,D,W-1], oldest input first")
+        self.B, self.T, self.D, self.W = B, T, D, W
+        self.problem = _lib.Conv1dProblem(
+            B=B, T=T, D=D, W=W, cu_seqlens=ptr(self.cu_seqlens),
+            n_seqs=n_state if self.cu_seqlens is not None else 0,
+            x=ptr(self.x), weight=ptr(self.weight), bias=ptr(self.bias),
+            conv_state=ptr(self.conv_state),
+            activation=activation_code(activation, _lib.ACT_IDENTITY))
+
+
+def conv1d_forward(inputs, *, threads=0, final_state=True):
+    """(y [B,T,D], conv_state_out [N_seq,D,W-1] or None)."""
+    ex = make_exec(threads=threads)
+    y = _empty(inputs.x.shape)
+    state = _empty(inputs.state_shape) if final_state and inputs.W > 1 else None
+    _lib.check(_lib.lib.linseq_conv1d_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                              ptr(y), ptr(state)))
+    if final_state and state is None:
+        state = _empty(inputs.state_shape)
+    return y, state
+
+
+def conv1d_backward(inputs, d_y, d_state=None, *, threads=0, wanted=None):
+    """dict of dx, dweight (in the weight's given shape), dbias, dconv_state."""
+    ex = make_exec(threads=threads)
+    d_y = as_f32(d_y, "d_y", inputs.x.shape, "[B,T,D] like y")
+    if d_state is not None and inputs.W > 1:
+        d_state = as_f32(d_state, "d_conv_state", inputs.state_shape, "[B,D,W-1]")
+    else:
+        d_state = None
+    shapes = {"dx": inputs.x.shape, "dweight": inputs.weight.shape}
+    if inputs.bias is not None:
+        shapes["dbias"] = (inputs.D,)
+    if inputs.W > 1:
+        shapes["dconv_state"] = inputs.state_shape
+    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
+    grads = _lib.Conv1dGrads(**{n: ptr(a) for n, a in out.items()})
+    _lib.check(_lib.lib.linseq_conv1d_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                               ptr(d_y), ptr(d_state), ctypes.byref(grads)))
+    if "dweight" in out:
+        out["dweight"] = out["dweight"].reshape(inputs.weight_shape)
+    if inputs.W == 1 and (wanted is None or "dconv_state" in wanted):
+        out["dconv_state"] = _empty(inputs.state_shape)
+    return out

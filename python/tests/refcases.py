@@ -1,0 +1,128 @@
+"""Each reference case as a call of the public API, in NumPy, PyTorch or JAX.
+
+`run(case, framework, variant)` returns every output and gradient of the case, computed
+the way a user of that framework would: the forward through the seed-style function, the
+gradients through linseq.ops (NumPy), loss.backward() (PyTorch) or jax.vjp under jax.jit.
+"""
+
+import numpy as np
+
+import linseq
+from linseq import ops
+
+
+def _kda_call(case, variant):
+    m = case.meta
+    scale = None if m.get("scale_is_default", True) else m["scale"]
+    l2 = m["use_qk_l2norm"]
+    cu = case.get("cu_seqlens")
+
+    def fn(q, k, v, beta, g, h0=None):
+        if variant == "ejkernel":
+            return linseq.kda(q, k, v, beta, g, softmax_scale=scale, initial_state=h0,
+                              use_qk_l2norm=l2)
+        f = linseq.chunk_kda if variant == "chunked" else linseq.fused_recurrent_kda
+        return f(q, k, v, g, beta, scale=scale, initial_state=h0, output_final_state=True,
+                 use_qk_l2norm_in_kernel=l2, cu_seqlens=cu)
+
+    def numpy_grads(inputs, upstream):
+        mode = "recurrent" if variant == "recurrent" else "chunked"
+        kin = ops.KdaInputs(inputs["q"], inputs["k"], inputs["v"], inputs["beta"], inputs["g"],
+                            h0=inputs.get("h0"), cu_seqlens=cu, scale=scale, qk_l2norm=l2)
+        return ops.kda_backward(kin, upstream["d_o"], upstream.get("d_ht"), mode=mode)
+
+    return (["q", "k", "v", "beta", "g", "h0"], fn, ["o", "ht"], ["d_o", "d_ht"], numpy_grads)
+
+
+def _ssm1_call(case, variant):
+    def fn(x, A, B, C, D, dt, gate=None, h0=None):
+        y, h, _ = linseq.state_space_v1(x, A, B, C, D, dt, gate=gate, initial_state=h0)
+        return y, h
+
+    def numpy_grads(inputs, upstream):
+        sin = ops.Ssm1Inputs(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
+                             inputs["D"], gate=inputs.get("gate"), h0=inputs.get("h0"))
+        return ops.ssm1_backward(sin, upstream["d_y"], upstream.get("d_hT"))
+
+    return (["x", "A", "B", "C", "D", "dt", "gate", "h0"], fn, ["y", "hT"], ["d_y", "d_hT"],
+            numpy_grads)
+
+
+def _conv_call(case, variant):
+    act = case.meta["activation"]
+
+    def fn(x, weight, bias=None, conv_state=None):
+        return linseq.causal_conv1d(x, weight, bias, activation=act, conv_state=conv_state)
+
+    def numpy_grads(inputs, upstream):
+        cin = ops.Conv1dInputs(inputs["x"], inputs["weight"], inputs.get("bias"),
+                               conv_state=inputs.get("conv_state"), activation=act)
+        return ops.conv1d_backward(cin, upstream["d_y"])
+
+    return (["x", "weight", "bias", "conv_state"], fn, ["y", "conv_state_out"], ["d_y", None],
+            numpy_grads)
+
+
+def _gate_call(case, variant):
+    lb = case.meta.get("lower_bound")
+
+    def fn(g_raw, A_log, dt_bias):
+        return (linseq.kda_decay(g_raw, A_log, dt_bias, lower_bound=lb),)
+
+    def numpy_grads(inputs, upstream):
+        gin = ops.GateInputs(inputs["g_raw"], inputs["A_log"], inputs["dt_bias"], lb)
+        return ops.kda_gate_backward(gin, upstream["d_g"])
+
+    return (["g_raw", "A_log", "dt_bias"], fn, ["g"], ["d_g"], numpy_grads)
+
+
+CALLS = {"kda": _kda_call, "ssm1": _ssm1_call, "causal_conv1d": _conv_call,
+         "kda_gate": _gate_call}
+
+# the gradient file of each input
+GRAD_NAME = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "h0": "dh0",
+             "x": "dx", "A": "dA", "B": "dB", "C": "dC", "D": "dD", "dt": "ddt",
+             "gate": "dgate", "weight": "dweight", "bias": "dbias",
+             "conv_state": "dconv_state", "g_raw": "dg_raw", "A_log": "dA_log",
+             "dt_bias": "ddt_bias"}
+
+
+def run(case, framework, variant):
+    """{name: NumPy array} for every output and gradient file of the case."""
+    names, fn, out_names, up_names, numpy_grads = CALLS[case.meta["op"]](case, variant)
+    inputs = {n: case.get(n) for n in names if n in case}
+    upstream = {u: case.get(u) for u in up_names if u is not None and u in case}
+    result = {}
+    if framework == "numpy":
+        outs = fn(**inputs)
+        grads = numpy_grads(inputs, upstream)
+        result.update({GRAD_NAME[n]: grads[GRAD_NAME[n]] for n in inputs})
+    elif framework == "torch":
+        import torch
+        tensors = {n: torch.tensor(a, requires_grad=True) for n, a in inputs.items()}
+        outs = fn(**tensors)
+        loss = 0
+        for out, up in zip(outs, up_names):
+            if up is not None and up in upstream:
+                loss = loss + (out * torch.from_numpy(upstream[up])).sum()
+        loss.backward()
+        result.update({GRAD_NAME[n]: t.grad.numpy() for n, t in tensors.items()})
+        outs = [o.detach().numpy() for o in outs]
+    else:
+        import jax
+        import jax.numpy as jnp
+        order = list(inputs)
+
+        def positional(*arrays):
+            return fn(**dict(zip(order, arrays)))
+
+        outs, vjp = jax.vjp(jax.jit(positional), *[jnp.asarray(inputs[n]) for n in order])
+        cts = tuple(jnp.asarray(upstream[u]) if u is not None and u in upstream
+                    else jnp.zeros_like(o) for o, u in zip(outs, up_names))
+        grads = jax.jit(vjp)(cts)
+        result.update({GRAD_NAME[n]: np.asarray(g) for n, g in zip(order, grads)})
+        outs = [np.asarray(o) for o in outs]
+    for name, out in zip(out_names, outs):
+        if name in case:
+            result[name] = out
+    return result

@@ -1,0 +1,49 @@
+"""Builds liblinseq with the project's Makefile and ships it inside the Python package.
+
+The wheel carries liblinseq.so next to the Python modules (loaded with ctypes), so the only
+runtime dependency is NumPy; building needs a C compiler with OpenMP and make, as the C
+library does.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.dist import Distribution
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def library_version():
+    with open(os.path.join(ROOT, "include", "linseq.h")) as header:
+        text = header.read()
+    parts = [re.search(rf"#define LINSEQ_VERSION_{p} (\d+)", text).group(1)
+             for p in ("MAJOR", "MINOR", "PATCH")]
+    return ".".join(parts)
+
+
+class BuildWithLibrary(build_py):
+    """build_py plus the shared library, built by `make lib` in a build folder of its own."""
+
+    def run(self):
+        super().run()
+        build_dir = os.path.join(ROOT, "build", "python-lib")
+        jobs = str(os.cpu_count() or 1)
+        subprocess.check_call(["make", "-C", ROOT, f"BUILD={build_dir}", "-j", jobs, "lib"])
+        target = os.path.join(self.build_lib, "linseq", "liblinseq.so")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(os.path.join(build_dir, f"liblinseq.so.{library_version()}"), target)
+
+
+class BinaryDistribution(Distribution):
+    """The wheel holds a compiled library: tag it for this platform, not as pure Python."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(version=library_version(), cmdclass={"build_py": BuildWithLibrary},
+      distclass=BinaryDistribution)
