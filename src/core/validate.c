@@ -54,6 +54,12 @@ bool ls_mul_ok(int64_t *out, int n, ...)
     return ok;
 }
 
+int64_t ls_mul_sat(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
 static bool tensor_bytes(ls_tensor *t)
 {
     int64_t acc = (int64_t)t->elem_size;

@@ -65,6 +65,11 @@ int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T
 /* Exact product of non-negative sizes, false if it exceeds PTRDIFF_MAX. */
 bool ls_mul_ok(int64_t *out, int n, ...);
 
+/* a * b for a shape entry built before validation (dt_bias [HV*K]): saturates at INT64_MAX
+ * instead of overflowing, so that ls_args_validate reports the tensor as too large rather
+ * than the product being undefined behaviour. a and b are sizes already checked >= 0. */
+int64_t ls_mul_sat(int64_t a, int64_t b);
+
 /* The thread count a call will use, capped at max_items and never below 1: exec->threads
  * when the caller sets it (> 0); otherwise the global setting, further capped at one thread
  * per LS_MIN_WORK_PER_THREAD of work (an estimate in flop-equivalents), because waking and

@@ -120,7 +120,7 @@ void kda_add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
     if (p->gate_in_kernel) {
         ls_arg(a, "A_log", "HV", p->A_log, false, LS_IN, 4, 1, HV);
         if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-            ls_arg(a, "dt_bias", "HV*K", p->dt_bias, false, LS_IN, 4, 1, HV * K);
+            ls_arg(a, "dt_bias", "HV*K", p->dt_bias, false, LS_IN, 4, 1, ls_mul_sat(HV, K));
         else
             ls_arg(a, "dt_bias", "HV", p->dt_bias, false, LS_IN, 4, 1, HV);
     }

@@ -145,7 +145,8 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
         ls_arg(&a, "dg", "B,T,HV", gr->dg, false, LS_OUT, 4, 3, B, T, HV);
     ls_arg(&a, "dh0", sd, gr->dh0, false, LS_OUT, 4, 4, pl.n_seqs, HV, d2, d3);
     ls_arg(&a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
-    ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1, HV * gK);
+    ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1,
+           ls_mul_sat(HV, gK));
     if (saved) ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes);
 
     kda_exec_plan(&pl, exec);

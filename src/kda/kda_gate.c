@@ -47,7 +47,7 @@ static linseq_status check_gate_problem(const char *fn, const linseq_kda_gate_pr
                        (double)p->lower_bound);
     if (per_channel) {
         ls_arg(a, "g_raw", "B,T,H,K", p->g_raw, true, LS_IN, 4, 4, p->B, p->T, p->H, p->K);
-        ls_arg(a, "dt_bias", "H*K", p->dt_bias, false, LS_IN, 4, 1, p->H * p->K);
+        ls_arg(a, "dt_bias", "H*K", p->dt_bias, false, LS_IN, 4, 1, ls_mul_sat(p->H, p->K));
     } else {
         ls_arg(a, "g_raw", "B,T,H", p->g_raw, true, LS_IN, 4, 3, p->B, p->T, p->H);
         ls_arg(a, "dt_bias", "H", p->dt_bias, false, LS_IN, 4, 1, p->H);
@@ -130,7 +130,8 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
     if (per_channel) {
         ls_arg(&a, "d_g", "B,T,H,K", d_g, true, LS_IN, 4, 4, p->B, p->T, p->H, p->K);
         ls_arg(&a, "dg_raw", "B,T,H,K", grads->dg_raw, false, LS_OUT, 4, 4, p->B, p->T, p->H, p->K);
-        ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1, p->H * p->K);
+        ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1,
+               ls_mul_sat(p->H, p->K));
     } else {
         ls_arg(&a, "d_g", "B,T,H", d_g, true, LS_IN, 4, 3, p->B, p->T, p->H);
         ls_arg(&a, "dg_raw", "B,T,H", grads->dg_raw, false, LS_OUT, 4, 3, p->B, p->T, p->H);
