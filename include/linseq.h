@@ -95,12 +95,14 @@ typedef enum linseq_mode {
 typedef struct linseq_exec {
     linseq_mode mode; /* KDA only; the other ops have a single algorithm                    */
     int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64                             */
-    int threads;      /* > 0: use this many threads (at most one per work item); 0 = up to  
-                       * linseq_get_num_threads(), fewer when the call is too small to share */
+    int threads;      /* > 0: use this many threads (at most one per work item, and at most
+                       * 1024); 0 = up to linseq_get_num_threads(), fewer when the call is
+                       * too small to share                                                 */
 } linseq_exec;
 
 /* Default thread count for calls whose linseq_exec is NULL or has threads == 0.
- * n == 0 restores the default (the number of processors OpenMP reports). n < 0 is rejected.
+ * n == 0 restores the default (the number of processors OpenMP reports). n < 0 is rejected;
+ * a call never starts more than 1024 threads, whatever n is.
  * Results are bitwise identical for every thread count. */
 LINSEQ_API linseq_status linseq_set_num_threads(int n);
 LINSEQ_API int linseq_get_num_threads(void);

@@ -39,6 +39,7 @@ int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work)
 {
     const bool explicit_count = exec && exec->threads > 0;
     int64_t n = explicit_count ? exec->threads : linseq_get_num_threads();
+    if (n > LS_MAX_THREADS) n = LS_MAX_THREADS;
     if (n > max_items) n = max_items;
     if (!explicit_count && (double)n * LS_MIN_WORK_PER_THREAD > work)
         n = (int64_t)(work / LS_MIN_WORK_PER_THREAD);
@@ -49,6 +50,8 @@ int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work)
  * otherwise threads take the next item as they come free. */
 static void run_items(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx, bool fixed)
 {
+    /* a thread without an item would only be started and joined */
+    if (n_threads > n_items) n_threads = (int)n_items;
 #ifdef _OPENMP
     if (n_threads > 1 && n_items > 1) {
 #pragma omp parallel num_threads(n_threads)

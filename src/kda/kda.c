@@ -297,7 +297,11 @@ static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht, 
     int64_t width = (p->V + threads - 1) / threads;
     width = (width + 31) / 32 * 32;
     const int64_t n_ranges = (p->V + width - 1) / width;
-    const int64_t window = pl->chunk ? 2 * (int64_t)threads : 0;
+    /* two chunks per thread, but no more than the longest sequence has: a large thread
+     * count must not allocate workspaces for chunks that do not exist */
+    const int64_t longest = ls_longest_sequence(p->cu_seqlens, pl->n_seqs, p->T);
+    const int64_t max_chunks = pl->chunk ? (longest + pl->chunk - 1) / pl->chunk : 0;
+    const int64_t window = 2 * (int64_t)threads < max_chunks ? 2 * (int64_t)threads : max_chunks;
     split_ctx c = {.pl = pl, .isa = ls_isa_active(), .o = o, .col_width = width};
     c.chunk_ws_bytes = pl->chunk ? (kda_chunk_ws_layout(pl, NULL, NULL) + 63) & ~(size_t)63 : 0;
     c.scratch_floats = (kda_recurrent_scratch_floats(pl) + 15) & ~(size_t)15;
