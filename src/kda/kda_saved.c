@@ -3,6 +3,7 @@
  * the backward describes the same problem, mode and chunk size), then one block per
  * (sequence, value head) item in item order: the state before every chunk (every chunk_size
  * tokens in recurrent mode), and in chunked mode every token's delta u. */
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,7 +35,17 @@ linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offs
                                size_t *bytes)
 {
     int64_t total = 0;
-    for (int64_t n = 0; n < pl->n_seqs; n++) {
+    const bool closed_form = !offsets && !pl->p->cu_seqlens;
+    if (closed_form) {
+        /* B blocks of T tokens, without a loop over B: the size query runs before any tensor
+         * bounds B, and B = 2^40 must be answered (or refused), not iterated. */
+        const int64_t f = item_floats(pl, pl->p->T);
+        if (f < 0 || !ls_mul_ok(&total, 3, f, pl->HV, pl->n_seqs))
+            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                           "the saved states (one K*V state per chunk per sequence and head) "
+                           "overflow the address space");
+    }
+    for (int64_t n = 0; !closed_form && n < pl->n_seqs; n++) {
         int64_t start, len;
         kda_seq_range(pl, n, &start, &len);
         const int64_t f = item_floats(pl, len);
