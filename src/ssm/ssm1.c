@@ -51,9 +51,10 @@ static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
     ls_arg(a, "D_skip", "D", p->D_skip, false, LS_IN, sizeof(float), 1, D);
     ls_arg(a, "gate", "B,T,D", p->gate, false, LS_IN, sizeof(float), 3, B, T, D);
     ls_arg(a, "dt_bias", "D", p->dt_bias, false, LS_IN, sizeof(float), 1, D);
-    ls_arg(a, "h0", "N_seq,D,N", p->h0, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
+    /* cu_seqlens before h0: an absurd n_seqs is reported as such, not as h0's size */
     ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
            ssm_cu_entries(p->cu_seqlens, p->n_seqs));
+    ls_arg(a, "h0", "N_seq,D,N", p->h0, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
     return LINSEQ_OK;
 }
 
