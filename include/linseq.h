@@ -7,8 +7,9 @@
  * size, threads: *how* to compute it). Forward and backward take the same problem struct.
  *
  * Conventions
- *   - Tensors are dense, C order (row-major), float32, host memory. Shapes are given in the
- *     comments as [B,T,H,K] etc.; the last index varies fastest.
+ *   - Tensors are dense, C order (row-major), float32, host memory, aligned to their element
+ *     (4 bytes; 8 for the int64 ones; `saved` 4). Shapes are given in the comments as
+ *     [B,T,H,K] etc.; the last index varies fastest.
  *   - Every entry point validates every argument before it writes anything. On error it
  *     returns a status != LINSEQ_OK, leaves every output byte unchanged, and
  *     linseq_last_error() describes the argument at fault and what was expected.

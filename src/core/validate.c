@@ -23,6 +23,7 @@ ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *pt
     t->required = required;
     t->role = role;
     t->elem_size = elem_size;
+    t->align = elem_size;
     t->ndim = ndim;
     va_list ap;
     va_start(ap, ndim);
@@ -95,6 +96,15 @@ linseq_status ls_args_validate(ls_args *a)
                            t->role == LS_OUT ? "output" : "argument", t->name,
                            t->elem_size == 8 ? "int64" : "float32", shape);
         }
+    }
+    /* A misaligned float pointer is undefined behaviour in every kernel (and void *saved
+     * does not say what it needs), so it is an argument error rather than a crash later. */
+    for (int i = 0; i < a->n; i++) {
+        const ls_tensor *t = &a->t[i];
+        if (t->ptr && t->align > 1 && (uintptr_t)t->ptr % t->align != 0)
+            return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
+                           "'%s' = %p is not aligned to %zu bytes (the alignment of a %s)",
+                           t->name, t->ptr, t->align, t->elem_size == 8 ? "int64" : "float32");
     }
     for (int i = 0; i < a->n; i++) {
         ls_tensor *t = &a->t[i];

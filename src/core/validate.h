@@ -2,9 +2,10 @@
  *
  * An entry point lists its tensor arguments (name, dims text, shape, pointer, role) in an
  * ls_args, then ls_args_validate() checks, in this order, that every required pointer is
- * non-NULL, that no byte size overflows, and that no output overlaps an input or another
- * output (except an output explicitly allowed to be the same pointer as one input). The
- * first failure is recorded with a message naming the argument and its expected shape. */
+ * non-NULL and aligned for its element type, that no byte size overflows, and that no output
+ * overlaps an input or another output (except an output explicitly allowed to be the same
+ * pointer as one input). The first failure is recorded with a message naming the argument
+ * and its expected shape. */
 #ifndef LS_CORE_VALIDATE_H
 #define LS_CORE_VALIDATE_H
 
@@ -25,6 +26,7 @@ typedef struct ls_tensor {
     int ndim;
     int64_t shape[LS_MAX_DIMS];
     size_t elem_size;
+    size_t align;             /* the pointer's required alignment; elem_size by default   */
     const void *ptr;
     bool required;
     ls_role role;
@@ -43,7 +45,7 @@ typedef struct ls_args {
 ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr,
                   bool required, ls_role role, size_t elem_size, int ndim, ...);
 
-/* Null pointers, byte-size overflow, aliasing. Returns the first failure. */
+/* Null pointers, alignment, byte-size overflow, aliasing. Returns the first failure. */
 linseq_status ls_args_validate(ls_args *a);
 
 /* "[B,T,H,K] = [2,64,4,128]" */

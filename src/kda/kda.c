@@ -361,7 +361,10 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, p->T, pl.HV, p->V);
     ls_tensor *t_ht = ls_arg(&a, "ht", sd, ht, false, LS_OUT, 4, 4, pl.n_seqs, pl.HV, d2, d3);
     t_ht->may_alias = p->h0;
-    if (saved) ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes);
+    /* a byte buffer that holds floats after its header */
+    if (saved)
+        ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes)->align =
+            sizeof(float);
     kda_exec_plan(&pl, exec);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;

@@ -147,7 +147,10 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     ls_arg(&a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
     ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1,
            ls_mul_sat(HV, gK));
-    if (saved) ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes);
+    /* a byte buffer that holds floats after its header */
+    if (saved)
+        ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes)->align =
+            sizeof(float);
 
     kda_exec_plan(&pl, exec);
     const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
