@@ -138,9 +138,11 @@ const char *kda_state_dims(const linseq_kda_problem *p, const char *rows)
 static linseq_status check_workspace(const char *fn, const kda_plan *pl, size_t *bytes)
 {
     const linseq_kda_problem *p = pl->p;
-    int64_t kv, extra;
+    int64_t kv, rows, extra;
     int64_t c = pl->chunk ? pl->chunk : 1;
-    if (!ls_mul_ok(&kv, 2, p->K, p->V) || !ls_mul_ok(&extra, 2, c, p->K + p->V + c) ||
+    /* this runs before the tensors bound K and V, so even their sum may overflow */
+    if (!ls_mul_ok(&kv, 2, p->K, p->V) || __builtin_add_overflow(p->K, p->V, &rows) ||
+        __builtin_add_overflow(rows, c, &rows) || !ls_mul_ok(&extra, 2, c, rows) ||
         kv > (int64_t)(PTRDIFF_MAX / 64) || extra > (int64_t)(PTRDIFF_MAX / 64))
         return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                        "the working state K*V = %lld*%lld is too large to allocate",
