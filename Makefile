@@ -47,7 +47,7 @@ STATIC := $(BUILD)/liblinseq.a
 SHARED := $(BUILD)/liblinseq.so.$(VERSION)
 CLI    := $(BUILD)/linseq
 
-.PHONY: all lib test test-run test-plain test-sanitize demo install clean deps
+.PHONY: all lib test test-run test-plain test-sanitize test-python demo install clean deps
 # Keep the test objects make would otherwise treat as intermediate and delete.
 .SECONDARY:
 all: lib $(CLI) $(TEST_BIN)
@@ -103,7 +103,11 @@ test-sanitize:
 	$(MAKE) BUILD=build/sanitize OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test-run
 
-test: test-plain test-sanitize
+# The Python package (pip install into build/venv) with NumPy, PyTorch and JAX.
+test-python:
+	sh scripts/test-python.sh $(REFDATA)
+
+test: test-plain test-sanitize test-python
 	@echo "make test: all tests passed (plain and sanitized)"
 
 demo: $(CLI)

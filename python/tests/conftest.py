@@ -5,6 +5,7 @@ source tree. PyTorch and JAX tests are skipped when the framework is missing, un
 LINSEQ_REQUIRE_FRAMEWORKS=1 (the project's test command sets it: there nothing is skipped).
 """
 
+import importlib
 import json
 import os
 
@@ -18,7 +19,7 @@ REFDATA = os.environ.get("LINSEQ_REFDATA",
 
 def require(module):
     if os.environ.get("LINSEQ_REQUIRE_FRAMEWORKS") == "1":
-        return __import__(module)
+        return importlib.import_module(module)
     return pytest.importorskip(module)
 
 

@@ -1,0 +1,25 @@
+#!/bin/sh
+# sh scripts/test-python.sh REFDATA
+#
+# The Python package's tests as a newcomer would run them: a virtual environment under
+# build/, NumPy, pytest, PyTorch and JAX from PyPI, `pip install .` of this tree (which builds
+# liblinseq with the Makefile), then pytest with every framework required (nothing skipped).
+set -e
+cd "$(dirname "$0")/.."
+REFDATA=${1:-../shared/refdata}
+PYTHON=${PYTHON:-python3}
+VENV=build/venv
+
+if [ ! -x "$VENV/bin/python" ]; then
+    "$PYTHON" -m venv "$VENV" || {
+        echo "test-python.sh: '$PYTHON -m venv' failed (Debian: apt-get install python3-venv)" >&2
+        exit 2
+    }
+fi
+# PyTorch's Linux wheels on PyPI are the CUDA builds; the CPU code paths are what run here.
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check numpy pytest torch jax
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check .
+# From build/: the installed package is imported, not the source folder
+cd build
+LINSEQ_REFDATA=$(cd "../$REFDATA" 2>/dev/null && pwd || echo "$REFDATA") \
+LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests
