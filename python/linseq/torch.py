@@ -16,14 +16,15 @@ from .api import _forced
 
 
 class _LinseqOp(torch.autograd.Function):
-    """forward(spec, opts, cu_seqlens, *tensors in spec.arrays order) -> the op's outputs."""
+    """forward(spec, opts, train, cu_seqlens, *tensors in spec.arrays order) -> the op's
+    outputs. `train` (grad mode on and some input requiring grad, decided by the caller since
+    forward runs with grad mode off) lets KDA keep what its backward needs."""
 
     @staticmethod
-    def forward(ctx, spec, opts, cu_seqlens, *tensors):
+    def forward(ctx, spec, opts, train, cu_seqlens, *tensors):
         ctx.set_materialize_grads(False)
         arrays = dict(zip(spec.arrays, tensors))
         inputs = spec.inputs(arrays, cu_seqlens, opts)
-        train = any(ctx.needs_input_grad[3:])
         outputs, saved = spec.forward(inputs, opts, train)
         ctx.spec, ctx.opts, ctx.cu_seqlens, ctx.saved_block = spec, opts, cu_seqlens, saved
         ctx.save_for_backward(*tensors)
@@ -35,19 +36,21 @@ class _LinseqOp(torch.autograd.Function):
         spec = ctx.spec
         tensors = ctx.saved_tensors
         arrays = dict(zip(spec.arrays, tensors))
-        needs = ctx.needs_input_grad[3:]
+        needs = ctx.needs_input_grad[4:]
         wanted = {spec.grad_of[n] for n, need in zip(spec.arrays, needs) if need}
         inputs = spec.inputs(arrays, ctx.cu_seqlens, ctx.opts)
         grads = spec.backward(inputs, ctx.opts, list(upstream), ctx.saved_block, wanted)
         ctx.saved_block = None
-        out = [None, None, None]
+        out = [None, None, None, None]
         for name, need in zip(spec.arrays, needs):
             out.append(torch.from_numpy(grads[spec.grad_of[name]]) if need else None)
         return tuple(out)
 
 
 def _run(spec, arrays, cu_seqlens, opts):
-    return _LinseqOp.apply(spec, opts, cu_seqlens, *(arrays[n] for n in spec.arrays))
+    tensors = [arrays[n] for n in spec.arrays]
+    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return _LinseqOp.apply(spec, opts, train, cu_seqlens, *tensors)
 
 
 def _float_tensor(value):
