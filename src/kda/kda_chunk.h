@@ -24,7 +24,8 @@ typedef struct kda_chunk_ws {
     float *a;                    /* [C,gK] e^{g_r} with g floored                            */
     float *eG, *eL;              /* [C,gK] e^{G_r} and e^{G_last - G_r} (G: in-chunk sums)   */
     float *qg, *kbg, *kd;        /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G}               */
-    float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; 0 above  */
+    float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; never
+                                  * read above the diagonal (kda_triangle_rows)              */
     float *Akk;                  /* [C,C] strictly lower: sum_d k_r k_c e^{G_r - G_c} (no beta) */
     float *Mneg;                 /* [C,C] strictly lower: -beta_r Akk[r,c], the solve's factor */
     float *vnew;                 /* [C,V] the deltas u of the chunk's tokens                  */

@@ -320,7 +320,14 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     ls_gemm(Lc, K, V, dO, ldo, 1, w->ST, K, w->dqg, K, false);
     ls_gemm(K, V, Lc, cw->qg, 1, K, dO, ldo, w->dS0, V, true);
     ls_gemm(Lc, Lc, V, dO, ldo, 1, w->VnT, C, w->dAqk, C, false);
-    ls_gemm(Lc, V, Lc, cw->Aqk, 1, C, dO, ldo, w->dVn, V, true); /* Aqk is 0 above the diagonal */
+    /* dVn_c += sum_{r >= c} Aqk[r,c] dO_r: the triangle of each block, then the later rows */
+    for (int64_t n = 0; n < Lc; n += SC) {
+        const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
+        kda_triangle_rows(w->dVn, V, dO, ldo, V, n, after, cw->Aqk, 1, C, true);
+        if (after < Lc)
+            ls_gemm(m, V, Lc - after, cw->Aqk + after * C + n, 1, C, dO + after * ldo, ldo,
+                    w->dVn + n * V, V, true);
+    }
 
     /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR. The
      * forward's Mneg = -M below the diagonal: -dR_r = -dVn_r + sum_{c>r} Mneg[c,r] (-dR_c). */

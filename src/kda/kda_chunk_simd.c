@@ -229,8 +229,6 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
         scores_per_channel(w, Lc, K, C);
     else
         scores_per_head(w, Lc, K, C);
-    /* Aqk above the diagonal is 0: the output product runs over whole sub-chunk blocks. */
-    for (int64_t r = 0; r < Lc; r++) vfill(Lc - r - 1, 0.0f, w->Aqk + r * C + r + 1);
     for (int64_t r = 1; r < Lc; r++)
         for (int64_t c = 0; c < r; c++) w->Mneg[r * C + c] = -(w->beta[r] * w->Akk[r * C + c]);
 }
@@ -273,7 +271,9 @@ void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, cons
     ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, HV * V, false);
     for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
         const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
-        ls_gemm(m, n, r0 + m, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V, true);
+        if (r0 > 0)
+            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V, true);
+        kda_triangle_rows(out, HV * V, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
     }
 }
 

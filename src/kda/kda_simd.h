@@ -159,4 +159,54 @@ static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t 
     }
 }
 
+/* The diagonal block of a product with a triangular factor, over the columns [0, n) of Y:
+ *     Y_i += sum_j coef[i*coef_r + j*coef_c] X_j,   j in [first, i] (lower) or [i, end) (upper)
+ * for the rows i in [first, end), j increasing. Only the triangle is visited: a product that
+ * ran over the whole block with zeros in the other triangle would turn one token's NaN or Inf
+ * into 0 * NaN = NaN in the tokens that do not depend on it. */
+static inline void kda_triangle_rows(float *Y, int64_t ldy, const float *X, int64_t ldx,
+                                     int64_t n, int64_t first, int64_t end, const float *coef,
+                                     int64_t coef_r, int64_t coef_c, bool upper)
+{
+    for (int64_t j = 0; j < n; j += KDA_SUBST_COLS * VW) {
+        const int64_t width = n - j < KDA_SUBST_COLS * VW ? n - j : KDA_SUBST_COLS * VW;
+        const int nv = (int)((width + VW - 1) / VW);
+        const int64_t w_last = width - (int64_t)(nv - 1) * VW;
+        for (int64_t i = first; i < end; i++) {
+            float *row = Y + i * ldy + j;
+            const int64_t lo = upper ? i : first, hi = upper ? end : i + 1;
+            vf acc[KDA_SUBST_COLS];
+            if (nv == KDA_SUBST_COLS && w_last == VW) {
+#pragma GCC unroll 4
+                for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_load(row + v * VW);
+                for (int64_t c = lo; c < hi; c++) {
+                    const vf f = vf_set1(coef[i * coef_r + c * coef_c]);
+                    const float *src = X + c * ldx + j;
+#pragma GCC unroll 4
+                    for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
+                }
+#pragma GCC unroll 4
+                for (int v = 0; v < KDA_SUBST_COLS; v++) vf_store(row + v * VW, acc[v]);
+                continue;
+            }
+            for (int v = 0; v < nv; v++)
+                acc[v] = v == nv - 1 ? vf_load_n(row + v * VW, w_last) : vf_load(row + v * VW);
+            for (int64_t c = lo; c < hi; c++) {
+                const vf f = vf_set1(coef[i * coef_r + c * coef_c]);
+                const float *src = X + c * ldx + j;
+                for (int v = 0; v < nv; v++) {
+                    const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
+                    acc[v] = vf_fmadd(f, x, acc[v]);
+                }
+            }
+            for (int v = 0; v < nv; v++) {
+                if (v == nv - 1)
+                    vf_store_n(row + v * VW, acc[v], w_last);
+                else
+                    vf_store(row + v * VW, acc[v]);
+            }
+        }
+    }
+}
+
 #endif
