@@ -278,7 +278,7 @@ static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total
     memcpy(text, buf + offset, header_len);
     text[header_len] = '\0';
     offset += header_len;
-    header_info h;
+    header_info h = {0}; /* its shape beyond ndim is copied out too */
     char why[128];
     bool ok = strlen(text) == header_len;
     if (!ok) snprintf(why, sizeof why, "NUL byte inside the header");
