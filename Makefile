@@ -110,6 +110,12 @@ test-python:
 test: test-plain test-sanitize test-python
 	@echo "make test: all tests passed (plain and sanitized)"
 
+# Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
+# and libomp for clang's -fopenmp; see scripts/fuzz.sh).
+.PHONY: fuzz-short
+fuzz-short:
+	sh scripts/fuzz.sh 30
+
 demo: $(CLI)
 	$(CLI) demo
 
