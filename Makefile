@@ -103,11 +103,30 @@ test-sanitize:
 	$(MAKE) BUILD=build/sanitize OPT=-O1 \
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test-run
 
+# ThreadSanitizer over the unit tests (test_bench runs the CLI, so it is left out); its
+# target is test_concurrency, where 8 caller threads race through every op. gcc's libgomp is
+# not instrumented: TSan would see none of its forks, barriers and joins and report every
+# OpenMP team as a race. So this build uses clang with LLVM's libomp and its OMPT tool
+# Archer, which tells TSan about those synchronisations; ignore_noninstrumented_modules
+# keeps TSan from reporting libomp's own (uninstrumented) internals. Needs clang and libomp
+# (Debian: clang, libomp-dev).
+TSAN_CC    ?= clang
+TSAN_TESTS := $(filter-out test_bench,$(TEST_SRC:tests/%.c=%))
+.PHONY: test-tsan
+test-tsan:
+	$(MAKE) BUILD=build/tsan CC=$(TSAN_CC) OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" \
+	  $(TSAN_TESTS:%=build/tsan/tests/%)
+	@set -e; archer=$$($(TSAN_CC) -print-resource-dir)/../../libarcher.so; \
+	  [ -f "$$archer" ] || archer=libarcher.so; \
+	  for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	    TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1" \
+	      OMP_TOOL_LIBRARIES=$$archer build/tsan/tests/$$t; done
+
 # The Python package (pip install into build/venv) with NumPy, PyTorch and JAX.
 test-python:
 	sh scripts/test-python.sh $(REFDATA)
 
-test: test-plain test-sanitize test-python
+test: test-plain test-sanitize test-tsan test-python
 	@echo "make test: all tests passed (plain and sanitized)"
 
 # Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
