@@ -23,9 +23,11 @@ _Static_assert(sizeof(saved_header) == KDA_SAVED_HEADER_BYTES, "saved header siz
 /* Floats of one item's block, rounded to 64 bytes; -1 on overflow. */
 static int64_t item_floats(const kda_plan *pl, int64_t len)
 {
-    const int64_t C = pl->chunk ? pl->chunk : pl->segment, KV = pl->p->K * pl->p->V;
+    const int64_t C = pl->chunk ? pl->chunk : pl->segment;
     int64_t states, deltas = 0;
-    if (!ls_mul_ok(&states, 2, (len + C - 1) / C, KV)) return -1;
+    /* linseq_kda_saved_size gets here before any tensor bounds K, V or T, so neither K*V nor
+     * len + C - 1 may be formed unchecked */
+    if (!ls_mul_ok(&states, 3, len / C + (len % C != 0), pl->p->K, pl->p->V)) return -1;
     if (pl->chunk && !ls_mul_ok(&deltas, 2, len, pl->p->V)) return -1;
     if (states > INT64_MAX - deltas - 16) return -1;
     return (states + deltas + 15) / 16 * 16;
