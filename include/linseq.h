@@ -66,7 +66,8 @@ typedef enum linseq_status {
     LINSEQ_ERR_INVALID_VALUE = 7,   /* a scalar option out of range (scale, lower_bound ...) */
     LINSEQ_ERR_ALIASING = 8,        /* an output overlaps an input or another output         */
     LINSEQ_ERR_UNSUPPORTED = 9,     /* a valid request this build cannot run                 */
-    LINSEQ_ERR_OUT_OF_MEMORY = 10
+    LINSEQ_ERR_OUT_OF_MEMORY = 10,
+    LINSEQ_ERR_DEVICE = 11          /* a CUDA call failed (the message names it)             */
 } linseq_status;
 
 /* A static string naming the status ("LINSEQ_ERR_NULL_POINTER: required pointer is NULL"). */
@@ -93,13 +94,39 @@ typedef enum linseq_mode {
     LINSEQ_MODE_CHUNKED = 2    /* chunk-parallel (WY) form: matrix products inside a chunk   */
 } linseq_mode;
 
+typedef enum linseq_device {
+    LINSEQ_DEVICE_CPU = 0,     /* host pointers, OpenMP threads                              */
+    LINSEQ_DEVICE_CUDA = 1     /* device pointers of exec->device_index, on exec->stream     */
+} linseq_device;
+
+typedef enum linseq_dtype {
+    LINSEQ_DTYPE_F32 = 0,      /* every tensor float32                                      */
+    LINSEQ_DTYPE_BF16 = 1      /* per-token tensors bfloat16 (CUDA only); see below         */
+} linseq_dtype;
+
 typedef struct linseq_exec {
     linseq_mode mode; /* KDA only; the other ops have a single algorithm                    */
     int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64                             */
     int threads;      /* > 0: use this many threads (at most one per work item, and at most
                        * 1024); 0 = up to linseq_get_num_threads(), fewer when the call is
                        * too small to share                                                 */
+    /* Where the tensors live. CUDA: every tensor pointer (cu_seqlens and state_rows too) is
+     * device memory of device_index; work is enqueued on stream (a cudaStream_t; NULL = the
+     * default stream) and the call returns without waiting for it, except that a call with
+     * cu_seqlens or state_rows first copies them to the host to validate them (a stream
+     * synchronization). A build without CUDA returns LINSEQ_ERR_UNSUPPORTED. */
+    linseq_device device;
+    int device_index;
+    void *stream;
+    /* BF16: the per-token tensors (KDA q, k, v, beta, g, o; SSM1 x, dt, B_proj, C_proj, gate,
+     * y; conv x, y; the standalone gate's g_raw and g; and the gradients of all of these) are
+     * bfloat16; states, parameters and their gradients stay float32, and all arithmetic
+     * accumulates in float32. The pointers keep their float types in the structs. */
+    linseq_dtype dtype;
 } linseq_exec;
+
+/* The number of CUDA devices this build can use: 0 without CUDA support or without a GPU. */
+LINSEQ_API int linseq_cuda_device_count(void);
 
 /* Default thread count for calls whose linseq_exec is NULL or has threads == 0.
  * n == 0 restores the default (the number of processors OpenMP reports). n < 0 is rejected;

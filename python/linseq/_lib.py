@@ -14,7 +14,7 @@ OK = 0
 STATUS_NAMES = {
     1: "null pointer", 2: "invalid size", 3: "size overflow", 4: "shape mismatch",
     5: "invalid cu_seqlens", 6: "invalid enum", 7: "invalid value", 8: "aliasing",
-    9: "unsupported", 10: "out of memory",
+    9: "unsupported", 10: "out of memory", 11: "device error",
 }
 
 MODE_DEFAULT, MODE_RECURRENT, MODE_CHUNKED = 0, 1, 2
@@ -37,7 +37,8 @@ class LinseqError(ValueError):
 
 
 class Exec(ctypes.Structure):
-    _fields_ = [("mode", _int), ("chunk_size", _int), ("threads", _int)]
+    _fields_ = [("mode", _int), ("chunk_size", _int), ("threads", _int), ("device", _int),
+                ("device_index", _int), ("stream", _p), ("dtype", _int)]
 
 
 class KdaProblem(ctypes.Structure):

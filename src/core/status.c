@@ -20,6 +20,7 @@ const char *linseq_status_string(linseq_status status)
     case LINSEQ_ERR_ALIASING: return "LINSEQ_ERR_ALIASING: an output overlaps another buffer";
     case LINSEQ_ERR_UNSUPPORTED: return "LINSEQ_ERR_UNSUPPORTED: not supported by this build";
     case LINSEQ_ERR_OUT_OF_MEMORY: return "LINSEQ_ERR_OUT_OF_MEMORY: workspace allocation failed";
+    case LINSEQ_ERR_DEVICE: return "LINSEQ_ERR_DEVICE: a CUDA call failed";
     }
     return "unknown linseq_status";
 }

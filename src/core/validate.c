@@ -196,5 +196,22 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
     if (ex->threads < 0)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "exec->threads = %d; expected >= 0 (0 = the global setting)", ex->threads);
+    if ((unsigned)ex->device > (unsigned)LINSEQ_DEVICE_CUDA)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "exec->device = %d; expected LINSEQ_DEVICE_CPU or LINSEQ_DEVICE_CUDA",
+                       (int)ex->device);
+    if ((unsigned)ex->dtype > (unsigned)LINSEQ_DTYPE_BF16)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "exec->dtype = %d; expected LINSEQ_DTYPE_F32 or LINSEQ_DTYPE_BF16",
+                       (int)ex->dtype);
+    /* A CUDA build routes device calls to the CUDA entry points before they get here. */
+    if (ex->device == LINSEQ_DEVICE_CUDA)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->device = LINSEQ_DEVICE_CUDA, but this build of linseq has no CUDA "
+                       "support (build it with make CUDA=1)");
+    if (ex->dtype == LINSEQ_DTYPE_BF16)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->dtype = LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only; the "
+                       "CPU kernels take float32");
     return LINSEQ_OK;
 }
