@@ -129,7 +129,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     linseq_exec exs;
     const linseq_exec *ex = fz_exec(&in, &exs, &bad);
 
-    if (p->B < 1 || p->T < 1 || p->D < 1 || p->W < 1) bad = true;
     int64_t n_seqs = p->B;
     int64_t *cu = NULL;
     if (varlen) {
@@ -149,6 +148,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         p->cu_seqlens = cu;
         p->n_seqs = n_seqs;
     }
+    /* sizes (B as varlen may have reset it) */
+    if (p->B < 1 || p->T < 1 || p->D < 1 || p->W < 1) bad = true;
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     c.n_btd = count3(B, T, D);
     c.n_dw = count3(D, W, 1);
@@ -180,16 +181,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     switch (null_kind) {
     case 1: p->x = NULL; bad = true; break;
     case 2: p->weight = NULL; bad = true; break;
-    case 3: y = NULL; bad = true; break;
     default: break;
     }
+    const bool fwd_bad = bad || null_kind == 3; /* y is the forward's required output */
+    if (null_kind == 3) y = NULL;
     if (alias_kind == 1 && p->x && y) {
         run_forward(&c, p, ex, (float *)p->x, state_out, true);
         fz_free_all();
         return 0;
     }
 
-    const linseq_status st = run_forward(&c, p, ex, y, state_out, bad);
+    const linseq_status st = run_forward(&c, p, ex, y, state_out, fwd_bad);
     float *out_result = state_out ? fz_dup(state_out, fbytes(c.n_state) / 4) : NULL;
     if (state_out && state_out == state) memcpy(state, state_orig, fbytes(c.n_state));
     if (st == LINSEQ_OK && check_threads) {

@@ -211,8 +211,6 @@ static void fuzz_kda_main(fz_in *in)
     const bool check_threads = f4 & 1, d_ht_given = f4 >> 1 & 1;
     const unsigned train_kind = f4 >> 2 & 7, alias_kind = f4 >> 5 & 7;
 
-    /* sizes */
-    if (p->B < 1 || p->T < 1 || p->H < 1 || p->K < 1 || p->V < 1 || p->HV < 0) bad = true;
     c.HV = p->HV ? p->HV : p->H;
     if (p->H >= 1 && p->HV > 0 && p->HV % p->H) bad = true;
     if ((unsigned)p->decay > 2) bad = true;
@@ -234,6 +232,8 @@ static void fuzz_kda_main(fz_in *in)
         p->n_seqs = n_seqs;
     }
     c.rows = n_seqs;
+    /* sizes (B as varlen may have reset it) */
+    if (p->B < 1 || p->T < 1 || p->H < 1 || p->K < 1 || p->V < 1 || p->HV < 0) bad = true;
     const int64_t HV = c.HV, B = p->B, T = p->T, H = p->H, K = p->K, V = p->V;
     const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
     const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
@@ -299,13 +299,16 @@ static void fuzz_kda_main(fz_in *in)
     case 2: p->k = NULL; bad = true; break;
     case 3: p->v = NULL; bad = true; break;
     case 4: p->beta = NULL; bad = true; break;
-    case 5: o = NULL; bad = true; break;
     default: break;
     }
     c.nice = nice;
     c.bad_sizes = bad;
     /* an output that overlaps an input of the same shape must be refused */
     bool fwd_bad = bad;
+    if (null_kind == 5) { /* the forward's required output (the backward has none) */
+        o = NULL;
+        fwd_bad = true;
+    }
     float *o_run = o;
     if (alias_kind == 1 && p->v && o) {
         o_run = (float *)p->v;

@@ -151,7 +151,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     linseq_exec exs;
     const linseq_exec *ex = fz_exec(&in, &exs, &bad);
 
-    if (p->B < 1 || p->T < 1 || p->D < 1 || p->N < 1 || p->G < 0) bad = true;
     const int64_t G = p->G ? p->G : 1;
     if (p->D >= 1 && G >= 1 && p->D % G) bad = true;
     int64_t n_seqs = p->B;
@@ -170,6 +169,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         p->cu_seqlens = cu;
         p->n_seqs = n_seqs;
     }
+    /* sizes (B as varlen may have reset it) */
+    if (p->B < 1 || p->T < 1 || p->D < 1 || p->N < 1 || p->G < 0) bad = true;
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
     c.n_btd = count3(B, T, D);
     c.n_dn = count3(D, N, 1);
@@ -210,9 +211,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 3: p->A = NULL; bad = true; break;
     case 4: p->B_proj = NULL; bad = true; break;
     case 5: p->C_proj = NULL; bad = true; break;
-    case 6: y = NULL; bad = true; break;
     default: break;
     }
+    const bool fwd_bad = bad || null_kind == 6; /* y is the forward's required output */
+    if (null_kind == 6) y = NULL;
     if (alias_kind == 1 && p->x && y) {
         /* an output on top of an input must be refused */
         run_forward(&c, p, ex, (float *)p->x, hT, true);
@@ -220,7 +222,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
 
-    const linseq_status st = run_forward(&c, p, ex, y, hT, bad);
+    const linseq_status st = run_forward(&c, p, ex, y, hT, fwd_bad);
     float *hT_result = hT ? fz_dup(hT, fbytes(c.n_state) / 4) : NULL;
     if (hT && hT == h0) memcpy(h0, h0_orig, fbytes(c.n_state)); /* restore h0 */
     if (st == LINSEQ_OK && check_threads) {
