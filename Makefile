@@ -36,8 +36,26 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SUPPORT := $(filter-out $(TEST_SRC),$(sort $(wildcard tests/*.c)))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
+# CUDA backend (make CUDA=1, needs nvcc): src/cuda/*.cu into the same library, for Hopper
+# (sm_90a: wgmma); the default build stays CPU-only. `make cuda-check` compiles the CUDA
+# sources with the register report and fails on spills or local memory.
+CUDA      ?= 0
+NVCC      ?= nvcc
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a
+CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
+NVCC_FLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC,-fvisibility=hidden \
+              -Iinclude -Isrc -lineinfo -Xptxas -v -DLINSEQ_WITH_CUDA
+ifeq ($(CUDA),1)
+ALL_CFLAGS += -DLINSEQ_WITH_CUDA -I$(CUDA_HOME)/include
+LDLIBS_LIB += -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+endif
+
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) \
             $(foreach i,$(ISAS),$(ISA_SRC:%.c=$(BUILD)/obj/%.$(i).o))
+ifeq ($(CUDA),1)
+LIB_OBJ  += $(CUDA_SRC:%.cu=$(BUILD)/obj/%.o)
+endif
 CLI_OBJ  := $(CLI_SRC:%.c=$(BUILD)/obj/%.o)
 TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 # The CLI sources minus main.c, linked into the tests that exercise the .npy reader and cases.
@@ -62,6 +80,11 @@ deps:
 $(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
+
+# ptxas's report (registers, stack frame, spills) is kept beside each object
+$(BUILD)/obj/%.o: %.cu include/linseq.h $(wildcard src/*/*.h) $(wildcard src/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@ 2> $@.ptxas || { cat $@.ptxas; exit 1; }
 
 define ISA_RULE
 $(BUILD)/obj/%.$(1).o: %.c include/linseq.h $(wildcard src/*/*.h)
@@ -126,7 +149,29 @@ test-tsan:
 test-python:
 	sh scripts/test-python.sh $(REFDATA)
 
-test: test-plain test-sanitize test-tsan test-python
+# The CUDA tests (tests/cuda/test_*.c, make CUDA=1): each compares one op family's CUDA
+# kernels with the CPU path; each skips itself on a machine without a GPU.
+CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/test_*.c))
+CUDA_TEST_BIN := $(CUDA_TEST_SRC:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
+CUDA_TEST_SUPPORT := $(BUILD)/obj/tests/cuda/cuda_testutil.o $(BUILD)/obj/tests/testutil.o
+$(BUILD)/tests/cuda/%: $(BUILD)/obj/tests/cuda/%.o $(CUDA_TEST_SUPPORT) $(STATIC)
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(CUDA_TEST_SUPPORT) $(STATIC) $(LDLIBS_LIB) -lstdc++
+
+.PHONY: cuda-tests cuda-test-run
+cuda-tests: lib $(CUDA_TEST_BIN)
+cuda-test-run: cuda-tests
+	@set -e; for t in $(CUDA_TEST_BIN); do echo "== $$t"; $$t; done
+
+# Compiles the CUDA backend and its tests where nvcc exists (no GPU needed), so they never
+# rot unseen, and checks ptxas's report for spills.
+.PHONY: cuda-check
+cuda-check:
+	@if command -v $(NVCC) >/dev/null 2>&1; then \
+	  $(MAKE) CUDA=1 BUILD=build/cuda cuda-tests && sh scripts/cuda-check.sh build/cuda; \
+	else echo "cuda-check: no nvcc on this machine; CUDA sources not compiled"; fi
+
+test: test-plain test-sanitize test-tsan test-python cuda-check
 	@echo "make test: all tests passed (plain and sanitized)"
 
 # Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,

@@ -1,0 +1,34 @@
+#!/bin/sh
+# sh scripts/cuda-check.sh BUILD_DIR
+#
+# Reads ptxas's report of every CUDA object under BUILD_DIR/obj/src/cuda and fails when a
+# kernel spills registers or keeps a stack frame (local memory in the hot loops), printing
+# each kernel's registers, shared memory and stack so a change that grows them shows up.
+set -e
+dir=${1:?usage: sh scripts/cuda-check.sh BUILD_DIR}/obj/src/cuda
+fail=0
+found=0
+for log in "$dir"/*.o.ptxas; do
+    [ -f "$log" ] || continue
+    found=1
+    # ptxas prints "Compiling entry function 'NAME'" then "N bytes stack frame, S bytes spill
+    # stores, L bytes spill loads" and "Used R registers, ..." for each kernel
+    awk -v src="$(basename "$log" .o.ptxas).cu" '
+        /Compiling entry function/ { name = $0; sub(/.*function .\047?/, "", name); sub(/\047.*/, "", name) }
+        /bytes stack frame/ { stack = $5; spills = $9 + $13 }
+        /Used [0-9]+ registers/ {
+            regs = $5
+            printf "  %-12s %-60.60s regs %3d stack %4d spill %d\n", src, name, regs, stack, spills
+            if (stack + spills > 0) bad = 1
+        }
+        END { exit bad }' "$log" || fail=1
+done
+if [ "$found" = 0 ]; then
+    echo "cuda-check: no CUDA objects under $dir" >&2
+    exit 1
+fi
+if [ "$fail" != 0 ]; then
+    echo "cuda-check: a kernel spills registers or uses a stack frame (local memory)" >&2
+    exit 1
+fi
+echo "cuda-check: every CUDA kernel compiles for sm_90a with no spills and no stack frame"
