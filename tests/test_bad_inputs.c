@@ -801,9 +801,10 @@ static void fill_arena(void)
 
 int main(void)
 {
-    A = malloc(sizeof *A);
-    pristine = malloc(sizeof *A);
-    before = malloc(sizeof *A);
+    /* zeroed: the pads and the struct padding are compared too */
+    A = calloc(1, sizeof *A);
+    pristine = calloc(1, sizeof *A);
+    before = calloc(1, sizeof *A);
     if (!A || !pristine || !before) return 2;
     fill_arena();
     memcpy(pristine, A, sizeof *A);
