@@ -145,6 +145,22 @@ test-tsan:
 	    TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1" \
 	      OMP_TOOL_LIBRARIES=$$archer build/tsan/tests/$$t; done
 
+# Valgrind memcheck over the tests that take seconds under it (test_kda takes minutes; the
+# determinism test runs every op anyway), test_concurrency for one round: a plain -O1 -g
+# build, since a sanitizer runtime and Valgrind cannot share a process. Leaks (definite and
+# possible) and uninitialised reads fail it; tests/valgrind.supp holds the one suppression,
+# for libgomp's worker threads, which live until exit. Needs valgrind.
+VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy
+VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full --suppressions=tests/valgrind.supp
+.PHONY: test-valgrind
+test-valgrind:
+	$(MAKE) BUILD=build/valgrind OPT=-O1 \
+	  $(VALGRIND_TESTS:%=build/valgrind/tests/%) build/valgrind/tests/test_concurrency
+	@set -e; for t in $(VALGRIND_TESTS); do echo "== valgrind $$t"; \
+	  $(VALGRIND) build/valgrind/tests/$$t; done; \
+	  echo "== valgrind test_concurrency (one round)"; \
+	  $(VALGRIND) build/valgrind/tests/test_concurrency 1
+
 # The Python package (pip install into build/venv) with NumPy, PyTorch and JAX.
 test-python:
 	sh scripts/test-python.sh $(REFDATA)
@@ -171,7 +187,7 @@ cuda-check:
 	  $(MAKE) CUDA=1 BUILD=build/cuda cuda-tests && sh scripts/cuda-check.sh build/cuda; \
 	else echo "cuda-check: no nvcc on this machine; CUDA sources not compiled"; fi
 
-test: test-plain test-sanitize test-tsan test-python cuda-check
+test: test-plain test-sanitize test-tsan test-valgrind test-python cuda-check
 	@echo "make test: all tests passed (plain and sanitized)"
 
 # Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
