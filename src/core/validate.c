@@ -204,12 +204,17 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
         return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
                        "exec->dtype = %d; expected LINSEQ_DTYPE_F32 or LINSEQ_DTYPE_BF16",
                        (int)ex->dtype);
-    /* A CUDA build routes device calls to the CUDA entry points before they get here. */
+#ifndef LINSEQ_WITH_CUDA
     if (ex->device == LINSEQ_DEVICE_CUDA)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->device = LINSEQ_DEVICE_CUDA, but this build of linseq has no CUDA "
                        "support (build it with make CUDA=1)");
-    if (ex->dtype == LINSEQ_DTYPE_BF16)
+#endif
+    if (ex->device == LINSEQ_DEVICE_CUDA && ex->device_index < 0)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "exec->device_index = %d; expected a CUDA device ordinal >= 0",
+                       ex->device_index);
+    if (ex->dtype == LINSEQ_DTYPE_BF16 && ex->device != LINSEQ_DEVICE_CUDA)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->dtype = LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only; the "
                        "CPU kernels take float32");

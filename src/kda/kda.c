@@ -4,10 +4,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/validate.h"
 #include "kda/kda_chunk.h"
+#include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
@@ -105,18 +107,18 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
 }
 
 /* The tensor table shared by forward and decode: inputs only. */
-void kda_add_inputs(ls_args *a, const kda_plan *pl, int64_t T)
+void kda_add_inputs(ls_args *a, const kda_plan *pl, int64_t T, size_t te)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t B = p->B, H = p->H, HV = pl->HV, K = p->K, V = p->V;
-    ls_arg(a, "q", "B,T,H,K", p->q, true, LS_IN, 4, 4, B, T, H, K);
-    ls_arg(a, "k", "B,T,H,K", p->k, true, LS_IN, 4, 4, B, T, H, K);
-    ls_arg(a, "v", "B,T,HV,V", p->v, true, LS_IN, 4, 4, B, T, HV, V);
-    ls_arg(a, "beta", "B,T,HV", p->beta, true, LS_IN, 4, 3, B, T, HV);
+    ls_arg(a, "q", "B,T,H,K", p->q, true, LS_IN, te, 4, B, T, H, K);
+    ls_arg(a, "k", "B,T,H,K", p->k, true, LS_IN, te, 4, B, T, H, K);
+    ls_arg(a, "v", "B,T,HV,V", p->v, true, LS_IN, te, 4, B, T, HV, V);
+    ls_arg(a, "beta", "B,T,HV", p->beta, true, LS_IN, te, 3, B, T, HV);
     if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        ls_arg(a, "g", "B,T,HV,K", p->g, true, LS_IN, 4, 4, B, T, HV, K);
+        ls_arg(a, "g", "B,T,HV,K", p->g, true, LS_IN, te, 4, B, T, HV, K);
     else if (p->decay == LINSEQ_DECAY_PER_HEAD)
-        ls_arg(a, "g", "B,T,HV", p->g, true, LS_IN, 4, 3, B, T, HV);
+        ls_arg(a, "g", "B,T,HV", p->g, true, LS_IN, te, 3, B, T, HV);
     if (p->gate_in_kernel) {
         ls_arg(a, "A_log", "HV", p->A_log, false, LS_IN, 4, 1, HV);
         if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
@@ -355,12 +357,17 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
     const linseq_kda_problem *p = problem;
 
+    if (saved && ls_on_cuda(exec))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "the saved training block is CPU-only; on CUDA call linseq_kda_forward "
+                       "and linseq_kda_backward");
+    const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, p->T);
+    kda_add_inputs(&a, &pl, p->T, te);
     const char *sd = kda_state_dims(p, "N");
     const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
     ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, pl.HV, d2, d3);
-    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, p->T, pl.HV, p->V);
+    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, p->T, pl.HV, p->V);
     ls_tensor *t_ht = ls_arg(&a, "ht", sd, ht, false, LS_OUT, 4, 4, pl.n_seqs, pl.HV, d2, d3);
     t_ht->may_alias = p->h0;
     /* a byte buffer that holds floats after its header */
@@ -370,6 +377,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     kda_exec_plan(&pl, exec);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_forward(fn, &pl, exec, o, ht);
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
@@ -480,6 +488,29 @@ static int compare_i64(const void *x, const void *y)
     return (a > b) - (a < b);
 }
 
+linseq_status kda_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
+                                   int64_t n_state_rows)
+{
+    for (int64_t b = 0; b < B; b++)
+        if (rows[b] >= n_state_rows)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
+                           "(negative = padding request)",
+                           (long long)b, (long long)rows[b], (long long)n_state_rows);
+    int64_t *sorted = malloc((size_t)B * sizeof *sorted);
+    if (!sorted) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot check state_rows");
+    memcpy(sorted, rows, (size_t)B * sizeof *sorted);
+    qsort(sorted, (size_t)B, sizeof *sorted, compare_i64);
+    linseq_status st = LINSEQ_OK;
+    for (int64_t b = 1; b < B && !st; b++)
+        if (sorted[b] >= 0 && sorted[b] == sorted[b - 1])
+            st = ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                         "state_rows names row %lld twice; each request needs its own row",
+                         (long long)sorted[b]);
+    free(sorted);
+    return st;
+}
+
 linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,
                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
                                 float *o)
@@ -504,52 +535,26 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
                        "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
                        (long long)n_state_rows, (long long)p->B);
 
+    const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, 1);
+    kda_add_inputs(&a, &pl, 1, te);
     ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, 8, 1, p->B);
     const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
     ls_arg(&a, "state", kda_state_dims(p, "n"), state, true, LS_OUT, 4, 4, n_state_rows, pl.HV, d2,
            d3);
-    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, 4, 4, p->B, (int64_t)1, pl.HV, p->V);
+    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    if (ls_on_cuda(exec))
+        return ls_cuda_entry_kda_decode(fn, &pl, exec, state, n_state_rows, state_rows, o);
+    if (state_rows && (st = kda_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
      * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
     ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;
     const int64_t n_items = p->B * pl.HV;
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
-    int64_t *sorted = state_rows ? malloc((size_t)p->B * sizeof *sorted) : NULL;
-    if (!ws || (state_rows && !sorted)) {
-        free(ws);
-        free(sorted);
-        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
-    }
-    if (state_rows) {
-        for (int64_t b = 0; b < p->B; b++) {
-            if (state_rows[b] >= n_state_rows) {
-                free(ws);
-                free(sorted);
-                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                               "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
-                               "(negative = padding request)",
-                               (long long)b, (long long)state_rows[b], (long long)n_state_rows);
-            }
-        }
-        memcpy(sorted, state_rows, (size_t)p->B * sizeof *sorted);
-        qsort(sorted, (size_t)p->B, sizeof *sorted, compare_i64);
-        for (int64_t b = 1; b < p->B; b++) {
-            if (sorted[b] >= 0 && sorted[b] == sorted[b - 1]) {
-                const int64_t dup = sorted[b];
-                free(ws);
-                free(sorted);
-                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                               "state_rows names row %lld twice; each request needs its own row",
-                               (long long)dup);
-            }
-        }
-        free(sorted);
-    }
+    if (!ws) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
 
     decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
                     .ws_stride = ws_stride, .isa = ls_isa_active()};

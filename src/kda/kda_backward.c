@@ -6,9 +6,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/device.h"
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "cuda/cuda_entry.h"
 #include "kda/kda_backward.h"
 
 void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,
@@ -127,22 +129,27 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
                        "grads->%s is given but gate_in_kernel is false",
                        gr->dA_log ? "dA_log" : "ddt_bias");
 
+    if (saved && ls_on_cuda(exec))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "the saved training block is CPU-only; on CUDA call linseq_kda_forward "
+                       "and linseq_kda_backward");
     const int64_t B = p->B, T = p->T, H = p->H, HV = pl.HV, K = p->K, V = p->V, gK = pl.gK;
+    const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, T);
+    kda_add_inputs(&a, &pl, T, te);
     const char *sd = kda_state_dims(p, "N");
     const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
     ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
-    ls_arg(&a, "d_o", "B,T,HV,V", d_o, true, LS_IN, 4, 4, B, T, HV, V);
+    ls_arg(&a, "d_o", "B,T,HV,V", d_o, true, LS_IN, te, 4, B, T, HV, V);
     ls_arg(&a, "d_ht", sd, d_ht, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
-    ls_arg(&a, "dq", "B,T,H,K", gr->dq, false, LS_OUT, 4, 4, B, T, H, K);
-    ls_arg(&a, "dk", "B,T,H,K", gr->dk, false, LS_OUT, 4, 4, B, T, H, K);
-    ls_arg(&a, "dv", "B,T,HV,V", gr->dv, false, LS_OUT, 4, 4, B, T, HV, V);
-    ls_arg(&a, "dbeta", "B,T,HV", gr->dbeta, false, LS_OUT, 4, 3, B, T, HV);
+    ls_arg(&a, "dq", "B,T,H,K", gr->dq, false, LS_OUT, te, 4, B, T, H, K);
+    ls_arg(&a, "dk", "B,T,H,K", gr->dk, false, LS_OUT, te, 4, B, T, H, K);
+    ls_arg(&a, "dv", "B,T,HV,V", gr->dv, false, LS_OUT, te, 4, B, T, HV, V);
+    ls_arg(&a, "dbeta", "B,T,HV", gr->dbeta, false, LS_OUT, te, 3, B, T, HV);
     if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        ls_arg(&a, "dg", "B,T,HV,K", gr->dg, false, LS_OUT, 4, 4, B, T, HV, K);
+        ls_arg(&a, "dg", "B,T,HV,K", gr->dg, false, LS_OUT, te, 4, B, T, HV, K);
     else
-        ls_arg(&a, "dg", "B,T,HV", gr->dg, false, LS_OUT, 4, 3, B, T, HV);
+        ls_arg(&a, "dg", "B,T,HV", gr->dg, false, LS_OUT, te, 3, B, T, HV);
     ls_arg(&a, "dh0", sd, gr->dh0, false, LS_OUT, 4, 4, pl.n_seqs, HV, d2, d3);
     ls_arg(&a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
     ls_arg(&a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1,
@@ -155,6 +162,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     kda_exec_plan(&pl, exec);
     const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
     if ((st = ls_args_validate(&a))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_backward(fn, &pl, exec, d_o, d_ht, gr);
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     int64_t *saved_at = NULL;

@@ -2,9 +2,11 @@
  * kda_gate_simd.c, shared with the in-kernel gate) and backward. */
 #include <math.h>
 
+#include "core/device.h"
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
 
 typedef struct {
@@ -45,11 +47,12 @@ static linseq_status check_gate_problem(const char *fn, const linseq_kda_gate_pr
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
                        (double)p->lower_bound);
+    const size_t te = ls_token_bytes(exec);
     if (per_channel) {
-        ls_arg(a, "g_raw", "B,T,H,K", p->g_raw, true, LS_IN, 4, 4, p->B, p->T, p->H, p->K);
+        ls_arg(a, "g_raw", "B,T,H,K", p->g_raw, true, LS_IN, te, 4, p->B, p->T, p->H, p->K);
         ls_arg(a, "dt_bias", "H*K", p->dt_bias, false, LS_IN, 4, 1, ls_mul_sat(p->H, p->K));
     } else {
-        ls_arg(a, "g_raw", "B,T,H", p->g_raw, true, LS_IN, 4, 3, p->B, p->T, p->H);
+        ls_arg(a, "g_raw", "B,T,H", p->g_raw, true, LS_IN, te, 3, p->B, p->T, p->H);
         ls_arg(a, "dt_bias", "H", p->dt_bias, false, LS_IN, 4, 1, p->H);
     }
     ls_arg(a, "A_log", "H", p->A_log, false, LS_IN, 4, 1, p->H);
@@ -65,11 +68,13 @@ linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const li
     ls_args a = {.fn = fn};
     if ((st = check_gate_problem(fn, p, exec, &a))) return st;
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+    const size_t te = ls_token_bytes(exec);
     if (gK == 1)
-        ls_arg(&a, "g", "B,T,H", g, true, LS_OUT, 4, 3, p->B, p->T, p->H);
+        ls_arg(&a, "g", "B,T,H", g, true, LS_OUT, te, 3, p->B, p->T, p->H);
     else
-        ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, 4, 4, p->B, p->T, p->H, p->K);
+        ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, te, 4, p->B, p->T, p->H, p->K);
     if ((st = ls_args_validate(&a))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_forward(fn, p, exec, g);
 
     gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g, .isa = ls_isa_active()};
     /* Items of ~16K values: enough work per item to amortise the dispatch. */
@@ -127,18 +132,21 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
     if (!grads) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'grads' is NULL");
     const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
     const int64_t gK = per_channel ? p->K : 1;
+    const size_t te = ls_token_bytes(exec);
     if (per_channel) {
-        ls_arg(&a, "d_g", "B,T,H,K", d_g, true, LS_IN, 4, 4, p->B, p->T, p->H, p->K);
-        ls_arg(&a, "dg_raw", "B,T,H,K", grads->dg_raw, false, LS_OUT, 4, 4, p->B, p->T, p->H, p->K);
+        ls_arg(&a, "d_g", "B,T,H,K", d_g, true, LS_IN, te, 4, p->B, p->T, p->H, p->K);
+        ls_arg(&a, "dg_raw", "B,T,H,K", grads->dg_raw, false, LS_OUT, te, 4, p->B, p->T, p->H,
+               p->K);
         ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1,
                ls_mul_sat(p->H, p->K));
     } else {
-        ls_arg(&a, "d_g", "B,T,H", d_g, true, LS_IN, 4, 3, p->B, p->T, p->H);
-        ls_arg(&a, "dg_raw", "B,T,H", grads->dg_raw, false, LS_OUT, 4, 3, p->B, p->T, p->H);
+        ls_arg(&a, "d_g", "B,T,H", d_g, true, LS_IN, te, 3, p->B, p->T, p->H);
+        ls_arg(&a, "dg_raw", "B,T,H", grads->dg_raw, false, LS_OUT, te, 3, p->B, p->T, p->H);
         ls_arg(&a, "ddt_bias", "H", grads->ddt_bias, false, LS_OUT, 4, 1, p->H);
     }
     ls_arg(&a, "dA_log", "H", grads->dA_log, false, LS_OUT, 4, 1, p->H);
     if ((st = ls_args_validate(&a))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_backward(fn, p, exec, d_g, grads);
 
     gate_bwd_ctx c = {.p = p, .d_g = d_g, .gr = grads, .gK = gK};
     ls_parallel_for(p->H, ls_resolve_threads(exec, p->H, 30.0 * (double)p->B * (double)p->T * (double)p->H * (double)gK),

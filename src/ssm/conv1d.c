@@ -10,6 +10,7 @@
 #include "core/parallel.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "cuda/cuda_entry.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 
@@ -66,7 +67,8 @@ static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
 
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, sizeof(float), 3, B, T, D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, te, 3, B, T, D);
     ls_arg(a, "weight", "D,W", p->weight, true, LS_IN, sizeof(float), 2, D, W);
     ls_arg(a, "bias", "D", p->bias, false, LS_IN, sizeof(float), 1, D);
     ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
@@ -99,12 +101,15 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     linseq_status st = check_problem(&a, p, exec);
     if (st) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), W = p->W;
-    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, sizeof(float), 3, p->B, p->T, p->D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
     if (W > 1)
         ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT,
                sizeof(float), 3, n_seqs, p->D, W - 1)
             ->may_alias = p->conv_state;
-    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if (ls_on_cuda(exec))
+        return ls_cuda_entry_conv1d_forward(a.fn, p, exec, y, W > 1 ? conv_state_out : NULL);
 
     st = ls_conv1d_scan(p, exec, isa, y, W > 1 ? conv_state_out : NULL);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
@@ -132,21 +137,25 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
 
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, sizeof(float), 3, B, T, D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, te, 3, B, T, D);
     if (W > 1)
         ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN,
                sizeof(float), 3, n_seqs, D, W - 1);
-    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, sizeof(float), 3, B, T, D);
+    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, te, 3, B, T, D);
     ls_arg(&a, "dweight", "D,W", grads->dweight, false, LS_OUT, sizeof(float), 2, D, W);
     ls_arg(&a, "dbias", "D", grads->dbias, false, LS_OUT, sizeof(float), 1, D);
     if (W > 1)
         ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT,
                sizeof(float), 3, n_seqs, D, W - 1);
-    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
     /* With W == 1 the state gradients do not exist: the kernel never sees their pointers. */
     linseq_conv1d_grads used = *grads;
     if (W == 1) used.dconv_state = NULL;
+    if (ls_on_cuda(exec))
+        return ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y,
+                                             W > 1 ? d_conv_state_out : NULL, &used);
     st = ls_conv1d_scan_backward(p, exec, isa, d_y, W > 1 ? d_conv_state_out : NULL, &used);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);

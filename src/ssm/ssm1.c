@@ -4,6 +4,7 @@
 #include "core/activation.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "cuda/cuda_entry.h"
 #include "ssm/ssm_internal.h"
 
 /* The sizes, options and exec of a problem, then its input tensors appended to the argument
@@ -43,13 +44,14 @@ static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
 
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, sizeof(float), 3, B, T, D);
-    ls_arg(a, "dt", "B,T,D", p->dt, true, LS_IN, sizeof(float), 3, B, T, D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, te, 3, B, T, D);
+    ls_arg(a, "dt", "B,T,D", p->dt, true, LS_IN, te, 3, B, T, D);
     ls_arg(a, "A", "D,N", p->A, true, LS_IN, sizeof(float), 2, D, N);
-    ls_arg(a, "B_proj", "B,T,G,N", p->B_proj, true, LS_IN, sizeof(float), 4, B, T, G, N);
-    ls_arg(a, "C_proj", "B,T,G,N", p->C_proj, true, LS_IN, sizeof(float), 4, B, T, G, N);
+    ls_arg(a, "B_proj", "B,T,G,N", p->B_proj, true, LS_IN, te, 4, B, T, G, N);
+    ls_arg(a, "C_proj", "B,T,G,N", p->C_proj, true, LS_IN, te, 4, B, T, G, N);
     ls_arg(a, "D_skip", "D", p->D_skip, false, LS_IN, sizeof(float), 1, D);
-    ls_arg(a, "gate", "B,T,D", p->gate, false, LS_IN, sizeof(float), 3, B, T, D);
+    ls_arg(a, "gate", "B,T,D", p->gate, false, LS_IN, te, 3, B, T, D);
     ls_arg(a, "dt_bias", "D", p->dt_bias, false, LS_IN, sizeof(float), 1, D);
     /* cu_seqlens before h0: an absurd n_seqs is reported as such, not as h0's size */
     ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
@@ -79,10 +81,12 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
     linseq_status st = check_problem(&a, p, exec);
     if (st) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
-    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, sizeof(float), 3, p->B, p->T, p->D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
     ls_arg(&a, "hT", "N_seq,D,N", hT, false, LS_OUT, sizeof(float), 3, n_seqs, p->D, p->N)
         ->may_alias = p->h0;
-    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
 
     st = ls_ssm1_scan(p, exec, isa, y, hT);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
@@ -120,18 +124,20 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
 
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, sizeof(float), 3, B, T, D);
+    const size_t te = ls_token_bytes(exec);
+    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, te, 3, B, T, D);
     ls_arg(&a, "d_hT", "N_seq,D,N", d_hT, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, sizeof(float), 3, B, T, D);
-    ls_arg(&a, "ddt", "B,T,D", grads->ddt, false, LS_OUT, sizeof(float), 3, B, T, D);
+    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, te, 3, B, T, D);
+    ls_arg(&a, "ddt", "B,T,D", grads->ddt, false, LS_OUT, te, 3, B, T, D);
     ls_arg(&a, "dA", "D,N", grads->dA, false, LS_OUT, sizeof(float), 2, D, N);
-    ls_arg(&a, "dB_proj", "B,T,G,N", grads->dB_proj, false, LS_OUT, sizeof(float), 4, B, T, G, N);
-    ls_arg(&a, "dC_proj", "B,T,G,N", grads->dC_proj, false, LS_OUT, sizeof(float), 4, B, T, G, N);
+    ls_arg(&a, "dB_proj", "B,T,G,N", grads->dB_proj, false, LS_OUT, te, 4, B, T, G, N);
+    ls_arg(&a, "dC_proj", "B,T,G,N", grads->dC_proj, false, LS_OUT, te, 4, B, T, G, N);
     ls_arg(&a, "dD_skip", "D", grads->dD_skip, false, LS_OUT, sizeof(float), 1, D);
-    ls_arg(&a, "dgate", "B,T,D", grads->dgate, false, LS_OUT, sizeof(float), 3, B, T, D);
+    ls_arg(&a, "dgate", "B,T,D", grads->dgate, false, LS_OUT, te, 3, B, T, D);
     ls_arg(&a, "dh0", "N_seq,D,N", grads->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
     ls_arg(&a, "ddt_bias", "D", grads->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
-    if ((st = ssm_check_table(&a, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
 
     st = ls_ssm1_scan_backward(p, exec, isa, d_y, d_hT, grads);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)

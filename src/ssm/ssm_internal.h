@@ -12,6 +12,7 @@
 
 #include <stdint.h>
 
+#include "core/device.h"
 #include "core/status.h"
 #include "core/validate.h"
 #include "linseq.h"
@@ -55,12 +56,14 @@ static inline linseq_status ssm_check_common(const char *fn, const linseq_exec *
 /* The checks both entry points of both ops make once their argument table is complete:
  * pointers, sizes and aliasing, then the offsets in cu_seqlens, read only once its size is
  * known to be valid. */
-static inline linseq_status ssm_check_table(ls_args *a, const int64_t *cu_seqlens,
-                                            int64_t n_seqs, int64_t B, int64_t T)
+static inline linseq_status ssm_check_table(ls_args *a, const linseq_exec *exec,
+                                            const int64_t *cu_seqlens, int64_t n_seqs,
+                                            int64_t B, int64_t T)
 {
     linseq_status st = ls_args_validate(a);
     if (st) return st;
-    if (cu_seqlens) return ls_check_cu_seqlens(a->fn, cu_seqlens, n_seqs, B, T);
+    /* device memory is not read here: the CUDA entry checks its host copy */
+    if (cu_seqlens && !ls_on_cuda(exec)) return ls_check_cu_seqlens(a->fn, cu_seqlens, n_seqs, B, T);
     return LINSEQ_OK;
 }
 

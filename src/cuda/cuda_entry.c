@@ -1,0 +1,280 @@
+/* The CUDA branch of each public entry point (cuda_entry.h): device selection, the host copy
+ * and check of cu_seqlens and state_rows, then the kernels of cuda_ops.h. */
+#include "cuda/cuda_entry.h"
+
+#include <stdlib.h>
+
+#include "core/status.h"
+#include "core/validate.h"
+
+#ifdef LINSEQ_WITH_CUDA
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_ops.h"
+
+/* A device call in progress: the call descriptor, the caller's device to restore, and the
+ * host copy of cu_seqlens. */
+typedef struct {
+    ls_cuda_call call;
+    int previous_device;
+    int64_t *cu_host;
+} device_call;
+
+static linseq_status begin(device_call *dc, const char *fn, const linseq_exec *exec)
+{
+    *dc = (device_call){.previous_device = -1};
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || exec->device_index >= count) {
+        (void)cudaGetLastError();
+        return ls_fail(fn, err != cudaSuccess ? LINSEQ_ERR_DEVICE : LINSEQ_ERR_INVALID_VALUE,
+                       "exec->device_index = %d, but %d CUDA devices are available (%s)",
+                       exec->device_index, err != cudaSuccess ? 0 : count,
+                       err != cudaSuccess ? cudaGetErrorString(err) : "no such device");
+    }
+    if ((err = cudaGetDevice(&dc->previous_device)) != cudaSuccess ||
+        (err = cudaSetDevice(exec->device_index)) != cudaSuccess)
+        return ls_fail(fn, LINSEQ_ERR_DEVICE, "selecting CUDA device %d failed: %s",
+                       exec->device_index, cudaGetErrorString(err));
+    dc->call.fn = fn;
+    dc->call.device = exec->device_index;
+    dc->call.stream = exec->stream;
+    dc->call.bf16 = exec->dtype == LINSEQ_DTYPE_BF16;
+    return LINSEQ_OK;
+}
+
+static linseq_status finish(device_call *dc, linseq_status st)
+{
+    free(dc->cu_host);
+    if (dc->previous_device >= 0) (void)cudaSetDevice(dc->previous_device);
+    return st;
+}
+
+/* n int64 values of device memory into a new host array, waiting on the call's stream so
+ * that values an earlier kernel on it writes are seen. */
+static linseq_status fetch_i64(const device_call *dc, const char *name, const int64_t *dev,
+                               int64_t n, int64_t **host)
+{
+    *host = malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!*host)
+        return ls_fail(dc->call.fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot copy %s to the host", name);
+    cudaStream_t s = (cudaStream_t)dc->call.stream;
+    cudaError_t err = cudaMemcpyAsync(*host, dev, (size_t)n * sizeof(int64_t),
+                                      cudaMemcpyDeviceToHost, s);
+    if (err == cudaSuccess) err = cudaStreamSynchronize(s);
+    if (err != cudaSuccess) {
+        free(*host);
+        *host = NULL;
+        return ls_fail(dc->call.fn, LINSEQ_ERR_DEVICE,
+                       "reading %s from the device failed: %s (it must be device memory of "
+                       "device %d)",
+                       name, cudaGetErrorString(err), dc->call.device);
+    }
+    return LINSEQ_OK;
+}
+
+/* cu_seqlens (device) to the host, checked, and the call's sequence plan from it. */
+static linseq_status plan_sequences(device_call *dc, const int64_t *cu, int64_t n_seqs,
+                                    int64_t B, int64_t T)
+{
+    linseq_status st;
+    if (cu) {
+        if ((st = fetch_i64(dc, "cu_seqlens", cu, n_seqs + 1, &dc->cu_host))) return st;
+        if ((st = ls_check_cu_seqlens(dc->call.fn, dc->cu_host, n_seqs, B, T))) return st;
+    }
+    dc->call.n_seqs = cu ? n_seqs : B;
+    dc->call.max_len = ls_longest_sequence(dc->cu_host, n_seqs, T);
+    dc->call.cu_seqlens_host = dc->cu_host;
+    return LINSEQ_OK;
+}
+
+linseq_status ls_cuda_entry_kda_forward(const char *fn, const kda_plan *pl,
+                                        const linseq_exec *exec, float *o, float *ht)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    const linseq_kda_problem *p = pl->p;
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    dc.call.chunk = pl->chunk;
+    if (!st) st = ls_cuda_kda_forward(p, pl->HV, pl->scale, &dc.call, o, ht);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_kda_backward(const char *fn, const kda_plan *pl,
+                                         const linseq_exec *exec, const float *d_o,
+                                         const float *d_ht, const linseq_kda_grads *grads)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    const linseq_kda_problem *p = pl->p;
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    dc.call.chunk = pl->chunk;
+    if (!st) st = ls_cuda_kda_backward(p, pl->HV, pl->scale, &dc.call, d_o, d_ht, grads);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_kda_decode(const char *fn, const kda_plan *pl,
+                                       const linseq_exec *exec, float *state,
+                                       int64_t n_state_rows, const int64_t *state_rows,
+                                       float *o)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    const linseq_kda_problem *p = pl->p;
+    int64_t *rows_host = NULL;
+    if (!st && state_rows) {
+        st = fetch_i64(&dc, "state_rows", state_rows, p->B, &rows_host);
+        if (!st) st = kda_check_state_rows(fn, rows_host, p->B, n_state_rows);
+    }
+    dc.call.n_seqs = p->B;
+    dc.call.max_len = 1;
+    if (!st)
+        st = ls_cuda_kda_decode(p, pl->HV, pl->scale, &dc.call, state, n_state_rows, state_rows,
+                                o);
+    free(rows_host);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_kda_gate_forward(const char *fn, const linseq_kda_gate_problem *p,
+                                             const linseq_exec *exec, float *g)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = ls_cuda_kda_gate_forward(p, &dc.call, g);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_kda_gate_backward(const char *fn, const linseq_kda_gate_problem *p,
+                                              const linseq_exec *exec, const float *d_g,
+                                              const linseq_kda_gate_grads *grads)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = ls_cuda_kda_gate_backward(p, &dc.call, d_g, grads);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_ssm1_forward(const char *fn, const linseq_ssm1_problem *p,
+                                         const linseq_exec *exec, float *y, float *hT)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    if (!st) st = ls_cuda_ssm1_forward(p, &dc.call, y, hT);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_problem *p,
+                                          const linseq_exec *exec, const float *d_y,
+                                          const float *d_hT, const linseq_ssm1_grads *grads)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    if (!st) st = ls_cuda_ssm1_backward(p, &dc.call, d_y, d_hT, grads);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_problem *p,
+                                           const linseq_exec *exec, float *y,
+                                           float *conv_state_out)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    if (!st) st = ls_cuda_conv1d_forward(p, &dc.call, y, conv_state_out);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_conv1d_backward(const char *fn, const linseq_conv1d_problem *p,
+                                            const linseq_exec *exec, const float *d_y,
+                                            const float *d_conv_state_out,
+                                            const linseq_conv1d_grads *grads)
+{
+    device_call dc;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
+    if (!st) st = ls_cuda_conv1d_backward(p, &dc.call, d_y, d_conv_state_out, grads);
+    return finish(&dc, st);
+}
+
+#else /* a build without CUDA: ls_check_exec has already refused the device */
+
+static linseq_status no_cuda(const char *fn)
+{
+    return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "this build of linseq has no CUDA support");
+}
+
+linseq_status ls_cuda_entry_kda_forward(const char *fn, const kda_plan *pl,
+                                        const linseq_exec *exec, float *o, float *ht)
+{
+    (void)pl, (void)exec, (void)o, (void)ht;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_kda_backward(const char *fn, const kda_plan *pl,
+                                         const linseq_exec *exec, const float *d_o,
+                                         const float *d_ht, const linseq_kda_grads *grads)
+{
+    (void)pl, (void)exec, (void)d_o, (void)d_ht, (void)grads;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_kda_decode(const char *fn, const kda_plan *pl,
+                                       const linseq_exec *exec, float *state,
+                                       int64_t n_state_rows, const int64_t *state_rows,
+                                       float *o)
+{
+    (void)pl, (void)exec, (void)state, (void)n_state_rows, (void)state_rows, (void)o;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_kda_gate_forward(const char *fn, const linseq_kda_gate_problem *p,
+                                             const linseq_exec *exec, float *g)
+{
+    (void)p, (void)exec, (void)g;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_kda_gate_backward(const char *fn, const linseq_kda_gate_problem *p,
+                                              const linseq_exec *exec, const float *d_g,
+                                              const linseq_kda_gate_grads *grads)
+{
+    (void)p, (void)exec, (void)d_g, (void)grads;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_ssm1_forward(const char *fn, const linseq_ssm1_problem *p,
+                                         const linseq_exec *exec, float *y, float *hT)
+{
+    (void)p, (void)exec, (void)y, (void)hT;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_problem *p,
+                                          const linseq_exec *exec, const float *d_y,
+                                          const float *d_hT, const linseq_ssm1_grads *grads)
+{
+    (void)p, (void)exec, (void)d_y, (void)d_hT, (void)grads;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_problem *p,
+                                           const linseq_exec *exec, float *y,
+                                           float *conv_state_out)
+{
+    (void)p, (void)exec, (void)y, (void)conv_state_out;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_conv1d_backward(const char *fn, const linseq_conv1d_problem *p,
+                                            const linseq_exec *exec, const float *d_y,
+                                            const float *d_conv_state_out,
+                                            const linseq_conv1d_grads *grads)
+{
+    (void)p, (void)exec, (void)d_y, (void)d_conv_state_out, (void)grads;
+    return no_cuda(fn);
+}
+
+#endif
