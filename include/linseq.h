@@ -9,7 +9,8 @@
  * Conventions
  *   - Tensors are dense, C order (row-major), float32, host memory, aligned to their element
  *     (4 bytes; 8 for the int64 ones; `saved` 4). Shapes are given in the comments as
- *     [B,T,H,K] etc.; the last index varies fastest.
+ *     [B,T,H,K] etc.; the last index varies fastest. docs/robustness.md lists what the
+ *     validation guarantees, the allowed aliasing, and how NaN and Inf propagate.
  *   - Every entry point validates every argument before it writes anything. On error it
  *     returns a status != LINSEQ_OK, leaves every output byte unchanged, and
  *     linseq_last_error() describes the argument at fault and what was expected.
