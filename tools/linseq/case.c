@@ -6,6 +6,7 @@
  * call and to the backward call. The upstream gradients are the same for every op ("d_" and
  * the name of an output, with its shape), so the loader reads them after the setup. */
 #include "case.h"
+#include "case_device.h"
 
 #include <errno.h>
 #include <math.h>
@@ -90,7 +91,10 @@ void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n
         snprintf(mode, sizeof mode, "recurrent, ");
     else if (with_mode)
         snprintf(mode, sizeof mode, "chunked, chunk %d, ", ex.chunk_size ? ex.chunk_size : 64);
-    snprintf(buf, n, "%s%d thread%s", mode, threads, threads == 1 ? "" : "s");
+    if (ex.device == LINSEQ_DEVICE_CUDA)
+        snprintf(buf, n, "%sCUDA device %d", mode, ex.device_index);
+    else
+        snprintf(buf, n, "%s%d thread%s", mode, threads, threads == 1 ? "" : "s");
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -858,10 +862,18 @@ int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *er
         out[r->n++] = t->arr.data;
     }
     const linseq_exec ex = op_exec(c, exec);
-    linseq_status st = op->forward(c, &ex, out);
+    linseq_status st;
+    if (ex.device == LINSEQ_DEVICE_CUDA) {
+        size_t counts[CASE_MAX_TENSORS];
+        for (int i = 0; i < r->n; i++) counts[i] = r->t[i].arr.count;
+        err[0] = '\0';
+        st = case_call_on_device(c, op->forward, &ex, out, counts, r->n, err, err_size);
+    } else {
+        st = op->forward(c, &ex, out);
+    }
     if (st != LINSEQ_OK) {
         case_result_free(r);
-        return library_failed(st, err, err_size);
+        return err[0] ? LS_EXIT_FAIL : library_failed(st, err, err_size);
     }
     return LS_EXIT_OK;
 }
@@ -896,10 +908,20 @@ int case_run_backward(const ls_case *c, const linseq_exec *exec, case_result *r,
         r->n_grads++;
     }
     const linseq_exec ex = op_exec(c, exec);
-    linseq_status st = op->backward(c, &ex, grad);
+    linseq_status st;
+    if (ex.device == LINSEQ_DEVICE_CUDA) {
+        size_t counts[CASE_MAX_TENSORS] = {0};
+        for (int i = 0; i < r->n_grads; i++)
+            counts[c->computable[c->grads[i]].slot] = r->g[i].arr.count;
+        err[0] = '\0';
+        st = case_call_on_device(c, op->backward, &ex, grad, counts, CASE_MAX_TENSORS, err,
+                                 err_size);
+    } else {
+        st = op->backward(c, &ex, grad);
+    }
     if (st != LINSEQ_OK) {
         free_grads(r);
-        return library_failed(st, err, err_size);
+        return err[0] ? LS_EXIT_FAIL : library_failed(st, err, err_size);
     }
     return LS_EXIT_OK;
 }

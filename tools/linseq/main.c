@@ -28,6 +28,8 @@ static const char usage_text[] =
     "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
     "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
     "  --threads N                threads per call (default: all processors)\n"
+    "  --device cpu|cuda          where run and check compute (cuda: a build with\n"
+    "                             make CUDA=1 and a GPU; inputs are copied to device 0)\n"
     "  --fwd-only                 skip the backward: no gradient files are written, and\n"
     "                             check counts them as skipped\n"
     "\n";
@@ -69,7 +71,8 @@ static bool known_option(const char *cmd, const char *opt)
 {
     if (strcmp(opt, "--threads") == 0) return true;
     return strcmp(cmd, "demo") != 0 &&
-           (strcmp(opt, "--mode") == 0 || strcmp(opt, "--chunk-size") == 0);
+           (strcmp(opt, "--mode") == 0 || strcmp(opt, "--chunk-size") == 0 ||
+            strcmp(opt, "--device") == 0);
 }
 
 /* Switches take no value, so they stay out of set_option's "OPT VALUE" parsing. */
@@ -93,6 +96,13 @@ static int set_option(const char *opt, const char *val, linseq_exec *ex)
         if (!parse_int(val, 1, INT_MAX, &n) || (n != 16 && n != 32 && n != 64 && n != 128))
             return usage_error("--chunk-size: '%s' is not 16, 32, 64 or 128", val);
         ex->chunk_size = n;
+    } else if (strcmp(opt, "--device") == 0) {
+        if (strcmp(val, "cpu") == 0)
+            ex->device = LINSEQ_DEVICE_CPU;
+        else if (strcmp(val, "cuda") == 0)
+            ex->device = LINSEQ_DEVICE_CUDA;
+        else
+            return usage_error("--device: '%s' is not cpu or cuda", val);
     } else if (!parse_int(val, 1, 4096, &ex->threads)) {
         return usage_error("--threads: '%s' is not a thread count from 1 to 4096", val);
     }
