@@ -315,6 +315,18 @@ static void exec_rows(op_id op)
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "chunk_size = -64", c->exec.chunk_size = -64);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "threads = -1", c->exec.threads = -1);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "threads", c->exec.threads = INT_MIN);
+    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->device = 2", c->exec.device = (linseq_device)2);
+    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->device = -1", c->exec.device = (linseq_device)-1);
+    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = 2", c->exec.dtype = (linseq_dtype)2);
+    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = -1", c->exec.dtype = (linseq_dtype)-1);
+    ROW(op, LINSEQ_ERR_UNSUPPORTED, "LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only",
+        c->exec.dtype = LINSEQ_DTYPE_BF16);
+#ifdef LINSEQ_WITH_CUDA
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "exec->device_index = -1",
+        c->exec.device = LINSEQ_DEVICE_CUDA, c->exec.device_index = -1);
+#else
+    ROW(op, LINSEQ_ERR_UNSUPPORTED, "no CUDA support", c->exec.device = LINSEQ_DEVICE_CUDA);
+#endif
 }
 
 /* The offsets of a packed row: B must be 1, n_seqs >= 1, 0 = cu[0] <= ... <= cu[n] = T. */
