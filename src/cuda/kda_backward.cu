@@ -1,0 +1,674 @@
+// CUDA KDA backward: ls_cuda_kda_backward (cuda_ops.h), recurrent and chunked modes.
+//
+// Status: this is the exact token-recurrent form of the backward, in float32, for both modes
+// (chunked mode runs it with its checkpoint interval set to the chunk size). The
+// chunk-parallel tensor-core form (chunk states, mma.sync intra-chunk products, a reverse
+// pass over chunk states) is the next step; this file is its reference on the device and
+// the fallback for shapes it will not cover.
+//
+// Decomposition (Tn = B*T tokens, N sequences, HV value heads, V in tiles of 32 columns):
+//   1. prep_qk   per (token, qk head), one warp: qs = scale l2norm(q), ks = l2norm(k),
+//                kq = ks . qs, in float32 workspace.
+//   2. prep_v    per (token, value head, decay channel): beta after the sigmoid and the
+//                decay factor a = e^{g} with g after the gate.
+//   3. walk      per (sequence, value head, 32-column tile), 256 threads: thread (warp w,
+//                lane l) owns column 32 tile + l and rows w + 8 r of the K x 32 state tile
+//                (registers for K <= 256, per-block global scratch above). Columns only
+//                meet themselves in the recurrence, so each block runs the whole sequence
+//                alone: a forward pass keeps the state every `seg` tokens (seg = 64 in
+//                recurrent mode, the chunk size in chunked mode); the reverse walk rebuilds
+//                one segment's states into a segment buffer and undoes its tokens last to
+//                first (formulas in walk_token below). Per token it writes dv (its
+//                columns), and its tile's share of dqs, dks, dg (per row) and dbeta.
+//   4. finish_qk per (token, qk head), one warp: the tile shares summed over the tiles and
+//                the value heads of the group (GVA) in a fixed order, then the chain rule
+//                of scale and l2norm -> dq, dk w.r.t. the raw q, k.
+//   5. finish_v  per (token, value head), one warp: dbeta (sigmoid chain), dg (summed over
+//                K per head; gate chain), and each token's gate contributions.
+//   6. gate_a/b  dA_log, ddt_bias: partial sums over 256-token blocks in double, then a
+//                second kernel sums the blocks in order. No float atomics anywhere: the
+//                results are bitwise reproducible run to run.
+//
+// FLOPs per call: the walk does per token and state element ~2 (forward pass) + 2 (segment
+// rebuild) + ~14 (reverse token) flops: ~18 Tn HV K V, plus ~40 Tn HV K in the other
+// kernels. Bytes: the inputs once or twice (q, k, v, beta, g, d_o), the outputs once, and
+// workspace traffic: per (token, value head) 3 K floats of tile shares per V tile, and per
+// token and state element 2 floats (segment buffer store + load, mostly L2-resident);
+// checkpoints N HV ceil(L/seg) K V floats.
+//
+// Why this design: it is exact for every g <= 0 (only the forward's e^{g} <= 1 factors are
+// evaluated; a token with g = -1000 multiplies by an exact 0), matches the CPU recurrent
+// backward's formulas term for term (kda_recurrent_bwd_simd.c), handles any K and V, and
+// each block's rows and columns are owned by one thread, so only the column sums need the
+// block (one __syncthreads per token, double-buffered shared partials).
+#include <math.h>
+
+#include <utility>
+
+#include "cuda/kda_bwd_cuda.cuh"
+
+namespace {
+
+using namespace ls_kdab;
+
+constexpr int NW = 8;            // warps per walk block
+constexpr int NT = NW * 32;      // threads per block of every kernel here
+constexpr int TILE = 32;         // value columns per walk block
+constexpr int GATE_TB = 256;     // tokens per partial sum of dA_log / ddt_bias
+constexpr int REC_SEGMENT = 64;  // recurrent mode: tokens between checkpoints
+
+enum { DECAY_NONE = 0, DECAY_HEAD = 1, DECAY_CHANNEL = 2 };
+
+struct walk_args {
+    const void *v, *d_o;         // Elem [Tn,HV,V]
+    void *dv;                    // Elem [Tn,HV,V] or NULL
+    const float *qs, *ks, *kq;   // [Tn,H,K], [Tn,H,K], [Tn,H]
+    const float *beta, *a;       // [Tn,HV], [Tn,HV,gK] (a NULL without decay)
+    const float *h0, *d_ht;      // state layout or NULL
+    float *dh0;
+    const int64_t *cu;           // device cu_seqlens or NULL
+    int64_t T, n_tok, H, HV, G, K, V, n_tiles, max_segs;
+    int decay, seg, nr;          // nr: rows per thread (R, or the dynamic count)
+    bool v_first;
+    float *ckpt, *segbuf, *scratch;
+    float *p_dq, *p_dk, *p_dg, *p_db;  // tile shares [n_tiles,Tn,HV,K] / [n_tiles,Tn,HV]
+};
+
+__device__ __forceinline__ float row_decay(const walk_args &A, int64_t tok, int64_t hv, int64_t i)
+{
+    if (A.decay == DECAY_NONE) return 1.0f;
+    if (A.decay == DECAY_HEAD) return A.a[tok * A.HV + hv];
+    return A.a[(tok * A.HV + hv) * A.K + i];
+}
+
+// One forward token on the thread's rows: pred = S^T (a k), u = beta (v - pred),
+// S <- diag(a) S + k u^T.
+template <typename Elem, int R>
+__device__ __forceinline__ void walk_step(const walk_args &A, rows<R> &S, float (*red)[2][NW][32],
+                                          int &buf, int64_t tok, int64_t hv, int64_t h,
+                                          int64_t j, bool jok, int warp, int lane, int nr)
+{
+    const float *ks = A.ks + (tok * A.H + h) * A.K;
+    float part = 0.0f;
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r;
+        if (i < A.K) part = fmaf(row_decay(A, tok, hv, i) * ks[i], S.get(r), part);
+    }
+    red[buf][0][warp][lane] = part;
+    __syncthreads();
+    float pred = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) pred += red[buf][0][w][lane];
+    buf ^= 1;
+    const float beta = A.beta[tok * A.HV + hv];
+    const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), (tok * A.HV + hv) * A.V + j) : 0.0f;
+    const float u = jok ? beta * (vj - pred) : 0.0f;
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r;
+        if (i < A.K) S.set(r, fmaf(ks[i], u, row_decay(A, tok, hv, i) * S.get(r)));
+    }
+}
+
+// Undoes token tok: dS holds dL/dS_t (o's share not yet in) and becomes dL/dS_{t-1}.
+// With S = S_{t-1} (sp: the segment buffer's copy), a the decays, pred = S^T (a k),
+// u = beta (v - pred), o = S_t^T qs:
+//     du = dS^T k + (k . qs) do,  dv = beta du,  dbeta = du . (v - pred),  dpred = -beta du
+//     dqs_i = a_i (S_i . do) + k_i (u . do)
+//     dks_i = dS_i . u + qs_i (u . do) + a_i (S_i . dpred)
+//     dS'_i = dS_i + qs_i do + k_i dpred,  dg_i = a_i (S_i . dS'_i),  dS_{t-1,i} = a_i dS'_i
+// The sums over columns (u . do, the row dot products, dbeta) cover this tile only; the
+// finish kernels add the tiles.
+template <typename Elem, int R>
+__device__ __forceinline__ void walk_token(const walk_args &A, rows<R> &dS, const float *sp_base,
+                                           float (*red)[2][NW][32], int &buf, int64_t tok,
+                                           int64_t hv, int64_t h, int64_t tile, int64_t j,
+                                           bool jok, int warp, int lane, int nr)
+{
+    constexpr int RS = NW * 32;
+    rows<R> Sp;
+    if constexpr (R == 0) {
+        Sp.bind(const_cast<float *>(sp_base), RS);
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; r++) Sp.set(r, sp_base[r * RS]);
+    }
+    const int64_t K = A.K, HV = A.HV, V = A.V;
+    const float *qs = A.qs + (tok * A.H + h) * K, *ks = A.ks + (tok * A.H + h) * K;
+    float pp = 0.0f, pd = 0.0f;
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r;
+        if (i < K) {
+            const float k = ks[i];
+            pp = fmaf(row_decay(A, tok, hv, i) * k, Sp.get(r), pp);
+            pd = fmaf(k, dS.get(r), pd);
+        }
+    }
+    red[buf][0][warp][lane] = pp;
+    red[buf][1][warp][lane] = pd;
+    __syncthreads();
+    float pred = 0.0f, du = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) {
+        pred += red[buf][0][w][lane];
+        du += red[buf][1][w][lane];
+    }
+    buf ^= 1;
+    const int64_t at = (tok * HV + hv) * V + j;
+    const float beta = A.beta[tok * HV + hv];
+    const float dov = jok ? ls_ld(ls_in<Elem>((const float *)A.d_o), at) : 0.0f;
+    const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), at) : 0.0f;
+    const float resid = jok ? vj - pred : 0.0f;
+    const float u = beta * resid;
+    du = jok ? fmaf(A.kq[tok * A.H + h], dov, du) : 0.0f;
+    if (A.dv && jok) ls_st(ls_out<Elem>(A.dv), at, beta * du);
+    const float dp = -beta * du;
+    const float udo = warp_sum(u * dov);
+    if (A.p_db) {
+        const float db = warp_sum(du * resid);
+        if (warp == 0 && lane == 0) A.p_db[(tile * A.n_tok + tok) * HV + hv] = db;
+    }
+    const int64_t pbase = ((tile * A.n_tok + tok) * HV + hv) * K;
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r; // the same for the whole warp
+        if (i < K) {
+            const float a = row_decay(A, tok, hv, i), q = qs[i], k = ks[i];
+            const float sp = Sp.get(r), ds = dS.get(r);
+            const float dsd = fmaf(k, dp, fmaf(q, dov, ds));
+            const bool mine = lane == (r & 31);
+            if (A.p_dq) {
+                const float sdo = warp_sum(sp * dov);
+                if (mine) A.p_dq[pbase + i] = fmaf(k, udo, a * sdo);
+            }
+            if (A.p_dk) {
+                const float dsu = warp_sum(ds * u), sdp = warp_sum(sp * dp);
+                if (mine) A.p_dk[pbase + i] = dsu + q * udo + a * sdp;
+            }
+            if (A.p_dg) {
+                const float sds = warp_sum(sp * dsd);
+                if (mine) A.p_dg[pbase + i] = a * sds;
+            }
+            dS.set(r, a * dsd);
+        }
+    }
+}
+
+template <typename Elem, int R>
+__global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
+{
+    __shared__ float red[2][2][NW][32];
+    constexpr int RS = NW * 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t bid = blockIdx.x;
+    const int64_t tile = bid % A.n_tiles, nh = bid / A.n_tiles;
+    const int64_t hv = nh % A.HV, n = nh / A.HV, h = hv / A.G;
+    int64_t start, len;
+    if (A.cu) {
+        start = A.cu[n];
+        len = A.cu[n + 1] - start;
+    } else {
+        start = n * A.T;
+        len = A.T;
+    }
+    const int64_t K = A.K, V = A.V, j = tile * TILE + lane;
+    const bool jok = j < V;
+    const int nr = R > 0 ? R : A.nr;
+    const int64_t tf = (int64_t)nr * RS; // floats of one state tile
+    const int slot = warp * 32 + lane;
+    float *ckpt = A.ckpt + bid * A.max_segs * tf + slot;
+    float *segb = A.segbuf + bid * (int64_t)A.seg * tf + slot;
+    rows<R> S, dS;
+    if constexpr (R == 0) {
+        S.bind(A.scratch + bid * 2 * tf + slot, RS);
+        dS.bind(A.scratch + bid * 2 * tf + tf + slot, RS);
+    }
+    const int64_t srow = (n * A.HV + hv) * K * V;
+
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r;
+        float x = 0.0f;
+        if (A.h0 && jok && i < K) x = A.h0[srow + (A.v_first ? j * K + i : i * V + j)];
+        S.set(r, x);
+    }
+
+    // forward: the state before every segment
+    int buf = 0;
+    const int seg = A.seg;
+    const int64_t n_seg = (len + seg - 1) / seg;
+    for (int64_t s = 0; s < n_seg; s++) {
+#pragma unroll
+        for (int r = 0; r < (R > 0 ? R : nr); r++) ckpt[s * tf + r * RS] = S.get(r);
+        if (s + 1 < n_seg)
+            for (int64_t t = s * seg; t < (s + 1) * seg; t++)
+                walk_step<Elem, R>(A, S, red, buf, start + t, hv, h, j, jok, warp, lane, nr);
+    }
+
+    // reverse: rebuild each segment's states, then undo its tokens last to first
+#pragma unroll
+    for (int r = 0; r < (R > 0 ? R : nr); r++) {
+        const int64_t i = warp + NW * r;
+        float x = 0.0f;
+        if (A.d_ht && jok && i < K) x = A.d_ht[srow + (A.v_first ? j * K + i : i * V + j)];
+        dS.set(r, x);
+    }
+    for (int64_t s = n_seg - 1; s >= 0; s--) {
+        const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
+#pragma unroll
+        for (int r = 0; r < (R > 0 ? R : nr); r++) S.set(r, ckpt[s * tf + r * RS]);
+        for (int64_t t = 0; t < cnt; t++) {
+#pragma unroll
+            for (int r = 0; r < (R > 0 ? R : nr); r++) segb[t * tf + r * RS] = S.get(r);
+            if (t + 1 < cnt)
+                walk_step<Elem, R>(A, S, red, buf, start + t0 + t, hv, h, j, jok, warp, lane, nr);
+        }
+        for (int64_t t = cnt - 1; t >= 0; t--)
+            walk_token<Elem, R>(A, dS, segb + t * tf, red, buf, start + t0 + t, hv, h, tile, j,
+                                jok, warp, lane, nr);
+    }
+
+    if (A.dh0) {
+#pragma unroll
+        for (int r = 0; r < (R > 0 ? R : nr); r++) {
+            const int64_t i = warp + NW * r;
+            if (jok && i < K) A.dh0[srow + (A.v_first ? j * K + i : i * V + j)] = dS.get(r);
+        }
+    }
+}
+
+// qs = scale l2norm(q) (or scale q), ks = l2norm(k) (or k), kq = ks . qs: one warp per row
+// (token, qk head), the CPU's kda_norm_scale formula (the inverse norm formed in double).
+template <typename Elem>
+__global__ void __launch_bounds__(NT)
+    kda_bwd_prep_qk(const float *q_in, const float *k_in, int64_t n_rows, int64_t K, bool l2,
+                    float scale, float *qs, float *ks, float *kq)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * NW + (threadIdx.x >> 5);
+    if (row >= n_rows) return; // the whole warp
+    const Elem *q = ls_in<Elem>(q_in) + row * K, *k = ls_in<Elem>(k_in) + row * K;
+    float mq = scale, mk = 1.0f;
+    if (l2) {
+        float sq = 0.0f, sk = 0.0f;
+        for (int64_t i = lane; i < K; i += 32) {
+            const float x = ls_ld(q, i), y = ls_ld(k, i);
+            sq = fmaf(x, x, sq);
+            sk = fmaf(y, y, sk);
+        }
+        sq = warp_sum(sq);
+        sk = warp_sum(sk);
+        mq = (float)(1.0 / sqrt((double)sq + 1e-6)) * scale;
+        mk = (float)(1.0 / sqrt((double)sk + 1e-6));
+    }
+    float dot = 0.0f;
+    for (int64_t i = lane; i < K; i += 32) {
+        const float x = ls_ld(q, i) * mq, y = ls_ld(k, i) * mk;
+        qs[row * K + i] = x;
+        ks[row * K + i] = y;
+        dot = fmaf(x, y, dot);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) kq[row] = dot;
+}
+
+// beta after the sigmoid, and a = e^{g} with g after the gate: one thread per element of
+// [Tn,HV,gK] (gK = 1 without decay; then only beta).
+template <typename Elem>
+__global__ void __launch_bounds__(NT)
+    kda_bwd_prep_v(const float *beta_in, const float *g_in, int64_t n, int64_t HV, int64_t gK,
+                   bool logit, int decay, bool gate, const float *A_log, const float *dt_bias,
+                   float lower_bound, float *beta, float *a)
+{
+    const int64_t idx = (int64_t)blockIdx.x * NT + threadIdx.x;
+    if (idx >= n) return;
+    const int64_t row = idx / gK, c = idx % gK, hv = row % HV;
+    if (c == 0) {
+        const float b = ls_ld(ls_in<Elem>(beta_in), row);
+        beta[row] = logit ? ls_kda::sigmoid(b) : b;
+    }
+    if (decay == DECAY_NONE) return;
+    float g = ls_ld(ls_in<Elem>(g_in), idx);
+    if (gate)
+        g = ls_kda::gate(g, dt_bias ? dt_bias[hv * gK + c] : 0.0f, A_log ? A_log[hv] : 0.0f,
+                  lower_bound);
+    a[idx] = expf(g);
+}
+
+// dq, dk of one (token, qk head) per warp: the tile shares summed over the group's value
+// heads and the tiles, then dx = r dxhat - r^3 x (x . dxhat) with dxhat = mul * sum and
+// r = 1/sqrt(|x|^2 + 1e-6) (kda_bwd_chain_qk of the CPU path).
+template <typename Elem>
+__device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *out, int64_t tok,
+                                           int64_t h, int64_t n_tok, int64_t HV, int64_t G,
+                                           int64_t K, int64_t n_tiles, bool l2, float mul,
+                                           int lane)
+{
+    auto gsum = [&](int64_t i) {
+        float s = 0.0f;
+        for (int64_t g = 0; g < G; g++)
+            for (int64_t t = 0; t < n_tiles; t++)
+                s += P[((t * n_tok + tok) * HV + h * G + g) * K + i];
+        return s * mul;
+    };
+    if (!l2) {
+        for (int64_t i = lane; i < K; i += 32) ls_st(out, i, gsum(i));
+        return;
+    }
+    float ss = 0.0f, dot = 0.0f;
+    for (int64_t i = lane; i < K; i += 32) {
+        const float xi = ls_ld(x, i);
+        ss = fmaf(xi, xi, ss);
+        dot = fmaf(xi, gsum(i), dot);
+    }
+    ss = warp_sum(ss);
+    dot = warp_sum(dot);
+    const double r = 1.0 / sqrt((double)ss + 1e-6);
+    const float vr = (float)r, vc = (float)(r * r * r * (double)dot);
+    for (int64_t i = lane; i < K; i += 32) ls_st(out, i, fmaf(-vc, ls_ld(x, i), vr * gsum(i)));
+}
+
+template <typename Elem>
+__global__ void __launch_bounds__(NT)
+    kda_bwd_finish_qk(const float *p_dq, const float *p_dk, const float *q_in,
+                      const float *k_in, float *dq, float *dk, int64_t n_tok, int64_t H,
+                      int64_t HV, int64_t K, int64_t n_tiles, bool l2, float scale)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * NW + (threadIdx.x >> 5);
+    if (row >= n_tok * H) return;
+    const int64_t tok = row / H, h = row % H, G = HV / H;
+    if (dq)
+        finish_row<Elem>(p_dq, ls_in<Elem>(q_in) + row * K, ls_out<Elem>(dq) + row * K, tok, h,
+                         n_tok, HV, G, K, n_tiles, l2, scale, lane);
+    if (dk)
+        finish_row<Elem>(p_dk, ls_in<Elem>(k_in) + row * K, ls_out<Elem>(dk) + row * K, tok, h,
+                         n_tok, HV, G, K, n_tiles, l2, 1.0f, lane);
+}
+
+struct finish_v_args {
+    const float *p_dg, *p_db;
+    const float *beta_in, *g_in, *A_log, *dt_bias;
+    float *dbeta, *dg;       // Elem
+    float *dgr;              // [Tn,HV,gK] gradient w.r.t. the raw gate input (gate sums)
+    double *dal;             // [Tn,HV] the token's dA_log contribution
+    int64_t n_tok, HV, K, gK, n_tiles;
+    int decay;
+    bool logit, gate;
+    float lower_bound;
+};
+
+// dbeta and dg of one (token, value head) per warp, with the in-kernel options' chain rules
+// (kda_bwd_emit of the CPU path).
+template <typename Elem>
+__global__ void __launch_bounds__(NT) kda_bwd_finish_v(const finish_v_args A)
+{
+    const int lane = threadIdx.x & 31;
+    const int64_t row = (int64_t)blockIdx.x * NW + (threadIdx.x >> 5);
+    if (row >= A.n_tok * A.HV) return;
+    const int64_t hv = row % A.HV, K = A.K, per_tile = A.n_tok * A.HV;
+    if (A.dbeta && lane == 0) {
+        float d = 0.0f;
+        for (int64_t t = 0; t < A.n_tiles; t++) d += A.p_db[t * per_tile + row];
+        if (A.logit) {
+            const float s = ls_kda::sigmoid(ls_ld(ls_in<Elem>(A.beta_in), row));
+            d *= s * (1.0f - s);
+        }
+        ls_st(ls_out<Elem>(A.dbeta), row, d);
+    }
+    if (A.decay == DECAY_NONE || !A.p_dg) return;
+    auto tiles = [&](int64_t i) {
+        float s = 0.0f;
+        for (int64_t t = 0; t < A.n_tiles; t++) s += A.p_dg[(t * per_tile + row) * K + i];
+        return s;
+    };
+    const float a_log = A.A_log ? A.A_log[hv] : 0.0f;
+    double al = 0.0;
+    // One value per channel, or the sum over K per head (handled by lane 0).
+    auto emit = [&](int64_t c, float d) {
+        const int64_t at = row * A.gK + c;
+        if (A.gate) {
+            const float bias = A.dt_bias ? A.dt_bias[hv * A.gK + c] : 0.0f;
+            float d_raw, d_alog;
+            ls_kda::gate_grad(ls_ld(ls_in<Elem>(A.g_in), at), bias, a_log, A.lower_bound, &d_raw,
+                       &d_alog);
+            al += (double)(d * d_alog);
+            d *= d_raw;
+            if (A.dgr) A.dgr[at] = d;
+        }
+        if (A.dg) ls_st(ls_out<Elem>(A.dg), at, d);
+    };
+    if (A.decay == DECAY_CHANNEL) {
+        for (int64_t i = lane; i < K; i += 32) emit(i, tiles(i));
+    } else {
+        float d = 0.0f;
+        for (int64_t i = lane; i < K; i += 32) d += tiles(i);
+        d = warp_sum(d);
+        if (lane == 0) emit(0, d);
+    }
+    if (A.dal) {
+        al = warp_sum(al);
+        if (lane == 0) A.dal[row] = al;
+    }
+}
+
+// dA_log and ddt_bias, pass 1: block (b, hv) sums tokens [b GATE_TB, (b+1) GATE_TB) in
+// double, column c < gK of ddt_bias or c == gK for dA_log.
+__global__ void __launch_bounds__(NT)
+    kda_bwd_gate_a(const float *dgr, const double *dal, int64_t n_tok, int64_t HV, int64_t gK,
+                   double *part)
+{
+    const int64_t b = blockIdx.x / HV, hv = blockIdx.x % HV;
+    const int64_t t0 = b * GATE_TB, t1 = t0 + GATE_TB < n_tok ? t0 + GATE_TB : n_tok;
+    for (int64_t c = threadIdx.x; c <= gK; c += NT) {
+        double s = 0.0;
+        for (int64_t t = t0; t < t1; t++)
+            s += c < gK ? (double)dgr[(t * HV + hv) * gK + c] : dal[t * HV + hv];
+        part[(b * HV + hv) * (gK + 1) + c] = s;
+    }
+}
+
+// Pass 2: the blocks in order.
+__global__ void __launch_bounds__(NT)
+    kda_bwd_gate_b(const double *part, int64_t n_blocks, int64_t HV, int64_t gK, float *dA_log,
+                   float *ddt_bias)
+{
+    const int64_t idx = (int64_t)blockIdx.x * NT + threadIdx.x;
+    if (idx >= HV * (gK + 1)) return;
+    const int64_t hv = idx / (gK + 1), c = idx % (gK + 1);
+    double s = 0.0;
+    for (int64_t b = 0; b < n_blocks; b++) s += part[(b * HV + hv) * (gK + 1) + c];
+    if (c < gK) {
+        if (ddt_bias) ddt_bias[hv * gK + c] = (float)s;
+    } else if (dA_log) {
+        dA_log[hv] = (float)s;
+    }
+}
+
+// Carves 256-byte aligned pieces out of one workspace allocation (measure with base NULL).
+struct carver {
+    char *base;
+    size_t off = 0;
+    template <typename T> T *take(size_t count)
+    {
+        T *p = base ? reinterpret_cast<T *>(base + off) : nullptr;
+        off += (count * sizeof(T) + 255) & ~(size_t)255;
+        return p;
+    }
+};
+
+struct plan {
+    float *qs, *ks, *kq, *beta, *a;
+    float *ckpt, *segbuf, *scratch;
+    float *p_dq, *p_dk, *p_dg, *p_db;
+    float *dgr;
+    double *dal, *gpart;
+};
+
+template <typename Elem, int R>
+linseq_status launch_walk(const ls_cuda_call *call, const walk_args &A, int64_t n_blocks)
+{
+    kda_bwd_walk<Elem, R><<<(unsigned)n_blocks, NT, 0, ls_stream(call)>>>(A);
+    LS_CUDA_LAUNCHED(call, "kda_bwd_walk");
+    return LINSEQ_OK;
+}
+
+template <typename Elem>
+linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls_cuda_call *call,
+                  const void *d_o, const float *d_ht, const linseq_kda_grads *gr)
+{
+    const cudaStream_t st = ls_stream(call);
+    const int64_t H = p->H, K = p->K, V = p->V, G = HV / H;
+    const int64_t n_tok = p->B * p->T, N = call->n_seqs;
+    const int decay = p->decay == LINSEQ_DECAY_PER_CHANNEL ? DECAY_CHANNEL
+                      : p->decay == LINSEQ_DECAY_PER_HEAD  ? DECAY_HEAD
+                                                           : DECAY_NONE;
+    const int64_t gK = decay == DECAY_CHANNEL ? K : 1;
+    const bool gate = decay != DECAY_NONE && p->gate_in_kernel;
+    const bool want_gate = gate && (gr->dA_log || gr->ddt_bias);
+    const bool want_dg = decay != DECAY_NONE && (gr->dg || want_gate);
+    const int seg = call->chunk > 0 ? call->chunk : REC_SEGMENT;
+    const int64_t n_tiles = (V + TILE - 1) / TILE;
+    const int64_t n_blocks = N * HV * n_tiles;
+    const int64_t max_segs = call->max_len > 0 ? (call->max_len + seg - 1) / seg : 1;
+    const int64_t rows_needed = (K + NW - 1) / NW;
+    const int R = rows_needed <= 4 ? 4 : rows_needed <= 16 ? 16 : rows_needed <= 32 ? 32 : 0;
+    const int nr = R > 0 ? R : (int)rows_needed;
+    const size_t tf = (size_t)nr * NT;
+    const size_t n_share = (size_t)(n_tiles * n_tok * HV);
+    const int64_t n_gate_blocks = (n_tok + GATE_TB - 1) / GATE_TB;
+
+    auto layout = [&](char *base) {
+        carver c{base};
+        plan pl{};
+        pl.qs = c.take<float>((size_t)(n_tok * H * K));
+        pl.ks = c.take<float>((size_t)(n_tok * H * K));
+        pl.kq = c.take<float>((size_t)(n_tok * H));
+        pl.beta = c.take<float>((size_t)(n_tok * HV));
+        pl.a = decay != DECAY_NONE ? c.take<float>((size_t)(n_tok * HV * gK)) : nullptr;
+        pl.ckpt = c.take<float>((size_t)n_blocks * (size_t)max_segs * tf);
+        pl.segbuf = c.take<float>((size_t)n_blocks * (size_t)seg * tf);
+        pl.scratch = R == 0 ? c.take<float>((size_t)n_blocks * 2 * tf) : nullptr;
+        pl.p_dq = gr->dq ? c.take<float>(n_share * (size_t)K) : nullptr;
+        pl.p_dk = gr->dk ? c.take<float>(n_share * (size_t)K) : nullptr;
+        pl.p_dg = want_dg ? c.take<float>(n_share * (size_t)K) : nullptr;
+        pl.p_db = gr->dbeta ? c.take<float>(n_share) : nullptr;
+        pl.dgr = want_gate ? c.take<float>((size_t)(n_tok * HV * gK)) : nullptr;
+        pl.dal = want_gate ? c.take<double>((size_t)(n_tok * HV)) : nullptr;
+        pl.gpart = want_gate ? c.take<double>((size_t)(n_gate_blocks * HV * (gK + 1))) : nullptr;
+        return std::make_pair(pl, c.off);
+    };
+    const size_t bytes = layout(nullptr).second;
+    ls_cuda_workspace ws;
+    LS_CUDA_TRY(call, ws.alloc(bytes, st));
+    const plan pl = layout(ws.as<char>()).first;
+
+    if (n_tok > 0) {
+        kda_bwd_prep_qk<Elem><<<ls_blocks(n_tok * H, NW), NT, 0, st>>>(
+            p->q, p->k, n_tok * H, K, p->qk_l2norm, scale, pl.qs, pl.ks, pl.kq);
+        LS_CUDA_LAUNCHED(call, "kda_bwd_prep_qk");
+        kda_bwd_prep_v<Elem><<<ls_blocks(n_tok * HV * gK, NT), NT, 0, st>>>(
+            p->beta, p->g, n_tok * HV * gK, HV, gK, p->beta_is_logit, decay, gate, p->A_log,
+            p->dt_bias, p->lower_bound, pl.beta, pl.a);
+        LS_CUDA_LAUNCHED(call, "kda_bwd_prep_v");
+    }
+
+    if (n_blocks > 0) {
+        walk_args A{};
+        A.v = p->v;
+        A.d_o = d_o;
+        A.dv = gr->dv;
+        A.qs = pl.qs;
+        A.ks = pl.ks;
+        A.kq = pl.kq;
+        A.beta = pl.beta;
+        A.a = pl.a;
+        A.h0 = p->h0;
+        A.d_ht = d_ht;
+        A.dh0 = gr->dh0;
+        A.cu = p->cu_seqlens;
+        A.T = p->T;
+        A.n_tok = n_tok;
+        A.H = H;
+        A.HV = HV;
+        A.G = G;
+        A.K = K;
+        A.V = V;
+        A.n_tiles = n_tiles;
+        A.max_segs = max_segs;
+        A.decay = decay;
+        A.seg = seg;
+        A.nr = nr;
+        A.v_first = p->state_v_first;
+        A.ckpt = pl.ckpt;
+        A.segbuf = pl.segbuf;
+        A.scratch = pl.scratch;
+        A.p_dq = pl.p_dq;
+        A.p_dk = pl.p_dk;
+        A.p_dg = pl.p_dg;
+        A.p_db = pl.p_db;
+        linseq_status s;
+        switch (R) {
+        case 4: s = launch_walk<Elem, 4>(call, A, n_blocks); break;
+        case 16: s = launch_walk<Elem, 16>(call, A, n_blocks); break;
+        case 32: s = launch_walk<Elem, 32>(call, A, n_blocks); break;
+        default: s = launch_walk<Elem, 0>(call, A, n_blocks); break;
+        }
+        if (s != LINSEQ_OK) return s;
+    }
+
+    if (n_tok > 0 && (gr->dq || gr->dk)) {
+        kda_bwd_finish_qk<Elem><<<ls_blocks(n_tok * H, NW), NT, 0, st>>>(
+            pl.p_dq, pl.p_dk, p->q, p->k, gr->dq, gr->dk, n_tok, H, HV, K, n_tiles,
+            p->qk_l2norm, scale);
+        LS_CUDA_LAUNCHED(call, "kda_bwd_finish_qk");
+    }
+    if (n_tok > 0 && (gr->dbeta || want_dg)) {
+        finish_v_args F{};
+        F.p_dg = pl.p_dg;
+        F.p_db = pl.p_db;
+        F.beta_in = p->beta;
+        F.g_in = p->g;
+        F.A_log = p->A_log;
+        F.dt_bias = p->dt_bias;
+        F.dbeta = gr->dbeta;
+        F.dg = gr->dg;
+        F.dgr = pl.dgr;
+        F.dal = pl.dal;
+        F.n_tok = n_tok;
+        F.HV = HV;
+        F.K = K;
+        F.gK = gK;
+        F.n_tiles = n_tiles;
+        F.decay = decay;
+        F.logit = p->beta_is_logit;
+        F.gate = gate;
+        F.lower_bound = p->lower_bound;
+        kda_bwd_finish_v<Elem><<<ls_blocks(n_tok * HV, NW), NT, 0, st>>>(F);
+        LS_CUDA_LAUNCHED(call, "kda_bwd_finish_v");
+    }
+    if (want_gate) {
+        if (n_gate_blocks > 0) {
+            kda_bwd_gate_a<<<(unsigned)(n_gate_blocks * HV), NT, 0, st>>>(
+                pl.dgr, pl.dal, n_tok, HV, gK, pl.gpart);
+            LS_CUDA_LAUNCHED(call, "kda_bwd_gate_a");
+        }
+        kda_bwd_gate_b<<<ls_blocks(HV * (gK + 1), NT), NT, 0, st>>>(
+            pl.gpart, n_gate_blocks, HV, gK, gr->dA_log, gr->ddt_bias);
+        LS_CUDA_LAUNCHED(call, "kda_bwd_gate_b");
+    }
+    return LINSEQ_OK;
+}
+
+} // namespace
+
+extern "C" linseq_status ls_cuda_kda_backward(const linseq_kda_problem *p, int64_t HV,
+                                              float scale, const ls_cuda_call *call,
+                                              const void *d_o, const float *d_ht,
+                                              const linseq_kda_grads *grads)
+{
+    return call->bf16 ? run<__nv_bfloat16>(p, HV, scale, call, d_o, d_ht, grads)
+                      : run<float>(p, HV, scale, call, d_o, d_ht, grads);
+}
