@@ -73,7 +73,7 @@ lib: $(STATIC) $(SHARED)
 
 # Fails early with the command that installs cJSON when its header is missing.
 deps:
-	@printf '#include <cjson/cJSON.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 || \
+	@printf '#include <cjson/cJSON.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || \
 	  { echo "cJSON is missing: installing it with scripts/install-deps.sh"; \
 	    sh scripts/install-deps.sh; }
 
