@@ -1,0 +1,779 @@
+// SSM1 (Mamba1 selective scan) on CUDA: forward and backward.
+//
+// Decomposition. One thread owns one (sequence, channel d, run of NB states n) and walks the
+// sequence token by token with its NB states in registers. A block is a tile of 32
+// consecutive channels (the lanes of a warp, so every per-token load and store of x, dt, gate,
+// y is one coalesced row segment) times NG warps, warp w holding states w*NB .. w*NB+NB-1.
+// Splitting N over warps multiplies the parallelism by N/NB (B*D*N/NB threads: 131072 for
+// B=8, D=4096, N=16) while keeping the recurrence a single dependent FMA per token and state;
+// a thread has NB independent chains. Tokens go in chunks of 32: (A) the block stages the
+// chunk's dt (after softplus), dt*x and x in shared memory, each computed once per (t, d);
+// (B) every thread advances its states through the chunk, reading B_t and C_t of its group
+// (broadcast loads: all lanes of a warp read the same address when the tile is in one group)
+// and leaving its partial sum_n h C per token in shared memory; (C) the block adds the NG
+// partials in a fixed order, the skip term and the gate, and stores y. grid.x = sequence x
+// channel tile; grid.z = slabs of states when N is larger than one block holds (N > 128):
+// each slab then writes its partial sums to a workspace and a second kernel finishes y.
+//
+// Floor per forward call (fp32; bf16 halves the per-token bytes): reads x, dt, gate
+// (3 B T D elements) and B_proj, C_proj (2 B T G N), writes y (B T D), plus h0/hT (N_seq D N
+// floats each): about 16 B T D bytes for the Mamba shapes (G N << D). Work: B T D N
+// exponentials and 4 B T D N flops. At B=8, T=2048, D=4096, N=16 that is 1.07 GB (0.25 ms at
+// 4.3 TB/s) and 1.07e9 exp2 (0.26 ms on 132 SMs at 16 MUFU ops per clock): the scan is as
+// much MUFU-bound as memory-bound, which is why this design evaluates each exp exactly once
+// (a time-parallel scan over segments would need every decay twice: once for the segment's
+// local state, once again to add the carried-in state to each token's output).
+//
+// Backward. A first pass is the forward kernel in checkpoint mode: it stores the state
+// before every 64th token of each sequence (never one state per token; (B T/64 + N_seq + 1)
+// D N floats) and, with a gate, dgate (which needs the pre-gate output). The backward kernel
+// (same thread mapping, NB = 4) walks each sequence's 64-token segments last to first: from
+// the segment's checkpoint it keeps a state every 8 tokens in shared memory (thread-private
+// slots), then for each 8-token piece, last first, recomputes its 8 states into registers
+// and runs the adjoint recurrence dh <- (dh + C dpre) exp(A dt) backwards. Per-token sums over
+// n (dx, ddt) are summed over the warps in a fixed order in shared memory; the sums over the
+// channels of a group (dB_proj, dC_proj) are summed over the tile's lanes in order, written
+// per tile, and a second kernel adds the tiles in order; dA, dD_skip, ddt_bias are kept per
+// sequence and summed over sequences by a last kernel. No atomics: results are bitwise
+// reproducible.
+#include "cuda/ssm_common.cuh"
+
+namespace {
+
+constexpr int kLanes = 32;      // channels per block tile (one warp's lanes)
+constexpr int kChunk = 32;      // forward: tokens staged per chunk
+constexpr int kCkpt = 64;       // backward: tokens between state checkpoints
+constexpr int kSub = 8;         // backward: tokens recomputed into registers at once
+constexpr int kMaxWarps = 8;    // warps over N per block
+constexpr int kBwdNB = 4;       // backward: states per thread
+constexpr float kLog2e = 1.4426950408889634f;
+
+static_assert(kCkpt % kChunk == 0 && kCkpt % kSub == 0, "checkpoint interval");
+
+// ---------------------------------------------------------------------------------------
+// Forward (also the backward's checkpoint pass)
+
+struct FwdArgs {
+    const void *x, *dt, *Bp, *Cp, *gate; // per-token (Elem)
+    const float *A, *Dskip, *dt_bias, *h0;
+    const int64_t *cu;
+    int64_t T, D, N, G, cpg, BTD;
+    int64_t n_tiles, n_per_slab;
+    int act;
+    int softplus;
+    int n_slabs;
+    void *y;             // Elem, or NULL (checkpoint pass)
+    float *hT;           // or NULL
+    float *part;         // [n_slabs][B T D] partial sum_n h C when n_slabs > 1
+    float *ckpt;         // [slots][N][D] or NULL
+    const void *dy;      // with dgate: the checkpoint pass writes dgate
+    void *dgate;
+};
+
+// The output of token idx from out = sum_n h C: the skip term, then y or dgate.
+template <typename E>
+__device__ __forceinline__ void fwd_finish(const FwdArgs &a, float out, int64_t idx, int64_t d,
+                                           float x)
+{
+    if (a.Dskip) out = fmaf(a.Dskip[d], x, out);
+    if (a.y) {
+        float v = out;
+        if (a.gate) v *= ls_dev_activate(a.act, ls_ld(static_cast<const E *>(a.gate), idx));
+        ls_st(static_cast<E *>(a.y), idx, v);
+    }
+    if (a.dgate) {
+        const float z = ls_ld(static_cast<const E *>(a.gate), idx);
+        const float dy = ls_ld(static_cast<const E *>(a.dy), idx);
+        ls_st(static_cast<E *>(a.dgate), idx, dy * out * ls_dev_activate_grad(a.act, z));
+    }
+}
+
+template <typename E, int NB>
+__global__ void ssm1_fwd_kernel(const FwdArgs a)
+{
+    extern __shared__ float smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nthr = blockDim.x, nwarps = nthr >> 5;
+    float *s_dt = smem;                   // [kChunk][32] dt after softplus
+    float *s_dtx = s_dt + kChunk * kLanes; // dt * x
+    float *s_x = s_dtx + kChunk * kLanes;  // x
+    float *s_y = s_x + kChunk * kLanes;    // [nwarps][kChunk][32] partial sum_n h C
+
+    const int64_t seq = blockIdx.x / a.n_tiles;
+    const int64_t d0 = (blockIdx.x % a.n_tiles) * kLanes;
+    const int slab = blockIdx.z;
+    int64_t start, len;
+    ls_dev_seq_range(a.cu, a.T, seq, &start, &len);
+    const int64_t D = a.D, N = a.N, GN = a.G * a.N;
+    const int64_t d = d0 + lane;
+    const bool d_ok = d < D;
+    const int64_t g = (d_ok ? d : D - 1) / a.cpg;
+    const int64_t n0 = slab * a.n_per_slab + (int64_t)warp * NB;
+
+    const E *x = static_cast<const E *>(a.x), *dt = static_cast<const E *>(a.dt);
+    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+
+    // States past N (or lanes past D) run with rate 0, B 0, C 0: they stay 0 and add 0.
+    // States n0 .. n0 + nv - 1 are real.
+    const int nv = !d_ok || n0 >= N ? 0 : N - n0 < NB ? (int)(N - n0) : NB;
+    float rate[NB], h[NB];
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const int64_t n = n0 + j;
+        rate[j] = (j < nv) ? a.A[d * N + n] * kLog2e : 0.0f;
+        h[j] = (j < nv) && a.h0 ? a.h0[(seq * D + d) * N + n] : 0.0f;
+    }
+
+    for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+        const int cnt = len - c0 < kChunk ? (int)(len - c0) : kChunk;
+        const int64_t tok0 = start + c0;
+        if (a.ckpt && c0 % kCkpt == 0) {
+            const int64_t slot = start / kCkpt + seq + c0 / kCkpt;
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                if (j < nv) a.ckpt[(slot * N + n0 + j) * D + d] = h[j];
+        }
+        // (A) the chunk's step inputs, once per (token, channel)
+        for (int i = tid; i < kChunk * kLanes; i += nthr) {
+            const int k = i >> 5, l = i & 31;
+            const int64_t dd = d0 + l;
+            float dtv = 0.0f, xv = 0.0f;
+            if (k < cnt && dd < D) {
+                const int64_t idx = (tok0 + k) * D + dd;
+                xv = ls_ld(x, idx);
+                dtv = ls_ld(dt, idx);
+                if (a.softplus) dtv = ls_dev_softplus(dtv + (a.dt_bias ? a.dt_bias[dd] : 0.0f));
+            }
+            s_dt[i] = dtv;
+            s_dtx[i] = dtv * xv;
+            s_x[i] = xv;
+        }
+        __syncthreads();
+        // (B) the recurrence over the chunk
+        const int64_t bc0 = tok0 * GN + g * N + n0;
+#pragma unroll 2
+        for (int k = 0; k < cnt; k++) {
+            const float dtv = s_dt[k * kLanes + lane], dtx = s_dtx[k * kLanes + lane];
+            const int64_t bc = bc0 + k * GN;
+            float acc = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
+                const float cv = (j < nv) ? ls_ld(Cp, bc + j) : 0.0f;
+                h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv);
+                acc = fmaf(h[j], cv, acc);
+            }
+            s_y[(warp * kChunk + k) * kLanes + lane] = acc;
+        }
+        __syncthreads();
+        // (C) sum over the warps in order, skip term, gate
+        for (int i = tid; i < cnt * kLanes; i += nthr) {
+            const int k = i >> 5, l = i & 31;
+            const int64_t dd = d0 + l;
+            if (dd >= D) continue;
+            float out = 0.0f;
+            for (int w = 0; w < nwarps; w++) out += s_y[(w * kChunk + k) * kLanes + l];
+            const int64_t idx = (tok0 + k) * D + dd;
+            if (a.n_slabs == 1)
+                fwd_finish<E>(a, out, idx, dd, s_x[i]);
+            else if (a.part)
+                a.part[slab * a.BTD + idx] = out;
+        }
+        __syncthreads();
+    }
+    // Each thread read only its own h0 entries, so hT == h0 is safe.
+    if (a.hT) {
+#pragma unroll
+        for (int j = 0; j < NB; j++)
+            if (j < nv) a.hT[(seq * D + d) * N + n0 + j] = h[j];
+    }
+}
+
+// With slabs: out = the slabs' partial sums in order, then as fwd_finish.
+template <typename E>
+__global__ void ssm1_fwd_finish_kernel(const FwdArgs a)
+{
+    const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= a.BTD) return;
+    float out = 0.0f;
+    for (int s = 0; s < a.n_slabs; s++) out += a.part[s * a.BTD + idx];
+    const int64_t d = idx % a.D;
+    fwd_finish<E>(a, out, idx, d, ls_ld(static_cast<const E *>(a.x), idx));
+}
+
+// ---------------------------------------------------------------------------------------
+// Backward
+
+struct BwdArgs {
+    const void *x, *dt, *Bp, *Cp, *gate, *dy; // per-token (Elem)
+    const float *A, *Dskip, *dt_bias, *d_hT;
+    const int64_t *cu;
+    int64_t T, D, N, G, cpg, BT, BTD;
+    int64_t n_tiles, slots;
+    int act;
+    int softplus;
+    int n_slabs;
+    const float *ckpt;
+    void *dx, *ddt;        // Elem or NULL
+    float *dh0;            // or NULL
+    float *dA_part;        // [N_seq][D N] or NULL
+    float *dD_part, *db_part; // [N_seq][D] or NULL
+    float *dB_part, *dC_part; // [n_tiles][B T][slots][N] or NULL
+    float *px_part, *pdt_part; // [n_slabs][B T D] when n_slabs > 1
+};
+
+// The step inputs of token idx, channel d: dt after softplus, its softplus slope, x and
+// dpre = dL/d(pre-gate output).
+template <typename E>
+__device__ __forceinline__ void bwd_token_inputs(const BwdArgs &a, int64_t idx, int64_t d,
+                                                 float *dtv, float *spg, float *xv, float *dp)
+{
+    float v = ls_ld(static_cast<const E *>(a.dt), idx);
+    float slope = 1.0f;
+    if (a.softplus) {
+        const float u = v + (a.dt_bias ? a.dt_bias[d] : 0.0f);
+        v = ls_dev_softplus(u);
+        slope = ls_dev_softplus_grad(u);
+    }
+    *dtv = v;
+    *spg = slope;
+    *xv = ls_ld(static_cast<const E *>(a.x), idx);
+    const float dyv = ls_ld(static_cast<const E *>(a.dy), idx);
+    *dp = a.gate ? dyv * ls_dev_activate(a.act, ls_ld(static_cast<const E *>(a.gate), idx)) : dyv;
+}
+
+// dx and ddt of one token from the sums over n: sx = sum_n dh B, sdt = sum_n dh (A a h + B x).
+template <typename E>
+__device__ __forceinline__ void bwd_token_out(const BwdArgs &a, int64_t idx, int64_t d, float dtv,
+                                              float spg, float dp, float sx, float sdt,
+                                              float *ddt_out)
+{
+    const float ddt = sdt * spg;
+    if (a.dx) {
+        float v = dtv * sx;
+        if (a.Dskip) v = fmaf(a.Dskip[d], dp, v);
+        ls_st(static_cast<E *>(a.dx), idx, v);
+    }
+    if (a.ddt) ls_st(static_cast<E *>(a.ddt), idx, ddt);
+    *ddt_out = ddt;
+}
+
+template <typename E>
+__global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdArgs a)
+{
+    constexpr int NB = kBwdNB;
+    extern __shared__ float smem[];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int nthr = blockDim.x, nwarps = nthr >> 5, nblk = nwarps * NB;
+    constexpr int kRow = kLanes + 1; // padded rows: the lane sums read columns conflict-free
+    float *s_dt = smem;                      // [kSub][32]
+    float *s_spg = s_dt + kSub * kLanes;
+    float *s_x = s_spg + kSub * kLanes;
+    float *s_dp = s_x + kSub * kLanes;
+    float *s_px = s_dp + kSub * kLanes;      // [nwarps][kSub][32]
+    float *s_pdt = s_px + nwarps * kSub * kLanes;
+    float *s_cB = s_pdt + nwarps * kSub * kLanes; // [kSub][nblk][kRow]
+    float *s_cC = s_cB + kSub * nblk * kRow;
+    float *s_sub = s_cC + kSub * nblk * kRow;     // [kCkpt/kSub][NB][nthr]
+
+    const int64_t seq = blockIdx.x / a.n_tiles, tile = blockIdx.x % a.n_tiles;
+    const int64_t d0 = tile * kLanes;
+    const int slab = blockIdx.z;
+    int64_t start, len;
+    ls_dev_seq_range(a.cu, a.T, seq, &start, &len);
+    const int64_t D = a.D, N = a.N, GN = a.G * a.N;
+    const int64_t d = d0 + lane;
+    const bool d_ok = d < D;
+    const int64_t g = (d_ok ? d : D - 1) / a.cpg;
+    const int64_t g_lo = d0 / a.cpg;
+    const int64_t nbase = (int64_t)slab * kMaxWarps * NB;
+    const int64_t n0 = nbase + (int64_t)warp * NB;
+    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+
+    const int nv = !d_ok || n0 >= N ? 0 : N - n0 < NB ? (int)(N - n0) : NB;
+    float A[NB], rate[NB], dh[NB], dA[NB];
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const int64_t n = n0 + j;
+        A[j] = (j < nv) ? a.A[d * N + n] : 0.0f;
+        rate[j] = A[j] * kLog2e;
+        dh[j] = (j < nv) && a.d_hT ? a.d_hT[(seq * D + d) * N + n] : 0.0f;
+        dA[j] = 0.0f;
+    }
+    float sum_dD = 0.0f, sum_db = 0.0f; // warp 0: this lane's dD_skip, ddt_bias over the sequence
+
+    const int64_t n_seg = (len + kCkpt - 1) / kCkpt;
+    for (int64_t seg = n_seg - 1; seg >= 0; seg--) {
+        const int64_t t_seg = seg * kCkpt;
+        const int seg_len = len - t_seg < kCkpt ? (int)(len - t_seg) : kCkpt;
+        const int n_sub = (seg_len + kSub - 1) / kSub;
+        const int64_t slot = start / kCkpt + seq + seg;
+        // The state every kSub tokens of the segment, from its checkpoint (thread-private).
+        {
+            float h[NB];
+#pragma unroll
+            for (int j = 0; j < NB; j++)
+                h[j] = (j < nv) ? a.ckpt[(slot * N + n0 + j) * D + d] : 0.0f;
+            for (int sub = 0; sub < n_sub; sub++) {
+#pragma unroll
+                for (int j = 0; j < NB; j++) s_sub[(sub * NB + j) * nthr + tid] = h[j];
+                if (sub == n_sub - 1) break;
+                for (int k = 0; k < kSub; k++) {
+                    const int64_t t = start + t_seg + sub * kSub + k;
+                    float dtv = 0.0f, xv = 0.0f;
+                    if (d_ok) {
+                        dtv = ls_ld(static_cast<const E *>(a.dt), t * D + d);
+                        if (a.softplus)
+                            dtv = ls_dev_softplus(dtv + (a.dt_bias ? a.dt_bias[d] : 0.0f));
+                        xv = ls_ld(static_cast<const E *>(a.x), t * D + d);
+                    }
+                    const float dtx = dtv * xv;
+                    const int64_t bc = t * GN + g * N + n0;
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
+                        h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv);
+                    }
+                }
+            }
+        }
+        for (int sub = n_sub - 1; sub >= 0; sub--) {
+            const int64_t tb = t_seg + sub * kSub; // first token, relative to the sequence
+            const int cnt = len - tb < kSub ? (int)(len - tb) : kSub;
+            const int64_t tok0 = start + tb;
+            // (A) the piece's step inputs
+            for (int i = tid; i < kSub * kLanes; i += nthr) {
+                const int k = i >> 5, l = i & 31;
+                const int64_t dd = d0 + l;
+                float dtv = 0.0f, spg = 0.0f, xv = 0.0f, dp = 0.0f;
+                if (k < cnt && dd < D)
+                    bwd_token_inputs<E>(a, (tok0 + k) * D + dd, dd, &dtv, &spg, &xv, &dp);
+                s_dt[i] = dtv;
+                s_spg[i] = spg;
+                s_x[i] = xv;
+                s_dp[i] = dp;
+            }
+            __syncthreads();
+            // (B) the piece's states, then the adjoint recurrence backwards
+            float hs[kSub + 1][NB];
+#pragma unroll
+            for (int j = 0; j < NB; j++) hs[0][j] = s_sub[(sub * NB + j) * nthr + tid];
+#pragma unroll
+            for (int k = 0; k < kSub; k++) {
+                if (k < cnt) {
+                    const float dtv = s_dt[k * kLanes + lane];
+                    const float dtx = dtv * s_x[k * kLanes + lane];
+                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
+                        hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bv);
+                    }
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NB; j++) hs[k + 1][j] = 0.0f;
+                }
+            }
+#pragma unroll
+            for (int k = kSub - 1; k >= 0; k--) {
+                if (k < cnt) {
+                    const float dtv = s_dt[k * kLanes + lane], xv = s_x[k * kLanes + lane];
+                    const float dp = s_dp[k * kLanes + lane];
+                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
+                    float sx = 0.0f, sdt = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < NB; j++) {
+                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
+                        const float cv = (j < nv) ? ls_ld(Cp, bc + j) : 0.0f;
+                        const float decay = ls_dev_exp2(rate[j] * dtv);
+                        const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
+                        const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
+                        const int row = (k * nblk + warp * NB + j) * kRow + lane;
+                        s_cC[row] = dp * hs[k + 1][j];
+                        s_cB[row] = dhj * dtv * xv;
+                        sx = fmaf(dhj, bv, sx);
+                        sdt = fmaf(dhj, fmaf(A[j], ah, bv * xv), sdt);
+                        dA[j] = fmaf(dhj * dtv, ah, dA[j]);
+                        dh[j] = dhj * decay;
+                    }
+                    s_px[(warp * kSub + k) * kLanes + lane] = sx;
+                    s_pdt[(warp * kSub + k) * kLanes + lane] = sdt;
+                }
+            }
+            __syncthreads();
+            // (C) per-token sums: dx, ddt over the warps (warp 0), dB, dC over the lanes
+            if (warp == 0 && d_ok) {
+                for (int k = cnt - 1; k >= 0; k--) {
+                    float sx = 0.0f, sdt = 0.0f;
+                    for (int w = 0; w < nwarps; w++) {
+                        sx += s_px[(w * kSub + k) * kLanes + lane];
+                        sdt += s_pdt[(w * kSub + k) * kLanes + lane];
+                    }
+                    const int64_t idx = (tok0 + k) * D + d;
+                    if (a.n_slabs > 1) {
+                        a.px_part[slab * a.BTD + idx] = sx;
+                        a.pdt_part[slab * a.BTD + idx] = sdt;
+                    } else {
+                        const int i = k * kLanes + lane;
+                        float ddt;
+                        bwd_token_out<E>(a, idx, d, s_dt[i], s_spg[i], s_dp[i], sx, sdt, &ddt);
+                        sum_dD = fmaf(s_dp[i], s_x[i], sum_dD);
+                        sum_db += ddt;
+                    }
+                }
+            }
+            if (a.dB_part || a.dC_part) {
+                for (int i = tid; i < kSub * nblk; i += nthr) {
+                    const int k = i / nblk, nl = i % nblk;
+                    const int64_t n = nbase + nl;
+                    if (k >= cnt || n >= N) continue;
+                    const int64_t t = tok0 + k;
+                    const float *rb = s_cB + (k * nblk + nl) * kRow;
+                    const float *rc = s_cC + (k * nblk + nl) * kRow;
+                    const int lanes = D - d0 < kLanes ? (int)(D - d0) : kLanes;
+                    int l = 0;
+                    while (l < lanes) {
+                        const int64_t gg = (d0 + l) / a.cpg;
+                        const int64_t gend = (gg + 1) * a.cpg - d0;
+                        const int end = gend < lanes ? (int)gend : lanes;
+                        float sb = 0.0f, sc = 0.0f;
+                        for (; l < end; l++) {
+                            sb += rb[l];
+                            sc += rc[l];
+                        }
+                        const int64_t o = ((tile * a.BT + t) * a.slots + (gg - g_lo)) * N + n;
+                        if (a.dB_part) a.dB_part[o] = sb;
+                        if (a.dC_part) a.dC_part[o] = sc;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        if (!(j < nv)) continue;
+        const int64_t o = (seq * D + d) * N + n0 + j;
+        if (a.dh0) a.dh0[o] = dh[j];
+        if (a.dA_part) a.dA_part[o] = dA[j];
+    }
+    if (warp == 0 && d_ok && a.n_slabs == 1) {
+        if (a.dD_part) a.dD_part[seq * D + d] = sum_dD;
+        if (a.db_part) a.db_part[seq * D + d] = sum_db;
+    }
+}
+
+// With slabs: per (sequence, channel), dx and ddt from the slabs' partial sums, and the
+// sequence's dD_skip and ddt_bias sums, token by token in order.
+template <typename E>
+__global__ void ssm1_bwd_finish_kernel(const BwdArgs a, int64_t n_seqs)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_seqs * a.D) return;
+    const int64_t seq = i / a.D, d = i % a.D;
+    int64_t start, len;
+    ls_dev_seq_range(a.cu, a.T, seq, &start, &len);
+    float sum_dD = 0.0f, sum_db = 0.0f;
+    for (int64_t t = start + len - 1; t >= start; t--) {
+        const int64_t idx = t * a.D + d;
+        float sx = 0.0f, sdt = 0.0f;
+        for (int s = 0; s < a.n_slabs; s++) {
+            sx += a.px_part[s * a.BTD + idx];
+            sdt += a.pdt_part[s * a.BTD + idx];
+        }
+        float dtv, spg, xv, dp, ddt;
+        bwd_token_inputs<E>(a, idx, d, &dtv, &spg, &xv, &dp);
+        bwd_token_out<E>(a, idx, d, dtv, spg, dp, sx, sdt, &ddt);
+        sum_dD = fmaf(dp, xv, sum_dD);
+        sum_db += ddt;
+    }
+    if (a.dD_part) a.dD_part[seq * a.D + d] = sum_dD;
+    if (a.db_part) a.db_part[seq * a.D + d] = sum_db;
+}
+
+// dB_proj, dC_proj [B T][G][N]: the tiles covering each group, in tile order.
+template <typename E>
+__global__ void ssm1_bc_reduce_kernel(const BwdArgs a, void *dB, void *dC)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t GN = a.G * a.N;
+    if (i >= a.BT * GN) return;
+    const int64_t t = i / GN, g = (i % GN) / a.N, n = i % a.N;
+    const int64_t tile_lo = g * a.cpg / kLanes, tile_hi = ((g + 1) * a.cpg - 1) / kLanes;
+    float sb = 0.0f, sc = 0.0f;
+    for (int64_t tile = tile_lo; tile <= tile_hi; tile++) {
+        const int64_t o = ((tile * a.BT + t) * a.slots + (g - tile * kLanes / a.cpg)) * a.N + n;
+        if (dB) sb += a.dB_part[o];
+        if (dC) sc += a.dC_part[o];
+    }
+    if (dB) ls_st(static_cast<E *>(dB), i, sb);
+    if (dC) ls_st(static_cast<E *>(dC), i, sc);
+}
+
+// out[i] = sum over rows of part[row][i], rows in order.
+__global__ void ssm1_sum_rows_kernel(const float *part, int64_t rows, int64_t count, float *out)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float s = 0.0f;
+    for (int64_t r = 0; r < rows; r++) s += part[r * count + i];
+    out[i] = s;
+}
+
+// ---------------------------------------------------------------------------------------
+// Host side
+
+// Carves aligned pieces out of one workspace allocation (sized by a first pass with base 0).
+struct Carver {
+    char *base;
+    size_t used = 0;
+    float *take(size_t floats, bool want)
+    {
+        if (!want) return nullptr;
+        used = (used + 255) & ~(size_t)255;
+        float *p = base ? reinterpret_cast<float *>(base + used) : nullptr;
+        used += floats * sizeof(float);
+        return p;
+    }
+};
+
+linseq_status ws_alloc(const ls_cuda_call *call, ls_cuda_workspace &ws, size_t bytes)
+{
+    const cudaError_t err = ws.alloc(bytes, ls_stream(call));
+    if (err == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return ls_fail(call->fn, LINSEQ_ERR_OUT_OF_MEMORY,
+                       "could not allocate %zu bytes of device workspace", bytes);
+    }
+    LS_CUDA_TRY(call, err);
+    return LINSEQ_OK;
+}
+
+// The states per thread of the forward, and the states per slab.
+int fwd_nb(int64_t N) { return N <= 4 * kMaxWarps ? 4 : N <= 8 * kMaxWarps ? 8 : 16; }
+
+FwdArgs fwd_args(const linseq_ssm1_problem *p, const ls_cuda_call *call)
+{
+    FwdArgs a = {};
+    a.x = p->x;
+    a.dt = p->dt;
+    a.Bp = p->B_proj;
+    a.Cp = p->C_proj;
+    a.gate = p->gate;
+    a.A = p->A;
+    a.Dskip = p->D_skip;
+    a.dt_bias = p->dt_bias;
+    a.h0 = p->h0;
+    a.cu = p->cu_seqlens;
+    a.T = p->T;
+    a.D = p->D;
+    a.N = p->N;
+    a.G = p->G > 0 ? p->G : 1;
+    a.cpg = p->D / a.G;
+    a.BTD = p->B * p->T * p->D;
+    a.n_tiles = (p->D + kLanes - 1) / kLanes;
+    const int nb = fwd_nb(p->N);
+    a.n_per_slab = (int64_t)nb * kMaxWarps;
+    a.n_slabs = (int)((p->N + a.n_per_slab - 1) / a.n_per_slab);
+    a.act = p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;
+    a.softplus = p->dt_softplus ? 1 : 0;
+    (void)call;
+    return a;
+}
+
+template <typename E, int NB>
+linseq_status launch_fwd_nb(const FwdArgs &a, const ls_cuda_call *call, int64_t n_seqs)
+{
+    const int64_t per_slab = a.N < a.n_per_slab ? a.N : a.n_per_slab;
+    const int warps = (int)((per_slab + NB - 1) / NB);
+    const dim3 grid((unsigned)(n_seqs * a.n_tiles), 1, (unsigned)a.n_slabs);
+    const size_t smem = (size_t)(3 + warps) * kChunk * kLanes * sizeof(float);
+    ssm1_fwd_kernel<E, NB><<<grid, warps * kLanes, smem, ls_stream(call)>>>(a);
+    LS_CUDA_LAUNCHED(call, "ssm1_fwd_kernel");
+    if (a.n_slabs > 1 && a.part) {
+        ssm1_fwd_finish_kernel<E><<<ls_blocks(a.BTD, 256), 256, 0, ls_stream(call)>>>(a);
+        LS_CUDA_LAUNCHED(call, "ssm1_fwd_finish_kernel");
+    }
+    return LINSEQ_OK;
+}
+
+template <typename E>
+linseq_status launch_fwd(const FwdArgs &a, const ls_cuda_call *call, int64_t n_seqs)
+{
+    switch (fwd_nb(a.N)) {
+    case 4: return launch_fwd_nb<E, 4>(a, call, n_seqs);
+    case 8: return launch_fwd_nb<E, 8>(a, call, n_seqs);
+    default: return launch_fwd_nb<E, 16>(a, call, n_seqs);
+    }
+}
+
+// Checks that the grid fits (grid.x < 2^31, slabs < 2^16).
+linseq_status check_grid(const ls_cuda_call *call, int64_t blocks, int64_t slabs)
+{
+    if (blocks >= INT32_MAX || slabs > 65535)
+        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
+                       "the problem needs %lld x %lld blocks, more than a CUDA grid holds",
+                       (long long)blocks, (long long)slabs);
+    return LINSEQ_OK;
+}
+
+template <typename E>
+linseq_status ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *call, void *y,
+                           float *hT)
+{
+    FwdArgs a = fwd_args(p, call);
+    a.y = y;
+    a.hT = hT;
+    linseq_status st = check_grid(call, call->n_seqs * a.n_tiles, a.n_slabs);
+    if (st) return st;
+    ls_cuda_workspace ws;
+    if (a.n_slabs > 1) {
+        if ((st = ws_alloc(call, ws, (size_t)a.n_slabs * (size_t)a.BTD * sizeof(float))))
+            return st;
+        a.part = ws.as<float>();
+    }
+    return launch_fwd<E>(a, call, call->n_seqs);
+}
+
+template <typename E>
+linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *call,
+                            const void *d_y, const float *d_hT, const linseq_ssm1_grads *gr)
+{
+    const int64_t n_seqs = call->n_seqs;
+    FwdArgs f = fwd_args(p, call);
+    BwdArgs b = {};
+    b.x = p->x;
+    b.dt = p->dt;
+    b.Bp = p->B_proj;
+    b.Cp = p->C_proj;
+    b.gate = p->gate;
+    b.dy = d_y;
+    b.A = p->A;
+    b.Dskip = p->D_skip;
+    b.dt_bias = p->dt_bias;
+    b.d_hT = d_hT;
+    b.cu = p->cu_seqlens;
+    b.T = f.T;
+    b.D = f.D;
+    b.N = f.N;
+    b.G = f.G;
+    b.cpg = f.cpg;
+    b.BT = p->B * p->T;
+    b.BTD = f.BTD;
+    b.n_tiles = f.n_tiles;
+    b.act = f.act;
+    b.softplus = f.softplus;
+    const int64_t per_slab = (int64_t)kBwdNB * kMaxWarps;
+    b.n_slabs = (int)((f.N + per_slab - 1) / per_slab);
+    // The most groups one tile of kLanes channels meets.
+    int64_t slots = 1;
+    for (int64_t t = 0; t < f.n_tiles && slots < kLanes; t++) {
+        const int64_t lo = t * kLanes, hi = (lo + kLanes < f.D ? lo + kLanes : f.D) - 1;
+        const int64_t s = hi / f.cpg - lo / f.cpg + 1;
+        if (s > slots) slots = s;
+    }
+    b.slots = slots;
+    linseq_status st = check_grid(call, n_seqs * f.n_tiles, f.n_slabs > b.n_slabs ? f.n_slabs : b.n_slabs);
+    if (st) return st;
+
+    const bool want_dgate = gr->dgate && p->gate;
+    const bool want_bc = gr->dB_proj || gr->dC_proj;
+    const size_t BTD = (size_t)f.BTD, DN = (size_t)(f.D * f.N);
+    const size_t n_slots = (size_t)(b.BT / kCkpt + n_seqs + 1);
+    const size_t bc_part = (size_t)f.n_tiles * (size_t)b.BT * (size_t)slots * (size_t)f.N;
+    ls_cuda_workspace ws;
+    float *ckpt, *ypart, *dA_part, *dD_part, *db_part, *dB_part, *dC_part, *px, *pdt;
+    for (int pass = 0; pass < 2; pass++) {
+        Carver c{pass ? ws.as<char>() : nullptr};
+        ckpt = c.take(n_slots * DN, true);
+        ypart = c.take((size_t)f.n_slabs * BTD, want_dgate && f.n_slabs > 1);
+        dA_part = c.take((size_t)n_seqs * DN, gr->dA != nullptr);
+        dD_part = c.take((size_t)n_seqs * (size_t)f.D, gr->dD_skip != nullptr);
+        db_part = c.take((size_t)n_seqs * (size_t)f.D, gr->ddt_bias != nullptr);
+        dB_part = c.take(bc_part, gr->dB_proj != nullptr);
+        dC_part = c.take(bc_part, gr->dC_proj != nullptr);
+        px = c.take((size_t)b.n_slabs * BTD, b.n_slabs > 1);
+        pdt = c.take((size_t)b.n_slabs * BTD, b.n_slabs > 1);
+        if (!pass && (st = ws_alloc(call, ws, c.used))) return st;
+    }
+
+    // 1. checkpoints (and dgate, which needs the pre-gate output)
+    f.ckpt = ckpt;
+    f.part = ypart;
+    if (want_dgate) {
+        f.dy = d_y;
+        f.dgate = gr->dgate;
+    }
+    if ((st = launch_fwd<E>(f, call, n_seqs))) return st;
+
+    // 2. the reverse walk
+    b.ckpt = ckpt;
+    b.dx = gr->dx;
+    b.ddt = gr->ddt;
+    b.dh0 = gr->dh0;
+    b.dA_part = dA_part;
+    b.dD_part = dD_part;
+    b.db_part = db_part;
+    b.dB_part = dB_part;
+    b.dC_part = dC_part;
+    b.px_part = px;
+    b.pdt_part = pdt;
+    {
+        const int64_t per = f.N < per_slab ? f.N : per_slab;
+        const int warps = (int)((per + kBwdNB - 1) / kBwdNB);
+        const int nthr = warps * kLanes, nblk = warps * kBwdNB;
+        const size_t smem = sizeof(float) * ((size_t)4 * kSub * kLanes +
+                                             (size_t)2 * warps * kSub * kLanes +
+                                             (size_t)2 * kSub * nblk * (kLanes + 1) +
+                                             (size_t)(kCkpt / kSub) * kBwdNB * nthr);
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(ssm1_bwd_kernel<E>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+        const dim3 grid((unsigned)(n_seqs * f.n_tiles), 1, (unsigned)b.n_slabs);
+        ssm1_bwd_kernel<E><<<grid, nthr, smem, ls_stream(call)>>>(b);
+        LS_CUDA_LAUNCHED(call, "ssm1_bwd_kernel");
+    }
+    if (b.n_slabs > 1 && (gr->dx || gr->ddt || gr->dD_skip || gr->ddt_bias)) {
+        ssm1_bwd_finish_kernel<E>
+            <<<ls_blocks(n_seqs * f.D, 128), 128, 0, ls_stream(call)>>>(b, n_seqs);
+        LS_CUDA_LAUNCHED(call, "ssm1_bwd_finish_kernel");
+    }
+
+    // 3. the sums over channel tiles and over sequences
+    if (want_bc) {
+        ssm1_bc_reduce_kernel<E><<<ls_blocks(b.BT * f.G * f.N, 256), 256, 0, ls_stream(call)>>>(
+            b, gr->dB_proj, gr->dC_proj);
+        LS_CUDA_LAUNCHED(call, "ssm1_bc_reduce_kernel");
+    }
+    struct {
+        const float *part;
+        int64_t count;
+        float *out;
+    } sums[3] = {{dA_part, f.D * f.N, gr->dA},
+                 {dD_part, f.D, gr->dD_skip},
+                 {db_part, f.D, gr->ddt_bias}};
+    for (const auto &s : sums) {
+        if (!s.out) continue;
+        ssm1_sum_rows_kernel<<<ls_blocks(s.count, 256), 256, 0, ls_stream(call)>>>(
+            s.part, n_seqs, s.count, s.out);
+        LS_CUDA_LAUNCHED(call, "ssm1_sum_rows_kernel");
+    }
+    return LINSEQ_OK;
+}
+
+} // namespace
+
+extern "C" linseq_status ls_cuda_ssm1_forward(const linseq_ssm1_problem *p,
+                                              const ls_cuda_call *call, void *y, float *hT)
+{
+    return call->bf16 ? ssm1_forward<__nv_bfloat16>(p, call, y, hT)
+                      : ssm1_forward<float>(p, call, y, hT);
+}
+
+extern "C" linseq_status ls_cuda_ssm1_backward(const linseq_ssm1_problem *p,
+                                               const ls_cuda_call *call, const void *d_y,
+                                               const float *d_hT, const linseq_ssm1_grads *grads)
+{
+    return call->bf16 ? ssm1_backward<__nv_bfloat16>(p, call, d_y, d_hT, grads)
+                      : ssm1_backward<float>(p, call, d_y, d_hT, grads);
+}
