@@ -863,10 +863,12 @@ int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *er
     }
     const linseq_exec ex = op_exec(c, exec);
     linseq_status st;
+    /* Whether err was set below tells a device failure from the library's: it must start
+     * empty on both paths (the caller's buffer may hold anything, or an earlier message). */
+    err[0] = '\0';
     if (ex.device == LINSEQ_DEVICE_CUDA) {
         size_t counts[CASE_MAX_TENSORS];
         for (int i = 0; i < r->n; i++) counts[i] = r->t[i].arr.count;
-        err[0] = '\0';
         st = case_call_on_device(c, op->forward, &ex, out, counts, r->n, err, err_size);
     } else {
         st = op->forward(c, &ex, out);
@@ -909,11 +911,11 @@ int case_run_backward(const ls_case *c, const linseq_exec *exec, case_result *r,
     }
     const linseq_exec ex = op_exec(c, exec);
     linseq_status st;
+    err[0] = '\0'; /* as in case_run: the forward's message may still be in it */
     if (ex.device == LINSEQ_DEVICE_CUDA) {
         size_t counts[CASE_MAX_TENSORS] = {0};
         for (int i = 0; i < r->n_grads; i++)
             counts[c->computable[c->grads[i]].slot] = r->g[i].arr.count;
-        err[0] = '\0';
         st = case_call_on_device(c, op->backward, &ex, grad, counts, CASE_MAX_TENSORS, err,
                                  err_size);
     } else {
