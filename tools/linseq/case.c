@@ -743,6 +743,12 @@ static char *read_text(const char *path, size_t *len, char *err, size_t err_size
     }
     bool bad = ferror(f);
     fclose(f);
+    /* the loop stops growing at twice the limit; the limit itself holds exactly */
+    if (buf && n > (size_t)META_MAX_BYTES) {
+        fail_to(err, err_size, "%s: larger than %ld bytes", path, META_MAX_BYTES);
+        free(buf);
+        return NULL;
+    }
     if (!buf) {
         fail_to(err, err_size, "%s: out of memory", path);
         return NULL;

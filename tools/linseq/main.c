@@ -111,10 +111,7 @@ static int set_option(const char *opt, const char *val, linseq_exec *ex)
 
 int main(int argc, char **argv)
 {
-    if (argc < 2) {
-        print_usage(stderr);
-        return LS_EXIT_ERROR;
-    }
+    if (argc < 2) return usage_error("no command given%s", "");
     const char *cmd = argv[1];
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         print_usage(stdout);
