@@ -112,11 +112,12 @@ $(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(ST
 	$(CC) $(ALL_CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(STATIC) \
 	  $(CJSON_LIBS) $(LDLIBS_LIB)
 
-# Every unit test, the CLI over every reference case in every mode, and the independent
-# judge over the files `linseq run` writes.
+# Every unit test, the CLI over every reference case in every mode, the independent judge
+# over the files `linseq run` writes, and the CLI over malformed cases and bad arguments.
 test-run: all
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 	@sh tests/check_refdata.sh $(CLI) $(REFDATA) $(JUDGE)
+	@sh tests/check_cli_errors.sh $(CLI) $(REFDATA)
 
 test-plain:
 	$(MAKE) test-run
