@@ -1,0 +1,585 @@
+// KDA forward on the GPU: chunked mode (the WY form) and recurrent mode.
+//
+// Chunked mode, per chunk of C tokens with start state S0 [K,V] (kda_cuda.cuh, chunk_ws):
+//     vnew = Tinv (diag(beta) V - kbg S0),  O = qg S0 + Aqk vnew,
+//     S_C  = diag(dlast) S0 + kd^T vnew.
+// Two kernels, split like fla's chunk_kda so that all the work that does not need the state
+// runs in parallel over chunks:
+//   1. chunk_prep_kernel, one CTA per (chunk, value head), all chunks at once: the row norms,
+//      the in-kernel gate and sigmoid, the decay factors, Aqk and Akk (sub-chunk blocks), the
+//      inverse Tinv = (I + diag(beta) Akk)^{-1} by forward substitution, and qg, kbg, kd, dlast,
+//      written to a float32 workspace.
+//   2. chunk_state_kernel, one CTA per (sequence, value head, 32 state columns), sequential
+//      over the chunks of its sequence with the K x 32 state tile in shared memory (float32,
+//      double-buffered): the three products with S0, the two triangular ones, the output.
+// Every decay factor is a product of per-token decays e^{g} <= 1 (exactly the CPU's
+// construction, kda_chunk_simd.c): off-diagonal 16 x 16 blocks factor through the first row
+// of the row block and the last row of the column block, diagonal blocks run their products
+// element by element, and g is first raised to -110. No exponent evaluated is positive, so the
+// chunk is exact for every g <= 0 down to -inf.
+//
+// Floor per call (N = B*T tokens, C = chunk, all heads HV): the products are
+//     prep:  ~N HV (C K + C^2/2 ... )  ~  N HV K C  multiply-adds (Aqk, Akk)
+//     state: N HV (3 K V + C V)        multiply-adds (kbg S0, qg S0, kd^T vnew, Tinv, Aqk)
+// e.g. (B,T,HV,K=V) = (1,8192,96,128), C = 64: ~6.4 G + ~42 G multiply-adds = ~97 GFLOP;
+// bytes: inputs 2 (q,k) K + V + K (g) per token and head (bf16: ~1 KB), the workspace
+// (2 C^2 + 3 C K floats per chunk: ~0.8 KB per token and head, written once, read V/32
+// times, mostly from L2 since the V tiles of one head run side by side) and o.
+// This first version multiplies in float32 FFMA for both element types (float32 must match
+// the CPU to 1e-5, which TF32 tensor cores cannot); the products have the shape of mma.sync
+// tiles (16-row blocks) so a bf16 tensor-core variant of chunk_state_kernel can replace the
+// inner loops without changing the workspace.
+//
+// Recurrent mode: recurrent_kernel of kda_cuda.cuh, one CTA per (sequence, value head, 32
+// state columns), the state tile in registers, one pass over the tokens.
+#include <stdlib.h>
+
+#include "cuda/kda_cuda.cuh"
+
+namespace ls_kda {
+
+namespace {
+
+constexpr int PREP_THREADS = 256;
+constexpr int STATE_THREADS = 256;
+constexpr int STATE_WARPS = STATE_THREADS / 32;
+constexpr int STATE_BV = 32;
+
+template <int C> struct prep_shape {
+    static constexpr int NS = C / 16;             // 16-row sub-chunks
+    static constexpr int DK = C >= 128 ? 16 : 32; // channels per pass
+    static constexpr int LD = DK + 1;             // row stride of the per-pass tiles
+    static constexpr int CL = C + 1;              // row stride of the score accumulators
+    static constexpr int NDIAG = NS * 64;         // diagonal tasks: (block, column, quarter)
+    static constexpr int NOFF = NS * (NS - 1) / 2 * 16; // off-diagonal 4 x 4 tiles
+    static constexpr size_t floats = 3 * C + 6 * (size_t)C * LD + NS * DK + NS * NS * DK +
+                                     2 * (size_t)C * CL;
+};
+
+// Builds one (chunk, value head): see chunk_ws in kda_cuda.cuh. The chunk is padded to C rows
+// with q = k = 0, beta = 0 and decay factor 1, which leaves every product of the real rows
+// unchanged; rows past the chunk's end come out zero (Tinv: identity rows).
+template <typename Elem, int C>
+__global__ void __launch_bounds__(PREP_THREADS)
+chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t gK,
+                  float scale, const chunk_ws ws)
+{
+    using sh = prep_shape<C>;
+    constexpr int NS = sh::NS, DK = sh::DK, LD = sh::LD, CL = sh::CL;
+    extern __shared__ float sm[];
+    float *rq = sm, *rk = rq + C, *rb = rk + C;
+    float *qs = rb + C, *ks = qs + C * LD, *sa = ks + C * LD;
+    float *qx = sa + C * LD, *kx = qx + C * LD, *ky = kx + C * LD;
+    float *tot = ky + C * LD, *mid = tot + NS * DK;
+    float *accq = mid + NS * NS * DK, *acck = accq + C * CL;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t chunk = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / group;
+    const int64_t tok0 = ws.chunks[2 * chunk], Lc = ws.chunks[2 * chunk + 1];
+    const int64_t K = p.K, H = p.H, Kp = ws.Kp;
+    const Elem *q = ls_in<Elem>(p.q), *k = ls_in<Elem>(p.k), *g = ls_in<Elem>(p.g);
+    const Elem *beta = ls_in<Elem>(p.beta);
+
+    // row factors: scale / |q|, 1 / |k| (or scale, 1) and beta, one warp per row
+    for (int r = warp; r < C; r += PREP_THREADS / 32) {
+        float fq = 0.0f, fk = 0.0f, b = 0.0f;
+        if (r < Lc) {
+            const int64_t at = ((tok0 + r) * H + h) * K;
+            float sq = 0.0f, sk = 0.0f;
+            for (int64_t i = lane; i < K; i += 32) {
+                const float x = ls_ld(q, at + i), y = ls_ld(k, at + i);
+                sq = fmaf(x, x, sq);
+                sk = fmaf(y, y, sk);
+            }
+            fq = norm_factor(warp_sum(sq), p.qk_l2norm, scale);
+            fk = norm_factor(warp_sum(sk), p.qk_l2norm, 1.0f);
+            const float bt = ls_ld(beta, (tok0 + r) * HV + hv);
+            b = p.beta_is_logit ? sigmoid(bt) : bt;
+        }
+        if (lane == 0) {
+            rq[r] = fq;
+            rk[r] = fk;
+            rb[r] = b;
+        }
+    }
+    for (int i = tid; i < C * CL; i += PREP_THREADS) accq[i] = acck[i] = 0.0f;
+    __syncthreads();
+
+    float *item = ws.item(chunk, HV, hv);
+    float *o_qg = chunk_ws::qg(item, C, Kp), *o_kbg = chunk_ws::kbg(item, C, Kp);
+    float *o_kd = chunk_ws::kd(item, C, Kp), *o_dlast = chunk_ws::dlast(item, C, Kp);
+
+    for (int64_t d0 = 0; d0 < Kp; d0 += DK) {
+        // 1. the pass's channels of every row: scaled q and k, decay factors
+        for (int idx = tid; idx < C * DK; idx += PREP_THREADS) {
+            const int r = idx / DK, dd = idx % DK;
+            const int64_t d = d0 + dd;
+            float xq = 0.0f, xk = 0.0f, av = 1.0f;
+            if (r < Lc && d < K) {
+                const int64_t tok = tok0 + r, at = (tok * H + h) * K + d;
+                xq = ls_ld(q, at) * rq[r];
+                xk = ls_ld(k, at) * rk[r];
+                float gl = log_decay(p, g, tok, HV, hv, gK, gK == 1 ? 0 : d);
+                gl = gl < LOG_DECAY_FLOOR ? LOG_DECAY_FLOOR : gl; // NaN stays NaN
+                av = expf(gl);
+            }
+            qs[r * LD + dd] = xq;
+            ks[r * LD + dd] = xk;
+            sa[r * LD + dd] = av;
+        }
+        __syncthreads();
+        // 2. inside each sub-chunk: rows scaled down from its first row (qx, kx), columns
+        //    scaled to its last row (ky), and its total decay
+        for (int t = tid; t < NS * DK; t += PREP_THREADS) {
+            const int i = t / DK, dd = t % DK, n = i * 16;
+            float x = 1.0f;
+            for (int rr = 0; rr < 16; rr++) {
+                const int r = n + rr;
+                if (rr) x *= sa[r * LD + dd];
+                qx[r * LD + dd] = qs[r * LD + dd] * x;
+                kx[r * LD + dd] = ks[r * LD + dd] * x;
+            }
+            tot[i * DK + dd] = sa[n * LD + dd] * x;
+            float y = 1.0f;
+            for (int rr = 15; rr >= 0; rr--) {
+                const int c = n + rr;
+                if (rr < 15) y *= sa[(c + 1) * LD + dd];
+                ky[c * LD + dd] = ks[c * LD + dd] * y;
+            }
+        }
+        __syncthreads();
+        // 3. across sub-chunks: e^{G_r}, e^{G_last - G_r} into qg, kbg, kd, dlast, and the
+        //    middle factors e^{G_n(i) - G_e(j)} of the off-diagonal blocks
+        for (int t = tid; t < NS * DK; t += PREP_THREADS) {
+            const int i = t / DK, dd = t % DK, n = i * 16;
+            const int64_t d = d0 + dd;
+            float pre = 1.0f, post = 1.0f;
+            for (int j = 0; j < i; j++) pre *= tot[j * DK + dd];
+            for (int j = NS - 1; j > i; j--) post *= tot[j * DK + dd];
+            if (d < Kp) {
+                const float base = pre * sa[n * LD + dd];
+                float x = 1.0f;
+                for (int rr = 0; rr < 16; rr++) {
+                    const int r = n + rr;
+                    if (rr) x *= sa[r * LD + dd];
+                    const float eg = base * x;
+                    o_qg[r * Kp + d] = qs[r * LD + dd] * eg;
+                    o_kbg[r * Kp + d] = rb[r] * (ks[r * LD + dd] * eg);
+                }
+                if (i == NS - 1) o_dlast[d] = base * x;
+                float y = 1.0f;
+                for (int rr = 15; rr >= 0; rr--) {
+                    const int c = n + rr;
+                    if (rr < 15) y *= sa[(c + 1) * LD + dd];
+                    o_kd[c * Kp + d] = ks[c * LD + dd] * (y * post);
+                }
+            }
+            float m = sa[n * LD + dd];
+            for (int j = i - 1; j >= 0; j--) {
+                mid[(i * NS + j) * DK + dd] = m;
+                if (j) m *= tot[j * DK + dd];
+            }
+        }
+        __syncthreads();
+        // 4. the pass's share of every score: diagonal blocks element by element (four
+        //    threads per column, each a quarter of the channels), off-diagonal blocks as 4 x 4
+        //    register tiles of the factored product
+        for (int t = tid; t < sh::NDIAG + sh::NOFF; t += PREP_THREADS) {
+            if (t < sh::NDIAG) { // whole warps take this branch: NDIAG is a multiple of 32
+                const int i = t / 64, cc = (t / 4) % 16, qd = t % 4, n = i * 16, c = n + cc;
+                float aq[16], ak[16];
+#pragma unroll
+                for (int rr = 0; rr < 16; rr++) aq[rr] = ak[rr] = 0.0f;
+                for (int dd = qd; dd < DK; dd += 4) {
+                    const float kc = ks[c * LD + dd];
+                    float f = 1.0f;
+#pragma unroll
+                    for (int rr = 0; rr < 16; rr++) {
+                        if (rr >= cc) {
+                            const int r = n + rr;
+                            if (rr > cc) f *= sa[r * LD + dd];
+                            const float kf = kc * f;
+                            aq[rr] = fmaf(qs[r * LD + dd], kf, aq[rr]);
+                            ak[rr] = fmaf(ks[r * LD + dd], kf, ak[rr]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int rr = 0; rr < 16; rr++) {
+                    aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], 1);
+                    ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], 1);
+                    aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], 2);
+                    ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], 2);
+                }
+                if (qd == 0) {
+#pragma unroll
+                    for (int rr = 0; rr < 16; rr++) {
+                        if (rr >= cc) accq[(n + rr) * CL + c] += aq[rr];
+                        if (rr > cc) acck[(n + rr) * CL + c] += ak[rr];
+                    }
+                }
+            } else {
+                const int u = t - sh::NDIAG, pair = u / 16, tile = u % 16;
+                int i = 1;
+                while ((i + 1) * i / 2 <= pair) i++;
+                const int j = pair - i * (i - 1) / 2;
+                const int r0 = i * 16 + (tile / 4) * 4, c0 = j * 16 + (tile % 4) * 4;
+                const float *md = mid + (i * NS + j) * DK;
+                float aq[4][4], ak[4][4];
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) aq[a][b] = ak[a][b] = 0.0f;
+                for (int dd = 0; dd < DK; dd++) {
+                    const float m = md[dd];
+                    float z[4];
+#pragma unroll
+                    for (int b = 0; b < 4; b++) z[b] = m * ky[(c0 + b) * LD + dd];
+#pragma unroll
+                    for (int a = 0; a < 4; a++) {
+                        const float xq = qx[(r0 + a) * LD + dd], xk = kx[(r0 + a) * LD + dd];
+#pragma unroll
+                        for (int b = 0; b < 4; b++) {
+                            aq[a][b] = fmaf(xq, z[b], aq[a][b]);
+                            ak[a][b] = fmaf(xk, z[b], ak[a][b]);
+                        }
+                    }
+                }
+#pragma unroll
+                for (int a = 0; a < 4; a++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        accq[(r0 + a) * CL + c0 + b] += aq[a][b];
+                        acck[(r0 + a) * CL + c0 + b] += ak[a][b];
+                    }
+            }
+        }
+        __syncthreads();
+    }
+
+    float *o_aqk = chunk_ws::Aqk(item, C, Kp), *o_t = chunk_ws::Tinv(item, C, Kp);
+    for (int idx = tid; idx < C * C; idx += PREP_THREADS) {
+        const int r = idx / C, c = idx % C;
+        o_aqk[idx] = c <= r ? accq[r * CL + c] : 0.0f;
+    }
+    __syncthreads();
+    // Tinv = (I - M)^{-1} with M = -diag(beta) Akk strictly lower, one column per thread:
+    // x_col = 1, x_r = -beta_r sum_{col <= c < r} Akk[r][c] x_c (into accq, now free)
+    if (tid < C) {
+        const int col = tid;
+        accq[col * CL + col] = 1.0f;
+        for (int r = col + 1; r < C; r++) {
+            float s0 = 0.0f, s1 = 0.0f;
+            int c = col;
+            for (; c + 1 < r; c += 2) {
+                s0 = fmaf(acck[r * CL + c], accq[c * CL + col], s0);
+                s1 = fmaf(acck[r * CL + c + 1], accq[(c + 1) * CL + col], s1);
+            }
+            if (c < r) s0 = fmaf(acck[r * CL + c], accq[c * CL + col], s0);
+            accq[r * CL + col] = -rb[r] * (s0 + s1);
+        }
+    }
+    __syncthreads();
+    for (int idx = tid; idx < C * C; idx += PREP_THREADS) {
+        const int r = idx / C, c = idx % C;
+        o_t[idx] = c <= r ? accq[r * CL + c] : 0.0f;
+    }
+    float *o_beta = chunk_ws::beta(item, C, Kp);
+    for (int r = tid; r < C; r += PREP_THREADS) o_beta[r] = rb[r];
+}
+
+// One (sequence, value head, 32 columns): lane = column, warp w takes the rows w + 8m of each
+// chunk product. seqs: int64 [n][3] = {first token, length, first chunk}.
+template <typename Elem, int C>
+__global__ void __launch_bounds__(STATE_THREADS, 2)
+chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
+                   const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
+{
+    constexpr int RPT = C / STATE_WARPS; // rows per thread
+    extern __shared__ float sm[];
+    const int64_t K = p.K, V = p.V, Kp = ws.Kp;
+    // the state tile, double-buffered: Sbuf(cur) [Kp][32] is S0 of the chunk in progress
+    float *R = sm + 2 * Kp * STATE_BV, *VN = R + C * STATE_BV;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int64_t n = blockIdx.x / HV, hv = blockIdx.x % HV;
+    const int64_t j = (int64_t)blockIdx.y * STATE_BV + lane;
+    const int64_t tok0 = seqs[3 * n], len = seqs[3 * n + 1], chunk0 = seqs[3 * n + 2];
+    const Elem *v = ls_in<Elem>(p.v);
+    Elem *o = ls_out<Elem>(o_);
+    const bool vf = p.state_v_first;
+    const int64_t slot = (n * HV + hv) * K * V;
+
+    for (int64_t d = warp; d < Kp; d += STATE_WARPS)
+        sm[d * STATE_BV + lane] =
+            h0 && d < K && j < V ? h0[slot + (vf ? j * K + d : d * V + j)] : 0.0f;
+    __syncthreads();
+
+    int cur = 0;
+    for (int64_t ci = 0; ci * C < len; ci++) {
+        const int64_t first = tok0 + ci * C;
+        const int Lc = (int)(len - ci * C < C ? len - ci * C : C);
+        float *item = ws.item(chunk0 + ci, HV, hv);
+        const float *qg = chunk_ws::qg(item, C, Kp);
+        const float *kbg = chunk_ws::kbg(item, C, Kp);
+        const float *kd = chunk_ws::kd(item, C, Kp);
+        const float *Aqk = chunk_ws::Aqk(item, C, Kp);
+        const float *Tinv = chunk_ws::Tinv(item, C, Kp);
+        const float *bet = chunk_ws::beta(item, C, Kp);
+        const float *dlast = chunk_ws::dlast(item, C, Kp);
+        const float *S = sm + cur * Kp * STATE_BV;
+        float *Sn = sm + (cur ^ 1) * Kp * STATE_BV;
+
+        // 1. R = diag(beta) V - kbg S0
+        float acc[RPT];
+#pragma unroll
+        for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
+        for (int64_t d = 0; d < Kp; d += 4) {
+            const float s0 = S[d * STATE_BV + lane], s1 = S[(d + 1) * STATE_BV + lane];
+            const float s2 = S[(d + 2) * STATE_BV + lane], s3 = S[(d + 3) * STATE_BV + lane];
+#pragma unroll
+            for (int m = 0; m < RPT; m++) {
+                const int r = warp + STATE_WARPS * m;
+                if (r < Lc) {
+                    const float4 kv = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
+                    acc[m] = fmaf(kv.x, s0, acc[m]);
+                    acc[m] = fmaf(kv.y, s1, acc[m]);
+                    acc[m] = fmaf(kv.z, s2, acc[m]);
+                    acc[m] = fmaf(kv.w, s3, acc[m]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < RPT; m++) {
+            const int r = warp + STATE_WARPS * m;
+            if (r < Lc) {
+                const float vv = j < V ? ls_ld(v, ((first + r) * HV + hv) * V + j) : 0.0f;
+                R[r * STATE_BV + lane] = fmaf(bet[r], vv, -acc[m]);
+            }
+        }
+        __syncthreads();
+        // 2. vnew = Tinv R (unit lower triangular)
+#pragma unroll
+        for (int m = 0; m < RPT; m++) {
+            const int r = warp + STATE_WARPS * m;
+            if (r < Lc) {
+                float a = 0.0f;
+                for (int c = 0; c <= r; c++) a = fmaf(Tinv[r * C + c], R[c * STATE_BV + lane], a);
+                VN[r * STATE_BV + lane] = a;
+            }
+        }
+        __syncthreads();
+        // 3. o = qg S0 + Aqk vnew (lower triangle, diagonal included)
+#pragma unroll
+        for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
+        for (int64_t d = 0; d < Kp; d += 4) {
+            const float s0 = S[d * STATE_BV + lane], s1 = S[(d + 1) * STATE_BV + lane];
+            const float s2 = S[(d + 2) * STATE_BV + lane], s3 = S[(d + 3) * STATE_BV + lane];
+#pragma unroll
+            for (int m = 0; m < RPT; m++) {
+                const int r = warp + STATE_WARPS * m;
+                if (r < Lc) {
+                    const float4 qv = __ldg(reinterpret_cast<const float4 *>(qg + r * Kp + d));
+                    acc[m] = fmaf(qv.x, s0, acc[m]);
+                    acc[m] = fmaf(qv.y, s1, acc[m]);
+                    acc[m] = fmaf(qv.z, s2, acc[m]);
+                    acc[m] = fmaf(qv.w, s3, acc[m]);
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 0; m < RPT; m++) {
+            const int r = warp + STATE_WARPS * m;
+            if (r < Lc) {
+                float a = acc[m];
+                for (int c = 0; c <= r; c++) a = fmaf(Aqk[r * C + c], VN[c * STATE_BV + lane], a);
+                if (j < V) ls_st(o, ((first + r) * HV + hv) * V + j, a);
+            }
+        }
+        // 4. S_C = diag(dlast) S0 + kd^T vnew, into the other buffer (S0 is still read above)
+        for (int64_t gq = warp; gq < Kp / 4; gq += STATE_WARPS) {
+            const int64_t d = 4 * gq;
+            float a0 = 0.0f, a1 = 0.0f, a2 = 0.0f, a3 = 0.0f;
+            for (int r = 0; r < Lc; r++) {
+                const float vn = VN[r * STATE_BV + lane];
+                const float4 kv = __ldg(reinterpret_cast<const float4 *>(kd + r * Kp + d));
+                a0 = fmaf(kv.x, vn, a0);
+                a1 = fmaf(kv.y, vn, a1);
+                a2 = fmaf(kv.z, vn, a2);
+                a3 = fmaf(kv.w, vn, a3);
+            }
+            const float4 dl = __ldg(reinterpret_cast<const float4 *>(dlast + d));
+            Sn[d * STATE_BV + lane] = fmaf(dl.x, S[d * STATE_BV + lane], a0);
+            Sn[(d + 1) * STATE_BV + lane] = fmaf(dl.y, S[(d + 1) * STATE_BV + lane], a1);
+            Sn[(d + 2) * STATE_BV + lane] = fmaf(dl.z, S[(d + 2) * STATE_BV + lane], a2);
+            Sn[(d + 3) * STATE_BV + lane] = fmaf(dl.w, S[(d + 3) * STATE_BV + lane], a3);
+        }
+        __syncthreads();
+        cur ^= 1;
+    }
+    if (ht) {
+        const float *S = sm + cur * Kp * STATE_BV;
+        for (int64_t d = warp; d < K; d += STATE_WARPS)
+            if (j < V) ht[slot + (vf ? j * K + d : d * V + j)] = S[d * STATE_BV + lane];
+    }
+}
+
+template <typename Elem, int C>
+linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scale,
+                             const ls_cuda_call *call, const chunk_ws &ws, const int64_t *seqs,
+                             void *o, float *ht)
+{
+    cudaStream_t s = ls_stream(call);
+    const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+    if (ws.n_chunks > 0) {
+        const size_t prep_bytes = prep_shape<C>::floats * sizeof(float);
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_prep_kernel<Elem, C>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)prep_bytes));
+        chunk_prep_kernel<Elem, C><<<(unsigned)(ws.n_chunks * HV), PREP_THREADS, prep_bytes, s>>>(
+            *p, HV, HV / p->H, gK, scale, ws);
+        LS_CUDA_LAUNCHED(call, "chunk_prep_kernel");
+    }
+    const size_t state_bytes = (size_t)(2 * ws.Kp + 2 * C) * STATE_BV * sizeof(float);
+    LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_state_kernel<Elem, C>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)state_bytes));
+    const dim3 grid((unsigned)(call->n_seqs * HV), ls_blocks(p->V, STATE_BV));
+    chunk_state_kernel<Elem, C><<<grid, STATE_THREADS, state_bytes, s>>>(*p, HV, ws, seqs, p->h0,
+                                                                         ht, o);
+    LS_CUDA_LAUNCHED(call, "chunk_state_kernel");
+    return LINSEQ_OK;
+}
+
+template <typename Elem>
+linseq_status forward(const linseq_kda_problem *p, int64_t HV, float scale,
+                      const ls_cuda_call *call, void *o, float *ht)
+{
+    const int64_t n_seqs = call->n_seqs;
+    if (p->K > 256)
+        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
+                       "K = %lld: the CUDA KDA kernels take K <= 256", (long long)p->K);
+    if (n_seqs * HV > 0x7fffffffLL || (p->V + STATE_BV - 1) / STATE_BV > 65535)
+        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
+                       "%lld sequences x %lld value heads, V = %lld: beyond the CUDA grid",
+                       (long long)n_seqs, (long long)HV, (long long)p->V);
+    if (call->chunk == 0) {
+        rec_params P{};
+        P.p = *p;
+        P.HV = HV;
+        P.group = HV / p->H;
+        P.gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+        P.scale = scale;
+        P.cu = p->cu_seqlens;
+        P.state_in = p->h0;
+        P.state_out = ht;
+        P.rows = nullptr;
+        P.decode = false;
+        P.o = o;
+        return launch_recurrent<Elem>(P, n_seqs, call);
+    }
+
+    const int C = call->chunk;
+    const int64_t *cu = call->cu_seqlens_host;
+    // the chunk list and the sequence table, built on the host
+    int64_t n_chunks = 0;
+    for (int64_t n = 0; n < n_seqs; n++) {
+        const int64_t len = cu ? cu[n + 1] - cu[n] : p->T;
+        n_chunks += (len + C - 1) / C;
+    }
+    if (n_chunks * HV > 0x7fffffffLL)
+        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
+                       "%lld chunks x %lld value heads: beyond the CUDA grid",
+                       (long long)n_chunks, (long long)HV);
+    const size_t table = (size_t)(2 * n_chunks + 3 * n_seqs);
+    int64_t *host = (int64_t *)malloc(table * sizeof(int64_t));
+    if (!host)
+        return ls_fail(call->fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the chunk table");
+    int64_t *hc = host, *hs = host + 2 * n_chunks, c = 0;
+    for (int64_t n = 0; n < n_seqs; n++) {
+        const int64_t start = cu ? cu[n] : n * p->T, len = cu ? cu[n + 1] - cu[n] : p->T;
+        hs[3 * n] = start;
+        hs[3 * n + 1] = len;
+        hs[3 * n + 2] = c;
+        for (int64_t t = 0; t < len; t += C, c++) {
+            hc[2 * c] = start + t;
+            hc[2 * c + 1] = len - t < C ? len - t : C;
+        }
+    }
+
+    chunk_ws ws{};
+    ws.C = C;
+    ws.Kp = (p->K + 3) / 4 * 4;
+    ws.n_chunks = n_chunks;
+    const size_t table_bytes = (table * sizeof(int64_t) + 255) / 256 * 256;
+    const size_t ws_bytes = (size_t)(n_chunks * HV) * (size_t)ws.item_floats() * sizeof(float);
+    ls_cuda_workspace mem;
+    cudaError_t err = mem.alloc(table_bytes + ws_bytes, ls_stream(call));
+    if (err == cudaSuccess)
+        err = cudaMemcpyAsync(mem.ptr, host, table * sizeof(int64_t), cudaMemcpyHostToDevice,
+                              ls_stream(call));
+    free(host); // a pageable copy is staged before cudaMemcpyAsync returns
+    if (err != cudaSuccess)
+        return ls_fail(call->fn, LINSEQ_ERR_DEVICE, "workspace of %zu bytes: %s",
+                       table_bytes + ws_bytes, cudaGetErrorString(err));
+    ws.chunks = mem.as<int64_t>();
+    ws.base = reinterpret_cast<float *>(mem.as<unsigned char>() + table_bytes);
+    const int64_t *seqs = mem.as<int64_t>() + 2 * n_chunks;
+
+    switch (C) {
+    case 16: return launch_chunked<Elem, 16>(p, HV, scale, call, ws, seqs, o, ht);
+    case 32: return launch_chunked<Elem, 32>(p, HV, scale, call, ws, seqs, o, ht);
+    case 64: return launch_chunked<Elem, 64>(p, HV, scale, call, ws, seqs, o, ht);
+    case 128: return launch_chunked<Elem, 128>(p, HV, scale, call, ws, seqs, o, ht);
+    default:
+        return ls_fail(call->fn, LINSEQ_ERR_INVALID_VALUE,
+                       "chunk size %d; the CUDA kernels take 16, 32, 64 or 128", C);
+    }
+}
+
+} // namespace
+
+linseq_status chunk_prepare(const linseq_kda_problem *p, int64_t HV, float scale,
+                            const ls_cuda_call *call, const chunk_ws &ws)
+{
+    if (ws.n_chunks <= 0) return LINSEQ_OK;
+    const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+    cudaStream_t s = ls_stream(call);
+#define LS_PREP(Elem, CC)                                                                    \
+    do {                                                                                     \
+        const size_t bytes = prep_shape<CC>::floats * sizeof(float);                         \
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_prep_kernel<Elem, CC>,                  \
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,  \
+                                               (int)bytes));                                 \
+        chunk_prep_kernel<Elem, CC><<<(unsigned)(ws.n_chunks * HV), PREP_THREADS, bytes, s>>>( \
+            *p, HV, HV / p->H, gK, scale, ws);                                               \
+    } while (0)
+#define LS_PREP_C(Elem)                                                                      \
+    do {                                                                                     \
+        switch (ws.C) {                                                                      \
+        case 16: LS_PREP(Elem, 16); break;                                                   \
+        case 32: LS_PREP(Elem, 32); break;                                                   \
+        case 64: LS_PREP(Elem, 64); break;                                                   \
+        case 128: LS_PREP(Elem, 128); break;                                                 \
+        default:                                                                             \
+            return ls_fail(call->fn, LINSEQ_ERR_INVALID_VALUE, "chunk size %d", ws.C);       \
+        }                                                                                    \
+    } while (0)
+    if (call->bf16)
+        LS_PREP_C(__nv_bfloat16);
+    else
+        LS_PREP_C(float);
+#undef LS_PREP_C
+#undef LS_PREP
+    LS_CUDA_LAUNCHED(call, "chunk_prep_kernel");
+    return LINSEQ_OK;
+}
+
+} // namespace ls_kda
+
+extern "C" linseq_status ls_cuda_kda_forward(const linseq_kda_problem *p, int64_t HV, float scale,
+                                             const ls_cuda_call *call, void *o, float *ht)
+{
+    return call->bf16 ? ls_kda::forward<__nv_bfloat16>(p, HV, scale, call, o, ht)
+                      : ls_kda::forward<float>(p, HV, scale, call, o, ht);
+}
