@@ -11,15 +11,18 @@
 //                kq = ks . qs, in float32 workspace.
 //   2. prep_v    per (token, value head, decay channel): beta after the sigmoid and the
 //                decay factor a = e^{g} with g after the gate.
-//   3. walk      per (sequence, value head, 32-column tile), 256 threads: thread (warp w,
-//                lane l) owns column 32 tile + l and rows w + 8 r of the K x 32 state tile
+//   3. walk      per (sequence, value head, 32-column tile), 256 threads: lane l of warp w
+//                owns rows l + 32 m of the columns w + 8 c (c < 4) of the K x 32 state tile
 //                (registers for K <= 256, per-block global scratch above). Columns only
 //                meet themselves in the recurrence, so each block runs the whole sequence
 //                alone: a forward pass keeps the state every `seg` tokens (seg = 64 in
 //                recurrent mode, the chunk size in chunked mode); the reverse walk rebuilds
 //                one segment's states into a segment buffer and undoes its tokens last to
-//                first (formulas in walk_token below). Per token it writes dv (its
-//                columns), and its tile's share of dqs, dks, dg (per row) and dbeta.
+//                first (formulas in walk_token below). A column's sums over the rows are
+//                warp sums (the forward steps never synchronise the block); the row sums
+//                over the tile's columns meet across the 8 warps in shared memory, one
+//                __syncthreads per reverse token. Per token it writes dv (its columns), and
+//                its tile's share of dqs, dks, dg (per row) and dbeta.
 //   4. finish_qk per (token, qk head), one warp: the tile shares summed over the tiles and
 //                the value heads of the group (GVA) in a fixed order, then the chain rule
 //                of scale and l2norm -> dq, dk w.r.t. the raw q, k.
@@ -29,18 +32,22 @@
 //                second kernel sums the blocks in order. No float atomics anywhere: the
 //                results are bitwise reproducible run to run.
 //
-// FLOPs per call: the walk does per token and state element ~2 (forward pass) + 2 (segment
-// rebuild) + ~14 (reverse token) flops: ~18 Tn HV K V, plus ~40 Tn HV K in the other
-// kernels. Bytes: the inputs once or twice (q, k, v, beta, g, d_o), the outputs once, and
-// workspace traffic: per (token, value head) 3 K floats of tile shares per V tile, and per
-// token and state element 2 floats (segment buffer store + load, mostly L2-resident);
-// checkpoints N HV ceil(L/seg) K V floats.
+// FLOPs per call (Tn HV K V state-element-tokens, E for short): the walk's forward pass
+// ~5 E (pred fma, decay, rank-1 fma), the segment rebuild ~5 E, the reverse token ~17 E: ~27 E
+// FFMA-class flops (e.g. (B,T,H,K) = (1,8192,96,128): 0.35 TFLOP, ~6 ms of H200 fp32), plus
+// ~40 Tn HV K in the other kernels. Bytes: the per-token inputs ~3 times (prep, forward,
+// reverse), the outputs once, the tile shares 3 Tn HV K ceil(V/32) floats written and read,
+// the checkpoints N HV ceil(L/seg) K V floats written and read once, and the segment buffer
+// 2 E floats (a store and a load per state element and token). The segment buffer is the
+// largest term (1 MiB per block at K = 128, seg = 64: it lives in L2 only while few blocks
+// are resident) and the first thing the chunked kernels remove.
 //
 // Why this design: it is exact for every g <= 0 (only the forward's e^{g} <= 1 factors are
 // evaluated; a token with g = -1000 multiplies by an exact 0), matches the CPU recurrent
 // backward's formulas term for term (kda_recurrent_bwd_simd.c), handles any K and V, and
-// each block's rows and columns are owned by one thread, so only the column sums need the
-// block (one __syncthreads per token, double-buffered shared partials).
+// every state element has one owner thread: the checkpoint and segment buffers are private
+// (no synchronisation, coalesced slot order), and only the row sums need the block (one
+// __syncthreads per reverse token, partials double-buffered by token parity).
 #include <math.h>
 
 #include <utility>
@@ -54,6 +61,7 @@ using namespace ls_kdab;
 constexpr int NW = 8;            // warps per walk block
 constexpr int NT = NW * 32;      // threads per block of every kernel here
 constexpr int TILE = 32;         // value columns per walk block
+constexpr int CW = TILE / NW;    // columns per warp in the walk
 constexpr int GATE_TB = 256;     // tokens per partial sum of dA_log / ddt_bias
 constexpr int REC_SEGMENT = 64;  // recurrent mode: tokens between checkpoints
 
@@ -68,11 +76,15 @@ struct walk_args {
     float *dh0;
     const int64_t *cu;           // device cu_seqlens or NULL
     int64_t T, n_tok, H, HV, G, K, V, n_tiles, max_segs;
-    int decay, seg, nr;          // nr: rows per thread (R, or the dynamic count)
+    int decay, seg, mr;          // mr: rows per lane (MR, or the dynamic count)
     bool v_first;
     float *ckpt, *segbuf, *scratch;
     float *p_dq, *p_dk, *p_dg, *p_db;  // tile shares [n_tiles,Tn,HV,K] / [n_tiles,Tn,HV]
 };
+
+// Floats of the walk's cross-warp partials for rows padded to Kpad: two buffers (token
+// parity) of [4][NW][Kpad] row sums, then two of [2][NW] scalars.
+__host__ __device__ constexpr int64_t red_floats(int64_t Kpad) { return 8 * NW * Kpad + 4 * NW; }
 
 __device__ __forceinline__ float row_decay(const walk_args &A, int64_t tok, int64_t hv, int64_t i)
 {
@@ -81,33 +93,110 @@ __device__ __forceinline__ float row_decay(const walk_args &A, int64_t tok, int6
     return A.a[(tok * A.HV + hv) * A.K + i];
 }
 
-// One forward token on the thread's rows: pred = S^T (a k), u = beta (v - pred),
-// S <- diag(a) S + k u^T.
-template <typename Elem, int R>
-__device__ __forceinline__ void walk_step(const walk_args &A, rows<R> &S, float (*red)[2][NW][32],
-                                          int &buf, int64_t tok, int64_t hv, int64_t h,
-                                          int64_t j, bool jok, int warp, int lane, int nr)
-{
-    const float *ks = A.ks + (tok * A.H + h) * A.K;
-    float part = 0.0f;
+// The state elements a thread owns: rows lane + 32 m (m < MR) of the columns
+// warp + NW c (c < CW) of its tile. MR > 0: registers (all loops over m and c unrolled);
+// MR == 0: the block's global scratch in slot order, element (m, c) at (m CW + c) NT + tid,
+// so a warp's accesses are coalesced.
+template <int MR> struct tile_elems {
+    float x[MR][CW];
+    __device__ __forceinline__ void bind(float *) {}
+    __device__ __forceinline__ float get(int m, int c) const { return x[m][c]; }
+    __device__ __forceinline__ void set(int m, int c, float v) { x[m][c] = v; }
+};
+template <> struct tile_elems<0> {
+    float *p;
+    __device__ __forceinline__ void bind(float *base) { p = base; }
+    __device__ __forceinline__ float get(int m, int c) const { return p[(int64_t)(m * CW + c) * NT]; }
+    __device__ __forceinline__ void set(int m, int c, float v) { p[(int64_t)(m * CW + c) * NT] = v; }
+};
+
+// A token's row data for the lane's rows (0 beyond K, so padded rows stay exactly 0):
+// the decay a, ks and qs. MR > 0: loaded once into registers; MR == 0: read when used.
+template <int MR> struct row_data {
+    float a[MR], k[MR], q[MR];
+    __device__ __forceinline__ void load(const walk_args &A, int64_t tok, int64_t hv, int64_t h,
+                                         int lane, bool with_q)
+    {
+        const float *ks = A.ks + (tok * A.H + h) * A.K, *qs = A.qs + (tok * A.H + h) * A.K;
 #pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r;
-        if (i < A.K) part = fmaf(row_decay(A, tok, hv, i) * ks[i], S.get(r), part);
+        for (int m = 0; m < MR; m++) {
+            const int64_t i = lane + 32 * m;
+            const bool ok = i < A.K;
+            a[m] = ok ? row_decay(A, tok, hv, i) : 0.0f;
+            k[m] = ok ? ks[i] : 0.0f;
+            q[m] = ok && with_q ? qs[i] : 0.0f;
+        }
     }
-    red[buf][0][warp][lane] = part;
-    __syncthreads();
-    float pred = 0.0f;
+    __device__ __forceinline__ float A_(int m) const { return a[m]; }
+    __device__ __forceinline__ float K_(int m) const { return k[m]; }
+    __device__ __forceinline__ float Q_(int m) const { return q[m]; }
+};
+template <> struct row_data<0> {
+    const walk_args *P;
+    const float *ks, *qs;
+    int64_t tok, hv;
+    int lane;
+    __device__ __forceinline__ void load(const walk_args &A, int64_t tok_, int64_t hv_,
+                                         int64_t h, int lane_, bool)
+    {
+        P = &A;
+        tok = tok_;
+        hv = hv_;
+        lane = lane_;
+        ks = A.ks + (tok * A.H + h) * A.K;
+        qs = A.qs + (tok * A.H + h) * A.K;
+    }
+    __device__ __forceinline__ float A_(int m) const
+    {
+        const int64_t i = lane + 32 * m;
+        return i < P->K ? row_decay(*P, tok, hv, i) : 0.0f;
+    }
+    __device__ __forceinline__ float K_(int m) const
+    {
+        const int64_t i = lane + 32 * m;
+        return i < P->K ? ks[i] : 0.0f;
+    }
+    __device__ __forceinline__ float Q_(int m) const
+    {
+        const int64_t i = lane + 32 * m;
+        return i < P->K ? qs[i] : 0.0f;
+    }
+};
+
+// One forward token on the thread's elements: pred = S^T (a k) (each column's sum over the
+// rows is the warp's own: lanes hold rows), u = beta (v - pred), S <- diag(a) S + k u^T.
+// No block synchronisation.
+template <typename Elem, int MR>
+__device__ __forceinline__ void walk_step(const walk_args &A, tile_elems<MR> &S, int64_t tok,
+                                          int64_t hv, int64_t h, const int64_t *jc, int lane,
+                                          int mr)
+{
+    row_data<MR> rd;
+    rd.load(A, tok, hv, h, lane, false);
+    float part[CW];
 #pragma unroll
-    for (int w = 0; w < NW; w++) pred += red[buf][0][w][lane];
-    buf ^= 1;
+    for (int c = 0; c < CW; c++) part[c] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++) {
+        const float ak = rd.A_(m) * rd.K_(m);
+#pragma unroll
+        for (int c = 0; c < CW; c++) part[c] = fmaf(ak, S.get(m, c), part[c]);
+    }
     const float beta = A.beta[tok * A.HV + hv];
-    const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), (tok * A.HV + hv) * A.V + j) : 0.0f;
-    const float u = jok ? beta * (vj - pred) : 0.0f;
+    float u[CW];
 #pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r;
-        if (i < A.K) S.set(r, fmaf(ks[i], u, row_decay(A, tok, hv, i) * S.get(r)));
+    for (int c = 0; c < CW; c++) {
+        const float pred = warp_sum(part[c]);
+        const bool jok = jc[c] < A.V;
+        const float vj =
+            jok ? ls_ld(ls_in<Elem>((const float *)A.v), (tok * A.HV + hv) * A.V + jc[c]) : 0.0f;
+        u[c] = jok ? beta * (vj - pred) : 0.0f;
+    }
+#pragma unroll
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++) {
+        const float a = rd.A_(m), k = rd.K_(m);
+#pragma unroll
+        for (int c = 0; c < CW; c++) S.set(m, c, fmaf(k, u[c], a * S.get(m, c)));
     }
 }
 
@@ -118,89 +207,116 @@ __device__ __forceinline__ void walk_step(const walk_args &A, rows<R> &S, float 
 //     dqs_i = a_i (S_i . do) + k_i (u . do)
 //     dks_i = dS_i . u + qs_i (u . do) + a_i (S_i . dpred)
 //     dS'_i = dS_i + qs_i do + k_i dpred,  dg_i = a_i (S_i . dS'_i),  dS_{t-1,i} = a_i dS'_i
-// The sums over columns (u . do, the row dot products, dbeta) cover this tile only; the
-// finish kernels add the tiles.
-template <typename Elem, int R>
-__device__ __forceinline__ void walk_token(const walk_args &A, rows<R> &dS, const float *sp_base,
-                                           float (*red)[2][NW][32], int &buf, int64_t tok,
-                                           int64_t hv, int64_t h, int64_t tile, int64_t j,
-                                           bool jok, int warp, int lane, int nr)
+// Column sums (du, pred) are warp sums; the row sums over the tile's columns meet across
+// the warps in `red` (one __syncthreads, buffers alternating with the token parity), and
+// the finish kernels add the tiles.
+template <typename Elem, int MR>
+__device__ __forceinline__ void walk_token(const walk_args &A, tile_elems<MR> &dS, const float *sp,
+                                           float *red, int64_t Kpad, int &buf, int64_t tok,
+                                           int64_t hv, int64_t h, int64_t tile, const int64_t *jc,
+                                           int warp, int lane, int mr)
 {
-    constexpr int RS = NW * 32;
-    rows<R> Sp;
-    if constexpr (R == 0) {
-        Sp.bind(const_cast<float *>(sp_base), RS);
+    tile_elems<MR> Sp;
+    if constexpr (MR == 0) {
+        Sp.bind(const_cast<float *>(sp));
     } else {
 #pragma unroll
-        for (int r = 0; r < R; r++) Sp.set(r, sp_base[r * RS]);
-    }
-    const int64_t K = A.K, HV = A.HV, V = A.V;
-    const float *qs = A.qs + (tok * A.H + h) * K, *ks = A.ks + (tok * A.H + h) * K;
-    float pp = 0.0f, pd = 0.0f;
+        for (int m = 0; m < MR; m++)
 #pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r;
-        if (i < K) {
-            const float k = ks[i];
-            pp = fmaf(row_decay(A, tok, hv, i) * k, Sp.get(r), pp);
-            pd = fmaf(k, dS.get(r), pd);
+            for (int c = 0; c < CW; c++) Sp.set(m, c, sp[(m * CW + c) * NT]);
+    }
+    row_data<MR> rd;
+    rd.load(A, tok, hv, h, lane, true);
+    const int64_t HV = A.HV, V = A.V;
+    float pp[CW], pd[CW];
+#pragma unroll
+    for (int c = 0; c < CW; c++) pp[c] = pd[c] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++) {
+        const float k = rd.K_(m), ak = rd.A_(m) * k;
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            pp[c] = fmaf(ak, Sp.get(m, c), pp[c]);
+            pd[c] = fmaf(k, dS.get(m, c), pd[c]);
         }
     }
-    red[buf][0][warp][lane] = pp;
-    red[buf][1][warp][lane] = pd;
-    __syncthreads();
-    float pred = 0.0f, du = 0.0f;
+    const float beta = A.beta[tok * HV + hv], kq = A.kq[tok * A.H + h];
+    float u[CW], dov[CW], dp[CW], udo = 0.0f, db = 0.0f;
 #pragma unroll
-    for (int w = 0; w < NW; w++) {
-        pred += red[buf][0][w][lane];
-        du += red[buf][1][w][lane];
+    for (int c = 0; c < CW; c++) {
+        const bool jok = jc[c] < V;
+        const int64_t at = (tok * HV + hv) * V + jc[c];
+        const float pred = warp_sum(pp[c]);
+        float du = warp_sum(pd[c]);
+        dov[c] = jok ? ls_ld(ls_in<Elem>((const float *)A.d_o), at) : 0.0f;
+        const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), at) : 0.0f;
+        const float resid = jok ? vj - pred : 0.0f;
+        u[c] = beta * resid;
+        du = jok ? fmaf(kq, dov[c], du) : 0.0f;
+        if (A.dv && jok && lane == 0) ls_st(ls_out<Elem>(A.dv), at, beta * du);
+        dp[c] = -beta * du;
+        udo = fmaf(u[c], dov[c], udo);
+        db = fmaf(du, resid, db);
+    }
+    float *rb = red + (int64_t)buf * 4 * NW * Kpad;      // [4][NW][Kpad]
+    float *rs = red + 8 * NW * Kpad + buf * 2 * NW;      // [2][NW]
+#pragma unroll
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++) {
+        const float a = rd.A_(m), q = rd.Q_(m), k = rd.K_(m);
+        float sdo = 0.0f, dsu = 0.0f, sdp = 0.0f, sds = 0.0f;
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            const float s = Sp.get(m, c), ds = dS.get(m, c);
+            const float dsd = fmaf(k, dp[c], fmaf(q, dov[c], ds)); // dS'
+            sdo = fmaf(s, dov[c], sdo);
+            dsu = fmaf(ds, u[c], dsu);
+            sdp = fmaf(s, dp[c], sdp);
+            sds = fmaf(s, dsd, sds);
+            dS.set(m, c, a * dsd);
+        }
+        const int64_t r = lane + 32 * m;
+        rb[(0 * NW + warp) * Kpad + r] = sdo;
+        rb[(1 * NW + warp) * Kpad + r] = dsu;
+        rb[(2 * NW + warp) * Kpad + r] = sdp;
+        rb[(3 * NW + warp) * Kpad + r] = sds;
+    }
+    if (lane == 0) {
+        rs[warp] = udo;
+        rs[NW + warp] = db;
+    }
+    __syncthreads();
+    float udo_t = 0.0f;
+#pragma unroll
+    for (int w = 0; w < NW; w++) udo_t += rs[w];
+    if (A.p_db && threadIdx.x == 0) {
+        float d = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) d += rs[NW + w];
+        A.p_db[(tile * A.n_tok + tok) * HV + hv] = d;
+    }
+    const int64_t K = A.K, pbase = ((tile * A.n_tok + tok) * HV + hv) * K;
+    const float *qs = A.qs + (tok * A.H + h) * K, *ks = A.ks + (tok * A.H + h) * K;
+    for (int64_t i = threadIdx.x; i < K; i += NT) {
+        float sdo = 0.0f, dsu = 0.0f, sdp = 0.0f, sds = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) {
+            sdo += rb[(0 * NW + w) * Kpad + i];
+            dsu += rb[(1 * NW + w) * Kpad + i];
+            sdp += rb[(2 * NW + w) * Kpad + i];
+            sds += rb[(3 * NW + w) * Kpad + i];
+        }
+        const float a = row_decay(A, tok, hv, i), q = qs[i], k = ks[i];
+        if (A.p_dq) A.p_dq[pbase + i] = fmaf(k, udo_t, a * sdo);
+        if (A.p_dk) A.p_dk[pbase + i] = dsu + q * udo_t + a * sdp;
+        if (A.p_dg) A.p_dg[pbase + i] = a * sds;
     }
     buf ^= 1;
-    const int64_t at = (tok * HV + hv) * V + j;
-    const float beta = A.beta[tok * HV + hv];
-    const float dov = jok ? ls_ld(ls_in<Elem>((const float *)A.d_o), at) : 0.0f;
-    const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), at) : 0.0f;
-    const float resid = jok ? vj - pred : 0.0f;
-    const float u = beta * resid;
-    du = jok ? fmaf(A.kq[tok * A.H + h], dov, du) : 0.0f;
-    if (A.dv && jok) ls_st(ls_out<Elem>(A.dv), at, beta * du);
-    const float dp = -beta * du;
-    const float udo = warp_sum(u * dov);
-    if (A.p_db) {
-        const float db = warp_sum(du * resid);
-        if (warp == 0 && lane == 0) A.p_db[(tile * A.n_tok + tok) * HV + hv] = db;
-    }
-    const int64_t pbase = ((tile * A.n_tok + tok) * HV + hv) * K;
-#pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r; // the same for the whole warp
-        if (i < K) {
-            const float a = row_decay(A, tok, hv, i), q = qs[i], k = ks[i];
-            const float sp = Sp.get(r), ds = dS.get(r);
-            const float dsd = fmaf(k, dp, fmaf(q, dov, ds));
-            const bool mine = lane == (r & 31);
-            if (A.p_dq) {
-                const float sdo = warp_sum(sp * dov);
-                if (mine) A.p_dq[pbase + i] = fmaf(k, udo, a * sdo);
-            }
-            if (A.p_dk) {
-                const float dsu = warp_sum(ds * u), sdp = warp_sum(sp * dp);
-                if (mine) A.p_dk[pbase + i] = dsu + q * udo + a * sdp;
-            }
-            if (A.p_dg) {
-                const float sds = warp_sum(sp * dsd);
-                if (mine) A.p_dg[pbase + i] = a * sds;
-            }
-            dS.set(r, a * dsd);
-        }
-    }
 }
 
-template <typename Elem, int R>
+template <typename Elem, int MR>
 __global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
 {
-    __shared__ float red[2][2][NW][32];
-    constexpr int RS = NW * 32;
+    extern __shared__ float dyn_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int64_t bid = blockIdx.x;
     const int64_t tile = bid % A.n_tiles, nh = bid / A.n_tiles;
@@ -213,69 +329,82 @@ __global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
         start = n * A.T;
         len = A.T;
     }
-    const int64_t K = A.K, V = A.V, j = tile * TILE + lane;
-    const bool jok = j < V;
-    const int nr = R > 0 ? R : A.nr;
-    const int64_t tf = (int64_t)nr * RS; // floats of one state tile
-    const int slot = warp * 32 + lane;
-    float *ckpt = A.ckpt + bid * A.max_segs * tf + slot;
-    float *segb = A.segbuf + bid * (int64_t)A.seg * tf + slot;
-    rows<R> S, dS;
-    if constexpr (R == 0) {
-        S.bind(A.scratch + bid * 2 * tf + slot, RS);
-        dS.bind(A.scratch + bid * 2 * tf + tf + slot, RS);
+    const int64_t K = A.K, V = A.V;
+    const int mr = MR > 0 ? MR : A.mr;
+    const int64_t Kpad = 32 * (int64_t)mr;
+    const int64_t tf = (int64_t)mr * CW * NT; // floats of one state tile
+    int64_t jc[CW];
+#pragma unroll
+    for (int c = 0; c < CW; c++) jc[c] = tile * TILE + warp + NW * c;
+    float *ckpt = A.ckpt + bid * A.max_segs * tf + threadIdx.x;
+    float *segb = A.segbuf + bid * (int64_t)A.seg * tf + threadIdx.x;
+    float *red = dyn_smem;
+    tile_elems<MR> S, dS;
+    if constexpr (MR == 0) {
+        float *sc = A.scratch + bid * (2 * tf + red_floats(Kpad));
+        S.bind(sc + threadIdx.x);
+        dS.bind(sc + tf + threadIdx.x);
+        red = sc + 2 * tf;
     }
     const int64_t srow = (n * A.HV + hv) * K * V;
+    auto state_at = [&](int64_t i, int64_t j) { return srow + (A.v_first ? j * K + i : i * V + j); };
 
 #pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r;
-        float x = 0.0f;
-        if (A.h0 && jok && i < K) x = A.h0[srow + (A.v_first ? j * K + i : i * V + j)];
-        S.set(r, x);
-    }
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            const int64_t i = lane + 32 * m;
+            S.set(m, c, A.h0 && i < K && jc[c] < V ? A.h0[state_at(i, jc[c])] : 0.0f);
+        }
 
     // forward: the state before every segment
-    int buf = 0;
     const int seg = A.seg;
     const int64_t n_seg = (len + seg - 1) / seg;
     for (int64_t s = 0; s < n_seg; s++) {
 #pragma unroll
-        for (int r = 0; r < (R > 0 ? R : nr); r++) ckpt[s * tf + r * RS] = S.get(r);
+        for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+            for (int c = 0; c < CW; c++) ckpt[s * tf + (m * CW + c) * NT] = S.get(m, c);
         if (s + 1 < n_seg)
             for (int64_t t = s * seg; t < (s + 1) * seg; t++)
-                walk_step<Elem, R>(A, S, red, buf, start + t, hv, h, j, jok, warp, lane, nr);
+                walk_step<Elem, MR>(A, S, start + t, hv, h, jc, lane, mr);
     }
 
     // reverse: rebuild each segment's states, then undo its tokens last to first
 #pragma unroll
-    for (int r = 0; r < (R > 0 ? R : nr); r++) {
-        const int64_t i = warp + NW * r;
-        float x = 0.0f;
-        if (A.d_ht && jok && i < K) x = A.d_ht[srow + (A.v_first ? j * K + i : i * V + j)];
-        dS.set(r, x);
-    }
+    for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+        for (int c = 0; c < CW; c++) {
+            const int64_t i = lane + 32 * m;
+            dS.set(m, c, A.d_ht && i < K && jc[c] < V ? A.d_ht[state_at(i, jc[c])] : 0.0f);
+        }
+    int buf = 0;
     for (int64_t s = n_seg - 1; s >= 0; s--) {
         const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
 #pragma unroll
-        for (int r = 0; r < (R > 0 ? R : nr); r++) S.set(r, ckpt[s * tf + r * RS]);
+        for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+            for (int c = 0; c < CW; c++) S.set(m, c, ckpt[s * tf + (m * CW + c) * NT]);
         for (int64_t t = 0; t < cnt; t++) {
 #pragma unroll
-            for (int r = 0; r < (R > 0 ? R : nr); r++) segb[t * tf + r * RS] = S.get(r);
-            if (t + 1 < cnt)
-                walk_step<Elem, R>(A, S, red, buf, start + t0 + t, hv, h, j, jok, warp, lane, nr);
+            for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+                for (int c = 0; c < CW; c++) segb[t * tf + (m * CW + c) * NT] = S.get(m, c);
+            if (t + 1 < cnt) walk_step<Elem, MR>(A, S, start + t0 + t, hv, h, jc, lane, mr);
         }
         for (int64_t t = cnt - 1; t >= 0; t--)
-            walk_token<Elem, R>(A, dS, segb + t * tf, red, buf, start + t0 + t, hv, h, tile, j,
-                                jok, warp, lane, nr);
+            walk_token<Elem, MR>(A, dS, segb + t * tf, red, Kpad, buf, start + t0 + t, hv, h,
+                                 tile, jc, warp, lane, mr);
     }
 
     if (A.dh0) {
 #pragma unroll
-        for (int r = 0; r < (R > 0 ? R : nr); r++) {
-            const int64_t i = warp + NW * r;
-            if (jok && i < K) A.dh0[srow + (A.v_first ? j * K + i : i * V + j)] = dS.get(r);
-        }
+        for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+#pragma unroll
+            for (int c = 0; c < CW; c++) {
+                const int64_t i = lane + 32 * m;
+                if (i < K && jc[c] < V) A.dh0[state_at(i, jc[c])] = dS.get(m, c);
+            }
     }
 }
 
@@ -507,10 +636,17 @@ struct plan {
     double *dal, *gpart;
 };
 
-template <typename Elem, int R>
+template <typename Elem, int MR>
 linseq_status launch_walk(const ls_cuda_call *call, const walk_args &A, int64_t n_blocks)
 {
-    kda_bwd_walk<Elem, R><<<(unsigned)n_blocks, NT, 0, ls_stream(call)>>>(A);
+    // MR > 0: the cross-warp partials in dynamic shared memory (64 KiB at K = 256, above the
+    // default 48 KiB); MR == 0: in the block's global scratch.
+    const size_t smem = MR > 0 ? (size_t)red_floats(32 * MR) * sizeof(float) : 0;
+    if (smem > 48 * 1024)
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(kda_bwd_walk<Elem, MR>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
+    kda_bwd_walk<Elem, MR><<<(unsigned)n_blocks, NT, smem, ls_stream(call)>>>(A);
     LS_CUDA_LAUNCHED(call, "kda_bwd_walk");
     return LINSEQ_OK;
 }
@@ -533,10 +669,11 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
     const int64_t n_tiles = (V + TILE - 1) / TILE;
     const int64_t n_blocks = N * HV * n_tiles;
     const int64_t max_segs = call->max_len > 0 ? (call->max_len + seg - 1) / seg : 1;
-    const int64_t rows_needed = (K + NW - 1) / NW;
-    const int R = rows_needed <= 4 ? 4 : rows_needed <= 16 ? 16 : rows_needed <= 32 ? 32 : 0;
-    const int nr = R > 0 ? R : (int)rows_needed;
-    const size_t tf = (size_t)nr * NT;
+    const int64_t rows_needed = (K + 31) / 32; // rows per lane
+    const int MR = rows_needed <= 1 ? 1 : rows_needed <= 2 ? 2 : rows_needed <= 4 ? 4
+                 : rows_needed <= 8 ? 8 : 0;
+    const int mr = MR > 0 ? MR : (int)rows_needed;
+    const size_t tf = (size_t)mr * CW * NT;
     const size_t n_share = (size_t)(n_tiles * n_tok * HV);
     const int64_t n_gate_blocks = (n_tok + GATE_TB - 1) / GATE_TB;
 
@@ -550,7 +687,8 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         pl.a = decay != DECAY_NONE ? c.take<float>((size_t)(n_tok * HV * gK)) : nullptr;
         pl.ckpt = c.take<float>((size_t)n_blocks * (size_t)max_segs * tf);
         pl.segbuf = c.take<float>((size_t)n_blocks * (size_t)seg * tf);
-        pl.scratch = R == 0 ? c.take<float>((size_t)n_blocks * 2 * tf) : nullptr;
+        pl.scratch = MR == 0 ? c.take<float>((size_t)n_blocks * (2 * tf + (size_t)red_floats(32 * mr)))
+                             : nullptr;
         pl.p_dq = gr->dq ? c.take<float>(n_share * (size_t)K) : nullptr;
         pl.p_dk = gr->dk ? c.take<float>(n_share * (size_t)K) : nullptr;
         pl.p_dg = want_dg ? c.take<float>(n_share * (size_t)K) : nullptr;
@@ -600,7 +738,7 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         A.max_segs = max_segs;
         A.decay = decay;
         A.seg = seg;
-        A.nr = nr;
+        A.mr = mr;
         A.v_first = p->state_v_first;
         A.ckpt = pl.ckpt;
         A.segbuf = pl.segbuf;
@@ -610,10 +748,11 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         A.p_dg = pl.p_dg;
         A.p_db = pl.p_db;
         linseq_status s;
-        switch (R) {
+        switch (MR) {
+        case 1: s = launch_walk<Elem, 1>(call, A, n_blocks); break;
+        case 2: s = launch_walk<Elem, 2>(call, A, n_blocks); break;
         case 4: s = launch_walk<Elem, 4>(call, A, n_blocks); break;
-        case 16: s = launch_walk<Elem, 16>(call, A, n_blocks); break;
-        case 32: s = launch_walk<Elem, 32>(call, A, n_blocks); break;
+        case 8: s = launch_walk<Elem, 8>(call, A, n_blocks); break;
         default: s = launch_walk<Elem, 0>(call, A, n_blocks); break;
         }
         if (s != LINSEQ_OK) return s;
