@@ -188,7 +188,7 @@ cuda-check:
 	  $(MAKE) CUDA=1 BUILD=build/cuda cuda-tests && sh scripts/cuda-check.sh build/cuda; \
 	else echo "cuda-check: no nvcc on this machine; CUDA sources not compiled"; fi
 
-test: test-plain test-sanitize test-tsan test-valgrind test-python cuda-check
+test: test-plain test-sanitize test-tsan test-valgrind fuzz-short test-python cuda-check
 	@echo "make test: all tests passed (plain and sanitized)"
 
 # Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
