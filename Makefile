@@ -189,7 +189,7 @@ cuda-check:
 	else echo "cuda-check: no nvcc on this machine; CUDA sources not compiled"; fi
 
 test: test-plain test-sanitize test-tsan test-valgrind fuzz-short test-python cuda-check
-	@echo "make test: all tests passed (plain and sanitized)"
+	@echo "make test: every test passed (plain, ASan+UBSan, TSan, valgrind, fuzz, Python, CUDA build)"
 
 # Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
 # and libomp for clang's -fopenmp; see scripts/fuzz.sh).
