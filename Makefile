@@ -48,7 +48,7 @@ NVCC_FLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC,-fvisibility=hidde
               -Iinclude -Isrc -lineinfo -Xptxas -v -DLINSEQ_WITH_CUDA
 ifeq ($(CUDA),1)
 ALL_CFLAGS += -DLINSEQ_WITH_CUDA -I$(CUDA_HOME)/include
-LDLIBS_LIB += -L$(CUDA_HOME)/lib64 -lcudart -Wl,-rpath,$(CUDA_HOME)/lib64
+LDLIBS_LIB += -L$(CUDA_HOME)/lib64 -lcudart -lstdc++ -Wl,-rpath,$(CUDA_HOME)/lib64
 endif
 
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/obj/%.o) \
@@ -173,7 +173,7 @@ CUDA_TEST_BIN := $(CUDA_TEST_SRC:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
 CUDA_TEST_SUPPORT := $(BUILD)/obj/tests/cuda/cuda_testutil.o $(BUILD)/obj/tests/testutil.o
 $(BUILD)/tests/cuda/%: $(BUILD)/obj/tests/cuda/%.o $(CUDA_TEST_SUPPORT) $(STATIC)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(CUDA_TEST_SUPPORT) $(STATIC) $(LDLIBS_LIB) -lstdc++
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(CUDA_TEST_SUPPORT) $(STATIC) $(LDLIBS_LIB)
 
 .PHONY: cuda-tests cuda-test-run
 cuda-tests: lib $(CUDA_TEST_BIN)
