@@ -20,8 +20,6 @@
 // (D W + D + 2 N_seq D (W-1) floats): 2 B T D elements, 2 W B T D flops: memory-bound, the
 // target is copy speed. Backward: read x and d_y, write dx (3 B T D elements) plus 2 D W
 // floats per 128 tokens of partial sums.
-#include <string.h>
-
 #include "cuda/ssm_common.cuh"
 
 namespace {
@@ -47,46 +45,6 @@ struct ConvArgs {
     float *dw_part, *db_part; // [rows][D W], [rows][D] or NULL
 };
 
-template <typename E, int VEC>
-__device__ __forceinline__ void ld_vec(const E *p, int64_t i, float *o)
-{
-    if constexpr (VEC == 1) {
-        o[0] = ls_ld(p, i);
-    } else if constexpr (sizeof(E) == 4) {
-        const float4 v = __ldg(reinterpret_cast<const float4 *>(p + i));
-        o[0] = v.x;
-        o[1] = v.y;
-        o[2] = v.z;
-        o[3] = v.w;
-    } else {
-        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p + i));
-        __nv_bfloat162 lo, hi;
-        memcpy(&lo, &v.x, 4);
-        memcpy(&hi, &v.y, 4);
-        o[0] = __low2float(lo);
-        o[1] = __high2float(lo);
-        o[2] = __low2float(hi);
-        o[3] = __high2float(hi);
-    }
-}
-
-template <typename E, int VEC>
-__device__ __forceinline__ void st_vec(E *p, int64_t i, const float *v)
-{
-    if constexpr (VEC == 1) {
-        ls_st(p, i, v[0]);
-    } else if constexpr (sizeof(E) == 4) {
-        *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
-    } else {
-        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
-        const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
-        uint2 u;
-        memcpy(&u.x, &lo, 4);
-        memcpy(&u.y, &hi, 4);
-        *reinterpret_cast<uint2 *>(p + i) = u;
-    }
-}
-
 // xs[k] of the padded input of sequence seq (start, len), channels d .. d+VEC-1: the state
 // (or zeros) for k < W-1, x[k - (W-1)] after; zeros past the sequence's end.
 template <typename E, int VEC>
@@ -98,7 +56,7 @@ __device__ __forceinline__ void xs_at(const ConvArgs &a, int64_t seq, int64_t st
         for (int c = 0; c < VEC; c++)
             o[c] = a.state ? a.state[((seq * a.D) + d + c) * (W - 1) + k] : 0.0f;
     } else if (k - (W - 1) < len) {
-        ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + k - (W - 1)) * a.D + d, o);
+        ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + k - (W - 1)) * a.D + d, o);
     } else {
 #pragma unroll
         for (int c = 0; c < VEC; c++) o[c] = 0.0f;
@@ -139,7 +97,7 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
 #pragma unroll
         for (int t = 0; t < kChunk; t++) {
             if (t < cnt) {
-                ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d,
+                ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d,
                                win[W - 1]);
                 float out[VEC];
 #pragma unroll
@@ -149,7 +107,7 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
                     for (int j = 0; j < W; j++) acc = fmaf(w[j][c], win[j][c], acc);
                     out[c] = ls_dev_activate(a.act, acc);
                 }
-                st_vec<E, VEC>(y, (start + t0 + t) * a.D + d, out);
+                ls_st_vec<E, VEC>(y, (start + t0 + t) * a.D + d, out);
 #pragma unroll
                 for (int j = 0; j + 1 < W; j++)
 #pragma unroll
@@ -170,7 +128,7 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
             }
 #pragma unroll
             for (int c = 0; c < VEC; c++) out[c] = ls_dev_activate(a.act, out[c]);
-            st_vec<E, VEC>(y, (start + t0 + t) * a.D + d, out);
+            ls_st_vec<E, VEC>(y, (start + t0 + t) * a.D + d, out);
         }
     }
 

@@ -50,6 +50,28 @@ constexpr float kLog2e = 1.4426950408889634f;
 
 static_assert(kCkpt % kChunk == 0 && kCkpt % kSub == 0, "checkpoint interval");
 
+// B_t (or C_t) at states n0 .. n0+NB-1 of one token, from element bc: the first nv real, the
+// rest 0. vec: N % 4 == 0 and the pointer aligned to 4 elements, so each run of 4 states is one
+// 16-byte (float32) or 8-byte (bf16) load; all lanes of a warp usually read the same address.
+template <typename E, int NB>
+__device__ __forceinline__ void ld_states(const E *p, int64_t bc, int nv, int vec, float *o)
+{
+    if (vec) {
+#pragma unroll
+        for (int q = 0; q < NB; q += 4) {
+            if (q < nv) {
+                ls_ld_vec<E, 4>(p, bc + q, o + q);
+            } else {
+#pragma unroll
+                for (int j = q; j < q + 4; j++) o[j] = 0.0f;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < NB; j++) o[j] = j < nv ? ls_ld(p, bc + j) : 0.0f;
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // Forward (also the backward's checkpoint pass)
 
@@ -62,6 +84,7 @@ struct FwdArgs {
     int act;
     int softplus;
     int n_slabs;
+    int vec_bc;          // B_proj, C_proj loads 4 states at a time (see ld_states)
     void *y;             // Elem, or NULL (checkpoint pass)
     float *hT;           // or NULL
     float *part;         // [n_slabs][B T D] partial sum_n h C when n_slabs > 1
@@ -155,13 +178,14 @@ __global__ void ssm1_fwd_kernel(const FwdArgs a)
         for (int k = 0; k < cnt; k++) {
             const float dtv = s_dt[k * kLanes + lane], dtx = s_dtx[k * kLanes + lane];
             const int64_t bc = bc0 + k * GN;
+            float bv[NB], cv[NB];
+            ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bv);
+            ld_states<E, NB>(Cp, bc, nv, a.vec_bc, cv);
             float acc = 0.0f;
 #pragma unroll
             for (int j = 0; j < NB; j++) {
-                const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
-                const float cv = (j < nv) ? ls_ld(Cp, bc + j) : 0.0f;
-                h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv);
-                acc = fmaf(h[j], cv, acc);
+                h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
+                acc = fmaf(h[j], cv[j], acc);
             }
             s_y[(warp * kChunk + k) * kLanes + lane] = acc;
         }
@@ -213,6 +237,7 @@ struct BwdArgs {
     int act;
     int softplus;
     int n_slabs;
+    int vec_bc;
     const float *ckpt;
     void *dx, *ddt;        // Elem or NULL
     float *dh0;            // or NULL
@@ -328,12 +353,11 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
                         xv = ls_ld(static_cast<const E *>(a.x), t * D + d);
                     }
                     const float dtx = dtv * xv;
-                    const int64_t bc = t * GN + g * N + n0;
+                    float bv[NB];
+                    ld_states<E, NB>(Bp, t * GN + g * N + n0, nv, a.vec_bc, bv);
 #pragma unroll
-                    for (int j = 0; j < NB; j++) {
-                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
-                        h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv);
-                    }
+                    for (int j = 0; j < NB; j++)
+                        h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
                 }
             }
         }
@@ -363,12 +387,11 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
                 if (k < cnt) {
                     const float dtv = s_dt[k * kLanes + lane];
                     const float dtx = dtv * s_x[k * kLanes + lane];
-                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
+                    float bv[NB];
+                    ld_states<E, NB>(Bp, (tok0 + k) * GN + g * N + n0, nv, a.vec_bc, bv);
 #pragma unroll
-                    for (int j = 0; j < NB; j++) {
-                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
-                        hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bv);
-                    }
+                    for (int j = 0; j < NB; j++)
+                        hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bv[j]);
                 } else {
 #pragma unroll
                     for (int j = 0; j < NB; j++) hs[k + 1][j] = 0.0f;
@@ -380,11 +403,13 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
                     const float dtv = s_dt[k * kLanes + lane], xv = s_x[k * kLanes + lane];
                     const float dp = s_dp[k * kLanes + lane];
                     const int64_t bc = (tok0 + k) * GN + g * N + n0;
+                    float bvs[NB], cvs[NB];
+                    ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bvs);
+                    ld_states<E, NB>(Cp, bc, nv, a.vec_bc, cvs);
                     float sx = 0.0f, sdt = 0.0f;
 #pragma unroll
                     for (int j = 0; j < NB; j++) {
-                        const float bv = (j < nv) ? ls_ld(Bp, bc + j) : 0.0f;
-                        const float cv = (j < nv) ? ls_ld(Cp, bc + j) : 0.0f;
+                        const float bv = bvs[j], cv = cvs[j];
                         const float decay = ls_dev_exp2(rate[j] * dtv);
                         const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
                         const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
@@ -577,7 +602,9 @@ FwdArgs fwd_args(const linseq_ssm1_problem *p, const ls_cuda_call *call)
     a.n_slabs = (int)((p->N + a.n_per_slab - 1) / a.n_per_slab);
     a.act = p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;
     a.softplus = p->dt_softplus ? 1 : 0;
-    (void)call;
+    const uintptr_t align = (call->bf16 ? 2 : 4) * 4;
+    a.vec_bc = p->N % 4 == 0 && (uintptr_t)p->B_proj % align == 0 &&
+               (uintptr_t)p->C_proj % align == 0;
     return a;
 }
 
@@ -663,6 +690,7 @@ linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *ca
     b.n_tiles = f.n_tiles;
     b.act = f.act;
     b.softplus = f.softplus;
+    b.vec_bc = f.vec_bc;
     const int64_t per_slab = (int64_t)kBwdNB * kMaxWarps;
     b.n_slabs = (int)((f.N + per_slab - 1) / per_slab);
     // The most groups one tile of kLanes channels meets.

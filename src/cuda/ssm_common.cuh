@@ -4,6 +4,8 @@
 #ifndef LS_CUDA_SSM_COMMON_CUH
 #define LS_CUDA_SSM_COMMON_CUH
 
+#include <string.h>
+
 #include "cuda/cuda_common.cuh"
 
 // Two branches so that exp never overflows (as ls_sigmoidf).
@@ -83,6 +85,50 @@ __device__ __forceinline__ void ls_dev_seq_range(const int64_t *cu, int64_t T, i
     } else {
         *start = s * T;
         *len = T;
+    }
+}
+
+// VEC (1 or 4) consecutive per-token elements from index i, widened to float: one 16-byte
+// (float32) or 8-byte (bf16) access for VEC = 4, so i must be a multiple of 4 and the
+// pointer aligned to 4 elements.
+template <typename E, int VEC>
+__device__ __forceinline__ void ls_ld_vec(const E *p, int64_t i, float *o)
+{
+    if constexpr (VEC == 1) {
+        o[0] = ls_ld(p, i);
+    } else if constexpr (sizeof(E) == 4) {
+        const float4 v = __ldg(reinterpret_cast<const float4 *>(p + i));
+        o[0] = v.x;
+        o[1] = v.y;
+        o[2] = v.z;
+        o[3] = v.w;
+    } else {
+        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p + i));
+        __nv_bfloat162 lo, hi;
+        memcpy(&lo, &v.x, 4);
+        memcpy(&hi, &v.y, 4);
+        o[0] = __low2float(lo);
+        o[1] = __high2float(lo);
+        o[2] = __low2float(hi);
+        o[3] = __high2float(hi);
+    }
+}
+
+// The store twin of ls_ld_vec (round to nearest even for bf16).
+template <typename E, int VEC>
+__device__ __forceinline__ void ls_st_vec(E *p, int64_t i, const float *v)
+{
+    if constexpr (VEC == 1) {
+        ls_st(p, i, v[0]);
+    } else if constexpr (sizeof(E) == 4) {
+        *reinterpret_cast<float4 *>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+    } else {
+        const __nv_bfloat162 lo = __floats2bfloat162_rn(v[0], v[1]);
+        const __nv_bfloat162 hi = __floats2bfloat162_rn(v[2], v[3]);
+        uint2 u;
+        memcpy(&u.x, &lo, 4);
+        memcpy(&u.y, &hi, 4);
+        *reinterpret_cast<uint2 *>(p + i) = u;
     }
 }
 

@@ -1,6 +1,7 @@
 /* The CUDA SSM1 scan (linseq_ssm1_forward / _backward on LINSEQ_DEVICE_CUDA) against the CPU
  * path of the same library on host copies of the same inputs: odd D and N, N from 1 to 150
- * (every states-per-thread variant and the slabs of states past 128 forward, 32 backward),
+ * (every states-per-thread variant and the slabs of states past 128 forward, 32 backward;
+ * 4-state vector loads of B_proj/C_proj when N % 4 == 0),
  * T = 1 and T past several 64-token checkpoints, groups (one, several, a group per channel,
  * groups straddling the 32-channel tiles), varlen with an empty sequence, every gate
  * activation, D_skip, dt_softplus with and without dt_bias, h0 absent / given / updated in
@@ -343,6 +344,10 @@ int main(void)
          .softplus = true, .bias = true, .dht = true, .cu = cu4, .n_seqs = 4},
         /* N = 33: 9 warps' worth of states forward (NB 8), 2 slabs backward */
         {.B = 2, .T = 66, .D = 35, .N = 33, .G = 5, .gate = true, .h0 = true},
+        /* N % 4 == 0: B_proj/C_proj read 4 states at a time; N = 36 leaves the last warp
+         * half its 8 states (forward) */
+        {.B = 2, .T = 40, .D = 36, .N = 36, .G = 3, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true, .dht = true},
     };
     const size_t n_cases = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < n_cases; i++) {
