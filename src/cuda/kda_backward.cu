@@ -17,8 +17,10 @@
 //                meet themselves in the recurrence, so each block runs the whole sequence
 //                alone: a forward pass keeps the state every `seg` tokens (seg = 64 in
 //                recurrent mode, the chunk size in chunked mode); the reverse walk rebuilds
-//                one segment's states into a segment buffer and undoes its tokens last to
-//                first (formulas in walk_token below). A column's sums over the rows are
+//                one segment at a time, keeping its state every `sub` tokens in global
+//                memory, then one sub-segment's states (as many as shared memory holds:
+//                12 at K = 128, 5 at K = 256) in shared memory, and undoes those tokens
+//                last to first (formulas in walk_token below). A column's sums over the rows are
 //                warp sums (the forward steps never synchronise the block); the row sums
 //                over the tile's columns meet across the 8 warps in shared memory, one
 //                __syncthreads per reverse token. Per token it writes dv (its columns), and
@@ -32,15 +34,15 @@
 //                second kernel sums the blocks in order. No float atomics anywhere: the
 //                results are bitwise reproducible run to run.
 //
-// FLOPs per call (Tn HV K V state-element-tokens, E for short): the walk's forward pass
-// ~5 E (pred fma, decay, rank-1 fma), the segment rebuild ~5 E, the reverse token ~17 E: ~27 E
-// FFMA-class flops (e.g. (B,T,H,K) = (1,8192,96,128): 0.35 TFLOP, ~6 ms of H200 fp32), plus
-// ~40 Tn HV K in the other kernels. Bytes: the per-token inputs ~3 times (prep, forward,
-// reverse), the outputs once, the tile shares 3 Tn HV K ceil(V/32) floats written and read,
-// the checkpoints N HV ceil(L/seg) K V floats written and read once, and the segment buffer
-// 2 E floats (a store and a load per state element and token). The segment buffer is the
-// largest term (1 MiB per block at K = 128, seg = 64: it lives in L2 only while few blocks
-// are resident) and the first thing the chunked kernels remove.
+// FLOPs per call (Tn HV K V state-element-tokens, E for short): three forward passes (the
+// checkpoints, the segment's sub-segment starts, the sub-segment's states) ~5 E each, and the
+// reverse token ~17 E: ~32 E FFMA-class flops (e.g. (B,T,H,K) = (1,8192,96,128): 0.41 TFLOP,
+// ~7 ms of H200 fp32), plus ~40 Tn HV K in the other kernels. Bytes: the per-token inputs
+// ~4 times (prep, three forward passes share L2, reverse), the outputs once, the tile shares
+// 3 Tn HV K ceil(V/32) floats written and read, the checkpoints N HV ceil(L/seg) K V floats
+// and the sub-segment starts 2 E / sub floats written and read once; the per-token states
+// stay in shared memory (2 E floats of shared traffic). K > 256 (no register path) keeps a
+// whole segment's states in global memory instead.
 //
 // Why this design: it is exact for every g <= 0 (only the forward's e^{g} <= 1 factors are
 // evaluated; a token with g = -1000 multiplies by an exact 0), matches the CPU recurrent
@@ -77,6 +79,9 @@ struct walk_args {
     const int64_t *cu;           // device cu_seqlens or NULL
     int64_t T, n_tok, H, HV, G, K, V, n_tiles, max_segs;
     int decay, seg, mr;          // mr: rows per lane (MR, or the dynamic count)
+    int sub;                     // tokens per sub-segment (states in shared memory; = seg
+                                 // for MR == 0, whose sub-segment lives in segbuf)
+    int64_t seg_states;          // states per block in segbuf
     bool v_first;
     float *ckpt, *segbuf, *scratch;
     float *p_dq, *p_dk, *p_dg, *p_db;  // tile shares [n_tiles,Tn,HV,K] / [n_tiles,Tn,HV]
@@ -337,8 +342,10 @@ __global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
 #pragma unroll
     for (int c = 0; c < CW; c++) jc[c] = tile * TILE + warp + NW * c;
     float *ckpt = A.ckpt + bid * A.max_segs * tf + threadIdx.x;
-    float *segb = A.segbuf + bid * (int64_t)A.seg * tf + threadIdx.x;
+    float *segb = A.segbuf + bid * A.seg_states * tf + threadIdx.x;
     float *red = dyn_smem;
+    // the states of one sub-segment: shared memory after the partials (MR > 0), or segbuf
+    float *subb = MR > 0 ? dyn_smem + red_floats(Kpad) + threadIdx.x : segb;
     tile_elems<MR> S, dS;
     if constexpr (MR == 0) {
         float *sc = A.scratch + bid * (2 * tf + red_floats(Kpad));
@@ -378,23 +385,43 @@ __global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
             const int64_t i = lane + 32 * m;
             dS.set(m, c, A.d_ht && i < K && jc[c] < V ? A.d_ht[state_at(i, jc[c])] : 0.0f);
         }
-    int buf = 0;
-    for (int64_t s = n_seg - 1; s >= 0; s--) {
-        const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
+    // Two levels inside a segment: its states every `sub` tokens go to segbuf (global, one
+    // per sub-segment), then each sub-segment's states, last sub-segment first, to shared
+    // memory, where the reverse tokens read them. The last sub-segment starts where the
+    // first level stopped, so it needs no stored copy.
+    auto store_tile = [&](float *dst) {
 #pragma unroll
         for (int m = 0; m < (MR > 0 ? MR : mr); m++)
 #pragma unroll
-            for (int c = 0; c < CW; c++) S.set(m, c, ckpt[s * tf + (m * CW + c) * NT]);
-        for (int64_t t = 0; t < cnt; t++) {
+            for (int c = 0; c < CW; c++) dst[(m * CW + c) * NT] = S.get(m, c);
+    };
+    auto load_tile = [&](const float *src) {
 #pragma unroll
-            for (int m = 0; m < (MR > 0 ? MR : mr); m++)
+        for (int m = 0; m < (MR > 0 ? MR : mr); m++)
 #pragma unroll
-                for (int c = 0; c < CW; c++) segb[t * tf + (m * CW + c) * NT] = S.get(m, c);
-            if (t + 1 < cnt) walk_step<Elem, MR>(A, S, start + t0 + t, hv, h, jc, lane, mr);
+            for (int c = 0; c < CW; c++) S.set(m, c, src[(m * CW + c) * NT]);
+    };
+    const int sub = A.sub;
+    int buf = 0;
+    for (int64_t s = n_seg - 1; s >= 0; s--) {
+        const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
+        const int64_t n_sub = (cnt + sub - 1) / sub;
+        load_tile(ckpt + s * tf);
+        for (int64_t t = 0; t < (n_sub - 1) * sub; t++) {
+            if (t % sub == 0) store_tile(segb + (t / sub) * tf);
+            walk_step<Elem, MR>(A, S, start + t0 + t, hv, h, jc, lane, mr);
         }
-        for (int64_t t = cnt - 1; t >= 0; t--)
-            walk_token<Elem, MR>(A, dS, segb + t * tf, red, Kpad, buf, start + t0 + t, hv, h,
-                                 tile, jc, warp, lane, mr);
+        for (int64_t b = n_sub - 1; b >= 0; b--) {
+            if (b < n_sub - 1) load_tile(segb + b * tf);
+            const int64_t u0 = t0 + b * sub, ucnt = cnt - b * sub < sub ? cnt - b * sub : sub;
+            for (int64_t t = 0; t < ucnt; t++) {
+                store_tile(subb + t * tf);
+                if (t + 1 < ucnt) walk_step<Elem, MR>(A, S, start + u0 + t, hv, h, jc, lane, mr);
+            }
+            for (int64_t t = ucnt - 1; t >= 0; t--)
+                walk_token<Elem, MR>(A, dS, subb + t * tf, red, Kpad, buf, start + u0 + t, hv,
+                                     h, tile, jc, warp, lane, mr);
+        }
     }
 
     if (A.dh0) {
@@ -636,12 +663,19 @@ struct plan {
     double *dal, *gpart;
 };
 
+// Shared memory of a walk block: the partials, then `sub` states (MR > 0); none for MR == 0.
+size_t walk_smem(int MR, int sub)
+{
+    return MR > 0 ? ((size_t)red_floats(32 * MR) + (size_t)sub * MR * CW * NT) * sizeof(float)
+                  : 0;
+}
+
 template <typename Elem, int MR>
 linseq_status launch_walk(const ls_cuda_call *call, const walk_args &A, int64_t n_blocks)
 {
-    // MR > 0: the cross-warp partials in dynamic shared memory (64 KiB at K = 256, above the
-    // default 48 KiB); MR == 0: in the block's global scratch.
-    const size_t smem = MR > 0 ? (size_t)red_floats(32 * MR) * sizeof(float) : 0;
+    // MR > 0: the cross-warp partials and a sub-segment's states in dynamic shared memory
+    // (above the default 48 KiB); MR == 0: both in global memory.
+    const size_t smem = walk_smem(MR, A.sub);
     if (smem > 48 * 1024)
         LS_CUDA_TRY(call, cudaFuncSetAttribute(kda_bwd_walk<Elem, MR>,
                                                cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -675,6 +709,19 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
     const int mr = MR > 0 ? MR : (int)rows_needed;
     const size_t tf = (size_t)mr * CW * NT;
     const size_t n_share = (size_t)(n_tiles * n_tok * HV);
+    // Sub-segment length: as many states as shared memory holds next to the partials (half
+    // of it for MR <= 2, whose register use lets two blocks share an SM), at most seg.
+    int sub = seg;
+    if (MR > 0) {
+        int optin = 0;
+        LS_CUDA_TRY(call, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                                                 call->device));
+        const size_t budget = MR <= 2 ? (size_t)optin / 2 : (size_t)optin;
+        const size_t fixed = walk_smem(MR, 0), per_state = walk_smem(MR, 1) - fixed;
+        const int64_t fit = budget > fixed ? (int64_t)((budget - fixed) / per_state) : 0;
+        sub = (int)(fit < 1 ? 1 : fit < seg ? fit : seg);
+    }
+    const int64_t seg_states = MR > 0 ? (seg + sub - 1) / sub : seg; // see kda_bwd_walk
     const int64_t n_gate_blocks = (n_tok + GATE_TB - 1) / GATE_TB;
 
     auto layout = [&](char *base) {
@@ -686,7 +733,7 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         pl.beta = c.take<float>((size_t)(n_tok * HV));
         pl.a = decay != DECAY_NONE ? c.take<float>((size_t)(n_tok * HV * gK)) : nullptr;
         pl.ckpt = c.take<float>((size_t)n_blocks * (size_t)max_segs * tf);
-        pl.segbuf = c.take<float>((size_t)n_blocks * (size_t)seg * tf);
+        pl.segbuf = c.take<float>((size_t)n_blocks * (size_t)seg_states * tf);
         pl.scratch = MR == 0 ? c.take<float>((size_t)n_blocks * (2 * tf + (size_t)red_floats(32 * mr)))
                              : nullptr;
         pl.p_dq = gr->dq ? c.take<float>(n_share * (size_t)K) : nullptr;
@@ -738,6 +785,8 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         A.max_segs = max_segs;
         A.decay = decay;
         A.seg = seg;
+        A.sub = sub;
+        A.seg_states = seg_states;
         A.mr = mr;
         A.v_first = p->state_v_first;
         A.ckpt = pl.ckpt;
