@@ -94,11 +94,20 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
             for (int c = 0; c < VEC; c++) w[j][c] = a.weight[(d + c) * W + j];
 #pragma unroll
         for (int j = 0; j + 1 < W; j++) xs_at<E, VEC>(a, seq, start, len, d, W, t0 + j, win[j]);
+        // Every load of the chunk before the first store (a store to y could alias x as far
+        // as the compiler knows, which would serialise load, compute, store per token).
+        float xin[kChunk][VEC];
+#pragma unroll
+        for (int t = 0; t < kChunk; t++) {
+            if (t < cnt)
+                ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d,
+                                  xin[t]);
+        }
 #pragma unroll
         for (int t = 0; t < kChunk; t++) {
             if (t < cnt) {
-                ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d,
-                               win[W - 1]);
+#pragma unroll
+                for (int c = 0; c < VEC; c++) win[W - 1][c] = xin[t][c];
                 float out[VEC];
 #pragma unroll
                 for (int c = 0; c < VEC; c++) {
