@@ -64,6 +64,7 @@ constexpr int NW = 8;            // warps per walk block
 constexpr int NT = NW * 32;      // threads per block of every kernel here
 constexpr int TILE = 32;         // value columns per walk block
 constexpr int CW = TILE / NW;    // columns per warp in the walk
+static_assert(CW == 4, "the walk sums its columns with warp_sum4");
 constexpr int GATE_TB = 256;     // tokens per partial sum of dA_log / ddt_bias
 constexpr int REC_SEGMENT = 64;  // recurrent mode: tokens between checkpoints
 
@@ -188,10 +189,11 @@ __device__ __forceinline__ void walk_step(const walk_args &A, tile_elems<MR> &S,
         for (int c = 0; c < CW; c++) part[c] = fmaf(ak, S.get(m, c), part[c]);
     }
     const float beta = A.beta[tok * A.HV + hv];
+    warp_sum4(part); // now pred
     float u[CW];
 #pragma unroll
     for (int c = 0; c < CW; c++) {
-        const float pred = warp_sum(part[c]);
+        const float pred = part[c];
         const bool jok = jc[c] < A.V;
         const float vj =
             jok ? ls_ld(ls_in<Elem>((const float *)A.v), (tok * A.HV + hv) * A.V + jc[c]) : 0.0f;
@@ -247,12 +249,14 @@ __device__ __forceinline__ void walk_token(const walk_args &A, tile_elems<MR> &d
     }
     const float beta = A.beta[tok * HV + hv], kq = A.kq[tok * A.H + h];
     float u[CW], dov[CW], dp[CW], udo = 0.0f, db = 0.0f;
+    warp_sum4(pp); // now pred
+    warp_sum4(pd); // now dS^T k
 #pragma unroll
     for (int c = 0; c < CW; c++) {
         const bool jok = jc[c] < V;
         const int64_t at = (tok * HV + hv) * V + jc[c];
-        const float pred = warp_sum(pp[c]);
-        float du = warp_sum(pd[c]);
+        const float pred = pp[c];
+        float du = pd[c];
         dov[c] = jok ? ls_ld(ls_in<Elem>((const float *)A.d_o), at) : 0.0f;
         const float vj = jok ? ls_ld(ls_in<Elem>((const float *)A.v), at) : 0.0f;
         const float resid = jok ? vj - pred : 0.0f;
