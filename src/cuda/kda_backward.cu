@@ -322,8 +322,10 @@ __device__ __forceinline__ void walk_token(const walk_args &A, tile_elems<MR> &d
     buf ^= 1;
 }
 
+// K <= 64 (MR <= 2) fits two blocks per SM (<= 128 registers, half the shared memory each);
+// at K = 128 the 128-register cap would spill, so one block of 8 warps.
 template <typename Elem, int MR>
-__global__ void __launch_bounds__(NT, 1) kda_bwd_walk(const walk_args A)
+__global__ void __launch_bounds__(NT, (MR > 0 && MR <= 2) ? 2 : 1) kda_bwd_walk(const walk_args A)
 {
     extern __shared__ float dyn_smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
