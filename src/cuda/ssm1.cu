@@ -93,34 +93,38 @@ struct FwdArgs {
     void *dgate;
 };
 
-// The output of token idx from out = sum_n h C: the skip term, then y or dgate.
+// The output of token idx from out = sum_n h C: the skip term, then y or dgate. z and dy:
+// gate and d_y at idx, loaded by the caller when used.
 template <typename E>
 __device__ __forceinline__ void fwd_finish(const FwdArgs &a, float out, int64_t idx, int64_t d,
-                                           float x)
+                                           float x, float z, float dy)
 {
     if (a.Dskip) out = fmaf(a.Dskip[d], x, out);
-    if (a.y) {
-        float v = out;
-        if (a.gate) v *= ls_dev_activate(a.act, ls_ld(static_cast<const E *>(a.gate), idx));
-        ls_st(static_cast<E *>(a.y), idx, v);
-    }
-    if (a.dgate) {
-        const float z = ls_ld(static_cast<const E *>(a.gate), idx);
-        const float dy = ls_ld(static_cast<const E *>(a.dy), idx);
-        ls_st(static_cast<E *>(a.dgate), idx, dy * out * ls_dev_activate_grad(a.act, z));
-    }
+    if (a.y) ls_st(static_cast<E *>(a.y), idx, a.gate ? out * ls_dev_activate(a.act, z) : out);
+    if (a.dgate) ls_st(static_cast<E *>(a.dgate), idx, dy * out * ls_dev_activate_grad(a.act, z));
 }
 
+// Per-thread batches of the block-wide loops over a chunk: kBatch loads are issued before the
+// values are used or anything is stored, so their latencies overlap (the compiler may not move
+// a global load past a store that might alias it).
+constexpr int kBatch = 4;
+
+// At most 256 threads; with 4 states per thread at most 80 registers, so that 6 blocks of 4
+// warps (the N = 16 shape) fit on an SM.
 template <typename E, int NB>
-__global__ void ssm1_fwd_kernel(const FwdArgs a)
+__global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4 ? 3 : NB == 8 ? 2 : 1)
+    ssm1_fwd_kernel(const FwdArgs a)
 {
     extern __shared__ float smem[];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int nthr = blockDim.x, nwarps = nthr >> 5;
-    float *s_dt = smem;                   // [kChunk][32] dt after softplus
+    const int ns_pad = nwarps * NB;        // states per block (zero past N)
+    float *s_dt = smem;                    // [kChunk][32] dt after softplus
     float *s_dtx = s_dt + kChunk * kLanes; // dt * x
     float *s_x = s_dtx + kChunk * kLanes;  // x
     float *s_y = s_x + kChunk * kLanes;    // [nwarps][kChunk][32] partial sum_n h C
+    float *s_B = s_y + nwarps * kChunk * kLanes; // [kChunk][ns_pad] B_t of the tile's group
+    float *s_C = s_B + kChunk * ns_pad;
 
     const int64_t seq = blockIdx.x / a.n_tiles;
     const int64_t d0 = (blockIdx.x % a.n_tiles) * kLanes;
@@ -131,10 +135,17 @@ __global__ void ssm1_fwd_kernel(const FwdArgs a)
     const int64_t d = d0 + lane;
     const bool d_ok = d < D;
     const int64_t g = (d_ok ? d : D - 1) / a.cpg;
-    const int64_t n0 = slab * a.n_per_slab + (int64_t)warp * NB;
+    const int64_t nbase = slab * a.n_per_slab, n0 = nbase + (int64_t)warp * NB;
+    const int ns = N - nbase < ns_pad ? (int)(N - nbase) : ns_pad; // real states of the block
+    // A tile inside one group (always, unless groups are narrower than the tile or straddle
+    // it) stages the chunk's B_t and C_t in shared memory: one coalesced pass, then every
+    // warp reads them with 16-byte broadcast loads.
+    const int64_t g_lo = d0 / a.cpg;
+    const bool staged = g_lo == ((d0 + kLanes < D ? d0 + kLanes : D) - 1) / a.cpg;
 
     const E *x = static_cast<const E *>(a.x), *dt = static_cast<const E *>(a.dt);
     const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+    const E *gate = static_cast<const E *>(a.gate), *dy = static_cast<const E *>(a.dy);
 
     // States past N (or lanes past D) run with rate 0, B 0, C 0: they stay 0 and add 0.
     // States n0 .. n0 + nv - 1 are real.
@@ -156,20 +167,55 @@ __global__ void ssm1_fwd_kernel(const FwdArgs a)
             for (int j = 0; j < NB; j++)
                 if (j < nv) a.ckpt[(slot * N + n0 + j) * D + d] = h[j];
         }
-        // (A) the chunk's step inputs, once per (token, channel)
-        for (int i = tid; i < kChunk * kLanes; i += nthr) {
-            const int k = i >> 5, l = i & 31;
-            const int64_t dd = d0 + l;
-            float dtv = 0.0f, xv = 0.0f;
-            if (k < cnt && dd < D) {
-                const int64_t idx = (tok0 + k) * D + dd;
-                xv = ls_ld(x, idx);
-                dtv = ls_ld(dt, idx);
-                if (a.softplus) dtv = ls_dev_softplus(dtv + (a.dt_bias ? a.dt_bias[dd] : 0.0f));
+        // (A) the chunk's step inputs, once per (token, channel); B_t, C_t when staged
+        for (int base = tid; base < kChunk * kLanes; base += kBatch * nthr) {
+            float xv[kBatch], dtv[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int i = base + u * nthr, k = i >> 5;
+                const int64_t dd = d0 + (i & 31);
+                xv[u] = dtv[u] = 0.0f;
+                if (i < kChunk * kLanes && k < cnt && dd < D) {
+                    xv[u] = ls_ld(x, (tok0 + k) * D + dd);
+                    dtv[u] = ls_ld(dt, (tok0 + k) * D + dd);
+                }
             }
-            s_dt[i] = dtv;
-            s_dtx[i] = dtv * xv;
-            s_x[i] = xv;
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int i = base + u * nthr;
+                if (i >= kChunk * kLanes) continue;
+                const int64_t dd = d0 + (i & 31);
+                float v = dtv[u];
+                if (a.softplus && dd < D)
+                    v = ls_dev_softplus(v + (a.dt_bias ? a.dt_bias[dd] : 0.0f));
+                s_dt[i] = v;
+                s_dtx[i] = v * xv[u];
+                s_x[i] = xv[u];
+            }
+        }
+        if (staged) {
+            const int total = kChunk * ns_pad;
+            for (int base = tid; base < total; base += kBatch * nthr) {
+                float bv[kBatch], cv[kBatch];
+#pragma unroll
+                for (int u = 0; u < kBatch; u++) {
+                    const int i = base + u * nthr, k = i / ns_pad, n = i % ns_pad;
+                    bv[u] = cv[u] = 0.0f;
+                    if (i < total && k < cnt && n < ns) {
+                        const int64_t o = (tok0 + k) * GN + g_lo * N + nbase + n;
+                        bv[u] = ls_ld(Bp, o);
+                        cv[u] = ls_ld(Cp, o);
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < kBatch; u++) {
+                    const int i = base + u * nthr;
+                    if (i < total) {
+                        s_B[i] = bv[u];
+                        s_C[i] = cv[u];
+                    }
+                }
+            }
         }
         __syncthreads();
         // (B) the recurrence over the chunk
@@ -177,10 +223,20 @@ __global__ void ssm1_fwd_kernel(const FwdArgs a)
 #pragma unroll 2
         for (int k = 0; k < cnt; k++) {
             const float dtv = s_dt[k * kLanes + lane], dtx = s_dtx[k * kLanes + lane];
-            const int64_t bc = bc0 + k * GN;
             float bv[NB], cv[NB];
-            ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bv);
-            ld_states<E, NB>(Cp, bc, nv, a.vec_bc, cv);
+            if (staged) {
+                const float *sb = s_B + k * ns_pad + warp * NB, *sc = s_C + k * ns_pad + warp * NB;
+#pragma unroll
+                for (int q = 0; q < NB; q += 4) {
+                    const float4 b4 = *reinterpret_cast<const float4 *>(sb + q);
+                    const float4 c4 = *reinterpret_cast<const float4 *>(sc + q);
+                    bv[q] = b4.x, bv[q + 1] = b4.y, bv[q + 2] = b4.z, bv[q + 3] = b4.w;
+                    cv[q] = c4.x, cv[q + 1] = c4.y, cv[q + 2] = c4.z, cv[q + 3] = c4.w;
+                }
+            } else {
+                ld_states<E, NB>(Bp, bc0 + k * GN, nv, a.vec_bc, bv);
+                ld_states<E, NB>(Cp, bc0 + k * GN, nv, a.vec_bc, cv);
+            }
             float acc = 0.0f;
 #pragma unroll
             for (int j = 0; j < NB; j++) {
@@ -191,17 +247,31 @@ __global__ void ssm1_fwd_kernel(const FwdArgs a)
         }
         __syncthreads();
         // (C) sum over the warps in order, skip term, gate
-        for (int i = tid; i < cnt * kLanes; i += nthr) {
-            const int k = i >> 5, l = i & 31;
-            const int64_t dd = d0 + l;
-            if (dd >= D) continue;
-            float out = 0.0f;
-            for (int w = 0; w < nwarps; w++) out += s_y[(w * kChunk + k) * kLanes + l];
-            const int64_t idx = (tok0 + k) * D + dd;
-            if (a.n_slabs == 1)
-                fwd_finish<E>(a, out, idx, dd, s_x[i]);
-            else if (a.part)
-                a.part[slab * a.BTD + idx] = out;
+        for (int base = tid; base < cnt * kLanes; base += kBatch * nthr) {
+            float zv[kBatch], dyv[kBatch];
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int i = base + u * nthr;
+                const int64_t dd = d0 + (i & 31), idx = (tok0 + (i >> 5)) * D + dd;
+                zv[u] = dyv[u] = 0.0f;
+                if (i < cnt * kLanes && dd < D && a.n_slabs == 1) {
+                    if (gate) zv[u] = ls_ld(gate, idx);
+                    if (a.dgate) dyv[u] = ls_ld(dy, idx);
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < kBatch; u++) {
+                const int i = base + u * nthr, k = i >> 5, l = i & 31;
+                const int64_t dd = d0 + l;
+                if (i >= cnt * kLanes || dd >= D) continue;
+                float out = 0.0f;
+                for (int w = 0; w < nwarps; w++) out += s_y[(w * kChunk + k) * kLanes + l];
+                const int64_t idx = (tok0 + k) * D + dd;
+                if (a.n_slabs == 1)
+                    fwd_finish<E>(a, out, idx, dd, s_x[i], zv[u], dyv[u]);
+                else if (a.part)
+                    a.part[slab * a.BTD + idx] = out;
+            }
         }
         __syncthreads();
     }
@@ -222,7 +292,9 @@ __global__ void ssm1_fwd_finish_kernel(const FwdArgs a)
     float out = 0.0f;
     for (int s = 0; s < a.n_slabs; s++) out += a.part[s * a.BTD + idx];
     const int64_t d = idx % a.D;
-    fwd_finish<E>(a, out, idx, d, ls_ld(static_cast<const E *>(a.x), idx));
+    const float z = a.gate ? ls_ld(static_cast<const E *>(a.gate), idx) : 0.0f;
+    const float dy = a.dgate ? ls_ld(static_cast<const E *>(a.dy), idx) : 0.0f;
+    fwd_finish<E>(a, out, idx, d, ls_ld(static_cast<const E *>(a.x), idx), z, dy);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -614,7 +686,12 @@ linseq_status launch_fwd_nb(const FwdArgs &a, const ls_cuda_call *call, int64_t 
     const int64_t per_slab = a.N < a.n_per_slab ? a.N : a.n_per_slab;
     const int warps = (int)((per_slab + NB - 1) / NB);
     const dim3 grid((unsigned)(n_seqs * a.n_tiles), 1, (unsigned)a.n_slabs);
-    const size_t smem = (size_t)(3 + warps) * kChunk * kLanes * sizeof(float);
+    const size_t smem =
+        ((size_t)(3 + warps) * kChunk * kLanes + (size_t)2 * kChunk * warps * NB) * sizeof(float);
+    if (smem > 48 * 1024)
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(ssm1_fwd_kernel<E, NB>,
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               (int)smem));
     ssm1_fwd_kernel<E, NB><<<grid, warps * kLanes, smem, ls_stream(call)>>>(a);
     LS_CUDA_LAUNCHED(call, "ssm1_fwd_kernel");
     if (a.n_slabs > 1 && a.part) {
