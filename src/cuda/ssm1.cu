@@ -451,37 +451,39 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
             }
             __syncthreads();
             // (B) the piece's states, then the adjoint recurrence backwards
-            float hs[kSub + 1][NB];
+            // B_t, C_t of the piece's tokens, all loaded before the reverse loop's shared
+            // stores (past which the compiler could not move them)
+            float hs[kSub + 1][NB], bk[kSub][NB], ck[kSub][NB];
+#pragma unroll
+            for (int k = 0; k < kSub; k++) {
+                if (k < cnt) {
+                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
+                    ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bk[k]);
+                    ld_states<E, NB>(Cp, bc, nv, a.vec_bc, ck[k]);
+                } else {
+#pragma unroll
+                    for (int j = 0; j < NB; j++) bk[k][j] = ck[k][j] = 0.0f;
+                }
+            }
 #pragma unroll
             for (int j = 0; j < NB; j++) hs[0][j] = s_sub[(sub * NB + j) * nthr + tid];
 #pragma unroll
             for (int k = 0; k < kSub; k++) {
-                if (k < cnt) {
-                    const float dtv = s_dt[k * kLanes + lane];
-                    const float dtx = dtv * s_x[k * kLanes + lane];
-                    float bv[NB];
-                    ld_states<E, NB>(Bp, (tok0 + k) * GN + g * N + n0, nv, a.vec_bc, bv);
+                const float dtv = s_dt[k * kLanes + lane]; // 0 past cnt: the state stays
+                const float dtx = dtv * s_x[k * kLanes + lane];
 #pragma unroll
-                    for (int j = 0; j < NB; j++)
-                        hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bv[j]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NB; j++) hs[k + 1][j] = 0.0f;
-                }
+                for (int j = 0; j < NB; j++)
+                    hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bk[k][j]);
             }
 #pragma unroll
             for (int k = kSub - 1; k >= 0; k--) {
                 if (k < cnt) {
                     const float dtv = s_dt[k * kLanes + lane], xv = s_x[k * kLanes + lane];
                     const float dp = s_dp[k * kLanes + lane];
-                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
-                    float bvs[NB], cvs[NB];
-                    ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bvs);
-                    ld_states<E, NB>(Cp, bc, nv, a.vec_bc, cvs);
                     float sx = 0.0f, sdt = 0.0f;
 #pragma unroll
                     for (int j = 0; j < NB; j++) {
-                        const float bv = bvs[j], cv = cvs[j];
+                        const float bv = bk[k][j], cv = ck[k][j];
                         const float decay = ls_dev_exp2(rate[j] * dtv);
                         const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
                         const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
