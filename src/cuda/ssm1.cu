@@ -7,19 +7,23 @@
 // Splitting N over warps multiplies the parallelism by N/NB (B*D*N/NB threads: 131072 for
 // B=8, D=4096, N=16) while keeping the recurrence a single dependent FMA per token and state;
 // a thread has NB independent chains. Tokens go in chunks of 32: (A) the block stages the
-// chunk's dt (after softplus), dt*x and x in shared memory, each computed once per (t, d);
-// (B) every thread advances its states through the chunk, reading B_t and C_t of its group
-// (broadcast loads: all lanes of a warp read the same address when the tile is in one group)
-// and leaving its partial sum_n h C per token in shared memory; (C) the block adds the NG
-// partials in a fixed order, the skip term and the gate, and stores y. grid.x = sequence x
-// channel tile; grid.z = slabs of states when N is larger than one block holds (N > 128):
-// each slab then writes its partial sums to a workspace and a second kernel finishes y.
+// chunk's dt (after softplus), dt*x and x in shared memory, each computed once per (t, d), and
+// (when the tile lies in one group, as in every Mamba layer) the chunk's B_t and C_t rows,
+// all with coalesced loads issued in batches ahead of their use; (B) every thread advances its
+// states through the chunk, reading B_t and C_t with 16-byte shared broadcasts (or from global
+// memory when the tile straddles groups), and leaves its partial sum_n h C per token in shared
+// memory; (C) the block adds the NG partials in a fixed order, the skip term and the gate,
+// and stores y. grid.x = sequence x channel tile; grid.z = slabs of states when N is larger
+// than one block holds (N > 128): each slab then writes its partial sums to a workspace and a
+// second kernel finishes y. NB = 4 for N <= 32 (the N = 16 shape: 4 warps, 80 registers,
+// 32 KiB of shared memory, 6 blocks per SM), 8 for N <= 64, 16 beyond.
 //
 // Floor per forward call (fp32; bf16 halves the per-token bytes): reads x, dt, gate
 // (3 B T D elements) and B_proj, C_proj (2 B T G N), writes y (B T D), plus h0/hT (N_seq D N
 // floats each): about 16 B T D bytes for the Mamba shapes (G N << D). Work: B T D N
 // exponentials and 4 B T D N flops. At B=8, T=2048, D=4096, N=16 that is 1.07 GB (0.25 ms at
-// 4.3 TB/s) and 1.07e9 exp2 (0.26 ms on 132 SMs at 16 MUFU ops per clock): the scan is as
+// 4.3 TB/s) and 1.07e9 exp2, plus 4 MUFU ops per (t, d) for softplus and silu (1.3e9 in all:
+// 0.32 ms on 132 SMs at 16 MUFU ops per clock at 1.98 GHz): the scan is as
 // much MUFU-bound as memory-bound, which is why this design evaluates each exp exactly once
 // (a time-parallel scan over segments would need every decay twice: once for the segment's
 // local state, once again to add the carried-in state to each token's output).
@@ -27,15 +31,18 @@
 // Backward. A first pass is the forward kernel in checkpoint mode: it stores the state
 // before every 64th token of each sequence (never one state per token; (B T/64 + N_seq + 1)
 // D N floats) and, with a gate, dgate (which needs the pre-gate output). The backward kernel
-// (same thread mapping, NB = 4) walks each sequence's 64-token segments last to first: from
-// the segment's checkpoint it keeps a state every 8 tokens in shared memory (thread-private
-// slots), then for each 8-token piece, last first, recomputes its 8 states into registers
-// and runs the adjoint recurrence dh <- (dh + C dpre) exp(A dt) backwards. Per-token sums over
+// (same thread mapping, NB = 4, slabs of 32 states) walks each sequence's 64-token segments
+// last to first: from the segment's checkpoint it keeps a state every 8 tokens in shared
+// memory (thread-private slots), then for each 8-token piece, last first, recomputes its 8
+// states (and loads its B_t, C_t) into registers and runs the adjoint recurrence dh <- (dh + C dpre) exp(A dt) backwards. Per-token sums over
 // n (dx, ddt) are summed over the warps in a fixed order in shared memory; the sums over the
 // channels of a group (dB_proj, dC_proj) are summed over the tile's lanes in order, written
 // per tile, and a second kernel adds the tiles in order; dA, dD_skip, ddt_bias are kept per
 // sequence and summed over sequences by a last kernel. No atomics: results are bitwise
-// reproducible.
+// reproducible. Backward floor: read x, dt, gate, d_y, B_proj, C_proj, write dx, ddt, dgate
+// (7 B T D elements), dB_proj, dC_proj; the checkpoint pass reads the inputs once more and the
+// B T D N exponentials are evaluated 4 times (checkpoints, 8-token states, piece states,
+// adjoint); the per-tile dB/dC partial sums add 2 ceil(D/32) B T N floats each way.
 #include "cuda/ssm_common.cuh"
 
 namespace {
