@@ -17,10 +17,10 @@
  *   - dA_log and ddt_bias (sums over every token, which cancel): 1e-4 against the same mode,
  *     2e-4 across modes (tests/test_kda_grad.c's TOL_GRAD_SUMMED = 1e-4 per side).
  *   - bf16: the CPU is fed the bf16-rounded inputs, so both sides see the same numbers; the
- *     device rounds each per-token gradient once to bf16 (round to nearest even: relative
- *     error <= 2^-9 of the element, hence <= 2^-9 max|ref|), on top of the float32 bound:
- *     2^-9 + 4e-5 ~ 2.0e-3, checked at 2.5e-3. The float32 gradients (dh0, dA_log,
- *     ddt_bias) keep the float32 bounds. */
+ *     device rounds each per-token gradient once to bf16 (8 significant bits, round to
+ *     nearest even: relative error <= 2^-8 of the element, hence <= 2^-8 max|ref|), on top
+ *     of the float32 bound: 2^-8 (1 + 4e-5) + 4e-5 < 4e-3, checked at 4e-3 (measured up to
+ *     3.5e-3). The float32 gradients (dh0, dA_log, ddt_bias) keep the float32 bounds. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,12 +215,12 @@ static void run_case(const tcase *c)
     for (int i = 0; i < N_GRADS; i++) {
         if (!want[i]) continue;
         const bool summed = i == G_DALOG || i == G_DDTB;
-        const double bf = c->bf16 && grad_per_token[i] ? 0x1p-9 : 0.0;
+        const bool rounded = c->bf16 && grad_per_token[i]; /* stored as bf16 */
         for (int m = 0; m < n_ref; m++) {
             /* m == 0: the CPU's same mode; m == 1: its recurrent mode (chunked cases only) */
             const bool same_algorithm = c->mode == LINSEQ_MODE_RECURRENT || m == 1;
             double tol = summed ? (same_algorithm ? 1e-4 : 2e-4) : (same_algorithm ? 1e-5 : 4e-5);
-            if (bf > 0.0) tol = 2.5e-3;
+            if (rounded) tol = 4e-3;
             const double e = tu_rel_err(out[0][i], ref[m][i], n[i]);
             if (m == 0 && e > worst[c->bf16][i]) worst[c->bf16][i] = e;
             CHECK(e <= tol, "%s: %s vs CPU %s: err %.3g (tol %.2g)", what, grad_name[i],
