@@ -18,17 +18,26 @@
 // element by element, and g is first raised to -110. No exponent evaluated is positive, so the
 // chunk is exact for every g <= 0 down to -inf.
 //
-// Floor per call (N = B*T tokens, C = chunk, all heads HV): the products are
-//     prep:  ~N HV (C K + C^2/2 ... )  ~  N HV K C  multiply-adds (Aqk, Akk)
-//     state: N HV (3 K V + C V)        multiply-adds (kbg S0, qg S0, kd^T vnew, Tinv, Aqk)
-// e.g. (B,T,HV,K=V) = (1,8192,96,128), C = 64: ~6.4 G + ~42 G multiply-adds = ~97 GFLOP;
-// bytes: inputs 2 (q,k) K + V + K (g) per token and head (bf16: ~1 KB), the workspace
-// (2 C^2 + 3 C K floats per chunk: ~0.8 KB per token and head, written once, read V/32
-// times, mostly from L2 since the V tiles of one head run side by side) and o.
-// This first version multiplies in float32 FFMA for both element types (float32 must match
-// the CPU to 1e-5, which TF32 tensor cores cannot); the products have the shape of mma.sync
-// tiles (16-row blocks) so a bf16 tensor-core variant of chunk_state_kernel can replace the
-// inner loops without changing the workspace.
+// Floor per call (N = B*T tokens, C = chunk, HV value heads, multiply-adds):
+//     prep:  N HV C K                    the scores Aqk, Akk (lower triangles, K each)
+//            N HV C^2 / 6                the inverse, small
+//     state: N HV V (3 K + C)            kbg S0, qg S0, kd^T vnew, Tinv R, Aqk vnew
+// e.g. (B,T,HV,K=V) = (1,8192,96,128), C = 64: prep ~6.4 G, state ~45 G multiply-adds,
+// ~100 GFLOP in all. Bytes: the inputs (bf16: q, k, v, g ~1 KB per token and head), o, and
+// the float32 workspace (2 C^2 + 3 C K floats per chunk, ~0.8 KB per token and head, written
+// once and read V/BV times, mostly from L2: the V tiles of a head run side by side). At
+// ~1 PFLOP/s of bf16 tensor cores and ~4.8 TB/s the state products take ~0.1 ms and the
+// workspace traffic ~0.3 ms, so the state kernel is bound by its chunk-to-chunk latency
+// (B HV V / BV CTAs, each walking T / C chunks), which the split keeps short: everything
+// that does not need the state is in the parallel kernel.
+//
+// Arithmetic. float32 tensors: every product in float32 FFMA (the tests hold the GPU to 1e-5
+// of the CPU, which TF32 tensor cores cannot meet). bf16 tensors with chunk 64: the five state
+// products run on mma.sync m16n8k16 (bf16 operands: the workspace matrices, the state and
+// the chunk's deltas are rounded to bf16 as operands; float32 accumulation; the state itself
+// stays float32 in registers across chunks), chunk_state_mma_kernel. Other chunk sizes with
+// bf16 use the FFMA state kernel. The prep kernel is FFMA for both (its exactness for
+// g -> -inf needs the element-wise diagonal blocks anyway).
 //
 // Recurrent mode: recurrent_kernel of kda_cuda.cuh, one CTA per (sequence, value head, 32
 // state columns), the state tile in registers, one pass over the tokens.
@@ -424,6 +433,274 @@ chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
     }
 }
 
+// ---------------------------------------------------------------------------------------
+// bf16 tensor cores for the state kernel (chunk 64): the same chunk algebra as
+// chunk_state_kernel with the five products on mma.sync m16n8k16 (bf16 operands, float32
+// accumulation). The state itself stays float32 in the accumulator registers of the kernel
+// for the whole sequence (warp w owns key rows [w K/4, (w+1) K/4) of the tile); each chunk
+// reads it as bf16 for the products with kbg and qg, as fla does.
+
+// D += A B for one m16n8k16 tile: a = the four 32-bit registers of the 16 x 16 row-major A
+// fragment, b = the two of the 16 x 8 column-major B fragment.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4],
+                                         const uint32_t (&b)[2])
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+                 "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The A fragment of rows [r0, r0+16) and columns [k0, k0+16) of a row-major bf16 tile with
+// row stride ld; lane = 4 g + t holds (g, 2t..2t+1), (g+8, 2t..), (g, 2t+8..), (g+8, 2t+8..).
+__device__ __forceinline__ void load_a(uint32_t (&a)[4], const __nv_bfloat16 *A, int ld, int r0,
+                                       int k0, int g, int t)
+{
+    const __nv_bfloat16 *p = A + (r0 + g) * ld + k0 + 2 * t;
+    a[0] = *reinterpret_cast<const uint32_t *>(p);
+    a[1] = *reinterpret_cast<const uint32_t *>(p + 8 * ld);
+    a[2] = *reinterpret_cast<const uint32_t *>(p + 8);
+    a[3] = *reinterpret_cast<const uint32_t *>(p + 8 * ld + 8);
+}
+
+// The B fragment of columns [n0, n0+8) and rows [k0, k0+16) of B, stored transposed ([n][k],
+// row stride ld): lane = 4 g + t holds (k = 2t..2t+1, n = g) and (k = 2t+8.., n = g).
+__device__ __forceinline__ void load_b(uint32_t (&b)[2], const __nv_bfloat16 *Bt, int ld, int n0,
+                                       int k0, int g, int t)
+{
+    const __nv_bfloat16 *p = Bt + (n0 + g) * ld + k0 + 2 * t;
+    b[0] = *reinterpret_cast<const uint32_t *>(p);
+    b[1] = *reinterpret_cast<const uint32_t *>(p + 8);
+}
+
+constexpr int MMA_THREADS = 128;
+constexpr int MMA_C = 64;
+
+template <int KT, int BV> struct mma_shape {
+    static constexpr int LDK = KT + 8;    // row stride (bf16) of [.][KT] tiles: conflict-free
+    static constexpr int LDC = MMA_C + 8; // row stride (bf16) of [.][C] tiles
+    static constexpr size_t halves = 2 * (size_t)MMA_C * LDK /* kbg, qg */ +
+                                     (size_t)KT * LDC /* kd^T */ + 2 * (size_t)MMA_C * LDC /* Tinv, Aqk */ +
+                                     (size_t)BV * LDK /* S^T */ + 2 * (size_t)BV * LDC /* R^T, vnew^T */;
+    static constexpr size_t bytes = 2 * halves + 4 * (MMA_C + KT);
+};
+
+// One (sequence, value head, BV columns) over its chunks of 64; 4 warps, warp w computing
+// rows [16 w, 16 w + 16) of the chunk products and key rows [w KT/4, (w+1) KT/4) of S.
+template <int KT, int BV>
+__global__ void __launch_bounds__(MMA_THREADS, 1)
+chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
+                       const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
+{
+    using sh = mma_shape<KT, BV>;
+    constexpr int C = MMA_C, LDK = sh::LDK, LDC = sh::LDC;
+    constexpr int NT = BV / 8;      // n tiles
+    constexpr int MT = KT / 64;     // m tiles of S per warp
+    extern __shared__ float sm[];
+    __nv_bfloat16 *s_kbg = reinterpret_cast<__nv_bfloat16 *>(sm);
+    __nv_bfloat16 *s_qg = s_kbg + C * LDK, *s_kdT = s_qg + C * LDK, *s_T = s_kdT + KT * LDC;
+    __nv_bfloat16 *s_A = s_T + C * LDC, *s_S = s_A + C * LDC, *s_R = s_S + BV * LDK;
+    __nv_bfloat16 *s_VN = s_R + BV * LDC;
+    float *s_beta = reinterpret_cast<float *>(s_VN + BV * LDC), *s_dl = s_beta + C;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+    const int r0 = 16 * warp;
+    const int64_t K = p.K, V = p.V, Kp = ws.Kp;
+    const int64_t n = blockIdx.x / HV, hv = blockIdx.x % HV, j0 = (int64_t)blockIdx.y * BV;
+    const int64_t tok0 = seqs[3 * n], len = seqs[3 * n + 1], chunk0 = seqs[3 * n + 2];
+    const __nv_bfloat16 *v = ls_in<__nv_bfloat16>(p.v);
+    __nv_bfloat16 *o = ls_out<__nv_bfloat16>(o_);
+    const bool vf = p.state_v_first;
+    const int64_t slot = (n * HV + hv) * K * V;
+
+    float S[MT][NT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
+                const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
+                S[mt][nt][e] = h0 && d < K && j < V ? h0[slot + (vf ? j * K + d : d * V + j)] : 0.0f;
+            }
+
+    for (int64_t ci = 0; ci * C < len; ci++) {
+        const int64_t first = tok0 + ci * C;
+        const int Lc = (int)(len - ci * C < C ? len - ci * C : C);
+        float *item = ws.item(chunk0 + ci, HV, hv);
+        const float *qg = chunk_ws::qg(item, C, Kp), *kbg = chunk_ws::kbg(item, C, Kp);
+        const float *kd = chunk_ws::kd(item, C, Kp), *Aqk = chunk_ws::Aqk(item, C, Kp);
+        const float *Tinv = chunk_ws::Tinv(item, C, Kp), *bet = chunk_ws::beta(item, C, Kp);
+        const float *dlast = chunk_ws::dlast(item, C, Kp);
+        // the chunk's matrices as bf16 tiles (every row of the item is written, zeros past
+        // the chunk's end), and the state's bf16 copy
+        for (int idx = tid; idx < C * KT; idx += MMA_THREADS) {
+            const int r = idx / KT, d = idx % KT;
+            float a = 0.0f, b = 0.0f, c = 0.0f;
+            if (d < Kp) {
+                a = kbg[r * Kp + d];
+                b = qg[r * Kp + d];
+                c = kd[r * Kp + d];
+            }
+            s_kbg[r * LDK + d] = __float2bfloat16_rn(a);
+            s_qg[r * LDK + d] = __float2bfloat16_rn(b);
+            s_kdT[d * LDC + r] = __float2bfloat16_rn(c);
+        }
+        for (int idx = tid; idx < C * C; idx += MMA_THREADS) {
+            const int r = idx / C, c = idx % C;
+            s_T[r * LDC + c] = __float2bfloat16_rn(Tinv[idx]);
+            s_A[r * LDC + c] = __float2bfloat16_rn(Aqk[idx]);
+        }
+        for (int r = tid; r < C; r += MMA_THREADS) s_beta[r] = bet[r];
+        for (int d = tid; d < KT; d += MMA_THREADS) s_dl[d] = d < Kp ? dlast[d] : 0.0f;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
+                    const int jj = nt * 8 + 2 * t + (e & 1);
+                    s_S[jj * LDK + d] = __float2bfloat16_rn(S[mt][nt][e]);
+                }
+        __syncthreads();
+
+        // 1. R = diag(beta) V - kbg S0, stored transposed as the B operand of step 2
+        float acc[NT][4];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < KT; k0 += 16) {
+            uint32_t a[4];
+            load_a(a, s_kbg, LDK, r0, k0, g, t);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+                load_b(b, s_S, LDK, nt * 8, k0, g, t);
+                mma_bf16(acc[nt], a, b);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + g + 8 * (e >> 1), jj = nt * 8 + 2 * t + (e & 1);
+                const int64_t j = j0 + jj;
+                const float vv = r < Lc && j < V ? ls_ld(v, ((first + r) * HV + hv) * V + j) : 0.0f;
+                s_R[jj * LDC + r] = __float2bfloat16_rn(fmaf(s_beta[r], vv, -acc[nt][e]));
+            }
+        __syncthreads();
+        // 2. vnew = Tinv R: the blocks of Tinv right of the diagonal are zero
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+        for (int kb = 0; kb <= warp; kb++) {
+            uint32_t a[4];
+            load_a(a, s_T, LDC, r0, 16 * kb, g, t);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+                load_b(b, s_R, LDC, nt * 8, 16 * kb, g, t);
+                mma_bf16(acc[nt], a, b);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + g + 8 * (e >> 1), jj = nt * 8 + 2 * t + (e & 1);
+                s_VN[jj * LDC + r] = __float2bfloat16_rn(acc[nt][e]);
+            }
+        __syncthreads();
+        // 3. O = qg S0 + Aqk vnew
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+#pragma unroll 4
+        for (int k0 = 0; k0 < KT; k0 += 16) {
+            uint32_t a[4];
+            load_a(a, s_qg, LDK, r0, k0, g, t);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+                load_b(b, s_S, LDK, nt * 8, k0, g, t);
+                mma_bf16(acc[nt], a, b);
+            }
+        }
+        for (int kb = 0; kb <= warp; kb++) {
+            uint32_t a[4];
+            load_a(a, s_A, LDC, r0, 16 * kb, g, t);
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                uint32_t b[2];
+                load_b(b, s_VN, LDC, nt * 8, 16 * kb, g, t);
+                mma_bf16(acc[nt], a, b);
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = r0 + g + 8 * (e >> 1);
+                const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
+                if (r < Lc && j < V) ls_st(o, ((first + r) * HV + hv) * V + j, acc[nt][e]);
+            }
+        // 4. S_C = diag(dlast) S0 + kd^T vnew (registers only: no barrier against step 3)
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++) {
+            const int dr = warp * (KT / 4) + mt * 16;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) S[mt][nt][e] *= s_dl[dr + g + 8 * (e >> 1)];
+#pragma unroll
+            for (int k0 = 0; k0 < C; k0 += 16) {
+                uint32_t a[4];
+                load_a(a, s_kdT, LDC, dr, k0, g, t);
+#pragma unroll
+                for (int nt = 0; nt < NT; nt++) {
+                    uint32_t b[2];
+                    load_b(b, s_VN, LDC, nt * 8, k0, g, t);
+                    mma_bf16(S[mt][nt], a, b);
+                }
+            }
+        }
+        __syncthreads();
+    }
+    if (ht) {
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
+                    const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
+                    if (d < K && j < V) ht[slot + (vf ? j * K + d : d * V + j)] = S[mt][nt][e];
+                }
+    }
+}
+
+template <int KT, int BV>
+linseq_status launch_state_mma(const linseq_kda_problem *p, int64_t HV, const ls_cuda_call *call,
+                               const chunk_ws &ws, const int64_t *seqs, void *o, float *ht)
+{
+    const size_t bytes = mma_shape<KT, BV>::bytes;
+    LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_state_mma_kernel<KT, BV>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           (int)bytes));
+    const dim3 grid((unsigned)(call->n_seqs * HV), ls_blocks(p->V, BV));
+    chunk_state_mma_kernel<KT, BV><<<grid, MMA_THREADS, bytes, ls_stream(call)>>>(
+        *p, HV, ws, seqs, p->h0, ht, o);
+    LS_CUDA_LAUNCHED(call, "chunk_state_mma_kernel");
+    return LINSEQ_OK;
+}
+
 template <typename Elem, int C>
 linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scale,
                              const ls_cuda_call *call, const chunk_ws &ws, const int64_t *seqs,
@@ -439,6 +716,11 @@ linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scal
         chunk_prep_kernel<Elem, C><<<(unsigned)(ws.n_chunks * HV), PREP_THREADS, prep_bytes, s>>>(
             *p, HV, HV / p->H, gK, scale, ws);
         LS_CUDA_LAUNCHED(call, "chunk_prep_kernel");
+    }
+    if (sizeof(Elem) == 2 && C == MMA_C) { // bf16: the state products on tensor cores
+        if (p->K <= 64) return launch_state_mma<64, 64>(p, HV, call, ws, seqs, o, ht);
+        if (p->K <= 128) return launch_state_mma<128, 64>(p, HV, call, ws, seqs, o, ht);
+        return launch_state_mma<256, 32>(p, HV, call, ws, seqs, o, ht);
     }
     const size_t state_bytes = (size_t)(2 * ws.Kp + 2 * C) * STATE_BV * sizeof(float);
     LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_state_kernel<Elem, C>,

@@ -41,7 +41,16 @@
 
 #define TOL_F32 1e-5
 #define TOL_BF16 4.5e-3
+#define TOL_BF16_MMA 1.5e-2
+#define TOL_BF16_MMA_STATE 1e-2
 #define TOL_MODES 3e-5 /* chunked vs recurrent on the GPU (each within 1e-5 of the CPU) */
+
+/* the worst errors seen, printed at the end (to watch the margins) */
+static double worst_f32, worst_bf16, worst_mma_o, worst_mma_ht;
+static void note(double *worst, double e)
+{
+    if (e > *worst) *worst = e;
+}
 
 typedef struct {
     int64_t B, T, H, HV, K, V;
@@ -258,8 +267,11 @@ static void check_case(const tcase *c, uint64_t seed)
         float *o = tu_alloc(h.n_v), *ht = tu_alloc(h.n_state);
         float *o2 = tu_alloc(h.n_v), *ht2 = tu_alloc(h.n_state);
         float *o_rec = tu_alloc(h.n_v), *ht_rec = tu_alloc(h.n_state);
-        const double tol_o = bf16 ? TOL_BF16 : TOL_F32;
         for (size_t m = 0; m < sizeof modes / sizeof modes[0]; m++) {
+            /* bf16 with chunk 64 runs the state products on tensor cores (see the header) */
+            const bool mma = bf16 && modes[m].chunk == 64;
+            const double tol_o = mma ? TOL_BF16_MMA : bf16 ? TOL_BF16 : TOL_F32;
+            const double tol_h = mma ? TOL_BF16_MMA_STATE : TOL_F32;
             char what[400];
             describe(c, modes[m].name, bf16, what, sizeof what);
             linseq_exec cpu = {.mode = modes[m].mode, .chunk_size = modes[m].chunk};
@@ -268,7 +280,14 @@ static void check_case(const tcase *c, uint64_t seed)
             const double eo = tu_rel_err(o, o_cpu, h.n_v);
             const double eh = tu_rel_err(ht, ht_cpu, h.n_state);
             CHECK(eo <= tol_o, "%s: o err %.3g (tol %.1g)", what, eo, tol_o);
-            CHECK(eh <= TOL_F32, "%s: ht err %.3g (tol %.1g)", what, eh, TOL_F32);
+            CHECK(eh <= tol_h, "%s: ht err %.3g (tol %.1g)", what, eh, tol_h);
+            if (mma) {
+                note(&worst_mma_o, eo);
+                note(&worst_mma_ht, eh);
+            } else {
+                note(bf16 ? &worst_bf16 : &worst_f32, eo);
+                note(&worst_f32, eh);
+            }
             /* a second run gives the same bits */
             gpu_forward(c, &h, &d, bf16, modes[m].mode, modes[m].chunk, o2, ht2);
             CHECK(tu_same_bits(o, o2, h.n_v) && tu_same_bits(ht, ht2, h.n_state),
@@ -600,6 +619,8 @@ int main(void)
     test_extreme_decay();
     test_varlen();
     test_forward_shapes();
-    printf("test_kda_cuda: %d cases\n", n_cases);
+    printf("test_kda_cuda: %d cases; worst forward errors: f32 %.2g, bf16 (FFMA) o %.2g, "
+           "bf16 (tensor cores) o %.2g ht %.2g\n",
+           n_cases, worst_f32, worst_bf16, worst_mma_o, worst_mma_ht);
     return tu_finish("test_kda_cuda");
 }
