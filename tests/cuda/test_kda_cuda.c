@@ -21,16 +21,24 @@
  *     largest term of a sum; with unit-norm keys and beta <= 1 the inverse is well
  *     conditioned (its entries stay O(1)), so the difference stays ~1e-6 of max|o|. A wrong
  *     term of any kind (a missing decay factor, a token off by one) is >= 1e-3.
- *   - bf16: the CPU gets the bf16-rounded inputs (ct_round_bf16_array), so both sides compute
- *     with identical numbers; the GPU keeps every intermediate of the chunk (Aqk, Tinv, qg,
- *     kbg, kd, the state) in float32 and multiplies with float32 FFMA (no bf16 products in
- *     this version), then rounds each o element once to bf16. Round to nearest even is off
- *     by at most half an ulp, 2^-8 of the element (bf16 keeps 8 significant bits), hence at
- *     most 2^-8 max|cpu| = 3.9e-3 of the max, plus the float32 differences above: checked at
- *     4.5e-3. ht is float32 and summed from unrounded values: 1e-5 as for float32. (A later
- *     tensor-core path that rounds the products' operands to bf16 needs its own bound: each
- *     bf16 operand adds 2^-9 relative, ~sqrt(K) terms partly cancel; fla tests its bf16
- *     chunk at 5e-3 RMS.)
+ *   - bf16, recurrent mode and chunk sizes 16/32/128: the CPU gets the bf16-rounded inputs
+ *     (ct_round_bf16_array), so both sides compute with identical numbers; these GPU paths
+ *     keep every intermediate (Aqk, Tinv, qg, kbg, kd, the state) in float32 and multiply in
+ *     float32 FFMA, then round each o element once to bf16. Round to nearest even is off by
+ *     at most half an ulp, 2^-8 of the element (bf16 keeps 8 significant bits), hence at most
+ *     2^-8 max|cpu| = 3.9e-3 of the max, plus the float32 differences above: 4.5e-3. ht is
+ *     float32 from unrounded values: 1e-5.
+ *   - bf16, chunk 64 (tensor cores): the five state products take bf16 operands (the chunk
+ *     matrices, the state, R and the deltas are rounded to bf16, each off by <= 2^-9
+ *     relative) with float32 accumulation. A product term a*b is then off by <= 2^-8
+ *     relative; the roundings are independent, so a sum of n terms drifts by ~2^-9 sqrt(n)
+ *     of its typical term, i.e. ~2^-9 = 2e-3 of the sum when it does not cancel, and a
+ *     few times that where it does (Tinv R and the delta u = beta v - kbg S are differences).
+ *     o adds its final rounding (3.9e-3): checked at 1.5e-2. The state compounds one rounded
+ *     product per chunk, damped by the decay: the drift grows with the number of chunks the
+ *     decay keeps (5.6e-3 at T = 300 with the in-kernel gate's slow decays, in a host emulation of
+ *     the kernel): checked
+ *     at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS ratio, a weaker norm than this max.
  */
 #include <math.h>
 #include <stdio.h>
@@ -42,7 +50,7 @@
 #define TOL_F32 1e-5
 #define TOL_BF16 4.5e-3
 #define TOL_BF16_MMA 1.5e-2
-#define TOL_BF16_MMA_STATE 1e-2
+#define TOL_BF16_MMA_STATE 2e-2
 #define TOL_MODES 3e-5 /* chunked vs recurrent on the GPU (each within 1e-5 of the CPU) */
 
 /* the worst errors seen, printed at the end (to watch the margins) */
