@@ -36,9 +36,8 @@
  *     few times that where it does (Tinv R and the delta u = beta v - kbg S are differences).
  *     o adds its final rounding (3.9e-3): checked at 1.5e-2. The state compounds one rounded
  *     product per chunk, damped by the decay: the drift grows with the number of chunks the
- *     decay keeps (5.6e-3 at T = 300 with the in-kernel gate's slow decays, in a host emulation of
- *     the kernel): checked
- *     at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS ratio, a weaker norm than this max.
+ *     decay keeps (5.6e-3 at T = 300 with the in-kernel gate's slow decays, in a host
+ *     emulation of the kernel): checked at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS ratio, a weaker norm than this max.
  */
 #include <math.h>
 #include <stdio.h>
