@@ -37,7 +37,8 @@
  *     o adds its final rounding (3.9e-3): checked at 1.5e-2. The state compounds one rounded
  *     product per chunk, damped by the decay: the drift grows with the number of chunks the
  *     decay keeps (5.6e-3 at T = 300 with the in-kernel gate's slow decays, in a host
- *     emulation of the kernel): checked at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS ratio, a weaker norm than this max.
+ *     emulation of the kernel): checked at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS
+ *     ratio, a weaker norm than this max.
  */
 #include <math.h>
 #include <stdio.h>
