@@ -722,7 +722,9 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         int optin = 0;
         LS_CUDA_TRY(call, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin,
                                                  call->device));
-        const size_t budget = MR <= 2 ? (size_t)optin / 2 : (size_t)optin;
+        // two blocks must fit an SM's 228 KiB with 1 KiB reserved per block: optin / 2 less
+        // 2 KiB leaves room
+        const size_t budget = MR <= 2 ? (size_t)optin / 2 - 2048 : (size_t)optin;
         const size_t fixed = walk_smem(MR, 0), per_state = walk_smem(MR, 1) - fixed;
         const int64_t fit = budget > fixed ? (int64_t)((budget - fixed) / per_state) : 0;
         sub = (int)(fit < 1 ? 1 : fit < seg ? fit : seg);
