@@ -344,6 +344,10 @@ int main(void)
          .softplus = true, .bias = true, .dht = true, .cu = cu4, .n_seqs = 4},
         /* N = 33: 9 warps' worth of states forward (NB 8), 2 slabs backward */
         {.B = 2, .T = 66, .D = 35, .N = 33, .G = 5, .gate = true, .h0 = true},
+        /* the Mamba layer's N = 16 with G = 1 (B_t, C_t staged in shared memory), 5 forward
+         * chunks and 5 checkpoint segments, the last one partial */
+        {.B = 2, .T = 257, .D = 96, .N = 16, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true, .dht = true},
         /* N % 4 == 0: B_proj/C_proj read 4 states at a time; N = 36 leaves the last warp
          * half its 8 states (forward) */
         {.B = 2, .T = 40, .D = 36, .N = 36, .G = 3, .gate = true, .skip = true, .h0 = true,
