@@ -473,6 +473,16 @@ __device__ __forceinline__ void load_b(uint32_t (&b)[2], const __nv_bfloat16 *Bt
     b[1] = *reinterpret_cast<const uint32_t *>(p + 8);
 }
 
+// Four floats to four consecutive bf16 (8-byte aligned destination).
+__device__ __forceinline__ void store4(__nv_bfloat16 *dst, float4 x)
+{
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(x.x, x.y), hi = __floats2bfloat162_rn(x.z, x.w);
+    uint2 u;
+    u.x = *reinterpret_cast<const uint32_t *>(&lo);
+    u.y = *reinterpret_cast<const uint32_t *>(&hi);
+    *reinterpret_cast<uint2 *>(dst) = u;
+}
+
 constexpr int MMA_THREADS = 128;
 constexpr int MMA_C = 64;
 
@@ -535,22 +545,26 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
         const float *dlast = chunk_ws::dlast(item, C, Kp);
         // the chunk's matrices as bf16 tiles (every row of the item is written, zeros past
         // the chunk's end), and the state's bf16 copy
-        for (int idx = tid; idx < C * KT; idx += MMA_THREADS) {
-            const int r = idx / KT, d = idx % KT;
-            float a = 0.0f, b = 0.0f, c = 0.0f;
+        // (16-byte loads: rows of Kp or C floats, Kp a multiple of 4, item 16-byte aligned)
+        for (int idx = tid; idx < C * KT / 4; idx += MMA_THREADS) {
+            const int r = idx / (KT / 4), d = 4 * (idx % (KT / 4));
+            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, c = a;
             if (d < Kp) {
-                a = kbg[r * Kp + d];
-                b = qg[r * Kp + d];
-                c = kd[r * Kp + d];
+                a = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
+                b = __ldg(reinterpret_cast<const float4 *>(qg + r * Kp + d));
+                c = __ldg(reinterpret_cast<const float4 *>(kd + r * Kp + d));
             }
-            s_kbg[r * LDK + d] = __float2bfloat16_rn(a);
-            s_qg[r * LDK + d] = __float2bfloat16_rn(b);
-            s_kdT[d * LDC + r] = __float2bfloat16_rn(c);
+            store4(s_kbg + r * LDK + d, a);
+            store4(s_qg + r * LDK + d, b);
+            s_kdT[d * LDC + r] = __float2bfloat16_rn(c.x);
+            s_kdT[(d + 1) * LDC + r] = __float2bfloat16_rn(c.y);
+            s_kdT[(d + 2) * LDC + r] = __float2bfloat16_rn(c.z);
+            s_kdT[(d + 3) * LDC + r] = __float2bfloat16_rn(c.w);
         }
-        for (int idx = tid; idx < C * C; idx += MMA_THREADS) {
-            const int r = idx / C, c = idx % C;
-            s_T[r * LDC + c] = __float2bfloat16_rn(Tinv[idx]);
-            s_A[r * LDC + c] = __float2bfloat16_rn(Aqk[idx]);
+        for (int idx = tid; idx < C * C / 4; idx += MMA_THREADS) {
+            const int r = idx / (C / 4), c = 4 * (idx % (C / 4));
+            store4(s_T + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Tinv + r * C + c)));
+            store4(s_A + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Aqk + r * C + c)));
         }
         for (int r = tid; r < C; r += MMA_THREADS) s_beta[r] = bet[r];
         for (int d = tid; d < KT; d += MMA_THREADS) s_dl[d] = d < Kp ? dlast[d] : 0.0f;
