@@ -460,7 +460,7 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
             // (B) the piece's states, then the adjoint recurrence backwards
             // B_t, C_t of the piece's tokens, all loaded before the reverse loop's shared
             // stores (past which the compiler could not move them)
-            float hs[kSub + 1][NB], bk[kSub][NB], ck[kSub][NB];
+            float hs[kSub + 1][NB], bk[kSub][NB], ck[kSub][NB], ak[kSub][NB];
 #pragma unroll
             for (int k = 0; k < kSub; k++) {
                 if (k < cnt) {
@@ -479,8 +479,10 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
                 const float dtv = s_dt[k * kLanes + lane]; // 0 past cnt: the state stays
                 const float dtx = dtv * s_x[k * kLanes + lane];
 #pragma unroll
-                for (int j = 0; j < NB; j++)
-                    hs[k + 1][j] = fmaf(ls_dev_exp2(rate[j] * dtv), hs[k][j], dtx * bk[k][j]);
+                for (int j = 0; j < NB; j++) {
+                    ak[k][j] = ls_dev_exp2(rate[j] * dtv); // kept for the adjoint
+                    hs[k + 1][j] = fmaf(ak[k][j], hs[k][j], dtx * bk[k][j]);
+                }
             }
 #pragma unroll
             for (int k = kSub - 1; k >= 0; k--) {
@@ -491,7 +493,7 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
 #pragma unroll
                     for (int j = 0; j < NB; j++) {
                         const float bv = bk[k][j], cv = ck[k][j];
-                        const float decay = ls_dev_exp2(rate[j] * dtv);
+                        const float decay = ak[k][j];
                         const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
                         const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
                         const int row = (k * nblk + warp * NB + j) * kRow + lane;
