@@ -41,8 +41,10 @@
 // sequence and summed over sequences by a last kernel. No atomics: results are bitwise
 // reproducible. Backward floor: read x, dt, gate, d_y, B_proj, C_proj, write dx, ddt, dgate
 // (7 B T D elements), dB_proj, dC_proj; the checkpoint pass reads the inputs once more and the
-// B T D N exponentials are evaluated 4 times (checkpoints, 8-token states, piece states,
-// adjoint); the per-tile dB/dC partial sums add 2 ceil(D/32) B T N floats each way.
+// B T D N exponentials are evaluated 3 times (checkpoints, 8-token states, piece states; the
+// adjoint reuses the last); the per-tile dB/dC partial sums add 2 ceil(D/32) B T N floats
+// each way. The backward kernel holds 2 blocks of 4 warps per SM at N = 16 (~220 registers,
+// 62 KiB of shared memory).
 #include "cuda/ssm_common.cuh"
 
 namespace {
