@@ -15,7 +15,10 @@
 // memory; (C) the block adds the NG partials in a fixed order, the skip term and the gate,
 // and stores y. grid.x = sequence x channel tile; grid.z = slabs of states when N is larger
 // than one block holds (N > 128): each slab then writes its partial sums to a workspace and a
-// second kernel finishes y. NB = 4 for N <= 32 (the N = 16 shape: 4 warps, 80 registers,
+// second kernel finishes y. When batch x channel tiles give fewer than 2 blocks per SM
+// (small B and D, e.g. single-sequence prefill) and T >= 128, each sequence is cut into up to
+// T/64 pieces run in parallel (see ssm1_forward: local states, an in-order combine, a rerun
+// for y): twice the exponentials but ~4 blocks per SM. NB = 4 for N <= 32 (the N = 16 shape: 4 warps, 80 registers,
 // 32 KiB of shared memory, 6 blocks per SM), 8 for N <= 64, 16 beyond.
 //
 // Floor per forward call (fp32; bf16 halves the per-token bytes): reads x, dt, gate
@@ -94,6 +97,8 @@ struct FwdArgs {
     int softplus;
     int n_slabs;
     int vec_bc;          // B_proj, C_proj loads 4 states at a time (see ld_states)
+    int64_t piece_len;   // > 0: state row r is piece r % pieces of sequence r / pieces (no varlen)
+    int64_t pieces;
     void *y;             // Elem, or NULL (checkpoint pass)
     float *hT;           // or NULL
     float *part;         // [n_slabs][B T D] partial sum_n h C when n_slabs > 1
@@ -111,6 +116,19 @@ __device__ __forceinline__ void fwd_finish(const FwdArgs &a, float out, int64_t 
     if (a.Dskip) out = fmaf(a.Dskip[d], x, out);
     if (a.y) ls_st(static_cast<E *>(a.y), idx, a.gate ? out * ls_dev_activate(a.act, z) : out);
     if (a.dgate) ls_st(static_cast<E *>(a.dgate), idx, dy * out * ls_dev_activate_grad(a.act, z));
+}
+
+// The tokens of state row r: a sequence, or with a.piece_len one piece of one.
+__device__ __forceinline__ void piece_range(const FwdArgs &a, int64_t r, int64_t *start,
+                                            int64_t *len)
+{
+    if (a.piece_len) {
+        const int64_t off = r % a.pieces * a.piece_len;
+        *start = r / a.pieces * a.T + off;
+        *len = a.T - off < a.piece_len ? a.T - off : a.piece_len;
+    } else {
+        ls_dev_seq_range(a.cu, a.T, r, start, len);
+    }
 }
 
 // Per-thread batches of the block-wide loops over a chunk: kBatch loads are issued before the
@@ -135,11 +153,11 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4 ? 3 : NB == 8 ? 2 :
     float *s_B = s_y + nwarps * kChunk * kLanes; // [kChunk][ns_pad] B_t of the tile's group
     float *s_C = s_B + kChunk * ns_pad;
 
-    const int64_t seq = blockIdx.x / a.n_tiles;
+    const int64_t seq = blockIdx.x / a.n_tiles; // the state row
     const int64_t d0 = (blockIdx.x % a.n_tiles) * kLanes;
     const int slab = blockIdx.z;
     int64_t start, len;
-    ls_dev_seq_range(a.cu, a.T, seq, &start, &len);
+    piece_range(a, seq, &start, &len);
     const int64_t D = a.D, N = a.N, GN = a.G * a.N;
     const int64_t d = d0 + lane;
     const bool d_ok = d < D;
@@ -304,6 +322,49 @@ __global__ void ssm1_fwd_finish_kernel(const FwdArgs a)
     const float z = a.gate ? ls_ld(static_cast<const E *>(a.gate), idx) : 0.0f;
     const float dy = a.dgate ? ls_ld(static_cast<const E *>(a.dy), idx) : 0.0f;
     fwd_finish<E>(a, out, idx, d, ls_ld(static_cast<const E *>(a.x), idx), z, dy);
+}
+
+// Pieces: per (piece, channel), the sum of dt (after softplus) over the piece, whose
+// exp(A sum) is the piece's decay of the state it starts from.
+template <typename E>
+__global__ void ssm1_piece_dt_kernel(const FwdArgs a, int64_t rows, float *sum_dt)
+{
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= rows * a.D) return;
+    const int64_t r = i / a.D, d = i % a.D;
+    int64_t start, len;
+    piece_range(a, r, &start, &len);
+    const float bias = a.dt_bias ? a.dt_bias[d] : 0.0f;
+    float acc = 0.0f;
+    for (int64_t t = start; t < start + len; t++) {
+        float v = ls_ld(static_cast<const E *>(a.dt), t * a.D + d);
+        if (a.softplus) v = ls_dev_softplus(v + bias);
+        acc += v;
+    }
+    sum_dt[i] = acc;
+}
+
+// Pieces: per (sequence, channel, state), the state each piece starts from, walking the
+// pieces in order from h0: h <- exp(A sum_dt) h + (the piece's state from zero). hloc holds
+// the pieces' states from zero and is overwritten with their start states (each thread reads
+// an entry before writing it). hT: the state after the last piece (read h0 first: hT == h0
+// is safe).
+__global__ void ssm1_piece_combine_kernel(const FwdArgs a, int64_t n_seqs, const float *sum_dt,
+                                          float *hloc, float *hT)
+{
+    const int64_t DN = a.D * a.N;
+    const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n_seqs * DN) return;
+    const int64_t s = i / DN, dn = i % DN, d = dn / a.N;
+    const float rate = a.A[dn] * kLog2e;
+    float h = a.h0 ? a.h0[i] : 0.0f;
+    for (int64_t pc = 0; pc < a.pieces; pc++) {
+        const int64_t r = s * a.pieces + pc;
+        const float local = hloc[r * DN + dn];
+        hloc[r * DN + dn] = h;
+        h = fmaf(ls_dev_exp2(rate * sum_dt[r * a.D + d]), h, local);
+    }
+    if (hT) hT[i] = h;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -741,15 +802,72 @@ linseq_status ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *cal
     FwdArgs a = fwd_args(p, call);
     a.y = y;
     a.hT = hT;
-    linseq_status st = check_grid(call, call->n_seqs * a.n_tiles, a.n_slabs);
+    const int64_t n_seqs = call->n_seqs;
+    linseq_status st = check_grid(call, n_seqs * a.n_tiles, a.n_slabs);
     if (st) return st;
-    ls_cuda_workspace ws;
-    if (a.n_slabs > 1) {
-        if ((st = ws_alloc(call, ws, (size_t)a.n_slabs * (size_t)a.BTD * sizeof(float))))
-            return st;
-        a.part = ws.as<float>();
+
+    // Too few blocks to fill the GPU (small batch, few channels), and long sequences: split
+    // each sequence into pieces run in parallel. Pass 1 runs each piece from the zero state
+    // (its local end state); a small kernel combines them in order into each piece's start
+    // state and hT; pass 2 reruns the pieces from those states and writes y. Twice the
+    // exponentials, for up to ~4 blocks per SM instead of a few per GPU. Varlen keeps the
+    // direct path.
+    int64_t pieces = 1, piece_len = 0;
+    const int64_t blocks = n_seqs * a.n_tiles * a.n_slabs;
+    if (!p->cu_seqlens && p->T >= 4 * kChunk) {
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device) !=
+            cudaSuccess) {
+            (void)cudaGetLastError();
+            sms = 0;
+        }
+        if (sms > 0 && blocks < 2 * (int64_t)sms) {
+            const int64_t want = (4 * (int64_t)sms + blocks - 1) / blocks;
+            const int64_t most = p->T / (2 * kChunk);
+            const int64_t P = want < most ? want : most;
+            if (P >= 2) {
+                piece_len = ((p->T + P - 1) / P + kChunk - 1) / kChunk * kChunk;
+                pieces = (p->T + piece_len - 1) / piece_len;
+            }
+        }
     }
-    return launch_fwd<E>(a, call, call->n_seqs);
+    const int64_t rows = n_seqs * pieces;
+    if (pieces > 1 && (st = check_grid(call, rows * a.n_tiles, a.n_slabs))) return st;
+
+    ls_cuda_workspace ws;
+    float *part = nullptr, *hloc = nullptr, *sum_dt = nullptr;
+    for (int pass = 0; pass < 2; pass++) {
+        Carver c{pass ? ws.as<char>() : nullptr};
+        part = c.take((size_t)a.n_slabs * (size_t)a.BTD, a.n_slabs > 1);
+        hloc = c.take((size_t)rows * (size_t)(a.D * a.N), pieces > 1);
+        sum_dt = c.take((size_t)rows * (size_t)a.D, pieces > 1);
+        if (!c.used) break;
+        if (!pass && (st = ws_alloc(call, ws, c.used))) return st;
+    }
+    a.part = part;
+    if (pieces == 1) return launch_fwd<E>(a, call, n_seqs);
+
+    FwdArgs local = a; // pass 1: each piece from zero, its end state only
+    local.piece_len = piece_len;
+    local.pieces = pieces;
+    local.h0 = nullptr;
+    local.hT = hloc;
+    local.y = nullptr;
+    local.part = nullptr;
+    if ((st = launch_fwd<E>(local, call, rows))) return st;
+    ssm1_piece_dt_kernel<E><<<ls_blocks(rows * a.D, 128), 128, 0, ls_stream(call)>>>(local, rows,
+                                                                                  sum_dt);
+    LS_CUDA_LAUNCHED(call, "ssm1_piece_dt_kernel");
+    local.h0 = a.h0;
+    ssm1_piece_combine_kernel<<<ls_blocks(n_seqs * a.D * a.N, 256), 256, 0, ls_stream(call)>>>(
+        local, n_seqs, sum_dt, hloc, hT);
+    LS_CUDA_LAUNCHED(call, "ssm1_piece_combine_kernel");
+    FwdArgs run = a; // pass 2: each piece from its start state, y
+    run.piece_len = piece_len;
+    run.pieces = pieces;
+    run.h0 = hloc;
+    run.hT = nullptr;
+    return launch_fwd<E>(run, call, rows);
 }
 
 template <typename E>
