@@ -2,7 +2,8 @@
  * path of the same library on host copies of the same inputs: odd D and N, N from 1 to 150
  * (every states-per-thread variant and the slabs of states past 128 forward, 32 backward;
  * 4-state vector loads of B_proj/C_proj when N % 4 == 0),
- * T = 1 and T past several 64-token checkpoints, groups (one, several, a group per channel,
+ * T = 1 and T past several 64-token checkpoints, long sequences run whole and (with few
+ * blocks) split into pieces, groups (one, several, a group per channel,
  * groups straddling the 32-channel tiles), varlen with an empty sequence, every gate
  * activation, D_skip, dt_softplus with and without dt_bias, h0 absent / given / updated in
  * place (hT == h0), d_hT absent or given, float32 and bf16; outputs poisoned before each
@@ -347,6 +348,9 @@ int main(void)
         /* the Mamba layer's N = 16 with G = 1 (B_t, C_t staged in shared memory), 5 forward
          * chunks and 5 checkpoint segments, the last one partial */
         {.B = 2, .T = 257, .D = 96, .N = 16, .gate = true, .skip = true, .h0 = true,
+         .softplus = true, .bias = true, .dht = true},
+        /* enough blocks (8 x 33 tiles) that long sequences run whole, not in pieces */
+        {.B = 8, .T = 130, .D = 1056, .N = 16, .gate = true, .skip = true, .h0 = true,
          .softplus = true, .bias = true, .dht = true},
         /* N % 4 == 0: B_proj/C_proj read 4 states at a time; N = 36 leaves the last warp
          * half its 8 states (forward) */
