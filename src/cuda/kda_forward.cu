@@ -732,8 +732,23 @@ linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scal
         LS_CUDA_LAUNCHED(call, "chunk_prep_kernel");
     }
     if (sizeof(Elem) == 2 && C == MMA_C) { // bf16: the state products on tensor cores
-        if (p->K <= 64) return launch_state_mma<64, 64>(p, HV, call, ws, seqs, o, ht);
-        if (p->K <= 128) return launch_state_mma<128, 64>(p, HV, call, ws, seqs, o, ht);
+        // 64-column tiles halve the re-reads of the chunk matrices; 32-column tiles double the
+        // CTAs when 64-column ones would not give every SM two (each CTA walks its sequence
+        // alone, so idle SMs are lost time)
+        int sms = 0;
+        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device) !=
+                cudaSuccess ||
+            sms <= 0) {
+            (void)cudaGetLastError();
+            sms = 132;
+        }
+        const bool narrow = call->n_seqs * HV * ((p->V + 63) / 64) < 2 * (int64_t)sms;
+        if (p->K <= 64)
+            return narrow ? launch_state_mma<64, 32>(p, HV, call, ws, seqs, o, ht)
+                          : launch_state_mma<64, 64>(p, HV, call, ws, seqs, o, ht);
+        if (p->K <= 128)
+            return narrow ? launch_state_mma<128, 32>(p, HV, call, ws, seqs, o, ht)
+                          : launch_state_mma<128, 64>(p, HV, call, ws, seqs, o, ht);
         return launch_state_mma<256, 32>(p, HV, call, ws, seqs, o, ht);
     }
     const size_t state_bytes = (size_t)(2 * ws.Kp + 2 * C) * STATE_BV * sizeof(float);

@@ -34,11 +34,11 @@
  *     relative; the roundings are independent, so a sum of n terms drifts by ~2^-9 sqrt(n)
  *     of its typical term, i.e. ~2^-9 = 2e-3 of the sum when it does not cancel, and a
  *     few times that where it does (Tinv R and the delta u = beta v - kbg S are differences).
- *     o adds its final rounding (3.9e-3): checked at 1.5e-2. The state compounds one rounded
- *     product per chunk, damped by the decay: the drift grows with the number of chunks the
- *     decay keeps (5.6e-3 at T = 300 with the in-kernel gate's slow decays, in a host
- *     emulation of the kernel): checked at 2e-2. fla's bf16 chunk is held to 5e-3 in RMS
- *     ratio, a weaker norm than this max.
+ *     o adds its final rounding (3.9e-3): checked at 2e-2 (7.4e-3 seen in a host emulation
+ *     of the kernel). The state compounds one rounded product per chunk, damped by the
+ *     decay: the drift grows with the number of chunks the decay keeps (5.6e-3 at T = 300
+ *     with the in-kernel gate's slow decays, emulated): checked at 2e-2. fla's bf16 chunk is
+ *     held to 5e-3 in RMS ratio, a weaker norm than this max.
  */
 #include <math.h>
 #include <stdio.h>
@@ -49,7 +49,7 @@
 
 #define TOL_F32 1e-5
 #define TOL_BF16 4.5e-3
-#define TOL_BF16_MMA 1.5e-2
+#define TOL_BF16_MMA 2e-2
 #define TOL_BF16_MMA_STATE 2e-2
 #define TOL_MODES 3e-5 /* chunked vs recurrent on the GPU (each within 1e-5 of the CPU) */
 
@@ -354,6 +354,17 @@ static void test_forward_shapes(void)
         }
 }
 
+/* Enough (sequence, head) pairs that the tensor-core state kernel takes 64-column tiles
+ * (>= 2 per SM on an H100/H200); the small cases above take its 32-column tiles. */
+static void test_forward_wide(void)
+{
+    tcase c = base_case(8, 65, 36, 64, 64);
+    check_case(&c, 601);
+    c = base_case(4, 40, 36, 128, 128);
+    c.decay = LINSEQ_DECAY_PER_HEAD;
+    check_case(&c, 602);
+}
+
 static void test_forward_options(void)
 {
     uint64_t seed = 101;
@@ -627,6 +638,7 @@ int main(void)
     test_extreme_decay();
     test_varlen();
     test_forward_shapes();
+    test_forward_wide();
     printf("test_kda_cuda: %d cases; worst forward errors: f32 %.2g, bf16 (FFMA) o %.2g, "
            "bf16 (tensor cores) o %.2g ht %.2g\n",
            n_cases, worst_f32, worst_bf16, worst_mma_o, worst_mma_ht);
