@@ -62,7 +62,7 @@ linseq_status ls_cuda_kda_gate_backward(const linseq_kda_gate_problem *p,
                                         const ls_cuda_call *call, const void *d_g,
                                         const linseq_kda_gate_grads *grads);
 
-/* SSM1 (G resolved: p->G >= 1). The backward checkpoints the state every 64 tokens (or
+/* SSM1 (the problem as the caller gave it: G == 0 means one group). The backward checkpoints the state every 64 tokens (or
  * another fixed interval) in device memory and recomputes inside a segment: never one
  * state per token. */
 linseq_status ls_cuda_ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *call,
