@@ -114,8 +114,14 @@ struct chunk_ws {
         return base + (chunk * HV + hv) * item_floats();
     }
     __host__ __device__ static float *Aqk(float *it, int C, int64_t) { return it; }
-    __host__ __device__ static float *Tinv(float *it, int C, int64_t) { return it + (int64_t)C * C; }
-    __host__ __device__ static float *qg(float *it, int C, int64_t) { return it + 2 * (int64_t)C * C; }
+    __host__ __device__ static float *Tinv(float *it, int C, int64_t)
+    {
+        return it + (int64_t)C * C;
+    }
+    __host__ __device__ static float *qg(float *it, int C, int64_t)
+    {
+        return it + 2 * (int64_t)C * C;
+    }
     __host__ __device__ static float *kbg(float *it, int C, int64_t Kp)
     {
         return it + 2 * (int64_t)C * C + (int64_t)C * Kp;

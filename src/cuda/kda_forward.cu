@@ -489,9 +489,11 @@ constexpr int MMA_C = 64;
 template <int KT, int BV> struct mma_shape {
     static constexpr int LDK = KT + 8;    // row stride (bf16) of [.][KT] tiles: conflict-free
     static constexpr int LDC = MMA_C + 8; // row stride (bf16) of [.][C] tiles
-    static constexpr size_t halves = 2 * (size_t)MMA_C * LDK /* kbg, qg */ +
-                                     (size_t)KT * LDC /* kd^T */ + 2 * (size_t)MMA_C * LDC /* Tinv, Aqk */ +
-                                     (size_t)BV * LDK /* S^T */ + 2 * (size_t)BV * LDC /* R^T, vnew^T */;
+    static constexpr size_t halves = 2 * (size_t)MMA_C * LDK   // kbg, qg
+                                     + (size_t)KT * LDC        // kd^T
+                                     + 2 * (size_t)MMA_C * LDC // Tinv, Aqk
+                                     + (size_t)BV * LDK        // S^T
+                                     + 2 * (size_t)BV * LDC;   // R^T, vnew^T
     static constexpr size_t bytes = 2 * halves + 4 * (MMA_C + KT);
 };
 
@@ -532,7 +534,8 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
             for (int e = 0; e < 4; e++) {
                 const int64_t d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
                 const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
-                S[mt][nt][e] = h0 && d < K && j < V ? h0[slot + (vf ? j * K + d : d * V + j)] : 0.0f;
+                S[mt][nt][e] = 0.0f;
+                if (h0 && d < K && j < V) S[mt][nt][e] = h0[slot + (vf ? j * K + d : d * V + j)];
             }
 
     for (int64_t ci = 0; ci * C < len; ci++) {

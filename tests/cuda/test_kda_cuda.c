@@ -475,7 +475,8 @@ static void check_decode(int64_t B, int64_t H, int64_t HV, int64_t K, int64_t V,
             ct_free(o_dev);
         }
         char what[200];
-        snprintf(what, sizeof what, "decode B%lld H%lld HV%lld K%lld V%lld vfirst%d rows%d gate%d decay%d %s",
+        snprintf(what, sizeof what,
+                 "decode B%lld H%lld HV%lld K%lld V%lld vfirst%d rows%d gate%d decay%d %s",
                  (long long)B, (long long)H, (long long)HV, (long long)K, (long long)V, v_first,
                  use_rows, gate, (int)decay, bf16 ? "bf16" : "f32");
         const double eo = tu_rel_err(o, o_cpu, h.n_v), ep = tu_rel_err(pool, pool_cpu, n_pool);
