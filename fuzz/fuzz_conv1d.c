@@ -154,7 +154,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     c.n_btd = count3(B, T, D);
     c.n_dw = count3(D, W, 1);
     c.n_state = W >= 1 ? count3(n_seqs, D, W - 1) : -1;
-    if (too_big(c.n_btd) || too_big(c.n_dw) || (W > 1 && too_big(c.n_state))) bad = true;
+    /* byte sizes; the states are optional (and ignored with W = 1), so theirs only count
+     * where one is passed */
+    if (too_big(c.n_btd) || too_big(c.n_dw)) bad = true;
+    const bool state_big = W > 1 && too_big(c.n_state);
     int64_t work;
     const bool fits = fz_count(&work, 4, B, T, D, W) && work <= CONV1D_MAX_WORK &&
                       c.n_btd <= FZ_MAX_FLOATS && c.n_dw <= FZ_MAX_FLOATS &&
@@ -183,7 +186,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 2: p->weight = NULL; bad = true; break;
     default: break;
     }
-    const bool fwd_bad = bad || null_kind == 3; /* y is the forward's required output */
+    /* y is the forward's required output */
+    const bool fwd_bad = bad || null_kind == 3 || (state_big && (state || state_out));
     if (null_kind == 3) y = NULL;
     if (alias_kind == 1 && p->x && y) {
         run_forward(&c, p, ex, (float *)p->x, state_out, true);
@@ -222,7 +226,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     linseq_conv1d_grads g1;
     int64_t n[4];
     grads_alloc(&g1, n, &c, mask);
-    bool bwd_bad = bad;
+    bool bwd_bad = bad || (state_big && (state || c.d_state || g1.dconv_state));
     const float *d_y = c.d_y;
     if (alias_kind == 2) {
         c.d_y = NULL;

@@ -246,10 +246,11 @@ static void fuzz_kda_main(fz_in *in)
     const bool has_g = g_mismatch ? !want_g : want_g;
     if (has_g != want_g && (unsigned)p->decay <= 2) bad = true;
 
-    /* byte sizes */
+    /* byte sizes; the states are optional, so theirs only count where one is passed */
     if (too_big(n_qk) || too_big(c.n_o) || too_big(n_beta) || (has_g && too_big(c.n_g)) ||
-        too_big(c.n_state) || (p->gate_in_kernel && has_bias && too_big(c.n_bias)))
+        (p->gate_in_kernel && has_bias && too_big(c.n_bias)))
         bad = true;
+    const bool state_big = too_big(c.n_state);
     int64_t work;
     const bool fits = fz_count(&work, 5, B, T, HV, K, V) && work <= KDA_MAX_WORK &&
                       n_qk <= FZ_MAX_FLOATS && c.n_o <= FZ_MAX_FLOATS &&
@@ -304,7 +305,7 @@ static void fuzz_kda_main(fz_in *in)
     c.nice = nice;
     c.bad_sizes = bad;
     /* an output that overlaps an input of the same shape must be refused */
-    bool fwd_bad = bad;
+    bool fwd_bad = bad || (state_big && (p->h0 || ht));
     if (null_kind == 5) { /* the forward's required output (the backward has none) */
         o = NULL;
         fwd_bad = true;
@@ -350,7 +351,7 @@ static void fuzz_kda_main(fz_in *in)
     if (!want_g && (f2 & 7) != 2) mask &= ~16u;
     grads_alloc(&g1, &c, mask);
     const float *d_o_saved = c.d_o.p;
-    bool bwd_bad = bad;
+    bool bwd_bad = bad || (state_big && (p->h0 || c.d_ht.p || g1.g.dh0));
     if (alias_kind == 2) {
         c.d_o.p = NULL;
         bwd_bad = true;

@@ -177,7 +177,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     int64_t n_bc;
     c.n_bc = fz_count(&n_bc, 4, B, T, G, N) ? n_bc : -1;
     c.n_state = count3(n_seqs, D, N);
-    if (too_big(c.n_btd) || too_big(c.n_dn) || too_big(c.n_bc) || too_big(c.n_state)) bad = true;
+    /* byte sizes; the states are optional, so theirs only count where one is passed */
+    if (too_big(c.n_btd) || too_big(c.n_dn) || too_big(c.n_bc)) bad = true;
+    const bool state_big = too_big(c.n_state);
     int64_t work;
     const bool fits = fz_count(&work, 4, B, T, D, N) && work <= SSM1_MAX_WORK &&
                       c.n_btd <= FZ_MAX_FLOATS && c.n_bc <= FZ_MAX_FLOATS &&
@@ -213,7 +215,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     case 5: p->C_proj = NULL; bad = true; break;
     default: break;
     }
-    const bool fwd_bad = bad || null_kind == 6; /* y is the forward's required output */
+    /* y is the forward's required output */
+    const bool fwd_bad = bad || null_kind == 6 || (state_big && (h0 || hT));
     if (null_kind == 6) y = NULL;
     if (alias_kind == 1 && p->x && y) {
         /* an output on top of an input must be refused */
@@ -255,7 +258,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     grad_set g1;
     grads_alloc(&g1, &c, mask);
-    bool bwd_bad = bad;
+    bool bwd_bad = bad || (state_big && (h0 || c.d_hT || g1.g.dh0));
     const float *d_y = c.d_y;
     if (alias_kind == 2) {
         c.d_y = NULL;

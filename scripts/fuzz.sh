@@ -13,7 +13,8 @@
 # instrumentation; the targets go to build/fuzz/, crash inputs to build/fuzz/artifacts/.
 # Needs clang with its runtime libraries (libFuzzer, sanitizers), LLVM's OpenMP runtime for
 # clang's -fopenmp, and cJSON. Environment: CLANG (default clang), LINSEQ_ISA (passed on:
-# the kernels' instruction set), FUZZ_JOBS (make -j, default 2).
+# the kernels' instruction set), FUZZ_JOBS (make -j, default 2), FUZZ_CORPUS_OUT (a folder:
+# each run's corpus is merged, minimised, into FUZZ_CORPUS_OUT/TARGET, to pick new seeds from).
 set -eu
 cd "$(dirname "$0")/.."
 
@@ -49,15 +50,20 @@ if ! "$CLANG" -fopenmp "$probe/o.c" -o "$probe/o" 2>"$probe/err"; then
 fi
 
 echo "== building the fuzz targets ($CLANG) into $out"
+# The CLI's sources but main.c, as the Makefile links them into its tests.
+cli_objs=""
+for f in tools/linseq/*.c; do
+  [ "$f" = tools/linseq/main.c ] || cli_objs="$cli_objs $out/lib/obj/${f%.c}.o"
+done
+# shellcheck disable=SC2086
 make -s -j"${FUZZ_JOBS:-2}" BUILD="$out/lib" CC="$CLANG" OPT=-O1 \
-  SAN="$san -fsanitize=fuzzer-no-link" \
-  "$out/lib/liblinseq.a" "$out/lib/obj/tools/linseq/npy.o" "$out/lib/obj/tools/linseq/case.o"
+  SAN="$san -fsanitize=fuzzer-no-link" "$out/lib/liblinseq.a" $cli_objs
 cflags="-std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra -Werror $san -fsanitize=fuzzer -fopenmp"
 for t in $targets; do
   extra=""
   case $t in
     npy) extra="$out/lib/obj/tools/linseq/npy.o" ;;
-    case) extra="$out/lib/obj/tools/linseq/case.o $out/lib/obj/tools/linseq/npy.o" ;;
+    case) extra="$cli_objs" ;;
   esac
   # shellcheck disable=SC2086 # word splitting of the flag lists is intended
   "$CLANG" $cflags -Iinclude -Itools/linseq -Ifuzz "fuzz/fuzz_$t.c" fuzz/fuzz_util.c $extra \
@@ -88,6 +94,11 @@ for t in $targets; do
   else
     result="FAILED (exit $?)"
     failed="$failed $t"
+  fi
+  if [ -n "${FUZZ_CORPUS_OUT:-}" ] && [ "$result" = ok ]; then
+    mkdir -p "$FUZZ_CORPUS_OUT/$t"
+    TMPDIR="$work/$t/tmp" "$out/fuzz_$t" -merge=1 "$FUZZ_CORPUS_OUT/$t" "$work/$t/corpus" \
+      >"$work/$t/merge.log" 2>&1 || echo "fuzz.sh: merging the $t corpus failed" >&2
   fi
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$work/$t/log")
   rate=$(sed -n 's/^stat::average_exec_per_sec: *//p' "$work/$t/log")
