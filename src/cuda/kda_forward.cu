@@ -59,7 +59,8 @@ template <int C> struct prep_shape {
     static constexpr int DK = C >= 128 ? 16 : 32; // channels per pass
     static constexpr int LD = DK + 1;             // row stride of the per-pass tiles
     static constexpr int CL = C + 1;              // row stride of the score accumulators
-    static constexpr int NDIAG = NS * 64;         // diagonal tasks: (block, column, quarter)
+    static constexpr int DSPLIT = 2;              // threads per column of a diagonal block
+    static constexpr int NDIAG = NS * 16 * DSPLIT; // diagonal tasks: (block, column, share)
     static constexpr int NOFF = NS * (NS - 1) / 2 * 16; // off-diagonal 4 x 4 tiles
     static constexpr size_t floats = 3 * C + 6 * (size_t)C * LD + NS * DK + NS * NS * DK +
                                      2 * (size_t)C * CL;
@@ -190,16 +191,19 @@ chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t
             }
         }
         __syncthreads();
-        // 4. the pass's share of every score: diagonal blocks element by element (four
-        //    threads per column, each a quarter of the channels), off-diagonal blocks as 4 x 4
-        //    register tiles of the factored product
+        // 4. the pass's share of every score: diagonal blocks element by element (DSPLIT
+        //    threads per column, each taking every DSPLIT-th channel), off-diagonal blocks as
+        //    4 x 4 register tiles of the factored product; at C = 64 all tasks fit one round
+        //    of the block
         for (int t = tid; t < sh::NDIAG + sh::NOFF; t += PREP_THREADS) {
             if (t < sh::NDIAG) { // whole warps take this branch: NDIAG is a multiple of 32
-                const int i = t / 64, cc = (t / 4) % 16, qd = t % 4, n = i * 16, c = n + cc;
+                constexpr int DS = sh::DSPLIT;
+                const int i = t / (16 * DS), cc = (t / DS) % 16, qd = t % DS;
+                const int n = i * 16, c = n + cc;
                 float aq[16], ak[16];
 #pragma unroll
                 for (int rr = 0; rr < 16; rr++) aq[rr] = ak[rr] = 0.0f;
-                for (int dd = qd; dd < DK; dd += 4) {
+                for (int dd = qd; dd < DK; dd += DS) {
                     const float kc = ks[c * LD + dd];
                     float f = 1.0f;
 #pragma unroll
@@ -214,12 +218,12 @@ chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t
                     }
                 }
 #pragma unroll
-                for (int rr = 0; rr < 16; rr++) {
-                    aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], 1);
-                    ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], 1);
-                    aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], 2);
-                    ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], 2);
-                }
+                for (int x = 1; x < DS; x <<= 1)
+#pragma unroll
+                    for (int rr = 0; rr < 16; rr++) {
+                        aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], x);
+                        ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], x);
+                    }
                 if (qd == 0) {
 #pragma unroll
                     for (int rr = 0; rr < 16; rr++) {
