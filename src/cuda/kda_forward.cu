@@ -49,6 +49,25 @@ namespace ls_kda {
 
 namespace {
 
+// A hint: fetch the 128-byte line at p into L2 (no register written, no fault semantics
+// beyond a plain load's; p must be a valid global address).
+__device__ __forceinline__ void prefetch_l2(const void *p)
+{
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// The next chunk's workspace block into L2 while this chunk computes: the state kernels walk
+// their chunks one after the other, and each chunk's block is otherwise first read from HBM
+// on the critical path.
+__device__ __forceinline__ void prefetch_item(const chunk_ws &ws, int64_t chunk, int64_t HV,
+                                              int64_t hv, int tid, int threads)
+{
+    const char *base = reinterpret_cast<const char *>(ws.item(chunk, HV, hv));
+    const int64_t bytes = ws.item_floats() * (int64_t)sizeof(float);
+    for (int64_t off = (int64_t)tid * 128; off < bytes; off += (int64_t)threads * 128)
+        prefetch_l2(base + off);
+}
+
 constexpr int PREP_THREADS = 256;
 constexpr int STATE_THREADS = 256;
 constexpr int STATE_WARPS = STATE_THREADS / 32;
@@ -342,6 +361,7 @@ chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
         const float *dlast = chunk_ws::dlast(item, C, Kp);
         const float *S = sm + cur * Kp * STATE_BV;
         float *Sn = sm + (cur ^ 1) * Kp * STATE_BV;
+        if ((ci + 1) * C < len) prefetch_item(ws, chunk0 + ci + 1, HV, hv, tid, STATE_THREADS);
 
         // 1. R = diag(beta) V - kbg S0
         float acc[RPT];
@@ -550,6 +570,7 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
         const float *kd = chunk_ws::kd(item, C, Kp), *Aqk = chunk_ws::Aqk(item, C, Kp);
         const float *Tinv = chunk_ws::Tinv(item, C, Kp), *bet = chunk_ws::beta(item, C, Kp);
         const float *dlast = chunk_ws::dlast(item, C, Kp);
+        if ((ci + 1) * C < len) prefetch_item(ws, chunk0 + ci + 1, HV, hv, tid, MMA_THREADS);
         // the chunk's matrices as bf16 tiles (every row of the item is written, zeros past
         // the chunk's end), and the state's bf16 copy
         // (16-byte loads: rows of Kp or C floats, Kp a multiple of 4, item 16-byte aligned)
