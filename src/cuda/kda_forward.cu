@@ -11,7 +11,10 @@
 //      written to a float32 workspace.
 //   2. chunk_state_kernel, one CTA per (sequence, value head, 32 state columns), sequential
 //      over the chunks of its sequence with the K x 32 state tile in shared memory (float32,
-//      double-buffered): the three products with S0, the two triangular ones, the output.
+//      double-buffered): the three products with S0, the two triangular ones, the output;
+//      or, for bf16 at chunk 64, chunk_state_mma_kernel (64- or 32-column tiles, the state in
+//      the tensor-core accumulator registers). Both prefetch the next chunk's workspace block
+//      into L2 while the current one computes.
 // Every decay factor is a product of per-token decays e^{g} <= 1 (exactly the CPU's
 // construction, kda_chunk_simd.c): off-diagonal 16 x 16 blocks factor through the first row
 // of the row block and the last row of the column block, diagonal blocks run their products
@@ -29,7 +32,9 @@
 // ~1 PFLOP/s of bf16 tensor cores and ~4.8 TB/s the state products take ~0.1 ms and the
 // workspace traffic ~0.3 ms, so the state kernel is bound by its chunk-to-chunk latency
 // (B HV V / BV CTAs, each walking T / C chunks), which the split keeps short: everything
-// that does not need the state is in the parallel kernel.
+// that does not need the state is in the parallel kernel. The prep kernel's ~13 GFLOP of
+// float32 FFMA (~0.2-0.4 ms at the H200's 67 TFLOP/s with its shared-memory traffic) is the
+// next cost to measure.
 //
 // Arithmetic. float32 tensors: every product in float32 FFMA (the tests hold the GPU to 1e-5
 // of the CPU, which TF32 tensor cores cannot meet). bf16 tensors with chunk 64: the five state
