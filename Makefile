@@ -185,7 +185,8 @@ cuda-test-run: cuda-tests
 .PHONY: cuda-check
 cuda-check:
 	@if command -v $(NVCC) >/dev/null 2>&1; then \
-	  $(MAKE) CUDA=1 BUILD=build/cuda cuda-tests && sh scripts/cuda-check.sh build/cuda; \
+	  $(MAKE) CUDA=1 BUILD=build/cuda -j$$(nproc 2>/dev/null || echo 2) cuda-tests && \
+	  sh scripts/cuda-check.sh build/cuda; \
 	else echo "cuda-check: no nvcc on this machine; CUDA sources not compiled"; fi
 
 test: test-plain test-sanitize test-tsan test-valgrind fuzz-short test-python cuda-check
