@@ -4,7 +4,7 @@
 # independent judge of the reference cases; the Python package's tests), clang with LLVM's
 # OpenMP (the ThreadSanitizer run and the libFuzzer targets) and valgrind.
 set -e
-pkgs="build-essential pkg-config libcjson-dev python3 python3-venv clang libomp-dev valgrind"
+pkgs="build-essential pkg-config libcjson-dev python3 python3-venv clang libclang-rt-dev libomp-dev valgrind"
 missing=""
 for p in $pkgs; do
   dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
