@@ -45,6 +45,28 @@ def _optional(value, name, shape, what):
     return None if value is None else as_f32(value, name, shape, what)
 
 
+def _sequences(cu_seqlens, B, T):
+    """(cu_seqlens as checked int64 or None, the number of state rows)."""
+    if cu_seqlens is None:
+        return None, B
+    if B != 1:
+        raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
+    cu = as_cu_seqlens(cu_seqlens, T)
+    return cu, cu.shape[0] - 1
+
+
+def _gate_bias(dt_bias, per_channel, heads, K, letter):
+    """(dt_bias flattened to [heads*K] or [heads], its shape as given), or (None, None).
+    Per channel it may come as [heads,K]; its gradient is handed back in that shape."""
+    if dt_bias is None:
+        return None, None
+    what = f"[{letter}*K] or [{letter},K]" if per_channel else f"[{letter}]"
+    dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2), f"dt_bias of shape {what}")
+    want = (heads * K,) if per_channel else (heads,)
+    flat = dt.reshape(-1) if dt.size == int(np.prod(want)) else dt
+    return as_f32(flat, "dt_bias", want, f"[{letter}*K]" if per_channel else f"[{letter}]"), dt.shape
+
+
 # ------------------------------------------------------------------------------------------
 # KDA
 # ------------------------------------------------------------------------------------------
@@ -81,13 +103,7 @@ class KdaInputs:
             decay = _lib.DECAY_PER_CHANNEL if ga.ndim == 4 else _lib.DECAY_PER_HEAD
             want = (B, T, HV, K) if ga.ndim == 4 else (B, T, HV)
             self.g = as_f32(ga, "g", want, "[B,T,HV,K]" if ga.ndim == 4 else "[B,T,HV]")
-        self.cu_seqlens = None
-        N = B
-        if cu_seqlens is not None:
-            if B != 1:
-                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
-            N = self.cu_seqlens.shape[0] - 1
+        self.cu_seqlens, N = _sequences(cu_seqlens, B, T)
         self.state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         state_what = "[N,HV,V,K]" if state_v_first else "[N,HV,K,V]"
         self.h0 = _optional(h0, "initial_state", self.state_shape, state_what)
@@ -95,17 +111,8 @@ class KdaInputs:
             if self.g is None:
                 raise ValueError("g: the gate input is required with use_gate_in_kernel")
             self.A_log = _optional(A_log, "A_log", (HV,), "[HV]")
-            if dt_bias is not None:
-                per_channel = decay == _lib.DECAY_PER_CHANNEL
-                dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2),
-                                 "dt_bias of shape [HV*K] or [HV,K]" if per_channel
-                                 else "dt_bias of shape [HV]")
-                want = (HV * K,) if per_channel else (HV,)
-                self.dt_bias_shape = dt.shape
-                self.dt_bias = as_f32(dt.reshape(-1) if dt.size == int(np.prod(want)) else dt,
-                                      "dt_bias", want, "[HV*K]" if per_channel else "[HV]")
-            else:
-                self.dt_bias, self.dt_bias_shape = None, None
+            self.dt_bias, self.dt_bias_shape = _gate_bias(
+                dt_bias, decay == _lib.DECAY_PER_CHANNEL, HV, K, "HV")
         else:
             if A_log is not None or dt_bias is not None:
                 raise ValueError("A_log, dt_bias: given without use_gate_in_kernel=True")
@@ -239,15 +246,7 @@ class GateInputs:
         B, T, H = self.g_raw.shape[:3]
         K = self.g_raw.shape[3] if per_channel else 0
         self.A_log = _optional(A_log, "A_log", (H,), "[H]")
-        self.dt_bias_shape = None
-        self.dt_bias = None
-        if dt_bias is not None:
-            dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2), "dt_bias of shape [H*K] or [H,K]"
-                             if per_channel else "dt_bias of shape [H]")
-            want = (H * K,) if per_channel else (H,)
-            self.dt_bias_shape = dt.shape
-            flat = dt.reshape(-1) if dt.size == int(np.prod(want)) else dt
-            self.dt_bias = as_f32(flat, "dt_bias", want, "[H*K]" if per_channel else "[H]")
+        self.dt_bias, self.dt_bias_shape = _gate_bias(dt_bias, per_channel, H, K, "H")
         self.problem = _lib.KdaGateProblem(
             B=B, T=T, H=H, K=K,
             decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD,
@@ -318,13 +317,7 @@ class Ssm1Inputs:
             raise ValueError(f"B: the groups G = {G} must divide D = {D}")
         self.D_skip = _optional(D_skip, "D", (D,), "[D]")
         self.gate = _optional(gate, "gate", (B, T, D), "[B,T,D] like hidden_states")
-        self.cu_seqlens = None
-        n_state = B
-        if cu_seqlens is not None:
-            if B != 1:
-                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
-            n_state = self.cu_seqlens.shape[0] - 1
+        self.cu_seqlens, n_state = _sequences(cu_seqlens, B, T)
         self.state_shape = (n_state, D, N)
         self.h0 = _optional(h0, "initial_state", self.state_shape, "[B,D,N]")
         if dt_bias is not None and not dt_softplus:
@@ -396,13 +389,7 @@ class Conv1dInputs:
         self.weight = w
         W = w.shape[1]
         self.bias = _optional(bias, "bias", (D,), "[D]")
-        self.cu_seqlens = None
-        n_state = B
-        if cu_seqlens is not None:
-            if B != 1:
-                raise ValueError(f"cu_seqlens: packed sequences need B == 1, got B = {B}")
-            self.cu_seqlens = as_cu_seqlens(cu_seqlens, T)
-            n_state = self.cu_seqlens.shape[0] - 1
+        self.cu_seqlens, n_state = _sequences(cu_seqlens, B, T)
         self.state_shape = (n_state, D, W - 1)
         self.conv_state = _optional(conv_state, "conv_state", self.state_shape,
                                     "[B,D,W-1], oldest input first")
