@@ -112,10 +112,6 @@ class NumpyBackend:
         return o, state
 
     @staticmethod
-    def multiply(y, gate_act):
-        return y * gate_act
-
-    @staticmethod
     def cast(value, like):
         dtype = getattr(like, "dtype", None)
         if value is None or dtype is None or not np.issubdtype(dtype, np.floating):
@@ -329,7 +325,7 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
     backend = backend_for(list(arrays.values()) + [gate, cu_seqlens], _framework)
     y, h = backend.ssm1(arrays, cu_seqlens, Ssm1Options(activation=kernel_act))
     if gate is not None and kernel_act is None:
-        y = backend.multiply(y, act_fn(gate))
+        y = y * act_fn(gate)  # the caller's framework differentiates this product
     return backend.cast(y, hidden_states), h, conv_state
 
 

@@ -133,10 +133,6 @@ class JaxBackend:
         return _callback(host, result, *args, *extra)
 
     @staticmethod
-    def multiply(y, gate_act):
-        return y * gate_act
-
-    @staticmethod
     def cast(value, like):
         dtype = getattr(like, "dtype", None)
         if value is None or dtype is None or not jnp.issubdtype(dtype, jnp.floating):

@@ -100,10 +100,6 @@ class TorchBackend:
         return torch.from_numpy(o), (state if inplace else torch.from_numpy(pool))
 
     @staticmethod
-    def multiply(y, gate_act):
-        return y * gate_act
-
-    @staticmethod
     def cast(value, like):
         if value is None or not isinstance(like, torch.Tensor) or not like.is_floating_point():
             return value
