@@ -7,7 +7,15 @@
 
 #include "linseq.h"
 
-static inline float ls_sigmoidf(float z)
+/* The float functions are compiled for CUDA kernels too (nvcc defines __CUDACC__), so the
+ * device evaluates the very formulas the CPU does. */
+#ifdef __CUDACC__
+#define LS_HOST_DEVICE __host__ __device__
+#else
+#define LS_HOST_DEVICE
+#endif
+
+static inline LS_HOST_DEVICE float ls_sigmoidf(float z)
 {
     /* Two branches so that exp never overflows. */
     if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
@@ -16,16 +24,16 @@ static inline float ls_sigmoidf(float z)
 }
 
 /* log(1 + e^x), returning x above 20 like torch.nn.functional.softplus and mamba. */
-static inline float ls_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static inline LS_HOST_DEVICE float ls_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-static inline float ls_gelu_tanhf(float z)
+static inline LS_HOST_DEVICE float ls_gelu_tanhf(float z)
 {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * z * (1.0f + tanhf(k * (z + 0.044715f * z * z * z)));
 }
 
 /* act must be resolved (not LINSEQ_ACT_DEFAULT). */
-static inline float ls_activate(linseq_activation act, float z)
+static inline LS_HOST_DEVICE float ls_activate(linseq_activation act, float z)
 {
     switch (act) {
     case LINSEQ_ACT_SILU: return z * ls_sigmoidf(z);
@@ -37,10 +45,10 @@ static inline float ls_activate(linseq_activation act, float z)
 }
 
 /* d softplus / dx, matching the threshold of ls_softplusf (slope exactly 1 above 20). */
-static inline float ls_softplus_gradf(float x) { return x > 20.0f ? 1.0f : ls_sigmoidf(x); }
+static inline LS_HOST_DEVICE float ls_softplus_gradf(float x) { return x > 20.0f ? 1.0f : ls_sigmoidf(x); }
 
 /* f'(z) of ls_activate (act resolved). relu'(0) = 0, as torch. */
-static inline float ls_activate_gradf(linseq_activation act, float z)
+static inline LS_HOST_DEVICE float ls_activate_gradf(linseq_activation act, float z)
 {
     switch (act) {
     case LINSEQ_ACT_SILU: {

@@ -7,6 +7,7 @@
 #ifndef LS_KDA_CUDA_CUH
 #define LS_KDA_CUDA_CUH
 
+#include "core/activation.h"
 #include "cuda/cuda_common.cuh"
 
 namespace ls_kda {
@@ -15,16 +16,11 @@ namespace ls_kda {
 // KDA_LOG_DECAY_FLOOR): e^-110 is an exact float32 zero in every product with factors <= 1.
 constexpr float LOG_DECAY_FLOOR = -110.0f;
 
-// The same branches as ls_sigmoidf / ls_softplusf / ls_softplus_gradf: exp never overflows,
-// softplus is x above 20 and its slope exactly 1 there.
-__device__ __forceinline__ float sigmoid(float z)
-{
-    if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
-    const float e = expf(z);
-    return e / (1.0f + e);
-}
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-__device__ __forceinline__ float softplus_grad(float x) { return x > 20.0f ? 1.0f : sigmoid(x); }
+// The CPU's formulas (core/activation.h): exp never overflows, softplus is x above 20 and
+// its slope exactly 1 there.
+__device__ __forceinline__ float sigmoid(float z) { return ls_sigmoidf(z); }
+__device__ __forceinline__ float softplus(float x) { return ls_softplusf(x); }
+__device__ __forceinline__ float softplus_grad(float x) { return ls_softplus_gradf(x); }
 
 // The decay after the gate: -exp(A_log) softplus(raw + bias), or
 // lower_bound sigmoid(exp(A_log) (raw + bias)).

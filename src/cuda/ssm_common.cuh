@@ -6,63 +6,24 @@
 
 #include <string.h>
 
+#include "core/activation.h"
 #include "cuda/cuda_common.cuh"
 
-// Two branches so that exp never overflows (as ls_sigmoidf).
-__device__ __forceinline__ float ls_dev_sigmoid(float z)
-{
-    if (z >= 0.0f) return 1.0f / (1.0f + expf(-z));
-    const float e = expf(z);
-    return e / (1.0f + e);
-}
-
-// log(1 + e^x), x above 20 (torch's and mamba's threshold).
-__device__ __forceinline__ float ls_dev_softplus(float x)
-{
-    return x > 20.0f ? x : log1pf(expf(x));
-}
-
-__device__ __forceinline__ float ls_dev_softplus_grad(float x)
-{
-    return x > 20.0f ? 1.0f : ls_dev_sigmoid(x);
-}
+// The CPU's formulas (core/activation.h), under the names the SSM kernels use.
+__device__ __forceinline__ float ls_dev_sigmoid(float z) { return ls_sigmoidf(z); }
+__device__ __forceinline__ float ls_dev_softplus(float x) { return ls_softplusf(x); }
+__device__ __forceinline__ float ls_dev_softplus_grad(float x) { return ls_softplus_gradf(x); }
 
 // act resolved (never LINSEQ_ACT_DEFAULT); the argument is uniform across a launch.
 __device__ __forceinline__ float ls_dev_activate(int act, float z)
 {
-    switch (act) {
-    case LINSEQ_ACT_SILU: return z * ls_dev_sigmoid(z);
-    case LINSEQ_ACT_SIGMOID: return ls_dev_sigmoid(z);
-    case LINSEQ_ACT_GELU_TANH: {
-        const float k = 0.7978845608028654f;
-        return 0.5f * z * (1.0f + tanhf(k * (z + 0.044715f * z * z * z)));
-    }
-    case LINSEQ_ACT_RELU: return z > 0.0f ? z : (z == z ? 0.0f : z);
-    default: return z;
-    }
+    return ls_activate((linseq_activation)act, z);
 }
 
 // f'(z) of ls_dev_activate; relu'(0) = 0 as torch.
 __device__ __forceinline__ float ls_dev_activate_grad(int act, float z)
 {
-    switch (act) {
-    case LINSEQ_ACT_SILU: {
-        const float s = ls_dev_sigmoid(z);
-        return s * (1.0f + z * (1.0f - s));
-    }
-    case LINSEQ_ACT_SIGMOID: {
-        const float s = ls_dev_sigmoid(z);
-        return s * (1.0f - s);
-    }
-    case LINSEQ_ACT_GELU_TANH: {
-        const float k = 0.7978845608028654f;
-        const float th = tanhf(k * (z + 0.044715f * z * z * z));
-        return 0.5f * (1.0f + th) +
-               0.5f * z * (1.0f - th * th) * k * (1.0f + 3.0f * 0.044715f * z * z);
-    }
-    case LINSEQ_ACT_RELU: return z > 0.0f ? 1.0f : (z == z ? 0.0f : z);
-    default: return 1.0f;
-    }
+    return ls_activate_gradf((linseq_activation)act, z);
 }
 
 // 2^x with the hardware approximation (relative error about 2^-22): the SSM decay
