@@ -85,6 +85,12 @@ LINSEQ_API const char *linseq_version(void);
  * CPU supports; the environment variable LINSEQ_ISA (same names) can lower it. */
 LINSEQ_API const char *linseq_isa(void);
 
+/* Every op's structs and tensors as JSON, for bindings in other languages: the size, field
+ * names, types and offsets of linseq_exec and of each op's problem and grads structs, the
+ * accepted option values, and each tensor's role, shape (in the header's letters) and
+ * gradient. A static string (NULL only when memory ran out on the first call). */
+LINSEQ_API const char *linseq_op_table_json(void);
+
 /* ------------------------------------------------------------------------------------ */
 /* Execution settings (how to run, never what to compute)                               */
 /* ------------------------------------------------------------------------------------ */

@@ -1,10 +1,9 @@
 /* Loading a case folder into its op's problem struct, running it, writing its outputs.
  *
- * Each op has a setup function that reads its sizes and options from meta.json, loads the
- * inputs whose shapes those sizes imply, and declares the outputs and the gradients it can
- * produce; the op table at the bottom ties a name in meta.json to that setup, to the forward
- * call and to the backward call. The upstream gradients are the same for every op ("d_" and
- * the name of an output, with its shape), so the loader reads them after the setup. */
+ * Nothing here is written per op: meta.json's "op" names an entry of the op table
+ * (src/optable), whose sizes and options say which keys to read and where they go, whose
+ * tensors say which files to load with which shapes under those options, and which outputs,
+ * upstream gradients and gradients the op has, and whose calls run it. */
 #include "case.h"
 #include "case_device.h"
 
@@ -14,10 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "commands.h"
+#include "optable/optable.h"
 
 /* Far above any real meta.json; stops a wrong path (a huge file) from being slurped. */
 #define META_MAX_BYTES (16L << 20)
@@ -36,16 +37,6 @@ typedef struct loader {
     char *err;
     size_t err_size;
 } loader;
-
-typedef struct op_entry {
-    const char *name;
-    case_op op;
-    bool (*setup)(loader *L);
-    /* out[i] is produced[i], allocated with its declared shape. */
-    linseq_status (*forward)(const ls_case *c, const linseq_exec *exec, float *const *out);
-    /* grad[slot] is the computable gradient with that slot, or NULL when not requested. */
-    linseq_status (*backward)(const ls_case *c, const linseq_exec *exec, float *const *grad);
-} op_entry;
 
 /* ---------------------------------------------------------------------------------- */
 /* Messages                                                                           */
@@ -151,47 +142,6 @@ static bool meta_string(loader *L, const char *key, const char **out)
     return true;
 }
 
-static bool parse_decay(loader *L, const char *key, bool none_allowed, linseq_decay *out)
-{
-    const char *s;
-    if (!meta_string(L, key, &s)) return false;
-    if (s && strcmp(s, "per_channel") == 0) {
-        *out = LINSEQ_DECAY_PER_CHANNEL;
-    } else if (s && strcmp(s, "per_head") == 0) {
-        *out = LINSEQ_DECAY_PER_HEAD;
-    } else if (none_allowed && (!s || strcmp(s, "none") == 0)) {
-        *out = LINSEQ_DECAY_NONE;
-    } else {
-        return meta_fail(L, "\"%s\" is %s%s%s (expected \"per_channel\" or \"per_head\"%s)", key,
-                         s ? "\"" : "", s ? s : "missing", s ? "\"" : "",
-                         none_allowed ? " or \"none\"" : "");
-    }
-    return true;
-}
-
-/* null keeps the op's default (identity for conv, silu for the SSM1 gate). */
-static bool parse_activation(loader *L, const char *key, linseq_activation *out)
-{
-    static const struct {
-        const char *name;
-        linseq_activation act;
-    } acts[] = {{"silu", LINSEQ_ACT_SILU},           {"sigmoid", LINSEQ_ACT_SIGMOID},
-                {"gelu_tanh", LINSEQ_ACT_GELU_TANH}, {"relu", LINSEQ_ACT_RELU},
-                {"identity", LINSEQ_ACT_IDENTITY},   {"none", LINSEQ_ACT_IDENTITY}};
-    const char *s;
-    if (!meta_string(L, key, &s)) return false;
-    if (!s) return true;
-    for (size_t i = 0; i < sizeof acts / sizeof acts[0]; i++)
-        if (strcmp(s, acts[i].name) == 0) {
-            *out = acts[i].act;
-            return true;
-        }
-    return meta_fail(L,
-                     "\"%s\" is \"%s\" (expected null, \"silu\", \"sigmoid\", \"gelu_tanh\", "
-                     "\"relu\" or \"identity\")",
-                     key, s);
-}
-
 /* Names become file names, so nothing that could leave the folder is accepted. */
 static bool valid_name(const char *s)
 {
@@ -245,12 +195,6 @@ static bool check_flag(loader *L, int list, const char *flag, const char *name)
     if (f != (list_index(L->read[list], name) >= 0))
         return meta_fail(L, "\"%s\" is %s but \"%s\" %s \"%s\"", flag, f ? "true" : "false",
                          list_key[list], f ? "does not list" : "lists", name);
-    return true;
-}
-
-static bool mul_size(loader *L, int64_t a, int64_t b, const char *what, int64_t *out)
-{
-    if (__builtin_mul_overflow(a, b, out)) return meta_fail(L, "%s overflows", what);
     return true;
 }
 
@@ -377,22 +321,24 @@ static bool declare_grad(loader *L, int slot, const char *name, const char *dims
     return declare(L, o, "gradient", name, dims, ndim, shape);
 }
 
-/* After the op's setup: the upstream gradients, "d_" and an output's name with its shape.
- * The backward cannot run without the first output's, so it is required with "grads". */
+/* After the op's setup: the upstream gradients, with the shapes of their outputs. The
+ * backward cannot run without the first one's, so it is required with "grads". */
 static bool load_upstream(loader *L)
 {
     ls_case *c = L->c;
     bool need = L->grads && cJSON_GetArraySize(L->grads) > 0;
-    for (int i = 0; i < c->n_produced && i < 2; i++) {
-        const case_output *o = &c->produced[i];
-        char name[CASE_NAME_LEN + 2], dims[64];
-        snprintf(name, sizeof name, "d_%s", o->name);
-        if (i == 0 && need && list_index(L->read[LIST_UPSTREAM], name) < 0)
+    for (int i = 0; ls_op_tensor(c->op, LS_ROLE_UPSTREAM, i) && i < 2; i++) {
+        const ls_tensor_desc *t = ls_op_tensor(c->op, LS_ROLE_UPSTREAM, i);
+        int64_t dims[LS_OP_MAX_DIMS];
+        const int ndim = t->shape(c->problem, dims);
+        if (i == 0 && need && list_index(L->read[LIST_UPSTREAM], t->name) < 0)
             return meta_fail(L, "\"grads\" is not empty but \"upstream_grads\" lacks \"%s\", "
                                 "the gradient of %s that the backward needs",
-                             name, o->name);
-        snprintf(dims, sizeof dims, "%s's shape %s", o->name, o->dims);
-        if (!listed_f32(L, LIST_UPSTREAM, name, false, dims, o->ndim, o->shape, &c->upstream[i]))
+                             t->name, t->grad_of);
+        char dims_text[64];
+        snprintf(dims_text, sizeof dims_text, "%s's shape %s", t->grad_of, t->dims);
+        if (ndim && !listed_f32(L, LIST_UPSTREAM, t->name, false, dims_text, ndim, dims,
+                                &c->upstream[i]))
             return false;
     }
     return true;
@@ -433,285 +379,144 @@ static bool finish_lists(loader *L)
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* The ops                                                                            */
+/* The op, from its description in the op table                                      */
 /* ---------------------------------------------------------------------------------- */
 
-/* Gradient slots, one per field of the op's grads struct. */
-enum { KDA_DQ, KDA_DK, KDA_DV, KDA_DBETA, KDA_DG, KDA_DH0, KDA_DA_LOG, KDA_DDT_BIAS };
-enum { GATE_DG_RAW, GATE_DA_LOG, GATE_DDT_BIAS };
-enum {
-    SSM1_DX, SSM1_DDT, SSM1_DA, SSM1_DB, SSM1_DC, SSM1_DD, SSM1_DGATE, SSM1_DH0, SSM1_DDT_BIAS
-};
-enum { CONV_DX, CONV_DWEIGHT, CONV_DBIAS, CONV_DSTATE };
-
-static bool setup_kda(loader *L)
+static bool meta_option(loader *L, const ls_option_desc *o, void *p)
 {
-    linseq_kda_problem *p = &L->c->p.kda;
-    int64_t B, T, H, HV, K, V, N, HVK;
-    bool state_v_first, gate_in_kernel;
-    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
-        !meta_size(L, "H", true, &H) || !meta_size(L, "HV", false, &HV) ||
-        !meta_size(L, "K", true, &K) || !meta_size(L, "V", true, &V) ||
-        !meta_size(L, "N", false, &N) || !parse_decay(L, "decay", true, &p->decay) ||
-        !meta_bool(L, "use_qk_l2norm", &p->qk_l2norm) ||
-        !meta_bool(L, "beta_is_logit", &p->beta_is_logit) ||
-        !meta_bool(L, "state_v_first", &state_v_first) ||
-        !meta_bool(L, "gate_in_kernel", &gate_in_kernel) || !meta_float(L, "scale", &p->scale) ||
-        !meta_float(L, "lower_bound", &p->lower_bound) ||
-        !check_flag(L, LIST_INPUTS, "varlen", "cu_seqlens") ||
-        !check_flag(L, LIST_INPUTS, "has_h0", "h0") ||
-        !check_flag(L, LIST_UPSTREAM, "has_dht", "d_ht"))
-        return false;
-    if (!HV) HV = H;
-    if (!mul_size(L, HV, K, "HV*K", &HVK)) return false;
-    p->B = B;
-    p->T = T;
-    p->H = H;
-    p->HV = HV;
-    p->K = K;
-    p->V = V;
-    p->state_v_first = state_v_first;
-    p->gate_in_kernel = gate_in_kernel;
-
-    if (!input_cu_seqlens(L, N, &p->cu_seqlens, &p->n_seqs)) return false;
-    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
-    if (N && N != rows)
-        return meta_fail(L, "\"N\" is %lld but the state has %lld rows (B without cu_seqlens)",
-                         (long long)N, (long long)rows);
-    const int64_t state[4] = {rows, HV, state_v_first ? V : K, state_v_first ? K : V};
-    const int64_t qk[4] = {B, T, H, K}, btv[4] = {B, T, HV, V}, bth[3] = {B, T, HV};
-    const int64_t g_shape[4] = {B, T, HV, K}, bias_shape[1] = {HVK};
-    const char *state_dims = state_v_first ? "[N,HV,V,K]" : "[N,HV,K,V]";
-    bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    const char *g_dims = per_channel ? "[B,T,HV,K]" : "[B,T,HV]";
-    const char *bias_dims = per_channel ? "[HV*K]" : "[HV]";
-    int g_ndim = per_channel ? 4 : 3;
-    const int64_t *bias = per_channel ? bias_shape : &HV;
-
-    if (!input_f32(L, "q", true, "[B,T,H,K]", 4, qk, &p->q) ||
-        !input_f32(L, "k", true, "[B,T,H,K]", 4, qk, &p->k) ||
-        !input_f32(L, "v", true, "[B,T,HV,V]", 4, btv, &p->v) ||
-        !input_f32(L, "beta", true, "[B,T,HV]", 3, bth, &p->beta) ||
-        !input_f32(L, "h0", false, state_dims, 4, state, &p->h0))
-        return false;
-    if (p->decay != LINSEQ_DECAY_NONE &&
-        (!input_f32(L, "g", true, g_dims, g_ndim, g_shape, &p->g) ||
-         !declare_grad(L, KDA_DG, "dg", g_dims, g_ndim, g_shape)))
-        return false;
-    if (gate_in_kernel &&
-        (!input_f32(L, "A_log", false, "[HV]", 1, &HV, &p->A_log) ||
-         !input_f32(L, "dt_bias", false, bias_dims, 1, bias, &p->dt_bias) ||
-         !declare_grad(L, KDA_DA_LOG, "dA_log", "[HV]", 1, &HV) ||
-         !declare_grad(L, KDA_DDT_BIAS, "ddt_bias", bias_dims, 1, bias)))
-        return false;
-    return declare_output(L, "o", "[B,T,HV,V]", 4, btv) &&
-           declare_output(L, "ht", state_dims, 4, state) &&
-           declare_grad(L, KDA_DQ, "dq", "[B,T,H,K]", 4, qk) &&
-           declare_grad(L, KDA_DK, "dk", "[B,T,H,K]", 4, qk) &&
-           declare_grad(L, KDA_DV, "dv", "[B,T,HV,V]", 4, btv) &&
-           declare_grad(L, KDA_DBETA, "dbeta", "[B,T,HV]", 3, bth) &&
-           declare_grad(L, KDA_DH0, "dh0", state_dims, 4, state);
+    char *field = (char *)p + o->offset;
+    if (o->type == LS_CTYPE_BOOL) {
+        bool b;
+        if (!meta_bool(L, o->key, &b)) return false;
+        memcpy(field, &b, sizeof b);
+        return true;
+    }
+    if (o->type == LS_CTYPE_F32) {
+        float f;
+        if (!meta_float(L, o->key, &f)) return false;
+        memcpy(field, &f, sizeof f);
+        return true;
+    }
+    const char *s;
+    if (!meta_string(L, o->key, &s)) return false;
+    int value = o->null_value;
+    if (s) {
+        const ls_enum_name *n = o->names;
+        while (n->name && strcmp(n->name, s) != 0) n++;
+        if (!n->name) value = LS_ENUM_REQUIRED;
+        else value = n->value;
+    }
+    if (value == LS_ENUM_KEEP) return true;
+    if (value == LS_ENUM_REQUIRED) {
+        char expected[256] = "";
+        for (const ls_enum_name *n = o->names; n->name; n++)
+            snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s\"%s\"",
+                     n == o->names ? "" : n[1].name ? ", " : " or ", n->name);
+        return meta_fail(L, "\"%s\" is %s%s%s (expected %s%s)", o->key, s ? "\"" : "",
+                         s ? s : "missing", s ? "\"" : "", expected,
+                         o->null_value == LS_ENUM_REQUIRED ? "" : " or null");
+    }
+    memcpy(field, &value, sizeof value); /* every enum of linseq.h is int-sized */
+    return true;
 }
 
-static linseq_status forward_kda(const ls_case *c, const linseq_exec *exec, float *const *out)
+static int list_of(ls_role role) { return role == LS_ROLE_UPSTREAM ? LIST_UPSTREAM : LIST_INPUTS; }
+
+/* Sizes, options, the presence flags and cu_seqlens from meta.json. */
+static bool read_settings(loader *L)
 {
-    return linseq_kda_forward(&c->p.kda, exec, out[0], out[1]);
+    const ls_op *op = L->c->op;
+    void *p = L->c->problem;
+    for (int i = 0; i < op->n_sizes; i++) {
+        int64_t v;
+        if (!meta_size(L, op->sizes[i].name, op->sizes[i].required, &v)) return false;
+        ls_size_set(&op->sizes[i], p, v);
+    }
+    for (int i = 0; i < op->n_options; i++)
+        if (!meta_option(L, &op->options[i], p)) return false;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->case_flag && !check_flag(L, list_of(t->role), t->case_flag, t->name)) return false;
+    }
+    if (op->varlen) {
+        if (!check_flag(L, LIST_INPUTS, "varlen", "cu_seqlens")) return false;
+        const int64_t *cu;
+        int64_t n_seqs;
+        if (!input_cu_seqlens(L, 0, &cu, &n_seqs)) return false;
+        ls_op_set_varlen(op, p, cu, n_seqs);
+    }
+    return true;
 }
 
-static linseq_status backward_kda(const ls_case *c, const linseq_exec *exec, float *const *d)
+/* The shape of t under the problem as read so far (0 dims: t does not exist). */
+static bool shape_of(loader *L, const ls_tensor_desc *t, int *ndim, int64_t *dims)
 {
-    const linseq_kda_grads g = {.dq = d[KDA_DQ],
-                                .dk = d[KDA_DK],
-                                .dv = d[KDA_DV],
-                                .dbeta = d[KDA_DBETA],
-                                .dg = d[KDA_DG],
-                                .dh0 = d[KDA_DH0],
-                                .dA_log = d[KDA_DA_LOG],
-                                .ddt_bias = d[KDA_DDT_BIAS]};
-    return linseq_kda_backward(&c->p.kda, exec, c->upstream[0], c->upstream[1], &g);
+    int64_t count;
+    *ndim = t->shape(L->c->problem, dims);
+    bool fits = ls_tensor_count(t, L->c->problem, &count);
+    for (int i = 0; i < *ndim; i++) fits = fits && dims[i] < INT64_MAX;
+    if (!fits)
+        return meta_fail(L, "the sizes overflow: %s %s has more than 2^63 elements", t->name,
+                         t->dims);
+    return true;
 }
 
-static bool setup_kda_gate(loader *L)
+/* Every input the options give (then the gradients that depend on which are present),
+ * every output and every computable gradient. */
+static bool setup_op(loader *L)
 {
-    linseq_kda_gate_problem *p = &L->c->p.gate;
-    int64_t B, T, H, K = 0, HK = 0;
-    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
-        !meta_size(L, "H", true, &H) || !parse_decay(L, "decay", false, &p->decay) ||
-        !meta_float(L, "lower_bound", &p->lower_bound))
-        return false;
-    bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    /* Per head, the reference data writes "K": null and the library ignores K. */
-    if (per_channel && (!meta_size(L, "K", true, &K) || !mul_size(L, H, K, "H*K", &HK)))
-        return false;
-    p->B = B;
-    p->T = T;
-    p->H = H;
-    p->K = K;
-    const int64_t g_shape[4] = {B, T, H, K}, bias[1] = {per_channel ? HK : H};
-    const char *g_dims = per_channel ? "[B,T,H,K]" : "[B,T,H]";
-    const char *bias_dims = per_channel ? "[H*K]" : "[H]";
-    int g_ndim = per_channel ? 4 : 3;
-    /* dA_log and ddt_bias exist without A_log and dt_bias: the gradient at zeros. */
-    return input_f32(L, "g_raw", true, g_dims, g_ndim, g_shape, &p->g_raw) &&
-           input_f32(L, "A_log", false, "[H]", 1, &H, &p->A_log) &&
-           input_f32(L, "dt_bias", false, bias_dims, 1, bias, &p->dt_bias) &&
-           declare_output(L, "g", g_dims, g_ndim, g_shape) &&
-           declare_grad(L, GATE_DG_RAW, "dg_raw", g_dims, g_ndim, g_shape) &&
-           declare_grad(L, GATE_DA_LOG, "dA_log", "[H]", 1, &H) &&
-           declare_grad(L, GATE_DDT_BIAS, "ddt_bias", bias_dims, 1, bias);
+    ls_case *c = L->c;
+    const ls_op *op = c->op;
+    if (!read_settings(L)) return false;
+    int ndim, slot = 0;
+    int64_t dims[LS_OP_MAX_DIMS];
+    for (int i = 0; i < op->n_tensors; i++)
+        if (!shape_of(L, &op->tensors[i], &ndim, dims)) return false;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role != LS_ROLE_INPUT) continue;
+        const float *data = NULL;
+        if (!shape_of(L, t, &ndim, dims) ||
+            (ndim && !input_f32(L, t->name, t->required, t->dims, ndim, dims, &data)))
+            return false;
+        ls_tensor_set(t, c->problem, data);
+    }
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role != LS_ROLE_OUTPUT && t->role != LS_ROLE_GRAD) continue;
+        const int this_slot = t->role == LS_ROLE_GRAD ? slot++ : 0;
+        if (!shape_of(L, t, &ndim, dims)) return false;
+        if (!ndim) continue;
+        if (t->role == LS_ROLE_OUTPUT ? !declare_output(L, t->name, t->dims, ndim, dims)
+                                      : !declare_grad(L, this_slot, t->name, t->dims, ndim, dims))
+            return false;
+    }
+    return true;
 }
 
-static linseq_status forward_kda_gate(const ls_case *c, const linseq_exec *exec,
-                                      float *const *out)
+static linseq_status call_forward(const ls_case *c, const linseq_exec *exec, float *const *out)
 {
-    return linseq_kda_gate_forward(&c->p.gate, exec, out[0]);
+    return c->op->forward(c->problem, exec, out);
 }
 
-static linseq_status backward_kda_gate(const ls_case *c, const linseq_exec *exec,
-                                       float *const *d)
+static linseq_status call_backward(const ls_case *c, const linseq_exec *exec,
+                                   float *const *grads)
 {
-    const linseq_kda_gate_grads g = {
-        .dg_raw = d[GATE_DG_RAW], .dA_log = d[GATE_DA_LOG], .ddt_bias = d[GATE_DDT_BIAS]};
-    return linseq_kda_gate_backward(&c->p.gate, exec, c->upstream[0], &g);
+    return ls_op_backward(c->op, c->problem, exec, c->upstream, grads);
 }
 
-static bool setup_ssm1(loader *L)
-{
-    linseq_ssm1_problem *p = &L->c->p.ssm1;
-    int64_t B, T, D, N, G;
-    /* "activation" is how the reference data names the gate's; "gate_activation" wins. */
-    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
-        !meta_size(L, "D", true, &D) || !meta_size(L, "N", true, &N) ||
-        !meta_size(L, "G", false, &G) || !meta_bool(L, "dt_softplus", &p->dt_softplus) ||
-        !parse_activation(L, "activation", &p->gate_activation) ||
-        !parse_activation(L, "gate_activation", &p->gate_activation) ||
-        !check_flag(L, LIST_INPUTS, "varlen", "cu_seqlens") ||
-        !check_flag(L, LIST_INPUTS, "has_h0", "h0") ||
-        !check_flag(L, LIST_INPUTS, "has_gate", "gate") ||
-        !check_flag(L, LIST_UPSTREAM, "has_dhT", "d_hT"))
-        return false;
-    p->B = B;
-    p->T = T;
-    p->D = D;
-    p->N = N;
-    p->G = G;
-    if (!input_cu_seqlens(L, 0, &p->cu_seqlens, &p->n_seqs)) return false;
-    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
-    const int64_t btd[3] = {B, T, D}, state[3] = {rows, D, N}, dn[2] = {D, N};
-    /* Without "G" the projections are [B,T,N] as in the reference data. */
-    const int64_t bc[4] = {B, T, G ? G : N, N};
-    const char *bc_dims = G ? "[B,T,G,N]" : "[B,T,N]";
-    int bc_ndim = G ? 4 : 3;
-    if (!input_f32(L, "x", true, "[B,T,D]", 3, btd, &p->x) ||
-        !input_f32(L, "dt", true, "[B,T,D]", 3, btd, &p->dt) ||
-        !input_f32(L, "A", true, "[D,N]", 2, dn, &p->A) ||
-        !input_f32(L, "B", true, bc_dims, bc_ndim, bc, &p->B_proj) ||
-        !input_f32(L, "C", true, bc_dims, bc_ndim, bc, &p->C_proj) ||
-        !input_f32(L, "D", false, "[D]", 1, &D, &p->D_skip) ||
-        !input_f32(L, "gate", false, "[B,T,D]", 3, btd, &p->gate) ||
-        !input_f32(L, "h0", false, "[N_seq,D,N]", 3, state, &p->h0))
-        return false;
-    if (p->dt_softplus && !input_f32(L, "dt_bias", false, "[D]", 1, &D, &p->dt_bias))
-        return false;
-    /* The file names follow the inputs (dB, dC, dD), not the grads struct's fields. */
-    return declare_output(L, "y", "[B,T,D]", 3, btd) &&
-           declare_output(L, "hT", "[N_seq,D,N]", 3, state) &&
-           declare_grad(L, SSM1_DX, "dx", "[B,T,D]", 3, btd) &&
-           declare_grad(L, SSM1_DDT, "ddt", "[B,T,D]", 3, btd) &&
-           declare_grad(L, SSM1_DA, "dA", "[D,N]", 2, dn) &&
-           declare_grad(L, SSM1_DB, "dB", bc_dims, bc_ndim, bc) &&
-           declare_grad(L, SSM1_DC, "dC", bc_dims, bc_ndim, bc) &&
-           (!p->D_skip || declare_grad(L, SSM1_DD, "dD", "[D]", 1, &D)) &&
-           (!p->gate || declare_grad(L, SSM1_DGATE, "dgate", "[B,T,D]", 3, btd)) &&
-           declare_grad(L, SSM1_DH0, "dh0", "[N_seq,D,N]", 3, state) &&
-           (!p->dt_softplus || declare_grad(L, SSM1_DDT_BIAS, "ddt_bias", "[D]", 1, &D));
-}
+bool case_has_mode(const ls_case *c) { return c->op->has_modes; }
 
-static linseq_status forward_ssm1(const ls_case *c, const linseq_exec *exec, float *const *out)
+static const char *op_names(void)
 {
-    return linseq_ssm1_forward(&c->p.ssm1, exec, out[0], out[1]);
-}
-
-static linseq_status backward_ssm1(const ls_case *c, const linseq_exec *exec, float *const *d)
-{
-    const linseq_ssm1_grads g = {.dx = d[SSM1_DX],
-                                 .ddt = d[SSM1_DDT],
-                                 .dA = d[SSM1_DA],
-                                 .dB_proj = d[SSM1_DB],
-                                 .dC_proj = d[SSM1_DC],
-                                 .dD_skip = d[SSM1_DD],
-                                 .dgate = d[SSM1_DGATE],
-                                 .dh0 = d[SSM1_DH0],
-                                 .ddt_bias = d[SSM1_DDT_BIAS]};
-    return linseq_ssm1_backward(&c->p.ssm1, exec, c->upstream[0], c->upstream[1], &g);
-}
-
-static bool setup_conv1d(loader *L)
-{
-    linseq_conv1d_problem *p = &L->c->p.conv;
-    int64_t B, T, D, W;
-    p->activation = LINSEQ_ACT_IDENTITY; /* "activation": null means none */
-    if (!meta_size(L, "B", true, &B) || !meta_size(L, "T", true, &T) ||
-        !meta_size(L, "D", true, &D) || !meta_size(L, "W", true, &W) ||
-        !parse_activation(L, "activation", &p->activation) ||
-        !check_flag(L, LIST_INPUTS, "varlen", "cu_seqlens") ||
-        !check_flag(L, LIST_INPUTS, "has_bias", "bias") ||
-        !check_flag(L, LIST_INPUTS, "has_state", "conv_state"))
-        return false;
-    p->B = B;
-    p->T = T;
-    p->D = D;
-    p->W = W;
-    if (!input_cu_seqlens(L, 0, &p->cu_seqlens, &p->n_seqs)) return false;
-    int64_t rows = p->cu_seqlens ? p->n_seqs : B;
-    const int64_t btd[3] = {B, T, D}, dw[2] = {D, W}, state[3] = {rows, D, W - 1};
-    return input_f32(L, "x", true, "[B,T,D]", 3, btd, &p->x) &&
-           input_f32(L, "weight", true, "[D,W]", 2, dw, &p->weight) &&
-           input_f32(L, "bias", false, "[D]", 1, &D, &p->bias) &&
-           input_f32(L, "conv_state", false, "[N_seq,D,W-1]", 3, state, &p->conv_state) &&
-           declare_output(L, "y", "[B,T,D]", 3, btd) &&
-           declare_output(L, "conv_state_out", "[N_seq,D,W-1]", 3, state) &&
-           declare_grad(L, CONV_DX, "dx", "[B,T,D]", 3, btd) &&
-           declare_grad(L, CONV_DWEIGHT, "dweight", "[D,W]", 2, dw) &&
-           (!p->bias || declare_grad(L, CONV_DBIAS, "dbias", "[D]", 1, &D)) &&
-           declare_grad(L, CONV_DSTATE, "dconv_state", "[N_seq,D,W-1]", 3, state);
-}
-
-static linseq_status forward_conv1d(const ls_case *c, const linseq_exec *exec,
-                                    float *const *out)
-{
-    return linseq_conv1d_forward(&c->p.conv, exec, out[0], out[1]);
-}
-
-static linseq_status backward_conv1d(const ls_case *c, const linseq_exec *exec,
-                                     float *const *d)
-{
-    const linseq_conv1d_grads g = {.dx = d[CONV_DX],
-                                   .dweight = d[CONV_DWEIGHT],
-                                   .dbias = d[CONV_DBIAS],
-                                   .dconv_state = d[CONV_DSTATE]};
-    return linseq_conv1d_backward(&c->p.conv, exec, c->upstream[0], c->upstream[1], &g);
-}
-
-static const op_entry ops[] = {
-    {"kda", CASE_OP_KDA, setup_kda, forward_kda, backward_kda},
-    {"kda_gate", CASE_OP_KDA_GATE, setup_kda_gate, forward_kda_gate, backward_kda_gate},
-    {"ssm1", CASE_OP_SSM1, setup_ssm1, forward_ssm1, backward_ssm1},
-    {"causal_conv1d", CASE_OP_CONV1D, setup_conv1d, forward_conv1d, backward_conv1d},
-};
-
-static const op_entry *op_find(const char *name)
-{
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (strcmp(ops[i].name, name) == 0) return &ops[i];
-    return NULL;
-}
-
-static const op_entry *op_of(case_op op)
-{
-    for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++)
-        if (ops[i].op == op) return &ops[i];
-    return NULL;
+    static char names[256];
+    int n;
+    const ls_op *const *ops = ls_ops(&n);
+    if (!names[0])
+        for (int i = 0; i < n; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                     i == 0 ? "" : i + 1 < n ? ", " : " or ", ops[i]->name);
+    return names;
 }
 
 /* ---------------------------------------------------------------------------------- */
@@ -801,17 +606,17 @@ bool case_load(const char *dir, ls_case *c, char *err, size_t err_size)
     const char *op_name = NULL;
     bool ok = parse_meta(c, err, err_size) && meta_string(&L, "op", &op_name);
     if (ok && !op_name) ok = meta_fail(&L, "\"op\" is missing");
-    const op_entry *op = ok ? op_find(op_name) : NULL;
-    if (ok && !op)
-        ok = meta_fail(&L, "unknown op \"%s\" (expected kda, kda_gate, ssm1 or causal_conv1d)",
-                       op_name);
+    const ls_op *op = ok ? ls_op_find(op_name) : NULL;
+    if (ok && !op) ok = meta_fail(&L, "unknown op \"%s\" (expected %s)", op_name, op_names());
+    if (ok && !(c->problem = calloc(1, op->problem_size)))
+        ok = fail_to(err, err_size, "out of memory");
     if (ok) {
-        c->op = op->op;
+        c->op = op;
         c->op_name = op->name;
         ok = name_list(&L, "inputs", true, &L.read[LIST_INPUTS]) &&
              name_list(&L, "upstream_grads", false, &L.read[LIST_UPSTREAM]) &&
              name_list(&L, "outputs", true, &L.outputs) &&
-             name_list(&L, "grads", false, &L.grads) && op->setup(&L) && load_upstream(&L) &&
+             name_list(&L, "grads", false, &L.grads) && setup_op(&L) && load_upstream(&L) &&
              finish_lists(&L);
     }
     if (!ok) case_free(c);
@@ -823,6 +628,7 @@ void case_free(ls_case *c)
     for (int i = 0; i < c->n_inputs; i++) npy_free(&c->inputs[i].arr);
     cJSON_Delete(c->meta);
     free(c->dir);
+    free(c->problem);
     memset(c, 0, sizeof *c);
 }
 
@@ -834,7 +640,7 @@ void case_free(ls_case *c)
 static linseq_exec op_exec(const ls_case *c, const linseq_exec *exec)
 {
     linseq_exec ex = exec ? *exec : (linseq_exec){0};
-    if (c->op != CASE_OP_KDA) {
+    if (!case_has_mode(c)) {
         ex.mode = LINSEQ_MODE_DEFAULT;
         ex.chunk_size = 0;
     }
@@ -854,7 +660,6 @@ static int library_failed(linseq_status st, char *err, size_t err_size)
 int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
              size_t err_size)
 {
-    const op_entry *op = op_of(c->op);
     float *out[CASE_MAX_TENSORS] = {0};
     memset(r, 0, sizeof *r);
     for (int i = 0; i < c->n_produced; i++) {
@@ -875,9 +680,9 @@ int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *er
     if (ex.device == LINSEQ_DEVICE_CUDA) {
         size_t counts[CASE_MAX_TENSORS];
         for (int i = 0; i < r->n; i++) counts[i] = r->t[i].arr.count;
-        st = case_call_on_device(c, op->forward, &ex, out, counts, r->n, err, err_size);
+        st = case_call_on_device(c, call_forward, &ex, out, counts, r->n, err, err_size);
     } else {
-        st = op->forward(c, &ex, out);
+        st = call_forward(c, &ex, out);
     }
     if (st != LINSEQ_OK) {
         case_result_free(r);
@@ -896,7 +701,6 @@ static void free_grads(case_result *r)
 int case_run_backward(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
                       size_t err_size)
 {
-    const op_entry *op = op_of(c->op);
     float *grad[CASE_MAX_TENSORS] = {0}; /* by slot */
     free_grads(r);
     if (c->n_grads == 0) return LS_EXIT_OK;
@@ -922,10 +726,10 @@ int case_run_backward(const ls_case *c, const linseq_exec *exec, case_result *r,
         size_t counts[CASE_MAX_TENSORS] = {0};
         for (int i = 0; i < r->n_grads; i++)
             counts[c->computable[c->grads[i]].slot] = r->g[i].arr.count;
-        st = case_call_on_device(c, op->backward, &ex, grad, counts, CASE_MAX_TENSORS, err,
+        st = case_call_on_device(c, call_backward, &ex, grad, counts, CASE_MAX_TENSORS, err,
                                  err_size);
     } else {
-        st = op->backward(c, &ex, grad);
+        st = call_backward(c, &ex, grad);
     }
     if (st != LINSEQ_OK) {
         free_grads(r);
@@ -1000,7 +804,9 @@ bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_
     return ok;
 }
 
-int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec, bool fwd_only)
+/* linseq run of one case folder. */
+static int run_case(const char *case_dir, const char *out_dir, const linseq_exec *exec,
+                    bool fwd_only)
 {
     ls_case c;
     case_result r;

@@ -18,8 +18,6 @@
 #define CASE_MAX_TENSORS 16
 #define CASE_NAME_LEN 48
 
-typedef enum case_op { CASE_OP_KDA, CASE_OP_KDA_GATE, CASE_OP_SSM1, CASE_OP_CONV1D } case_op;
-
 typedef struct case_tensor {
     char name[CASE_NAME_LEN]; /* file name without ".npy"                           */
     npy_array arr;
@@ -38,14 +36,9 @@ typedef struct ls_case {
     char *dir;        /* as given on the command line                            */
     const char *name; /* last component of dir                                   */
     cJSON *meta;
-    case_op op;
+    const struct ls_op *op; /* its description in the op table                      */
     const char *op_name;
-    union {
-        linseq_kda_problem kda;
-        linseq_kda_gate_problem gate;
-        linseq_ssm1_problem ssm1;
-        linseq_conv1d_problem conv;
-    } p; /* points into inputs[].arr.data                                         */
+    void *problem; /* the op's problem struct, pointing into inputs[].arr.data      */
 
     int n_inputs; /* every file read: the inputs, then the upstream gradients     */
     case_tensor inputs[CASE_MAX_TENSORS];
@@ -106,6 +99,9 @@ bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_
 /* What an exec resolves to, for messages: "chunked, chunk 64, 2 threads", or only
  * "2 threads" when the mode does not apply (with_mode false). */
 void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n);
+
+/* Whether the exec's mode and chunk size mean anything to the case's op (KDA). */
+bool case_has_mode(const ls_case *c);
 
 /* DIR/NAME + EXT in a new string (NULL when out of memory). */
 char *case_path(const char *dir, const char *name, const char *ext);

@@ -4,7 +4,10 @@
 #include "case_device.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "optable/optable.h"
 
 #ifdef LINSEQ_WITH_CUDA
 
@@ -44,6 +47,7 @@ linseq_status case_call_on_device(const ls_case *c, case_call fn, const linseq_e
     mirror m = {.c = c};
     float *dbufs[CASE_MAX_TENSORS] = {0};
     ls_case dc = *c;
+    dc.problem = NULL; /* its own copy below; freed at done */
     if (exec && exec->device_index > 0) DEV_TRY(cudaSetDevice(exec->device_index));
     for (int i = 0; i < c->n_inputs; i++) {
         const npy_array *a = &c->inputs[i].arr;
@@ -51,24 +55,21 @@ linseq_status case_call_on_device(const ls_case *c, case_call fn, const linseq_e
         DEV_TRY(cudaMalloc(&m.dev[i], bytes ? bytes : 1));
         if (bytes) DEV_TRY(cudaMemcpy(m.dev[i], a->data, bytes, cudaMemcpyHostToDevice));
     }
-    switch (c->op) {
-    case CASE_OP_KDA:
-        MOVE(dc.p.kda.cu_seqlens), MOVE(dc.p.kda.q), MOVE(dc.p.kda.k), MOVE(dc.p.kda.v);
-        MOVE(dc.p.kda.beta), MOVE(dc.p.kda.g), MOVE(dc.p.kda.h0), MOVE(dc.p.kda.A_log);
-        MOVE(dc.p.kda.dt_bias);
-        break;
-    case CASE_OP_KDA_GATE:
-        MOVE(dc.p.gate.g_raw), MOVE(dc.p.gate.A_log), MOVE(dc.p.gate.dt_bias);
-        break;
-    case CASE_OP_SSM1:
-        MOVE(dc.p.ssm1.cu_seqlens), MOVE(dc.p.ssm1.x), MOVE(dc.p.ssm1.dt), MOVE(dc.p.ssm1.A);
-        MOVE(dc.p.ssm1.B_proj), MOVE(dc.p.ssm1.C_proj), MOVE(dc.p.ssm1.D_skip);
-        MOVE(dc.p.ssm1.gate), MOVE(dc.p.ssm1.h0), MOVE(dc.p.ssm1.dt_bias);
-        break;
-    case CASE_OP_CONV1D:
-        MOVE(dc.p.conv.cu_seqlens), MOVE(dc.p.conv.x), MOVE(dc.p.conv.weight);
-        MOVE(dc.p.conv.bias), MOVE(dc.p.conv.conv_state);
-        break;
+    /* The device copy's problem: the same fields, every tensor moved to its device copy. */
+    if (!(dc.problem = malloc(c->op->problem_size))) {
+        snprintf(err, err_size, "out of memory");
+        st = LINSEQ_ERR_OUT_OF_MEMORY;
+        goto done;
+    }
+    memcpy(dc.problem, c->problem, c->op->problem_size);
+    for (int i = 0; i < c->op->n_tensors; i++) {
+        const ls_tensor_desc *t = &c->op->tensors[i];
+        if (t->role == LS_ROLE_INPUT)
+            ls_tensor_set(t, dc.problem, moved(&m, ls_tensor_get(t, dc.problem)));
+    }
+    if (c->op->varlen) {
+        const void *cu = moved(&m, ls_op_cu_seqlens(c->op, dc.problem));
+        memcpy((char *)dc.problem + c->op->cu_seqlens_offset, &cu, sizeof cu);
     }
     MOVE(dc.upstream[0]), MOVE(dc.upstream[1]);
     for (int i = 0; i < n; i++) {
@@ -85,6 +86,7 @@ linseq_status case_call_on_device(const ls_case *c, case_call fn, const linseq_e
         if (bufs[i] && counts[i])
             DEV_TRY(cudaMemcpy(bufs[i], dbufs[i], counts[i] * 4, cudaMemcpyDeviceToHost));
 done:
+    free(dc.problem);
     for (int i = 0; i < n; i++) cudaFree(dbufs[i]);
     for (int i = 0; i < c->n_inputs; i++) cudaFree(m.dev[i]);
     return st;

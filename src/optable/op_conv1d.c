@@ -1,0 +1,120 @@
+/* The causal depthwise conv1d (linseq_conv1d_problem) in the op table: see optable.h. */
+#include "optable/op_shapes.h"
+
+#include <string.h>
+
+
+typedef linseq_conv1d_problem P;
+
+static const P *conv(const void *p) { return p; }
+static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
+
+static int shape_token(const void *v, int64_t *d)
+{
+    const P *p = conv(v);
+    return ls_dims(d, 3, p->B, p->T, p->D);
+}
+
+static int shape_weight(const void *v, int64_t *d) { return ls_dims(d, 2, conv(v)->D, conv(v)->W); }
+static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, conv(v)->D); }
+static int shape_bias_grad(const void *v, int64_t *d) { return conv(v)->bias ? shape_channels(v, d) : 0; }
+
+/* The window of the last W-1 inputs; none for W = 1. */
+static int shape_state(const void *v, int64_t *d)
+{
+    const P *p = conv(v);
+    return ls_dims(d, 3, state_rows(p), p->D, p->W - 1);
+}
+
+static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
+{
+    return linseq_conv1d_forward(p, exec, out[0], out[1]);
+}
+
+static linseq_status backward(const void *p, const linseq_exec *exec, const float *const *up,
+                              const void *grads)
+{
+    linseq_conv1d_grads g;
+    memcpy(&g, grads, sizeof g);
+    return linseq_conv1d_backward(p, exec, up[0], up[1], &g);
+}
+
+/* README "Benchmarks": W multiply-adds per output. */
+static double flops(const void *v, const linseq_exec *exec)
+{
+    (void)exec;
+    const P *p = conv(v);
+    return 2.0 * (double)p->W * (double)p->B * (double)p->T * (double)p->D;
+}
+
+static void bench_options(void *v)
+{
+    P *p = v;
+    p->activation = LINSEQ_ACT_SILU;
+}
+
+static const ls_size_desc sizes[] = {
+    {"B", offsetof(P, B), true, 1},    {"T", offsetof(P, T), true, 2048},
+    {"D", offsetof(P, D), true, 4096}, {"W", offsetof(P, W), true, 4},
+};
+
+static const ls_enum_name activation_names[] = {
+    {"silu", LINSEQ_ACT_SILU},   {"sigmoid", LINSEQ_ACT_SIGMOID}, {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
+    {"relu", LINSEQ_ACT_RELU},   {"identity", LINSEQ_ACT_IDENTITY}, {"none", LINSEQ_ACT_IDENTITY},
+    {NULL, 0}};
+
+/* "activation": null means none (the op's default is identity). */
+static const ls_option_desc options[] = {
+    {"activation", "activation", LS_CTYPE_ENUM, offsetof(P, activation), activation_names,
+     LINSEQ_ACT_IDENTITY},
+};
+
+#define GRAD(name, field, of, dims, shape)                                                  \
+    {name, LS_ROLE_GRAD, #field, offsetof(linseq_conv1d_grads, field), false, dims, shape, \
+     NULL, of, LS_DIST_ZERO, 0, 0, false}
+
+/* The weight and bias as torch initialises a conv: U(-1/sqrt(W), 1/sqrt(W)); the benchmark
+ * draws them at W = 4. */
+static const ls_tensor_desc tensors[] = {
+    {"x", LS_ROLE_INPUT, "x", offsetof(P, x), true, "[B,T,D]", shape_token, NULL, NULL,
+     LS_DIST_NORMAL, 1, 0, false},
+    {"weight", LS_ROLE_INPUT, "weight", offsetof(P, weight), true, "[D,W]", shape_weight, NULL,
+     NULL, LS_DIST_UNIFORM, -0.5, 0.5, false},
+    {"bias", LS_ROLE_INPUT, "bias", offsetof(P, bias), false, "[D]", shape_channels, "has_bias",
+     NULL, LS_DIST_UNIFORM, -0.5, 0.5, true},
+    {"conv_state", LS_ROLE_INPUT, "conv_state", offsetof(P, conv_state), false, "[N_seq,D,W-1]",
+     shape_state, "has_state", NULL, LS_DIST_NORMAL, 1, 0, false},
+    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0, 0,
+     false},
+    {"conv_state_out", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL, NULL,
+     LS_DIST_ZERO, 0, 0, false},
+    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL,
+     1, 0, false},
+    {"d_conv_state_out", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL,
+     "conv_state_out", LS_DIST_NORMAL, 1, 0, false},
+    GRAD("dx", dx, "x", "[B,T,D]", shape_token),
+    GRAD("dweight", dweight, "weight", "[D,W]", shape_weight),
+    GRAD("dbias", dbias, "bias", "[D]", shape_bias_grad),
+    GRAD("dconv_state", dconv_state, "conv_state", "[N_seq,D,W-1]", shape_state),
+};
+
+const ls_op ls_op_conv1d = {
+    .name = "causal_conv1d",
+    .problem_type = "linseq_conv1d_problem",
+    .grads_type = "linseq_conv1d_grads",
+    .problem_size = sizeof(P),
+    .grads_size = sizeof(linseq_conv1d_grads),
+    .sizes = sizes,
+    .n_sizes = LS_COUNT(sizes),
+    .options = options,
+    .n_options = LS_COUNT(options),
+    .varlen = true,
+    .cu_seqlens_offset = offsetof(P, cu_seqlens),
+    .n_seqs_offset = offsetof(P, n_seqs),
+    .tensors = tensors,
+    .n_tensors = LS_COUNT(tensors),
+    .forward = forward,
+    .backward = backward,
+    .flops = flops,
+    .bench_options = bench_options,
+};

@@ -1,0 +1,30 @@
+/* Internal: what the op descriptions (op_*.c) share to write their shape functions. */
+#ifndef LS_OPTABLE_OP_SHAPES_H
+#define LS_OPTABLE_OP_SHAPES_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "optable/optable.h"
+
+#define LS_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+/* d[0 .. ndim) <- the ndim values that follow; returns ndim (a shape function's result). */
+static inline int ls_dims(int64_t *d, int ndim, ...)
+{
+    va_list ap;
+    va_start(ap, ndim);
+    for (int i = 0; i < ndim; i++) d[i] = va_arg(ap, int64_t);
+    va_end(ap);
+    return ndim;
+}
+
+/* a * b, or INT64_MAX when it overflows (the count check then refuses the shape). */
+static inline int64_t ls_mul_sat(int64_t a, int64_t b)
+{
+    int64_t r;
+    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
+}
+
+#endif

@@ -1,0 +1,145 @@
+/* The Mamba1 selective scan (linseq_ssm1_problem) in the op table: see optable.h. */
+#include "optable/op_shapes.h"
+
+#include <string.h>
+
+typedef linseq_ssm1_problem P;
+
+static const P *ssm(const void *p) { return p; }
+static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
+
+static int shape_token(const void *v, int64_t *d)
+{
+    const P *p = ssm(v);
+    return ls_dims(d, 3, p->B, p->T, p->D);
+}
+
+static int shape_a(const void *v, int64_t *d) { return ls_dims(d, 2, ssm(v)->D, ssm(v)->N); }
+static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, ssm(v)->D); }
+
+/* [B,T,G,N]; G == 0 means one group, and then the files are [B,T,N] as in the reference
+ * data (the memory is the same). */
+static int shape_bc(const void *v, int64_t *d)
+{
+    const P *p = ssm(v);
+    return p->G ? ls_dims(d, 4, p->B, p->T, p->G, p->N) : ls_dims(d, 3, p->B, p->T, p->N);
+}
+
+static int shape_state(const void *v, int64_t *d)
+{
+    const P *p = ssm(v);
+    return ls_dims(d, 3, state_rows(p), p->D, p->N);
+}
+
+/* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
+static int shape_d_skip_grad(const void *v, int64_t *d) { return ssm(v)->D_skip ? shape_channels(v, d) : 0; }
+static int shape_gate_grad(const void *v, int64_t *d) { return ssm(v)->gate ? shape_token(v, d) : 0; }
+static int shape_dt_bias(const void *v, int64_t *d) { return ssm(v)->dt_softplus ? shape_channels(v, d) : 0; }
+
+static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
+{
+    return linseq_ssm1_forward(p, exec, out[0], out[1]);
+}
+
+static linseq_status backward(const void *p, const linseq_exec *exec, const float *const *up,
+                              const void *grads)
+{
+    linseq_ssm1_grads g;
+    memcpy(&g, grads, sizeof g);
+    return linseq_ssm1_backward(p, exec, up[0], up[1], &g);
+}
+
+/* README "Benchmarks": 6 per token, channel and state. */
+static double flops(const void *v, const linseq_exec *exec)
+{
+    (void)exec;
+    const P *p = ssm(v);
+    return 6.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->N;
+}
+
+static void bench_options(void *v)
+{
+    P *p = v;
+    p->G = 1;
+    p->gate_activation = LINSEQ_ACT_SILU;
+}
+
+static const ls_size_desc sizes[] = {
+    {"B", offsetof(P, B), true, 1},  {"T", offsetof(P, T), true, 2048},
+    {"D", offsetof(P, D), true, 1536}, {"N", offsetof(P, N), true, 16},
+    {"G", offsetof(P, G), false, 0},
+};
+
+static const ls_enum_name activation_names[] = {
+    {"silu", LINSEQ_ACT_SILU},   {"sigmoid", LINSEQ_ACT_SIGMOID}, {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
+    {"relu", LINSEQ_ACT_RELU},   {"identity", LINSEQ_ACT_IDENTITY}, {"none", LINSEQ_ACT_IDENTITY},
+    {NULL, 0}};
+
+/* The reference data names the gate's activation "activation"; "gate_activation" (the
+ * field's name) wins when both are given. */
+static const ls_option_desc options[] = {
+    {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
+    {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
+     activation_names, LINSEQ_ACT_DEFAULT},
+    {"gate_activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
+     activation_names, LS_ENUM_KEEP},
+};
+
+#define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                          \
+    {name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
+     bench}
+#define GRAD(name, field, of, dims, shape)                                                  \
+    {name, LS_ROLE_GRAD, #field, offsetof(linseq_ssm1_grads, field), false, dims, shape, NULL, \
+     of, LS_DIST_ZERO, 0, 0, false}
+#define BC_DIMS "[B,T,G,N] ([B,T,N] without G)"
+
+static const ls_tensor_desc tensors[] = {
+    IN("x", x, true, "[B,T,D]", shape_token, NULL, LS_DIST_NORMAL, 1, 0, false),
+    IN("dt", dt, true, "[B,T,D]", shape_token, NULL, LS_DIST_LOG_UNIFORM, 1e-3, 1e-1, false),
+    IN("A", A, true, "[D,N]", shape_a, NULL, LS_DIST_S4D_REAL, 0, 0, false),
+    IN("B", B_proj, true, BC_DIMS, shape_bc, NULL, LS_DIST_NORMAL, 1, 0, false),
+    IN("C", C_proj, true, BC_DIMS, shape_bc, NULL, LS_DIST_NORMAL, 1, 0, false),
+    IN("D", D_skip, false, "[D]", shape_channels, NULL, LS_DIST_UNIFORM, 1, 1, true),
+    IN("gate", gate, false, "[B,T,D]", shape_token, "has_gate", LS_DIST_NORMAL, 1, 0, true),
+    IN("h0", h0, false, "[N_seq,D,N]", shape_state, "has_h0", LS_DIST_NORMAL, 0.5, 0, false),
+    IN("dt_bias", dt_bias, false, "[D]", shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3,
+       1e-1, false),
+    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0,
+     0, false},
+    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", shape_state, NULL, NULL, LS_DIST_ZERO,
+     0, 0, false},
+    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL,
+     1, 0, false},
+    {"d_hT", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,N]", shape_state, "has_dhT", "hT",
+     LS_DIST_NORMAL, 1, 0, false},
+    GRAD("dx", dx, "x", "[B,T,D]", shape_token),
+    GRAD("ddt", ddt, "dt", "[B,T,D]", shape_token),
+    GRAD("dA", dA, "A", "[D,N]", shape_a),
+    GRAD("dB", dB_proj, "B", BC_DIMS, shape_bc),
+    GRAD("dC", dC_proj, "C", BC_DIMS, shape_bc),
+    GRAD("dD", dD_skip, "D", "[D]", shape_d_skip_grad),
+    GRAD("dgate", dgate, "gate", "[B,T,D]", shape_gate_grad),
+    GRAD("dh0", dh0, "h0", "[N_seq,D,N]", shape_state),
+    GRAD("ddt_bias", ddt_bias, "dt_bias", "[D]", shape_dt_bias),
+};
+
+const ls_op ls_op_ssm1 = {
+    .name = "ssm1",
+    .problem_type = "linseq_ssm1_problem",
+    .grads_type = "linseq_ssm1_grads",
+    .problem_size = sizeof(P),
+    .grads_size = sizeof(linseq_ssm1_grads),
+    .sizes = sizes,
+    .n_sizes = LS_COUNT(sizes),
+    .options = options,
+    .n_options = LS_COUNT(options),
+    .varlen = true,
+    .cu_seqlens_offset = offsetof(P, cu_seqlens),
+    .n_seqs_offset = offsetof(P, n_seqs),
+    .tensors = tensors,
+    .n_tensors = LS_COUNT(tensors),
+    .forward = forward,
+    .backward = backward,
+    .flops = flops,
+    .bench_options = bench_options,
+};

@@ -1,0 +1,110 @@
+/* The op table's list and the generic operations on its descriptions (optable.h). */
+#include "optable/optable.h"
+
+#include <math.h>
+#include <string.h>
+
+extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d;
+
+/* Adding an op: one line here. */
+static const ls_op *const all_ops[] = {&ls_op_kda, &ls_op_kda_gate, &ls_op_ssm1, &ls_op_conv1d};
+
+const ls_op *const *ls_ops(int *count)
+{
+    *count = (int)(sizeof all_ops / sizeof all_ops[0]);
+    return all_ops;
+}
+
+const ls_op *ls_op_find(const char *name)
+{
+    for (size_t i = 0; i < sizeof all_ops / sizeof all_ops[0]; i++)
+        if (strcmp(all_ops[i]->name, name) == 0) return all_ops[i];
+    return NULL;
+}
+
+const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_role role, int i)
+{
+    for (int t = 0; t < op->n_tensors; t++)
+        if (op->tensors[t].role == role && i-- == 0) return &op->tensors[t];
+    return NULL;
+}
+
+int ls_op_count(const ls_op *op, ls_role role)
+{
+    int n = 0;
+    for (int t = 0; t < op->n_tensors; t++) n += op->tensors[t].role == role;
+    return n;
+}
+
+const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_role role, const char *name)
+{
+    for (int t = 0; t < op->n_tensors; t++)
+        if (op->tensors[t].role == role && strcmp(op->tensors[t].name, name) == 0)
+            return &op->tensors[t];
+    return NULL;
+}
+
+bool ls_tensor_count(const ls_tensor_desc *t, const void *p, int64_t *count)
+{
+    int64_t d[LS_OP_MAX_DIMS], n = 1;
+    const int nd = t->shape(p, d);
+    for (int i = 0; i < nd; i++)
+        if (d[i] < 0 || __builtin_mul_overflow(n, d[i], &n)) return false;
+    *count = nd ? n : 0;
+    return true;
+}
+
+const void *ls_tensor_get(const ls_tensor_desc *t, const void *strct)
+{
+    const void *ptr;
+    memcpy(&ptr, (const char *)strct + t->offset, sizeof ptr);
+    return ptr;
+}
+
+void ls_tensor_set(const ls_tensor_desc *t, void *strct, const void *ptr)
+{
+    memcpy((char *)strct + t->offset, &ptr, sizeof ptr);
+}
+
+int64_t ls_size_get(const ls_size_desc *s, const void *p)
+{
+    int64_t v;
+    memcpy(&v, (const char *)p + s->offset, sizeof v);
+    return v;
+}
+
+void ls_size_set(const ls_size_desc *s, void *p, int64_t value)
+{
+    memcpy((char *)p + s->offset, &value, sizeof value);
+}
+
+void ls_op_set_varlen(const ls_op *op, void *p, const int64_t *cu_seqlens, int64_t n_seqs)
+{
+    memcpy((char *)p + op->cu_seqlens_offset, &cu_seqlens, sizeof cu_seqlens);
+    memcpy((char *)p + op->n_seqs_offset, &n_seqs, sizeof n_seqs);
+}
+
+const int64_t *ls_op_cu_seqlens(const ls_op *op, const void *p)
+{
+    const int64_t *cu = NULL;
+    if (op->varlen) memcpy(&cu, (const char *)p + op->cu_seqlens_offset, sizeof cu);
+    return cu;
+}
+
+const char *ls_enum_value_name(const ls_option_desc *o, int value)
+{
+    for (const ls_enum_name *n = o->names; n && n->name; n++)
+        if (n->value == value) return n->name;
+    return NULL;
+}
+
+linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *exec,
+                             const float *const *upstream, float *const *grads)
+{
+    /* The grads struct's bytes; the op's backward copies them into its typed struct. */
+    _Alignas(void *) unsigned char strct[LS_OP_GRADS_BYTES] = {0};
+    if (op->grads_size > sizeof strct) return LINSEQ_ERR_UNSUPPORTED; /* a test keeps it so */
+    for (int i = 0; i < ls_op_count(op, LS_ROLE_GRAD); i++)
+        ls_tensor_set(ls_op_tensor(op, LS_ROLE_GRAD, i), strct, grads[i]);
+    return op->backward(p, exec, upstream, strct);
+}

@@ -1,0 +1,196 @@
+/* Internal: one description of every op family, read by everything that would otherwise
+ * repeat it: the CLI's case loader and benchmark, the tests' generic tables, the fuzz
+ * targets, and (through linseq_op_table_json) the Python binding's struct layouts.
+ *
+ * An op is described by its problem struct and its grads struct, field by field:
+ *   - sizes (int64: B, T, H, ...), options (bool, float, enum), the varlen pair
+ *     (cu_seqlens, n_seqs) and the tensor pointers, each with its offset in the struct, so
+ *     a generic loader can fill a problem and a binding can lay the struct out;
+ *   - tensors, with their role (input, output, upstream gradient, gradient), the shape they
+ *     have under a given problem (a function: shapes depend on options such as the decay
+ *     kind or the state layout), the dims text for messages, and how to draw realistic
+ *     values for benchmarks and tests;
+ *   - the calls: forward(problem, exec, outputs) and backward(problem, exec, upstream,
+ *     grads) over arrays in the table's order, so a caller never switches on the op;
+ *   - the work per call: FLOPs as README "Benchmarks" defines them (the bytes follow from
+ *     the tensors), the benchmark's default sizes and the options a benchmark runs with.
+ * Adding an op: its kernels and reference, one ls_op in its own op_*.c here, one line in
+ * optable.c's list, and its own test; docs/developer-guide.md walks through it. */
+#ifndef LS_OPTABLE_H
+#define LS_OPTABLE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "linseq.h"
+
+#define LS_OP_MAX_DIMS 4
+#define LS_OP_MAX_TENSORS 24
+#define LS_OP_MAX_OUT 4   /* outputs of one forward call                                 */
+#define LS_OP_MAX_GRADS 12
+#define LS_OP_GRADS_BYTES (LS_OP_MAX_GRADS * sizeof(void *)) /* the largest grads struct */
+
+/* How a struct field is stored: what a binding needs to lay the struct out. */
+typedef enum ls_ctype {
+    LS_CTYPE_I64,       /* int64_t                                                     */
+    LS_CTYPE_F32,       /* float                                                       */
+    LS_CTYPE_BOOL,      /* bool                                                        */
+    LS_CTYPE_ENUM,      /* a C enum (int-sized)                                        */
+    LS_CTYPE_INT,       /* int                                                         */
+    LS_CTYPE_PTR        /* a pointer (float, int64 or void)                            */
+} ls_ctype;
+
+/* One field of a public struct, as a binding lays it out. */
+typedef struct ls_field {
+    const char *name;   /* the C field name                                           */
+    ls_ctype type;
+    size_t offset, size;
+} ls_field;
+
+/* A named enum value, as meta.json and Python spell it. */
+typedef struct ls_enum_name {
+    const char *name;
+    int value;
+} ls_enum_name;
+
+/* A size of the problem ("B", "T", ...): an int64 field. */
+typedef struct ls_size_desc {
+    const char *name;      /* the field name and meta.json's key                       */
+    size_t offset;
+    bool required;         /* >= 1 required; otherwise 0 means "the default"           */
+    int64_t bench_default; /* the benchmark's default (0: left at the struct's default) */
+} ls_size_desc;
+
+/* An option: a bool, float or enum field (never a size or a tensor). */
+typedef struct ls_option_desc {
+    const char *key;       /* meta.json's key (may differ from the field name)         */
+    const char *field;     /* the C field name                                          */
+    ls_ctype type;         /* BOOL, F32 or ENUM                                         */
+    size_t offset;
+    const ls_enum_name *names; /* ENUM: the accepted names, {NULL, 0}-terminated        */
+    int null_value;        /* ENUM: the value meta.json's null or absence stands for,
+                            * or one of the two below                                  */
+} ls_option_desc;
+
+#define LS_ENUM_KEEP (-1)     /* absent or null: the field keeps its value               */
+#define LS_ENUM_REQUIRED (-2) /* absent or null: an error                                 */
+
+typedef enum ls_role {
+    LS_ROLE_INPUT,    /* read by forward and backward (a problem struct field)         */
+    LS_ROLE_OUTPUT,   /* written by forward (a call argument)                          */
+    LS_ROLE_UPSTREAM, /* read by backward: the gradient of an output (a call argument) */
+    LS_ROLE_GRAD      /* written by backward (a grads struct field)                    */
+} ls_role;
+
+/* How realistic values of a tensor are drawn (bench, tests): see ls_op_fill. */
+typedef enum ls_dist {
+    LS_DIST_ZERO,
+    LS_DIST_NORMAL,           /* a * N(0,1)                                            */
+    LS_DIST_UNIFORM,          /* U(a, b)                                               */
+    LS_DIST_LOG_UNIFORM,      /* exp(U(log a, log b))                                  */
+    LS_DIST_LOGSIGMOID,       /* logsigmoid(N(0,1)): a decay log, mean about -0.8      */
+    LS_DIST_SIGMOID,          /* sigmoid(N(0,1)): beta                                 */
+    LS_DIST_LOG_OF_UNIFORM,   /* log(U(a, b)): A_log                                   */
+    LS_DIST_INV_SOFTPLUS_DT,  /* softplus^-1 of dt ~ logU(a, b): dt_bias's usual init  */
+    LS_DIST_S4D_REAL          /* -(n+1) over the last dim: Mamba's S4D-real A          */
+} ls_dist;
+
+/* The shape of a tensor under problem p: returns its rank (0 when the tensor does not exist
+ * with p's options, e.g. g without decay) and writes the dims. */
+typedef int (*ls_shape_fn)(const void *p, int64_t *dims);
+
+typedef struct ls_tensor_desc {
+    const char *name;     /* case file / Python name: "q", "dA_log", "d_o"             */
+    ls_role role;
+    /* INPUT: the problem field; GRAD: the grads field; OUTPUT, UPSTREAM: NULL          */
+    const char *field;
+    size_t offset;        /* of field; OUTPUT / UPSTREAM: the call argument's index    */
+    bool required;        /* an INPUT the op cannot run without (when it exists)       */
+    const char *dims;     /* "[B,T,H,K]" for messages                                  */
+    ls_shape_fn shape;
+    const char *case_flag; /* meta.json's flag that says whether the file is present    */
+    const char *grad_of;  /* GRAD: the input; UPSTREAM: the output                      */
+    ls_dist dist;         /* realistic values (inputs and upstream gradients)          */
+    double a, b;
+    bool bench;           /* an optional INPUT the benchmark passes                    */
+} ls_tensor_desc;
+
+typedef struct ls_op {
+    const char *name;          /* meta.json's "op": "kda", "kda_gate", "ssm1", ...     */
+    const char *problem_type;  /* "linseq_kda_problem"                                 */
+    const char *grads_type;    /* "linseq_kda_grads"                                   */
+    size_t problem_size, grads_size;
+    const ls_size_desc *sizes;
+    int n_sizes;
+    const ls_option_desc *options;
+    int n_options;
+    bool has_modes;            /* exec's mode and chunk size apply (KDA)               */
+    bool varlen;               /* has cu_seqlens and n_seqs                            */
+    size_t cu_seqlens_offset, n_seqs_offset;
+    /* Every field of the problem struct is a size, an option, the varlen pair or an INPUT
+     * tensor, and every field of the grads struct a GRAD tensor: the layout a binding needs
+     * follows from these lists (tests check that they tile each struct exactly). */
+    const ls_tensor_desc *tensors;
+    int n_tensors;
+
+    /* out[i]: the i-th OUTPUT tensor of the table (NULL allowed where the API allows). */
+    linseq_status (*forward)(const void *p, const linseq_exec *exec, float *const *out);
+    /* upstream[i]: the i-th UPSTREAM tensor; grads: the bytes of the op's grads struct
+     * (ls_op_backward fills them from an array; the op copies them into its typed struct). */
+    linseq_status (*backward)(const void *p, const linseq_exec *exec,
+                              const float *const *upstream, const void *grads);
+    /* FLOPs of one forward call (README "Benchmarks"); exec picks KDA's mode and chunk. */
+    double (*flops)(const void *p, const linseq_exec *exec);
+    /* The options a benchmark runs with (l2norm on, a gate, a bias...), set on a problem
+     * whose sizes are already filled. */
+    void (*bench_options)(void *p);
+} ls_op;
+
+/* Every op, in a fixed order; *count receives their number. */
+const ls_op *const *ls_ops(int *count);
+/* The op of that name, or NULL. */
+const ls_op *ls_op_find(const char *name);
+
+/* The backward through an array of gradients in table order (grads[i]: the i-th GRAD
+ * tensor, NULL: not computed), packed into the op's grads struct. */
+linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *exec,
+                             const float *const *upstream, float *const *grads);
+
+/* Every field of op's problem struct (grads: of its grads struct), sorted by offset, into
+ * out (LS_OP_MAX_FIELDS entries); returns the count. */
+#define LS_OP_MAX_FIELDS 40
+int ls_op_fields(const ls_op *op, bool grads, ls_field *out);
+/* The fields of linseq_exec. */
+const ls_field *ls_exec_fields(int *count);
+
+/* The tensors of a role, in table order: the i-th of them, or NULL past the end. */
+const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_role role, int i);
+int ls_op_count(const ls_op *op, ls_role role);
+/* The tensor of that name and role, or NULL. */
+const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_role role, const char *name);
+
+/* Elements of a tensor under p (0 when it does not exist); false when the count does not
+ * fit in int64. */
+bool ls_tensor_count(const ls_tensor_desc *t, const void *p, int64_t *count);
+
+/* The pointer a problem (INPUT) or grads (GRAD) struct holds for t, and setting it. */
+const void *ls_tensor_get(const ls_tensor_desc *t, const void *strct);
+void ls_tensor_set(const ls_tensor_desc *t, void *strct, const void *ptr);
+
+/* Fields of a problem struct by descriptor. */
+int64_t ls_size_get(const ls_size_desc *s, const void *p);
+void ls_size_set(const ls_size_desc *s, void *p, int64_t value);
+/* The varlen fields (only for op->varlen). */
+void ls_op_set_varlen(const ls_op *op, void *p, const int64_t *cu_seqlens, int64_t n_seqs);
+const int64_t *ls_op_cu_seqlens(const ls_op *op, const void *p);
+
+/* The name of an enum option's value, or NULL. */
+const char *ls_enum_value_name(const ls_option_desc *o, int value);
+
+/* Fills x[0 .. n) with values of t's distribution, from a seed; the same values whatever
+ * the thread count (blocks of values have their own generators). */
+void ls_op_fill(const ls_tensor_desc *t, float *x, int64_t n, const int64_t *dims, int ndim,
+                uint64_t seed);
+
+#endif

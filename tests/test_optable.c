@@ -1,0 +1,178 @@
+/* The op table against the structs and calls it describes: its fields tile each public
+ * struct exactly (so a binding laid out from it cannot misbind a field, and a field added
+ * to linseq.h without a table entry fails here), its tensors are consistent (every gradient
+ * of an input, every upstream gradient of an output, call arguments in order), the JSON
+ * export says the same, and a call through the table equals the direct call bit for bit. */
+#include <math.h>
+#include <stdalign.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cjson/cJSON.h>
+
+#include "optable/optable.h"
+#include "testutil.h"
+
+static size_t align_of(ls_ctype t)
+{
+    switch (t) {
+    case LS_CTYPE_I64: return alignof(int64_t);
+    case LS_CTYPE_F32: return alignof(float);
+    case LS_CTYPE_BOOL: return alignof(bool);
+    case LS_CTYPE_ENUM: return alignof(linseq_mode);
+    case LS_CTYPE_INT: return alignof(int);
+    default: return alignof(void *);
+    }
+}
+
+/* Sorted fields tile [0, size): each starts at the first offset its alignment allows after
+ * the previous one, and the struct ends at the first multiple of the largest alignment. */
+static void check_tiling(const char *what, const ls_field *f, int n, size_t size)
+{
+    size_t at = 0, max_align = 1;
+    for (int i = 0; i < n; i++) {
+        const size_t al = align_of(f[i].type);
+        const size_t expected = (at + al - 1) / al * al;
+        CHECK(f[i].offset == expected, "%s.%s at offset %zu, expected %zu: a field of the "
+              "struct is missing from the op table, or has the wrong type", what, f[i].name,
+              f[i].offset, expected);
+        at = f[i].offset + f[i].size;
+        if (al > max_align) max_align = al;
+    }
+    const size_t end = (at + max_align - 1) / max_align * max_align;
+    CHECK(end == size, "%s: the table's fields end at %zu, sizeof is %zu (a field is missing)",
+          what, end, size);
+}
+
+static void check_layouts(const ls_op *op)
+{
+    ls_field f[LS_OP_MAX_FIELDS];
+    check_tiling(op->problem_type, f, ls_op_fields(op, false, f), op->problem_size);
+    check_tiling(op->grads_type, f, ls_op_fields(op, true, f), op->grads_size);
+    CHECK(op->grads_size <= LS_OP_GRADS_BYTES, "%s: %zu bytes, LS_OP_GRADS_BYTES is %zu",
+          op->grads_type, op->grads_size, (size_t)LS_OP_GRADS_BYTES);
+}
+
+static void check_tensors(const ls_op *op)
+{
+    for (int r = LS_ROLE_OUTPUT; r <= LS_ROLE_UPSTREAM; r++)
+        for (int i = 0; ls_op_tensor(op, (ls_role)r, i); i++)
+            CHECK(ls_op_tensor(op, (ls_role)r, i)->offset == (size_t)i,
+                  "%s: call argument %s is not at index %d", op->name,
+                  ls_op_tensor(op, (ls_role)r, i)->name, i);
+    CHECK(ls_op_count(op, LS_ROLE_OUTPUT) <= LS_OP_MAX_OUT, "%s: too many outputs", op->name);
+    CHECK(ls_op_count(op, LS_ROLE_GRAD) <= LS_OP_MAX_GRADS, "%s: too many grads", op->name);
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role == LS_ROLE_GRAD)
+            CHECK(t->grad_of && ls_op_tensor_named(op, LS_ROLE_INPUT, t->grad_of),
+                  "%s: %s is the gradient of no input", op->name, t->name);
+        if (t->role == LS_ROLE_UPSTREAM)
+            CHECK(t->grad_of && ls_op_tensor_named(op, LS_ROLE_OUTPUT, t->grad_of),
+                  "%s: %s is the gradient of no output", op->name, t->name);
+        for (int j = 0; j < i; j++)
+            CHECK(op->tensors[j].role != t->role || strcmp(op->tensors[j].name, t->name) != 0,
+                  "%s: %s listed twice", op->name, t->name);
+    }
+}
+
+static const cJSON *item(const cJSON *o, const char *key)
+{
+    return cJSON_GetObjectItemCaseSensitive(o, key);
+}
+
+/* The JSON a binding reads names the same fields at the same offsets. */
+static void check_json(void)
+{
+    const char *text = linseq_op_table_json();
+    CHECK(text != NULL, "linseq_op_table_json returned NULL");
+    cJSON *root = text ? cJSON_Parse(text) : NULL;
+    CHECK(root != NULL, "linseq_op_table_json is not valid JSON");
+    if (!root) return;
+    CHECK(cJSON_IsNumber(item(item(root, "exec"), "size")) &&
+              item(item(root, "exec"), "size")->valuedouble == (double)sizeof(linseq_exec),
+          "exec.size");
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    const cJSON *jops = item(root, "ops");
+    CHECK(cJSON_GetArraySize(jops) == n_ops, "ops: %d in JSON, %d in the table",
+          cJSON_GetArraySize(jops), n_ops);
+    for (int i = 0; i < n_ops && i < cJSON_GetArraySize(jops); i++) {
+        const cJSON *jop = cJSON_GetArrayItem(jops, i), *prob = item(jop, "problem");
+        ls_field f[LS_OP_MAX_FIELDS];
+        const int n = ls_op_fields(ops[i], false, f);
+        CHECK(strcmp(cJSON_GetStringValue(item(jop, "name")), ops[i]->name) == 0, "op name");
+        CHECK(item(prob, "size")->valuedouble == (double)ops[i]->problem_size, "%s size",
+              ops[i]->name);
+        CHECK(cJSON_GetArraySize(item(prob, "fields")) == n, "%s field count", ops[i]->name);
+        for (int k = 0; k < n && k < cJSON_GetArraySize(item(prob, "fields")); k++) {
+            const cJSON *jf = cJSON_GetArrayItem(item(prob, "fields"), k);
+            CHECK(strcmp(cJSON_GetStringValue(item(jf, "name")), f[k].name) == 0 &&
+                      item(jf, "offset")->valuedouble == (double)f[k].offset,
+                  "%s field %d", ops[i]->name, k);
+        }
+        CHECK(cJSON_GetArraySize(item(jop, "tensors")) == ops[i]->n_tensors, "%s tensors",
+              ops[i]->name);
+    }
+    cJSON_Delete(root);
+}
+
+/* Realistic inputs at the benchmark's options and small sizes, through the table's calls:
+ * every output and gradient the table declares is written (each is NaN before the call and
+ * finite after), so no argument of an adapter is dropped or swapped with an absent one. */
+static void check_calls(const ls_op *op)
+{
+    _Alignas(max_align_t) unsigned char problem[256] = {0};
+    CHECK(op->problem_size <= sizeof problem, "%s: problem struct too large", op->name);
+    for (int i = 0; i < op->n_sizes; i++) {
+        const int64_t d = op->sizes[i].bench_default;
+        ls_size_set(&op->sizes[i], problem, d > 64 ? 8 + d % 23 : d);
+    }
+    op->bench_options(problem);
+    float *bufs[LS_OP_MAX_TENSORS] = {0};
+    float *out[LS_OP_MAX_OUT] = {0}, *up[LS_OP_MAX_OUT] = {0}, *grads[LS_OP_MAX_GRADS] = {0};
+    int64_t count[LS_OP_MAX_TENSORS] = {0};
+    int n_out = 0, n_up = 0, n_grads = 0;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        int64_t dims[LS_OP_MAX_DIMS];
+        const int nd = t->shape(problem, dims);
+        CHECK(ls_tensor_count(t, problem, &count[i]), "%s.%s count", op->name, t->name);
+        const bool present = nd > 0 && (t->role != LS_ROLE_INPUT || t->required || t->bench);
+        bufs[i] = present ? tu_alloc((size_t)count[i]) : NULL;
+        const bool written = t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD;
+        for (int64_t k = 0; bufs[i] && written && k < count[i]; k++) bufs[i][k] = NAN;
+        if (bufs[i] && !written) ls_op_fill(t, bufs[i], count[i], dims, nd, 1000u + (uint64_t)i);
+        if (t->role == LS_ROLE_INPUT) ls_tensor_set(t, problem, bufs[i]);
+        if (t->role == LS_ROLE_OUTPUT) out[n_out++] = bufs[i];
+        if (t->role == LS_ROLE_UPSTREAM) up[n_up++] = bufs[i];
+        if (t->role == LS_ROLE_GRAD) grads[n_grads++] = bufs[i];
+    }
+    const linseq_exec ex = {.threads = 1};
+    CHECK_OK(op->forward(problem, &ex, out));
+    CHECK_OK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads));
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        bool finite = true;
+        for (int64_t k = 0; bufs[i] && k < count[i]; k++) finite = finite && isfinite(bufs[i][k]);
+        CHECK(finite, "%s.%s: not every element written by the call through the table", op->name,
+              t->name);
+        free(bufs[i]);
+    }
+}
+
+int main(void)
+{
+    int n_ops, n_exec;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    const ls_field *ef = ls_exec_fields(&n_exec);
+    check_tiling("linseq_exec", ef, n_exec, sizeof(linseq_exec));
+    for (int i = 0; i < n_ops; i++) {
+        check_layouts(ops[i]);
+        check_tensors(ops[i]);
+        check_calls(ops[i]);
+        CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);
+    }
+    check_json();
+    return tu_finish("optable");
+}
