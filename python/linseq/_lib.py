@@ -1,11 +1,15 @@
 """The C library through ctypes: loading, the problem structs of linseq.h, status checks.
 
-The structs mirror include/linseq.h field by field; ctypes lays them out by the C ABI, so the
-two agree as long as the field order and types here follow the header. Every call releases
-the GIL (ctypes.CDLL does), so Python threads run kernels concurrently.
+The structs are not written out here: the library describes them (linseq_op_table_json:
+every field's name, type and offset, and each struct's size), and this module builds its
+ctypes classes from that description, then checks that ctypes lays each one out at exactly
+the offsets and size the C compiler chose. A field added to linseq.h therefore reaches
+Python without an edit here, and a layout that would misbind refuses to load. Every call
+releases the GIL (ctypes.CDLL does), so Python threads run kernels concurrently.
 """
 
 import ctypes
+import json
 import os
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
@@ -18,8 +22,7 @@ STATUS_NAMES = {
 }
 
 MODE_DEFAULT, MODE_RECURRENT, MODE_CHUNKED = 0, 1, 2
-DECAY_NONE, DECAY_PER_HEAD, DECAY_PER_CHANNEL = 0, 1, 2
-ACT_DEFAULT, ACT_IDENTITY, ACT_SILU, ACT_SIGMOID, ACT_GELU_TANH, ACT_RELU = 0, 1, 2, 3, 4, 5
+ACT_DEFAULT = 0
 
 _p = ctypes.c_void_p
 _i64 = ctypes.c_int64
@@ -36,66 +39,38 @@ class LinseqError(ValueError):
         self.status = status
 
 
-class Exec(ctypes.Structure):
-    _fields_ = [("mode", _int), ("chunk_size", _int), ("threads", _int), ("device", _int),
-                ("device_index", _int), ("stream", _p), ("dtype", _int)]
-
-
-class KdaProblem(ctypes.Structure):
-    _fields_ = [
-        ("B", _i64), ("T", _i64), ("H", _i64), ("HV", _i64), ("K", _i64), ("V", _i64),
-        ("cu_seqlens", _p), ("n_seqs", _i64),
-        ("q", _p), ("k", _p), ("v", _p), ("beta", _p), ("g", _p), ("h0", _p),
-        ("decay", _int), ("scale", _f32),
-        ("qk_l2norm", _bool), ("beta_is_logit", _bool), ("state_v_first", _bool),
-        ("gate_in_kernel", _bool), ("A_log", _p), ("dt_bias", _p), ("lower_bound", _f32),
-    ]
-
-
-class KdaGrads(ctypes.Structure):
-    _fields_ = [("dq", _p), ("dk", _p), ("dv", _p), ("dbeta", _p), ("dg", _p), ("dh0", _p),
-                ("dA_log", _p), ("ddt_bias", _p)]
-
-
-class KdaGateProblem(ctypes.Structure):
-    _fields_ = [("B", _i64), ("T", _i64), ("H", _i64), ("K", _i64), ("decay", _int),
-                ("g_raw", _p), ("A_log", _p), ("dt_bias", _p), ("lower_bound", _f32)]
-
-
-class KdaGateGrads(ctypes.Structure):
-    _fields_ = [("dg_raw", _p), ("dA_log", _p), ("ddt_bias", _p)]
-
-
-class Ssm1Problem(ctypes.Structure):
-    _fields_ = [
-        ("B", _i64), ("T", _i64), ("D", _i64), ("N", _i64), ("G", _i64),
-        ("cu_seqlens", _p), ("n_seqs", _i64),
-        ("x", _p), ("dt", _p), ("A", _p), ("B_proj", _p), ("C_proj", _p), ("D_skip", _p),
-        ("gate", _p), ("h0", _p), ("dt_softplus", _bool), ("dt_bias", _p),
-        ("gate_activation", _int),
-    ]
-
-
-class Ssm1Grads(ctypes.Structure):
-    _fields_ = [("dx", _p), ("ddt", _p), ("dA", _p), ("dB_proj", _p), ("dC_proj", _p),
-                ("dD_skip", _p), ("dgate", _p), ("dh0", _p), ("ddt_bias", _p)]
-
-
-class Conv1dProblem(ctypes.Structure):
-    _fields_ = [("B", _i64), ("T", _i64), ("D", _i64), ("W", _i64), ("cu_seqlens", _p),
-                ("n_seqs", _i64), ("x", _p), ("weight", _p), ("bias", _p),
-                ("conv_state", _p), ("activation", _int)]
-
-
-class Conv1dGrads(ctypes.Structure):
-    _fields_ = [("dx", _p), ("dweight", _p), ("dbias", _p), ("dconv_state", _p)]
-
-
 def _library_path():
     override = os.environ.get("LINSEQ_LIBRARY")
     if override:
         return override
     return os.path.join(_HERE, "liblinseq.so")
+
+
+# The C types of linseq_op_table_json's "type" names.
+_CTYPES = {"int64": _i64, "float32": _f32, "bool": _bool, "enum": _int, "int": _int,
+           "pointer": _p}
+
+
+def _class_name(c_type):
+    """linseq_kda_gate_problem -> KdaGateProblem."""
+    return "".join(part.capitalize() for part in c_type[len("linseq_"):].split("_"))
+
+
+def struct_class(desc):
+    """A ctypes Structure laid out from one struct's description; ValueError when ctypes
+    would place a field elsewhere than the C compiler did (the binding would misbind)."""
+    fields = sorted(desc["fields"], key=lambda f: f["offset"])
+    cls = type(_class_name(desc["type"]), (ctypes.Structure,),
+               {"_fields_": [(f["name"], _CTYPES[f["type"]]) for f in fields]})
+    for f in fields:
+        got = getattr(cls, f["name"]).offset
+        if got != f["offset"]:
+            raise ValueError(f"{desc['type']}.{f['name']}: ctypes puts it at offset {got}, "
+                             f"the C library at {f['offset']}")
+    if ctypes.sizeof(cls) != desc["size"]:
+        raise ValueError(f"{desc['type']}: ctypes size {ctypes.sizeof(cls)}, C size "
+                         f"{desc['size']}")
+    return cls
 
 
 def _load():
@@ -107,6 +82,22 @@ def _load():
             f"linseq: cannot load the C library {path!r} ({exc}); reinstall the package "
             "with `pip install .` from the linseq source tree, or set LINSEQ_LIBRARY to a "
             "built liblinseq.so") from None
+    lib.linseq_op_table_json.restype = ctypes.c_char_p
+    lib.linseq_op_table_json.argtypes = []
+    text = lib.linseq_op_table_json()
+    if not text:
+        raise ImportError("linseq: the C library could not describe its structs (no memory)")
+    table = json.loads(text.decode())
+    structs = {"Exec": struct_class(table["exec"])}
+    for op in table["ops"]:
+        for part in ("problem", "grads"):
+            cls = struct_class(op[part])
+            structs[cls.__name__] = cls
+    globals().update(structs)
+    return lib, table
+
+
+def _bind(lib):
     P = ctypes.POINTER
     sigs = {
         "linseq_last_error": (ctypes.c_char_p, []),
@@ -136,7 +127,22 @@ def _load():
     return lib
 
 
-lib = _load()
+lib, op_table = _load()
+_bind(lib)
+
+
+def _enum_values(op_name, key):
+    """An enum option's values by name, as the library's table lists them."""
+    op = next(o for o in op_table["ops"] if o["name"] == op_name)
+    return next(o for o in op["options"] if o["key"] == key)["values"]
+
+
+_DECAYS = _enum_values("kda", "decay")
+DECAY_NONE, DECAY_PER_HEAD, DECAY_PER_CHANNEL = (
+    _DECAYS["none"], _DECAYS["per_head"], _DECAYS["per_channel"])
+_ACTS = _enum_values("ssm1", "gate_activation")
+ACT_IDENTITY, ACT_SILU, ACT_SIGMOID, ACT_GELU_TANH, ACT_RELU = (
+    _ACTS["identity"], _ACTS["silu"], _ACTS["sigmoid"], _ACTS["gelu_tanh"], _ACTS["relu"])
 
 
 def check(status):
