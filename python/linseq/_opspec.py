@@ -11,7 +11,7 @@ from typing import Callable, Dict, Tuple
 
 import numpy as np
 
-from . import ops
+from . import _lib, ops
 
 
 # eq=False: specs are singletons, hashed by identity (JAX caches one function per spec)
@@ -28,6 +28,15 @@ class OpSpec:
         if self.name == "kda_gate":
             return opts.inputs(arrays)
         return opts.inputs(arrays, cu_seqlens)
+
+
+def _table_arrays(table_name):
+    """The op's inputs in the C library's table order, and the gradient each receives (the
+    table's grads name their input): one description, not a copy per front end."""
+    op = next(o for o in _lib.op_table["ops"] if o["name"] == table_name)
+    arrays = tuple(t["name"] for t in op["tensors"] if t["role"] == "input")
+    grads = {t["grad_of"]: t["name"] for t in op["tensors"] if t["role"] == "grad"}
+    return arrays, grads
 
 
 def _zeros_if_none(value, shape):
@@ -57,11 +66,7 @@ def _kda_backward(inputs, opts, upstream, saved, wanted):
     return ops.kda_backward(inputs, d_o, upstream[1], saved=saved, wanted=wanted, **opts.run())
 
 
-KDA = OpSpec(
-    "kda", ("q", "k", "v", "beta", "g", "h0", "A_log", "dt_bias"),
-    {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "h0": "dh0",
-     "A_log": "dA_log", "dt_bias": "ddt_bias"},
-    _kda_out_shapes, _kda_forward, _kda_backward)
+KDA = OpSpec("kda", *_table_arrays("kda"), _kda_out_shapes, _kda_forward, _kda_backward)
 
 
 # KDA gate ----------------------------------------------------------------------------------
@@ -76,8 +81,7 @@ def _gate_backward(inputs, opts, upstream, saved, wanted):
 
 
 KDA_GATE = OpSpec(
-    "kda_gate", ("g_raw", "A_log", "dt_bias"),
-    {"g_raw": "dg_raw", "A_log": "dA_log", "dt_bias": "ddt_bias"},
+    "kda_gate", *_table_arrays("kda_gate"),
     lambda shapes, n_seqs, opts: [shapes["g_raw"]], _gate_forward, _gate_backward)
 
 
@@ -98,11 +102,7 @@ def _ssm1_backward(inputs, opts, upstream, saved, wanted):
     return ops.ssm1_backward(inputs, d_y, upstream[1], wanted=wanted)
 
 
-SSM1 = OpSpec(
-    "ssm1", ("x", "dt", "A", "B", "C", "D", "gate", "h0", "dt_bias"),
-    {"x": "dx", "dt": "ddt", "A": "dA", "B": "dB", "C": "dC", "D": "dD", "gate": "dgate",
-     "h0": "dh0", "dt_bias": "ddt_bias"},
-    _ssm1_out_shapes, _ssm1_forward, _ssm1_backward)
+SSM1 = OpSpec("ssm1", *_table_arrays("ssm1"), _ssm1_out_shapes, _ssm1_forward, _ssm1_backward)
 
 
 # causal conv1d -----------------------------------------------------------------------------
@@ -122,7 +122,5 @@ def _conv_backward(inputs, opts, upstream, saved, wanted):
     return ops.conv1d_backward(inputs, d_y, upstream[1], wanted=wanted)
 
 
-CONV1D = OpSpec(
-    "conv1d", ("x", "weight", "bias", "conv_state"),
-    {"x": "dx", "weight": "dweight", "bias": "dbias", "conv_state": "dconv_state"},
-    _conv_out_shapes, _conv_forward, _conv_backward)
+CONV1D = OpSpec("conv1d", *_table_arrays("causal_conv1d"), _conv_out_shapes, _conv_forward,
+                _conv_backward)
