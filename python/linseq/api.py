@@ -12,20 +12,13 @@ as arrays plus frozen options; each framework's backend runs it.
 """
 
 import dataclasses
-import functools
 import sys
 from typing import Optional
 
 import numpy as np
 
 from . import ops
-from ._arrays import framework_of
-
-KDA_ARRAYS = ("q", "k", "v", "beta", "g", "h0", "A_log", "dt_bias")
-SSM1_ARRAYS = ("x", "dt", "A", "B", "C", "D", "gate", "h0", "dt_bias")
-CONV_ARRAYS = ("x", "weight", "bias", "conv_state")
-GATE_ARRAYS = ("g_raw", "A_log", "dt_bias")
-
+from ._backends import backend_for
 
 @dataclasses.dataclass(frozen=True)
 class KdaOptions:
@@ -39,7 +32,7 @@ class KdaOptions:
     chunk_size: int = 64
 
     def inputs(self, arrays, cu_seqlens):
-        """ops.KdaInputs over NumPy-convertible arrays (a dict over KDA_ARRAYS)."""
+        """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names)."""
         a = arrays
         return ops.KdaInputs(a["q"], a["k"], a["v"], a["beta"], a["g"], h0=a["h0"],
                              cu_seqlens=cu_seqlens, scale=self.scale, qk_l2norm=self.qk_l2norm,
@@ -80,65 +73,6 @@ class GateOptions:
     def inputs(self, arrays):
         return ops.GateInputs(arrays["g_raw"], arrays["A_log"], arrays["dt_bias"],
                               self.lower_bound)
-
-
-class NumpyBackend:
-    """Runs the forward only: NumPy has no autodiff (ops has the backward functions)."""
-
-    @staticmethod
-    def kda(arrays, cu_seqlens, opts):
-        return ops.kda_forward(opts.inputs(arrays, cu_seqlens), **opts.run())
-
-    @staticmethod
-    def kda_gate(arrays, opts):
-        return ops.kda_gate_forward(opts.inputs(arrays))
-
-    @staticmethod
-    def ssm1(arrays, cu_seqlens, opts):
-        return ops.ssm1_forward(opts.inputs(arrays, cu_seqlens))
-
-    @staticmethod
-    def conv1d(arrays, cu_seqlens, opts):
-        return ops.conv1d_forward(opts.inputs(arrays, cu_seqlens))
-
-    @staticmethod
-    def kda_decode(arrays, state, state_rows, opts, inplace):
-        if not inplace:
-            state = np.array(ops.as_f32(state, "state"), dtype=np.float32, copy=True)
-        elif not isinstance(state, np.ndarray):
-            raise TypeError("state: inplace=True needs the pool as a NumPy array, PyTorch "
-                            "tensor (float32, C-contiguous) it can write")
-        o = ops.kda_decode(opts.inputs(arrays, None), state, state_rows)
-        return o, state
-
-    @staticmethod
-    def cast(value, like):
-        dtype = getattr(like, "dtype", None)
-        if value is None or dtype is None or not np.issubdtype(dtype, np.floating):
-            return value
-        return value.astype(dtype, copy=False)
-
-
-def backend_for(values, forced=None):
-    name = forced or framework_of(values)
-    if name == "torch":
-        from . import torch as backend
-        return backend.TorchBackend
-    if name == "jax":
-        from . import jax as backend
-        return backend.JaxBackend
-    return NumpyBackend
-
-
-def _forced(framework):
-    """Decorator factory: the function of api with every call sent to one framework's
-    backend (linseq.torch.chunk_kda, linseq.jax.chunk_kda, ...)."""
-    def wrap(fn):
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            return fn(*args, _framework=framework, **kwargs)
-        return call
-    return wrap
 
 
 # ------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _opspec, api, ops
-from .api import _forced
+from ._backends import bind_framework
 
 
 def _callback(fn, result_shapes, *args):
@@ -140,11 +140,11 @@ class JaxBackend:
         return value.astype(dtype)
 
 
-kda = _forced("jax")(api.kda)
+kda = bind_framework("jax", api.kda)
 kernel_delta_attention = kda
-kda_decay = _forced("jax")(api.kda_decay)
-chunk_kda = _forced("jax")(api.chunk_kda)
-fused_recurrent_kda = _forced("jax")(api.fused_recurrent_kda)
-kda_decode = _forced("jax")(api.kda_decode)
-state_space_v1 = _forced("jax")(api.state_space_v1)
-causal_conv1d = _forced("jax")(api.causal_conv1d)
+kda_decay = bind_framework("jax", api.kda_decay)
+chunk_kda = bind_framework("jax", api.chunk_kda)
+fused_recurrent_kda = bind_framework("jax", api.fused_recurrent_kda)
+kda_decode = bind_framework("jax", api.kda_decode)
+state_space_v1 = bind_framework("jax", api.state_space_v1)
+causal_conv1d = bind_framework("jax", api.causal_conv1d)

@@ -12,7 +12,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _opspec, api
-from .api import _forced
+from ._backends import bind_framework
 
 
 class _LinseqOp(torch.autograd.Function):
@@ -114,11 +114,11 @@ def _rows(state_rows):
     return np.asarray(state_rows)
 
 
-kda = _forced("torch")(api.kda)
+kda = bind_framework("torch", api.kda)
 kernel_delta_attention = kda
-kda_decay = _forced("torch")(api.kda_decay)
-chunk_kda = _forced("torch")(api.chunk_kda)
-fused_recurrent_kda = _forced("torch")(api.fused_recurrent_kda)
-kda_decode = _forced("torch")(api.kda_decode)
-state_space_v1 = _forced("torch")(api.state_space_v1)
-causal_conv1d = _forced("torch")(api.causal_conv1d)
+kda_decay = bind_framework("torch", api.kda_decay)
+chunk_kda = bind_framework("torch", api.chunk_kda)
+fused_recurrent_kda = bind_framework("torch", api.fused_recurrent_kda)
+kda_decode = bind_framework("torch", api.kda_decode)
+state_space_v1 = bind_framework("torch", api.state_space_v1)
+causal_conv1d = bind_framework("torch", api.causal_conv1d)

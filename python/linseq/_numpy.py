@@ -1,0 +1,44 @@
+"""The NumPy backend: the C kernels on NumPy arrays, forward only (NumPy has no autodiff;
+linseq.ops has the backward functions). The registry (_backends) picks it for NumPy inputs
+and anything that is neither a PyTorch tensor nor a JAX array."""
+
+import numpy as np
+
+from . import ops
+
+
+class NumpyBackend:
+    """Runs the forward only: NumPy has no autodiff (ops has the backward functions)."""
+
+    @staticmethod
+    def kda(arrays, cu_seqlens, opts):
+        return ops.kda_forward(opts.inputs(arrays, cu_seqlens), **opts.run())
+
+    @staticmethod
+    def kda_gate(arrays, opts):
+        return ops.kda_gate_forward(opts.inputs(arrays))
+
+    @staticmethod
+    def ssm1(arrays, cu_seqlens, opts):
+        return ops.ssm1_forward(opts.inputs(arrays, cu_seqlens))
+
+    @staticmethod
+    def conv1d(arrays, cu_seqlens, opts):
+        return ops.conv1d_forward(opts.inputs(arrays, cu_seqlens))
+
+    @staticmethod
+    def kda_decode(arrays, state, state_rows, opts, inplace):
+        if not inplace:
+            state = np.array(ops.as_f32(state, "state"), dtype=np.float32, copy=True)
+        elif not isinstance(state, np.ndarray):
+            raise TypeError("state: inplace=True needs the pool as a NumPy array, PyTorch "
+                            "tensor (float32, C-contiguous) it can write")
+        o = ops.kda_decode(opts.inputs(arrays, None), state, state_rows)
+        return o, state
+
+    @staticmethod
+    def cast(value, like):
+        dtype = getattr(like, "dtype", None)
+        if value is None or dtype is None or not np.issubdtype(dtype, np.floating):
+            return value
+        return value.astype(dtype, copy=False)
