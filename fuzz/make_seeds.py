@@ -6,7 +6,8 @@
 Seeds are inputs that decode to valid problems of every family and option the targets know
 (so fuzzing starts deep in the library instead of at the first size check), and .npy files
 and case folders of the kinds the reference data holds. With REFDATA (the reference-case
-folder) two small reference cases are added to the case corpus as they are. The encoders
+folder: the generated one, `python3 tests/refgen/gen.py build/refcases`, or another set with
+the same case names) two small reference cases are added to the case corpus as they are. The encoders
 below mirror the decoders of fuzz_kda.c, fuzz_ssm1.c, fuzz_conv1d.c and fuzz_case.c; the
 seeds the fuzzer found itself (regress-* and the merged ones) are not written here.
 """
@@ -244,7 +245,8 @@ def main():
                                shape_rec('dt_bias', 4), shape_rec('d_y', 2, 3, 4),
                                shape_rec('d_hT', 2, 4, 2)))
 
-    # two small reference cases exactly as stored (meta.json as written by the generator)
+    # two small reference cases exactly as stored (meta.json as written by the generator);
+    # both the generated set (tests/refgen) and the outside one have them under these names
     if len(sys.argv) > 1:
         for name in ['conv_B1_T2_D8_W4_none_nobias_state', 'ssm1_B2_T1_D8_N4_gate_h0']:
             folder = os.path.join(sys.argv[1], name)

@@ -1,9 +1,11 @@
 #!/bin/sh
-# sh scripts/test-python.sh REFDATA
+# sh scripts/test-python.sh [REFDATA]
 #
 # The Python package's tests as a newcomer would run them: a virtual environment under
 # build/, NumPy, pytest, PyTorch and JAX from PyPI, `pip install .` of this tree (which builds
 # liblinseq with the Makefile), then pytest with every framework required (nothing skipped).
+# The reference cases: the generated ones (tests/refgen, written to build/refcases), and
+# REFDATA (default ../shared/refdata) as well when that folder exists.
 set -e
 cd "$(dirname "$0")/.."
 REFDATA=${1:-../shared/refdata}
@@ -19,7 +21,13 @@ fi
 # PyTorch's Linux wheels on PyPI are the CUDA builds; the CPU code paths are what run here.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check numpy pytest torch jax
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check .
+"$VENV/bin/python" tests/refgen/gen.py build/refcases
+CASES=$(pwd)/build/refcases
+if [ -d "$REFDATA" ]; then
+    CASES=$CASES:$(cd "$REFDATA" && pwd)
+else
+    echo "test-python.sh: no reference cases in '$REFDATA': only the generated cases are run"
+fi
 # From build/: the installed package is imported, not the source folder
 cd build
-LINSEQ_REFDATA=$(cd "../$REFDATA" 2>/dev/null && pwd || echo "$REFDATA") \
-LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests
+LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests

@@ -1,7 +1,12 @@
 """Shared fixtures: the reference cases and the frameworks the tests need.
 
-The reference cases are read from $LINSEQ_REFDATA, else from ../shared/refdata beside the
-source tree. PyTorch and JAX tests are skipped when the framework is missing, unless
+The reference cases are read from the folders in $LINSEQ_REFDATA (separated by ':'; the
+generated ones, `python3 tests/refgen/gen.py DIR`, and any other set in the same format),
+else from build/refcases and, when it exists, ../shared/refdata beside the source tree. A
+case name found in two folders is named FOLDER/NAME for the second. Only the cases that
+refcases.py can express as framework calls are listed.
+
+PyTorch and JAX tests are skipped when the framework is missing, unless
 LINSEQ_REQUIRE_FRAMEWORKS=1 (the project's test command sets it: there nothing is skipped).
 """
 
@@ -13,8 +18,12 @@ import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-REFDATA = os.environ.get("LINSEQ_REFDATA",
-                         os.path.join(os.path.dirname(ROOT), "shared", "refdata"))
+_DEFAULT_ROOTS = [os.path.join(ROOT, "build", "refcases"),
+                  os.path.join(os.path.dirname(ROOT), "shared", "refdata")]
+if os.environ.get("LINSEQ_REFDATA"):
+    REFDATA_ROOTS = os.environ["LINSEQ_REFDATA"].split(os.pathsep)
+else:
+    REFDATA_ROOTS = [r for r in _DEFAULT_ROOTS if os.path.isdir(r)]
 
 
 def require(module):
@@ -23,21 +32,40 @@ def require(module):
     return pytest.importorskip(module)
 
 
+def _case_dirs():
+    """{case name: folder} over every root's index.json."""
+    dirs = {}
+    for root in REFDATA_ROOTS:
+        index = os.path.join(root, "index.json")
+        if not os.path.exists(index):
+            if os.environ.get("LINSEQ_REQUIRE_FRAMEWORKS") == "1":
+                raise FileNotFoundError(f"no reference cases at {root} (set LINSEQ_REFDATA)")
+            continue
+        with open(index) as f:
+            for e in json.load(f):
+                key = e["name"] if e["name"] not in dirs else \
+                    f"{os.path.basename(os.path.normpath(root))}/{e['name']}"
+                dirs[key] = os.path.join(root, e["name"])
+    return dirs
+
+
+CASE_DIRS = _case_dirs()
+
+
 def case_names(op=None):
-    index = os.path.join(REFDATA, "index.json")
-    if not os.path.exists(index):
-        if os.environ.get("LINSEQ_REQUIRE_FRAMEWORKS") == "1":
-            raise FileNotFoundError(f"no reference cases at {REFDATA} (set LINSEQ_REFDATA)")
-        return []
-    with open(index) as f:
-        entries = json.load(f)
-    return sorted(e["name"] for e in entries if op is None or e["op"] == op)
+    import refcases
+    names = []
+    for name in CASE_DIRS:
+        meta = Case(name).meta
+        if (op is None or meta["op"] == op) and refcases.supported(meta):
+            names.append(name)
+    return sorted(names)
 
 
 class Case:
     def __init__(self, name):
         self.name = name
-        self.dir = os.path.join(REFDATA, name)
+        self.dir = CASE_DIRS[name]
         with open(os.path.join(self.dir, "meta.json")) as f:
             self.meta = json.load(f)
         self.files = {os.path.splitext(n)[0] for n in os.listdir(self.dir) if n.endswith(".npy")}

@@ -79,6 +79,32 @@ def _gate_call(case, variant):
 CALLS = {"kda": _kda_call, "ssm1": _ssm1_call, "causal_conv1d": _conv_call,
          "kda_gate": _gate_call}
 
+
+def supported(meta):
+    """Whether the calls above express the case: the generated cases (tests/refgen) also
+    cover options these framework-style signatures do not take (GVA, V-first states, beta
+    logits, the in-kernel gate, no decay, SSM1 groups and in-kernel softplus, other gate
+    activations, packed SSM1 and conv sequences, a gradient at an absent initial state or
+    through the final conv state); the C tests run those."""
+    op, m = meta["op"], meta
+    inputs, grads = set(m["inputs"]), set(m.get("grads", []))
+    at_absent = {"dh0": "h0", "dconv_state": "conv_state", "dA_log": "A_log",
+                 "ddt_bias": "dt_bias"}
+    if any(g in grads and i not in inputs for g, i in at_absent.items()):
+        return False
+    if op == "kda":
+        return (m.get("decay") in ("per_channel", "per_head") and
+                (m.get("HV") or m["H"]) == m["H"] and not m.get("state_v_first") and
+                not m.get("beta_is_logit") and not m.get("gate_in_kernel"))
+    if op == "ssm1":
+        return (not m.get("G") and not m.get("dt_softplus") and "D" in inputs and
+                "cu_seqlens" not in inputs and
+                (m.get("gate_activation") or m.get("activation") or "silu") == "silu")
+    if op == "causal_conv1d":
+        return ("cu_seqlens" not in inputs and "d_conv_state_out" not in m["upstream_grads"]
+                and m.get("activation") in (None, "silu"))
+    return True
+
 # the gradient file of each input
 GRAD_NAME = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "h0": "dh0",
              "x": "dx", "A": "dA", "B": "dB", "C": "dC", "D": "dD", "dt": "ddt",
