@@ -57,7 +57,7 @@ for f in tools/linseq/*.c; do
 done
 # shellcheck disable=SC2086
 make -s -j"${FUZZ_JOBS:-2}" BUILD="$out/lib" CC="$CLANG" OPT=-O1 \
-  SAN="$san -fsanitize=fuzzer-no-link" "$out/lib/liblinseq.a" $cli_objs
+  SAN="$san -fsanitize=fuzzer-no-link" "$out/lib/liblinseq-internal.a" $cli_objs
 cflags="-std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra $san -fsanitize=fuzzer -fopenmp"
 for t in $targets; do
   extra=""
@@ -67,7 +67,7 @@ for t in $targets; do
   esac
   # shellcheck disable=SC2086 # word splitting of the flag lists is intended
   "$CLANG" $cflags -Iinclude -Itools/linseq -Ifuzz "fuzz/fuzz_$t.c" fuzz/fuzz_util.c $extra \
-    "$out/lib/liblinseq.a" -lcjson -lm -o "$out/fuzz_$t"
+    "$out/lib/liblinseq-internal.a" -lcjson -lm -o "$out/fuzz_$t"
 done
 
 work=$(mktemp -d)
