@@ -1,12 +1,22 @@
 # linseq build. `make` builds the libraries, the CLI and the tests; `make test` runs every
-# test twice (plain, then under AddressSanitizer + UndefinedBehaviorSanitizer); `make demo`
-# runs the demo; `make install PREFIX=...` installs header, libraries and pkg-config file.
+# test plain (test-plain), then under AddressSanitizer + UBSan (test-sanitize),
+# ThreadSanitizer (test-tsan) and valgrind (test-valgrind), each fuzz target for 30 s
+# (fuzz-short), the Python tests (test-python), and compiles the CUDA backend where nvcc
+# exists (cuda-check); `make demo` runs the demo; `make install PREFIX=...` installs header,
+# libraries and pkg-config file. Nothing here installs system packages: that is
+# scripts/install-deps.sh.
 
 CC      ?= cc
 BUILD   ?= build
 OPT     ?= -O2
 SAN     ?=
 PREFIX  ?= /usr/local
+# The repository's own reference cases (tests/refgen, written into the build folder) and
+# its judge; and an outside set with its judge, checked as well when the folder exists.
+REFCASES := $(BUILD)/refcases
+REFJUDGE := tests/refgen/judge.py
+# A python3 with NumPy for the generator and the judges (found or made on first use).
+PYTHON_NUMPY = $$(sh scripts/python-numpy.sh build/pynumpy)
 REFDATA ?= ../shared/refdata
 JUDGE   ?= ../shared/tools/check_npy_dir.py
 
@@ -36,13 +46,16 @@ TEST_SRC := $(sort $(wildcard tests/test_*.c))
 TEST_SUPPORT := $(filter-out $(TEST_SRC),$(sort $(wildcard tests/*.c)))
 TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 
-# CUDA backend (make CUDA=1, needs nvcc): src/cuda/*.cu into the same library, for Hopper
-# (sm_90a: wgmma); the default build stays CPU-only. `make cuda-check` compiles the CUDA
-# sources with the register report and fails on spills or local memory.
+# CUDA backend (make CUDA=1, needs nvcc): src/cuda/*.cu into the same library, with machine
+# code for Ampere (sm_80), Ada (sm_89) and Hopper (sm_90a): the kernels use nothing newer than
+# sm_80 (mma.sync m16n8k16 bf16 is their newest instruction). The default build stays
+# CPU-only. `make cuda-check` compiles the CUDA sources with the register report and fails on
+# spills or local memory. Experimental: the backend has not yet run on a GPU.
 CUDA      ?= 0
 NVCC      ?= nvcc
 CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
-CUDA_GENCODE ?= -gencode=arch=compute_90a,code=sm_90a
+CUDA_GENCODE ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_89,code=sm_89 \
+                -gencode=arch=compute_90a,code=sm_90a
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 NVCC_FLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC,-fvisibility=hidden \
               -Iinclude -Isrc -lineinfo -Xptxas -v -DLINSEQ_WITH_CUDA
@@ -63,6 +76,9 @@ CLI_LIB_OBJ := $(filter-out $(BUILD)/obj/tools/linseq/main.o,$(CLI_OBJ))
 
 STATIC := $(BUILD)/liblinseq.a
 SHARED := $(BUILD)/liblinseq.so.$(VERSION)
+# Every library object with its internal symbols still global, for the programs that call
+# internal functions (the CLI, the tests, the fuzz targets); never installed.
+INTERNAL := $(BUILD)/liblinseq-internal.a
 CLI    := $(BUILD)/linseq
 
 .PHONY: all lib test test-run test-plain test-sanitize test-python demo install clean deps
@@ -71,11 +87,12 @@ CLI    := $(BUILD)/linseq
 all: lib $(CLI) $(TEST_BIN)
 lib: $(STATIC) $(SHARED)
 
-# Fails early with the command that installs cJSON when its header is missing.
+# Fails early, naming the command that installs cJSON, when its header is missing; a build
+# never installs system packages by itself.
 deps:
 	@printf '#include <cjson/cJSON.h>\n' | $(CC) $(CFLAGS) -E -x c - >/dev/null 2>&1 || \
-	  { echo "cJSON is missing: installing it with scripts/install-deps.sh"; \
-	    sh scripts/install-deps.sh; }
+	  { echo "cJSON (cjson/cJSON.h) is missing: the CLI needs it." \
+	    "Install the build's dependencies with: sh scripts/install-deps.sh" >&2; exit 1; }
 
 $(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
@@ -93,7 +110,18 @@ $(BUILD)/obj/%.$(1).o: %.c include/linseq.h $(wildcard src/*/*.h)
 endef
 $(foreach i,$(ISAS),$(eval $(call ISA_RULE,$(i))))
 
+# The installed archive holds one object, the library partially linked (ld -r) with every
+# hidden symbol made local, so that a program linking it statically sees only the linseq_
+# API, as with the shared library (tests/check_symbols.sh checks both).
+LD      ?= ld
+OBJCOPY ?= objcopy
 $(STATIC): $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(LD) -r -o $(BUILD)/liblinseq.o $^
+	$(OBJCOPY) --localize-hidden $(BUILD)/liblinseq.o
+	rm -f $@ && ar rcs $@ $(BUILD)/liblinseq.o
+
+$(INTERNAL): $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	rm -f $@ && ar rcs $@ $^
 
@@ -102,26 +130,32 @@ $(SHARED): $(LIB_OBJ)
 	ln -sf liblinseq.so.$(VERSION) $(BUILD)/liblinseq.so.$(SOMAJOR)
 	ln -sf liblinseq.so.$(SOMAJOR) $(BUILD)/liblinseq.so
 
-$(CLI): $(CLI_OBJ) $(STATIC) | deps
-	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(STATIC) $(CJSON_LIBS) $(LDLIBS_LIB)
+$(CLI): $(CLI_OBJ) $(INTERNAL) | deps
+	$(CC) $(ALL_CFLAGS) -o $@ $(CLI_OBJ) $(INTERNAL) $(CJSON_LIBS) $(LDLIBS_LIB)
 
 $(CLI_OBJ): | deps
 
-$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(STATIC)
+$(BUILD)/tests/%: $(BUILD)/obj/tests/%.o $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(INTERNAL)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(STATIC) \
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(TEST_SUPPORT_OBJ) $(CLI_LIB_OBJ) $(INTERNAL) \
 	  $(CJSON_LIBS) $(LDLIBS_LIB)
 
 # Every unit test, the CLI over every reference case in every mode, the independent judge
 # over the files `linseq run` writes, and the CLI over malformed cases and bad arguments.
-test-run: all
+test-run: all $(REFCASES)/index.json
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
-	@sh tests/check_refdata.sh $(CLI) $(REFDATA) $(JUDGE)
-	@sh tests/check_cli_errors.sh $(CLI) $(REFDATA)
+	@PYTHON=$(PYTHON_NUMPY) sh tests/check_refdata.sh $(CLI) $(REFCASES) $(REFJUDGE)
+	@PYTHON=$(PYTHON_NUMPY) sh tests/check_refdata.sh --skip-if-absent $(CLI) $(REFDATA) $(JUDGE)
+	@sh tests/check_cli_errors.sh $(CLI) $(REFCASES)
+
+# Regenerated whenever the generator changes (NumPy float64, seconds).
+$(REFCASES)/index.json: $(wildcard tests/refgen/*.py)
+	$(PYTHON_NUMPY) tests/refgen/gen.py $(REFCASES)
 
 test-plain:
 	$(MAKE) test-run
-	@sh tests/check_install.sh
+	@sh tests/check_symbols.sh $(STATIC) $(SHARED)
+	@BUILD=$(BUILD) sh tests/check_install.sh
 
 test-sanitize:
 	$(MAKE) BUILD=build/sanitize OPT=-O1 \
@@ -171,9 +205,9 @@ test-python:
 CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/test_*.c))
 CUDA_TEST_BIN := $(CUDA_TEST_SRC:tests/cuda/%.c=$(BUILD)/tests/cuda/%)
 CUDA_TEST_SUPPORT := $(BUILD)/obj/tests/cuda/cuda_testutil.o $(BUILD)/obj/tests/testutil.o
-$(BUILD)/tests/cuda/%: $(BUILD)/obj/tests/cuda/%.o $(CUDA_TEST_SUPPORT) $(STATIC)
+$(BUILD)/tests/cuda/%: $(BUILD)/obj/tests/cuda/%.o $(CUDA_TEST_SUPPORT) $(INTERNAL)
 	@mkdir -p $(dir $@)
-	$(CC) $(ALL_CFLAGS) -o $@ $< $(CUDA_TEST_SUPPORT) $(STATIC) $(LDLIBS_LIB)
+	$(CC) $(ALL_CFLAGS) -o $@ $< $(CUDA_TEST_SUPPORT) $(INTERNAL) $(LDLIBS_LIB)
 
 .PHONY: cuda-tests cuda-test-run
 cuda-tests: lib $(CUDA_TEST_BIN)
@@ -201,6 +235,11 @@ fuzz-short:
 demo: $(CLI)
 	$(CLI) demo
 
+# The dynamic loader searches /usr/lib by itself and /usr/local/lib through its cache
+# (refreshed by ldconfig below); a program built against any other prefix finds the shared
+# library through the run path that linseq.pc adds to its link line.
+PC_RPATH = $(if $(filter /usr /usr/local,$(PREFIX)),,-Wl$(comma)-rpath$(comma)$${libdir})
+comma := ,
 install: lib
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 644 include/linseq.h $(DESTDIR)$(PREFIX)/include/
@@ -208,8 +247,12 @@ install: lib
 	install -m 755 $(SHARED) $(DESTDIR)$(PREFIX)/lib/
 	ln -sf liblinseq.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/liblinseq.so.$(SOMAJOR)
 	ln -sf liblinseq.so.$(SOMAJOR) $(DESTDIR)$(PREFIX)/lib/liblinseq.so
-	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' linseq.pc.in \
-	  > $(DESTDIR)$(PREFIX)/lib/pkgconfig/linseq.pc
+	sed -e 's|@PREFIX@|$(PREFIX)|' -e 's|@VERSION@|$(VERSION)|' -e 's|@RPATH@|$(PC_RPATH)|' \
+	  linseq.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/linseq.pc
+	@if [ -z "$(DESTDIR)" ] && [ "$(PREFIX)" = /usr/local ]; then \
+	  if [ "$$(id -u)" = 0 ]; then ldconfig; \
+	  else echo "install: run 'sudo ldconfig' so that programs find liblinseq.so.$(SOMAJOR)"; fi; \
+	fi
 
 clean:
 	rm -rf build

@@ -1,5 +1,6 @@
 /* The README's example: a KDA layer's prefill, then one decode step from the returned state.
- * Build against an installed linseq:  cc kda_prefill_decode.c $(pkg-config --cflags --libs linseq) */
+ * Build against an installed linseq (the install lines of README "A short C example"):
+ *     cc kda_prefill_decode.c $(pkg-config --cflags --libs linseq) -lm */
 #include <linseq.h>
 #include <math.h>
 #include <stdio.h>

@@ -1,6 +1,8 @@
 #!/bin/sh
 # sh tests/check_cli_errors.sh CLI REFDATA
 #
+# REFDATA: a folder of reference cases, normally the generated ones (tests/refgen).
+#
 # Malformed input through the CLI: bad usage, missing and wrong paths, broken meta.json
 # (syntax, missing keys, wrong types and values), missing, corrupt and mis-shaped .npy files,
 # values the library rejects, and output folders that cannot be written. Every case must
@@ -19,9 +21,17 @@ if [ ! -x "$CLI" ]; then
     echo "check_cli_errors.sh: the CLI '$CLI' is missing or not executable (run make first)" >&2
     exit 2
 fi
-KDA_CASE=$REFDATA/kda_pc_B1_T1_H1_K16_V16_g0.3_l2_h0
-VARLEN_CASE=$REFDATA/kda_varlen3_pc_B1_T130_H2_K32_V64_g0.3_l2_h0_fgate
-CONV_CASE=$REFDATA/conv_B1_T2_D8_W4_none_nobias_state
+# The cases by name pattern, so that the generated set (tests/refgen) and the outside set
+# both serve: a one-token KDA case with h0 and K = 16, a packed KDA case, a conv case.
+first_case() {
+    for c in "$@"; do
+        [ -f "$c/meta.json" ] && { echo "$c"; return; }
+    done
+    echo "$1"
+}
+KDA_CASE=$(first_case "$REFDATA"/kda_pc_B1_T1_H1_K16_V16_*_h0)
+VARLEN_CASE=$(first_case "$REFDATA"/kda_varlen*_pc_B1_*)
+CONV_CASE=$(first_case "$REFDATA"/conv_B1_T2_D8_W4_none_nobias_state*)
 for c in "$KDA_CASE" "$VARLEN_CASE" "$CONV_CASE"; do
     if [ ! -f "$c/meta.json" ]; then
         echo "check_cli_errors.sh: no reference case '$c' (set REFDATA=...)" >&2
@@ -157,6 +167,44 @@ check "check: no meta.json" "no meta.json"
 fresh "$KDA_CASE"
 rm "$CASE/meta.json" && mkdir "$CASE/meta.json"
 run "meta.json is a folder" "meta.json"
+
+# ---- --device cuda without a GPU, and run over a folder of cases ------------------------
+# Where no GPU is visible, --device cuda is one usage error, whatever the build: no CUDA
+# backend, or no device for it.
+if ! nvidia-smi -L >/dev/null 2>&1; then
+    fresh "$KDA_CASE"
+    expect "check --device cuda, no GPU" "--device cuda:" "$CLI" check "$CASE" --device cuda
+    expect "run --device cuda, no GPU" "--device cuda:" "$CLI" run "$CASE" "$OUT" --device cuda
+fi
+# run over a folder of case folders: each case into OUT/<case>. A broken case is reported
+# (its own line and a summary) and the others are still written; exit status 2.
+rm -rf "$WORK/cases" "$OUT"
+mkdir "$WORK/cases"
+cp -R "$KDA_CASE" "$WORK/cases/a_kda" && cp -R "$CONV_CASE" "$WORK/cases/b_conv"
+chmod -R u+w "$WORK/cases"
+rc=0
+"$CLI" run "$WORK/cases" "$OUT" >/dev/null 2>"$WORK/stderr" || rc=$?
+if [ "$rc" -eq 0 ] && [ ! -s "$WORK/stderr" ] && [ -f "$OUT/a_kda/o.npy" ] &&
+    [ -f "$OUT/b_conv/y.npy" ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAIL  run over a folder of cases: exit status $rc, or a case's files missing"
+    sed 's/^/      stderr: /' "$WORK/stderr" | head -n 5
+fi
+rm -rf "$OUT"
+rm "$WORK/cases/a_kda/q.npy"
+rc=0
+"$CLI" run "$WORK/cases" "$OUT" >/dev/null 2>"$WORK/stderr" || rc=$?
+if [ "$rc" -eq 2 ] && grep -q "q.npy" "$WORK/stderr" && grep -q "1 of the 2 cases" "$WORK/stderr" &&
+    [ ! -e "$OUT/a_kda/o.npy" ] && [ -f "$OUT/b_conv/y.npy" ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAIL  run over a folder with a broken case: exit status $rc, or wrong files or stderr"
+    sed 's/^/      stderr: /' "$WORK/stderr" | head -n 5
+fi
+rm -rf "$WORK/cases" "$OUT"
 
 # ---- meta.json syntax ------------------------------------------------------------------
 fresh "$KDA_CASE"

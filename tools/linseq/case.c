@@ -832,7 +832,7 @@ static int run_case(const char *case_dir, const char *out_dir, const linseq_exec
         rc = LS_EXIT_ERROR;
     } else {
         char how[96];
-        case_exec_text(exec, c.op == CASE_OP_KDA, how, sizeof how);
+        case_exec_text(exec, case_has_mode(&c), how, sizeof how);
         printf("%s: %s (%s): wrote", c.name, c.op_name, how);
         for (int i = 0; i < c.n_outputs; i++)
             printf(" %s.npy", case_output_tensor(&c, &r, i)->name);
@@ -846,4 +846,58 @@ static int run_case(const char *case_dir, const char *out_dir, const linseq_exec
     case_result_free(&r);
     case_free(&c);
     return rc;
+}
+
+static bool holds_meta(const char *dir)
+{
+    char *meta = case_path(dir, "meta", ".json");
+    struct stat st;
+    bool yes = meta && stat(meta, &st) == 0 && S_ISREG(st.st_mode);
+    free(meta);
+    return yes;
+}
+
+static int name_order(const struct dirent **a, const struct dirent **b)
+{
+    return strcmp((*a)->d_name, (*b)->d_name);
+}
+
+/* linseq run of a folder of case folders (what `linseq check` also accepts): each case
+ * DIR/<name> into OUT_DIR/<name>, in name order. A case that fails is reported and the
+ * others still run; the exit status is then LS_EXIT_ERROR. Returns -1 when DIR holds no
+ * case folder, so the caller reports DIR as a single case. */
+static int run_folder(const char *dir, const char *out_dir, const linseq_exec *exec,
+                      bool fwd_only)
+{
+    struct dirent **entries;
+    int n = scandir(dir, &entries, NULL, name_order);
+    if (n < 0) return -1;
+    int n_cases = 0, n_failed = 0;
+    for (int i = 0; i < n; i++) {
+        const char *name = entries[i]->d_name;
+        char *sub = strcmp(name, ".") && strcmp(name, "..") ? case_path(dir, name, "") : NULL;
+        if (sub && holds_meta(sub)) {
+            char *out = case_path(out_dir, name, "");
+            n_cases++;
+            if (!out || run_case(sub, out, exec, fwd_only) != LS_EXIT_OK) n_failed++;
+            if (!out) fprintf(stderr, "linseq run: %s: out of memory\n", sub);
+            free(out);
+        }
+        free(sub);
+        free(entries[i]);
+    }
+    free(entries);
+    if (n_cases == 0) return -1;
+    if (n_failed)
+        fprintf(stderr, "linseq run: %d of the %d cases in %s failed\n", n_failed, n_cases, dir);
+    return n_failed ? LS_EXIT_ERROR : LS_EXIT_OK;
+}
+
+int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec, bool fwd_only)
+{
+    if (!holds_meta(case_dir)) {
+        int rc = run_folder(case_dir, out_dir, exec, fwd_only);
+        if (rc >= 0) return rc;
+    }
+    return run_case(case_dir, out_dir, exec, fwd_only);
 }

@@ -11,7 +11,8 @@
 enum { LS_EXIT_OK = 0, LS_EXIT_FAIL = 1, LS_EXIT_ERROR = 2 };
 
 /* linseq run CASE_DIR OUT_DIR: the case's outputs and, unless fwd_only, its gradients as
- * .npy files in OUT_DIR. */
+ * .npy files in OUT_DIR. A CASE_DIR without meta.json that holds case folders runs each of
+ * them, CASE_DIR/<name> into OUT_DIR/<name>. */
 int cmd_run(const char *case_dir, const char *out_dir, const linseq_exec *exec, bool fwd_only);
 
 /* linseq check DIR...: every case under each DIR against its reference files; with

@@ -13,7 +13,8 @@ static const char usage_text[] =
     "usage:\n"
     "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N] [--fwd-only]\n"
     "      run a reference case's op forward and backward; write its outputs and its\n"
-    "      gradients to OUT_DIR/<name>.npy\n"
+    "      gradients to OUT_DIR/<name>.npy. CASE_DIR may also be a folder of case folders:\n"
+    "      each case CASE_DIR/<case> is run into OUT_DIR/<case>\n"
     "  linseq check [--mode M] [--chunk-size N] [--threads N] [--fwd-only] DIR...\n"
     "      compare every case's outputs and gradients with its reference files; DIR is a\n"
     "      case folder (with meta.json) or a folder of case folders\n"
@@ -29,7 +30,8 @@ static const char usage_text[] =
     "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
     "  --threads N                threads per call (default: all processors)\n"
     "  --device cpu|cuda          where run and check compute (cuda: a build with\n"
-    "                             make CUDA=1 and a GPU; inputs are copied to device 0)\n"
+    "                             make CUDA=1 and a GPU, else a usage error; inputs are\n"
+    "                             copied to device 0)\n"
     "  --fwd-only                 skip the backward: no gradient files are written, and\n"
     "                             check counts them as skipped\n"
     "\n";
@@ -109,6 +111,22 @@ static int set_option(const char *opt, const char *val, linseq_exec *ex)
     return LS_EXIT_OK;
 }
 
+/* --device cuda where no CUDA device can run is one usage error up front, not a failure
+ * per case. */
+static int device_available(const linseq_exec *ex)
+{
+    if (ex->device != LINSEQ_DEVICE_CUDA) return LS_EXIT_OK;
+#ifndef LINSEQ_WITH_CUDA
+    return usage_error("--device cuda: this build has no CUDA backend%s (rebuild with "
+                       "make CUDA=1, or use --device cpu)", "");
+#else
+    if (linseq_cuda_device_count() <= ex->device_index)
+        return usage_error("--device cuda: no CUDA device found%s (no GPU or no driver; "
+                           "use --device cpu)", "");
+    return LS_EXIT_OK;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     if (argc < 2) return usage_error("no command given%s", "");
@@ -175,7 +193,11 @@ int main(int argc, char **argv)
         }
     }
 
-    int rc;
+    int rc = device_available(&ex);
+    if (rc != LS_EXIT_OK) {
+        free(pos);
+        return rc;
+    }
     if (strcmp(cmd, "run") == 0) {
         rc = n_pos == 2 ? cmd_run(pos[0], pos[1], &ex, fwd_only)
                         : usage_error("%s needs CASE_DIR and OUT_DIR", "run");
