@@ -1,7 +1,8 @@
 /* `linseq bench` end to end: every op at a tiny shape through the CLI binary, its JSON parsed
  * and checked against the README "Benchmarks" formulas (written out again here, so that a
- * change to either shows), `bench peak` at a small size, the OMP_WAIT_POLICY re-exec, and
- * the one-line usage errors with exit status 2.
+ * change to either shows), every command the op table offers (so that an op added to the
+ * table is benchable), `bench peak` at a small size, the OMP_WAIT_POLICY re-exec, and the
+ * one-line usage errors with exit status 2.
  *
  * The CLI is found beside the test folder (BUILD/tests/test_bench -> BUILD/linseq), or at
  * $LINSEQ_CLI. */
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "optable/optable.h"
 #include "testutil.h"
 
 static char cli[4096];
@@ -225,6 +227,10 @@ static void test_ops(void)
     w = kda_want("kda", CHUNKED, 1, 20, 2, 8, 8, 64, true);
     check_op("kda T < chunk", &w,
              ARGS("kda", "--T", "20", "--H", "2", "--K", "8", "--V", "8", TIMING, "--no-peak"));
+    w = kda_want("kda", CHUNKED, 2, 1, 2, 8, 16, 64, true); /* C = min(64, 1): not decode's */
+    check_op("kda T = 1 chunked", &w,
+             ARGS("kda", "--B", "2", "--T", "1", "--H", "2", "--K", "8", "--V", "16", TIMING,
+                  "--no-peak"));
     w = kda_want("kda-fwdbwd", FWDBWD_CHUNKED, 1, 32, 2, 16, 16, 16, true);
     check_op("kda-fwdbwd", &w,
              ARGS("kda-fwdbwd", "--T", "32", "--H", "2", "--K", "16", "--V", "16",
@@ -269,6 +275,9 @@ static void test_ops(void)
     check_op("ssm1-decode", &w,
              ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak",
                   "--mib", "1"));
+    check_op("ssm1-decode --cold", &w,
+             ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak",
+                  "--cold", "--mib", "1"));
 
     w = (want){"conv", 2, 40, 2.0 * 4 * 40 * 24, 4.0 * (2.0 * 40 * 24 + 24 * 4 + 24 + 2 * 24 * 3)};
     check_op("conv", &w,
@@ -276,6 +285,63 @@ static void test_ops(void)
     w = (want){"conv", 2, 20, 2.0 * 20 * 24, 4.0 * (2.0 * 20 * 24 + 24 + 24)};
     check_op("conv W=1", &w,
              ARGS("conv", "--T", "20", "--D", "24", "--W", "1", TIMING, "--no-peak"));
+}
+
+/* One command of the op table at small sizes: it runs, and its JSON names the command,
+ * every size the benchmark varies and B*T tokens (B for decode). */
+static void check_table_command(const ls_op *op, const char *name, bool decode)
+{
+    const char *args[64] = {name};
+    char values[LS_OP_MAX_FIELDS][32], flags[LS_OP_MAX_FIELDS][40];
+    int n = 1, n_shape = 0;
+    double tokens = 1.0;
+    for (int i = 0; i < op->n_sizes && n < 40; i++) {
+        const ls_size_desc *sz = &op->sizes[i];
+        if (sz->bench_default <= 0) continue;
+        n_shape++;
+        const int64_t v = sz->bench_default > 64 ? 8 + sz->bench_default % 23 : sz->bench_default;
+        if (decode && strcmp(sz->name, "T") == 0) continue; /* decode runs T = 1 */
+        if (strcmp(sz->name, "B") == 0 || strcmp(sz->name, "T") == 0) tokens *= (double)v;
+        snprintf(flags[i], sizeof flags[i], "--%s", sz->name);
+        snprintf(values[i], sizeof values[i], "%lld", (long long)v);
+        args[n++] = flags[i];
+        args[n++] = values[i];
+    }
+    const char *const timing[] = {TIMING, "--no-peak", "--cold", "--mib", "1", NULL};
+    for (int i = 0; timing[i] && n < 63; i++)
+        if (decode || strcmp(timing[i], "--cold") != 0) args[n++] = timing[i];
+    args[n] = NULL;
+    outcome o = run_bench(true, args);
+    CHECK(o.status == 0, "table command %s: exit %d, stderr '%s'", name, o.status, o.err);
+    cJSON *j = o.status == 0 ? one_object(&o, name) : NULL;
+    if (j) {
+        const cJSON *jop = cJSON_GetObjectItemCaseSensitive(j, "op");
+        const cJSON *shape = cJSON_GetObjectItemCaseSensitive(j, "shape");
+        CHECK(cJSON_IsString(jop) && strcmp(jop->valuestring, name) == 0, "%s: op", name);
+        CHECK(cJSON_GetArraySize(shape) == n_shape, "%s: shape has %d sizes, want %d", name,
+              cJSON_GetArraySize(shape), n_shape);
+        CHECK(num(j, "tokens") == tokens, "%s: tokens %g, want %g", name, num(j, "tokens"),
+              tokens);
+        CHECK(num(j, "flops") > 0.0 && num(j, "bytes") > 0.0, "%s: flops, bytes", name);
+    }
+    cJSON_Delete(j);
+    outcome_free(&o);
+}
+
+/* Every op of the table as its forward, and as a training step and decode where offered. */
+static void test_table_commands(void)
+{
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        const char *base = ops[i]->bench_name ? ops[i]->bench_name : ops[i]->name;
+        char name[64];
+        check_table_command(ops[i], base, false);
+        snprintf(name, sizeof name, "%s-fwdbwd", base);
+        if (ops[i]->bench_fwdbwd) check_table_command(ops[i], name, false);
+        snprintf(name, sizeof name, "%s-decode", base);
+        if (ops[i]->decode) check_table_command(ops[i], name, true);
+    }
 }
 
 /* The peak command and a result's fractions of it, with 1 MiB bandwidth arrays. */
@@ -408,6 +474,7 @@ int main(int argc, char **argv)
     }
     setenv("OMP_WAIT_POLICY", "active", 1);
     test_ops();
+    test_table_commands();
     test_peak();
     test_reexec();
     test_errors();

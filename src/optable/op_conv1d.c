@@ -117,4 +117,5 @@ const ls_op ls_op_conv1d = {
     .backward = backward,
     .flops = flops,
     .bench_options = bench_options,
+    .bench_name = "conv",
 };

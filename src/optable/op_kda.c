@@ -70,14 +70,40 @@ static linseq_status backward(const void *p, const linseq_exec *exec, const floa
     return linseq_kda_backward(p, exec, up[0], up[1], &g);
 }
 
-/* README "Benchmarks": 7KV per token and head recurrent (and decode), 6KV + 2CK + 2CV
- * chunked with C = min(chunk, T). */
+static linseq_status saved_size(const void *p, const linseq_exec *exec, size_t *bytes)
+{
+    return linseq_kda_saved_size(p, exec, bytes);
+}
+
+static linseq_status forward_train(const void *p, const linseq_exec *exec, float *const *out,
+                                   void *saved, size_t saved_bytes)
+{
+    return linseq_kda_forward_train(p, exec, out[0], out[1], saved, saved_bytes);
+}
+
+static linseq_status backward_saved(const void *p, const linseq_exec *exec, const void *saved,
+                                    size_t saved_bytes, const float *const *up, const void *grads)
+{
+    linseq_kda_grads g;
+    memcpy(&g, grads, sizeof g);
+    return linseq_kda_backward_saved(p, exec, saved, saved_bytes, up[0], up[1], &g);
+}
+
+static linseq_status decode(const void *p, const linseq_exec *exec, float *pool, int64_t n_rows,
+                            const int64_t *rows, float *const *out)
+{
+    return linseq_kda_decode(p, exec, pool, n_rows, rows, out[0]);
+}
+
+/* README "Benchmarks": 7KV per token and head recurrent (and decode, one step of the
+ * recurrence: a caller passes the recurrent mode), 6KV + 2CK + 2CV chunked with
+ * C = min(chunk, T), also at T = 1. */
 static double flops(const void *v, const linseq_exec *exec)
 {
     const P *p = kda(v);
     const double K = (double)p->K, V = (double)p->V;
     const double tokens_heads = (double)p->B * (double)p->T * (double)value_heads(p);
-    if ((exec && exec->mode == LINSEQ_MODE_RECURRENT) || p->T == 1) return tokens_heads * 7.0 * K * V;
+    if (exec && exec->mode == LINSEQ_MODE_RECURRENT) return tokens_heads * 7.0 * K * V;
     const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
     const double C = (double)(chunk < p->T ? chunk : p->T);
     return tokens_heads * (6.0 * K * V + 2.0 * C * K + 2.0 * C * V);
@@ -166,4 +192,11 @@ const ls_op ls_op_kda = {
     .backward = backward,
     .flops = flops,
     .bench_options = bench_options,
+    .bench_fwdbwd = true,
+    .saved_size = saved_size,
+    .forward_train = forward_train,
+    .backward_saved = backward_saved,
+    .decode = decode,
+    .decode_state = "h0",
+    .decode_state_out = "ht",
 };

@@ -106,4 +106,5 @@ const ls_op ls_op_kda_gate = {
     .backward = backward,
     .flops = flops,
     .bench_options = bench_options,
+    .bench_name = "gate",
 };

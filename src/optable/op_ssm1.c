@@ -3,6 +3,8 @@
 
 #include <string.h>
 
+#include "core/status.h"
+
 typedef linseq_ssm1_problem P;
 
 static const P *ssm(const void *p) { return p; }
@@ -47,6 +49,27 @@ static linseq_status backward(const void *p, const linseq_exec *exec, const floa
     linseq_ssm1_grads g;
     memcpy(&g, grads, sizeof g);
     return linseq_ssm1_backward(p, exec, up[0], up[1], &g);
+}
+
+/* SSM1 keeps no map from requests to pool rows: the B requests take consecutive rows from
+ * rows[0] on, and hT is h0 (the state is updated in place). */
+static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
+                            const int64_t *rows, float *const *out)
+{
+    P p = *ssm(v);
+    const int64_t first = rows ? rows[0] : 0;
+    for (int64_t b = 0; rows && b < p.B; b++)
+        if (rows[b] != first + b)
+            return ls_fail("ssm1 decode", LINSEQ_ERR_UNSUPPORTED,
+                           "rows[%lld] = %lld; expected consecutive rows from rows[0] = %lld",
+                           (long long)b, (long long)rows[b], (long long)first);
+    if (first < 0 || first > n_rows - p.B)
+        return ls_fail("ssm1 decode", LINSEQ_ERR_INVALID_SIZE,
+                       "rows %lld .. %lld; expected within the pool's %lld rows",
+                       (long long)first, (long long)(first + p.B - 1), (long long)n_rows);
+    float *h = pool + first * p.D * p.N;
+    p.h0 = h;
+    return linseq_ssm1_forward(&p, exec, out[0], h);
 }
 
 /* README "Benchmarks": 6 per token, channel and state. */
@@ -142,4 +165,8 @@ const ls_op ls_op_ssm1 = {
     .backward = backward,
     .flops = flops,
     .bench_options = bench_options,
+    .bench_fwdbwd = true,
+    .decode = decode,
+    .decode_state = "h0",
+    .decode_state_out = "hT",
 };

@@ -145,6 +145,28 @@ typedef struct ls_op {
     /* The options a benchmark runs with (l2norm on, a gate, a bias...), set on a problem
      * whose sizes are already filled. */
     void (*bench_options)(void *p);
+
+    /* The benchmark's commands (tools/linseq/bench.c): the forward as bench_name (NULL:
+     * name), a training step as "<bench_name>-fwdbwd" when bench_fwdbwd, and one decode
+     * step as "<bench_name>-decode" when decode is set. */
+    const char *bench_name;
+    bool bench_fwdbwd;
+    /* A training step whose forward keeps what its backward needs (NULL where the op has
+     * none; its step is forward, then backward): the size of that block, the forward that
+     * writes it, the backward that reads it (upstream and grads as backward's). */
+    linseq_status (*saved_size)(const void *p, const linseq_exec *exec, size_t *bytes);
+    linseq_status (*forward_train)(const void *p, const linseq_exec *exec, float *const *out,
+                                   void *saved, size_t saved_bytes);
+    linseq_status (*backward_saved)(const void *p, const linseq_exec *exec, const void *saved,
+                                    size_t saved_bytes, const float *const *upstream,
+                                    const void *grads);
+    /* One token (T = 1) for each of B requests whose states are rows of a pool of n_rows
+     * rows, each shaped like the INPUT named decode_state at B = 1: request b's state is
+     * row rows[b] (NULL: row b), read and updated in place. out as forward's; the OUTPUT
+     * named decode_state_out is the state itself and is not passed. */
+    linseq_status (*decode)(const void *p, const linseq_exec *exec, float *pool, int64_t n_rows,
+                            const int64_t *rows, float *const *out);
+    const char *decode_state, *decode_state_out;
 } ls_op;
 
 /* Every op, in a fixed order; *count receives their number. */

@@ -1,8 +1,11 @@
 /* `linseq bench`: times one op at one shape, measures the machine's peak, or runs the
- * standard suite. Inputs are realistic random data from a fixed seed; allocation and input
- * generation stay outside the timed region, and every timed call's status is checked. The
- * FLOP and byte counts are the formulas of README "Benchmarks": fixed functions of the shape,
- * never of the implementation, so numbers stay comparable as the kernels change. */
+ * standard suite. The ops, their sizes and defaults, tensors, input distributions and FLOP
+ * counts come from the op table (src/optable): each op is benchable as its forward, and as
+ * a training step and a decode step where the table offers them, with no line here naming
+ * it. Inputs are realistic random data from a fixed seed; allocation and input generation
+ * stay outside the timed region, and every timed call's status is checked. The FLOP and
+ * byte counts are the formulas of README "Benchmarks": fixed functions of the shape, never
+ * of the implementation, so numbers stay comparable as the kernels change. */
 #include <errno.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -22,6 +25,7 @@
 
 #include "commands.h"
 #include "linseq.h"
+#include "optable/optable.h"
 #include "simd/isa.h"
 #include "simd/peak.h"
 
@@ -71,35 +75,83 @@ const char ls_bench_usage[] =
     "  exit status of bench: 0 done, 1 a library call failed, 2 bad usage or no memory\n";
 
 /* ---------------------------------------------------------------------------------- */
-/* What to run                                                                        */
+/* What to run: the op table's ops, each as a forward and the runs it offers          */
 /* ---------------------------------------------------------------------------------- */
 
-typedef enum op_id {
-    OP_KDA,
-    OP_KDA_FWDBWD,
-    OP_KDA_DECODE,
-    OP_GATE,
-    OP_SSM1,
-    OP_SSM1_FWDBWD,
-    OP_SSM1_DECODE,
-    OP_CONV,
-    OP_COUNT,
-    CMD_PEAK = OP_COUNT,
-    CMD_SUITE,
-    CMD_COUNT
-} op_id;
+typedef enum run_kind {
+    RUN_FORWARD, /* the op's forward, every output written                              */
+    RUN_FWDBWD,  /* a training step: forward (first output only), then backward          */
+    RUN_DECODE   /* one token for B requests, their states in a pool, updated in place   */
+} run_kind;
 
-static const char *const cmd_names[CMD_COUNT] = {
-    "kda", "kda-fwdbwd", "kda-decode", "gate", "ssm1", "ssm1-fwdbwd", "ssm1-decode", "conv",
-    "peak", "suite"};
+typedef struct command {
+    const ls_op *op;
+    run_kind kind;
+    char name[64]; /* "kda", "kda-fwdbwd", "kda-decode", "gate", ...                      */
+} command;
+
+#define MAX_COMMANDS 64
+
+/* Every op command, in the table's order: the forward, then "-fwdbwd", then "-decode". */
+static const command *commands(int *count)
+{
+    static command cmds[MAX_COMMANDS];
+    static int n_cmds = -1;
+    if (n_cmds >= 0) {
+        *count = n_cmds;
+        return cmds;
+    }
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    n_cmds = 0;
+    for (int i = 0; i < n_ops && n_cmds + 3 <= MAX_COMMANDS; i++) {
+        const char *base = ops[i]->bench_name ? ops[i]->bench_name : ops[i]->name;
+        const bool offers[3] = {true, ops[i]->bench_fwdbwd, ops[i]->decode != NULL};
+        static const char *const suffix[3] = {"", "-fwdbwd", "-decode"};
+        for (int k = 0; k < 3; k++) {
+            if (!offers[k]) continue;
+            command *c = &cmds[n_cmds++];
+            c->op = ops[i];
+            c->kind = (run_kind)k;
+            snprintf(c->name, sizeof c->name, "%s%s", base, suffix[k]);
+        }
+    }
+    *count = n_cmds;
+    return cmds;
+}
+
+static const command *find_command(const char *name)
+{
+    int n;
+    const command *c = commands(&n);
+    for (int i = 0; i < n; i++)
+        if (strcmp(c[i].name, name) == 0) return &c[i];
+    return NULL;
+}
+
+/* A size the benchmark varies: one the table gives a default; decode runs T = 1. */
+static bool bench_size(const command *c, int i)
+{
+    const ls_size_desc *sz = &c->op->sizes[i];
+    return sz->bench_default > 0 && !(c->kind == RUN_DECODE && strcmp(sz->name, "T") == 0);
+}
+
+/* The op's enum option "decay" (KDA, the gate), which --decay sets; NULL if it has none. */
+static const ls_option_desc *decay_option(const ls_op *op)
+{
+    for (int i = 0; i < op->n_options; i++)
+        if (op->options[i].type == LS_CTYPE_ENUM && strcmp(op->options[i].key, "decay") == 0)
+            return &op->options[i];
+    return NULL;
+}
 
 typedef struct spec {
-    op_id op;
-    int64_t B, T, H, K, V, D, N, W;
-    linseq_mode mode; /* KDA forward and fwdbwd: RECURRENT or CHUNKED */
+    const command *cmd;
+    int64_t size[LS_OP_MAX_FIELDS]; /* of cmd->op->sizes[i]; 0: the struct's default */
+    linseq_mode mode;               /* ops with modes, but decode: RECURRENT or CHUNKED */
     int chunk;
-    linseq_decay decay;
-    int threads; /* > 0 */
+    int decay;                      /* LINSEQ_DECAY_*, or -1: as the op's bench options */
+    int threads;                    /* > 0                                              */
 } spec;
 
 typedef struct settings {
@@ -110,19 +162,44 @@ typedef struct settings {
     int mib;
 } settings;
 
-static bool is_kda(op_id op) { return op <= OP_KDA_DECODE; }
-static bool is_ssm1(op_id op) { return op >= OP_SSM1 && op <= OP_SSM1_DECODE; }
-static bool is_decode(op_id op) { return op == OP_KDA_DECODE || op == OP_SSM1_DECODE; }
-
-static spec default_spec(op_id op)
+static spec default_spec(const command *c)
 {
-    spec s = {.op = op, .B = 1, .T = 2048, .H = 16, .K = 128, .V = 128, .D = 1536, .N = 16,
-              .W = 4, .mode = LINSEQ_MODE_CHUNKED, .chunk = 64,
-              .decay = LINSEQ_DECAY_PER_CHANNEL, .threads = 1};
-    if (op == OP_CONV) s.D = 4096;
-    if (is_decode(op)) s.T = 1;
+    spec s = {.cmd = c, .mode = LINSEQ_MODE_CHUNKED, .chunk = 64, .decay = -1, .threads = 1};
+    for (int i = 0; i < c->op->n_sizes; i++) {
+        s.size[i] = c->op->sizes[i].bench_default;
+        if (c->kind == RUN_DECODE && strcmp(c->op->sizes[i].name, "T") == 0) s.size[i] = 1;
+    }
     return s;
 }
+
+/* The size of that name (0 when the op has none). */
+static int64_t spec_size(const spec *s, const char *name)
+{
+    for (int i = 0; i < s->cmd->op->n_sizes; i++)
+        if (strcmp(s->cmd->op->sizes[i].name, name) == 0) return s->size[i];
+    return 0;
+}
+
+/* The problem of s without its tensors: p is op->problem_size zeroed bytes. */
+static void spec_problem(const spec *s, void *p)
+{
+    const ls_op *op = s->cmd->op;
+    for (int i = 0; i < op->n_sizes; i++)
+        if (s->size[i] > 0) ls_size_set(&op->sizes[i], p, s->size[i]);
+    op->bench_options(p);
+    const ls_option_desc *decay = decay_option(op);
+    if (decay && s->decay >= 0) memcpy((char *)p + decay->offset, &s->decay, sizeof s->decay);
+}
+
+static int spec_decay(const spec *s, const void *p)
+{
+    const ls_option_desc *decay = decay_option(s->cmd->op);
+    int v = -1;
+    if (decay) memcpy(&v, (const char *)p + decay->offset, sizeof v);
+    return v;
+}
+
+static bool has_modes(const spec *s) { return s->cmd->op->has_modes && s->cmd->kind != RUN_DECODE; }
 
 static int all_procs(void) { return linseq_get_num_threads(); }
 
@@ -152,77 +229,12 @@ static double clock_s(clockid_t id)
 static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 
 /* ---------------------------------------------------------------------------------- */
-/* Inputs: deterministic whatever the thread count                                    */
-/* ---------------------------------------------------------------------------------- */
-
-#define SEED 20240531u
-#define FILL_BLOCK 4096
-
-static uint64_t splitmix(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
-static double uniform01(uint64_t *s)
-{
-    return ((double)(splitmix(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
-
-typedef enum dist {
-    DIST_ZERO,
-    DIST_NORMAL,           /* a * N(0,1)                                                */
-    DIST_UNIFORM,          /* U(a, b)                                                   */
-    DIST_LOG_UNIFORM,      /* exp(U(log a, log b))                                      */
-    DIST_LOGSIGMOID,       /* logsigmoid(N(0,1)): fla's benchmark decay, mean about -0.8 */
-    DIST_SIGMOID,          /* sigmoid(N(0,1)): beta                                     */
-    DIST_LOG_OF_UNIFORM,   /* log(U(a, b)): A_log                                       */
-    DIST_INV_SOFTPLUS_DT   /* softplus^-1 of dt ~ logU(a, b): how dt_bias is initialised */
-} dist;
-
-static double draw(uint64_t *s, dist d, double a, double b, double z)
-{
-    switch (d) {
-    case DIST_NORMAL: return a * z;
-    case DIST_UNIFORM: return a + (b - a) * uniform01(s);
-    case DIST_LOG_UNIFORM: return exp(log(a) + (log(b) - log(a)) * uniform01(s));
-    case DIST_LOGSIGMOID: return fmin(z, 0.0) - log1p(exp(-fabs(z)));
-    case DIST_SIGMOID: return 1.0 / (1.0 + exp(-z));
-    case DIST_LOG_OF_UNIFORM: return log(a + (b - a) * uniform01(s));
-    case DIST_INV_SOFTPLUS_DT: {
-        double dt = exp(log(a) + (log(b) - log(a)) * uniform01(s));
-        return dt + log(-expm1(-dt));
-    }
-    default: return 0.0;
-    }
-}
-
-/* Each block of FILL_BLOCK values has its own generator, seeded by (tensor, block), so the
- * data do not depend on how the blocks are shared between threads. */
-static void fill(float *x, int64_t n, uint64_t tensor, dist d, double a, double b)
-{
-    const int64_t n_blocks = (n + FILL_BLOCK - 1) / FILL_BLOCK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static)
-#endif
-    for (int64_t blk = 0; blk < n_blocks; blk++) {
-        uint64_t s = SEED ^ (tensor << 40) ^ (uint64_t)blk * 0xD1B54A32D192ED03ull;
-        const int64_t lo = blk * FILL_BLOCK, hi = lo + FILL_BLOCK < n ? lo + FILL_BLOCK : n;
-        for (int64_t i = lo; i < hi; i += 2) {
-            /* Box-Muller: one pair of normals per two values. */
-            const double r = sqrt(-2.0 * log(uniform01(&s))), t = 6.283185307179586 * uniform01(&s);
-            x[i] = (float)draw(&s, d, a, b, r * cos(t));
-            if (i + 1 < hi) x[i + 1] = (float)draw(&s, d, a, b, r * sin(t));
-        }
-    }
-}
-
-/* ---------------------------------------------------------------------------------- */
 /* A job: one op's problem, buffers and counts                                        */
 /* ---------------------------------------------------------------------------------- */
 
+/* Inputs are the table's distributions (ls_op_fill) from a seed per tensor: the n-th
+ * tensor allocated gets SEED ^ n << 40, so the values do not depend on the thread count. */
+#define SEED 20240531u
 #define MAX_BUFS 32
 
 typedef struct job {
@@ -235,20 +247,18 @@ typedef struct job {
     int n_buf;
     uint64_t n_tensors;
 
-    linseq_kda_problem kp;
-    linseq_kda_grads kg;
-    linseq_kda_gate_problem gp;
-    linseq_ssm1_problem sp;
-    linseq_ssm1_grads sg;
-    linseq_conv1d_problem cp;
-    float *out, *state, *d_out;
+    void *problem; /* the op's problem struct, op->problem_size bytes */
+    float *out[LS_OP_MAX_OUT];
+    const float *upstream[LS_OP_MAX_OUT];
+    _Alignas(void *) unsigned char grads[LS_OP_GRADS_BYTES]; /* the op's grads struct */
+    void *saved; /* a training step's saved block (ops with forward_train) */
+    size_t saved_bytes;
 
     /* Decode cycles through n_pool copies of its states, so that each call finds its state in
      * memory, not in a cache, as in a model where the other layers run between two steps. */
-    int64_t pool_mib, n_pool, next;
-    void *saved;                 /* kda-fwdbwd: the training forward's saved block           */
-    size_t saved_bytes;
-    int64_t *rows; /* KDA: state_rows of copy c are rows[c*B .. c*B+B-1] */
+    int64_t pool_mib, n_pool, next, requests;
+    float *pool;
+    int64_t *rows; /* state rows of copy c are rows[c*B .. c*B+B-1] */
 
     double tokens, flops, bytes; /* per call, README "Benchmarks" */
 } job;
@@ -271,13 +281,81 @@ static void *buffer(job *j, double n_bytes)
     return x;
 }
 
-/* A tensor of n floats drawn from d (zeros for DIST_ZERO); NULL in the dry pass. */
-static float *tensor(job *j, int64_t n, dist d, double a, double b)
+/* A tensor of n values of t's distribution (zeros for LS_DIST_ZERO), dims its shape (for
+ * the distributions that depend on the position); NULL in the dry pass. */
+static float *tensor(job *j, const ls_tensor_desc *t, int64_t n, const int64_t *dims, int nd)
 {
     j->n_tensors++;
     float *x = buffer(j, (double)n * sizeof(float));
-    if (x && d != DIST_ZERO) fill(x, n, j->n_tensors, d, a, b);
+    if (x && t->dist != LS_DIST_ZERO) ls_op_fill(t, x, n, dims, nd, SEED ^ (j->n_tensors << 40));
     return x;
+}
+
+/* Elements of t in the job's problem, its dims in dims (0: it does not exist). */
+static int64_t elements(const job *j, const ls_tensor_desc *t, int64_t *dims, int *nd)
+{
+    int64_t n = 0;
+    *nd = t->shape(j->problem, dims);
+    return *nd > 0 && ls_tensor_count(t, j->problem, &n) ? n : 0;
+}
+
+static bool is_decode_state(const job *j, const ls_tensor_desc *t)
+{
+    const ls_op *op = j->s.cmd->op;
+    if (j->s.cmd->kind != RUN_DECODE) return false;
+    const char *state = t->role == LS_ROLE_INPUT    ? op->decode_state
+                        : t->role == LS_ROLE_OUTPUT ? op->decode_state_out
+                                                    : NULL;
+    return state && strcmp(t->name, state) == 0;
+}
+
+/* The inputs the benchmark passes: the required ones and those marked bench (decode's
+ * state lives in the pool). */
+static bool input_used(const job *j, const ls_tensor_desc *t)
+{
+    int64_t dims[LS_OP_MAX_DIMS];
+    int nd;
+    return (t->required || t->bench) && !is_decode_state(j, t) && elements(j, t, dims, &nd) > 0;
+}
+
+/* The outputs a run writes: all of them; a training step only the first (no final state);
+ * decode all but the state, which it updates in the pool. */
+static bool output_used(const job *j, const ls_tensor_desc *t)
+{
+    int64_t dims[LS_OP_MAX_DIMS];
+    int nd;
+    if (j->s.cmd->kind == RUN_FWDBWD && t->offset != 0) return false;
+    return !is_decode_state(j, t) && elements(j, t, dims, &nd) > 0;
+}
+
+/* Allocates (or counts) every tensor of role the run uses, in the table's order; returns
+ * their elements. Gradients are those of the inputs used; upstream gradients those of
+ * the outputs used. */
+static double setup_role(job *j, ls_role role)
+{
+    const ls_op *op = j->s.cmd->op;
+    double total = 0.0;
+    for (int i = 0; i < ls_op_count(op, role); i++) {
+        const ls_tensor_desc *t = ls_op_tensor(op, role, i);
+        const ls_tensor_desc *of =
+            role == LS_ROLE_GRAD ? ls_op_tensor_named(op, LS_ROLE_INPUT, t->grad_of)
+            : role == LS_ROLE_UPSTREAM ? ls_op_tensor_named(op, LS_ROLE_OUTPUT, t->grad_of)
+                                       : t;
+        const bool used = role == LS_ROLE_INPUT || role == LS_ROLE_GRAD
+                              ? of && input_used(j, of)
+                              : of && output_used(j, of);
+        int64_t dims[LS_OP_MAX_DIMS];
+        int nd;
+        const int64_t n = used ? elements(j, t, dims, &nd) : 0;
+        if (n == 0) continue;
+        float *x = tensor(j, t, n, dims, nd);
+        total += (double)n;
+        if (role == LS_ROLE_INPUT) ls_tensor_set(t, j->problem, x);
+        if (role == LS_ROLE_GRAD) ls_tensor_set(t, j->grads, x);
+        if (role == LS_ROLE_OUTPUT && t->offset < LS_OP_MAX_OUT) j->out[t->offset] = x;
+        if (role == LS_ROLE_UPSTREAM && t->offset < LS_OP_MAX_OUT) j->upstream[t->offset] = x;
+    }
+    return total;
 }
 
 /* How many copies of a decode state of `floats` floats make up the pool (--mib MiB). */
@@ -288,169 +366,77 @@ static int64_t pool_copies(const job *j, int64_t floats)
     return want < 1.0 ? 1 : want > 65536.0 ? 65536 : (int64_t)want;
 }
 
+/* Decode's pool of states as a prefill leaves them (bounded, dense) and the rows of each
+ * copy; returns the elements of one copy (the B requests' states). */
+static double setup_pool(job *j)
+{
+    const ls_op *op = j->s.cmd->op;
+    const ls_tensor_desc *state = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t dims[LS_OP_MAX_DIMS];
+    int nd;
+    const int64_t n = state ? elements(j, state, dims, &nd) : 0;
+    if (n == 0) { /* a table entry with decode must name its state */
+        j->failed = true;
+        return 0.0;
+    }
+    const ls_tensor_desc prefilled = {.name = state->name, .dist = LS_DIST_NORMAL, .a = 0.1};
+    j->requests = spec_size(&j->s, "B");
+    j->n_pool = pool_copies(j, n);
+    j->pool = tensor(j, &prefilled, j->n_pool * n, dims, nd);
+    j->rows = buffer(j, (double)(j->n_pool * j->requests) * sizeof(int64_t));
+    if (j->rows)
+        for (int64_t r = 0; r < j->n_pool * j->requests; r++) j->rows[r] = r;
+    return (double)n;
+}
+
 static void job_free(job *j)
 {
     for (int i = 0; i < j->n_buf; i++) free(j->buf[i]);
     j->n_buf = 0;
+    free(j->problem);
+    j->problem = NULL;
 }
 
-/* Chunked KDA per token and head; the in-chunk terms use min(C, T) for a short sequence. */
-static double kda_fwd_flops_token_head(const spec *s)
-{
-    const double K = (double)s->K, V = (double)s->V;
-    if (s->op == OP_KDA_DECODE || s->mode == LINSEQ_MODE_RECURRENT) return 7.0 * K * V;
-    const double C = (double)(s->chunk < s->T ? s->chunk : s->T);
-    return 6.0 * K * V + 2.0 * C * K + 2.0 * C * V;
-}
-
-static void setup_kda(job *j)
-{
-    const spec *s = &j->s;
-    const int64_t BT = s->B * s->T, H = s->H, K = s->K, V = s->V;
-    const int64_t gw = s->decay == LINSEQ_DECAY_PER_CHANNEL ? K : 1;
-    linseq_kda_problem *p = &j->kp;
-    *p = (linseq_kda_problem){.B = s->B, .T = s->T, .H = H, .K = K, .V = V,
-                              .decay = s->decay, .qk_l2norm = true};
-    p->q = tensor(j, BT * H * K, DIST_NORMAL, 1.0, 0.0);
-    p->k = tensor(j, BT * H * K, DIST_NORMAL, 1.0, 0.0);
-    p->v = tensor(j, BT * H * V, DIST_NORMAL, 1.0, 0.0);
-    p->beta = tensor(j, BT * H, DIST_SIGMOID, 0.0, 0.0);
-    p->g = tensor(j, BT * H * gw, DIST_LOGSIGMOID, 0.0, 0.0);
-    j->out = tensor(j, BT * H * V, DIST_ZERO, 0.0, 0.0);
-
-    const double in = (double)BT * (double)(2 * H * K + H * V + H + H * gw);
-    const double o = (double)BT * (double)(H * V), st = (double)(s->B * H * K * V);
-    const double fwd = (double)BT * (double)H * kda_fwd_flops_token_head(s);
-    j->tokens = (double)BT;
-    if (s->op == OP_KDA) {
-        j->state = tensor(j, s->B * H * K * V, DIST_ZERO, 0.0, 0.0); /* ht */
-        j->flops = fwd;
-        j->bytes = 4.0 * (in + o + st);
-    } else if (s->op == OP_KDA_DECODE) {
-        /* States as a prefill leaves them: bounded, dense. */
-        j->n_pool = pool_copies(j, s->B * H * K * V);
-        j->state = tensor(j, j->n_pool * s->B * H * K * V, DIST_NORMAL, 0.1, 0.0);
-        j->rows = buffer(j, (double)(j->n_pool * s->B) * sizeof(int64_t));
-        if (j->rows)
-            for (int64_t r = 0; r < j->n_pool * s->B; r++) j->rows[r] = r;
-        j->flops = fwd;
-        j->bytes = 4.0 * (in + o + 2.0 * st);
-    } else {
-        j->d_out = tensor(j, BT * H * V, DIST_NORMAL, 1.0, 0.0);
-        j->kg = (linseq_kda_grads){.dq = tensor(j, BT * H * K, DIST_ZERO, 0.0, 0.0),
-                                   .dk = tensor(j, BT * H * K, DIST_ZERO, 0.0, 0.0),
-                                   .dv = tensor(j, BT * H * V, DIST_ZERO, 0.0, 0.0),
-                                   .dbeta = tensor(j, BT * H, DIST_ZERO, 0.0, 0.0),
-                                   .dg = tensor(j, BT * H * gw, DIST_ZERO, 0.0, 0.0)};
-        j->flops = 3.0 * fwd;
-        j->bytes = 4.0 * (3.0 * in + 2.0 * o);
-        if (linseq_kda_saved_size(p, &j->ex, &j->saved_bytes) == LINSEQ_OK)
-            j->saved = buffer(j, (double)j->saved_bytes);
-        else
-            j->failed = true;
-    }
-}
-
-static void setup_gate(job *j)
-{
-    const spec *s = &j->s;
-    const int64_t gw = s->decay == LINSEQ_DECAY_PER_CHANNEL ? s->K : 1;
-    const int64_t n = s->B * s->T * s->H * gw;
-    linseq_kda_gate_problem *p = &j->gp;
-    *p = (linseq_kda_gate_problem){.B = s->B, .T = s->T, .H = s->H, .K = s->K,
-                                   .decay = s->decay};
-    p->g_raw = tensor(j, n, DIST_NORMAL, 1.0, 0.0);
-    p->A_log = tensor(j, s->H, DIST_LOG_OF_UNIFORM, 1.0, 16.0);
-    p->dt_bias = tensor(j, s->H * gw, DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1);
-    j->out = tensor(j, n, DIST_ZERO, 0.0, 0.0);
-    j->tokens = (double)(s->B * s->T);
-    j->flops = 2.0 * (double)n;
-    j->bytes = 4.0 * (2.0 * (double)n + (double)s->H + (double)(s->H * gw));
-}
-
-static void setup_ssm1(job *j)
-{
-    const spec *s = &j->s;
-    const int64_t BT = s->B * s->T, D = s->D, N = s->N;
-    linseq_ssm1_problem *p = &j->sp;
-    *p = (linseq_ssm1_problem){.B = s->B, .T = s->T, .D = D, .N = N, .G = 1,
-                               .gate_activation = LINSEQ_ACT_SILU};
-    p->x = tensor(j, BT * D, DIST_NORMAL, 1.0, 0.0);
-    p->dt = tensor(j, BT * D, DIST_LOG_UNIFORM, 1e-3, 1e-1); /* after softplus */
-    float *A = tensor(j, D * N, DIST_ZERO, 0.0, 0.0);
-    /* A = -exp(A_log) with mamba's S4D-real A_log[d,n] = log(n+1). */
-    if (A)
-        for (int64_t i = 0; i < D * N; i++) A[i] = -expf(logf((float)(i % N + 1)));
-    p->A = A;
-    p->B_proj = tensor(j, BT * N, DIST_NORMAL, 1.0, 0.0);
-    p->C_proj = tensor(j, BT * N, DIST_NORMAL, 1.0, 0.0);
-    p->D_skip = tensor(j, D, DIST_UNIFORM, 1.0, 1.0);
-    p->gate = tensor(j, BT * D, DIST_NORMAL, 1.0, 0.0);
-    j->out = tensor(j, BT * D, DIST_ZERO, 0.0, 0.0);
-
-    const double in = (double)BT * (double)(3 * D + 2 * N) + (double)(D * N + D);
-    const double y = (double)(BT * D), st = (double)(s->B * D * N);
-    const double fwd = 6.0 * (double)BT * (double)D * (double)N;
-    j->tokens = (double)BT;
-    if (s->op == OP_SSM1) {
-        j->state = tensor(j, s->B * D * N, DIST_ZERO, 0.0, 0.0); /* hT */
-        j->flops = fwd;
-        j->bytes = 4.0 * (in + y + st);
-    } else if (s->op == OP_SSM1_DECODE) {
-        j->n_pool = pool_copies(j, s->B * D * N);
-        j->state = tensor(j, j->n_pool * s->B * D * N, DIST_NORMAL, 0.1, 0.0);
-        j->flops = fwd;
-        j->bytes = 4.0 * (in + y + 2.0 * st);
-    } else {
-        j->d_out = tensor(j, BT * D, DIST_NORMAL, 1.0, 0.0);
-        j->sg = (linseq_ssm1_grads){.dx = tensor(j, BT * D, DIST_ZERO, 0.0, 0.0),
-                                    .ddt = tensor(j, BT * D, DIST_ZERO, 0.0, 0.0),
-                                    .dA = tensor(j, D * N, DIST_ZERO, 0.0, 0.0),
-                                    .dB_proj = tensor(j, BT * N, DIST_ZERO, 0.0, 0.0),
-                                    .dC_proj = tensor(j, BT * N, DIST_ZERO, 0.0, 0.0),
-                                    .dD_skip = tensor(j, D, DIST_ZERO, 0.0, 0.0),
-                                    .dgate = tensor(j, BT * D, DIST_ZERO, 0.0, 0.0)};
-        j->flops = 3.0 * fwd;
-        j->bytes = 4.0 * (3.0 * in + 2.0 * y);
-    }
-}
-
-static void setup_conv(job *j)
-{
-    const spec *s = &j->s;
-    const int64_t BT = s->B * s->T, D = s->D, W = s->W;
-    const double wb = 1.0 / sqrt((double)W); /* torch's default conv init */
-    linseq_conv1d_problem *p = &j->cp;
-    *p = (linseq_conv1d_problem){.B = s->B, .T = s->T, .D = D, .W = W,
-                                 .activation = LINSEQ_ACT_SILU};
-    p->x = tensor(j, BT * D, DIST_NORMAL, 1.0, 0.0);
-    p->weight = tensor(j, D * W, DIST_UNIFORM, -wb, wb);
-    p->bias = tensor(j, D, DIST_UNIFORM, -wb, wb);
-    j->out = tensor(j, BT * D, DIST_ZERO, 0.0, 0.0);
-    /* The window a prefill hands to decode; there is none for W = 1. */
-    j->state = W > 1 ? tensor(j, s->B * D * (W - 1), DIST_ZERO, 0.0, 0.0) : NULL;
-    j->tokens = (double)BT;
-    j->flops = 2.0 * (double)W * (double)(BT * D);
-    j->bytes = 4.0 * (2.0 * (double)(BT * D) + (double)(D * W + D) + (double)(s->B * D * (W - 1)));
-}
-
+/* The problem, the tensors in the order that seeds them (inputs, outputs, upstream
+ * gradients, gradients, decode's pool) and the counts of README "Benchmarks": every input
+ * read once and every output written once; decode reads and writes its state; a training
+ * step is 3 x the forward's FLOPs and reads the inputs 3 times and writes or reads its
+ * output twice (o, then d_o), its gradients counted as the inputs' third pass. */
 static void job_setup(job *j)
 {
+    const ls_op *op = j->s.cmd->op;
+    const run_kind kind = j->s.cmd->kind;
     j->n_tensors = 0;
     j->alloc_bytes = 0.0;
+    memset(j->problem, 0, op->problem_size);
+    memset(j->out, 0, sizeof j->out);
+    memset(j->upstream, 0, sizeof j->upstream);
+    memset(j->grads, 0, sizeof j->grads);
+    spec_problem(&j->s, j->problem);
     j->ex = (linseq_exec){.threads = j->s.threads};
-    if (j->s.op == OP_KDA || j->s.op == OP_KDA_FWDBWD) {
+    if (has_modes(&j->s)) {
         j->ex.mode = j->s.mode;
         j->ex.chunk_size = j->s.chunk;
     }
-    if (is_kda(j->s.op))
-        setup_kda(j);
-    else if (j->s.op == OP_GATE)
-        setup_gate(j);
-    else if (is_ssm1(j->s.op))
-        setup_ssm1(j);
-    else
-        setup_conv(j);
+    const double in = setup_role(j, LS_ROLE_INPUT), out = setup_role(j, LS_ROLE_OUTPUT);
+    j->tokens = (double)spec_size(&j->s, "B") * (double)(spec_size(&j->s, "T"));
+    j->flops = op->flops(j->problem, &j->ex);
+    j->bytes = 4.0 * (in + out);
+    if (kind == RUN_FWDBWD) {
+        setup_role(j, LS_ROLE_UPSTREAM);
+        setup_role(j, LS_ROLE_GRAD);
+        j->flops *= 3.0;
+        j->bytes = 4.0 * (3.0 * in + 2.0 * out);
+        if (op->saved_size && op->saved_size(j->problem, &j->ex, &j->saved_bytes) != LINSEQ_OK)
+            j->failed = true;
+        else if (op->saved_size)
+            j->saved = buffer(j, (double)j->saved_bytes);
+    } else if (kind == RUN_DECODE) {
+        /* One step of the recurrence per request. */
+        const linseq_exec step = {.threads = j->s.threads, .mode = LINSEQ_MODE_RECURRENT};
+        j->flops = op->flops(j->problem, &step);
+        j->bytes += 4.0 * 2.0 * setup_pool(j);
+    }
 }
 
 /* Allocates and fills; LS_EXIT_OK or a one-line report. */
@@ -459,6 +445,11 @@ static int job_prepare(job *j, const spec *s, int pool_mib)
     memset(j, 0, sizeof *j);
     j->s = *s;
     j->pool_mib = pool_mib;
+    j->problem = calloc(1, s->cmd->op->problem_size);
+    if (!j->problem) {
+        fprintf(stderr, "linseq bench: out of memory\n");
+        return LS_EXIT_ERROR;
+    }
     j->dry = true;
     job_setup(j);
     const double need = j->alloc_bytes;
@@ -466,14 +457,15 @@ static int job_prepare(job *j, const spec *s, int pool_mib)
     /* Overcommit would let a huge shape "allocate" and then be killed while filling. */
     if (pages > 0 && page > 0 && need > 0.9 * (double)pages * (double)page) {
         fprintf(stderr, "linseq bench: %s needs %.1f GiB, more than this machine's memory\n",
-                cmd_names[s->op], need / 1073741824.0);
+                s->cmd->name, need / 1073741824.0);
+        job_free(j);
         return LS_EXIT_ERROR;
     }
     j->dry = false;
     job_setup(j);
     if (j->failed) {
         fprintf(stderr, "linseq bench: cannot allocate %.1f GiB for %s\n", need / 1073741824.0,
-                cmd_names[s->op]);
+                s->cmd->name);
         job_free(j);
         return LS_EXIT_ERROR;
     }
@@ -482,32 +474,25 @@ static int job_prepare(job *j, const spec *s, int pool_mib)
 
 static linseq_status job_run(job *j)
 {
+    const ls_op *op = j->s.cmd->op;
+    const void *p = j->problem;
     linseq_status st;
-    switch (j->s.op) {
-    case OP_KDA: return linseq_kda_forward(&j->kp, &j->ex, j->out, j->state);
-    case OP_KDA_FWDBWD:
-        /* a training step: the forward keeps what its backward needs */
-        st = linseq_kda_forward_train(&j->kp, &j->ex, j->out, NULL, j->saved, j->saved_bytes);
-        return st != LINSEQ_OK ? st
-                               : linseq_kda_backward_saved(&j->kp, &j->ex, j->saved, j->saved_bytes,
-                                                           j->d_out, NULL, &j->kg);
-    case OP_KDA_DECODE: {
+    switch (j->s.cmd->kind) {
+    case RUN_FORWARD: return op->forward(p, &j->ex, j->out);
+    case RUN_FWDBWD:
+        if (op->forward_train) { /* the forward keeps what its backward needs */
+            st = op->forward_train(p, &j->ex, j->out, j->saved, j->saved_bytes);
+            return st != LINSEQ_OK ? st
+                                   : op->backward_saved(p, &j->ex, j->saved, j->saved_bytes,
+                                                        j->upstream, j->grads);
+        }
+        st = op->forward(p, &j->ex, j->out);
+        return st != LINSEQ_OK ? st : op->backward(p, &j->ex, j->upstream, j->grads);
+    default: {
         const int64_t c = j->next++ % j->n_pool;
-        return linseq_kda_decode(&j->kp, &j->ex, j->state, j->n_pool * j->s.B,
-                                 j->rows + c * j->s.B, j->out);
+        return op->decode(p, &j->ex, j->pool, j->n_pool * j->requests,
+                          j->rows + c * j->requests, j->out);
     }
-    case OP_GATE: return linseq_kda_gate_forward(&j->gp, &j->ex, j->out);
-    case OP_SSM1: return linseq_ssm1_forward(&j->sp, &j->ex, j->out, j->state);
-    case OP_SSM1_DECODE: {
-        /* hT is h0: the state is updated in place. */
-        float *h = j->state + (j->next++ % j->n_pool) * j->s.B * j->s.D * j->s.N;
-        j->sp.h0 = h;
-        return linseq_ssm1_forward(&j->sp, &j->ex, j->out, h);
-    }
-    case OP_SSM1_FWDBWD:
-        st = linseq_ssm1_forward(&j->sp, &j->ex, j->out, NULL);
-        return st != LINSEQ_OK ? st : linseq_ssm1_backward(&j->sp, &j->ex, j->d_out, NULL, &j->sg);
-    default: return linseq_conv1d_forward(&j->cp, &j->ex, j->out, j->state);
     }
 }
 
@@ -536,7 +521,7 @@ static bool run_checked(job *j, double *seconds)
     const linseq_status st = job_run(j);
     *seconds = now_s() - t0;
     if (st == LINSEQ_OK) return true;
-    fprintf(stderr, "linseq bench: %s failed: %s (%s)\n", cmd_names[j->s.op], linseq_last_error(),
+    fprintf(stderr, "linseq bench: %s failed: %s (%s)\n", j->s.cmd->name, linseq_last_error(),
             linseq_status_string(st));
     return false;
 }
@@ -708,6 +693,7 @@ static const peak *get_peak(int threads, int mib)
 
 typedef struct result {
     spec s;
+    const char *decay; /* "channel" or "head" for ops with a decay, else NULL */
     timing tm;
     double tokens, flops, bytes;
     int64_t n_pool; /* decode: copies of the states cycled through; 0 otherwise */
@@ -716,44 +702,45 @@ typedef struct result {
 
 static const char *mode_name(const spec *s)
 {
-    if (s->op != OP_KDA && s->op != OP_KDA_FWDBWD) return NULL;
+    if (!has_modes(s)) return NULL;
     return s->mode == LINSEQ_MODE_RECURRENT ? "recurrent" : "chunked";
 }
 
-static const char *decay_name(const spec *s)
+/* --decay's spelling of a problem's decay; NULL for ops without one. */
+static const char *decay_text(const spec *s, const void *p)
 {
-    if (!is_kda(s->op) && s->op != OP_GATE) return NULL;
-    return s->decay == LINSEQ_DECAY_PER_HEAD ? "head" : "channel";
+    const int decay = spec_decay(s, p);
+    if (decay < 0) return NULL;
+    if (decay == LINSEQ_DECAY_PER_HEAD) return "head";
+    if (decay == LINSEQ_DECAY_PER_CHANNEL) return "channel";
+    return ls_enum_value_name(decay_option(s->cmd->op), decay);
 }
 
-/* "B=1 T=2048 H=16 K=128 V=128": the sizes the op takes. */
+/* "B=1 T=2048 H=16 K=128 V=128": the sizes the benchmark varies, in the table's order
+ * (with T, 1 for decode). */
 static void shape_text(const spec *s, char *buf, size_t n)
 {
-    if (is_kda(s->op))
-        snprintf(buf, n, "B=%" PRId64 " T=%" PRId64 " H=%" PRId64 " K=%" PRId64 " V=%" PRId64,
-                 s->B, s->T, s->H, s->K, s->V);
-    else if (s->op == OP_GATE)
-        snprintf(buf, n, "B=%" PRId64 " T=%" PRId64 " H=%" PRId64 " K=%" PRId64, s->B, s->T, s->H,
-                 s->K);
-    else if (is_ssm1(s->op))
-        snprintf(buf, n, "B=%" PRId64 " T=%" PRId64 " D=%" PRId64 " N=%" PRId64, s->B, s->T, s->D,
-                 s->N);
-    else
-        snprintf(buf, n, "B=%" PRId64 " T=%" PRId64 " D=%" PRId64 " W=%" PRId64, s->B, s->T, s->D,
-                 s->W);
+    const ls_op *op = s->cmd->op;
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < op->n_sizes && at < n; i++)
+        if (op->sizes[i].bench_default > 0)
+            at += (size_t)snprintf(buf + at, n - at, "%s%s=%" PRId64, at ? " " : "",
+                                   op->sizes[i].name, s->size[i]);
 }
 
 /* "kda chunked-64 B=1 T=2048 H=16 K=128 V=128 per-channel" */
-static void label_text(const spec *s, char *buf, size_t n)
+static void label_text(const result *r, char *buf, size_t n)
 {
-    char shape[128], mode[32] = "", decay[32] = "";
+    const spec *s = &r->s;
+    char shape[256], mode[32] = "", decay[32] = "";
     shape_text(s, shape, sizeof shape);
     if (mode_name(s) && s->mode == LINSEQ_MODE_CHUNKED)
         snprintf(mode, sizeof mode, " chunked-%d", s->chunk);
     else if (mode_name(s))
         snprintf(mode, sizeof mode, " recurrent");
-    if (decay_name(s)) snprintf(decay, sizeof decay, " per-%s", decay_name(s));
-    snprintf(buf, n, "%s%s %s%s", cmd_names[s->op], mode, shape, decay);
+    if (r->decay) snprintf(decay, sizeof decay, " per-%s", r->decay);
+    snprintf(buf, n, "%s%s %s%s", s->cmd->name, mode, shape, decay);
 }
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
@@ -773,25 +760,24 @@ static double gbs(const result *r) { return r->bytes / r->tm.median * 1e-9; }
 static void json_result(const result *r, const char *case_name)
 {
     const spec *s = &r->s;
-    printf("{\"op\": \"%s\"", cmd_names[s->op]);
+    const ls_op *op = s->cmd->op;
+    printf("{\"op\": \"%s\"", s->cmd->name);
     if (case_name) printf(", \"case\": \"%s\"", case_name);
-    printf(", \"shape\": {\"B\": %" PRId64 ", \"T\": %" PRId64, s->B, s->T);
-    if (is_kda(s->op))
-        printf(", \"H\": %" PRId64 ", \"K\": %" PRId64 ", \"V\": %" PRId64 "}", s->H, s->K, s->V);
-    else if (s->op == OP_GATE)
-        printf(", \"H\": %" PRId64 ", \"K\": %" PRId64 "}", s->H, s->K);
-    else if (is_ssm1(s->op))
-        printf(", \"D\": %" PRId64 ", \"N\": %" PRId64 "}", s->D, s->N);
-    else
-        printf(", \"D\": %" PRId64 ", \"W\": %" PRId64 "}", s->D, s->W);
+    printf(", \"shape\": {");
+    for (int i = 0, first = 1; i < op->n_sizes; i++)
+        if (op->sizes[i].bench_default > 0) {
+            printf("%s\"%s\": %" PRId64, first ? "" : ", ", op->sizes[i].name, s->size[i]);
+            first = 0;
+        }
+    printf("}");
     if (mode_name(s) && s->mode == LINSEQ_MODE_CHUNKED)
         printf(", \"mode\": \"chunked\", \"chunk_size\": %d", s->chunk);
     else if (mode_name(s))
         printf(", \"mode\": \"recurrent\", \"chunk_size\": null");
     else
         printf(", \"mode\": null, \"chunk_size\": null");
-    if (decay_name(s))
-        printf(", \"decay\": \"%s\"", decay_name(s));
+    if (r->decay)
+        printf(", \"decay\": \"%s\"", r->decay);
     else
         printf(", \"decay\": null");
     printf(", \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, \"warmup\": %d", s->threads,
@@ -837,7 +823,7 @@ static void print_time(const char *what, double s)
 static void text_result(const result *r)
 {
     char label[256];
-    label_text(&r->s, label, sizeof label);
+    label_text(r, label, sizeof label);
     printf("%s, %d thread%s, isa %s\n", label, r->s.threads, r->s.threads == 1 ? "" : "s",
            linseq_isa());
     print_time("  time    median", r->tm.median);
@@ -870,15 +856,15 @@ static int bench_one(const spec *s, const settings *set, result *r)
     int rc = job_prepare(&j, s, set->cold ? set->mib : 0);
     if (rc != LS_EXIT_OK) return rc;
     const peak *pk = set->no_peak ? NULL : get_peak(s->threads, set->mib);
-    *r = (result){.s = *s, .tokens = j.tokens, .flops = j.flops, .bytes = j.bytes,
-                  .n_pool = j.n_pool, .pk = pk};
+    *r = (result){.s = *s, .decay = decay_text(s, j.problem), .tokens = j.tokens,
+                  .flops = j.flops, .bytes = j.bytes, .n_pool = j.n_pool, .pk = pk};
     rc = time_job(&j, set, &r->tm);
     job_free(&j);
     return rc;
 }
 
 /* ---------------------------------------------------------------------------------- */
-/* peak and suite                                                                     */
+/* peak                                                                               */
 /* ---------------------------------------------------------------------------------- */
 
 static int cmd_peak(const settings *set)
@@ -908,195 +894,87 @@ static int cmd_peak(const settings *set)
     return LS_EXIT_OK;
 }
 
-typedef enum note { NONE, US_PER_TOKEN, FWD_RATIO, SCALING } note;
-
-typedef struct suite_case {
-    const char *name;
-    op_id op;
-    int64_t B, T, H;
-    int64_t size; /* K = V for KDA, D for SSM1 and conv */
-    linseq_mode mode;
-    int threads;  /* 0 = the suite's count (all processors) */
-    note what;
-    int ref;      /* the case a FWD_RATIO or SCALING note compares with */
-} suite_case;
-
-#define CH LINSEQ_MODE_CHUNKED
-#define RE LINSEQ_MODE_RECURRENT
-#define FWD OP_KDA
-#define FB OP_KDA_FWDBWD
-#define DEC OP_KDA_DECODE
-/* The issue's standard shapes. KDA: per-channel decay, chunk 64; SSM1: N = 16; conv: W = 4.
- * The 1-thread runs come last and refer to their all-thread twins for the scaling. */
-static const suite_case suite_cases[] = {
-    /*  0 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128", FWD, 1, 4096, 16, 128, CH, 0, NONE, 0},
-    /*  1 */ {"KDA fwd chunked B=4 H=16 T=2048 K=V=128", FWD, 4, 2048, 16, 128, CH, 0, NONE, 0},
-    /*  2 */ {"KDA fwd chunked B=1 H=32 T=1024 K=V=128", FWD, 1, 1024, 32, 128, CH, 0, NONE, 0},
-    /*  3 */ {"KDA fwd chunked B=8 H=8 T=1024 K=V=64", FWD, 8, 1024, 8, 64, CH, 0, NONE, 0},
-    /*  4 */ {"KDA fwd recurrent B=1 H=32 T=512 K=V=128", FWD, 1, 512, 32, 128, RE, 0, NONE, 0},
-    /*  5 */ {"KDA fwd chunked B=1 H=32 T=512 K=V=128", FWD, 1, 512, 32, 128, CH, 0, NONE, 0},
-    /*  6 */ {"KDA fwd chunked B=1 H=1 T=4096 K=V=128", FWD, 1, 4096, 1, 128, CH, 1,
-              US_PER_TOKEN, 0},
-    /*  7 */ {"KDA decode B=1 H=32 K=V=128", DEC, 1, 1, 32, 128, CH, 0, NONE, 0},
-    /*  8 */ {"KDA decode B=8 H=32 K=V=128", DEC, 8, 1, 32, 128, CH, 0, NONE, 0},
-    /*  9 */ {"KDA decode B=32 H=32 K=V=128", DEC, 32, 1, 32, 128, CH, 0, NONE, 0},
-    /* 10 */ {"KDA fwd chunked B=1 H=16 T=2048 K=V=128", FWD, 1, 2048, 16, 128, CH, 0, NONE, 0},
-    /* 11 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128", FB, 1, 2048, 16, 128, CH, 0,
-              FWD_RATIO, 10},
-    /* 12 */ {"SSM1 fwd D=1536 T=2048", OP_SSM1, 1, 2048, 0, 1536, CH, 0, NONE, 0},
-    /* 13 */ {"SSM1 fwd+bwd D=1536 T=2048", OP_SSM1_FWDBWD, 1, 2048, 0, 1536, CH, 0, FWD_RATIO, 12},
-    /* 14 */ {"SSM1 decode B=1 D=1536", OP_SSM1_DECODE, 1, 1, 0, 1536, CH, 0, NONE, 0},
-    /* 15 */ {"SSM1 fwd D=4096 T=2048", OP_SSM1, 1, 2048, 0, 4096, CH, 0, NONE, 0},
-    /* 16 */ {"SSM1 fwd+bwd D=4096 T=2048", OP_SSM1_FWDBWD, 1, 2048, 0, 4096, CH, 0, FWD_RATIO, 15},
-    /* 17 */ {"SSM1 decode B=1 D=4096", OP_SSM1_DECODE, 1, 1, 0, 4096, CH, 0, NONE, 0},
-    /* 18 */ {"SSM1 fwd D=4096 T=512", OP_SSM1, 1, 512, 0, 4096, CH, 0, NONE, 0},
-    /* 19 */ {"SSM1 fwd D=1536 T=512", OP_SSM1, 1, 512, 0, 1536, CH, 0, NONE, 0},
-    /* 20 */ {"conv D=4096 T=2048", OP_CONV, 1, 2048, 0, 4096, CH, 0, NONE, 0},
-    /* 21 */ {"conv D=4096 T=512", OP_CONV, 1, 512, 0, 4096, CH, 0, NONE, 0},
-    /* 22 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128", FWD, 1, 4096, 16, 128, CH, 1, SCALING, 0},
-    /* 23 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128", FB, 1, 2048, 16, 128, CH, 1,
-              SCALING, 11},
-    /* 24 */ {"SSM1 fwd D=4096 T=2048", OP_SSM1, 1, 2048, 0, 4096, CH, 1, SCALING, 15},
-    /* 25 */ {"SSM1 fwd+bwd D=4096 T=2048", OP_SSM1_FWDBWD, 1, 2048, 0, 4096, CH, 1, SCALING, 16},
-    /* 26 */ {"conv D=4096 T=2048", OP_CONV, 1, 2048, 0, 4096, CH, 1, SCALING, 20},
-};
-#undef CH
-#undef RE
-#undef FWD
-#undef FB
-#undef DEC
-#define N_SUITE ((int)(sizeof suite_cases / sizeof suite_cases[0]))
-
-static void suite_row(const char *name, const result *r)
-{
-    printf("%-46s %3d %11.3f %11.0f %8.2f", name, r->s.threads, r->tm.median * 1e3,
-           r->tokens / r->tm.median, gflops(r));
-    if (r->pk)
-        printf(" %6.1f", 100.0 * gflops(r) / r->pk->gflops);
-    else
-        printf(" %6s", "-");
-    printf(" %8.2f", gbs(r));
-    if (r->pk && r->pk->gbs > 0.0)
-        printf(" %6.1f", 100.0 * gbs(r) / r->pk->gbs);
-    else
-        printf(" %6s", "-");
-    printf("%s\n", contended(r) ? " *" : "");
-}
-
-static int cmd_suite(const settings *set)
-{
-    const int n = set->threads > 0 ? set->threads : all_procs();
-    result res[N_SUITE];
-    if (!set->no_peak) {
-        const peak *p1 = get_peak(1, set->mib), *pn = get_peak(n, set->mib);
-        if (set->json)
-            printf("{\"op\": \"peak\", \"isa\": \"%s\", \"threads\": %d, \"fma_gflops_1_thread\": "
-                   "%.9g, \"fma_gflops\": %.9g, \"bw_gbytes_per_s_1_thread\": %.9g"
-                   ", \"bw_gbytes_per_s\": %.9g, \"array_mib\": %d, \"trials\": %d}\n",
-                   linseq_isa(), pn->threads, p1->gflops, pn->gflops, p1->gbs, pn->gbs, set->mib,
-                   PEAK_TRIALS);
-        else
-            printf("linseq %s bench suite: isa %s; measured peak: FMA %.1f GFLOP/s on 1 thread, "
-                   "%.1f on %d;\n  triad %.1f GB/s on 1 thread, %.1f on %d\n\n",
-                   linseq_version(), linseq_isa(), p1->gflops, pn->gflops, pn->threads, p1->gbs,
-                   pn->gbs, pn->threads);
-    } else if (!set->json) {
-        printf("linseq %s bench suite: isa %s\n\n", linseq_version(), linseq_isa());
-    }
-    if (!set->json)
-        printf("%-46s %3s %11s %11s %8s %6s %8s %6s\n", "case", "thr", "median ms", "tokens/s",
-               "GFLOP/s", "%peak", "GB/s", "%bw");
-    fflush(stdout);
-    for (int i = 0; i < N_SUITE; i++) {
-        const suite_case *c = &suite_cases[i];
-        spec s = default_spec(c->op);
-        s.B = c->B;
-        s.T = c->T;
-        if (is_kda(c->op)) {
-            s.H = c->H;
-            s.K = s.V = c->size;
-        } else {
-            s.D = c->size;
-        }
-        s.mode = c->mode;
-        s.threads = c->threads > 0 ? c->threads : n;
-        const int rc = bench_one(&s, set, &res[i]);
-        if (rc != LS_EXIT_OK) return rc;
-        const result *r = &res[i], *ref = &res[c->ref];
-        if (set->json) {
-            json_result(r, c->name);
-            if (c->what == FWD_RATIO)
-                printf(", \"ratio_to_forward\": %.9g", r->tm.median / ref->tm.median);
-            if (c->what == SCALING)
-                printf(", \"scaling_threads\": %d, \"scaling_speedup\": %.9g", ref->s.threads,
-                       r->tm.median / ref->tm.median);
-            printf("}\n");
-        } else {
-            suite_row(c->name, r);
-        }
-        fflush(stdout);
-    }
-    if (set->json) return LS_EXIT_OK;
-    bool any_contended = false;
-    for (int i = 0; i < N_SUITE; i++) any_contended |= contended(&res[i]);
-    if (any_contended)
-        printf("* fewer processors busy than threads while timing: another process was running\n");
-    printf("\n");
-    for (int i = 0; i < N_SUITE; i++) {
-        const suite_case *c = &suite_cases[i];
-        const result *r = &res[i], *ref = &res[c->ref];
-        if (c->what == US_PER_TOKEN)
-            printf("%s, 1 thread: %.2f us per token\n", c->name, r->tm.median / r->tokens * 1e6);
-        else if (c->what == FWD_RATIO)
-            printf("%s: %.2f x the forward\n", c->name, r->tm.median / ref->tm.median);
-        else if (c->what == SCALING)
-            printf("%s: %.2f x faster on %d threads than on 1\n", c->name,
-                   r->tm.median / ref->tm.median, ref->s.threads);
-    }
-    return LS_EXIT_OK;
-}
 
 /* ---------------------------------------------------------------------------------- */
 /* Options                                                                            */
 /* ---------------------------------------------------------------------------------- */
 
-#define BIT(c) (1u << (c))
-#define ALL_OPS (BIT(OP_COUNT) - 1u)
-#define KDA_FWD (BIT(OP_KDA) | BIT(OP_KDA_FWDBWD))
-#define KDA_ALL (KDA_FWD | BIT(OP_KDA_DECODE))
-#define SSM1_ALL (BIT(OP_SSM1) | BIT(OP_SSM1_FWDBWD) | BIT(OP_SSM1_DECODE))
-#define WITH_T (KDA_FWD | BIT(OP_GATE) | BIT(OP_SSM1) | BIT(OP_SSM1_FWDBWD) | BIT(OP_CONV))
+/* What an option applies to: op commands (further limited by the op, below), peak, suite. */
+#define FOR_OP 1u
+#define FOR_PEAK 2u
+#define FOR_SUITE 4u
+#define FOR_ALL (FOR_OP | FOR_PEAK | FOR_SUITE)
 
 typedef enum opt_id {
-    O_B, O_T, O_H, O_K, O_V, O_D, O_N, O_W, O_MODE, O_CHUNK, O_DECAY, O_THREADS, O_REPEATS,
-    O_WARMUP, O_MIB, O_JSON, O_NO_PEAK, O_COLD
+    O_SIZE, O_MODE, O_CHUNK, O_DECAY, O_THREADS, O_REPEATS, O_WARMUP, O_MIB, O_JSON, O_NO_PEAK,
+    O_COLD
 } opt_id;
 
-static const struct option_def {
+typedef struct option_def {
     const char *name;
     opt_id id;
-    unsigned applies; /* BIT(command) for each command that takes it */
+    unsigned applies;
     bool flag;
-} options[] = {
-    {"--B", O_B, ALL_OPS, false},
-    {"--T", O_T, WITH_T, false},
-    {"--H", O_H, KDA_ALL | BIT(OP_GATE), false},
-    {"--K", O_K, KDA_ALL | BIT(OP_GATE), false},
-    {"--V", O_V, KDA_ALL, false},
-    {"--D", O_D, SSM1_ALL | BIT(OP_CONV), false},
-    {"--N", O_N, SSM1_ALL, false},
-    {"--W", O_W, BIT(OP_CONV), false},
-    {"--mode", O_MODE, KDA_FWD, false},
-    {"--chunk-size", O_CHUNK, KDA_FWD, false},
-    {"--decay", O_DECAY, KDA_ALL | BIT(OP_GATE), false},
-    {"--threads", O_THREADS, ALL_OPS | BIT(CMD_PEAK) | BIT(CMD_SUITE), false},
-    {"--repeats", O_REPEATS, ALL_OPS | BIT(CMD_PEAK) | BIT(CMD_SUITE), false},
-    {"--warmup", O_WARMUP, ALL_OPS | BIT(CMD_SUITE), false},
-    {"--mib", O_MIB, ALL_OPS | BIT(CMD_PEAK) | BIT(CMD_SUITE), false},
-    {"--json", O_JSON, ALL_OPS | BIT(CMD_PEAK) | BIT(CMD_SUITE), true},
-    {"--no-peak", O_NO_PEAK, ALL_OPS | BIT(CMD_SUITE), true},
-    {"--cold", O_COLD, BIT(OP_KDA_DECODE) | BIT(OP_SSM1_DECODE), true},
+} option_def;
+
+/* Besides these, --NAME for each size of the table an op's benchmark varies (--B, --T...). */
+static const option_def options[] = {
+    {"--mode", O_MODE, FOR_OP, false},
+    {"--chunk-size", O_CHUNK, FOR_OP, false},
+    {"--decay", O_DECAY, FOR_OP, false},
+    {"--threads", O_THREADS, FOR_ALL, false},
+    {"--repeats", O_REPEATS, FOR_ALL, false},
+    {"--warmup", O_WARMUP, FOR_OP | FOR_SUITE, false},
+    {"--mib", O_MIB, FOR_ALL, false},
+    {"--json", O_JSON, FOR_ALL, true},
+    {"--no-peak", O_NO_PEAK, FOR_OP | FOR_SUITE, true},
+    {"--cold", O_COLD, FOR_OP, true},
 };
+
+/* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
+ * NULL when none is. */
+static const option_def *find_option(const char *a, size_t len, const char **size)
+{
+    static const option_def size_option = {"--size", O_SIZE, FOR_OP, false};
+    for (size_t k = 0; k < sizeof options / sizeof options[0]; k++)
+        if (strlen(options[k].name) == len && strncmp(a, options[k].name, len) == 0)
+            return &options[k];
+    int n;
+    const command *c = commands(&n);
+    for (int i = 0; len > 2 && strncmp(a, "--", 2) == 0 && i < n; i++)
+        for (int k = 0; k < c[i].op->n_sizes; k++) {
+            const char *name = c[i].op->sizes[k].name;
+            if (bench_size(&c[i], k) && strlen(name) == len - 2 &&
+                strncmp(a + 2, name, len - 2) == 0) {
+                *size = name;
+                return &size_option;
+            }
+        }
+    return NULL;
+}
+
+/* The index of the size option `name` in c's op, or -1 when its benchmark has no such size. */
+static int size_index(const command *c, const char *name)
+{
+    for (int k = 0; k < c->op->n_sizes; k++)
+        if (bench_size(c, k) && strcmp(c->op->sizes[k].name, name) == 0) return k;
+    return -1;
+}
+
+static bool option_applies(const option_def *o, const char *size, const command *c,
+                           unsigned target)
+{
+    if (!(o->applies & target)) return false;
+    if (target != FOR_OP) return true;
+    switch (o->id) {
+    case O_SIZE: return size_index(c, size) >= 0;
+    case O_MODE:
+    case O_CHUNK: return c->op->has_modes && c->kind != RUN_DECODE;
+    case O_DECAY: return decay_option(c->op) != NULL;
+    case O_COLD: return c->kind == RUN_DECODE;
+    default: return true;
+    }
+}
 
 static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -1111,19 +989,16 @@ static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out)
 /* Sizes beyond this are rejected before any arithmetic on them can overflow. */
 #define MAX_SIZE ((int64_t)1 << 31)
 
-static int set_value(const struct option_def *o, const char *v, spec *s, settings *set)
+static int set_value(const option_def *o, const char *size, const char *v, spec *s,
+                     settings *set)
 {
     int64_t x = 0;
-    int64_t *size = NULL;
     switch (o->id) {
-    case O_B: size = &s->B; break;
-    case O_T: size = &s->T; break;
-    case O_H: size = &s->H; break;
-    case O_K: size = &s->K; break;
-    case O_V: size = &s->V; break;
-    case O_D: size = &s->D; break;
-    case O_N: size = &s->N; break;
-    case O_W: size = &s->W; break;
+    case O_SIZE:
+        if (!parse_i64(v, 1, MAX_SIZE, &x))
+            return usage_fail("--%s: '%s' is not a size from 1 to 2^31", size, v);
+        s->size[size_index(s->cmd, size)] = x;
+        return LS_EXIT_OK;
     case O_MODE:
         if (strcmp(v, "recurrent") == 0)
             s->mode = LINSEQ_MODE_RECURRENT;
@@ -1167,23 +1042,225 @@ static int set_value(const struct option_def *o, const char *v, spec *s, setting
         return LS_EXIT_OK;
     default: return LS_EXIT_OK;
     }
-    if (!parse_i64(v, 1, MAX_SIZE, &x))
-        return usage_fail("%s: '%s' is not a size from 1 to 2^31", o->name, v);
-    *size = x;
+}
+
+#define PARSED_HELP (-1)
+
+/* args[0 .. n) after the command `what` (s->cmd for an op, else NULL) into s and set:
+ * LS_EXIT_OK, PARSED_HELP for --help, or a usage error. */
+static int parse_options(int n, char **args, const char *what, unsigned target, spec *s,
+                         settings *set)
+{
+    for (int i = 0; i < n; i++) {
+        const char *a = args[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return PARSED_HELP;
+        const char *eq = strchr(a, '=');
+        const size_t len = eq ? (size_t)(eq - a) : strlen(a);
+        const char *size = NULL;
+        const option_def *o = find_option(a, len, &size);
+        if (!o) {
+            if (a[0] != '-') return usage_fail("%s takes no operand '%s'", what, a);
+            return usage_fail("unknown option '%s'", a);
+        }
+        if (!option_applies(o, size, s->cmd, target))
+            return usage_fail("option '%.*s' does not apply to %s", (int)len, a, what);
+        if (o->flag) {
+            if (eq) return usage_fail("option '%s' takes no value", o->name);
+            if (o->id == O_JSON) set->json = true;
+            if (o->id == O_NO_PEAK) set->no_peak = true;
+            if (o->id == O_COLD) set->cold = true;
+            continue;
+        }
+        const char *v = eq ? eq + 1 : i + 1 < n ? args[++i] : NULL;
+        if (!v) return usage_fail("option '%.*s' needs a value", (int)len, a);
+        const int rc = set_value(o, size, v, s, set);
+        if (rc != LS_EXIT_OK) return rc;
+    }
     return LS_EXIT_OK;
 }
 
 /* Every tensor's element count must fit comfortably in int64 and size_t arithmetic. */
 static bool shape_fits(const spec *s)
 {
-    const double BT = (double)s->B * (double)s->T, lim = 0x1p60;
-    if (is_kda(s->op) || s->op == OP_GATE)
-        return BT * (double)s->H * (double)(s->K > s->V ? s->K : s->V) < lim &&
-               (double)s->B * (double)s->H * (double)s->K * (double)s->V < lim;
-    if (is_ssm1(s->op))
-        return BT * (double)s->D * (double)s->N < lim &&
-               (double)s->B * (double)s->D * (double)s->N < lim;
-    return BT * (double)s->D < lim && (double)s->B * (double)s->D * (double)s->W < lim;
+    const ls_op *op = s->cmd->op;
+    void *p = calloc(1, op->problem_size);
+    bool fits = p != NULL;
+    if (p) spec_problem(s, p);
+    for (int i = 0; fits && i < op->n_tensors; i++) {
+        int64_t n;
+        fits = ls_tensor_count(&op->tensors[i], p, &n) && n < ((int64_t)1 << 60);
+    }
+    free(p);
+    return fits;
+}
+
+/* ---------------------------------------------------------------------------------- */
+/* suite                                                                              */
+/* ---------------------------------------------------------------------------------- */
+
+typedef enum note { NONE, US_PER_TOKEN, FWD_RATIO, SCALING } note;
+
+typedef struct suite_case {
+    const char *name;
+    const char *args; /* the command line after `linseq bench`; --threads: else all */
+    note what;
+    int ref;          /* the case a FWD_RATIO or SCALING note compares with */
+} suite_case;
+
+#define KDA128 "--K 128 --V 128"
+/* The issue's standard shapes. KDA: per-channel decay, chunk 64; SSM1: N = 16; conv: W = 4.
+ * The 1-thread runs come last and refer to their all-thread twins for the scaling. */
+static const suite_case suite_cases[] = {
+    /*  0 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128",
+              "kda --B 1 --T 4096 --H 16 " KDA128, NONE, 0},
+    /*  1 */ {"KDA fwd chunked B=4 H=16 T=2048 K=V=128",
+              "kda --B 4 --T 2048 --H 16 " KDA128, NONE, 0},
+    /*  2 */ {"KDA fwd chunked B=1 H=32 T=1024 K=V=128",
+              "kda --B 1 --T 1024 --H 32 " KDA128, NONE, 0},
+    /*  3 */ {"KDA fwd chunked B=8 H=8 T=1024 K=V=64",
+              "kda --B 8 --T 1024 --H 8 --K 64 --V 64", NONE, 0},
+    /*  4 */ {"KDA fwd recurrent B=1 H=32 T=512 K=V=128",
+              "kda --B 1 --T 512 --H 32 " KDA128 " --mode recurrent", NONE, 0},
+    /*  5 */ {"KDA fwd chunked B=1 H=32 T=512 K=V=128",
+              "kda --B 1 --T 512 --H 32 " KDA128, NONE, 0},
+    /*  6 */ {"KDA fwd chunked B=1 H=1 T=4096 K=V=128",
+              "kda --B 1 --T 4096 --H 1 " KDA128 " --threads 1", US_PER_TOKEN, 0},
+    /*  7 */ {"KDA decode B=1 H=32 K=V=128", "kda-decode --B 1 --H 32 " KDA128, NONE, 0},
+    /*  8 */ {"KDA decode B=8 H=32 K=V=128", "kda-decode --B 8 --H 32 " KDA128, NONE, 0},
+    /*  9 */ {"KDA decode B=32 H=32 K=V=128", "kda-decode --B 32 --H 32 " KDA128, NONE, 0},
+    /* 10 */ {"KDA fwd chunked B=1 H=16 T=2048 K=V=128",
+              "kda --B 1 --T 2048 --H 16 " KDA128, NONE, 0},
+    /* 11 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128",
+              "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128, FWD_RATIO, 10},
+    /* 12 */ {"SSM1 fwd D=1536 T=2048", "ssm1 --B 1 --T 2048 --D 1536", NONE, 0},
+    /* 13 */ {"SSM1 fwd+bwd D=1536 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 1536", FWD_RATIO, 12},
+    /* 14 */ {"SSM1 decode B=1 D=1536", "ssm1-decode --B 1 --D 1536", NONE, 0},
+    /* 15 */ {"SSM1 fwd D=4096 T=2048", "ssm1 --B 1 --T 2048 --D 4096", NONE, 0},
+    /* 16 */ {"SSM1 fwd+bwd D=4096 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 4096", FWD_RATIO, 15},
+    /* 17 */ {"SSM1 decode B=1 D=4096", "ssm1-decode --B 1 --D 4096", NONE, 0},
+    /* 18 */ {"SSM1 fwd D=4096 T=512", "ssm1 --B 1 --T 512 --D 4096", NONE, 0},
+    /* 19 */ {"SSM1 fwd D=1536 T=512", "ssm1 --B 1 --T 512 --D 1536", NONE, 0},
+    /* 20 */ {"conv D=4096 T=2048", "conv --B 1 --T 2048 --D 4096", NONE, 0},
+    /* 21 */ {"conv D=4096 T=512", "conv --B 1 --T 512 --D 4096", NONE, 0},
+    /* 22 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128",
+              "kda --B 1 --T 4096 --H 16 " KDA128 " --threads 1", SCALING, 0},
+    /* 23 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128",
+              "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128 " --threads 1", SCALING, 11},
+    /* 24 */ {"SSM1 fwd D=4096 T=2048", "ssm1 --B 1 --T 2048 --D 4096 --threads 1", SCALING, 15},
+    /* 25 */ {"SSM1 fwd+bwd D=4096 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 4096 --threads 1",
+              SCALING, 16},
+    /* 26 */ {"conv D=4096 T=2048", "conv --B 1 --T 2048 --D 4096 --threads 1", SCALING, 20},
+};
+#undef KDA128
+#define N_SUITE ((int)(sizeof suite_cases / sizeof suite_cases[0]))
+
+/* A suite case's spec, its threads `threads` unless it names its own. */
+static int suite_spec(const suite_case *c, int threads, spec *s)
+{
+    char line[256], *args[32];
+    int n = 0;
+    snprintf(line, sizeof line, "%s", c->args);
+    char *save = NULL;
+    for (char *tok = strtok_r(line, " ", &save); tok && n < 32; tok = strtok_r(NULL, " ", &save))
+        args[n++] = tok;
+    const command *cmd = n > 0 ? find_command(args[0]) : NULL;
+    if (!cmd) return usage_fail("suite case '%s': no op '%s'", c->name, n > 0 ? args[0] : "");
+    *s = default_spec(cmd);
+    settings own = {.threads = 0};
+    const int rc = parse_options(n - 1, args + 1, cmd->name, FOR_OP, s, &own);
+    if (rc != LS_EXIT_OK) return LS_EXIT_ERROR;
+    s->threads = own.threads > 0 ? own.threads : threads;
+    return LS_EXIT_OK;
+}
+
+static void suite_row(const char *name, const result *r)
+{
+    printf("%-46s %3d %11.3f %11.0f %8.2f", name, r->s.threads, r->tm.median * 1e3,
+           r->tokens / r->tm.median, gflops(r));
+    if (r->pk)
+        printf(" %6.1f", 100.0 * gflops(r) / r->pk->gflops);
+    else
+        printf(" %6s", "-");
+    printf(" %8.2f", gbs(r));
+    if (r->pk && r->pk->gbs > 0.0)
+        printf(" %6.1f", 100.0 * gbs(r) / r->pk->gbs);
+    else
+        printf(" %6s", "-");
+    printf("%s\n", contended(r) ? " *" : "");
+}
+
+static void suite_header(const settings *set, int n)
+{
+    if (!set->no_peak) {
+        const peak *p1 = get_peak(1, set->mib), *pn = get_peak(n, set->mib);
+        if (set->json)
+            printf("{\"op\": \"peak\", \"isa\": \"%s\", \"threads\": %d, \"fma_gflops_1_thread\": "
+                   "%.9g, \"fma_gflops\": %.9g, \"bw_gbytes_per_s_1_thread\": %.9g"
+                   ", \"bw_gbytes_per_s\": %.9g, \"array_mib\": %d, \"trials\": %d}\n",
+                   linseq_isa(), pn->threads, p1->gflops, pn->gflops, p1->gbs, pn->gbs, set->mib,
+                   PEAK_TRIALS);
+        else
+            printf("linseq %s bench suite: isa %s; measured peak: FMA %.1f GFLOP/s on 1 thread, "
+                   "%.1f on %d;\n  triad %.1f GB/s on 1 thread, %.1f on %d\n\n",
+                   linseq_version(), linseq_isa(), p1->gflops, pn->gflops, pn->threads, p1->gbs,
+                   pn->gbs, pn->threads);
+    } else if (!set->json) {
+        printf("linseq %s bench suite: isa %s\n\n", linseq_version(), linseq_isa());
+    }
+    if (!set->json)
+        printf("%-46s %3s %11s %11s %8s %6s %8s %6s\n", "case", "thr", "median ms", "tokens/s",
+               "GFLOP/s", "%peak", "GB/s", "%bw");
+    fflush(stdout);
+}
+
+static void suite_notes(const result *res)
+{
+    bool any_contended = false;
+    for (int i = 0; i < N_SUITE; i++) any_contended |= contended(&res[i]);
+    if (any_contended)
+        printf("* fewer processors busy than threads while timing: another process was running\n");
+    printf("\n");
+    for (int i = 0; i < N_SUITE; i++) {
+        const suite_case *c = &suite_cases[i];
+        const result *r = &res[i], *ref = &res[c->ref];
+        if (c->what == US_PER_TOKEN)
+            printf("%s, 1 thread: %.2f us per token\n", c->name, r->tm.median / r->tokens * 1e6);
+        else if (c->what == FWD_RATIO)
+            printf("%s: %.2f x the forward\n", c->name, r->tm.median / ref->tm.median);
+        else if (c->what == SCALING)
+            printf("%s: %.2f x faster on %d threads than on 1\n", c->name,
+                   r->tm.median / ref->tm.median, ref->s.threads);
+    }
+}
+
+static int cmd_suite(const settings *set)
+{
+    const int n = set->threads > 0 ? set->threads : all_procs();
+    result res[N_SUITE];
+    spec specs[N_SUITE];
+    for (int i = 0; i < N_SUITE; i++) /* every case parses before any runs */
+        if (suite_spec(&suite_cases[i], n, &specs[i]) != LS_EXIT_OK) return LS_EXIT_ERROR;
+    suite_header(set, n);
+    for (int i = 0; i < N_SUITE; i++) {
+        const suite_case *c = &suite_cases[i];
+        const int rc = bench_one(&specs[i], set, &res[i]);
+        if (rc != LS_EXIT_OK) return rc;
+        const result *r = &res[i], *ref = &res[c->ref];
+        if (set->json) {
+            json_result(r, c->name);
+            if (c->what == FWD_RATIO)
+                printf(", \"ratio_to_forward\": %.9g", r->tm.median / ref->tm.median);
+            if (c->what == SCALING)
+                printf(", \"scaling_threads\": %d, \"scaling_speedup\": %.9g", ref->s.threads,
+                       r->tm.median / ref->tm.median);
+            printf("}\n");
+        } else {
+            suite_row(c->name, r);
+        }
+        fflush(stdout);
+    }
+    if (!set->json) suite_notes(res);
+    return LS_EXIT_OK;
 }
 
 /* libgomp reads OMP_WAIT_POLICY when it loads, so the policy can only change for a new
@@ -1202,58 +1279,48 @@ static void ensure_wait_policy(char **argv)
             strerror(errno));
 }
 
+
+/* "kda, kda-fwdbwd, ..., conv, peak or suite" */
+static void command_list(char *buf, size_t n)
+{
+    int n_cmds;
+    const command *c = commands(&n_cmds);
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n_cmds && at < n; i++)
+        at += (size_t)snprintf(buf + at, n - at, "%s, ", c[i].name);
+    if (at < n) snprintf(buf + at, n - at, "peak or suite");
+}
+
 int cmd_bench(int argc, char **argv)
 {
-    if (argc < 3)
-        return usage_fail("needs an op: kda, kda-fwdbwd, kda-decode, gate, ssm1, ssm1-fwdbwd, "
-                          "ssm1-decode, conv, peak or suite");
+    char list[1024];
+    command_list(list, sizeof list);
+    if (argc < 3) return usage_fail("needs an op: %s", list);
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
         fputs(ls_bench_usage, stdout);
         return LS_EXIT_OK;
     }
-    op_id cmd = CMD_COUNT;
-    for (int c = 0; c < CMD_COUNT; c++)
-        if (strcmp(argv[2], cmd_names[c]) == 0) cmd = (op_id)c;
-    if (cmd == CMD_COUNT) return usage_fail("unknown op '%s'", argv[2]);
+    const command *cmd = find_command(argv[2]);
+    const unsigned target = cmd                             ? FOR_OP
+                            : strcmp(argv[2], "peak") == 0  ? FOR_PEAK
+                            : strcmp(argv[2], "suite") == 0 ? FOR_SUITE
+                                                            : 0u;
+    if (!target) return usage_fail("unknown op '%s'", argv[2]);
 
-    spec s = default_spec(cmd < OP_COUNT ? cmd : OP_KDA);
+    spec s = cmd ? default_spec(cmd) : (spec){.cmd = NULL};
     settings set = {.threads = 0, .repeats = 0, .warmup = -1, .mib = 256};
-    for (int i = 3; i < argc; i++) {
-        const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            fputs(ls_bench_usage, stdout);
-            return LS_EXIT_OK;
-        }
-        const char *eq = strchr(a, '=');
-        const size_t len = eq ? (size_t)(eq - a) : strlen(a);
-        const struct option_def *o = NULL;
-        for (size_t k = 0; k < sizeof options / sizeof options[0]; k++)
-            if (strlen(options[k].name) == len && strncmp(a, options[k].name, len) == 0)
-                o = &options[k];
-        if (!o) {
-            if (a[0] != '-') return usage_fail("%s takes no operand '%s'", cmd_names[cmd], a);
-            return usage_fail("unknown option '%s'", a);
-        }
-        if (!(o->applies & BIT(cmd)))
-            return usage_fail("option '%s' does not apply to %s", o->name, cmd_names[cmd]);
-        if (o->flag) {
-            if (eq) return usage_fail("option '%s' takes no value", o->name);
-            if (o->id == O_JSON) set.json = true;
-            if (o->id == O_NO_PEAK) set.no_peak = true;
-            if (o->id == O_COLD) set.cold = true;
-            continue;
-        }
-        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
-        if (!v) return usage_fail("option '%s' needs a value", o->name);
-        const int rc = set_value(o, v, &s, &set);
-        if (rc != LS_EXIT_OK) return rc;
+    const int parsed = parse_options(argc - 3, argv + 3, argv[2], target, &s, &set);
+    if (parsed == PARSED_HELP) {
+        fputs(ls_bench_usage, stdout);
+        return LS_EXIT_OK;
     }
-    if (cmd < OP_COUNT && !shape_fits(&s))
-        return usage_fail("%s: the shape is too large", cmd_names[cmd]);
+    if (parsed != LS_EXIT_OK) return parsed;
+    if (cmd && !shape_fits(&s)) return usage_fail("%s: the shape is too large", cmd->name);
 
     ensure_wait_policy(argv);
-    if (cmd == CMD_PEAK) return cmd_peak(&set);
-    if (cmd == CMD_SUITE) return cmd_suite(&set);
+    if (target == FOR_PEAK) return cmd_peak(&set);
+    if (target == FOR_SUITE) return cmd_suite(&set);
 
     s.threads = set.threads > 0 ? set.threads : all_procs();
     result r;
