@@ -48,7 +48,7 @@ void ls_op_fill(const ls_tensor_desc *t, float *x, int64_t n, const int64_t *dim
     }
     const int64_t n_blocks = (n + FILL_BLOCK - 1) / FILL_BLOCK;
 #ifdef _OPENMP
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(static) if (n_blocks > 1)
 #endif
     for (int64_t blk = 0; blk < n_blocks; blk++) {
         uint64_t s = seed ^ (uint64_t)blk * 0xD1B54A32D192ED03ull;

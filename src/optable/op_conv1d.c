@@ -23,7 +23,7 @@ static int shape_bias_grad(const void *v, int64_t *d) { return conv(v)->bias ? s
 static int shape_state(const void *v, int64_t *d)
 {
     const P *p = conv(v);
-    return ls_dims(d, 3, state_rows(p), p->D, p->W - 1);
+    return ls_dims(d, 3, state_rows(p), p->D, p->W >= 1 ? p->W - 1 : (int64_t)-1); /* -1: refused */
 }
 
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
