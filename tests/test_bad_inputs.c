@@ -5,7 +5,15 @@
  *   (c) every buffer the call can see unchanged, byte for byte: the outputs (poisoned with a
  *       byte pattern before the call) and the inputs,
  * then the arena is restored for the next row. A second, shorter table lists the unusual
- * calls that are valid (the documented aliasing, optional arguments, absurd thread counts). */
+ * calls that are valid (the documented aliasing, optional arguments, absurd thread counts).
+ *
+ * Two kinds of rows: op_table_rows derives from the op table (src/optable) every row that
+ * follows from an op's description (required tensors NULL, misalignment, sizes out of range
+ * or overflowing, enums out of range, outputs over inputs and over each other, the exec,
+ * cu_seqlens) for every op's forward and backward, so a new op is covered by its table
+ * entry; the hand-written rows keep each op's own rules (HV % H, G | D, the gate's ranges,
+ * gradients of absent inputs...) and the KDA entry points outside the table (decode, the
+ * training calls, the size query). */
 #include <limits.h>
 #include <math.h>
 #include <stddef.h>
@@ -13,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "optable/optable.h"
 #include "testutil.h"
 
 /* KDA: two sequences of 5 tokens (or one varlen row of 10), GVA with 2 value heads per qk
@@ -305,28 +314,41 @@ static void run_row(const call *c, const char *what, int line, linseq_status wan
 /* Rows shared by entry points                                                                */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The exec's fields out of range: every entry point checks the whole exec. */
+typedef struct exec_case {
+    linseq_exec exec;
+    linseq_status want;
+    const char *needle;
+} exec_case;
+
+static const exec_case exec_cases[] = {
+    {{.mode = (linseq_mode)3}, LINSEQ_ERR_INVALID_ENUM, "exec->mode = 3"},
+    {{.mode = (linseq_mode)-1}, LINSEQ_ERR_INVALID_ENUM, "exec->mode = -1"},
+    {{.chunk_size = 48}, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 48"},
+    {{.chunk_size = 8}, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 8"},
+    {{.chunk_size = 256}, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 256"},
+    {{.chunk_size = -64}, LINSEQ_ERR_INVALID_VALUE, "chunk_size = -64"},
+    {{.threads = -1}, LINSEQ_ERR_INVALID_VALUE, "threads = -1"},
+    {{.threads = INT_MIN}, LINSEQ_ERR_INVALID_VALUE, "threads"},
+    {{.device = (linseq_device)2}, LINSEQ_ERR_INVALID_ENUM, "exec->device = 2"},
+    {{.device = (linseq_device)-1}, LINSEQ_ERR_INVALID_ENUM, "exec->device = -1"},
+    {{.dtype = (linseq_dtype)2}, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = 2"},
+    {{.dtype = (linseq_dtype)-1}, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = -1"},
+    {{.dtype = LINSEQ_DTYPE_BF16}, LINSEQ_ERR_UNSUPPORTED,
+     "LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only"},
+#ifdef LINSEQ_WITH_CUDA
+    {{.device = LINSEQ_DEVICE_CUDA, .device_index = -1}, LINSEQ_ERR_INVALID_VALUE,
+     "exec->device_index = -1"},
+#else
+    {{.device = LINSEQ_DEVICE_CUDA}, LINSEQ_ERR_UNSUPPORTED, "no CUDA support"},
+#endif
+};
+#define N_EXEC_CASES ((int)(sizeof exec_cases / sizeof exec_cases[0]))
+
 static void exec_rows(op_id op)
 {
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->mode = 3", c->exec.mode = (linseq_mode)3);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->mode = -1", c->exec.mode = (linseq_mode)-1);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 48", c->exec.chunk_size = 48);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 8", c->exec.chunk_size = 8);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "chunk_size = 256", c->exec.chunk_size = 256);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "chunk_size = -64", c->exec.chunk_size = -64);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "threads = -1", c->exec.threads = -1);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "threads", c->exec.threads = INT_MIN);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->device = 2", c->exec.device = (linseq_device)2);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->device = -1", c->exec.device = (linseq_device)-1);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = 2", c->exec.dtype = (linseq_dtype)2);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = -1", c->exec.dtype = (linseq_dtype)-1);
-    ROW(op, LINSEQ_ERR_UNSUPPORTED, "LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only",
-        c->exec.dtype = LINSEQ_DTYPE_BF16);
-#ifdef LINSEQ_WITH_CUDA
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "exec->device_index = -1",
-        c->exec.device = LINSEQ_DEVICE_CUDA, c->exec.device_index = -1);
-#else
-    ROW(op, LINSEQ_ERR_UNSUPPORTED, "no CUDA support", c->exec.device = LINSEQ_DEVICE_CUDA);
-#endif
+    for (int i = 0; i < N_EXEC_CASES; i++)
+        ROW(op, exec_cases[i].want, exec_cases[i].needle, c->exec = exec_cases[i].exec);
 }
 
 /* The offsets of a packed row: B must be 1, n_seqs >= 1, 0 = cu[0] <= ... <= cu[n] = T. */
@@ -347,7 +369,9 @@ static void cu_seqlens_rows(op_id op)
         c->kda.cu_seqlens = c->ssm.cu_seqlens = c->conv.cu_seqlens = MISALIGN(const int64_t, A->cu));
 }
 
-/* Sizes, enums and options of a KDA problem (every KDA entry point checks them the same way). */
+/* The KDA entry points outside the op table (decode, the training calls, the size query) get
+ * here the rows that op_table_rows makes for the forward and the backward from the table:
+ * the problem, its sizes and enum, the exec, the tensors NULL, misaligned or too large. */
 static void kda_problem_rows(op_id op)
 {
     ROW(op, LINSEQ_ERR_NULL_POINTER, "problem", c->no_problem = true);
@@ -360,10 +384,34 @@ static void kda_problem_rows(op_id op)
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "K = 0", c->kda.K = 0);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "size V = 0", c->kda.V = 0);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "size V = -1", c->kda.V = -1);
-    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "HV = 3 is not a multiple of H = 2", c->kda.HV = 3);
-    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "HV = 1 is not a multiple of H = 2", c->kda.HV = 1);
     ROW(op, LINSEQ_ERR_INVALID_ENUM, "decay = 3", c->kda.decay = (linseq_decay)3);
     ROW(op, LINSEQ_ERR_INVALID_ENUM, "decay = -1", c->kda.decay = (linseq_decay)-1);
+    exec_rows(op);
+}
+
+static void kda_tensor_rows(op_id op)
+{
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "'q' is NULL", c->kda.q = NULL);
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "'k' is NULL", c->kda.k = NULL);
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "'v' is NULL", c->kda.v = NULL);
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "'beta' is NULL", c->kda.beta = NULL);
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "'g' is NULL", c->kda.g = NULL);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'q'", c->kda.q = MISALIGN(const float, A->q));
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dt_bias'", c->kda.dt_bias = MISALIGN(const float, A->dt_bias));
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = (int64_t)1 << 62);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = INT64_MAX);
+    if (op != KDA_DECODE) {
+        ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.T = (int64_t)1 << 60);
+        cu_seqlens_rows(op);
+    }
+}
+
+/* The rules of a KDA problem, for every KDA entry point: GVA, decay and gate consistency,
+ * the scalar options' ranges, and the products of sizes the table's rows do not make. */
+static void kda_rule_rows(op_id op)
+{
+    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "HV = 3 is not a multiple of H = 2", c->kda.HV = 3);
+    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "HV = 1 is not a multiple of H = 2", c->kda.HV = 1);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'g' is given but decay is LINSEQ_DECAY_NONE",
         c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL,
         c->kda.decay = LINSEQ_DECAY_NONE);
@@ -389,37 +437,19 @@ static void kda_problem_rows(op_id op)
                                                                                : "K*V";
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, kv_needle, c->kda.B = c->kda.H = 1, c->kda.HV = 0,
         c->kda.K = c->kda.V = (int64_t)1 << 31);
-    exec_rows(op);
-}
-
-/* The tensors of a KDA problem: NULL, misaligned, too large, overlapped by the outputs. */
-static void kda_tensor_rows(op_id op)
-{
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'q' is NULL", c->kda.q = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'k' is NULL", c->kda.k = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'v' is NULL", c->kda.v = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'beta' is NULL", c->kda.beta = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'g' is NULL", c->kda.g = NULL);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'q'", c->kda.q = MISALIGN(const float, A->q));
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dt_bias'", c->kda.dt_bias = MISALIGN(const float, A->dt_bias));
-    /* B*T*H*K*4 and HV*K overflow (the latter only exists with the gate in the kernel) */
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = (int64_t)1 << 62);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = INT64_MAX);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'g'", c->kda.H = 1, c->kda.HV = c->kda.K = (int64_t)1 << 32);
-    if (op != KDA_DECODE) {
-        ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.T = (int64_t)1 << 60);
-        cu_seqlens_rows(op);
-    }
+    /* HV*K overflows while each fits (g, and dt_bias with the gate in the kernel) */
+    if (op != KDA_SAVED_SIZE)
+        ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'g'", c->kda.H = 1,
+            c->kda.HV = c->kda.K = (int64_t)1 << 32);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* KDA                                                                                        */
 /* ---------------------------------------------------------------------------------------- */
 
-static void kda_forward_rows(op_id op)
+/* The forward's outputs, for forward_train (the table's rows cover linseq_kda_forward). */
+static void kda_output_rows(op_id op)
 {
-    kda_problem_rows(op);
-    kda_tensor_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "output 'o' is NULL", c->o = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'o'", c->o = MISALIGN(float, A->o));
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'ht'", c->ht = MISALIGN(float, A->ht));
@@ -432,9 +462,15 @@ static void kda_forward_rows(op_id op)
         c->kda.cu_seqlens = (const int64_t *)(void *)A->o);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'ht' overlaps input 'g'", c->ht = A->g);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'ht' overlaps input 'h0'", c->ht = A->h0 + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "exactly the same buffer", c->ht = A->h0 - 1);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'o' overlaps output 'ht'", c->ht = A->o + 8);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'o' overlaps output 'ht'", c->ht = A->o);
+}
+
+static void kda_forward_rows(op_id op)
+{
+    kda_rule_rows(op);
+    /* ht may be h0 itself (in place), nothing else that touches it */
+    ROW(op, LINSEQ_ERR_ALIASING, "exactly the same buffer", c->ht = A->h0 - 1);
 }
 
 static void kda_decode_rows(void)
@@ -442,6 +478,7 @@ static void kda_decode_rows(void)
     const op_id op = KDA_DECODE;
     kda_problem_rows(op);
     kda_tensor_rows(op);
+    kda_rule_rows(op);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "T = 2", c->kda.T = 2);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "problem->h0 must be NULL", c->kda.h0 = A->h0);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "problem->cu_seqlens must be NULL", c->kda.cu_seqlens = A->cu,
@@ -465,22 +502,13 @@ static void kda_decode_rows(void)
     ROW(op, LINSEQ_ERR_ALIASING, "output 'o' overlaps input 'v'", c->o = A->v);
 }
 
-static void kda_backward_rows(op_id op)
+/* The backward's upstream gradients and gradients, for backward_saved (the table's rows
+ * cover linseq_kda_backward). */
+static void kda_grad_rows(op_id op)
 {
-    kda_problem_rows(op);
-    kda_tensor_rows(op);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "grads", c->no_grads = true);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'d_o' is NULL", c->d_o = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'d_ht'", c->d_ht = MISALIGN(const float, A->d_ht));
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dk'", c->kda_grads.dk = MISALIGN(float, A->dk));
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->dg is given but decay is LINSEQ_DECAY_NONE",
-        c->kda.g = NULL, c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL,
-        c->kda_grads.dA_log = c->kda_grads.ddt_bias = NULL, c->kda.decay = LINSEQ_DECAY_NONE);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->dA_log is given but gate_in_kernel is false",
-        c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->ddt_bias is given but gate_in_kernel is false",
-        c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL,
-        c->kda_grads.dA_log = NULL);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'q'", c->kda_grads.dq = A->q);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'd_o'", c->kda_grads.dq = A->d_o + 5);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dv' overlaps input 'v'", c->kda_grads.dv = A->v);
@@ -496,10 +524,26 @@ static void kda_backward_rows(op_id op)
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps output 'dA_log'", c->kda_grads.dA_log = A->dh0);
 }
 
+/* A gradient of what the problem does not have is refused, not left unwritten. */
+static void kda_backward_rows(op_id op)
+{
+    kda_rule_rows(op);
+    ROW(op, LINSEQ_ERR_NULL_POINTER, "grads", c->no_grads = true);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->dg is given but decay is LINSEQ_DECAY_NONE",
+        c->kda.g = NULL, c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL,
+        c->kda_grads.dA_log = c->kda_grads.ddt_bias = NULL, c->kda.decay = LINSEQ_DECAY_NONE);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->dA_log is given but gate_in_kernel is false",
+        c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->ddt_bias is given but gate_in_kernel is false",
+        c->kda.gate_in_kernel = false, c->kda.A_log = c->kda.dt_bias = NULL,
+        c->kda_grads.dA_log = NULL);
+}
+
 static void kda_training_rows(void)
 {
     op_id op = KDA_SAVED_SIZE;
     kda_problem_rows(op);
+    kda_rule_rows(op);
     cu_seqlens_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL", c->bytes = NULL);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "saved states", c->kda.T = (int64_t)1 << 60);
@@ -509,6 +553,9 @@ static void kda_training_rows(void)
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "saved states", c->kda.B = INT64_MAX);
 
     op = KDA_FORWARD_TRAIN;
+    kda_problem_rows(op);
+    kda_tensor_rows(op);
+    kda_output_rows(op);
     kda_forward_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "argument 'saved' is NULL", c->saved_out = NULL);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "saved_bytes = 0", c->saved_bytes = 0);
@@ -520,6 +567,9 @@ static void kda_training_rows(void)
     ROW(op, LINSEQ_ERR_ALIASING, "output 'ht' overlaps output 'saved'", c->ht = A->saved_out + 16);
 
     op = KDA_BACKWARD_SAVED;
+    kda_problem_rows(op);
+    kda_tensor_rows(op);
+    kda_grad_rows(op);
     kda_backward_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "argument 'saved' is NULL", c->saved_in = NULL);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "saved_bytes = 10", c->saved_bytes = 10);
@@ -540,36 +590,18 @@ static void kda_training_rows(void)
 /* KDA gate                                                                                   */
 /* ---------------------------------------------------------------------------------------- */
 
+/* The gate's own rules (op_table_rows checks the rest): no "no decay", K required per
+ * channel, the lower bound's range, and products of sizes that overflow while each fits. */
 static void gate_rows(op_id op)
 {
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "problem", c->no_problem = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'g_raw' is NULL", c->gate.g_raw = NULL);
     ROW(op, LINSEQ_ERR_INVALID_ENUM, "decay = 0", c->gate.decay = LINSEQ_DECAY_NONE);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "decay = 5", c->gate.decay = (linseq_decay)5);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "decay = -1", c->gate.decay = (linseq_decay)-1);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "B = 0", c->gate.B = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "T = -1", c->gate.T = -1);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "H = 0", c->gate.H = 0);
     ROW(op, LINSEQ_ERR_INVALID_SIZE, "K = 0", c->gate.K = 0);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "lower_bound = 0.5", c->gate.lower_bound = 0.5f);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "lower_bound = nan", c->gate.lower_bound = NAN);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "lower_bound = -inf", c->gate.lower_bound = -INFINITY);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'A_log'", c->gate.A_log = MISALIGN(const float, A->A_log));
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'g_raw'", c->gate.T = (int64_t)1 << 61);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'g_raw'", c->gate.H = c->gate.K = (int64_t)1 << 32);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'g_raw'", c->gate.decay = LINSEQ_DECAY_PER_HEAD,
         c->gate.B = c->gate.T = c->gate.H = (int64_t)1 << 21);
-    exec_rows(op);
-}
-
-static void gate_forward_rows(void)
-{
-    const op_id op = GATE_FORWARD;
-    gate_rows(op);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "output 'g' is NULL", c->g = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'g' overlaps input 'g_raw'", c->g = A->g_raw);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'g' overlaps input 'dt_bias'", c->g = A->dt_bias - 3);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'g' overlaps input 'A_log'", c->gate.A_log = A->gate_g + 10);
 }
 
 static void gate_backward_rows(void)
@@ -577,121 +609,45 @@ static void gate_backward_rows(void)
     const op_id op = GATE_BACKWARD;
     gate_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "grads", c->no_grads = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'d_g' is NULL", c->d_g = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dg_raw' overlaps input 'd_g'", c->gate_grads.dg_raw = A->d_g);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dg_raw' overlaps input 'g_raw'", c->gate_grads.dg_raw = A->g_raw + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dA_log' overlaps input 'A_log'", c->gate_grads.dA_log = A->A_log);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'ddt_bias' overlaps input 'dt_bias'",
-        c->gate_grads.ddt_bias = A->dt_bias);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dg_raw' overlaps output 'ddt_bias'",
-        c->gate_grads.ddt_bias = A->dg_raw + 4);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'ddt_bias' overlaps output 'dA_log'",
-        c->gate_grads.dA_log = A->gate_ddt_bias);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* SSM1                                                                                       */
 /* ---------------------------------------------------------------------------------------- */
 
+/* SSM1's own rules: G divides D, dt_bias only through softplus, and sizes whose product
+ * overflows while each fits. */
 static void ssm1_rows(op_id op)
 {
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "problem", c->no_problem = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'x' is NULL", c->ssm.x = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'dt' is NULL", c->ssm.dt = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'A' is NULL", c->ssm.A = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'B_proj' is NULL", c->ssm.B_proj = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'C_proj' is NULL", c->ssm.C_proj = NULL);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "B = 0", c->ssm.B = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "T = 0", c->ssm.T = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "D = -3", c->ssm.D = -3);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "N = 0", c->ssm.N = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "G = -1", c->ssm.G = -1);
     ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "G = 3 does not divide D = 8", c->ssm.G = 3);
     ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "G = 16 does not divide D = 8", c->ssm.G = 16);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "gate_activation = 6", c->ssm.gate_activation = (linseq_activation)6);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "gate_activation = -1", c->ssm.gate_activation = (linseq_activation)-1);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dt_bias is given but dt_softplus is false",
         c->ssm.dt_softplus = false, c->ssm_grads.ddt_bias = NULL);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'C_proj'", c->ssm.C_proj = MISALIGN(const float, A->C_proj));
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->ssm.D = (int64_t)1 << 40, c->ssm.T = (int64_t)1 << 30,
         c->ssm.G = 1);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'A'", c->ssm.N = (int64_t)1 << 62);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->ssm.B = INT64_MAX);
-    exec_rows(op);
-    cu_seqlens_rows(op);
 }
 
-static void ssm1_forward_rows(void)
-{
-    const op_id op = SSM1_FORWARD;
-    ssm1_rows(op);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "output 'y' is NULL", c->y = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'x'", c->y = A->x);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'x'", c->y = A->x + 3);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'gate'", c->y = A->gate - 2);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'hT' overlaps input 'h0'", c->hT = A->s_h0 + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'hT' overlaps input 'A'", c->hT = A->A);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps output 'hT'", c->hT = A->y);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'cu_seqlens'", varlen(c),
-        c->ssm.cu_seqlens = (const int64_t *)(void *)A->y);
-}
-
+/* A gradient of what the problem does not have is refused, not left unwritten. */
 static void ssm1_backward_rows(void)
 {
     const op_id op = SSM1_BACKWARD;
     ssm1_rows(op);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "grads is NULL", c->no_grads = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'d_y' is NULL", c->d_y = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dgate is given but gate is NULL", c->ssm.gate = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dD_skip is given but D_skip is NULL", c->ssm.D_skip = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "ddt_bias is given but dt_softplus is false",
         c->ssm.dt_softplus = false, c->ssm.dt_bias = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dx' overlaps input 'x'", c->ssm_grads.dx = A->x);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dx' overlaps input 'd_y'", c->ssm_grads.dx = A->d_y + 3);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps input 'h0'", c->ssm_grads.dh0 = A->s_h0);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps input 'd_hT'", c->ssm_grads.dh0 = A->d_hT);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dA' overlaps input 'A'", c->ssm_grads.dA = A->A + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dgate' overlaps input 'gate'", c->ssm_grads.dgate = A->gate);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'ddt_bias' overlaps input 'dt_bias'",
-        c->ssm_grads.ddt_bias = A->s_dt_bias);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dB_proj' overlaps output 'dC_proj'",
-        c->ssm_grads.dC_proj = A->dB_proj);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dx' overlaps output 'ddt'", c->ssm_grads.ddt = A->dx + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dA' overlaps output 'dh0'", c->ssm_grads.dh0 = A->dA);
 }
 
 /* ---------------------------------------------------------------------------------------- */
 /* Causal conv1d                                                                              */
 /* ---------------------------------------------------------------------------------------- */
 
-static void conv_rows(op_id op)
-{
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "problem", c->no_problem = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'x' is NULL", c->conv.x = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'weight' is NULL", c->conv.weight = NULL);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "B = 0", c->conv.B = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "T = -1", c->conv.T = -1);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "D = 0", c->conv.D = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "W = 0", c->conv.W = 0);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "activation = 6", c->conv.activation = (linseq_activation)6);
-    ROW(op, LINSEQ_ERR_INVALID_ENUM, "activation = -1", c->conv.activation = (linseq_activation)-1);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'weight'", c->conv.weight = MISALIGN(const float, A->weight));
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40, c->conv.D = (int64_t)1 << 30);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'weight'", c->conv.W = (int64_t)1 << 62);
-    exec_rows(op);
-    cu_seqlens_rows(op);
-}
-
 static void conv_forward_rows(void)
 {
     const op_id op = CONV_FORWARD;
-    conv_rows(op);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "output 'y' is NULL", c->y = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'x'", c->y = A->x);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps input 'weight'", c->y = A->weight + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'conv_state_out' overlaps input 'conv_state'",
-        c->conv_state_out = A->c_state + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'y' overlaps output 'conv_state_out'", c->conv_state_out = A->y);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40, c->conv.D = (int64_t)1 << 30);
+    /* W = 2: a one-column state, still only exactly in place */
     ROW(op, LINSEQ_ERR_ALIASING, "output 'conv_state_out' overlaps input 'conv_state'", c->conv.W = 2,
         c->conv_state_out = A->c_state + 1);
 }
@@ -699,18 +655,519 @@ static void conv_forward_rows(void)
 static void conv_backward_rows(void)
 {
     const op_id op = CONV_BACKWARD;
-    conv_rows(op);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40, c->conv.D = (int64_t)1 << 30);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "grads is NULL", c->no_grads = true);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'d_y' is NULL", c->d_y = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dbias is given but bias is NULL", c->conv.bias = NULL);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dx' overlaps input 'x'", c->conv_grads.dx = A->x);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dx' overlaps input 'd_y'", c->conv_grads.dx = A->d_y + 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dweight' overlaps input 'weight'", c->conv_grads.dweight = A->weight);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dconv_state' overlaps input 'conv_state'",
-        c->conv_grads.dconv_state = A->c_state);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dconv_state' overlaps input 'd_conv_state_out'",
-        c->conv_grads.dconv_state = A->d_c_state_out);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dweight' overlaps output 'dbias'", c->conv_grads.dbias = A->dweight + 2);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Every op of the op table, from its description                                             */
+/* ---------------------------------------------------------------------------------------- */
+/* The forward and backward of each op in the op table (src/optable), broken in every way
+ * its description names: each required tensor NULL, each tensor misaligned, each size 0, -1
+ * and too large for a byte count, each enum option out of its range, each output over each
+ * input and over each other output, each exec field out of range, and with varlen each
+ * spoiled cu_seqlens; and the optional tensors absent, which must be accepted. A new op gets
+ * these rows from its table entry; the hand-written rows above keep the op's own rules.
+ *
+ * A fixture holds every tensor of one valid problem in one block, each in a slot as large as
+ * the largest tensor plus a pad (so that an output shifted onto an input by one element, up
+ * or down, overlaps that input only); the inputs and upstream gradients first, then the
+ * outputs and gradients, poisoned. */
+
+enum { GT_PROBLEM_BYTES = 256, GT_PAD = 16, GT_SIZE_CAP = 8 };
+
+typedef struct gt_fixture {
+    const ls_op *op;
+    bool varlen;
+    _Alignas(max_align_t) unsigned char problem[GT_PROBLEM_BYTES]; /* the valid problem  */
+    char fn[2][64];                  /* the forward's and the backward's function name  */
+    unsigned char *mem, *pristine, *before;
+    size_t bytes, outputs_at;
+    float *buf[LS_OP_MAX_TENSORS];   /* by table index; NULL when the tensor does not exist */
+    int64_t count[LS_OP_MAX_TENSORS];
+    int64_t *cu;                     /* varlen: n_seqs + 1 offsets, in the block          */
+} gt_fixture;
+
+/* One call of the forward (out) or the backward (up, grads), as ls_op_backward takes them. */
+typedef struct gt_call {
+    const gt_fixture *f;
+    bool backward, no_problem;
+    linseq_exec exec;
+    _Alignas(max_align_t) unsigned char problem[GT_PROBLEM_BYTES];
+    float *out[LS_OP_MAX_OUT];
+    const float *up[LS_OP_MAX_OUT];
+    float *grads[LS_OP_MAX_GRADS];
+} gt_call;
+
+static int gt_rows_run;
+
+/* The name the library's messages give t: the struct field, or the call argument. */
+static const char *gt_name(const ls_tensor_desc *t) { return t->field ? t->field : t->name; }
+
+static bool gt_reads(bool backward, const ls_tensor_desc *t)
+{
+    return t->role == LS_ROLE_INPUT || (backward && t->role == LS_ROLE_UPSTREAM);
+}
+
+static bool gt_writes(bool backward, const ls_tensor_desc *t)
+{
+    return t->role == (backward ? LS_ROLE_GRAD : LS_ROLE_OUTPUT);
+}
+
+static bool gt_uses(bool backward, const ls_tensor_desc *t)
+{
+    return gt_reads(backward, t) || gt_writes(backward, t);
+}
+
+static void gt_set(gt_call *c, const ls_tensor_desc *t, const void *ptr)
+{
+    const ls_op *op = c->f->op;
+    switch (t->role) {
+    case LS_ROLE_INPUT: ls_tensor_set(t, c->problem, ptr); break;
+    case LS_ROLE_OUTPUT: c->out[t->offset] = (float *)ptr; break;
+    case LS_ROLE_UPSTREAM: c->up[t->offset] = ptr; break;
+    case LS_ROLE_GRAD:
+        for (int i = 0; ls_op_tensor(op, LS_ROLE_GRAD, i); i++)
+            if (ls_op_tensor(op, LS_ROLE_GRAD, i) == t) c->grads[i] = (float *)ptr;
+        break;
+    }
+}
+
+static gt_call gt_valid(const gt_fixture *f, bool backward)
+{
+    gt_call c = {.f = f, .backward = backward};
+    memcpy(c.problem, f->problem, sizeof c.problem);
+    for (int i = 0; i < f->op->n_tensors; i++)
+        if (gt_uses(backward, &f->op->tensors[i]) && f->op->tensors[i].role != LS_ROLE_INPUT)
+            gt_set(&c, &f->op->tensors[i], f->buf[i]);
+    return c;
+}
+
+static linseq_status gt_invoke(const gt_call *c)
+{
+    const void *p = c->no_problem ? NULL : c->problem;
+    return c->backward ? ls_op_backward(c->f->op, p, &c->exec, c->up, c->grads)
+                       : c->f->op->forward(p, &c->exec, c->out);
+}
+
+/* Runs a broken call: the status, a message naming the function and one of the needles
+ * (NULL-terminated), and no byte of the block changed. */
+static void gt_row2(const gt_call *c, linseq_status want, linseq_status or_want,
+                    const char *const *needles, const char *label)
+{
+    const gt_fixture *f = c->f;
+    const char *fn = f->fn[c->backward];
+    rows_run++;
+    gt_rows_run++;
+    memcpy(f->before, f->mem, f->bytes);
+    const int threads_before = linseq_get_num_threads();
+    const linseq_status st = gt_invoke(c);
+    const char *msg = linseq_last_error();
+    bool named = false;
+    for (int i = 0; needles[i]; i++) named = named || strstr(msg, needles[i]) != NULL;
+    CHECK(st == want || st == or_want, "%s, %s%s: status %s, expected %s (%s)", fn, label,
+          f->varlen ? " (varlen)" : "", linseq_status_string(st), linseq_status_string(want),
+          msg);
+    CHECK(strstr(msg, fn) != NULL && named, "%s, %s: message \"%s\" does not name \"%s\"%s",
+          fn, label, msg, needles[0], needles[1] ? " (or the alternatives)" : "");
+    CHECK(tu_is_poisoned(f->mem + f->outputs_at, f->bytes - f->outputs_at),
+          "%s, %s: an output byte was written", fn, label);
+    CHECK(memcmp(f->before, f->mem, f->bytes) == 0, "%s, %s: a buffer changed", fn, label);
+    CHECK(linseq_get_num_threads() == threads_before, "%s, %s: the thread setting changed", fn,
+          label);
+    memcpy(f->mem, f->pristine, f->bytes);
+}
+
+static void gt_row(const gt_call *c, linseq_status want, const char *const *needles,
+                   const char *label)
+{
+    gt_row2(c, want, want, needles, label);
+}
+
+/* A row with one needle. */
+static void gt_row1(const gt_call *c, linseq_status want, const char *needle, const char *label)
+{
+    const char *const needles[] = {needle, NULL};
+    gt_row(c, want, needles, label);
+}
+
+/* A call that must succeed and leave no message; the block is restored after it. */
+static bool gt_accept(const gt_call *c, const char *label, bool report)
+{
+    const linseq_status st = gt_invoke(c);
+    const bool ok = st == LINSEQ_OK && linseq_last_error()[0] == '\0';
+    if (report)
+        CHECK(ok, "%s, %s%s: a valid call gave %s (%s)", c->f->fn[c->backward], label,
+              c->f->varlen ? " (varlen)" : "", linseq_status_string(st), linseq_last_error());
+    memcpy(c->f->mem, c->f->pristine, c->f->bytes);
+    return ok;
+}
+
+static const ls_size_desc *gt_size_named(const ls_op *op, const char *name)
+{
+    for (int s = 0; s < op->n_sizes; s++)
+        if (strcmp(op->sizes[s].name, name) == 0) return &op->sizes[s];
+    fprintf(stderr, "%s has no size %s\n", op->name, name);
+    exit(2);
+}
+
+static void gt_fixture_free(gt_fixture *f)
+{
+    free(f->mem);
+    free(f->pristine);
+    free(f->before);
+    memset(f->buf, 0, sizeof f->buf);
+    f->mem = f->pristine = f->before = NULL;
+}
+
+/* The block for f->problem's shapes (sizes and options set, varlen flagged): realistic
+ * inputs, poisoned outputs, and the problem pointing at its inputs. */
+static void gt_fixture_alloc(gt_fixture *f)
+{
+    const ls_op *op = f->op;
+    static const int64_t placeholder[3];
+    if (f->varlen) ls_op_set_varlen(op, f->problem, placeholder, 2); /* shapes see N = 2 */
+    /* every input present while the shapes are taken: a gradient may exist only with its
+     * input (SSM1's dD_skip, conv's dbias) */
+    for (int i = 0; i < op->n_tensors; i++)
+        if (op->tensors[i].role == LS_ROLE_INPUT)
+            ls_tensor_set(&op->tensors[i], f->problem, placeholder);
+    int64_t largest = 3; /* the offsets */
+    for (int i = 0; i < op->n_tensors; i++) {
+        CHECK(ls_tensor_count(&op->tensors[i], f->problem, &f->count[i]), "%s.%s: count",
+              op->name, op->tensors[i].name);
+        if (f->count[i] > largest) largest = f->count[i];
+    }
+    for (int i = 0; i < op->n_tensors; i++)
+        if (op->tensors[i].role == LS_ROLE_INPUT && f->count[i] == 0)
+            ls_tensor_set(&op->tensors[i], f->problem, NULL);
+    const size_t slot = (size_t)(largest + GT_PAD + 15) / 16 * 16 * sizeof(float);
+    /* a leading slot, so that an output shifted down from the first tensor stays inside */
+    size_t at = slot;
+    int order[LS_OP_MAX_TENSORS], n = 0;
+    for (int pass = 0; pass < 2; pass++) /* read tensors, then written ones */
+        for (int i = 0; i < op->n_tensors; i++) {
+            const ls_tensor_desc *t = &op->tensors[i];
+            const bool written = t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD;
+            if (f->count[i] > 0 && written == (pass == 1)) order[n++] = i;
+        }
+    const size_t cu_at = f->varlen ? at : 0;
+    if (f->varlen) at += slot;
+    size_t offset[LS_OP_MAX_TENSORS];
+    f->outputs_at = 0;
+    for (int k = 0; k < n; k++) {
+        const ls_tensor_desc *t = &op->tensors[order[k]];
+        if (!f->outputs_at && (t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD))
+            f->outputs_at = at;
+        offset[k] = at;
+        at += slot;
+    }
+    f->bytes = at;
+    f->mem = calloc(1, f->bytes);
+    f->pristine = calloc(1, f->bytes);
+    f->before = calloc(1, f->bytes);
+    if (!f->mem || !f->pristine || !f->before) abort();
+    tu_poison(f->mem + f->outputs_at, f->bytes - f->outputs_at);
+    for (int k = 0; k < n; k++) {
+        const int i = order[k];
+        const ls_tensor_desc *t = &op->tensors[i];
+        f->buf[i] = (float *)(void *)(f->mem + offset[k]);
+        int64_t dims[LS_OP_MAX_DIMS];
+        const int nd = t->shape(f->problem, dims);
+        if (t->role == LS_ROLE_INPUT || t->role == LS_ROLE_UPSTREAM)
+            ls_op_fill(t, f->buf[i], f->count[i], dims, nd, 500u + (uint64_t)i);
+        if (t->role == LS_ROLE_INPUT) ls_tensor_set(t, f->problem, f->buf[i]);
+    }
+    if (f->varlen) {
+        const int64_t tokens = ls_size_get(gt_size_named(op, "T"), f->problem);
+        f->cu = (int64_t *)(void *)(f->mem + cu_at);
+        f->cu[0] = 0, f->cu[1] = tokens / 3, f->cu[2] = tokens;
+        ls_op_set_varlen(op, f->problem, f->cu, 2);
+    }
+    memcpy(f->pristine, f->mem, f->bytes);
+}
+
+/* Both calls of the fixture are valid (on one thread: each parallel region costs much more
+ * than these small calls when the machine is busy). */
+static bool gt_fixture_valid(const gt_fixture *f, bool report)
+{
+    gt_call fwd = gt_valid(f, false), bwd = gt_valid(f, true);
+    fwd.exec.threads = bwd.exec.threads = 1;
+    const bool fwd_ok = gt_accept(&fwd, "the valid call", report);
+    return gt_accept(&bwd, "the valid call", report) && fwd_ok;
+}
+
+/* A valid problem of op with every tensor it can have: the benchmark's options and small
+ * sizes, then each bool option turned on where the calls stay valid (KDA's gate in the
+ * kernel brings A_log and dt_bias, SSM1's dt_softplus its dt_bias). Varlen: one packed row
+ * of two sequences. */
+static void gt_fixture_make(gt_fixture *f, const ls_op *op, bool varlen)
+{
+    memset(f, 0, sizeof *f);
+    f->op = op;
+    f->varlen = varlen;
+    CHECK(op->problem_size <= GT_PROBLEM_BYTES, "%s: problem struct too large", op->name);
+    const size_t stem = strlen(op->problem_type) - strlen("_problem");
+    snprintf(f->fn[0], sizeof f->fn[0], "%.*s_forward", (int)stem, op->problem_type);
+    snprintf(f->fn[1], sizeof f->fn[1], "%.*s_backward", (int)stem, op->problem_type);
+    for (int s = 0; s < op->n_sizes; s++) {
+        const int64_t d = op->sizes[s].bench_default;
+        ls_size_set(&op->sizes[s], f->problem, d < GT_SIZE_CAP ? d : GT_SIZE_CAP);
+    }
+    op->bench_options(f->problem);
+    for (int o = 0; o < op->n_options; o++) {
+        const ls_option_desc *opt = &op->options[o];
+        if (opt->type != LS_CTYPE_BOOL) continue;
+        bool *flag = (bool *)(void *)(f->problem + opt->offset);
+        if (*flag) continue;
+        *flag = true;
+        gt_fixture_alloc(f);
+        const bool ok = gt_fixture_valid(f, false);
+        gt_fixture_free(f);
+        *flag = ok;
+    }
+    gt_fixture_alloc(f);
+}
+
+/* Each required tensor of the call NULL, and each tensor one byte off its alignment. */
+static void gt_pointer_rows(const gt_fixture *f, bool backward)
+{
+    char label[128], needle[96];
+    for (int i = 0; i < f->op->n_tensors; i++) {
+        const ls_tensor_desc *t = &f->op->tensors[i];
+        if (!gt_uses(backward, t) || !f->buf[i]) continue;
+        gt_call c = gt_valid(f, backward);
+        if (t->required) {
+            gt_set(&c, t, NULL);
+            snprintf(label, sizeof label, "%s = NULL", gt_name(t));
+            snprintf(needle, sizeof needle, "'%s' is NULL", gt_name(t));
+            gt_row1(&c, LINSEQ_ERR_NULL_POINTER, needle, label);
+        }
+        gt_set(&c, t, (const char *)f->buf[i] + 1);
+        snprintf(label, sizeof label, "%s misaligned", gt_name(t));
+        snprintf(needle, sizeof needle, "'%s'", gt_name(t));
+        gt_row1(&c, LINSEQ_ERR_INVALID_VALUE, needle, label);
+    }
+}
+
+/* A size far beyond memory: some tensor's byte count overflows, and the message names one of
+ * those tensors or quotes the value. An optional size refines another (HV of H, G of D), so
+ * the rule between them may refuse it first. */
+static void gt_overflow_row(const gt_fixture *f, bool backward, const ls_size_desc *s,
+                            int64_t value)
+{
+    gt_call c = gt_valid(f, backward);
+    ls_size_set(s, c.problem, value);
+    char label[128], text[LS_OP_MAX_TENSORS + 1][48];
+    const char *needles[LS_OP_MAX_TENSORS + 2];
+    int n = 0;
+    snprintf(text[n], sizeof text[n], "%lld", (long long)value);
+    needles[n] = text[n];
+    n++;
+    for (int i = 0; i < f->op->n_tensors; i++) {
+        const ls_tensor_desc *t = &f->op->tensors[i];
+        int64_t count;
+        if (!gt_uses(backward, t) || !f->buf[i]) continue;
+        if (ls_tensor_count(t, c.problem, &count) && count <= PTRDIFF_MAX / (int64_t)sizeof(float))
+            continue;
+        snprintf(text[n], sizeof text[n], "'%s'", gt_name(t));
+        needles[n] = text[n];
+        n++;
+    }
+    needles[n] = NULL;
+    CHECK(n > 1, "%s: %s = %lld overflows no tensor", f->op->name, s->name, (long long)value);
+    snprintf(label, sizeof label, "%s = %lld", s->name, (long long)value);
+    gt_row2(&c, LINSEQ_ERR_SIZE_OVERFLOW,
+            s->required ? LINSEQ_ERR_SIZE_OVERFLOW : LINSEQ_ERR_SHAPE_MISMATCH, needles, label);
+}
+
+/* Each size below its range (0 where it is required, -1 always) and beyond memory. */
+static void gt_size_rows(const gt_fixture *f, bool backward)
+{
+    char label[128];
+    for (int s = 0; s < f->op->n_sizes; s++) {
+        const ls_size_desc *sd = &f->op->sizes[s];
+        for (int64_t value = sd->required ? 0 : -1; value >= -1; value--) {
+            gt_call c = gt_valid(f, backward);
+            ls_size_set(sd, c.problem, value);
+            snprintf(label, sizeof label, "%s = %lld", sd->name, (long long)value);
+            gt_row1(&c, LINSEQ_ERR_INVALID_SIZE, label, label);
+        }
+        gt_overflow_row(f, backward, sd, (int64_t)1 << 62);
+        /* INT64_MAX is no multiple of anything: only where no divisibility rule applies */
+        if (sd->required) gt_overflow_row(f, backward, sd, INT64_MAX);
+    }
+}
+
+/* Each enum option one past its names' range on either side. */
+static void gt_enum_rows(const gt_fixture *f, bool backward)
+{
+    char label[128];
+    for (int o = 0; o < f->op->n_options; o++) {
+        const ls_option_desc *opt = &f->op->options[o];
+        bool seen = false; /* two keys may name one field (SSM1's activation) */
+        for (int e = 0; e < o; e++) seen = seen || f->op->options[e].offset == opt->offset;
+        if (opt->type != LS_CTYPE_ENUM || seen) continue;
+        int lo = INT_MAX, hi = INT_MIN;
+        for (const ls_enum_name *nm = opt->names; nm->name; nm++) {
+            if (nm->value < lo) lo = nm->value;
+            if (nm->value > hi) hi = nm->value;
+        }
+        const int values[2] = {lo > 0 ? -1 : lo - 1, hi + 1};
+        for (int v = 0; v < 2; v++) {
+            gt_call c = gt_valid(f, backward);
+            memcpy(c.problem + opt->offset, &values[v], sizeof values[v]);
+            snprintf(label, sizeof label, "%s = %d", opt->field, values[v]);
+            gt_row1(&c, LINSEQ_ERR_INVALID_ENUM, label, label);
+        }
+    }
+}
+
+/* Each output one element above and one below each input, and over each later output. */
+static void gt_overlap_rows(const gt_fixture *f, bool backward)
+{
+    char label[160], n1[128], n2[128];
+    const ls_op *op = f->op;
+    for (int o = 0; o < op->n_tensors; o++) {
+        const ls_tensor_desc *ot = &op->tensors[o];
+        if (!gt_writes(backward, ot) || !f->buf[o]) continue;
+        for (int x = 0; x < op->n_tensors; x++) {
+            const ls_tensor_desc *xt = &op->tensors[x];
+            if (!f->buf[x] || x == o || !gt_uses(backward, xt)) continue;
+            const bool input = gt_reads(backward, xt);
+            if (!input && x < o) continue; /* each pair of outputs once */
+            snprintf(n1, sizeof n1, "output '%s' overlaps %s '%s'", gt_name(ot),
+                     input ? "input" : "output", gt_name(xt));
+            snprintf(n2, sizeof n2, "output '%s' overlaps output '%s'", gt_name(xt),
+                     gt_name(ot));
+            const char *const needles[] = {n1, input ? NULL : n2, NULL};
+            for (int shift = -1; shift <= 1; shift += 2) {
+                if (!input && shift < 0) continue;
+                gt_call c = gt_valid(f, backward);
+                gt_set(&c, ot, f->buf[x] + shift);
+                snprintf(label, sizeof label, "%s = %s %+d", gt_name(ot), gt_name(xt), shift);
+                gt_row(&c, LINSEQ_ERR_ALIASING, needles, label);
+            }
+        }
+        if (f->varlen) {
+            gt_call c = gt_valid(f, backward);
+            gt_set(&c, ot, f->cu);
+            snprintf(label, sizeof label, "%s = cu_seqlens", gt_name(ot));
+            snprintf(n1, sizeof n1, "output '%s' overlaps input 'cu_seqlens'", gt_name(ot));
+            gt_row1(&c, LINSEQ_ERR_ALIASING, n1, label);
+        }
+    }
+}
+
+/* The offsets of a packed row: B must be 1, n_seqs >= 1, 0 = cu[0] <= ... <= cu[n] = T. */
+static void gt_cu_seqlens_rows(const gt_fixture *f, bool backward)
+{
+    const ls_op *op = f->op;
+    const int64_t tokens = f->cu[2];
+    char expect_T[64];
+    snprintf(expect_T, sizeof expect_T, "expected T = %lld", (long long)tokens);
+    /* two rows of half the tokens each, and offsets that fit them: only B is wrong */
+    gt_call c = gt_valid(f, backward);
+    ls_size_set(gt_size_named(op, "B"), c.problem, 2);
+    ls_size_set(gt_size_named(op, "T"), c.problem, tokens / 2);
+    f->cu[1] = 1, f->cu[2] = tokens / 2;
+    gt_row1(&c, LINSEQ_ERR_SHAPE_MISMATCH, "B must be 1", "B = 2 with cu_seqlens");
+    const struct {
+        int index;
+        int64_t value;
+        linseq_status want;
+        const char *needle;
+    } cu_cases[] = {
+        {0, 1, LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens[0] = 1"},
+        {0, -1, LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens[0] = -1"},
+        {1, tokens + 1, LINSEQ_ERR_INVALID_CU_SEQLENS, "decreases at index 2"},
+        {2, tokens - 1, LINSEQ_ERR_INVALID_CU_SEQLENS, expect_T},
+        {2, tokens + 1, LINSEQ_ERR_INVALID_CU_SEQLENS, expect_T},
+    };
+    for (size_t k = 0; k < sizeof cu_cases / sizeof cu_cases[0]; k++) {
+        c = gt_valid(f, backward);
+        f->cu[cu_cases[k].index] = cu_cases[k].value;
+        gt_row1(&c, cu_cases[k].want, cu_cases[k].needle, cu_cases[k].needle);
+    }
+    const struct {
+        int64_t n_seqs;
+        linseq_status want;
+        const char *needle;
+    } n_cases[] = {{0, LINSEQ_ERR_INVALID_SIZE, "n_seqs = 0"},
+                   {-1, LINSEQ_ERR_INVALID_SIZE, "n_seqs = -1"},
+                   {INT64_MAX, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs"}};
+    for (size_t k = 0; k < sizeof n_cases / sizeof n_cases[0]; k++) {
+        c = gt_valid(f, backward);
+        ls_op_set_varlen(op, c.problem, f->cu, n_cases[k].n_seqs);
+        gt_row1(&c, n_cases[k].want, n_cases[k].needle, n_cases[k].needle);
+    }
+    c = gt_valid(f, backward);
+    ls_op_set_varlen(op, c.problem, (const int64_t *)(void *)((char *)f->cu + 1), 2);
+    gt_row1(&c, LINSEQ_ERR_INVALID_VALUE, "'cu_seqlens'", "cu_seqlens misaligned");
+}
+
+/* What is optional may be absent: each optional input (with its gradient), each optional
+ * output and upstream gradient, each gradient, all gradients (on one thread); and the
+ * default and an absurd thread count. */
+static void gt_accepted_calls(const gt_fixture *f, bool backward)
+{
+    const ls_op *op = f->op;
+    char label[128];
+    gt_call all = gt_valid(f, backward);
+    gt_accept(&all, "the valid call", true);
+    all.exec.threads = INT_MAX;
+    gt_accept(&all, "threads = INT_MAX", true);
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (!gt_uses(backward, t) || !f->buf[i] || t->required) continue;
+        gt_call c = gt_valid(f, backward);
+        c.exec.threads = 1;
+        gt_set(&c, t, NULL);
+        for (int g = 0; t->role == LS_ROLE_INPUT && ls_op_tensor(op, LS_ROLE_GRAD, g); g++)
+            if (strcmp(ls_op_tensor(op, LS_ROLE_GRAD, g)->grad_of, t->name) == 0)
+                c.grads[g] = NULL;
+        snprintf(label, sizeof label, "%s = NULL", gt_name(t));
+        gt_accept(&c, label, true);
+        if (t->role == LS_ROLE_GRAD) gt_set(&all, t, NULL);
+    }
+    if (backward) gt_accept(&all, "every gradient NULL", true);
+}
+
+static void gt_op_rows(const gt_fixture *f)
+{
+    for (int backward = 0; backward < 2; backward++) {
+        gt_accepted_calls(f, backward);
+        gt_call c = gt_valid(f, backward);
+        c.no_problem = true;
+        gt_row1(&c, LINSEQ_ERR_NULL_POINTER, "problem", "problem = NULL");
+        gt_pointer_rows(f, backward);
+        gt_overlap_rows(f, backward);
+        if (f->varlen) {
+            gt_cu_seqlens_rows(f, backward);
+            continue;
+        }
+        gt_size_rows(f, backward);
+        gt_enum_rows(f, backward);
+        for (int e = 0; e < N_EXEC_CASES; e++) {
+            c = gt_valid(f, backward);
+            c.exec = exec_cases[e].exec;
+            gt_row1(&c, exec_cases[e].want, exec_cases[e].needle, exec_cases[e].needle);
+        }
+    }
+}
+
+static void op_table_rows(void)
+{
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++)
+        for (int varlen = 0; varlen <= (int)ops[i]->varlen; varlen++) {
+            gt_fixture f;
+            gt_fixture_make(&f, ops[i], varlen);
+            if (gt_fixture_valid(&f, true)) gt_op_rows(&f);
+            gt_fixture_free(&f);
+        }
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -828,15 +1285,18 @@ int main(void)
     kda_decode_rows();
     kda_backward_rows(KDA_BACKWARD);
     kda_training_rows();
-    gate_forward_rows();
+    gate_rows(GATE_FORWARD);
     gate_backward_rows();
-    ssm1_forward_rows();
+    ssm1_rows(SSM1_FORWARD);
     ssm1_backward_rows();
     conv_forward_rows();
     conv_backward_rows();
     thread_setting_rows();
     accepted_calls();
-    printf("  %d bad-input rows over %d entry points\n", rows_run, (int)N_OPS);
+    const int hand_written = rows_run;
+    op_table_rows();
+    printf("  %d bad-input rows over %d entry points (%d from the op table)\n", rows_run,
+           (int)N_OPS, rows_run - hand_written);
 
     free(A);
     free(pristine);
