@@ -15,6 +15,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "optable/optable.h"
 #include "testutil.h"
 
 enum { SEQ_ALL = -1, TOK_NONE = -1 };
@@ -27,6 +28,7 @@ typedef enum {
 
 typedef struct tensor {
     const char *name;
+    const ls_tensor_desc *desc; /* the op table's tensor: its role and call argument */
     float *data;
     layout lay;
     int64_t heads, inner;
@@ -44,7 +46,7 @@ typedef struct op_case {
     tensor in[MAX_IN], out[MAX_OUT];
     const int64_t *cu; /* sequence offsets of the rows, or NULL: T rows per sequence */
     int64_t B, T;
-    linseq_status (*run)(const struct op_case *oc);
+    const ls_op *op;
     const void *problem; /* the op's problem struct, pointing into the tensors        */
     linseq_exec exec;
 } op_case;
@@ -92,6 +94,9 @@ static bool may_change(const op_case *oc, const where *p, bool p_upstream, const
     return true; /* a forward input: every token's gradient sees it through the state */
 }
 
+/* Runs the case's call through the op table (below). */
+static linseq_status run(const op_case *oc);
+
 static float *clean_out[MAX_OUT];
 static int runs;
 
@@ -102,7 +107,7 @@ static void poison_run(op_case *oc, int i, size_t idx, float value)
     const float saved = t->data[idx];
     t->data[idx] = value;
     for (int k = 0; k < oc->n_out; k++) tu_poison(oc->out[k].data, count(oc, &oc->out[k]) * 4);
-    const linseq_status st = oc->run(oc);
+    const linseq_status st = run(oc);
     t->data[idx] = saved;
     runs++;
     CHECK(st == LINSEQ_OK, "%s: %s[%zu] = %g: %s (%s)", oc->name, t->name, idx, (double)value,
@@ -159,7 +164,7 @@ static void run_case(op_case *oc)
         clean_out[k] = tu_alloc(count(oc, &oc->out[k]));
         tu_poison(oc->out[k].data, count(oc, &oc->out[k]) * 4);
     }
-    const linseq_status st = oc->run(oc);
+    const linseq_status st = run(oc);
     CHECK(st == LINSEQ_OK, "%s: clean run: %s (%s)", oc->name, linseq_status_string(st),
           linseq_last_error());
     for (int k = 0; k < oc->n_out; k++) {
@@ -183,14 +188,41 @@ static void run_case(op_case *oc)
 /* ---------------------------------------------------------------------------------------- */
 /* Building the cases                                                                         */
 /* ---------------------------------------------------------------------------------------- */
+/* The tensors of a case are the op table's: every input and output (forward) or input,
+ * upstream gradient and gradient (backward) the problem has, at the size the table gives,
+ * passed by the table's calls. What the table does not know is the dependency rule: which
+ * units an element belongs to. Each op lists it per input and output by name (a gradient
+ * has its input's units, an upstream gradient its output's), with the range its values are
+ * drawn from; the layout follows from the tensor's dims ([B,T,...] a token, [N...] a state,
+ * anything else a parameter). */
 
-static tensor *add(op_case *oc, bool output, const char *name, layout lay, int64_t heads,
-                   int64_t inner, int span)
+typedef struct unit_rule {
+    const char *name; /* an input or output in the op table */
+    int64_t heads, inner;
+    int span;
+    double lo, hi; /* inputs: uniform values; upstream gradients are drawn from [-1, 1] */
+} unit_rule;
+
+static linseq_status run(const op_case *oc)
 {
-    tensor *t = output ? &oc->out[oc->n_out++] : &oc->in[oc->n_in++];
-    *t = (tensor){.name = name, .lay = lay, .heads = heads, .inner = inner, .span = span};
-    t->data = tu_alloc(count(oc, t));
-    return t;
+    float *out[LS_OP_MAX_OUT] = {0}, *grads[LS_OP_MAX_GRADS] = {0};
+    const float *up[LS_OP_MAX_OUT] = {0};
+    for (int i = 0; i < oc->n_in; i++)
+        if (oc->in[i].desc->role == LS_ROLE_UPSTREAM) up[oc->in[i].desc->offset] = oc->in[i].data;
+    for (int k = 0; k < oc->n_out; k++) {
+        const ls_tensor_desc *t = oc->out[k].desc;
+        if (t->role == LS_ROLE_OUTPUT) out[t->offset] = oc->out[k].data;
+        for (int g = 0; t->role == LS_ROLE_GRAD && ls_op_tensor(oc->op, LS_ROLE_GRAD, g); g++)
+            if (ls_op_tensor(oc->op, LS_ROLE_GRAD, g) == t) grads[g] = oc->out[k].data;
+    }
+    return oc->backward ? ls_op_backward(oc->op, oc->problem, &oc->exec, up, grads)
+                        : oc->op->forward(oc->problem, &oc->exec, out);
+}
+
+static layout layout_of(const ls_tensor_desc *t)
+{
+    if (strncmp(t->dims, "[B,T", 4) == 0) return L_TOKEN;
+    return strncmp(t->dims, "[N", 2) == 0 ? L_STATE : L_PARAM;
 }
 
 static void free_case(op_case *oc)
@@ -199,35 +231,57 @@ static void free_case(op_case *oc)
     for (int k = 0; k < oc->n_out; k++) free(oc->out[k].data);
 }
 
-static void fill(tu_rng *r, const op_case *oc, tensor *t, double lo, double hi)
+/* The tensors of oc->op under problem (its sizes and options set), filled, and the problem
+ * pointing at its inputs (every optional one given: each is poisoned in turn); then the case
+ * runs. The inputs come first in the table, so a gradient that exists only with its input
+ * (SSM1's dD_skip, conv's dbias) sees it. */
+static void build_and_run(op_case *oc, void *problem, const unit_rule *rules, int n_rules,
+                          tu_rng *r)
 {
-    tu_fill_uniform(r, t->data, count(oc, t), lo, hi);
+    const ls_op *op = oc->op;
+    oc->problem = problem;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        const bool output = t->role == (oc->backward ? LS_ROLE_GRAD : LS_ROLE_OUTPUT);
+        const bool input = t->role == LS_ROLE_INPUT || (oc->backward && t->role == LS_ROLE_UPSTREAM);
+        int64_t n;
+        if (!(input || output) || !ls_tensor_count(t, problem, &n) || n == 0) continue;
+        const char *rule_name = t->grad_of ? t->grad_of : t->name;
+        const unit_rule *u = NULL;
+        for (int k = 0; k < n_rules; k++)
+            if (strcmp(rules[k].name, rule_name) == 0) u = &rules[k];
+        if (!u || oc->n_in == MAX_IN || oc->n_out == MAX_OUT) {
+            CHECK(0, "%s: %s: no unit rule, or more tensors than MAX_IN / MAX_OUT", oc->name,
+                  t->name);
+            continue;
+        }
+        tensor *x = output ? &oc->out[oc->n_out++] : &oc->in[oc->n_in++];
+        *x = (tensor){.name = t->name, .desc = t, .lay = layout_of(t), .heads = u->heads,
+                      .inner = u->inner, .span = u->span,
+                      .upstream = t->role == LS_ROLE_UPSTREAM};
+        CHECK((int64_t)count(oc, x) == n, "%s: %s has %lld elements in the op table, %zu by its "
+              "unit rule", oc->name, t->name, (long long)n, count(oc, x));
+        x->data = tu_alloc((size_t)n);
+        if (t->role == LS_ROLE_INPUT) {
+            tu_fill_uniform(r, x->data, (size_t)n, u->lo, u->hi);
+            ls_tensor_set(t, problem, x->data);
+        } else if (t->role == LS_ROLE_UPSTREAM) {
+            tu_fill_uniform(r, x->data, (size_t)n, -1, 1);
+        }
+    }
+    run_case(oc);
+    free_case(oc);
 }
+
+#define N_RULES(a) ((int)(sizeof(a) / sizeof((a)[0])))
 
 static const int64_t CU[3] = {0, 19, 40};
 
 /* KDA: two layouts of the same 40 tokens (a packed row of 19 + 21, or a batch of 2 x 20),
  * in two flavours (per-channel decay with the gate in the kernel, l2norm and beta logits; or
- * per-head decay, raw g and V-first states). */
+ * per-head decay, raw g and V-first states). Units: the value heads; a qk head belongs to
+ * the KG value heads of its group. */
 enum { KH = 2, KHV = 4, KK = 8, KV = 8, KG = KHV / KH };
-
-typedef struct {
-    linseq_kda_problem p;
-    op_case oc;
-} kda_case;
-
-static linseq_status run_kda(const op_case *oc)
-{
-    const linseq_kda_problem *p = oc->problem;
-    if (!oc->backward) return linseq_kda_forward(p, &oc->exec, oc->out[0].data, oc->out[1].data);
-    const linseq_kda_grads gr = {.dq = oc->out[0].data, .dk = oc->out[1].data,
-                                 .dv = oc->out[2].data, .dbeta = oc->out[3].data,
-                                 .dg = oc->out[4].data, .dh0 = oc->out[5].data,
-                                 .dA_log = oc->n_out > 6 ? oc->out[6].data : NULL,
-                                 .ddt_bias = oc->n_out > 7 ? oc->out[7].data : NULL};
-    return linseq_kda_backward(p, &oc->exec, oc->in[oc->n_in - 2].data,
-                               oc->in[oc->n_in - 1].data, &gr);
-}
 
 static void kda_cases(void)
 {
@@ -235,252 +289,112 @@ static void kda_cases(void)
         for (int varlen = 0; varlen < 2; varlen++)
             for (int mode = LINSEQ_MODE_RECURRENT; mode <= LINSEQ_MODE_CHUNKED; mode++)
                 for (int backward = 0; backward < 2; backward++) {
-                    kda_case kc = {0};
-                    op_case *oc = &kc.oc;
                     const bool gate = flavour == 0;
                     const int64_t gK = gate ? KK : 1;
-                    oc->cu = varlen ? CU : NULL;
-                    oc->B = varlen ? 1 : 2;
-                    oc->T = varlen ? 40 : 20;
-                    oc->backward = backward;
-                    oc->exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
-                    snprintf(oc->name, sizeof oc->name, "kda %s %s %s %s",
+                    op_case oc = {.op = ls_op_find("kda"), .cu = varlen ? CU : NULL,
+                                  .B = varlen ? 1 : 2, .T = varlen ? 40 : 20,
+                                  .backward = backward};
+                    oc.exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
+                    snprintf(oc.name, sizeof oc.name, "kda %s %s %s %s",
                              gate ? "per-channel gate" : "per-head", varlen ? "varlen" : "batch",
                              mode == LINSEQ_MODE_RECURRENT ? "recurrent" : "chunked",
                              backward ? "backward" : "forward");
                     tu_rng r = {1000u + (uint64_t)(flavour * 8 + varlen * 4 + mode * 2 + backward)};
-                    tensor *q = add(oc, false, "q", L_TOKEN, KH, KK, KG);
-                    tensor *k = add(oc, false, "k", L_TOKEN, KH, KK, KG);
-                    tensor *v = add(oc, false, "v", L_TOKEN, KHV, KV, 1);
-                    tensor *beta = add(oc, false, "beta", L_TOKEN, KHV, 1, 1);
-                    tensor *g = add(oc, false, "g", L_TOKEN, KHV, gK, 1);
-                    tensor *h0 = add(oc, false, "h0", L_STATE, KHV, KK * KV, 1);
-                    fill(&r, oc, q, -1, 1);
-                    fill(&r, oc, v, -1, 1);
-                    fill(&r, oc, h0, -0.5, 0.5);
-                    if (gate) {
-                        fill(&r, oc, k, -1, 1);
-                        fill(&r, oc, beta, -2, 2);
-                        fill(&r, oc, g, -3, 1);
-                    } else {
-                        fill(&r, oc, k, -0.3, 0.3);
-                        fill(&r, oc, beta, 0.1, 0.9);
-                        fill(&r, oc, g, -1, 0);
-                    }
+                    const unit_rule rules[] = {
+                        {"q", KH, KK, KG, -1, 1},
+                        {"k", KH, KK, KG, gate ? -1 : -0.3, gate ? 1 : 0.3},
+                        {"v", KHV, KV, 1, -1, 1},
+                        {"beta", KHV, 1, 1, gate ? -2 : 0.1, gate ? 2 : 0.9},
+                        {"g", KHV, gK, 1, gate ? -3 : -1, gate ? 1 : 0},
+                        {"h0", KHV, KK * KV, 1, -0.5, 0.5},
+                        {"A_log", KHV, 1, 1, -1, 0.5},
+                        {"dt_bias", KHV, KK, 1, -1, 1},
+                        {"o", KHV, KV, 1, 0, 0},
+                        {"ht", KHV, KK * KV, 1, 0, 0},
+                    };
                     linseq_kda_problem p = {
-                        .B = oc->B, .T = oc->T, .H = KH, .HV = KHV, .K = KK, .V = KV,
-                        .cu_seqlens = oc->cu, .n_seqs = varlen ? 2 : 0, .q = q->data,
-                        .k = k->data, .v = v->data, .beta = beta->data, .g = g->data,
-                        .h0 = h0->data,
+                        .B = oc.B, .T = oc.T, .H = KH, .HV = KHV, .K = KK, .V = KV,
+                        .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
                         .decay = gate ? LINSEQ_DECAY_PER_CHANNEL : LINSEQ_DECAY_PER_HEAD,
                         .qk_l2norm = gate, .beta_is_logit = gate, .gate_in_kernel = gate,
                         .state_v_first = !gate};
-                    if (gate) {
-                        tensor *A_log = add(oc, false, "A_log", L_PARAM, KHV, 1, 1);
-                        tensor *dt_bias = add(oc, false, "dt_bias", L_PARAM, KHV, KK, 1);
-                        fill(&r, oc, A_log, -1, 0.5);
-                        fill(&r, oc, dt_bias, -1, 1);
-                        p.A_log = A_log->data;
-                        p.dt_bias = dt_bias->data;
-                    }
-                    if (backward) {
-                        tensor *d_o = add(oc, false, "d_o", L_TOKEN, KHV, KV, 1);
-                        tensor *d_ht = add(oc, false, "d_ht", L_STATE, KHV, KK * KV, 1);
-                        d_o->upstream = d_ht->upstream = true;
-                        fill(&r, oc, d_o, -1, 1);
-                        fill(&r, oc, d_ht, -1, 1);
-                        add(oc, true, "dq", L_TOKEN, KH, KK, KG);
-                        add(oc, true, "dk", L_TOKEN, KH, KK, KG);
-                        add(oc, true, "dv", L_TOKEN, KHV, KV, 1);
-                        add(oc, true, "dbeta", L_TOKEN, KHV, 1, 1);
-                        add(oc, true, "dg", L_TOKEN, KHV, gK, 1);
-                        add(oc, true, "dh0", L_STATE, KHV, KK * KV, 1);
-                        if (gate) {
-                            add(oc, true, "dA_log", L_PARAM, KHV, 1, 1);
-                            add(oc, true, "ddt_bias", L_PARAM, KHV, KK, 1);
-                        }
-                    } else {
-                        add(oc, true, "o", L_TOKEN, KHV, KV, 1);
-                        add(oc, true, "ht", L_STATE, KHV, KK * KV, 1);
-                    }
-                    kc.p = p;
-                    oc->problem = &kc.p;
-                    oc->run = run_kda;
-                    run_case(oc);
-                    free_case(oc);
+                    build_and_run(&oc, &p, rules, N_RULES(rules), &r);
                 }
 }
 
 /* The standalone gate: elementwise, per (head, channel) unit; the batch is its "sequences". */
 enum { GB = 2, GT = 6, GH = 2, GK = 8 };
 
-static linseq_status run_gate(const op_case *oc)
-{
-    const linseq_kda_gate_problem *p = oc->problem;
-    if (!oc->backward) return linseq_kda_gate_forward(p, &oc->exec, oc->out[0].data);
-    const linseq_kda_gate_grads gr = {.dg_raw = oc->out[0].data, .dA_log = oc->out[1].data,
-                                      .ddt_bias = oc->out[2].data};
-    return linseq_kda_gate_backward(p, &oc->exec, oc->in[3].data, &gr);
-}
-
 static void gate_cases(void)
 {
+    static const unit_rule rules[] = {
+        {"g_raw", GH * GK, 1, 1, -3, 3},
+        {"A_log", GH, 1, GK, -1, 1},
+        {"dt_bias", GH * GK, 1, 1, -1, 1},
+        {"g", GH * GK, 1, 1, 0, 0},
+    };
     for (int lower = 0; lower < 2; lower++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.B = GB, .T = GT, .backward = backward, .run = run_gate};
+            op_case oc = {.op = ls_op_find("kda_gate"), .B = GB, .T = GT, .backward = backward,
+                          .elementwise = true};
             snprintf(oc.name, sizeof oc.name, "kda gate %s %s", lower ? "lower-bound" : "default",
                      backward ? "backward" : "forward");
             tu_rng r = {2000u + (uint64_t)(lower * 2 + backward)};
-            tensor *g_raw = add(&oc, false, "g_raw", L_TOKEN, GH * GK, 1, 1);
-            tensor *A_log = add(&oc, false, "A_log", L_PARAM, GH, 1, GK);
-            tensor *dt_bias = add(&oc, false, "dt_bias", L_PARAM, GH * GK, 1, 1);
-            fill(&r, &oc, g_raw, -3, 3);
-            fill(&r, &oc, A_log, -1, 1);
-            fill(&r, &oc, dt_bias, -1, 1);
             linseq_kda_gate_problem p = {.B = GB, .T = GT, .H = GH, .K = GK,
-                                         .decay = LINSEQ_DECAY_PER_CHANNEL, .g_raw = g_raw->data,
-                                         .A_log = A_log->data, .dt_bias = dt_bias->data,
+                                         .decay = LINSEQ_DECAY_PER_CHANNEL,
                                          .lower_bound = lower ? -5.0f : 0.0f};
-            if (backward) {
-                tensor *d_g = add(&oc, false, "d_g", L_TOKEN, GH * GK, 1, 1);
-                d_g->upstream = true;
-                fill(&r, &oc, d_g, -1, 1);
-                add(&oc, true, "dg_raw", L_TOKEN, GH * GK, 1, 1);
-                add(&oc, true, "dA_log", L_PARAM, GH, 1, GK);
-                add(&oc, true, "ddt_bias", L_PARAM, GH * GK, 1, 1);
-            } else {
-                add(&oc, true, "g", L_TOKEN, GH * GK, 1, 1);
-            }
-            oc.elementwise = true;
-            oc.problem = &p;
-            run_case(&oc);
-            free_case(&oc);
+            build_and_run(&oc, &p, rules, N_RULES(rules), &r);
         }
 }
 
 /* SSM1: D channels in G groups; B_proj and C_proj belong to every channel of their group. */
 enum { SD = 8, SN = 4, SG = 2 };
 
-static linseq_status run_ssm1(const op_case *oc)
-{
-    const linseq_ssm1_problem *p = oc->problem;
-    if (!oc->backward) return linseq_ssm1_forward(p, &oc->exec, oc->out[0].data, oc->out[1].data);
-    const linseq_ssm1_grads gr = {
-        .dx = oc->out[0].data, .ddt = oc->out[1].data, .dA = oc->out[2].data,
-        .dB_proj = oc->out[3].data, .dC_proj = oc->out[4].data, .dD_skip = oc->out[5].data,
-        .dgate = oc->out[6].data, .dh0 = oc->out[7].data, .ddt_bias = oc->out[8].data};
-    return linseq_ssm1_backward(p, &oc->exec, oc->in[9].data, oc->in[10].data, &gr);
-}
-
 static void ssm1_cases(void)
 {
+    static const unit_rule rules[] = {
+        {"x", SD, 1, 1, -1, 1},         {"dt", SD, 1, 1, -2, 1},
+        {"A", SD, SN, 1, -2, -0.1},     {"B", SG, SN, SD / SG, -1, 1},
+        {"C", SG, SN, SD / SG, -1, 1},  {"D", SD, 1, 1, -1, 1},
+        {"gate", SD, 1, 1, -2, 2},      {"dt_bias", SD, 1, 1, -1, 1},
+        {"h0", SD, SN, 1, -1, 1},       {"y", SD, 1, 1, 0, 0},
+        {"hT", SD, SN, 1, 0, 0},
+    };
     for (int varlen = 0; varlen < 2; varlen++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.cu = varlen ? CU : NULL, .B = varlen ? 1 : 2, .T = varlen ? 40 : 20,
-                          .backward = backward, .run = run_ssm1};
+            op_case oc = {.op = ls_op_find("ssm1"), .cu = varlen ? CU : NULL,
+                          .B = varlen ? 1 : 2, .T = varlen ? 40 : 20, .backward = backward};
             snprintf(oc.name, sizeof oc.name, "ssm1 %s %s", varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {3000u + (uint64_t)(varlen * 2 + backward)};
-            const int span = SD / SG;
-            tensor *x = add(&oc, false, "x", L_TOKEN, SD, 1, 1);
-            tensor *dt = add(&oc, false, "dt", L_TOKEN, SD, 1, 1);
-            tensor *A = add(&oc, false, "A", L_PARAM, SD, SN, 1);
-            tensor *Bp = add(&oc, false, "B_proj", L_TOKEN, SG, SN, span);
-            tensor *Cp = add(&oc, false, "C_proj", L_TOKEN, SG, SN, span);
-            tensor *Ds = add(&oc, false, "D_skip", L_PARAM, SD, 1, 1);
-            tensor *gate = add(&oc, false, "gate", L_TOKEN, SD, 1, 1);
-            tensor *dtb = add(&oc, false, "dt_bias", L_PARAM, SD, 1, 1);
-            tensor *h0 = add(&oc, false, "h0", L_STATE, SD, SN, 1);
-            fill(&r, &oc, x, -1, 1);
-            fill(&r, &oc, dt, -2, 1);
-            fill(&r, &oc, A, -2, -0.1);
-            fill(&r, &oc, Bp, -1, 1);
-            fill(&r, &oc, Cp, -1, 1);
-            fill(&r, &oc, Ds, -1, 1);
-            fill(&r, &oc, gate, -2, 2);
-            fill(&r, &oc, dtb, -1, 1);
-            fill(&r, &oc, h0, -1, 1);
-            linseq_ssm1_problem p = {
-                .B = oc.B, .T = oc.T, .D = SD, .N = SN, .G = SG, .cu_seqlens = oc.cu,
-                .n_seqs = varlen ? 2 : 0, .x = x->data, .dt = dt->data, .A = A->data,
-                .B_proj = Bp->data, .C_proj = Cp->data, .D_skip = Ds->data, .gate = gate->data,
-                .h0 = h0->data, .dt_softplus = true, .dt_bias = dtb->data};
-            if (backward) {
-                tensor *d_y = add(&oc, false, "d_y", L_TOKEN, SD, 1, 1);
-                tensor *d_hT = add(&oc, false, "d_hT", L_STATE, SD, SN, 1);
-                d_y->upstream = d_hT->upstream = true;
-                fill(&r, &oc, d_y, -1, 1);
-                fill(&r, &oc, d_hT, -1, 1);
-                add(&oc, true, "dx", L_TOKEN, SD, 1, 1);
-                add(&oc, true, "ddt", L_TOKEN, SD, 1, 1);
-                add(&oc, true, "dA", L_PARAM, SD, SN, 1);
-                add(&oc, true, "dB_proj", L_TOKEN, SG, SN, span);
-                add(&oc, true, "dC_proj", L_TOKEN, SG, SN, span);
-                add(&oc, true, "dD_skip", L_PARAM, SD, 1, 1);
-                add(&oc, true, "dgate", L_TOKEN, SD, 1, 1);
-                add(&oc, true, "dh0", L_STATE, SD, SN, 1);
-                add(&oc, true, "ddt_bias", L_PARAM, SD, 1, 1);
-            } else {
-                add(&oc, true, "y", L_TOKEN, SD, 1, 1);
-                add(&oc, true, "hT", L_STATE, SD, SN, 1);
-            }
-            oc.problem = &p;
-            run_case(&oc);
-            free_case(&oc);
+            linseq_ssm1_problem p = {.B = oc.B, .T = oc.T, .D = SD, .N = SN, .G = SG,
+                                     .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
+                                     .dt_softplus = true};
+            build_and_run(&oc, &p, rules, N_RULES(rules), &r);
         }
 }
 
 /* Causal conv1d: one unit per channel. */
 enum { CD = 8, CW = 4 };
 
-static linseq_status run_conv(const op_case *oc)
-{
-    const linseq_conv1d_problem *p = oc->problem;
-    if (!oc->backward)
-        return linseq_conv1d_forward(p, &oc->exec, oc->out[0].data, oc->out[1].data);
-    const linseq_conv1d_grads gr = {.dx = oc->out[0].data, .dweight = oc->out[1].data,
-                                    .dbias = oc->out[2].data, .dconv_state = oc->out[3].data};
-    return linseq_conv1d_backward(p, &oc->exec, oc->in[4].data, oc->in[5].data, &gr);
-}
-
 static void conv_cases(void)
 {
+    static const unit_rule rules[] = {
+        {"x", CD, 1, 1, -1, 1},          {"weight", CD, CW, 1, -1, 1},
+        {"bias", CD, 1, 1, -1, 1},       {"conv_state", CD, CW - 1, 1, -1, 1},
+        {"y", CD, 1, 1, 0, 0},           {"conv_state_out", CD, CW - 1, 1, 0, 0},
+    };
     for (int varlen = 0; varlen < 2; varlen++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.cu = varlen ? CU : NULL, .B = varlen ? 1 : 2, .T = varlen ? 40 : 20,
-                          .backward = backward, .run = run_conv};
+            op_case oc = {.op = ls_op_find("causal_conv1d"), .cu = varlen ? CU : NULL,
+                          .B = varlen ? 1 : 2, .T = varlen ? 40 : 20, .backward = backward};
             snprintf(oc.name, sizeof oc.name, "conv1d %s %s", varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {4000u + (uint64_t)(varlen * 2 + backward)};
-            tensor *x = add(&oc, false, "x", L_TOKEN, CD, 1, 1);
-            tensor *w = add(&oc, false, "weight", L_PARAM, CD, CW, 1);
-            tensor *b = add(&oc, false, "bias", L_PARAM, CD, 1, 1);
-            tensor *s = add(&oc, false, "conv_state", L_STATE, CD, CW - 1, 1);
-            fill(&r, &oc, x, -1, 1);
-            fill(&r, &oc, w, -1, 1);
-            fill(&r, &oc, b, -1, 1);
-            fill(&r, &oc, s, -1, 1);
             linseq_conv1d_problem p = {.B = oc.B, .T = oc.T, .D = CD, .W = CW,
                                        .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
-                                       .x = x->data, .weight = w->data, .bias = b->data,
-                                       .conv_state = s->data, .activation = LINSEQ_ACT_SILU};
-            if (backward) {
-                tensor *d_y = add(&oc, false, "d_y", L_TOKEN, CD, 1, 1);
-                tensor *d_s = add(&oc, false, "d_conv_state_out", L_STATE, CD, CW - 1, 1);
-                d_y->upstream = d_s->upstream = true;
-                fill(&r, &oc, d_y, -1, 1);
-                fill(&r, &oc, d_s, -1, 1);
-                add(&oc, true, "dx", L_TOKEN, CD, 1, 1);
-                add(&oc, true, "dweight", L_PARAM, CD, CW, 1);
-                add(&oc, true, "dbias", L_PARAM, CD, 1, 1);
-                add(&oc, true, "dconv_state", L_STATE, CD, CW - 1, 1);
-            } else {
-                add(&oc, true, "y", L_TOKEN, CD, 1, 1);
-                add(&oc, true, "conv_state_out", L_STATE, CD, CW - 1, 1);
-            }
-            oc.problem = &p;
-            run_case(&oc);
-            free_case(&oc);
+                                       .activation = LINSEQ_ACT_SILU};
+            build_and_run(&oc, &p, rules, N_RULES(rules), &r);
         }
 }
 
