@@ -15,12 +15,6 @@
 /* B*T*D*W above this is skipped: each input stays a few ms under the sanitizers. */
 #define CONV1D_MAX_WORK 600000
 
-static int64_t count3(int64_t a, int64_t b, int64_t c)
-{
-    int64_t n;
-    return fz_count(&n, 3, a, b, c) ? n : -1;
-}
-
 static bool too_big(int64_t n) { return n < 0 || n > (int64_t)(PTRDIFF_MAX / 8); }
 
 static size_t fbytes(int64_t n) { return n >= 0 && n <= FZ_MAX_FLOATS ? (size_t)n * 4 : 0; }
@@ -151,9 +145,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* sizes (B as varlen may have reset it) */
     if (p->B < 1 || p->T < 1 || p->D < 1 || p->W < 1) bad = true;
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
-    c.n_btd = count3(B, T, D);
-    c.n_dw = count3(D, W, 1);
-    c.n_state = W >= 1 ? count3(n_seqs, D, W - 1) : -1;
+    /* element counts by the op table's shapes (the state's rows: n_seqs with cu_seqlens) */
+    c.n_btd = fz_tensor_count("causal_conv1d", "x", p);
+    c.n_dw = fz_tensor_count("causal_conv1d", "weight", p);
+    /* W - 1 columns: only asked for W >= 1 (the shape would compute W - 1 of INT64_MIN) */
+    c.n_state = W >= 1 ? fz_tensor_count("causal_conv1d", "conv_state", p) : -1;
     /* byte sizes; the states are optional (and ignored with W = 1), so theirs only count
      * where one is passed */
     if (too_big(c.n_btd) || too_big(c.n_dw)) bad = true;

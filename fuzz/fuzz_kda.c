@@ -111,9 +111,10 @@ static float **grad_slot(linseq_kda_grads *g, int i)
 static void grads_alloc(grad_set *s, const kda_case *c, unsigned mask)
 {
     const linseq_kda_problem *p = &c->p;
-    const int64_t n_qk = count(4, p->B, p->T, p->H, p->K);
-    const int64_t sizes[8] = {n_qk, n_qk, c->n_o, count(3, p->B, p->T, c->HV, 1), c->n_g,
-                              c->n_state, c->HV, c->n_bias};
+    /* the gradients have their inputs' shapes; dA_log is [HV] even where the options rule
+     * A_log out (the library must refuse it there) */
+    const int64_t n_qk = fz_tensor_count("kda", "q", p), n_beta = fz_tensor_count("kda", "beta", p);
+    const int64_t sizes[8] = {n_qk, n_qk, c->n_o, n_beta, c->n_g, c->n_state, c->HV, c->n_bias};
     memset(s, 0, sizeof *s);
     for (int i = 0; i < 8; i++) {
         s->n[i] = sizes[i];
@@ -234,14 +235,15 @@ static void fuzz_kda_main(fz_in *in)
     c.rows = n_seqs;
     /* sizes (B as varlen may have reset it) */
     if (p->B < 1 || p->T < 1 || p->H < 1 || p->K < 1 || p->V < 1 || p->HV < 0) bad = true;
-    const int64_t HV = c.HV, B = p->B, T = p->T, H = p->H, K = p->K, V = p->V;
-    const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
-    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    c.n_o = count(4, B, T, HV, V);
-    c.n_state = count(4, c.rows, HV, d2, d3);
-    c.n_g = per_channel ? count(4, B, T, HV, K) : count(3, B, T, HV, 1);
-    c.n_bias = per_channel ? count(2, HV, K, 1, 1) : HV;
-    const int64_t n_qk = count(4, B, T, H, K), n_beta = count(3, B, T, HV, 1);
+    const int64_t HV = c.HV, B = p->B, T = p->T, K = p->K, V = p->V;
+    /* element counts by the op table's shapes: g and dt_bias have none where the options
+     * rule them out (no decay, the gate outside the kernel), so one passed there is refused
+     * with no byte to read */
+    c.n_o = fz_tensor_count("kda", "o", p);
+    c.n_state = fz_tensor_count("kda", "h0", p);
+    c.n_g = fz_tensor_count("kda", "g", p);
+    c.n_bias = fz_tensor_count("kda", "dt_bias", p);
+    const int64_t n_qk = fz_tensor_count("kda", "q", p), n_beta = fz_tensor_count("kda", "beta", p);
     const bool want_g = p->decay != LINSEQ_DECAY_NONE;
     const bool has_g = g_mismatch ? !want_g : want_g;
     if (has_g != want_g && (unsigned)p->decay <= 2) bad = true;
@@ -579,8 +581,8 @@ static void fuzz_kda_gate(fz_in *in)
     const bool per_channel = p.decay == LINSEQ_DECAY_PER_CHANNEL;
     if (p.decay != LINSEQ_DECAY_PER_HEAD && !per_channel) bad = true;
     if (p.B < 1 || p.T < 1 || p.H < 1 || (per_channel && p.K < 1)) bad = true;
-    const int64_t gK = per_channel ? p.K : 1;
-    const int64_t n_g = count(4, p.B, p.T, p.H, gK), n_bias = count(2, p.H, gK, 1, 1);
+    const int64_t n_g = fz_tensor_count("kda_gate", "g_raw", &p);
+    const int64_t n_bias = fz_tensor_count("kda_gate", "dt_bias", &p);
     if (too_big(n_g) || too_big(n_bias)) bad = true;
     if (!(n_g >= 0 && n_g <= FZ_MAX_FLOATS && n_bias <= FZ_MAX_FLOATS) && !bad) return;
 

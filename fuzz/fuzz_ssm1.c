@@ -15,12 +15,6 @@
 /* B*T*D*N above this is skipped: each input stays a few ms under the sanitizers. */
 #define SSM1_MAX_WORK 300000
 
-static int64_t count3(int64_t a, int64_t b, int64_t c)
-{
-    int64_t n;
-    return fz_count(&n, 3, a, b, c) ? n : -1;
-}
-
 static bool too_big(int64_t n) { return n < 0 || n > (int64_t)(PTRDIFF_MAX / 8); }
 
 static size_t fbytes(int64_t n) { return n >= 0 && n <= FZ_MAX_FLOATS ? (size_t)n * 4 : 0; }
@@ -172,11 +166,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     /* sizes (B as varlen may have reset it) */
     if (p->B < 1 || p->T < 1 || p->D < 1 || p->N < 1 || p->G < 0) bad = true;
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
-    c.n_btd = count3(B, T, D);
-    c.n_dn = count3(D, N, 1);
-    int64_t n_bc;
-    c.n_bc = fz_count(&n_bc, 4, B, T, G, N) ? n_bc : -1;
-    c.n_state = count3(n_seqs, D, N);
+    /* element counts by the op table's shapes (B_proj: [B,T,G,N], [B,T,N] for G = 0; the
+     * state's rows: n_seqs with cu_seqlens) */
+    c.n_btd = fz_tensor_count("ssm1", "x", p);
+    c.n_dn = fz_tensor_count("ssm1", "A", p);
+    c.n_bc = fz_tensor_count("ssm1", "B", p);
+    c.n_state = fz_tensor_count("ssm1", "h0", p);
     /* byte sizes; the states are optional, so theirs only count where one is passed */
     if (too_big(c.n_btd) || too_big(c.n_dn) || too_big(c.n_bc)) bad = true;
     const bool state_big = too_big(c.n_state);

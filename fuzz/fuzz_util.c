@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* scripts/fuzz.sh compiles the targets with -Iinclude only: the op table by its path. */
+#include "optable/optable.h"
+
 /* ---------------------------------------------------------------------------------- */
 /* Decisions                                                                          */
 /* ---------------------------------------------------------------------------------- */
@@ -321,4 +324,17 @@ const linseq_exec *fz_exec(fz_in *in, linseq_exec *ex, bool *bad)
     ex->threads = threads[t];
     if (m >= 15 || c >= 8 || t == 7) *bad = true;
     return ex;
+}
+
+int64_t fz_tensor_count(const char *op_name, const char *name, const void *p)
+{
+    const ls_op *op = ls_op_find(op_name);
+    if (!op) fz_die("no op '%s' in the op table", op_name);
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role == LS_ROLE_GRAD || strcmp(t->name, name) != 0) continue;
+        int64_t n;
+        return ls_tensor_count(t, p, &n) ? n : -1;
+    }
+    fz_die("no tensor '%s' in the op table's %s", name, op_name);
 }

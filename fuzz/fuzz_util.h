@@ -59,6 +59,13 @@ void fz_fill(fz_in *in, float *x, size_t n, fz_range r, bool *nice);
  * exceeds the int64 range. */
 bool fz_count(int64_t *out, int n, ...);
 
+/* The elements of the op table's tensor `name` of op `op` (an input, output or upstream
+ * gradient: "x", "conv_state", "d_y") under problem p, by the shape the table gives it (the
+ * one linseq.h documents): a buffer of exactly that many floats is what the library may
+ * touch. -1 when a dim is negative or the count overflows int64; 0 when the tensor does not
+ * exist under p's options (then the library must refuse one that is passed). */
+int64_t fz_tensor_count(const char *op, const char *name, const void *p);
+
 /* ---------------------------------------------------------------------------------- */
 /* Buffers                                                                            */
 /* ---------------------------------------------------------------------------------- */

@@ -66,7 +66,7 @@ for t in $targets; do
     case) extra="$cli_objs" ;;
   esac
   # shellcheck disable=SC2086 # word splitting of the flag lists is intended
-  "$CLANG" $cflags -Iinclude -Itools/linseq -Ifuzz "fuzz/fuzz_$t.c" fuzz/fuzz_util.c $extra \
+  "$CLANG" $cflags -Iinclude -Isrc -Itools/linseq -Ifuzz "fuzz/fuzz_$t.c" fuzz/fuzz_util.c $extra \
     "$out/lib/liblinseq-internal.a" -lcjson -lm -o "$out/fuzz_$t"
 done
 
