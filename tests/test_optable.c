@@ -5,6 +5,7 @@
  * export says the same, and a call through the table equals the direct call bit for bit. */
 #include <math.h>
 #include <stdalign.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -161,6 +162,33 @@ static void check_calls(const ls_op *op)
     }
 }
 
+/* Every size at the ends of its range: each shape function and ls_tensor_count must answer
+ * without signed overflow (test-sanitize runs this under UBSan; conv's W - 1 at INT64_MIN
+ * was one, found by fuzzing), and a negative or overflowing size must be refused by the
+ * count, never give a count that looks valid. */
+static void check_extreme_sizes(const ls_op *op)
+{
+    static const int64_t extremes[] = {INT64_MIN, -1, 0, INT64_MAX};
+    void *problem = calloc(1, op->problem_size);
+    for (int s = 0; s < op->n_sizes; s++)
+        for (size_t e = 0; e < sizeof extremes / sizeof extremes[0]; e++) {
+            for (int i = 0; i < op->n_sizes; i++) ls_size_set(&op->sizes[i], problem, 3);
+            ls_size_set(&op->sizes[s], problem, extremes[e]);
+            for (int t = 0; t < op->n_tensors; t++) {
+                int64_t dims[LS_OP_MAX_DIMS], count = 0;
+                const int nd = op->tensors[t].shape(problem, dims);
+                const bool ok = ls_tensor_count(&op->tensors[t], problem, &count);
+                bool negative = false;
+                for (int d = 0; d < nd; d++) negative = negative || dims[d] < 0;
+                CHECK(!(ok && negative), "%s.%s with %s = %lld: a negative dim counted as %lld",
+                      op->name, op->tensors[t].name, op->sizes[s].name,
+                      (long long)extremes[e], (long long)count);
+                CHECK(!ok || count >= 0, "%s.%s: negative count", op->name, op->tensors[t].name);
+            }
+        }
+    free(problem);
+}
+
 int main(void)
 {
     int n_ops, n_exec;
@@ -171,6 +199,7 @@ int main(void)
         check_layouts(ops[i]);
         check_tensors(ops[i]);
         check_calls(ops[i]);
+        check_extreme_sizes(ops[i]);
         CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);
     }
     check_json();
