@@ -82,7 +82,12 @@ LINSEQ_API const char *linseq_last_error(void);
 LINSEQ_API const char *linseq_version(void);
 
 /* The instruction set the kernels run with: "avx512", "avx2" or "scalar". The best one the
- * CPU supports; the environment variable LINSEQ_ISA (same names) can lower it. */
+ * CPU supports, or the one the environment variable LINSEQ_ISA names (same names, any case;
+ * unset or empty: the best), read once per process. A LINSEQ_ISA that names no instruction
+ * set, or one this CPU cannot run, is an error, not ignored: every entry point then returns
+ * LINSEQ_ERR_INVALID_VALUE (unknown name) or LINSEQ_ERR_UNSUPPORTED (not on this CPU) with a
+ * message naming the variable, its value and the valid ones, and linseq_isa() returns
+ * "invalid" with that message in linseq_last_error(). */
 LINSEQ_API const char *linseq_isa(void);
 
 /* Every op's structs and tensors as JSON, for bindings in other languages: the size, field
@@ -103,7 +108,8 @@ typedef enum linseq_mode {
 
 typedef enum linseq_device {
     LINSEQ_DEVICE_CPU = 0,     /* host pointers, OpenMP threads                              */
-    LINSEQ_DEVICE_CUDA = 1     /* device pointers of exec->device_index, on exec->stream     */
+    LINSEQ_DEVICE_CUDA = 1     /* device pointers of exec->device_index, on exec->stream.
+                                * Experimental: compiled, not yet run on a GPU (README)      */
 } linseq_device;
 
 typedef enum linseq_dtype {

@@ -15,6 +15,11 @@
 #define LS_HOST_DEVICE
 #endif
 
+/* softplus(x) is x itself above this (its slope exactly 1), as torch.nn.functional.softplus
+ * and mamba: log1p(exp(x)) rounds to x there in float32 anyway, and exp would overflow far
+ * above. Every softplus, scalar or vector, CPU or CUDA, uses it. */
+#define LS_SOFTPLUS_THRESHOLD 20.0f
+
 static inline LS_HOST_DEVICE float ls_sigmoidf(float z)
 {
     /* Two branches so that exp never overflows. */
@@ -23,8 +28,11 @@ static inline LS_HOST_DEVICE float ls_sigmoidf(float z)
     return e / (1.0f + e);
 }
 
-/* log(1 + e^x), returning x above 20 like torch.nn.functional.softplus and mamba. */
-static inline LS_HOST_DEVICE float ls_softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+/* log(1 + e^x), returning x above LS_SOFTPLUS_THRESHOLD. */
+static inline LS_HOST_DEVICE float ls_softplusf(float x)
+{
+    return x > LS_SOFTPLUS_THRESHOLD ? x : log1pf(expf(x));
+}
 
 static inline LS_HOST_DEVICE float ls_gelu_tanhf(float z)
 {
@@ -44,8 +52,11 @@ static inline LS_HOST_DEVICE float ls_activate(linseq_activation act, float z)
     }
 }
 
-/* d softplus / dx, matching the threshold of ls_softplusf (slope exactly 1 above 20). */
-static inline LS_HOST_DEVICE float ls_softplus_gradf(float x) { return x > 20.0f ? 1.0f : ls_sigmoidf(x); }
+/* d softplus / dx, matching the threshold of ls_softplusf (slope exactly 1 above it). */
+static inline LS_HOST_DEVICE float ls_softplus_gradf(float x)
+{
+    return x > LS_SOFTPLUS_THRESHOLD ? 1.0f : ls_sigmoidf(x);
+}
 
 /* f'(z) of ls_activate (act resolved). relu'(0) = 0, as torch. */
 static inline LS_HOST_DEVICE float ls_activate_gradf(linseq_activation act, float z)
@@ -77,7 +88,10 @@ static inline double ls_sigmoid(double z)
     double e = exp(z);
     return e / (1.0 + e);
 }
-static inline double ls_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
+static inline double ls_softplus(double x)
+{
+    return x > (double)LS_SOFTPLUS_THRESHOLD ? x : log1p(exp(x));
+}
 static inline double ls_activate_ref(linseq_activation act, double z)
 {
     switch (act) {
@@ -90,7 +104,10 @@ static inline double ls_activate_ref(linseq_activation act, double z)
     }
 }
 
-static inline double ls_softplus_grad(double x) { return x > 20.0 ? 1.0 : ls_sigmoid(x); }
+static inline double ls_softplus_grad(double x)
+{
+    return x > (double)LS_SOFTPLUS_THRESHOLD ? 1.0 : ls_sigmoid(x);
+}
 
 static inline double ls_activate_grad_ref(linseq_activation act, double z)
 {

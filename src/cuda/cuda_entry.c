@@ -1,5 +1,5 @@
 /* The CUDA branch of each public entry point (cuda_entry.h): device selection, the host copy
- * and check of cu_seqlens and state_rows, then the kernels of cuda_ops.h. */
+ * and check of cu_seqlens, then the kernels of cuda_ops.h. */
 #include "cuda/cuda_entry.h"
 
 #include <stdlib.h>
@@ -89,50 +89,54 @@ static linseq_status plan_sequences(device_call *dc, const int64_t *cu, int64_t 
     return LINSEQ_OK;
 }
 
-linseq_status ls_cuda_entry_kda_forward(const char *fn, const kda_plan *pl,
+linseq_status ls_cuda_entry_copy_i64(const char *fn, const linseq_exec *exec, const char *name,
+                                     const int64_t *device_values, int64_t n, int64_t **host)
+{
+    device_call dc;
+    *host = NULL;
+    linseq_status st = begin(&dc, fn, exec);
+    if (!st) st = fetch_i64(&dc, name, device_values, n, host);
+    return finish(&dc, st);
+}
+
+linseq_status ls_cuda_entry_kda_forward(const char *fn, const ls_cuda_kda_args *kda,
                                         const linseq_exec *exec, float *o, float *ht)
 {
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
-    const linseq_kda_problem *p = pl->p;
+    const linseq_kda_problem *p = kda->p;
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
-    dc.call.chunk = pl->chunk;
-    if (!st) st = ls_cuda_kda_forward(p, pl->HV, pl->scale, &dc.call, o, ht);
+    dc.call.chunk = kda->chunk;
+    if (!st) st = ls_cuda_kda_forward(p, kda->HV, kda->scale, &dc.call, o, ht);
     return finish(&dc, st);
 }
 
-linseq_status ls_cuda_entry_kda_backward(const char *fn, const kda_plan *pl,
+linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args *kda,
                                          const linseq_exec *exec, const float *d_o,
                                          const float *d_ht, const linseq_kda_grads *grads)
 {
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
-    const linseq_kda_problem *p = pl->p;
+    const linseq_kda_problem *p = kda->p;
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
-    dc.call.chunk = pl->chunk;
-    if (!st) st = ls_cuda_kda_backward(p, pl->HV, pl->scale, &dc.call, d_o, d_ht, grads);
+    dc.call.chunk = kda->chunk;
+    if (!st) st = ls_cuda_kda_backward(p, kda->HV, kda->scale, &dc.call, d_o, d_ht, grads);
     return finish(&dc, st);
 }
 
-linseq_status ls_cuda_entry_kda_decode(const char *fn, const kda_plan *pl,
+linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
                                        const linseq_exec *exec, float *state,
                                        int64_t n_state_rows, const int64_t *state_rows,
                                        float *o)
 {
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
-    const linseq_kda_problem *p = pl->p;
-    int64_t *rows_host = NULL;
-    if (!st && state_rows) {
-        st = fetch_i64(&dc, "state_rows", state_rows, p->B, &rows_host);
-        if (!st) st = kda_check_state_rows(fn, rows_host, p->B, n_state_rows);
-    }
+    const linseq_kda_problem *p = kda->p;
     dc.call.n_seqs = p->B;
     dc.call.max_len = 1;
     if (!st)
-        st = ls_cuda_kda_decode(p, pl->HV, pl->scale, &dc.call, state, n_state_rows, state_rows,
-                                o);
-    free(rows_host);
+        st = ls_cuda_kda_decode(p, kda->HV, kda->scale, &dc.call, state, n_state_rows,
+                                state_rows, o);
     return finish(&dc, st);
 }
 
@@ -206,27 +210,35 @@ static linseq_status no_cuda(const char *fn)
     return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "this build of linseq has no CUDA support");
 }
 
-linseq_status ls_cuda_entry_kda_forward(const char *fn, const kda_plan *pl,
-                                        const linseq_exec *exec, float *o, float *ht)
+linseq_status ls_cuda_entry_copy_i64(const char *fn, const linseq_exec *exec, const char *name,
+                                     const int64_t *device_values, int64_t n, int64_t **host)
 {
-    (void)pl, (void)exec, (void)o, (void)ht;
+    (void)exec, (void)name, (void)device_values, (void)n;
+    *host = NULL;
     return no_cuda(fn);
 }
 
-linseq_status ls_cuda_entry_kda_backward(const char *fn, const kda_plan *pl,
+linseq_status ls_cuda_entry_kda_forward(const char *fn, const ls_cuda_kda_args *kda,
+                                        const linseq_exec *exec, float *o, float *ht)
+{
+    (void)kda, (void)exec, (void)o, (void)ht;
+    return no_cuda(fn);
+}
+
+linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args *kda,
                                          const linseq_exec *exec, const float *d_o,
                                          const float *d_ht, const linseq_kda_grads *grads)
 {
-    (void)pl, (void)exec, (void)d_o, (void)d_ht, (void)grads;
+    (void)kda, (void)exec, (void)d_o, (void)d_ht, (void)grads;
     return no_cuda(fn);
 }
 
-linseq_status ls_cuda_entry_kda_decode(const char *fn, const kda_plan *pl,
+linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
                                        const linseq_exec *exec, float *state,
                                        int64_t n_state_rows, const int64_t *state_rows,
                                        float *o)
 {
-    (void)pl, (void)exec, (void)state, (void)n_state_rows, (void)state_rows, (void)o;
+    (void)kda, (void)exec, (void)state, (void)n_state_rows, (void)state_rows, (void)o;
     return no_cuda(fn);
 }
 

@@ -11,6 +11,7 @@
 #include "kda/kda_chunk.h"
 #include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
+#include "kda/kda_kernels.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Per-token inputs and states, shared by both kernels                                        */
@@ -172,7 +173,7 @@ typedef struct {
     float *o, *ht;
     unsigned char *ws;
     size_t ws_stride, state_bytes;
-    ls_isa isa;
+    const kda_kernels *kern;
     float *saved;              /* training: the saved blocks (after the header), or NULL     */
     const int64_t *saved_at;   /* their offsets per item                                      */
 } forward_ctx;
@@ -185,8 +186,8 @@ static void recurrent_item_saving(const forward_ctx *c, int64_t start, int64_t l
     const int64_t KV = pl->p->K * pl->p->V, seg = pl->segment;
     for (int64_t t0 = 0; t0 < len; t0 += seg) {
         memcpy(save + t0 / seg * KV, S, (size_t)KV * sizeof(float));
-        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start + t0, len - t0 < seg ? len - t0 : seg,
-                                                hv, S, c->o, scratch, 0, pl->p->V);
+        c->kern->recurrent_item(pl, start + t0, len - t0 < seg ? len - t0 : seg, hv, S, c->o,
+                                scratch, 0, pl->p->V);
     }
 }
 
@@ -204,11 +205,11 @@ static void forward_item(void *ctx, int64_t item, int thread)
     kda_state_load(pl, p->h0 ? p->h0 + (n * pl->HV + hv) * KV : NULL, S);
     float *save = c->saved ? c->saved + c->saved_at[item] : NULL;
     if (pl->chunk)
-        LS_ISA_PICK(c->isa, kda_chunk_item)(pl, start, len, hv, S, c->o, scratch, save);
+        c->kern->chunk_item(pl, start, len, hv, S, c->o, scratch, save);
     else if (save)
         recurrent_item_saving(c, start, len, hv, S, scratch, save);
     else
-        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, start, len, hv, S, c->o, scratch, 0, p->V);
+        c->kern->recurrent_item(pl, start, len, hv, S, c->o, scratch, 0, p->V);
     if (c->ht) kda_state_store(pl, S, c->ht + (n * pl->HV + hv) * KV);
 }
 
@@ -218,7 +219,7 @@ static void forward_item(void *ctx, int64_t item, int thread)
  * in parallel first. Every column sees the arithmetic of the one-thread path: same bits. */
 typedef struct {
     const kda_plan *pl;
-    ls_isa isa;
+    const kda_kernels *kern;
     int64_t tok0, len, hv;
     float *S, *o;
     int64_t col_width;          /* columns per range                                      */
@@ -256,8 +257,8 @@ static void split_recurrent_range(void *ctx, int64_t r, int thread)
     const int64_t seg = c->save ? c->pl->segment : c->len;
     for (int64_t t0 = 0; t0 < c->len; t0 += seg) {
         if (c->save) save_columns(c, t0 / seg, j0, j1);
-        LS_ISA_PICK(c->isa, kda_recurrent_item)(c->pl, c->tok0 + t0, c->len - t0 < seg ? c->len - t0 : seg,
-                                                c->hv, c->S, c->o, scratch, j0, j1);
+        c->kern->recurrent_item(c->pl, c->tok0 + t0, c->len - t0 < seg ? c->len - t0 : seg,
+                                c->hv, c->S, c->o, scratch, j0, j1);
     }
 }
 
@@ -268,7 +269,7 @@ static void split_prepare_chunk(void *ctx, int64_t k, int thread)
     const int64_t C = c->pl->chunk, c0 = (c->window_first + k) * C;
     kda_chunk_ws w = {0};
     kda_chunk_ws_layout(c->pl, c->chunk_ws + (size_t)k * c->chunk_ws_bytes, &w);
-    LS_ISA_PICK(c->isa, kda_chunk_prepare)(c->pl, &w, c->tok0 + c0, c->len - c0 < C ? c->len - c0 : C, c->hv);
+    c->kern->chunk_prepare(c->pl, &w, c->tok0 + c0, c->len - c0 < C ? c->len - c0 : C, c->hv);
 }
 
 static void split_state_range(void *ctx, int64_t r, int thread)
@@ -286,14 +287,14 @@ static void split_state_range(void *ctx, int64_t r, int thread)
         save_columns(c, c->chunk, j0, j1);
         w.vnew = c->save + (c->len + C - 1) / C * KV + c0 * c->pl->p->V;
     }
-    LS_ISA_PICK(c->isa, kda_chunk_solve)(c->pl, &w, c->S, first, Lc, c->hv, j0, j1);
-    if (c->o) LS_ISA_PICK(c->isa, kda_chunk_output)(c->pl, &w, c->S, first, Lc, c->hv, c->o, j0, j1);
-    LS_ISA_PICK(c->isa, kda_chunk_advance)(c->pl, &w, c->S, Lc, j0, j1);
+    c->kern->chunk_solve(c->pl, &w, c->S, first, Lc, c->hv, j0, j1);
+    if (c->o) c->kern->chunk_output(c->pl, &w, c->S, first, Lc, c->hv, c->o, j0, j1);
+    c->kern->chunk_advance(c->pl, &w, c->S, Lc, j0, j1);
 }
 
 /* Runs every item with all threads; returns false when the workspace cannot be allocated. */
-static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht, float *saved,
-                          const int64_t *saved_at)
+static bool forward_split(const kda_plan *pl, const kda_kernels *kern, int threads, float *o,
+                          float *ht, float *saved, const int64_t *saved_at)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t KV = p->K * p->V;
@@ -306,7 +307,7 @@ static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht, 
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, pl->n_seqs, p->T);
     const int64_t max_chunks = pl->chunk ? (longest + pl->chunk - 1) / pl->chunk : 0;
     const int64_t window = 2 * (int64_t)threads < max_chunks ? 2 * (int64_t)threads : max_chunks;
-    split_ctx c = {.pl = pl, .isa = ls_isa_active(), .o = o, .col_width = width};
+    split_ctx c = {.pl = pl, .kern = kern, .o = o, .col_width = width};
     c.chunk_ws_bytes = pl->chunk ? (kda_chunk_ws_layout(pl, NULL, NULL) + 63) & ~(size_t)63 : 0;
     c.scratch_floats = (kda_recurrent_scratch_floats(pl) + 15) & ~(size_t)15;
     float *state = aligned_alloc(64, (((size_t)KV * sizeof(float)) + 63) & ~(size_t)63);
@@ -349,7 +350,7 @@ static bool forward_split(const kda_plan *pl, int threads, float *o, float *ht, 
 /* The forward, and with saved != NULL the training forward that also fills saved. */
 static linseq_status forward_impl(const char *fn, const linseq_kda_problem *problem,
                                   const linseq_exec *exec, float *o, float *ht, void *saved,
-                                  size_t saved_bytes)
+                                  size_t saved_bytes, const kda_kernels *kern)
 {
     ls_clear_error();
     kda_plan pl;
@@ -377,7 +378,10 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     kda_exec_plan(&pl, exec);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
-    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_forward(fn, &pl, exec, o, ht);
+    if (ls_on_cuda(exec)) {
+        const ls_cuda_kda_args dev = {.p = p, .HV = pl.HV, .scale = pl.scale, .chunk = pl.chunk};
+        return ls_cuda_entry_kda_forward(fn, &dev, exec, o, ht);
+    }
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     const int64_t n_items = pl.n_seqs * pl.HV;
@@ -386,7 +390,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     float *saved_data = saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {
-        const bool ok = forward_split(&pl, all_threads, o, ht, saved_data, saved_at);
+        const bool ok = forward_split(&pl, kern, all_threads, o, ht, saved_data, saved_at);
         if (ok && saved) kda_saved_write_header(&pl, saved);
         free(saved_at);
         return ok ? LINSEQ_OK : ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
@@ -400,7 +404,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     }
     forward_ctx c = {.pl = &pl, .o = o, .ht = ht, .ws = ws, .ws_stride = ws_stride,
                      .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
-                     .isa = ls_isa_active(), .saved = saved_data, .saved_at = saved_at};
+                     .kern = kern, .saved = saved_data, .saved_at = saved_at};
     ls_parallel_for(n_items, threads, forward_item, &c);
     if (saved) kda_saved_write_header(&pl, saved);
     free(ws);
@@ -408,15 +412,33 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     return LINSEQ_OK;
 }
 
+linseq_status ls_kda_forward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                 float *o, float *ht, ls_isa isa)
+{
+    return forward_impl("linseq_kda_forward", problem, exec, o, ht, NULL, 0,
+                        ls_kda_kernels(isa));
+}
+
 linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
                                  float *o, float *ht)
 {
-    return forward_impl("linseq_kda_forward", problem, exec, o, ht, NULL, 0);
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_forward", &isa);
+    return st ? st : ls_kda_forward_isa(problem, exec, o, ht, isa);
 }
 
 linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,
                                        const linseq_exec *exec, float *o, float *ht,
                                        void *saved, size_t saved_bytes)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_forward_train", &isa);
+    return st ? st : ls_kda_forward_train_isa(problem, exec, o, ht, saved, saved_bytes, isa);
+}
+
+linseq_status ls_kda_forward_train_isa(const linseq_kda_problem *problem,
+                                       const linseq_exec *exec, float *o, float *ht,
+                                       void *saved, size_t saved_bytes, ls_isa isa)
 {
     static const char fn[] = "linseq_kda_forward_train";
     if (!saved) {
@@ -424,7 +446,7 @@ linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,
         return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
                        "argument 'saved' is NULL; expected linseq_kda_saved_size bytes");
     }
-    return forward_impl(fn, problem, exec, o, ht, saved, saved_bytes);
+    return forward_impl(fn, problem, exec, o, ht, saved, saved_bytes, ls_kda_kernels(isa));
 }
 
 linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const linseq_exec *exec,
@@ -459,7 +481,7 @@ typedef struct {
     const int64_t *rows;
     unsigned char *ws;
     size_t ws_stride;
-    ls_isa isa;
+    const kda_kernels *kern;
 } decode_ctx;
 
 static void decode_item(void *ctx, int64_t item, int thread)
@@ -477,9 +499,9 @@ static void decode_item(void *ctx, int64_t item, int thread)
     float *scratch = (float *)(void *)(c->ws + (size_t)thread * c->ws_stride);
     /* the state row is advanced where it lives, in either layout */
     if (p->state_v_first)
-        LS_ISA_PICK(c->isa, kda_decode_v_first)(pl, b, hv, slot, c->o, scratch);
+        c->kern->decode_v_first(pl, b, hv, slot, c->o, scratch);
     else
-        LS_ISA_PICK(c->isa, kda_recurrent_item)(pl, b, 1, hv, slot, c->o, scratch, 0, p->V);
+        c->kern->recurrent_item(pl, b, 1, hv, slot, c->o, scratch, 0, p->V);
 }
 
 static int compare_i64(const void *x, const void *y)
@@ -511,9 +533,27 @@ linseq_status kda_check_state_rows(const char *fn, const int64_t *rows, int64_t 
     return st;
 }
 
-linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,
+/* Decode on CUDA: state_rows is device memory, so a host copy of it is checked here with the
+ * CPU path's rules before the backend touches the pool. */
+static linseq_status decode_on_cuda(const char *fn, const kda_plan *pl, const linseq_exec *exec,
+                                    float *state, int64_t n_state_rows,
+                                    const int64_t *state_rows, float *o)
+{
+    const int64_t B = pl->p->B;
+    if (state_rows) {
+        int64_t *rows = NULL;
+        linseq_status st = ls_cuda_entry_copy_i64(fn, exec, "state_rows", state_rows, B, &rows);
+        if (!st) st = kda_check_state_rows(fn, rows, B, n_state_rows);
+        free(rows);
+        if (st) return st;
+    }
+    const ls_cuda_kda_args dev = {.p = pl->p, .HV = pl->HV, .scale = pl->scale, .chunk = 0};
+    return ls_cuda_entry_kda_decode(fn, &dev, exec, state, n_state_rows, state_rows, o);
+}
+
+linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
-                                float *o)
+                                float *o, ls_isa isa)
 {
     static const char fn[] = "linseq_kda_decode";
     ls_clear_error();
@@ -545,8 +585,7 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
-    if (ls_on_cuda(exec))
-        return ls_cuda_entry_kda_decode(fn, &pl, exec, state, n_state_rows, state_rows, o);
+    if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
     if (state_rows && (st = kda_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
      * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
@@ -557,8 +596,18 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
     if (!ws) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
 
     decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
-                    .ws_stride = ws_stride, .isa = ls_isa_active()};
+                    .ws_stride = ws_stride, .kern = ls_kda_kernels(isa)};
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return LINSEQ_OK;
+}
+
+linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                float *o)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_decode", &isa);
+    return st ? st
+              : ls_kda_decode_isa(problem, exec, state, n_state_rows, state_rows, o, isa);
 }

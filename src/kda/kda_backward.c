@@ -12,6 +12,7 @@
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
 #include "kda/kda_backward.h"
+#include "kda/kda_kernels.h"
 
 void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,
                   const float *dv, float dbeta, const float *dg, double *item_partials)
@@ -53,7 +54,7 @@ void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, c
     for (int64_t i = 0; i < gK; i++) {
         const float bias = p->dt_bias ? p->dt_bias[hv * gK + i] : 0.0f;
         float d_raw, d_alog;
-        kda_gate_grad(p->g[at + i], bias, a_log, p->lower_bound, &d_raw, &d_alog);
+        ls_kda_gate_gradf(p->g[at + i], bias, a_log, p->lower_bound, &d_raw, &d_alog);
         const float d = dg[i] * d_raw;
         if (gr->dg) gr->dg[at + i] = d;
         if (item_partials) {
@@ -100,19 +101,19 @@ static void backward_item(void *ctx, int64_t item, int thread)
     }
     for (int64_t hv = h * pl->group; hv < (h + 1) * pl->group; hv++) {
         if (pl->chunk)
-            LS_ISA_PICK(b->isa, kda_chunk_bwd_item)(b, n, hv, start, len, ws, partials);
+            b->kern->chunk_bwd_item(b, n, hv, start, len, ws, partials);
         else
-            LS_ISA_PICK(b->isa, kda_recurrent_bwd_item)(b, n, hv, start, len, ws, partials);
+            b->kern->recurrent_bwd_item(b, n, hv, start, len, ws, partials);
     }
     /* dq and dk now hold the group's sum w.r.t. qs and ks: chain through scale and l2norm. */
-    LS_ISA_PICK(b->isa, kda_bwd_chain_qk)(b, start, len, h);
+    b->kern->bwd_chain_qk(b, start, len, h);
 }
 
 /* The backward; with saved (from linseq_kda_forward_train) it skips the forward pass. */
 static linseq_status backward_impl(const char *fn, const linseq_kda_problem *problem,
                                    const linseq_exec *exec, const void *saved,
                                    size_t saved_bytes, const float *d_o, const float *d_ht,
-                                   const linseq_kda_grads *grads)
+                                   const linseq_kda_grads *grads, const kda_kernels *kern)
 {
     ls_clear_error();
     kda_plan pl;
@@ -162,7 +163,10 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     kda_exec_plan(&pl, exec);
     const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
     if ((st = ls_args_validate(&a))) return st;
-    if (ls_on_cuda(exec)) return ls_cuda_entry_kda_backward(fn, &pl, exec, d_o, d_ht, gr);
+    if (ls_on_cuda(exec)) {
+        const ls_cuda_kda_args dev = {.p = p, .HV = pl.HV, .scale = pl.scale, .chunk = pl.chunk};
+        return ls_cuda_entry_kda_backward(fn, &dev, exec, d_o, d_ht, gr);
+    }
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
     int64_t *saved_at = NULL;
@@ -176,7 +180,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     }
     const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
-                 .segment = chunk, .isa = ls_isa_active(), .saved_at = saved_at,
+                 .segment = chunk, .kern = kern, .saved_at = saved_at,
                  .saved = saved ? (const float *)(const void *)((const unsigned char *)saved +
                                                                 KDA_SAVED_HEADER_BYTES)
                                 : NULL};
@@ -194,8 +198,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     }
 
     const size_t ws_stride =
-        ((pl.chunk ? LS_ISA_PICK(b.isa, kda_chunk_bwd_ws_bytes)(&b)
-                   : LS_ISA_PICK(b.isa, kda_recurrent_bwd_ws_bytes)(&b)) + 63) &
+        ((pl.chunk ? b.kern->chunk_bwd_ws_bytes(&b) : b.kern->recurrent_bwd_ws_bytes(&b)) + 63) &
         ~(size_t)63;
     const int64_t n_items = pl.n_seqs * H;
     const double work = 20.0 * (double)B * (double)T * (double)HV * (double)K * (double)V;
@@ -235,17 +238,19 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     return LINSEQ_OK;
 }
 
-linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linseq_exec *exec,
+linseq_status ls_kda_backward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
                                   const float *d_o, const float *d_ht,
-                                  const linseq_kda_grads *grads)
+                                  const linseq_kda_grads *grads, ls_isa isa)
 {
-    return backward_impl("linseq_kda_backward", problem, exec, NULL, 0, d_o, d_ht, grads);
+    return backward_impl("linseq_kda_backward", problem, exec, NULL, 0, d_o, d_ht, grads,
+                         ls_kda_kernels(isa));
 }
 
-linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
+linseq_status ls_kda_backward_saved_isa(const linseq_kda_problem *problem,
                                         const linseq_exec *exec, const void *saved,
-                                        size_t saved_bytes, const float *d_o, const float *d_ht,
-                                        const linseq_kda_grads *grads)
+                                        size_t saved_bytes, const float *d_o,
+                                        const float *d_ht, const linseq_kda_grads *grads,
+                                        ls_isa isa)
 {
     static const char fn[] = "linseq_kda_backward_saved";
     if (!saved) {
@@ -253,5 +258,27 @@ linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
         return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
                        "argument 'saved' is NULL; expected what linseq_kda_forward_train wrote");
     }
-    return backward_impl(fn, problem, exec, saved, saved_bytes, d_o, d_ht, grads);
+    return backward_impl(fn, problem, exec, saved, saved_bytes, d_o, d_ht, grads,
+                         ls_kda_kernels(isa));
+}
+
+linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                  const float *d_o, const float *d_ht,
+                                  const linseq_kda_grads *grads)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_backward", &isa);
+    return st ? st : ls_kda_backward_isa(problem, exec, d_o, d_ht, grads, isa);
+}
+
+linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
+                                        const linseq_exec *exec, const void *saved,
+                                        size_t saved_bytes, const float *d_o, const float *d_ht,
+                                        const linseq_kda_grads *grads)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_backward_saved", &isa);
+    return st ? st
+              : ls_kda_backward_saved_isa(problem, exec, saved, saved_bytes, d_o, d_ht, grads,
+                                          isa);
 }

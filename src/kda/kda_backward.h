@@ -14,6 +14,8 @@
 
 #include "kda/kda_internal.h"
 
+struct kda_kernels;
+
 typedef struct kda_bwd {
     const kda_plan *pl;
     const float *d_o, *d_ht;
@@ -22,7 +24,7 @@ typedef struct kda_bwd {
     int64_t segment;      /* recurrent mode: tokens between state checkpoints             */
     double *partials;     /* per item: [G] dA_log, then [G*gK] ddt_bias, summed in double */
     int64_t partial_len;
-    ls_isa isa;
+    const struct kda_kernels *kern; /* this call's ISA (kda_kernels.h)                      */
     const float *saved;        /* the training forward's blocks, or NULL (recompute)       */
     const int64_t *saved_at;   /* their offsets per item                                    */
 } kda_bwd;

@@ -3,17 +3,18 @@
  * ks = l2norm(k); turn them into gradients w.r.t. the raw q and k. */
 #include <math.h>
 
+#include "core/kda_math.h"
 #include "kda/kda_backward.h"
 #include "kda/kda_simd.h"
 
-/* dx = r dxhat - r^3 x (x . dxhat) with r = 1/sqrt(|x|^2 + 1e-6), in place on dx (holding
+/* dx = r dxhat - r^3 x (x . dxhat) with r = 1/sqrt(|x|^2 + eps), in place on dx (holding
  * dxhat * mul on entry... after the scaling below). The products are vector dot products; r
  * and r^3 (x . dxhat) are formed in double. */
 static void l2norm_backward_row(int64_t K, const float *x, float mul, float *dx)
 {
     if (mul != 1.0f) ls_vscale(K, mul, dx);
     const double ss = (double)ls_vdot(K, x, x), dot = (double)ls_vdot(K, x, dx);
-    const double r = 1.0 / sqrt(ss + 1e-6);
+    const double r = ls_kda_l2norm_rsqrt(ss);
     const vf vr = vf_set1((float)r), vc = vf_set1((float)(r * r * r * dot));
     int64_t i = 0;
     for (; i + VW <= K; i += VW)

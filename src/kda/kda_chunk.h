@@ -7,14 +7,14 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/kda_math.h"
 #include "kda/kda_internal.h"
 #include "simd/isa.h"
 
 enum { KDA_SUB_CHUNK = 16 };
 
-/* The log decay every chunk computation sees: g raised to this floor (NaN stays NaN). Below
- * it every float32 factor that contains the token is exactly zero anyway. */
-#define KDA_LOG_DECAY_FLOOR (-110.0f)
+/* The log decay every chunk computation sees: g raised to this floor (core/kda_math.h). */
+#define KDA_LOG_DECAY_FLOOR LS_KDA_LOG_DECAY_FLOOR
 
 /* One thread's buffers for one chunk of C rows. All decay factors are products of the
  * per-token decays a_t = e^{g_t} <= 1, never exponentials of differences of sums, so none can

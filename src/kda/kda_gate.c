@@ -8,12 +8,13 @@
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
+#include "kda/kda_kernels.h"
 
 typedef struct {
     const linseq_kda_gate_problem *p;
     int64_t gK, rows_per_item, rows;
     float *g;
-    ls_isa isa;
+    const kda_kernels *kern;
 } gate_ctx;
 
 static void gate_item(void *ctx, int64_t item, int thread)
@@ -23,7 +24,7 @@ static void gate_item(void *ctx, int64_t item, int thread)
     const linseq_kda_gate_problem *p = c->p;
     const int64_t r0 = item * c->rows_per_item;
     const int64_t r1 = r0 + c->rows_per_item < c->rows ? r0 + c->rows_per_item : c->rows;
-    LS_ISA_PICK(c->isa, kda_gate_rows)(p, c->gK, r0, r1, c->g);
+    c->kern->gate_rows(p, c->gK, r0, r1, c->g);
 }
 
 /* Sizes, enums and options, then the gate's input tensors into a (shared by forward and
@@ -59,8 +60,8 @@ static linseq_status check_gate_problem(const char *fn, const linseq_kda_gate_pr
     return LINSEQ_OK;
 }
 
-linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const linseq_exec *exec,
-                                      float *g)
+linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const linseq_exec *exec,
+                                      float *g, ls_isa isa)
 {
     static const char fn[] = "linseq_kda_gate_forward";
     ls_clear_error();
@@ -76,7 +77,8 @@ linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const li
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_forward(fn, p, exec, g);
 
-    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g, .isa = ls_isa_active()};
+    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g,
+                 .kern = ls_kda_kernels(isa)};
     /* Items of ~16K values: enough work per item to amortise the dispatch. */
     c.rows_per_item = 1 + (16384 - 1) / gK;
     const int64_t n_items = (c.rows + c.rows_per_item - 1) / c.rows_per_item;
@@ -110,7 +112,7 @@ static void gate_bwd_head(void *ctx, int64_t h, int thread)
         for (int64_t bt = 0; bt < rows; bt++) {
             const int64_t at = (bt * p->H + h) * gK + i;
             float d_raw, d_alog;
-            kda_gate_grad(p->g_raw[at], bias, a_log, p->lower_bound, &d_raw, &d_alog);
+            ls_kda_gate_gradf(p->g_raw[at], bias, a_log, p->lower_bound, &d_raw, &d_alog);
             const float d = c->d_g[at] * d_raw;
             if (c->gr->dg_raw) c->gr->dg_raw[at] = d;
             d_bias_sum += d;
@@ -121,12 +123,16 @@ static void gate_bwd_head(void *ctx, int64_t h, int thread)
     if (c->gr->dA_log) c->gr->dA_log[h] = (float)d_alog_sum;
 }
 
+/* Plain C, the same on every ISA: it checks LINSEQ_ISA like every entry point but takes no
+ * kernel table. */
 linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const linseq_exec *exec,
                                        const float *d_g, const linseq_kda_gate_grads *grads)
 {
     static const char fn[] = "linseq_kda_gate_backward";
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve(fn, &isa);
+    if (st) return st;
     ls_clear_error();
-    linseq_status st;
     ls_args a = {.fn = fn};
     if ((st = check_gate_problem(fn, p, exec, &a))) return st;
     if (!grads) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'grads' is NULL");
@@ -152,4 +158,12 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
     ls_parallel_for(p->H, ls_resolve_threads(exec, p->H, 30.0 * (double)p->B * (double)p->T * (double)p->H * (double)gK),
                     gate_bwd_head, &c);
     return LINSEQ_OK;
+}
+
+linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *p, const linseq_exec *exec,
+                                      float *g)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_kda_gate_forward", &isa);
+    return st ? st : ls_kda_gate_forward_isa(p, exec, g, isa);
 }

@@ -11,6 +11,7 @@
 #include <stdint.h>
 
 #include "core/activation.h"
+#include "core/kda_math.h"
 #include "linseq.h"
 #include "simd/isa.h"
 
@@ -74,21 +75,6 @@ static inline void kda_seq_range(const kda_plan *pl, int64_t n, int64_t *start, 
 /* Rows [r0, r1) of the standalone gate's output (row = (b*T + t)*H + h, gK values each). */
 LS_ISA_DECLARE(void, kda_gate_rows,
                (const linseq_kda_gate_problem *p, int64_t gK, int64_t r0, int64_t r1, float *g));
-
-/* dg/draw (== dg/ddt_bias) and dg/dA_log of the gate (kda_gate_vec in kda_simd.h). */
-static inline void kda_gate_grad(float raw, float bias, float a_log, float lower_bound,
-                                 float *d_raw, float *d_alog)
-{
-    const float x = raw + bias, e = expf(a_log);
-    if (lower_bound == 0.0f) {
-        *d_raw = -e * ls_softplus_gradf(x);
-        *d_alog = -e * ls_softplusf(x);
-    } else {
-        const float s = ls_sigmoidf(e * x), ds = lower_bound * s * (1.0f - s);
-        *d_raw = ds * e;
-        *d_alog = ds * (e * x);
-    }
-}
 
 /* S [K,V] <- the stored state row (K-major or V-first), or zeros when src is NULL. */
 void kda_state_load(const kda_plan *pl, const float *src, float *S);

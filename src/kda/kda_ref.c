@@ -7,33 +7,13 @@
 #include <string.h>
 
 #include "core/activation.h"
+#include "core/kda_math.h"
 #include "core/validate.h"
 #include "kda/kda_internal.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Gate                                                                                       */
 /* ---------------------------------------------------------------------------------------- */
-
-static double gate_ref(double raw, double bias, double a_log, double lower_bound)
-{
-    if (lower_bound == 0.0) return -exp(a_log) * ls_softplus(raw + bias);
-    return lower_bound * ls_sigmoid(exp(a_log) * (raw + bias));
-}
-
-/* dg/draw (== dg/ddt_bias) and dg/dA_log of gate_ref. */
-static void gate_ref_grad(double raw, double bias, double a_log, double lower_bound,
-                          double *d_raw, double *d_alog)
-{
-    const double x = raw + bias, e = exp(a_log);
-    if (lower_bound == 0.0) {
-        *d_raw = -e * ls_softplus_grad(x);
-        *d_alog = -e * ls_softplus(x);
-    } else {
-        const double s = ls_sigmoid(e * x), ds = lower_bound * s * (1.0 - s);
-        *d_raw = ds * e;
-        *d_alog = ds * e * x;
-    }
-}
 
 void ls_kda_gate_reference_f64(const linseq_kda_gate_problem *p, double *g)
 {
@@ -44,7 +24,7 @@ void ls_kda_gate_reference_f64(const linseq_kda_gate_problem *p, double *g)
                 const int64_t idx = (bt * p->H + h) * gK + i;
                 const double bias = p->dt_bias ? p->dt_bias[h * gK + i] : 0.0;
                 const double a_log = p->A_log ? p->A_log[h] : 0.0;
-                g[idx] = gate_ref(p->g_raw[idx], bias, a_log, p->lower_bound);
+                g[idx] = ls_kda_gate(p->g_raw[idx], bias, a_log, p->lower_bound);
             }
 }
 
@@ -56,7 +36,7 @@ void ls_kda_gate_reference(const linseq_kda_gate_problem *p, float *g)
         const int64_t h = (idx / gK) % p->H, i = idx % gK;
         const double bias = p->dt_bias ? p->dt_bias[h * gK + i] : 0.0;
         const double a_log = p->A_log ? p->A_log[h] : 0.0;
-        g[idx] = (float)gate_ref(p->g_raw[idx], bias, a_log, p->lower_bound);
+        g[idx] = (float)ls_kda_gate(p->g_raw[idx], bias, a_log, p->lower_bound);
     }
 }
 
@@ -73,7 +53,7 @@ void ls_kda_gate_reference_backward(const linseq_kda_gate_problem *p, const floa
                 const double bias = p->dt_bias ? p->dt_bias[h * gK + i] : 0.0;
                 const double a_log = p->A_log ? p->A_log[h] : 0.0;
                 double d_raw, d_alog;
-                gate_ref_grad(p->g_raw[idx], bias, a_log, p->lower_bound, &d_raw, &d_alog);
+                ls_kda_gate_grad(p->g_raw[idx], bias, a_log, p->lower_bound, &d_raw, &d_alog);
                 dg_raw[idx] = d_g[idx] * d_raw;
                 dA_log[h] += d_g[idx] * d_alog;
                 ddt_bias[h * gK + i] += d_g[idx] * d_raw;
@@ -140,8 +120,8 @@ static void load_token(ref_walk *w, int64_t t, int64_t hv)
         qn += w->q[i] * w->q[i];
         kn += w->k[i] * w->k[i];
     }
-    w->rq = p->qk_l2norm ? 1.0 / sqrt(qn + 1e-6) : 1.0;
-    w->rk = p->qk_l2norm ? 1.0 / sqrt(kn + 1e-6) : 1.0;
+    w->rq = p->qk_l2norm ? ls_kda_l2norm_rsqrt(qn) : 1.0;
+    w->rk = p->qk_l2norm ? ls_kda_l2norm_rsqrt(kn) : 1.0;
     for (int64_t i = 0; i < K; i++) {
         w->q[i] *= w->rq;
         w->k[i] *= w->rk;
@@ -158,7 +138,7 @@ static void load_token(ref_walk *w, int64_t t, int64_t hv)
         const double raw = p->g[(t * w->HV + hv) * gK + gi];
         const double bias = p->dt_bias ? p->dt_bias[hv * gK + gi] : 0.0;
         const double a_log = p->A_log ? p->A_log[hv] : 0.0;
-        w->g[i] = p->gate_in_kernel ? gate_ref(raw, bias, a_log, p->lower_bound) : raw;
+        w->g[i] = p->gate_in_kernel ? ls_kda_gate(raw, bias, a_log, p->lower_bound) : raw;
     }
 }
 
@@ -361,7 +341,7 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
                         const double bias = p->dt_bias ? p->dt_bias[hv * gK + gi] : 0.0;
                         const double a_log = p->A_log ? p->A_log[hv] : 0.0;
                         double d_raw, d_alog;
-                        gate_ref_grad(p->g[at], bias, a_log, p->lower_bound, &d_raw, &d_alog);
+                        ls_kda_gate_grad(p->g[at], bias, a_log, p->lower_bound, &d_raw, &d_alog);
                         gr->dA_log[hv] += d * d_alog;
                         gr->ddt_bias[hv * gK + gi] += d * d_raw;
                         d *= d_raw;

@@ -6,13 +6,14 @@
 #include <math.h>
 #include <string.h>
 
+#include "core/kda_math.h"
 #include "kda/kda_internal.h"
 #include "simd/gemm.h"
 #include "simd/vec.h"
 
-/* The gate on one vector: -exp(A_log) softplus(raw + bias), or
- * lower_bound sigmoid(exp(A_log) (raw + bias)). The standalone gate op runs this same
- * function, so both agree bit for bit on one ISA. */
+/* ls_kda_gatef (core/kda_math.h) on one vector, in the same order of operations:
+ * -exp(A_log) softplus(raw + bias), or lower_bound sigmoid(exp(A_log) (raw + bias)). The
+ * standalone gate op runs this same function, so both agree bit for bit on one ISA. */
 static inline vf kda_gate_vec(vf raw, vf bias, float a_log, float lower_bound)
 {
     const vf x = vf_add(raw, bias);
@@ -65,11 +66,11 @@ static inline void kda_row_decays(const kda_plan *pl, const float *g, float *a)
     for (int64_t i = 0; i < K; i++) a[i] = e;
 }
 
-/* out = x * r * scale with r = 1/sqrt(|x|^2 + 1e-6) (l2norm) or out = x * scale. */
+/* out = x * r * scale with r = 1/sqrt(|x|^2 + eps) (l2norm, ls_kda_l2norm_factorf) or
+ * out = x * scale. */
 static inline void kda_norm_scale(int64_t n, const float *x, bool l2norm, float scale, float *out)
 {
-    float mul = scale;
-    if (l2norm) mul = (float)(1.0 / sqrt((double)ls_vdot(n, x, x) + 1e-6)) * scale;
+    const float mul = l2norm ? ls_kda_l2norm_factorf(ls_vdot(n, x, x), scale) : scale;
     const vf m = vf_set1(mul);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) vf_store(out + i, vf_mul(vf_load(x + i), m));

@@ -1,11 +1,12 @@
 /* Run-time choice of the kernels' instruction set (see isa.h). */
 #include "simd/isa.h"
 
-#include <stdatomic.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
+#include <strings.h>
 
-#include "linseq.h"
+#include "core/status.h"
 
 static int cpu_supports(ls_isa isa)
 {
@@ -40,27 +41,76 @@ const char *ls_isa_name(ls_isa isa)
     }
 }
 
-/* -1 until decided; the decision is a pure function of the CPU and the environment, so two
- * threads racing to make it store the same value. */
-static atomic_int active = -1;
+/* The decision, made once per process: a pure function of the CPU and the environment. */
+static struct {
+    ls_isa isa;           /* what runs; the best the CPU supports when LINSEQ_ISA is bad  */
+    linseq_status status; /* LINSEQ_OK, or why LINSEQ_ISA names nothing this CPU runs      */
+    char message[256];
+} choice;
+static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
+
+/* "scalar, avx2, avx512": the names this CPU runs, for the error message. */
+static void list_available(char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < LS_ISA_COUNT && used < size; i++)
+        if (cpu_supports((ls_isa)i))
+            used += (size_t)snprintf(out + used, size - used, "%s%s", used ? ", " : "",
+                                     ls_isa_name((ls_isa)i));
+}
+
+static void decide(void)
+{
+    choice.isa = LS_ISA_SCALAR;
+    for (int i = LS_ISA_COUNT - 1; i >= 0; i--)
+        if (cpu_supports((ls_isa)i)) {
+            choice.isa = (ls_isa)i;
+            break;
+        }
+    choice.status = LINSEQ_OK;
+    const char *want = getenv("LINSEQ_ISA");
+    if (!want || !want[0]) return; /* unset or empty: the best */
+    char valid[64];
+    list_available(valid, sizeof valid);
+    for (int i = 0; i < LS_ISA_COUNT; i++) {
+        if (strcasecmp(want, ls_isa_name((ls_isa)i)) != 0) continue;
+        if (cpu_supports((ls_isa)i)) {
+            choice.isa = (ls_isa)i;
+            return;
+        }
+        choice.status = LINSEQ_ERR_UNSUPPORTED;
+        snprintf(choice.message, sizeof choice.message,
+                 "the environment variable LINSEQ_ISA = \"%.32s\" names an instruction set "
+                 "this CPU cannot run; expected one of: %s (or unset for the best)",
+                 want, valid);
+        return;
+    }
+    choice.status = LINSEQ_ERR_INVALID_VALUE;
+    snprintf(choice.message, sizeof choice.message,
+             "the environment variable LINSEQ_ISA = \"%.32s\" names no instruction set; "
+             "expected one of: %s (any case; or unset for the best)",
+             want, valid);
+}
 
 ls_isa ls_isa_active(void)
 {
-    int isa = atomic_load_explicit(&active, memory_order_acquire);
-    if (isa >= 0) return (ls_isa)isa;
-    isa = LS_ISA_SCALAR;
-    for (int i = LS_ISA_COUNT - 1; i >= 0; i--)
-        if (cpu_supports((ls_isa)i)) {
-            isa = i;
-            break;
-        }
-    const char *want = getenv("LINSEQ_ISA");
-    if (want) {
-        for (int i = 0; i < LS_ISA_COUNT; i++)
-            if (strcmp(want, ls_isa_name((ls_isa)i)) == 0 && i < isa) isa = i;
-    }
-    atomic_store_explicit(&active, isa, memory_order_release);
-    return (ls_isa)isa;
+    pthread_once(&choice_once, decide);
+    return choice.isa;
 }
 
-const char *linseq_isa(void) { return ls_isa_name(ls_isa_active()); }
+linseq_status ls_isa_resolve(const char *fn, ls_isa *isa)
+{
+    pthread_once(&choice_once, decide);
+    *isa = choice.isa;
+    if (choice.status) return ls_fail(fn, choice.status, "%s", choice.message);
+    return LINSEQ_OK;
+}
+
+const char *linseq_isa(void)
+{
+    ls_clear_error();
+    ls_isa isa;
+    if (ls_isa_resolve("linseq_isa", &isa)) return "invalid";
+    return ls_isa_name(isa);
+}

@@ -8,7 +8,7 @@
  *                  2^n with correct over/underflow: <= 1.5 ulp (measured 1.24) on [-87, 88.7],
  *                  subnormal results to 1 ulp, 0 below -104, inf above 88.73, NaN kept.
  *     vf_log1p01   log(1 + y) for y in [0, 1] through 2 atanh(y / (2 + y)): <= 3 ulp (2.83).
- *     vf_softplus  x above 20 (as torch), else max(x,0) + log1p(exp(-|x|)): <= 4 ulp (3.61).
+ *     vf_softplus  x above LS_SOFTPLUS_THRESHOLD (20, as torch), else max(x,0) + log1p(exp(-|x|)): <= 4 ulp (3.61).
  *     vf_sigmoid   1/(1+e^-x) for x >= 0, e^x/(1+e^x) below: <= 3 ulp (2.72), no overflow.
  *     vf_silu      x sigmoid(x): <= 4 ulp (3.61).
  *     vf_rsqrt     1/sqrt(x) with an IEEE sqrt and divide: <= 1.5 ulp (1.48).
@@ -19,6 +19,7 @@
 
 #include <stdint.h>
 
+#include "core/activation.h"
 #include "simd/isa.h"
 
 #if LS_ISA == 2
@@ -67,7 +68,7 @@ static inline vf vf_log1p01(vf y)
 static inline vf vf_softplus(vf x)
 {
     const vf smooth = vf_add(vf_max(vf_zero(), x), vf_log1p01(vf_exp(vf_sub(vf_zero(), vf_abs(x)))));
-    return vf_select_gt(x, vf_set1(20.0f), x, smooth);
+    return vf_select_gt(x, vf_set1(LS_SOFTPLUS_THRESHOLD), x, smooth);
 }
 
 static inline vf vf_sigmoid(vf x)

@@ -14,8 +14,8 @@
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 
-linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *exec, ls_isa isa,
-                             float *y, float *state_out)
+linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                             const ssm_kernels *kern, float *y, float *state_out)
 {
     conv1d_plan pl = {.p = p, .y = y, .state_out = state_out, .act = conv1d_activation(p)};
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
@@ -39,7 +39,7 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     pl.workspace = aligned_alloc(64, (size_t)total_bytes);
     if (!pl.workspace) return LINSEQ_ERR_OUT_OF_MEMORY;
 
-    ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_conv1d_item), &pl);
+    ls_parallel_for(n_items, n_threads, kern->conv1d_item, &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }
@@ -83,14 +83,18 @@ static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
 linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *p, const linseq_exec *exec,
                                     float *y, float *conv_state_out)
 {
-    return ls_conv1d_forward_isa(p, exec, y, conv_state_out, ls_isa_active());
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_conv1d_forward", &isa);
+    return st ? st : ls_conv1d_forward_isa(p, exec, y, conv_state_out, isa);
 }
 
 linseq_status linseq_conv1d_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
                                      const float *d_y, const float *d_conv_state_out,
                                      const linseq_conv1d_grads *grads)
 {
-    return ls_conv1d_backward_isa(p, exec, d_y, d_conv_state_out, grads, ls_isa_active());
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_conv1d_backward", &isa);
+    return st ? st : ls_conv1d_backward_isa(p, exec, d_y, d_conv_state_out, grads, isa);
 }
 
 linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
@@ -111,7 +115,7 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     if (ls_on_cuda(exec))
         return ls_cuda_entry_conv1d_forward(a.fn, p, exec, y, W > 1 ? conv_state_out : NULL);
 
-    st = ls_conv1d_scan(p, exec, isa, y, W > 1 ? conv_state_out : NULL);
+    st = ls_conv1d_scan(p, exec, ls_ssm_kernels(isa), y, W > 1 ? conv_state_out : NULL);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
     return st;
@@ -156,7 +160,7 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
     if (ls_on_cuda(exec))
         return ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y,
                                              W > 1 ? d_conv_state_out : NULL, &used);
-    st = ls_conv1d_scan_backward(p, exec, isa, d_y, W > 1 ? d_conv_state_out : NULL, &used);
+    st = ls_conv1d_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, W > 1 ? d_conv_state_out : NULL, &used);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
     return st;

@@ -24,7 +24,7 @@
 #include "ssm/ssm_kernels.h"
 
 linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
-                                      ls_isa isa, const float *d_y,
+                                      const ssm_kernels *kern, const float *d_y,
                                       const float *d_conv_state_out,
                                       const linseq_conv1d_grads *grads)
 {
@@ -53,7 +53,7 @@ linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const lins
     pl.workspace = aligned_alloc(64, (size_t)total_bytes);
     if (!pl.workspace) return LINSEQ_ERR_OUT_OF_MEMORY;
 
-    ls_parallel_for(pl.n_blocks, n_threads, LS_ISA_PICK(isa, ls_conv1d_bwd_item), &pl);
+    ls_parallel_for(pl.n_blocks, n_threads, kern->conv1d_bwd_item, &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }

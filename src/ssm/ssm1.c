@@ -6,6 +6,7 @@
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
 #include "ssm/ssm_internal.h"
+#include "ssm/ssm_kernels.h"
 
 /* The sizes, options and exec of a problem, then its input tensors appended to the argument
  * table `a` (whose fn names the entry point). Run first by both entry points, so the backward
@@ -63,14 +64,18 @@ static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
 linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
                                   float *hT)
 {
-    return ls_ssm1_forward_isa(p, exec, y, hT, ls_isa_active());
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssm1_forward", &isa);
+    return st ? st : ls_ssm1_forward_isa(p, exec, y, hT, isa);
 }
 
 linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                    const float *d_y, const float *d_hT,
                                    const linseq_ssm1_grads *grads)
 {
-    return ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, ls_isa_active());
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssm1_backward", &isa);
+    return st ? st : ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, isa);
 }
 
 linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
@@ -88,7 +93,7 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
 
-    st = ls_ssm1_scan(p, exec, isa, y, hT);
+    st = ls_ssm1_scan(p, exec, ls_ssm_kernels(isa), y, hT);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",
                        (long long)p->N);
@@ -139,7 +144,7 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
 
-    st = ls_ssm1_scan_backward(p, exec, isa, d_y, d_hT, grads);
+    st = ls_ssm1_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, d_hT, grads);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st,
                        "could not allocate the backward workspace (checkpoints every %d tokens "

@@ -12,8 +12,8 @@
 /* Tokens per sequence below which blocks are grouped into larger work items. */
 #define SHORT_TOKENS 16
 
-linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec, ls_isa isa,
-                           float *y, float *hT)
+linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                           const ssm_kernels *kern, float *y, float *hT)
 {
     ssm1_scan_plan pl = {.p = p, .y = y, .hT = hT};
     pl.G = p->G ? p->G : 1;
@@ -46,9 +46,9 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
 
     /* decode: the same channels on the same core every call, so the state stays in its cache */
     if (p->T < SHORT_TOKENS)
-        ls_parallel_for_static(n_items, n_threads, LS_ISA_PICK(isa, ls_ssm1_scan_item), &pl);
+        ls_parallel_for_static(n_items, n_threads, kern->ssm1_scan_item, &pl);
     else
-        ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssm1_scan_item), &pl);
+        ls_parallel_for(n_items, n_threads, kern->ssm1_scan_item, &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }

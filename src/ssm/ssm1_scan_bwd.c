@@ -64,8 +64,8 @@ static bool thread_floats_of(int64_t N, int64_t max_segments, int64_t *floats)
 }
 
 linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                    ls_isa isa, const float *d_y, const float *d_hT,
-                                    const linseq_ssm1_grads *grads)
+                                    const ssm_kernels *kern, const float *d_y,
+                                    const float *d_hT, const linseq_ssm1_grads *grads)
 {
     ssm1_bwd_plan pl = {.p = p, .d_y = d_y, .d_hT = d_hT, .grads = grads};
     pl.G = p->G ? p->G : 1;
@@ -106,13 +106,13 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
         return LINSEQ_ERR_OUT_OF_MEMORY;
     }
 
-    ls_parallel_for(pl.n_blocks, n_threads, LS_ISA_PICK(isa, ls_ssm1_bwd_item), &pl);
+    ls_parallel_for(pl.n_blocks, n_threads, kern->ssm1_bwd_item, &pl);
     if (pl.dB_partial || pl.dC_partial) {
         const int64_t n_chunks = (pl.n_tokens + SSM1_REDUCE_TOKENS - 1) / SSM1_REDUCE_TOKENS;
         const int reduce_threads =
             ls_resolve_threads(exec, n_chunks,
                                2.0 * (double)pl.n_tokens * (double)p->D / SSM_LANES * p->N);
-        ls_parallel_for(n_chunks, reduce_threads, LS_ISA_PICK(isa, ls_ssm1_bwd_reduce_item), &pl);
+        ls_parallel_for(n_chunks, reduce_threads, kern->ssm1_bwd_reduce_item, &pl);
     }
     free(pl.workspace);
     free(pl.dB_partial);

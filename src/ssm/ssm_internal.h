@@ -86,8 +86,9 @@ static inline linseq_activation conv1d_activation(const linseq_conv1d_problem *p
 }
 
 /* The public entry points with the kernels' instruction set as an argument: linseq_X(...) is
- * ls_X_isa(..., ls_isa_active()). isa must be one ls_isa_available() accepts. The tests call
- * these to run every kernel the CPU can run, each through the full validation. */
+ * ls_X_isa(..., ls_isa_active()) once LINSEQ_ISA has been checked (ls_isa_resolve). isa must
+ * be one ls_isa_available() accepts. The tests call these to run every kernel the CPU can
+ * run, each through the full validation. */
 linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                   float *y, float *hT, ls_isa isa);
 linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
@@ -99,11 +100,14 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
                                      const float *d_y, const float *d_conv_state_out,
                                      const linseq_conv1d_grads *grads, ls_isa isa);
 
+/* The kernels of one ISA (ssm_kernels.h), which the drivers below run. */
+struct ssm_kernels;
+
 /* The fast float32 forward of a validated problem (arguments as in linseq_ssm1_forward).
  * Returns LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when its workspace cannot be
  * allocated. */
-linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec, ls_isa isa,
-                           float *y, float *hT);
+linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                           const struct ssm_kernels *kern, float *y, float *hT);
 
 /* Tokens between two state checkpoints of the SSM1 backward: the backward stores one state per
  * segment of this many tokens and recomputes the states inside a segment, so its memory is
@@ -114,17 +118,17 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
  * every NULL gradient is skipped). Returns LINSEQ_ERR_OUT_OF_MEMORY, having written nothing,
  * when its workspace cannot be allocated. */
 linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                    ls_isa isa, const float *d_y, const float *d_hT,
-                                    const linseq_ssm1_grads *grads);
+                                    const struct ssm_kernels *kern, const float *d_y,
+                                    const float *d_hT, const linseq_ssm1_grads *grads);
 
 /* The fast float32 conv1d forward and backward of a validated problem (arguments as in
  * linseq_conv1d_forward / _backward; with W == 1 the state arguments must be NULL). Return
  * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when their workspace cannot be
  * allocated. */
-linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *exec, ls_isa isa,
-                             float *y, float *conv_state_out);
+linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                             const struct ssm_kernels *kern, float *y, float *conv_state_out);
 linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const linseq_exec *exec,
-                                      ls_isa isa, const float *d_y,
+                                      const struct ssm_kernels *kern, const float *d_y,
                                       const float *d_conv_state_out,
                                       const linseq_conv1d_grads *grads);
 

@@ -1,9 +1,9 @@
 /* Internal: the plans the SSM1 and conv1d drivers (ssm1_scan.c, ssm1_scan_bwd.c, conv1d.c,
  * conv1d_bwd.c) hand to their work-item kernels, which live in *_simd.c sources compiled once
  * per ISA. A driver validates nothing (its caller did), sizes and allocates the per-thread
- * workspace, picks the kernel of the requested ISA once per call and runs it over the items
- * with ls_parallel_for; each item function has the ls_item_fn signature and takes its plan as
- * the context. */
+ * workspace and runs the item kernel of the table it is given (ssm_kernels, one per ISA) over
+ * the items with ls_parallel_for; each item function has the ls_item_fn signature and takes its
+ * plan as the context. */
 #ifndef LS_SSM_KERNELS_H
 #define LS_SSM_KERNELS_H
 
@@ -117,5 +117,20 @@ typedef enum ls_ssm_vfn {
 /* y[i] = fn(x[i]) for i < n with the kernels' vector forms (act resolved); y may equal x. */
 LS_ISA_DECLARE(void, ls_ssm_vmath_n,
                (ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y));
+
+/* ---- the kernels of one ISA ------------------------------------------------------------ */
+
+typedef struct ssm_kernels {
+    ls_isa isa;
+    void (*ssm1_scan_item)(void *plan, int64_t item, int thread);
+    void (*ssm1_bwd_item)(void *plan, int64_t item, int thread);
+    void (*ssm1_bwd_reduce_item)(void *plan, int64_t item, int thread);
+    void (*conv1d_item)(void *plan, int64_t item, int thread);
+    void (*conv1d_bwd_item)(void *plan, int64_t item, int thread);
+    void (*vmath_n)(ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y);
+} ssm_kernels;
+
+/* The table of isa, which must be one ls_isa_available() accepts. */
+const ssm_kernels *ls_ssm_kernels(ls_isa isa);
 
 #endif

@@ -7,7 +7,8 @@
  *                         (forward, backward, decode) uses these, so they agree with each other.
  *                         gelu_tanh uses 0.5 (1 + tanh(u)) = sigmoid(2u): the same function, no
  *                         vector tanh needed, and no cancellation for large |u|.
- *   vf_softplus_grad      d softplus / dx with vf_softplus's threshold (slope 1 above 20).
+ *   vf_softplus_grad      d softplus / dx with vf_softplus's threshold (slope 1 above
+ *                         LS_SOFTPLUS_THRESHOLD).
  *   vf_act_and_grad       both of the same z, sharing the sigmoid.
  *   vf_load_part, vf_store_part   a vector of a row whose valid prefix may be shorter.
  *   ls_transpose_copy     VW x VW blocks through vf_transpose_regs, to move [channel][state]
@@ -75,7 +76,7 @@ LS_INLINE vf vf_act_grad(linseq_activation act, vf z)
 
 LS_INLINE vf vf_softplus_grad(vf x)
 {
-    return vf_select_gt(x, vf_set1(20.0f), vf_set1(1.0f), vf_sigmoid(x));
+    return vf_select_gt(x, vf_set1(LS_SOFTPLUS_THRESHOLD), vf_set1(1.0f), vf_sigmoid(x));
 }
 
 /* vf_act and vf_act_grad of the same z, bitwise: each case calls what the two do, in one basic
