@@ -11,14 +11,19 @@ found=0
 for log in "$dir"/*.o.ptxas; do
     [ -f "$log" ] || continue
     found=1
-    # ptxas prints "Compiling entry function 'NAME'" then "N bytes stack frame, S bytes spill
-    # stores, L bytes spill loads" and "Used R registers, ..." for each kernel
+    # ptxas prints "Compiling entry function 'NAME' for 'sm_XX'" then "N bytes stack frame,
+    # S bytes spill stores, L bytes spill loads" and "Used R registers, ..." for each kernel
+    # and each target architecture
     awk -v src="$(basename "$log" .o.ptxas).cu" '
-        /Compiling entry function/ { name = $0; sub(/.*function .\047?/, "", name); sub(/\047.*/, "", name) }
+        /Compiling entry function/ {
+            name = $0; sub(/.*function .\047?/, "", name); sub(/\047.*/, "", name)
+            arch = $0; sub(/.* for .\047?/, "", arch); sub(/\047.*/, "", arch)
+        }
         /bytes stack frame/ { stack = $5; spills = $9 + $13 }
         /Used [0-9]+ registers/ {
             regs = $5
-            printf "  %-12s %-60.60s regs %3d stack %4d spill %d\n", src, name, regs, stack, spills
+            printf "  %-12s %-6s %-56.56s regs %3d stack %4d spill %d\n", src, arch, name, regs,
+                   stack, spills
             if (stack + spills > 0) bad = 1
         }
         END { exit bad }' "$log" || fail=1
@@ -31,4 +36,4 @@ if [ "$fail" != 0 ]; then
     echo "cuda-check: a kernel spills registers or uses a stack frame (local memory)" >&2
     exit 1
 fi
-echo "cuda-check: every CUDA kernel compiles for sm_90a with no spills and no stack frame"
+echo "cuda-check: every CUDA kernel compiles for every target architecture with no spills and no stack frame"

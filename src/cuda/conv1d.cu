@@ -374,18 +374,6 @@ linseq_status conv1d_forward(const linseq_conv1d_problem *p, const ls_cuda_call 
     return vec ? launch_fwd_vec<E, 4>(a, call) : launch_fwd_vec<E, 1>(a, call);
 }
 
-linseq_status ws_alloc(const ls_cuda_call *call, ls_cuda_workspace &ws, size_t bytes)
-{
-    const cudaError_t err = ws.alloc(bytes, ls_stream(call));
-    if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return ls_fail(call->fn, LINSEQ_ERR_OUT_OF_MEMORY,
-                       "could not allocate %zu bytes of device workspace", bytes);
-    }
-    LS_CUDA_TRY(call, err);
-    return LINSEQ_OK;
-}
-
 template <typename E>
 linseq_status conv1d_backward(const linseq_conv1d_problem *p, const ls_cuda_call *call,
                               const void *d_y, const float *dso, const linseq_conv1d_grads *gr)
@@ -404,7 +392,7 @@ linseq_status conv1d_backward(const linseq_conv1d_problem *p, const ls_cuda_call
     const size_t dw_floats = gr->dweight ? (size_t)rows * (size_t)(a.D * a.W) : 0;
     const size_t db_floats = want_db ? (size_t)rows * (size_t)a.D : 0;
     if (dw_floats + db_floats) {
-        if ((st = ws_alloc(call, ws, (dw_floats + db_floats) * sizeof(float)))) return st;
+        if ((st = ws.alloc(call, (dw_floats + db_floats) * sizeof(float)))) return st;
         a.dw_part = gr->dweight ? ws.as<float>() : nullptr;
         a.db_part = want_db ? ws.as<float>() + dw_floats : nullptr;
     }

@@ -63,17 +63,29 @@ __host__ __device__ __forceinline__ Elem *ls_out(void *p)
 }
 
 // Stream-ordered workspace: allocated on the call's stream, freed on it when the owner goes
-// out of scope, so kernels enqueued before the free still see it.
+// out of scope, so kernels enqueued before the free still see it. Every device allocation of
+// the backend goes through alloc().
 struct ls_cuda_workspace {
     void *ptr = nullptr;
     cudaStream_t stream = nullptr;
     ls_cuda_workspace() = default;
     ls_cuda_workspace(const ls_cuda_workspace &) = delete;
     ls_cuda_workspace &operator=(const ls_cuda_workspace &) = delete;
-    cudaError_t alloc(size_t bytes, cudaStream_t s)
+    // bytes (at least 1) on the call's stream. A device out of memory is
+    // LINSEQ_ERR_OUT_OF_MEMORY, as on the CPU; any other failure LINSEQ_ERR_DEVICE. The
+    // failure is cleared from the runtime so that a later launch check does not report it.
+    linseq_status alloc(const ls_cuda_call *call, size_t bytes)
     {
-        stream = s;
-        return cudaMallocAsync(&ptr, bytes ? bytes : 1, s);
+        stream = ls_stream(call);
+        const cudaError_t err = cudaMallocAsync(&ptr, bytes ? bytes : 1, stream);
+        if (err == cudaSuccess) return LINSEQ_OK;
+        ptr = nullptr;
+        (void)cudaGetLastError();
+        return ls_fail(call->fn,
+                       err == cudaErrorMemoryAllocation ? LINSEQ_ERR_OUT_OF_MEMORY
+                                                        : LINSEQ_ERR_DEVICE,
+                       "could not allocate %zu bytes of device workspace: %s", bytes,
+                       cudaGetErrorString(err));
     }
     ~ls_cuda_workspace()
     {

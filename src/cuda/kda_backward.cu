@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(NT)
         }
         sq = warp_sum(sq);
         sk = warp_sum(sk);
-        mq = (float)(1.0 / sqrt((double)sq + 1e-6)) * scale;
-        mk = (float)(1.0 / sqrt((double)sk + 1e-6));
+        mq = ls_kda_l2norm_factorf(sq, scale);
+        mk = ls_kda_l2norm_factorf(sk, 1.0f);
     }
     float dot = 0.0f;
     for (int64_t i = lane; i < K; i += 32) {
@@ -117,14 +117,14 @@ __global__ void __launch_bounds__(NT)
     if (decay == DECAY_NONE) return;
     float g = ls_ld(ls_in<Elem>(g_in), idx);
     if (gate)
-        g = ls_kda::gate(g, dt_bias ? dt_bias[hv * gK + c] : 0.0f, A_log ? A_log[hv] : 0.0f,
-                  lower_bound);
+        g = ls_kda_gatef(g, dt_bias ? dt_bias[hv * gK + c] : 0.0f, A_log ? A_log[hv] : 0.0f,
+                         lower_bound);
     a[idx] = expf(g);
 }
 
 // dq, dk of one (token, qk head) per warp: the tile shares summed over the group's value
 // heads and the tiles, then dx = r dxhat - r^3 x (x . dxhat) with dxhat = mul * sum and
-// r = 1/sqrt(|x|^2 + 1e-6) (kda_bwd_chain_qk of the CPU path).
+// r = ls_kda_l2norm_rsqrt(|x|^2) (kda_bwd_chain_qk of the CPU path).
 template <typename Elem>
 __device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *out, int64_t tok,
                                            int64_t h, int64_t n_tok, int64_t HV, int64_t G,
@@ -150,7 +150,7 @@ __device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *
     }
     ss = warp_sum(ss);
     dot = warp_sum(dot);
-    const double r = 1.0 / sqrt((double)ss + 1e-6);
+    const double r = ls_kda_l2norm_rsqrt((double)ss);
     const float vr = (float)r, vc = (float)(r * r * r * (double)dot);
     for (int64_t i = lane; i < K; i += 32) ls_st(out, i, fmaf(-vc, ls_ld(x, i), vr * gsum(i)));
 }
@@ -217,8 +217,8 @@ __global__ void __launch_bounds__(NT) kda_bwd_finish_v(const finish_v_args A)
         if (A.gate) {
             const float bias = A.dt_bias ? A.dt_bias[hv * A.gK + c] : 0.0f;
             float d_raw, d_alog;
-            ls_kda::gate_grad(ls_ld(ls_in<Elem>(A.g_in), at), bias, a_log, A.lower_bound, &d_raw,
-                       &d_alog);
+            ls_kda_gate_gradf(ls_ld(ls_in<Elem>(A.g_in), at), bias, a_log, A.lower_bound, &d_raw,
+                              &d_alog);
             al += (double)(d * d_alog);
             d *= d_raw;
             if (A.dgr) A.dgr[at] = d;
@@ -356,7 +356,7 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
     };
     const size_t bytes = layout(nullptr).second;
     ls_cuda_workspace ws;
-    LS_CUDA_TRY(call, ws.alloc(bytes, st));
+    if (linseq_status status = ws.alloc(call, bytes)) return status;
     const plan pl = layout(ws.as<char>()).first;
 
     if (n_tok > 0) {

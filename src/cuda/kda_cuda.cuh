@@ -1,6 +1,6 @@
 // Internal: what the CUDA KDA kernels share (kda_forward.cu, kda_decode.cu, kda_gate.cu, and
-// the backward if it wants them): the in-kernel options' scalar functions with the CPU path's
-// formulas (core/activation.h, kda/kda_simd.h), and the intra-chunk builder of the chunked
+// the backward if it wants them): the in-kernel options' scalar functions, which are the CPU
+// path's own (core/activation.h, core/kda_math.h), and the intra-chunk builder of the chunked
 // forward (its workspace layout and its launcher, defined in kda_forward.cu).
 //
 // The signatures here are stable: the backward may include this header.
@@ -8,50 +8,23 @@
 #define LS_KDA_CUDA_CUH
 
 #include "core/activation.h"
+#include "core/kda_math.h"
 #include "cuda/cuda_common.cuh"
 
 namespace ls_kda {
 
 // Per-token log decays below this are raised to it before any chunk computation (the CPU's
-// KDA_LOG_DECAY_FLOOR): e^-110 is an exact float32 zero in every product with factors <= 1.
-constexpr float LOG_DECAY_FLOOR = -110.0f;
+// floor, core/kda_math.h).
+constexpr float LOG_DECAY_FLOOR = LS_KDA_LOG_DECAY_FLOOR;
 
-// The CPU's formulas (core/activation.h): exp never overflows, softplus is x above 20 and
-// its slope exactly 1 there.
+// The CPU's sigmoid (core/activation.h): exp never overflows.
 __device__ __forceinline__ float sigmoid(float z) { return ls_sigmoidf(z); }
-__device__ __forceinline__ float softplus(float x) { return ls_softplusf(x); }
-__device__ __forceinline__ float softplus_grad(float x) { return ls_softplus_gradf(x); }
 
-// The decay after the gate: -exp(A_log) softplus(raw + bias), or
-// lower_bound sigmoid(exp(A_log) (raw + bias)).
-__device__ __forceinline__ float gate(float raw, float bias, float a_log, float lower_bound)
-{
-    const float x = raw + bias;
-    if (lower_bound == 0.0f) return -expf(a_log) * softplus(x);
-    return lower_bound * sigmoid(expf(a_log) * x);
-}
-
-// dg/draw (== dg/ddt_bias) and dg/dA_log of gate().
-__device__ __forceinline__ void gate_grad(float raw, float bias, float a_log, float lower_bound,
-                                          float *d_raw, float *d_alog)
-{
-    const float x = raw + bias, e = expf(a_log);
-    if (lower_bound == 0.0f) {
-        *d_raw = -e * softplus_grad(x);
-        *d_alog = -e * softplus(x);
-    } else {
-        const float s = sigmoid(e * x), ds = lower_bound * s * (1.0f - s);
-        *d_raw = ds * e;
-        *d_alog = ds * (e * x);
-    }
-}
-
-// The factor a q or k row is multiplied by: scale / sqrt(|x|^2 + 1e-6) with the l2 norm (the
-// root taken in double, as the CPU's kda_norm_scale), scale without.
+// The factor a q or k row is multiplied by: ls_kda_l2norm_factorf with the l2 norm (as the
+// CPU's kda_norm_scale), scale without.
 __device__ __forceinline__ float norm_factor(float sumsq, bool l2norm, float scale)
 {
-    if (!l2norm) return scale;
-    return (float)(1.0 / sqrt((double)sumsq + 1e-6)) * scale;
+    return l2norm ? ls_kda_l2norm_factorf(sumsq, scale) : scale;
 }
 
 // The log decay of one (token, value head, channel) as the recurrence sees it: g itself, or
@@ -65,7 +38,7 @@ __device__ __forceinline__ float log_decay(const linseq_kda_problem &p, const El
     const float raw = ls_ld(g, (tok * HV + hv) * gK + i);
     if (!p.gate_in_kernel) return raw;
     const float bias = p.dt_bias ? p.dt_bias[hv * gK + i] : 0.0f;
-    return gate(raw, bias, p.A_log ? p.A_log[hv] : 0.0f, p.lower_bound);
+    return ls_kda_gatef(raw, bias, p.A_log ? p.A_log[hv] : 0.0f, p.lower_bound);
 }
 
 // Butterfly sum over the 32 lanes: every lane gets the same bits, in a fixed order.
@@ -168,8 +141,10 @@ struct rec_params {
     void *o;
 };
 
+// (min blocks 1: without it ptxas for sm_80 caps KMAX = 256 V-first at 168 registers and
+// spills)
 template <typename Elem, int KMAX, bool VF>
-__global__ void __launch_bounds__(REC_THREADS) recurrent_kernel(const rec_params P)
+__global__ void __launch_bounds__(REC_THREADS, 1) recurrent_kernel(const rec_params P)
 {
     constexpr int E = KMAX / 4;            // state values per thread
     constexpr int RPL = KMAX / 32;         // VF: key rows per lane

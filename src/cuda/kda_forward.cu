@@ -90,35 +90,42 @@ template <int C> struct prep_shape {
                                      2 * (size_t)C * CL;
 };
 
-// Builds one (chunk, value head): see chunk_ws in kda_cuda.cuh. The chunk is padded to C rows
-// with q = k = 0, beta = 0 and decay factor 1, which leaves every product of the real rows
-// unchanged; rows past the chunk's end come out zero (Tinv: identity rows).
-template <typename Elem, int C>
-__global__ void __launch_bounds__(PREP_THREADS)
-chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t gK,
-                  float scale, const chunk_ws ws)
-{
+// The shared memory of chunk_prep_kernel, carved from one dynamic block (prep_shape::floats).
+template <int C> struct prep_smem {
     using sh = prep_shape<C>;
-    constexpr int NS = sh::NS, DK = sh::DK, LD = sh::LD, CL = sh::CL;
-    extern __shared__ float sm[];
-    float *rq = sm, *rk = rq + C, *rb = rk + C;
-    float *qs = rb + C, *ks = qs + C * LD, *sa = ks + C * LD;
-    float *qx = sa + C * LD, *kx = qx + C * LD, *ky = kx + C * LD;
-    float *tot = ky + C * LD, *mid = tot + NS * DK;
-    float *accq = mid + NS * NS * DK, *acck = accq + C * CL;
+    float *rq, *rk, *rb;       // [C] row factors of q and k, beta
+    float *qs, *ks, *sa;       // [C][LD] the pass's scaled q and k, decay factors
+    float *qx, *kx, *ky;       // [C][LD] scaled within the sub-chunk (see step 2)
+    float *tot, *mid;          // [NS][DK] sub-chunk totals, [NS][NS][DK] middle factors
+    float *accq, *acck;        // [C][CL] the score accumulators
+    __device__ __forceinline__ explicit prep_smem(float *sm)
+    {
+        rq = sm, rk = rq + C, rb = rk + C;
+        qs = rb + C, ks = qs + C * sh::LD, sa = ks + C * sh::LD;
+        qx = sa + C * sh::LD, kx = qx + C * sh::LD, ky = kx + C * sh::LD;
+        tot = ky + C * sh::LD, mid = tot + sh::NS * sh::DK;
+        accq = mid + sh::NS * sh::NS * sh::DK, acck = accq + C * sh::CL;
+    }
+};
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int64_t chunk = blockIdx.x / HV, hv = blockIdx.x % HV, h = hv / group;
-    const int64_t tok0 = ws.chunks[2 * chunk], Lc = ws.chunks[2 * chunk + 1];
-    const int64_t K = p.K, H = p.H, Kp = ws.Kp;
-    const Elem *q = ls_in<Elem>(p.q), *k = ls_in<Elem>(p.k), *g = ls_in<Elem>(p.g);
-    const Elem *beta = ls_in<Elem>(p.beta);
+// What one prep CTA works on: chunk `chunk` (Lc tokens from tok0) of value head hv.
+struct prep_item {
+    int64_t chunk, hv, h, tok0, Lc;
+};
 
-    // row factors: scale / |q|, 1 / |k| (or scale, 1) and beta, one warp per row
+// Row factors: scale / |q|, 1 / |k| (or scale, 1) and beta, one warp per row; zero past Lc.
+template <typename Elem, int C>
+__device__ __forceinline__ void prep_row_factors(const linseq_kda_problem &p, int64_t HV,
+                                                 float scale, const prep_item &it,
+                                                 const prep_smem<C> &s)
+{
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int64_t K = p.K, H = p.H;
+    const Elem *q = ls_in<Elem>(p.q), *k = ls_in<Elem>(p.k), *beta = ls_in<Elem>(p.beta);
     for (int r = warp; r < C; r += PREP_THREADS / 32) {
         float fq = 0.0f, fk = 0.0f, b = 0.0f;
-        if (r < Lc) {
-            const int64_t at = ((tok0 + r) * H + h) * K;
+        if (r < it.Lc) {
+            const int64_t at = ((it.tok0 + r) * H + it.h) * K;
             float sq = 0.0f, sk = 0.0f;
             for (int64_t i = lane; i < K; i += 32) {
                 const float x = ls_ld(q, at + i), y = ls_ld(k, at + i);
@@ -127,202 +134,300 @@ chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t
             }
             fq = norm_factor(warp_sum(sq), p.qk_l2norm, scale);
             fk = norm_factor(warp_sum(sk), p.qk_l2norm, 1.0f);
-            const float bt = ls_ld(beta, (tok0 + r) * HV + hv);
+            const float bt = ls_ld(beta, (it.tok0 + r) * HV + it.hv);
             b = p.beta_is_logit ? sigmoid(bt) : bt;
         }
         if (lane == 0) {
-            rq[r] = fq;
-            rk[r] = fk;
-            rb[r] = b;
+            s.rq[r] = fq;
+            s.rk[r] = fk;
+            s.rb[r] = b;
         }
     }
-    for (int i = tid; i < C * CL; i += PREP_THREADS) accq[i] = acck[i] = 0.0f;
-    __syncthreads();
+}
 
-    float *item = ws.item(chunk, HV, hv);
+// Step 1 of a pass: its channels [d0, d0 + DK) of every row: scaled q and k, decay factors
+// of the floored log decays (padding: 0, 0, 1).
+template <typename Elem, int C>
+__device__ __forceinline__ void prep_load_pass(const linseq_kda_problem &p, int64_t HV,
+                                               int64_t gK, const prep_item &it, int64_t d0,
+                                               const prep_smem<C> &s)
+{
+    constexpr int DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
+    const int64_t K = p.K, H = p.H;
+    const Elem *q = ls_in<Elem>(p.q), *k = ls_in<Elem>(p.k), *g = ls_in<Elem>(p.g);
+    for (int idx = threadIdx.x; idx < C * DK; idx += PREP_THREADS) {
+        const int r = idx / DK, dd = idx % DK;
+        const int64_t d = d0 + dd;
+        float xq = 0.0f, xk = 0.0f, av = 1.0f;
+        if (r < it.Lc && d < K) {
+            const int64_t tok = it.tok0 + r, at = (tok * H + it.h) * K + d;
+            xq = ls_ld(q, at) * s.rq[r];
+            xk = ls_ld(k, at) * s.rk[r];
+            float gl = log_decay(p, g, tok, HV, it.hv, gK, gK == 1 ? 0 : d);
+            gl = gl < LOG_DECAY_FLOOR ? LOG_DECAY_FLOOR : gl; // NaN stays NaN
+            av = expf(gl);
+        }
+        s.qs[r * LD + dd] = xq;
+        s.ks[r * LD + dd] = xk;
+        s.sa[r * LD + dd] = av;
+    }
+}
+
+// Step 2: inside each sub-chunk, rows scaled down from its first row (qx, kx), columns scaled
+// to its last row (ky), and its total decay.
+template <int C> __device__ __forceinline__ void prep_subchunk_factors(const prep_smem<C> &s)
+{
+    constexpr int NS = prep_shape<C>::NS, DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
+    for (int t = threadIdx.x; t < NS * DK; t += PREP_THREADS) {
+        const int i = t / DK, dd = t % DK, n = i * 16;
+        float x = 1.0f;
+        for (int rr = 0; rr < 16; rr++) {
+            const int r = n + rr;
+            if (rr) x *= s.sa[r * LD + dd];
+            s.qx[r * LD + dd] = s.qs[r * LD + dd] * x;
+            s.kx[r * LD + dd] = s.ks[r * LD + dd] * x;
+        }
+        s.tot[i * DK + dd] = s.sa[n * LD + dd] * x;
+        float y = 1.0f;
+        for (int rr = 15; rr >= 0; rr--) {
+            const int c = n + rr;
+            if (rr < 15) y *= s.sa[(c + 1) * LD + dd];
+            s.ky[c * LD + dd] = s.ks[c * LD + dd] * y;
+        }
+    }
+}
+
+// Step 3: across sub-chunks, e^{G_r} and e^{G_last - G_r} into qg, kbg, kd, dlast of the
+// workspace item, and the middle factors e^{G_n(i) - G_e(j)} of the off-diagonal blocks.
+template <int C>
+__device__ __forceinline__ void prep_chunk_decays(float *item, int64_t Kp, int64_t d0,
+                                                  const prep_smem<C> &s)
+{
+    constexpr int NS = prep_shape<C>::NS, DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
     float *o_qg = chunk_ws::qg(item, C, Kp), *o_kbg = chunk_ws::kbg(item, C, Kp);
     float *o_kd = chunk_ws::kd(item, C, Kp), *o_dlast = chunk_ws::dlast(item, C, Kp);
-
-    for (int64_t d0 = 0; d0 < Kp; d0 += DK) {
-        // 1. the pass's channels of every row: scaled q and k, decay factors
-        for (int idx = tid; idx < C * DK; idx += PREP_THREADS) {
-            const int r = idx / DK, dd = idx % DK;
-            const int64_t d = d0 + dd;
-            float xq = 0.0f, xk = 0.0f, av = 1.0f;
-            if (r < Lc && d < K) {
-                const int64_t tok = tok0 + r, at = (tok * H + h) * K + d;
-                xq = ls_ld(q, at) * rq[r];
-                xk = ls_ld(k, at) * rk[r];
-                float gl = log_decay(p, g, tok, HV, hv, gK, gK == 1 ? 0 : d);
-                gl = gl < LOG_DECAY_FLOOR ? LOG_DECAY_FLOOR : gl; // NaN stays NaN
-                av = expf(gl);
-            }
-            qs[r * LD + dd] = xq;
-            ks[r * LD + dd] = xk;
-            sa[r * LD + dd] = av;
-        }
-        __syncthreads();
-        // 2. inside each sub-chunk: rows scaled down from its first row (qx, kx), columns
-        //    scaled to its last row (ky), and its total decay
-        for (int t = tid; t < NS * DK; t += PREP_THREADS) {
-            const int i = t / DK, dd = t % DK, n = i * 16;
+    for (int t = threadIdx.x; t < NS * DK; t += PREP_THREADS) {
+        const int i = t / DK, dd = t % DK, n = i * 16;
+        const int64_t d = d0 + dd;
+        float pre = 1.0f, post = 1.0f;
+        for (int j = 0; j < i; j++) pre *= s.tot[j * DK + dd];
+        for (int j = NS - 1; j > i; j--) post *= s.tot[j * DK + dd];
+        if (d < Kp) {
+            const float base = pre * s.sa[n * LD + dd];
             float x = 1.0f;
             for (int rr = 0; rr < 16; rr++) {
                 const int r = n + rr;
-                if (rr) x *= sa[r * LD + dd];
-                qx[r * LD + dd] = qs[r * LD + dd] * x;
-                kx[r * LD + dd] = ks[r * LD + dd] * x;
+                if (rr) x *= s.sa[r * LD + dd];
+                const float eg = base * x;
+                o_qg[r * Kp + d] = s.qs[r * LD + dd] * eg;
+                o_kbg[r * Kp + d] = s.rb[r] * (s.ks[r * LD + dd] * eg);
             }
-            tot[i * DK + dd] = sa[n * LD + dd] * x;
+            if (i == NS - 1) o_dlast[d] = base * x;
             float y = 1.0f;
             for (int rr = 15; rr >= 0; rr--) {
                 const int c = n + rr;
-                if (rr < 15) y *= sa[(c + 1) * LD + dd];
-                ky[c * LD + dd] = ks[c * LD + dd] * y;
+                if (rr < 15) y *= s.sa[(c + 1) * LD + dd];
+                o_kd[c * Kp + d] = s.ks[c * LD + dd] * (y * post);
             }
         }
-        __syncthreads();
-        // 3. across sub-chunks: e^{G_r}, e^{G_last - G_r} into qg, kbg, kd, dlast, and the
-        //    middle factors e^{G_n(i) - G_e(j)} of the off-diagonal blocks
-        for (int t = tid; t < NS * DK; t += PREP_THREADS) {
-            const int i = t / DK, dd = t % DK, n = i * 16;
-            const int64_t d = d0 + dd;
-            float pre = 1.0f, post = 1.0f;
-            for (int j = 0; j < i; j++) pre *= tot[j * DK + dd];
-            for (int j = NS - 1; j > i; j--) post *= tot[j * DK + dd];
-            if (d < Kp) {
-                const float base = pre * sa[n * LD + dd];
-                float x = 1.0f;
-                for (int rr = 0; rr < 16; rr++) {
-                    const int r = n + rr;
-                    if (rr) x *= sa[r * LD + dd];
-                    const float eg = base * x;
-                    o_qg[r * Kp + d] = qs[r * LD + dd] * eg;
-                    o_kbg[r * Kp + d] = rb[r] * (ks[r * LD + dd] * eg);
-                }
-                if (i == NS - 1) o_dlast[d] = base * x;
-                float y = 1.0f;
-                for (int rr = 15; rr >= 0; rr--) {
-                    const int c = n + rr;
-                    if (rr < 15) y *= sa[(c + 1) * LD + dd];
-                    o_kd[c * Kp + d] = ks[c * LD + dd] * (y * post);
-                }
-            }
-            float m = sa[n * LD + dd];
-            for (int j = i - 1; j >= 0; j--) {
-                mid[(i * NS + j) * DK + dd] = m;
-                if (j) m *= tot[j * DK + dd];
-            }
+        float m = s.sa[n * LD + dd];
+        for (int j = i - 1; j >= 0; j--) {
+            s.mid[(i * NS + j) * DK + dd] = m;
+            if (j) m *= s.tot[j * DK + dd];
         }
-        __syncthreads();
-        // 4. the pass's share of every score: diagonal blocks element by element (DSPLIT
-        //    threads per column, each taking every DSPLIT-th channel), off-diagonal blocks as
-        //    4 x 4 register tiles of the factored product; at C = 64 all tasks fit one round
-        //    of the block
-        for (int t = tid; t < sh::NDIAG + sh::NOFF; t += PREP_THREADS) {
-            if (t < sh::NDIAG) { // whole warps take this branch: NDIAG is a multiple of 32
-                constexpr int DS = sh::DSPLIT;
-                const int i = t / (16 * DS), cc = (t / DS) % 16, qd = t % DS;
-                const int n = i * 16, c = n + cc;
-                float aq[16], ak[16];
-#pragma unroll
-                for (int rr = 0; rr < 16; rr++) aq[rr] = ak[rr] = 0.0f;
-                for (int dd = qd; dd < DK; dd += DS) {
-                    const float kc = ks[c * LD + dd];
-                    float f = 1.0f;
-#pragma unroll
-                    for (int rr = 0; rr < 16; rr++) {
-                        if (rr >= cc) {
-                            const int r = n + rr;
-                            if (rr > cc) f *= sa[r * LD + dd];
-                            const float kf = kc * f;
-                            aq[rr] = fmaf(qs[r * LD + dd], kf, aq[rr]);
-                            ak[rr] = fmaf(ks[r * LD + dd], kf, ak[rr]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int x = 1; x < DS; x <<= 1)
-#pragma unroll
-                    for (int rr = 0; rr < 16; rr++) {
-                        aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], x);
-                        ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], x);
-                    }
-                if (qd == 0) {
-#pragma unroll
-                    for (int rr = 0; rr < 16; rr++) {
-                        if (rr >= cc) accq[(n + rr) * CL + c] += aq[rr];
-                        if (rr > cc) acck[(n + rr) * CL + c] += ak[rr];
-                    }
-                }
-            } else {
-                const int u = t - sh::NDIAG, pair = u / 16, tile = u % 16;
-                int i = 1;
-                while ((i + 1) * i / 2 <= pair) i++;
-                const int j = pair - i * (i - 1) / 2;
-                const int r0 = i * 16 + (tile / 4) * 4, c0 = j * 16 + (tile % 4) * 4;
-                const float *md = mid + (i * NS + j) * DK;
-                float aq[4][4], ak[4][4];
-#pragma unroll
-                for (int a = 0; a < 4; a++)
-#pragma unroll
-                    for (int b = 0; b < 4; b++) aq[a][b] = ak[a][b] = 0.0f;
-                for (int dd = 0; dd < DK; dd++) {
-                    const float m = md[dd];
-                    float z[4];
-#pragma unroll
-                    for (int b = 0; b < 4; b++) z[b] = m * ky[(c0 + b) * LD + dd];
-#pragma unroll
-                    for (int a = 0; a < 4; a++) {
-                        const float xq = qx[(r0 + a) * LD + dd], xk = kx[(r0 + a) * LD + dd];
-#pragma unroll
-                        for (int b = 0; b < 4; b++) {
-                            aq[a][b] = fmaf(xq, z[b], aq[a][b]);
-                            ak[a][b] = fmaf(xk, z[b], ak[a][b]);
-                        }
-                    }
-                }
-#pragma unroll
-                for (int a = 0; a < 4; a++)
-#pragma unroll
-                    for (int b = 0; b < 4; b++) {
-                        accq[(r0 + a) * CL + c0 + b] += aq[a][b];
-                        acck[(r0 + a) * CL + c0 + b] += ak[a][b];
-                    }
-            }
-        }
-        __syncthreads();
     }
+}
 
+// Step 4, diagonal task t < NDIAG: the pass's share of column c of diagonal block i,
+// element by element (DSPLIT threads per column, each taking every DSPLIT-th channel, summed
+// by shuffles; whole warps take this path as NDIAG is a multiple of 32).
+template <int C>
+__device__ __forceinline__ void prep_diag_scores(int t, const prep_smem<C> &s)
+{
+    constexpr int DK = prep_shape<C>::DK, LD = prep_shape<C>::LD, CL = prep_shape<C>::CL;
+    constexpr int DS = prep_shape<C>::DSPLIT;
+    const int i = t / (16 * DS), cc = (t / DS) % 16, qd = t % DS;
+    const int n = i * 16, c = n + cc;
+    float aq[16], ak[16];
+#pragma unroll
+    for (int rr = 0; rr < 16; rr++) aq[rr] = ak[rr] = 0.0f;
+    for (int dd = qd; dd < DK; dd += DS) {
+        const float kc = s.ks[c * LD + dd];
+        float f = 1.0f;
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            if (rr >= cc) {
+                const int r = n + rr;
+                if (rr > cc) f *= s.sa[r * LD + dd];
+                const float kf = kc * f;
+                aq[rr] = fmaf(s.qs[r * LD + dd], kf, aq[rr]);
+                ak[rr] = fmaf(s.ks[r * LD + dd], kf, ak[rr]);
+            }
+        }
+    }
+#pragma unroll
+    for (int x = 1; x < DS; x <<= 1)
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            aq[rr] += __shfl_xor_sync(0xffffffffu, aq[rr], x);
+            ak[rr] += __shfl_xor_sync(0xffffffffu, ak[rr], x);
+        }
+    if (qd == 0) {
+#pragma unroll
+        for (int rr = 0; rr < 16; rr++) {
+            if (rr >= cc) s.accq[(n + rr) * CL + c] += aq[rr];
+            if (rr > cc) s.acck[(n + rr) * CL + c] += ak[rr];
+        }
+    }
+}
+
+// Step 4, off-diagonal task u: one 4 x 4 register tile of block (i, j), i > j, as the
+// factored product (rows scaled from their sub-chunk's first row, columns to their last,
+// the middle factor between).
+template <int C>
+__device__ __forceinline__ void prep_offdiag_scores(int u, const prep_smem<C> &s)
+{
+    constexpr int NS = prep_shape<C>::NS, DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
+    constexpr int CL = prep_shape<C>::CL;
+    const int pair = u / 16, tile = u % 16;
+    int i = 1;
+    while ((i + 1) * i / 2 <= pair) i++;
+    const int j = pair - i * (i - 1) / 2;
+    const int r0 = i * 16 + (tile / 4) * 4, c0 = j * 16 + (tile % 4) * 4;
+    const float *md = s.mid + (i * NS + j) * DK;
+    float aq[4][4], ak[4][4];
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) aq[a][b] = ak[a][b] = 0.0f;
+    for (int dd = 0; dd < DK; dd++) {
+        const float m = md[dd];
+        float z[4];
+#pragma unroll
+        for (int b = 0; b < 4; b++) z[b] = m * s.ky[(c0 + b) * LD + dd];
+#pragma unroll
+        for (int a = 0; a < 4; a++) {
+            const float xq = s.qx[(r0 + a) * LD + dd], xk = s.kx[(r0 + a) * LD + dd];
+#pragma unroll
+            for (int b = 0; b < 4; b++) {
+                aq[a][b] = fmaf(xq, z[b], aq[a][b]);
+                ak[a][b] = fmaf(xk, z[b], ak[a][b]);
+            }
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < 4; a++)
+#pragma unroll
+        for (int b = 0; b < 4; b++) {
+            s.accq[(r0 + a) * CL + c0 + b] += aq[a][b];
+            s.acck[(r0 + a) * CL + c0 + b] += ak[a][b];
+        }
+}
+
+// Aqk out of the accumulators, then Tinv = (I - M)^{-1} with M = -diag(beta) Akk strictly
+// lower, one column per thread: x_col = 1, x_r = -beta_r sum_{col <= c < r} Akk[r][c] x_c
+// (into accq, free once Aqk is out), then Tinv and beta out.
+template <int C>
+__device__ __forceinline__ void prep_invert(float *item, int64_t Kp, const prep_smem<C> &s)
+{
+    constexpr int CL = prep_shape<C>::CL;
+    const int tid = threadIdx.x;
     float *o_aqk = chunk_ws::Aqk(item, C, Kp), *o_t = chunk_ws::Tinv(item, C, Kp);
     for (int idx = tid; idx < C * C; idx += PREP_THREADS) {
         const int r = idx / C, c = idx % C;
-        o_aqk[idx] = c <= r ? accq[r * CL + c] : 0.0f;
+        o_aqk[idx] = c <= r ? s.accq[r * CL + c] : 0.0f;
     }
     __syncthreads();
-    // Tinv = (I - M)^{-1} with M = -diag(beta) Akk strictly lower, one column per thread:
-    // x_col = 1, x_r = -beta_r sum_{col <= c < r} Akk[r][c] x_c (into accq, now free)
     if (tid < C) {
         const int col = tid;
-        accq[col * CL + col] = 1.0f;
+        s.accq[col * CL + col] = 1.0f;
         for (int r = col + 1; r < C; r++) {
             float s0 = 0.0f, s1 = 0.0f;
             int c = col;
             for (; c + 1 < r; c += 2) {
-                s0 = fmaf(acck[r * CL + c], accq[c * CL + col], s0);
-                s1 = fmaf(acck[r * CL + c + 1], accq[(c + 1) * CL + col], s1);
+                s0 = fmaf(s.acck[r * CL + c], s.accq[c * CL + col], s0);
+                s1 = fmaf(s.acck[r * CL + c + 1], s.accq[(c + 1) * CL + col], s1);
             }
-            if (c < r) s0 = fmaf(acck[r * CL + c], accq[c * CL + col], s0);
-            accq[r * CL + col] = -rb[r] * (s0 + s1);
+            if (c < r) s0 = fmaf(s.acck[r * CL + c], s.accq[c * CL + col], s0);
+            s.accq[r * CL + col] = -s.rb[r] * (s0 + s1);
         }
     }
     __syncthreads();
     for (int idx = tid; idx < C * C; idx += PREP_THREADS) {
         const int r = idx / C, c = idx % C;
-        o_t[idx] = c <= r ? accq[r * CL + c] : 0.0f;
+        o_t[idx] = c <= r ? s.accq[r * CL + c] : 0.0f;
     }
     float *o_beta = chunk_ws::beta(item, C, Kp);
-    for (int r = tid; r < C; r += PREP_THREADS) o_beta[r] = rb[r];
+    for (int r = tid; r < C; r += PREP_THREADS) o_beta[r] = s.rb[r];
+}
+
+// Builds one (chunk, value head): see chunk_ws in kda_cuda.cuh. The chunk is padded to C rows
+// with q = k = 0, beta = 0 and decay factor 1, which leaves every product of the real rows
+// unchanged; rows past the chunk's end come out zero (Tinv: identity rows). The channels go
+// in passes of DK, each adding its share of every score; at C = 64 all score tasks of a
+// pass fit one round of the block.
+template <typename Elem, int C>
+__global__ void __launch_bounds__(PREP_THREADS)
+chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t gK,
+                  float scale, const chunk_ws ws)
+{
+    using sh = prep_shape<C>;
+    extern __shared__ float sm[];
+    const prep_smem<C> s(sm);
+    prep_item it;
+    it.chunk = blockIdx.x / HV;
+    it.hv = blockIdx.x % HV;
+    it.h = it.hv / group;
+    it.tok0 = ws.chunks[2 * it.chunk];
+    it.Lc = ws.chunks[2 * it.chunk + 1];
+
+    prep_row_factors<Elem, C>(p, HV, scale, it, s);
+    for (int i = threadIdx.x; i < C * sh::CL; i += PREP_THREADS) s.accq[i] = s.acck[i] = 0.0f;
+    __syncthreads();
+
+    float *item = ws.item(it.chunk, HV, it.hv);
+    for (int64_t d0 = 0; d0 < ws.Kp; d0 += sh::DK) {
+        prep_load_pass<Elem, C>(p, HV, gK, it, d0, s);
+        __syncthreads();
+        prep_subchunk_factors<C>(s);
+        __syncthreads();
+        prep_chunk_decays<C>(item, ws.Kp, d0, s);
+        __syncthreads();
+        for (int t = threadIdx.x; t < sh::NDIAG + sh::NOFF; t += PREP_THREADS) {
+            if (t < sh::NDIAG)
+                prep_diag_scores<C>(t, s);
+            else
+                prep_offdiag_scores<C>(t - sh::NDIAG, s);
+        }
+        __syncthreads();
+    }
+    prep_invert<C>(item, ws.Kp, s);
+}
+
+// acc[m] = row r = warp + STATE_WARPS m of M [C][Kp] times column `lane` of the state tile S
+// [Kp][STATE_BV]: sum_d M[r][d] S[d][lane] in order of d, 0 for rows r >= Lc. The products
+// with S0 of chunk_state_kernel (kbg S0 and qg S0).
+template <int RPT>
+__device__ __forceinline__ void rows_times_state(const float *M, const float *S, int64_t Kp,
+                                                 int Lc, int warp, int lane, float (&acc)[RPT])
+{
+#pragma unroll
+    for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
+    for (int64_t d = 0; d < Kp; d += 4) {
+        const float s0 = S[d * STATE_BV + lane], s1 = S[(d + 1) * STATE_BV + lane];
+        const float s2 = S[(d + 2) * STATE_BV + lane], s3 = S[(d + 3) * STATE_BV + lane];
+#pragma unroll
+        for (int m = 0; m < RPT; m++) {
+            const int r = warp + STATE_WARPS * m;
+            if (r < Lc) {
+                const float4 mv = __ldg(reinterpret_cast<const float4 *>(M + r * Kp + d));
+                acc[m] = fmaf(mv.x, s0, acc[m]);
+                acc[m] = fmaf(mv.y, s1, acc[m]);
+                acc[m] = fmaf(mv.z, s2, acc[m]);
+                acc[m] = fmaf(mv.w, s3, acc[m]);
+            }
+        }
+    }
 }
 
 // One (sequence, value head, 32 columns): lane = column, warp w takes the rows w + 8m of each
@@ -370,23 +475,7 @@ chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
 
         // 1. R = diag(beta) V - kbg S0
         float acc[RPT];
-#pragma unroll
-        for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
-        for (int64_t d = 0; d < Kp; d += 4) {
-            const float s0 = S[d * STATE_BV + lane], s1 = S[(d + 1) * STATE_BV + lane];
-            const float s2 = S[(d + 2) * STATE_BV + lane], s3 = S[(d + 3) * STATE_BV + lane];
-#pragma unroll
-            for (int m = 0; m < RPT; m++) {
-                const int r = warp + STATE_WARPS * m;
-                if (r < Lc) {
-                    const float4 kv = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
-                    acc[m] = fmaf(kv.x, s0, acc[m]);
-                    acc[m] = fmaf(kv.y, s1, acc[m]);
-                    acc[m] = fmaf(kv.z, s2, acc[m]);
-                    acc[m] = fmaf(kv.w, s3, acc[m]);
-                }
-            }
-        }
+        rows_times_state<RPT>(kbg, S, Kp, Lc, warp, lane, acc);
 #pragma unroll
         for (int m = 0; m < RPT; m++) {
             const int r = warp + STATE_WARPS * m;
@@ -408,23 +497,7 @@ chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
         }
         __syncthreads();
         // 3. o = qg S0 + Aqk vnew (lower triangle, diagonal included)
-#pragma unroll
-        for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
-        for (int64_t d = 0; d < Kp; d += 4) {
-            const float s0 = S[d * STATE_BV + lane], s1 = S[(d + 1) * STATE_BV + lane];
-            const float s2 = S[(d + 2) * STATE_BV + lane], s3 = S[(d + 3) * STATE_BV + lane];
-#pragma unroll
-            for (int m = 0; m < RPT; m++) {
-                const int r = warp + STATE_WARPS * m;
-                if (r < Lc) {
-                    const float4 qv = __ldg(reinterpret_cast<const float4 *>(qg + r * Kp + d));
-                    acc[m] = fmaf(qv.x, s0, acc[m]);
-                    acc[m] = fmaf(qv.y, s1, acc[m]);
-                    acc[m] = fmaf(qv.z, s2, acc[m]);
-                    acc[m] = fmaf(qv.w, s3, acc[m]);
-                }
-            }
-        }
+        rows_times_state<RPT>(qg, S, Kp, Lc, warp, lane, acc);
 #pragma unroll
         for (int m = 0; m < RPT; m++) {
             const int r = warp + STATE_WARPS * m;
@@ -526,6 +599,144 @@ template <int KT, int BV> struct mma_shape {
     static constexpr size_t bytes = 2 * halves + 4 * (MMA_C + KT);
 };
 
+// The shared memory of chunk_state_mma_kernel (mma_shape::bytes): the chunk's matrices as bf16
+// tiles, the state's bf16 copy, and beta and dlast in float.
+template <int KT, int BV> struct mma_smem {
+    __nv_bfloat16 *kbg, *qg; // [C][LDK]
+    __nv_bfloat16 *kdT;      // [KT][LDC] kd transposed
+    __nv_bfloat16 *T, *A;    // [C][LDC] Tinv, Aqk
+    __nv_bfloat16 *S;        // [BV][LDK] the state transposed
+    __nv_bfloat16 *R, *VN;   // [BV][LDC] R and vnew transposed
+    float *beta, *dl;        // [C], [KT]
+    __device__ __forceinline__ explicit mma_smem(float *sm)
+    {
+        using sh = mma_shape<KT, BV>;
+        kbg = reinterpret_cast<__nv_bfloat16 *>(sm);
+        qg = kbg + MMA_C * sh::LDK, kdT = qg + MMA_C * sh::LDK, T = kdT + KT * sh::LDC;
+        A = T + MMA_C * sh::LDC, S = A + MMA_C * sh::LDC, R = S + BV * sh::LDK;
+        VN = R + BV * sh::LDC;
+        beta = reinterpret_cast<float *>(VN + BV * sh::LDC), dl = beta + MMA_C;
+    }
+};
+
+// The element e of accumulator fragment (mt, nt) of lane 4 g + t in warp w: key row (of the
+// state) or row (of a chunk product) and column within the tile.
+template <int KT>
+__device__ __forceinline__ int mma_state_row(int warp, int mt, int g, int e)
+{
+    return warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
+}
+__device__ __forceinline__ int mma_col(int nt, int t, int e) { return nt * 8 + 2 * t + (e & 1); }
+
+template <int NT> __device__ __forceinline__ void mma_zero(float (&acc)[NT][4])
+{
+#pragma unroll
+    for (int nt = 0; nt < NT; nt++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
+}
+
+// acc += A[r0 .. r0+16][k0 .. k1) B[k0 .. k1][0 .. 8 NT), A row-major with row stride lda, B
+// stored transposed with row stride ldb, in steps of 16 along k.
+template <int NT>
+__device__ __forceinline__ void mma_product(float (&acc)[NT][4], const __nv_bfloat16 *A,
+                                            int lda, int r0, const __nv_bfloat16 *Bt, int ldb,
+                                            int k0, int k1, int g, int t)
+{
+#pragma unroll 4
+    for (int k = k0; k < k1; k += 16) {
+        uint32_t a[4];
+        load_a(a, A, lda, r0, k, g, t);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            uint32_t b[2];
+            load_b(b, Bt, ldb, nt * 8, k, g, t);
+            mma_bf16(acc[nt], a, b);
+        }
+    }
+}
+
+// The state tile from h0 (zeros without it or past K, V) into the accumulator registers.
+template <int KT, int BV>
+__device__ __forceinline__ void mma_load_state(float (&S)[KT / 64][BV / 8][4], const float *h0,
+                                               int64_t slot, int64_t K, int64_t V, int64_t j0,
+                                               bool vf, int warp, int g, int t)
+{
+#pragma unroll
+    for (int mt = 0; mt < KT / 64; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BV / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t d = mma_state_row<KT>(warp, mt, g, e), j = j0 + mma_col(nt, t, e);
+                S[mt][nt][e] = 0.0f;
+                if (h0 && d < K && j < V) S[mt][nt][e] = h0[slot + (vf ? j * K + d : d * V + j)];
+            }
+}
+
+template <int KT, int BV>
+__device__ __forceinline__ void mma_store_state(const float (&S)[KT / 64][BV / 8][4], float *ht,
+                                                int64_t slot, int64_t K, int64_t V, int64_t j0,
+                                                bool vf, int warp, int g, int t)
+{
+#pragma unroll
+    for (int mt = 0; mt < KT / 64; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BV / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t d = mma_state_row<KT>(warp, mt, g, e), j = j0 + mma_col(nt, t, e);
+                if (d < K && j < V) ht[slot + (vf ? j * K + d : d * V + j)] = S[mt][nt][e];
+            }
+}
+
+// The chunk's workspace item as bf16 tiles (every row of the item is written, zeros past the
+// chunk's end), and the state's bf16 copy (16-byte loads: rows of Kp or C floats, Kp a
+// multiple of 4, item 16-byte aligned).
+template <int KT, int BV>
+__device__ __forceinline__ void mma_stage_chunk(float *item, int64_t Kp,
+                                                const float (&S)[KT / 64][BV / 8][4],
+                                                const mma_smem<KT, BV> &s, int warp, int g,
+                                                int t)
+{
+    constexpr int C = MMA_C, LDK = mma_shape<KT, BV>::LDK, LDC = mma_shape<KT, BV>::LDC;
+    const int tid = threadIdx.x;
+    const float *qg = chunk_ws::qg(item, C, Kp), *kbg = chunk_ws::kbg(item, C, Kp);
+    const float *kd = chunk_ws::kd(item, C, Kp), *Aqk = chunk_ws::Aqk(item, C, Kp);
+    const float *Tinv = chunk_ws::Tinv(item, C, Kp), *bet = chunk_ws::beta(item, C, Kp);
+    const float *dlast = chunk_ws::dlast(item, C, Kp);
+    for (int idx = tid; idx < C * KT / 4; idx += MMA_THREADS) {
+        const int r = idx / (KT / 4), d = 4 * (idx % (KT / 4));
+        float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, c = a;
+        if (d < Kp) {
+            a = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
+            b = __ldg(reinterpret_cast<const float4 *>(qg + r * Kp + d));
+            c = __ldg(reinterpret_cast<const float4 *>(kd + r * Kp + d));
+        }
+        store4(s.kbg + r * LDK + d, a);
+        store4(s.qg + r * LDK + d, b);
+        s.kdT[d * LDC + r] = __float2bfloat16_rn(c.x);
+        s.kdT[(d + 1) * LDC + r] = __float2bfloat16_rn(c.y);
+        s.kdT[(d + 2) * LDC + r] = __float2bfloat16_rn(c.z);
+        s.kdT[(d + 3) * LDC + r] = __float2bfloat16_rn(c.w);
+    }
+    for (int idx = tid; idx < C * C / 4; idx += MMA_THREADS) {
+        const int r = idx / (C / 4), c = 4 * (idx % (C / 4));
+        store4(s.T + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Tinv + r * C + c)));
+        store4(s.A + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Aqk + r * C + c)));
+    }
+    for (int r = tid; r < C; r += MMA_THREADS) s.beta[r] = bet[r];
+    for (int d = tid; d < KT; d += MMA_THREADS) s.dl[d] = d < Kp ? dlast[d] : 0.0f;
+#pragma unroll
+    for (int mt = 0; mt < KT / 64; mt++)
+#pragma unroll
+        for (int nt = 0; nt < BV / 8; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s.S[mma_col(nt, t, e) * LDK + mma_state_row<KT>(warp, mt, g, e)] =
+                    __float2bfloat16_rn(S[mt][nt][e]);
+}
+
 // One (sequence, value head, BV columns) over its chunks of 64; 4 warps, warp w computing
 // rows [16 w, 16 w + 16) of the chunk products and key rows [w KT/4, (w+1) KT/4) of S.
 template <int KT, int BV>
@@ -538,11 +749,7 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
     constexpr int NT = BV / 8;      // n tiles
     constexpr int MT = KT / 64;     // m tiles of S per warp
     extern __shared__ float sm[];
-    __nv_bfloat16 *s_kbg = reinterpret_cast<__nv_bfloat16 *>(sm);
-    __nv_bfloat16 *s_qg = s_kbg + C * LDK, *s_kdT = s_qg + C * LDK, *s_T = s_kdT + KT * LDC;
-    __nv_bfloat16 *s_A = s_T + C * LDC, *s_S = s_A + C * LDC, *s_R = s_S + BV * LDK;
-    __nv_bfloat16 *s_VN = s_R + BV * LDC;
-    float *s_beta = reinterpret_cast<float *>(s_VN + BV * LDC), *s_dl = s_beta + C;
+    const mma_smem<KT, BV> s(sm);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
     const int r0 = 16 * warp;
@@ -551,150 +758,51 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
     const int64_t tok0 = seqs[3 * n], len = seqs[3 * n + 1], chunk0 = seqs[3 * n + 2];
     const __nv_bfloat16 *v = ls_in<__nv_bfloat16>(p.v);
     __nv_bfloat16 *o = ls_out<__nv_bfloat16>(o_);
-    const bool vf = p.state_v_first;
     const int64_t slot = (n * HV + hv) * K * V;
 
     float S[MT][NT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
-                const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
-                S[mt][nt][e] = 0.0f;
-                if (h0 && d < K && j < V) S[mt][nt][e] = h0[slot + (vf ? j * K + d : d * V + j)];
-            }
-
+    mma_load_state<KT, BV>(S, h0, slot, K, V, j0, p.state_v_first, warp, g, t);
     for (int64_t ci = 0; ci * C < len; ci++) {
         const int64_t first = tok0 + ci * C;
         const int Lc = (int)(len - ci * C < C ? len - ci * C : C);
-        float *item = ws.item(chunk0 + ci, HV, hv);
-        const float *qg = chunk_ws::qg(item, C, Kp), *kbg = chunk_ws::kbg(item, C, Kp);
-        const float *kd = chunk_ws::kd(item, C, Kp), *Aqk = chunk_ws::Aqk(item, C, Kp);
-        const float *Tinv = chunk_ws::Tinv(item, C, Kp), *bet = chunk_ws::beta(item, C, Kp);
-        const float *dlast = chunk_ws::dlast(item, C, Kp);
         if ((ci + 1) * C < len) prefetch_item(ws, chunk0 + ci + 1, HV, hv, tid, MMA_THREADS);
-        // the chunk's matrices as bf16 tiles (every row of the item is written, zeros past
-        // the chunk's end), and the state's bf16 copy
-        // (16-byte loads: rows of Kp or C floats, Kp a multiple of 4, item 16-byte aligned)
-        for (int idx = tid; idx < C * KT / 4; idx += MMA_THREADS) {
-            const int r = idx / (KT / 4), d = 4 * (idx % (KT / 4));
-            float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, c = a;
-            if (d < Kp) {
-                a = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
-                b = __ldg(reinterpret_cast<const float4 *>(qg + r * Kp + d));
-                c = __ldg(reinterpret_cast<const float4 *>(kd + r * Kp + d));
-            }
-            store4(s_kbg + r * LDK + d, a);
-            store4(s_qg + r * LDK + d, b);
-            s_kdT[d * LDC + r] = __float2bfloat16_rn(c.x);
-            s_kdT[(d + 1) * LDC + r] = __float2bfloat16_rn(c.y);
-            s_kdT[(d + 2) * LDC + r] = __float2bfloat16_rn(c.z);
-            s_kdT[(d + 3) * LDC + r] = __float2bfloat16_rn(c.w);
-        }
-        for (int idx = tid; idx < C * C / 4; idx += MMA_THREADS) {
-            const int r = idx / (C / 4), c = 4 * (idx % (C / 4));
-            store4(s_T + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Tinv + r * C + c)));
-            store4(s_A + r * LDC + c, __ldg(reinterpret_cast<const float4 *>(Aqk + r * C + c)));
-        }
-        for (int r = tid; r < C; r += MMA_THREADS) s_beta[r] = bet[r];
-        for (int d = tid; d < KT; d += MMA_THREADS) s_dl[d] = d < Kp ? dlast[d] : 0.0f;
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
-                    const int jj = nt * 8 + 2 * t + (e & 1);
-                    s_S[jj * LDK + d] = __float2bfloat16_rn(S[mt][nt][e]);
-                }
+        mma_stage_chunk<KT, BV>(ws.item(chunk0 + ci, HV, hv), Kp, S, s, warp, g, t);
         __syncthreads();
 
         // 1. R = diag(beta) V - kbg S0, stored transposed as the B operand of step 2
         float acc[NT][4];
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-#pragma unroll 4
-        for (int k0 = 0; k0 < KT; k0 += 16) {
-            uint32_t a[4];
-            load_a(a, s_kbg, LDK, r0, k0, g, t);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                load_b(b, s_S, LDK, nt * 8, k0, g, t);
-                mma_bf16(acc[nt], a, b);
-            }
-        }
+        mma_zero<NT>(acc);
+        mma_product<NT>(acc, s.kbg, LDK, r0, s.S, LDK, 0, KT, g, t);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int r = r0 + g + 8 * (e >> 1), jj = nt * 8 + 2 * t + (e & 1);
+                const int r = r0 + g + 8 * (e >> 1), jj = mma_col(nt, t, e);
                 const int64_t j = j0 + jj;
                 const float vv = r < Lc && j < V ? ls_ld(v, ((first + r) * HV + hv) * V + j) : 0.0f;
-                s_R[jj * LDC + r] = __float2bfloat16_rn(fmaf(s_beta[r], vv, -acc[nt][e]));
+                s.R[jj * LDC + r] = __float2bfloat16_rn(fmaf(s.beta[r], vv, -acc[nt][e]));
             }
         __syncthreads();
         // 2. vnew = Tinv R: the blocks of Tinv right of the diagonal are zero
+        mma_zero<NT>(acc);
+        mma_product<NT>(acc, s.T, LDC, r0, s.R, LDC, 0, 16 * (warp + 1), g, t);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-        for (int kb = 0; kb <= warp; kb++) {
-            uint32_t a[4];
-            load_a(a, s_T, LDC, r0, 16 * kb, g, t);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                load_b(b, s_R, LDC, nt * 8, 16 * kb, g, t);
-                mma_bf16(acc[nt], a, b);
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int r = r0 + g + 8 * (e >> 1), jj = nt * 8 + 2 * t + (e & 1);
-                s_VN[jj * LDC + r] = __float2bfloat16_rn(acc[nt][e]);
-            }
+            for (int e = 0; e < 4; e++)
+                s.VN[mma_col(nt, t, e) * LDC + r0 + g + 8 * (e >> 1)] =
+                    __float2bfloat16_rn(acc[nt][e]);
         __syncthreads();
         // 3. O = qg S0 + Aqk vnew
-#pragma unroll
-        for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) acc[nt][e] = 0.0f;
-#pragma unroll 4
-        for (int k0 = 0; k0 < KT; k0 += 16) {
-            uint32_t a[4];
-            load_a(a, s_qg, LDK, r0, k0, g, t);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                load_b(b, s_S, LDK, nt * 8, k0, g, t);
-                mma_bf16(acc[nt], a, b);
-            }
-        }
-        for (int kb = 0; kb <= warp; kb++) {
-            uint32_t a[4];
-            load_a(a, s_A, LDC, r0, 16 * kb, g, t);
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                uint32_t b[2];
-                load_b(b, s_VN, LDC, nt * 8, 16 * kb, g, t);
-                mma_bf16(acc[nt], a, b);
-            }
-        }
+        mma_zero<NT>(acc);
+        mma_product<NT>(acc, s.qg, LDK, r0, s.S, LDK, 0, KT, g, t);
+        mma_product<NT>(acc, s.A, LDC, r0, s.VN, LDC, 0, 16 * (warp + 1), g, t);
 #pragma unroll
         for (int nt = 0; nt < NT; nt++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int r = r0 + g + 8 * (e >> 1);
-                const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
+                const int64_t j = j0 + mma_col(nt, t, e);
                 if (r < Lc && j < V) ls_st(o, ((first + r) * HV + hv) * V + j, acc[nt][e]);
             }
         // 4. S_C = diag(dlast) S0 + kd^T vnew (registers only: no barrier against step 3)
@@ -704,33 +812,12 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
 #pragma unroll
             for (int nt = 0; nt < NT; nt++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) S[mt][nt][e] *= s_dl[dr + g + 8 * (e >> 1)];
-#pragma unroll
-            for (int k0 = 0; k0 < C; k0 += 16) {
-                uint32_t a[4];
-                load_a(a, s_kdT, LDC, dr, k0, g, t);
-#pragma unroll
-                for (int nt = 0; nt < NT; nt++) {
-                    uint32_t b[2];
-                    load_b(b, s_VN, LDC, nt * 8, k0, g, t);
-                    mma_bf16(S[mt][nt], a, b);
-                }
-            }
+                for (int e = 0; e < 4; e++) S[mt][nt][e] *= s.dl[dr + g + 8 * (e >> 1)];
+            mma_product<NT>(S[mt], s.kdT, LDC, dr, s.VN, LDC, 0, C, g, t);
         }
         __syncthreads();
     }
-    if (ht) {
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    const int64_t d = warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
-                    const int64_t j = j0 + nt * 8 + 2 * t + (e & 1);
-                    if (d < K && j < V) ht[slot + (vf ? j * K + d : d * V + j)] = S[mt][nt][e];
-                }
-    }
+    if (ht) mma_store_state<KT, BV>(S, ht, slot, K, V, j0, p.state_v_first, warp, g, t);
 }
 
 template <int KT, int BV>
@@ -858,14 +945,16 @@ linseq_status forward(const linseq_kda_problem *p, int64_t HV, float scale,
     const size_t table_bytes = (table * sizeof(int64_t) + 255) / 256 * 256;
     const size_t ws_bytes = (size_t)(n_chunks * HV) * (size_t)ws.item_floats() * sizeof(float);
     ls_cuda_workspace mem;
-    cudaError_t err = mem.alloc(table_bytes + ws_bytes, ls_stream(call));
-    if (err == cudaSuccess)
+    linseq_status st = mem.alloc(call, table_bytes + ws_bytes);
+    cudaError_t err = cudaSuccess;
+    if (!st)
         err = cudaMemcpyAsync(mem.ptr, host, table * sizeof(int64_t), cudaMemcpyHostToDevice,
                               ls_stream(call));
     free(host); // a pageable copy is staged before cudaMemcpyAsync returns
+    if (st) return st;
     if (err != cudaSuccess)
-        return ls_fail(call->fn, LINSEQ_ERR_DEVICE, "workspace of %zu bytes: %s",
-                       table_bytes + ws_bytes, cudaGetErrorString(err));
+        return ls_fail(call->fn, LINSEQ_ERR_DEVICE, "copying the chunk table to the device: %s",
+                       cudaGetErrorString(err));
     ws.chunks = mem.as<int64_t>();
     ws.base = reinterpret_cast<float *>(mem.as<unsigned char>() + table_bytes);
     const int64_t *seqs = mem.as<int64_t>() + 2 * n_chunks;

@@ -31,7 +31,8 @@ gate_forward_kernel(const Elem *__restrict__ g_raw, const float *__restrict__ A_
          idx += (int64_t)gridDim.x * blockDim.x) {
         const int64_t col = idx % (H * gK), h = col / gK;
         const float bias = dt_bias ? dt_bias[col] : 0.0f;
-        ls_st(g, idx, gate(ls_ld(g_raw, idx), bias, A_log ? A_log[h] : 0.0f, lower_bound));
+        const float a_log = A_log ? A_log[h] : 0.0f;
+        ls_st(g, idx, ls_kda_gatef(ls_ld(g_raw, idx), bias, a_log, lower_bound));
     }
 }
 
@@ -60,7 +61,7 @@ gate_backward_partial_kernel(const Elem *__restrict__ g_raw, const Elem *__restr
         for (int64_t r = r0 + w; r < r1; r += BWD_WARPS) {
             const int64_t at = r * cols + col;
             float d_raw, d_alog;
-            gate_grad(ls_ld(g_raw, at), bias, a_log, lower_bound, &d_raw, &d_alog);
+            ls_kda_gate_gradf(ls_ld(g_raw, at), bias, a_log, lower_bound, &d_raw, &d_alog);
             const float dg = ls_ld(d_g, at);
             const float d = dg * d_raw;
             if (dg_raw) ls_st(dg_raw, at, d);
@@ -143,7 +144,8 @@ linseq_status gate_backward(const linseq_kda_gate_problem *p, const ls_cuda_call
                        "B*T = %lld rows: the CUDA gate backward takes at most %lld",
                        (long long)rows, (long long)65535 * BWD_ROWS);
     ls_cuda_workspace ws;
-    LS_CUDA_TRY(call, ws.alloc((size_t)(2 * n_blocks * cols) * sizeof(double), ls_stream(call)));
+    if (linseq_status st = ws.alloc(call, (size_t)(2 * n_blocks * cols) * sizeof(double)))
+        return st;
     double *pb = ws.as<double>(), *pa = pb + n_blocks * cols;
     const dim3 grid(ls_blocks(cols, 32), (unsigned)n_blocks);
     gate_backward_partial_kernel<Elem><<<grid, GATE_THREADS, 0, ls_stream(call)>>>(

@@ -6,20 +6,22 @@
 // y is one coalesced row segment) times NG warps, warp w holding states w*NB .. w*NB+NB-1.
 // Splitting N over warps multiplies the parallelism by N/NB (B*D*N/NB threads: 131072 for
 // B=8, D=4096, N=16) while keeping the recurrence a single dependent FMA per token and state;
-// a thread has NB independent chains. Tokens go in chunks of 32: (A) the block stages the
-// chunk's dt (after softplus), dt*x and x in shared memory, each computed once per (t, d), and
-// (when the tile lies in one group, as in every Mamba layer) the chunk's B_t and C_t rows,
-// all with coalesced loads issued in batches ahead of their use; (B) every thread advances its
-// states through the chunk, reading B_t and C_t with 16-byte shared broadcasts (or from global
-// memory when the tile straddles groups), and leaves its partial sum_n h C per token in shared
-// memory; (C) the block adds the NG partials in a fixed order, the skip term and the gate,
-// and stores y. grid.x = sequence x channel tile; grid.z = slabs of states when N is larger
-// than one block holds (N > 128): each slab then writes its partial sums to a workspace and a
-// second kernel finishes y. When batch x channel tiles give fewer than 2 blocks per SM
-// (small B and D, e.g. single-sequence prefill) and T >= 128, each sequence is cut into up to
-// T/64 pieces run in parallel (see ssm1_forward: local states, an in-order combine, a rerun
-// for y): twice the exponentials but ~4 blocks per SM. NB = 4 for N <= 32 (the N = 16 shape: 4 warps, 80 registers,
-// 32 KiB of shared memory, 6 blocks per SM), 8 for N <= 64, 16 beyond.
+// a thread has NB independent chains. Tokens go in chunks of 32, each in three steps of
+// ssm1_fwd_kernel: (A) the block stages the chunk's dt (after softplus), dt*x and x in shared
+// memory, each computed once per (t, d) (fwd_stage_steps), and (when the tile lies in one
+// group, as in every Mamba layer) the chunk's B_t and C_t rows (fwd_stage_bc), all with
+// coalesced loads issued in batches ahead of their use; (B) every thread advances its states
+// through the chunk, reading B_t and C_t with 16-byte shared broadcasts (or from global memory
+// when the tile straddles groups), and leaves its partial sum_n h C per token in shared memory
+// (fwd_scan_chunk); (C) the block adds the NG partials in a fixed order, the skip term and the
+// gate, and stores y (fwd_chunk_out). grid.x = sequence x channel tile; grid.z = slabs of
+// states when N is larger than one block holds (N > 128): each slab then writes its partial
+// sums to a workspace and a second kernel finishes y. When batch x channel tiles give fewer
+// than 2 blocks per SM (small B and D, e.g. single-sequence prefill) and T >= 128, each
+// sequence is cut into up to T/64 pieces run in parallel (see ssm1_forward: local states, an
+// in-order combine, a rerun for y): twice the exponentials but ~4 blocks per SM. NB = 4 for
+// N <= 32 (the N = 16 shape: 4 warps, 80 registers, 32 KiB of shared memory, 6 blocks per
+// SM), 8 for N <= 64, 16 beyond.
 //
 // Floor per forward call (fp32; bf16 halves the per-token bytes): reads x, dt, gate
 // (3 B T D elements) and B_proj, C_proj (2 B T G N), writes y (B T D), plus h0/hT (N_seq D N
@@ -36,11 +38,13 @@
 // D N floats) and, with a gate, dgate (which needs the pre-gate output). The backward kernel
 // (same thread mapping, NB = 4, slabs of 32 states) walks each sequence's 64-token segments
 // last to first: from the segment's checkpoint it keeps a state every 8 tokens in shared
-// memory (thread-private slots), then for each 8-token piece, last first, recomputes its 8
-// states (and loads its B_t, C_t) into registers and runs the adjoint recurrence dh <- (dh + C dpre) exp(A dt) backwards. Per-token sums over
-// n (dx, ddt) are summed over the warps in a fixed order in shared memory; the sums over the
-// channels of a group (dB_proj, dC_proj) are summed over the tile's lanes in order, written
-// per tile, and a second kernel adds the tiles in order; dA, dD_skip, ddt_bias are kept per
+// memory (thread-private slots; bwd_segment_states), then for each 8-token piece, last first,
+// stages its step inputs (bwd_stage_piece), recomputes its 8 states (and loads its B_t, C_t)
+// into registers and runs the adjoint recurrence dh <- (dh + C dpre) exp(A dt) backwards
+// (bwd_piece_adjoint). Per-token sums over n (dx, ddt) are summed over the warps in a fixed
+// order in shared memory (bwd_token_sums); the sums over the channels of a group (dB_proj,
+// dC_proj) are summed over the tile's lanes in order, written per tile (bwd_bc_sums), and a
+// second kernel adds the tiles in order; dA, dD_skip, ddt_bias are kept per
 // sequence and summed over sequences by a last kernel. No atomics: results are bitwise
 // reproducible. Backward floor: read x, dt, gate, d_y, B_proj, C_proj, write dx, ddt, dgate
 // (7 B T D elements), dB_proj, dC_proj; the checkpoint pass reads the inputs once more and the
@@ -82,6 +86,42 @@ __device__ __forceinline__ void ld_states(const E *p, int64_t bc, int nv, int ve
 #pragma unroll
         for (int j = 0; j < NB; j++) o[j] = j < nv ? ls_ld(p, bc + j) : 0.0f;
     }
+}
+
+// Where one thread of the scan kernels works: state row seq (a sequence, or with pieces one
+// piece of one), channel tile `tile` from channel d0 (the lane's channel d is in group g, the
+// tile's first channel in g_lo), the slab of states from nbase, and the warp's states
+// n0 .. n0+NB-1 of which the first nv are real. States past N (or lanes past D) run with rate
+// 0, B 0, C 0: they stay 0 and add 0.
+struct scan_place {
+    int tid, lane, warp, nthr, nwarps, slab, nv;
+    int64_t seq, tile, d0, d, g, g_lo, nbase, n0;
+    bool d_ok;
+};
+
+// The place of this thread; per_slab: the states of one slab.
+template <int NB>
+__device__ __forceinline__ scan_place scan_place_of(int64_t n_tiles, int64_t per_slab, int64_t D,
+                                                    int64_t N, int64_t cpg)
+{
+    scan_place p;
+    p.tid = threadIdx.x;
+    p.lane = p.tid & 31;
+    p.warp = p.tid >> 5;
+    p.nthr = blockDim.x;
+    p.nwarps = p.nthr >> 5;
+    p.slab = blockIdx.z;
+    p.seq = blockIdx.x / n_tiles;
+    p.tile = blockIdx.x % n_tiles;
+    p.d0 = p.tile * kLanes;
+    p.d = p.d0 + p.lane;
+    p.d_ok = p.d < D;
+    p.g = (p.d_ok ? p.d : D - 1) / cpg;
+    p.g_lo = p.d0 / cpg;
+    p.nbase = p.slab * per_slab;
+    p.n0 = p.nbase + (int64_t)p.warp * NB;
+    p.nv = !p.d_ok || p.n0 >= N ? 0 : N - p.n0 < NB ? (int)(N - p.n0) : NB;
+    return p;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -136,6 +176,178 @@ __device__ __forceinline__ void piece_range(const FwdArgs &a, int64_t r, int64_t
 // a global load past a store that might alias it).
 constexpr int kBatch = 4;
 
+// The shared memory of ssm1_fwd_kernel, carved from one dynamic block (sized in launch_fwd_nb).
+struct fwd_smem {
+    float *dt, *dtx, *x; // [kChunk][32] the chunk's dt after softplus, dt * x, x
+    float *y;            // [nwarps][kChunk][32] the warps' partial sum_n h C
+    float *B, *C;        // [kChunk][ns_pad] B_t, C_t of the tile's group (when staged)
+    __device__ __forceinline__ fwd_smem(float *sm, int nwarps, int ns_pad)
+    {
+        dt = sm, dtx = dt + kChunk * kLanes, x = dtx + kChunk * kLanes;
+        y = x + kChunk * kLanes;
+        B = y + nwarps * kChunk * kLanes, C = B + kChunk * ns_pad;
+    }
+};
+
+// The thread's decay rates A log2(e) and its states from h0 (0 without h0 or past nv).
+template <int NB>
+__device__ __forceinline__ void fwd_load_states(const FwdArgs &a, const scan_place &p,
+                                                float (&rate)[NB], float (&h)[NB])
+{
+    const int64_t D = a.D, N = a.N, d = p.d;
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const int64_t n = p.n0 + j;
+        rate[j] = (j < p.nv) ? a.A[d * N + n] * kLog2e : 0.0f;
+        h[j] = (j < p.nv) && a.h0 ? a.h0[(p.seq * D + d) * N + n] : 0.0f;
+    }
+}
+
+// Step (A): the step inputs of the chunk's cnt tokens from tok0, once per (token, channel):
+// dt after softplus, dt * x and x (0 past cnt and past D).
+template <typename E>
+__device__ __forceinline__ void fwd_stage_steps(const FwdArgs &a, const scan_place &p,
+                                                const fwd_smem &s, int64_t tok0, int cnt)
+{
+    const int tid = p.tid, nthr = p.nthr;
+    const int64_t D = a.D, d0 = p.d0;
+    const E *x = static_cast<const E *>(a.x), *dt = static_cast<const E *>(a.dt);
+    for (int base = tid; base < kChunk * kLanes; base += kBatch * nthr) {
+        float xv[kBatch], dtv[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr, k = i >> 5;
+            const int64_t dd = d0 + (i & 31);
+            xv[u] = dtv[u] = 0.0f;
+            if (i < kChunk * kLanes && k < cnt && dd < D) {
+                xv[u] = ls_ld(x, (tok0 + k) * D + dd);
+                dtv[u] = ls_ld(dt, (tok0 + k) * D + dd);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr;
+            if (i >= kChunk * kLanes) continue;
+            const int64_t dd = d0 + (i & 31);
+            float v = dtv[u];
+            if (a.softplus && dd < D) v = ls_dev_softplus(v + (a.dt_bias ? a.dt_bias[dd] : 0.0f));
+            s.dt[i] = v;
+            s.dtx[i] = v * xv[u];
+            s.x[i] = xv[u];
+        }
+    }
+}
+
+// Step (A) for a tile inside one group: the chunk's B_t and C_t rows of the group, states
+// nbase .. nbase+ns-1 of the block's ns_pad (0 past ns and past cnt).
+template <typename E>
+__device__ __forceinline__ void fwd_stage_bc(const FwdArgs &a, const scan_place &p,
+                                             const fwd_smem &s, int64_t tok0, int cnt, int ns_pad,
+                                             int ns)
+{
+    const int tid = p.tid, nthr = p.nthr;
+    const int64_t N = a.N, GN = a.G * a.N, g_lo = p.g_lo, nbase = p.nbase;
+    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+    const int total = kChunk * ns_pad;
+    for (int base = tid; base < total; base += kBatch * nthr) {
+        float bv[kBatch], cv[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr, k = i / ns_pad, n = i % ns_pad;
+            bv[u] = cv[u] = 0.0f;
+            if (i < total && k < cnt && n < ns) {
+                const int64_t o = (tok0 + k) * GN + g_lo * N + nbase + n;
+                bv[u] = ls_ld(Bp, o);
+                cv[u] = ls_ld(Cp, o);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr;
+            if (i < total) {
+                s.B[i] = bv[u];
+                s.C[i] = cv[u];
+            }
+        }
+    }
+}
+
+// Step (B): the thread's NB states through the chunk, one dependent FMA per token and state,
+// B_t and C_t from shared memory when staged (16-byte broadcasts), else from global memory;
+// leaves its partial sum_n h C of each token in s.y.
+template <typename E, int NB>
+__device__ __forceinline__ void fwd_scan_chunk(const FwdArgs &a, const scan_place &p,
+                                               const fwd_smem &s, int64_t tok0, int cnt, int ns_pad,
+                                               bool staged, const float (&rate)[NB], float (&h)[NB])
+{
+    const int lane = p.lane, warp = p.warp, nv = p.nv;
+    const int64_t N = a.N, GN = a.G * a.N;
+    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+    const int64_t bc0 = tok0 * GN + p.g * N + p.n0;
+#pragma unroll 2
+    for (int k = 0; k < cnt; k++) {
+        const float dtv = s.dt[k * kLanes + lane], dtx = s.dtx[k * kLanes + lane];
+        float bv[NB], cv[NB];
+        if (staged) {
+            const float *sb = s.B + k * ns_pad + warp * NB, *sc = s.C + k * ns_pad + warp * NB;
+#pragma unroll
+            for (int q = 0; q < NB; q += 4) {
+                const float4 b4 = *reinterpret_cast<const float4 *>(sb + q);
+                const float4 c4 = *reinterpret_cast<const float4 *>(sc + q);
+                bv[q] = b4.x, bv[q + 1] = b4.y, bv[q + 2] = b4.z, bv[q + 3] = b4.w;
+                cv[q] = c4.x, cv[q + 1] = c4.y, cv[q + 2] = c4.z, cv[q + 3] = c4.w;
+            }
+        } else {
+            ld_states<E, NB>(Bp, bc0 + k * GN, nv, a.vec_bc, bv);
+            ld_states<E, NB>(Cp, bc0 + k * GN, nv, a.vec_bc, cv);
+        }
+        float acc = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
+            acc = fmaf(h[j], cv[j], acc);
+        }
+        s.y[(warp * kChunk + k) * kLanes + lane] = acc;
+    }
+}
+
+// Step (C): per token of the chunk, the warps' partial sums added in warp order, then the
+// skip term and the gate (fwd_finish), or with slabs the slab's sum into a.part.
+template <typename E>
+__device__ __forceinline__ void fwd_chunk_out(const FwdArgs &a, const scan_place &p,
+                                              const fwd_smem &s, int64_t tok0, int cnt)
+{
+    const int tid = p.tid, nthr = p.nthr, nwarps = p.nwarps;
+    const int64_t D = a.D, d0 = p.d0;
+    const E *gate = static_cast<const E *>(a.gate), *dy = static_cast<const E *>(a.dy);
+    for (int base = tid; base < cnt * kLanes; base += kBatch * nthr) {
+        float zv[kBatch], dyv[kBatch];
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr;
+            const int64_t dd = d0 + (i & 31), idx = (tok0 + (i >> 5)) * D + dd;
+            zv[u] = dyv[u] = 0.0f;
+            if (i < cnt * kLanes && dd < D && a.n_slabs == 1) {
+                if (gate) zv[u] = ls_ld(gate, idx);
+                if (a.dgate) dyv[u] = ls_ld(dy, idx);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kBatch; u++) {
+            const int i = base + u * nthr, k = i >> 5, l = i & 31;
+            const int64_t dd = d0 + l;
+            if (i >= cnt * kLanes || dd >= D) continue;
+            float out = 0.0f;
+            for (int w = 0; w < nwarps; w++) out += s.y[(w * kChunk + k) * kLanes + l];
+            const int64_t idx = (tok0 + k) * D + dd;
+            if (a.n_slabs == 1)
+                fwd_finish<E>(a, out, idx, dd, s.x[i], zv[u], dyv[u]);
+            else if (a.part)
+                a.part[p.slab * a.BTD + idx] = out;
+        }
+    }
+}
+
 // At most 256 threads; with 4 states per thread at most 80 registers, so that 6 blocks of 4
 // warps (the N = 16 shape) fit on an SM.
 template <typename E, int NB>
@@ -143,170 +355,42 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4 ? 3 : NB == 8 ? 2 :
     ssm1_fwd_kernel(const FwdArgs a)
 {
     extern __shared__ float smem[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int nthr = blockDim.x, nwarps = nthr >> 5;
-    const int ns_pad = nwarps * NB;        // states per block (zero past N)
-    float *s_dt = smem;                    // [kChunk][32] dt after softplus
-    float *s_dtx = s_dt + kChunk * kLanes; // dt * x
-    float *s_x = s_dtx + kChunk * kLanes;  // x
-    float *s_y = s_x + kChunk * kLanes;    // [nwarps][kChunk][32] partial sum_n h C
-    float *s_B = s_y + nwarps * kChunk * kLanes; // [kChunk][ns_pad] B_t of the tile's group
-    float *s_C = s_B + kChunk * ns_pad;
-
-    const int64_t seq = blockIdx.x / a.n_tiles; // the state row
-    const int64_t d0 = (blockIdx.x % a.n_tiles) * kLanes;
-    const int slab = blockIdx.z;
-    int64_t start, len;
-    piece_range(a, seq, &start, &len);
-    const int64_t D = a.D, N = a.N, GN = a.G * a.N;
-    const int64_t d = d0 + lane;
-    const bool d_ok = d < D;
-    const int64_t g = (d_ok ? d : D - 1) / a.cpg;
-    const int64_t nbase = slab * a.n_per_slab, n0 = nbase + (int64_t)warp * NB;
-    const int ns = N - nbase < ns_pad ? (int)(N - nbase) : ns_pad; // real states of the block
+    const scan_place p = scan_place_of<NB>(a.n_tiles, a.n_per_slab, a.D, a.N, a.cpg);
+    const int ns_pad = p.nwarps * NB; // states per block (zero past N)
+    const fwd_smem s(smem, p.nwarps, ns_pad);
+    const int64_t D = a.D, N = a.N;
+    const int ns = N - p.nbase < ns_pad ? (int)(N - p.nbase) : ns_pad; // real states of the block
     // A tile inside one group (always, unless groups are narrower than the tile or straddle
     // it) stages the chunk's B_t and C_t in shared memory: one coalesced pass, then every
     // warp reads them with 16-byte broadcast loads.
-    const int64_t g_lo = d0 / a.cpg;
-    const bool staged = g_lo == ((d0 + kLanes < D ? d0 + kLanes : D) - 1) / a.cpg;
+    const bool staged = p.g_lo == ((p.d0 + kLanes < D ? p.d0 + kLanes : D) - 1) / a.cpg;
+    int64_t start, len;
+    piece_range(a, p.seq, &start, &len);
 
-    const E *x = static_cast<const E *>(a.x), *dt = static_cast<const E *>(a.dt);
-    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
-    const E *gate = static_cast<const E *>(a.gate), *dy = static_cast<const E *>(a.dy);
-
-    // States past N (or lanes past D) run with rate 0, B 0, C 0: they stay 0 and add 0.
-    // States n0 .. n0 + nv - 1 are real.
-    const int nv = !d_ok || n0 >= N ? 0 : N - n0 < NB ? (int)(N - n0) : NB;
     float rate[NB], h[NB];
-#pragma unroll
-    for (int j = 0; j < NB; j++) {
-        const int64_t n = n0 + j;
-        rate[j] = (j < nv) ? a.A[d * N + n] * kLog2e : 0.0f;
-        h[j] = (j < nv) && a.h0 ? a.h0[(seq * D + d) * N + n] : 0.0f;
-    }
-
+    fwd_load_states<NB>(a, p, rate, h);
     for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
         const int cnt = len - c0 < kChunk ? (int)(len - c0) : kChunk;
         const int64_t tok0 = start + c0;
         if (a.ckpt && c0 % kCkpt == 0) {
-            const int64_t slot = start / kCkpt + seq + c0 / kCkpt;
+            const int64_t slot = start / kCkpt + p.seq + c0 / kCkpt;
 #pragma unroll
             for (int j = 0; j < NB; j++)
-                if (j < nv) a.ckpt[(slot * N + n0 + j) * D + d] = h[j];
+                if (j < p.nv) a.ckpt[(slot * N + p.n0 + j) * D + p.d] = h[j];
         }
-        // (A) the chunk's step inputs, once per (token, channel); B_t, C_t when staged
-        for (int base = tid; base < kChunk * kLanes; base += kBatch * nthr) {
-            float xv[kBatch], dtv[kBatch];
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int i = base + u * nthr, k = i >> 5;
-                const int64_t dd = d0 + (i & 31);
-                xv[u] = dtv[u] = 0.0f;
-                if (i < kChunk * kLanes && k < cnt && dd < D) {
-                    xv[u] = ls_ld(x, (tok0 + k) * D + dd);
-                    dtv[u] = ls_ld(dt, (tok0 + k) * D + dd);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int i = base + u * nthr;
-                if (i >= kChunk * kLanes) continue;
-                const int64_t dd = d0 + (i & 31);
-                float v = dtv[u];
-                if (a.softplus && dd < D)
-                    v = ls_dev_softplus(v + (a.dt_bias ? a.dt_bias[dd] : 0.0f));
-                s_dt[i] = v;
-                s_dtx[i] = v * xv[u];
-                s_x[i] = xv[u];
-            }
-        }
-        if (staged) {
-            const int total = kChunk * ns_pad;
-            for (int base = tid; base < total; base += kBatch * nthr) {
-                float bv[kBatch], cv[kBatch];
-#pragma unroll
-                for (int u = 0; u < kBatch; u++) {
-                    const int i = base + u * nthr, k = i / ns_pad, n = i % ns_pad;
-                    bv[u] = cv[u] = 0.0f;
-                    if (i < total && k < cnt && n < ns) {
-                        const int64_t o = (tok0 + k) * GN + g_lo * N + nbase + n;
-                        bv[u] = ls_ld(Bp, o);
-                        cv[u] = ls_ld(Cp, o);
-                    }
-                }
-#pragma unroll
-                for (int u = 0; u < kBatch; u++) {
-                    const int i = base + u * nthr;
-                    if (i < total) {
-                        s_B[i] = bv[u];
-                        s_C[i] = cv[u];
-                    }
-                }
-            }
-        }
+        fwd_stage_steps<E>(a, p, s, tok0, cnt);
+        if (staged) fwd_stage_bc<E>(a, p, s, tok0, cnt, ns_pad, ns);
         __syncthreads();
-        // (B) the recurrence over the chunk
-        const int64_t bc0 = tok0 * GN + g * N + n0;
-#pragma unroll 2
-        for (int k = 0; k < cnt; k++) {
-            const float dtv = s_dt[k * kLanes + lane], dtx = s_dtx[k * kLanes + lane];
-            float bv[NB], cv[NB];
-            if (staged) {
-                const float *sb = s_B + k * ns_pad + warp * NB, *sc = s_C + k * ns_pad + warp * NB;
-#pragma unroll
-                for (int q = 0; q < NB; q += 4) {
-                    const float4 b4 = *reinterpret_cast<const float4 *>(sb + q);
-                    const float4 c4 = *reinterpret_cast<const float4 *>(sc + q);
-                    bv[q] = b4.x, bv[q + 1] = b4.y, bv[q + 2] = b4.z, bv[q + 3] = b4.w;
-                    cv[q] = c4.x, cv[q + 1] = c4.y, cv[q + 2] = c4.z, cv[q + 3] = c4.w;
-                }
-            } else {
-                ld_states<E, NB>(Bp, bc0 + k * GN, nv, a.vec_bc, bv);
-                ld_states<E, NB>(Cp, bc0 + k * GN, nv, a.vec_bc, cv);
-            }
-            float acc = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NB; j++) {
-                h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
-                acc = fmaf(h[j], cv[j], acc);
-            }
-            s_y[(warp * kChunk + k) * kLanes + lane] = acc;
-        }
+        fwd_scan_chunk<E, NB>(a, p, s, tok0, cnt, ns_pad, staged, rate, h);
         __syncthreads();
-        // (C) sum over the warps in order, skip term, gate
-        for (int base = tid; base < cnt * kLanes; base += kBatch * nthr) {
-            float zv[kBatch], dyv[kBatch];
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int i = base + u * nthr;
-                const int64_t dd = d0 + (i & 31), idx = (tok0 + (i >> 5)) * D + dd;
-                zv[u] = dyv[u] = 0.0f;
-                if (i < cnt * kLanes && dd < D && a.n_slabs == 1) {
-                    if (gate) zv[u] = ls_ld(gate, idx);
-                    if (a.dgate) dyv[u] = ls_ld(dy, idx);
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < kBatch; u++) {
-                const int i = base + u * nthr, k = i >> 5, l = i & 31;
-                const int64_t dd = d0 + l;
-                if (i >= cnt * kLanes || dd >= D) continue;
-                float out = 0.0f;
-                for (int w = 0; w < nwarps; w++) out += s_y[(w * kChunk + k) * kLanes + l];
-                const int64_t idx = (tok0 + k) * D + dd;
-                if (a.n_slabs == 1)
-                    fwd_finish<E>(a, out, idx, dd, s_x[i], zv[u], dyv[u]);
-                else if (a.part)
-                    a.part[slab * a.BTD + idx] = out;
-            }
-        }
+        fwd_chunk_out<E>(a, p, s, tok0, cnt);
         __syncthreads();
     }
     // Each thread read only its own h0 entries, so hT == h0 is safe.
     if (a.hT) {
 #pragma unroll
         for (int j = 0; j < NB; j++)
-            if (j < nv) a.hT[(seq * D + d) * N + n0 + j] = h[j];
+            if (j < p.nv) a.hT[(p.seq * D + p.d) * N + p.n0 + j] = h[j];
     }
 }
 
@@ -425,212 +509,279 @@ __device__ __forceinline__ void bwd_token_out(const BwdArgs &a, int64_t idx, int
     *ddt_out = ddt;
 }
 
+// Backward: the row stride of the dB, dC terms, padded so that the lane sums read columns
+// conflict-free.
+constexpr int kRow = kLanes + 1;
+
+// The shared memory of ssm1_bwd_kernel, carved from one dynamic block (sized in
+// ssm1_backward); nblk = nwarps NB states per block.
+struct bwd_smem {
+    float *dt, *spg, *x, *dp; // [kSub][32] the piece's dt after softplus, its slope, x, dpre
+    float *px, *pdt;          // [nwarps][kSub][32] the warps' partial sums for dx, ddt
+    float *cB, *cC;           // [kSub][nblk][kRow] per (token, state, lane): dB, dC terms
+    float *sub;               // [kCkpt/kSub][NB][nthr] the state every kSub tokens
+    __device__ __forceinline__ bwd_smem(float *sm, int nwarps, int nblk)
+    {
+        dt = sm, spg = dt + kSub * kLanes, x = spg + kSub * kLanes, dp = x + kSub * kLanes;
+        px = dp + kSub * kLanes, pdt = px + nwarps * kSub * kLanes;
+        cB = pdt + nwarps * kSub * kLanes, cC = cB + kSub * nblk * kRow;
+        sub = cC + kSub * nblk * kRow;
+    }
+};
+
+// The thread's A and decay rates A log2(e), dh from d_hT (0 without it), dA zeroed; 0 past nv.
+template <int NB>
+__device__ __forceinline__ void bwd_load_states(const BwdArgs &a, const scan_place &p,
+                                                float (&A)[NB], float (&rate)[NB], float (&dh)[NB],
+                                                float (&dA)[NB])
+{
+    const int64_t D = a.D, N = a.N, d = p.d;
+#pragma unroll
+    for (int j = 0; j < NB; j++) {
+        const int64_t n = p.n0 + j;
+        A[j] = (j < p.nv) ? a.A[d * N + n] : 0.0f;
+        rate[j] = A[j] * kLog2e;
+        dh[j] = (j < p.nv) && a.d_hT ? a.d_hT[(p.seq * D + d) * N + n] : 0.0f;
+        dA[j] = 0.0f;
+    }
+}
+
+// The state before every kSub-th token of the segment of n_sub pieces from token t_seg of
+// the sequence (from start), walked from its checkpoint slot into s.sub (thread-private
+// slots: no barrier needed).
+template <typename E, int NB>
+__device__ __forceinline__ void bwd_segment_states(const BwdArgs &a, const scan_place &p,
+                                                   const bwd_smem &s, int64_t start, int64_t t_seg,
+                                                   int n_sub, int64_t slot, const float (&rate)[NB])
+{
+    const int tid = p.tid, nthr = p.nthr, nv = p.nv;
+    const int64_t D = a.D, N = a.N, GN = a.G * a.N, d = p.d, g = p.g, n0 = p.n0;
+    const E *Bp = static_cast<const E *>(a.Bp);
+    float h[NB];
+#pragma unroll
+    for (int j = 0; j < NB; j++) h[j] = (j < nv) ? a.ckpt[(slot * N + n0 + j) * D + d] : 0.0f;
+    for (int sub = 0; sub < n_sub; sub++) {
+#pragma unroll
+        for (int j = 0; j < NB; j++) s.sub[(sub * NB + j) * nthr + tid] = h[j];
+        if (sub == n_sub - 1) break;
+        for (int k = 0; k < kSub; k++) {
+            const int64_t t = start + t_seg + sub * kSub + k;
+            float dtv = 0.0f, xv = 0.0f;
+            if (p.d_ok) {
+                dtv = ls_ld(static_cast<const E *>(a.dt), t * D + d);
+                if (a.softplus) dtv = ls_dev_softplus(dtv + (a.dt_bias ? a.dt_bias[d] : 0.0f));
+                xv = ls_ld(static_cast<const E *>(a.x), t * D + d);
+            }
+            const float dtx = dtv * xv;
+            float bv[NB];
+            ld_states<E, NB>(Bp, t * GN + g * N + n0, nv, a.vec_bc, bv);
+#pragma unroll
+            for (int j = 0; j < NB; j++) h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
+        }
+    }
+}
+
+// Step (A): the step inputs of the piece's cnt tokens from tok0 (0 past cnt and past D).
+template <typename E>
+__device__ __forceinline__ void bwd_stage_piece(const BwdArgs &a, const scan_place &p,
+                                                const bwd_smem &s, int64_t tok0, int cnt)
+{
+    const int64_t D = a.D;
+    for (int i = p.tid; i < kSub * kLanes; i += p.nthr) {
+        const int k = i >> 5, l = i & 31;
+        const int64_t dd = p.d0 + l;
+        float dtv = 0.0f, spg = 0.0f, xv = 0.0f, dp = 0.0f;
+        if (k < cnt && dd < D)
+            bwd_token_inputs<E>(a, (tok0 + k) * D + dd, dd, &dtv, &spg, &xv, &dp);
+        s.dt[i] = dtv;
+        s.spg[i] = spg;
+        s.x[i] = xv;
+        s.dp[i] = dp;
+    }
+}
+
+// B_t, C_t of the piece's tokens (0 past cnt), all loaded before the reverse loop's shared
+// stores, past which the compiler could not move them.
+template <typename E, int NB>
+__device__ __forceinline__ void bwd_piece_bc(const BwdArgs &a, const scan_place &p, int64_t tok0,
+                                             int cnt, float (&bk)[kSub][NB], float (&ck)[kSub][NB])
+{
+    const int64_t N = a.N, GN = a.G * a.N;
+    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+#pragma unroll
+    for (int k = 0; k < kSub; k++) {
+        if (k < cnt) {
+            const int64_t bc = (tok0 + k) * GN + p.g * N + p.n0;
+            ld_states<E, NB>(Bp, bc, p.nv, a.vec_bc, bk[k]);
+            ld_states<E, NB>(Cp, bc, p.nv, a.vec_bc, ck[k]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < NB; j++) bk[k][j] = ck[k][j] = 0.0f;
+        }
+    }
+}
+
+// Step (B) of piece `sub`: its states into registers from s.sub, then the adjoint recurrence
+// dh <- (dh + C dpre) exp(A dt) backwards over its tokens, accumulating dA; leaves the
+// per-token partial sums over the warp's states (s.px, s.pdt) and the dB, dC terms (s.cB,
+// s.cC).
+template <typename E, int NB>
+__device__ __forceinline__ void bwd_piece_adjoint(const BwdArgs &a, const scan_place &p,
+                                                  const bwd_smem &s, int64_t tok0, int cnt, int sub,
+                                                  const float (&A)[NB], const float (&rate)[NB],
+                                                  float (&dh)[NB], float (&dA)[NB])
+{
+    const int tid = p.tid, lane = p.lane, warp = p.warp, nthr = p.nthr;
+    const int nblk = p.nwarps * NB;
+    float hs[kSub + 1][NB], bk[kSub][NB], ck[kSub][NB], ak[kSub][NB];
+    bwd_piece_bc<E, NB>(a, p, tok0, cnt, bk, ck);
+#pragma unroll
+    for (int j = 0; j < NB; j++) hs[0][j] = s.sub[(sub * NB + j) * nthr + tid];
+#pragma unroll
+    for (int k = 0; k < kSub; k++) {
+        const float dtv = s.dt[k * kLanes + lane]; // 0 past cnt: the state stays
+        const float dtx = dtv * s.x[k * kLanes + lane];
+#pragma unroll
+        for (int j = 0; j < NB; j++) {
+            ak[k][j] = ls_dev_exp2(rate[j] * dtv); // kept for the adjoint
+            hs[k + 1][j] = fmaf(ak[k][j], hs[k][j], dtx * bk[k][j]);
+        }
+    }
+#pragma unroll
+    for (int k = kSub - 1; k >= 0; k--) {
+        if (k < cnt) {
+            const float dtv = s.dt[k * kLanes + lane], xv = s.x[k * kLanes + lane];
+            const float dp = s.dp[k * kLanes + lane];
+            float sx = 0.0f, sdt = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NB; j++) {
+                const float bv = bk[k][j], cv = ck[k][j];
+                const float decay = ak[k][j];
+                const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
+                const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
+                const int row = (k * nblk + warp * NB + j) * kRow + lane;
+                s.cC[row] = dp * hs[k + 1][j];
+                s.cB[row] = dhj * dtv * xv;
+                sx = fmaf(dhj, bv, sx);
+                sdt = fmaf(dhj, fmaf(A[j], ah, bv * xv), sdt);
+                dA[j] = fmaf(dhj * dtv, ah, dA[j]);
+                dh[j] = dhj * decay;
+            }
+            s.px[(warp * kSub + k) * kLanes + lane] = sx;
+            s.pdt[(warp * kSub + k) * kLanes + lane] = sdt;
+        }
+    }
+}
+
+// Step (C), warp 0, lane's channel inside D: per token of the piece, last first, the warps'
+// partial sums added in warp order; then dx and ddt, and the sequence's dD_skip and ddt_bias
+// sums (sum_dD, sum_db), or with slabs the slab's sums into px_part, pdt_part.
+template <typename E>
+__device__ __forceinline__ void bwd_token_sums(const BwdArgs &a, const scan_place &p,
+                                               const bwd_smem &s, int64_t tok0, int cnt,
+                                               float *sum_dD, float *sum_db)
+{
+    const int lane = p.lane, nwarps = p.nwarps;
+    const int64_t D = a.D, d = p.d;
+    for (int k = cnt - 1; k >= 0; k--) {
+        float sx = 0.0f, sdt = 0.0f;
+        for (int w = 0; w < nwarps; w++) {
+            sx += s.px[(w * kSub + k) * kLanes + lane];
+            sdt += s.pdt[(w * kSub + k) * kLanes + lane];
+        }
+        const int64_t idx = (tok0 + k) * D + d;
+        if (a.n_slabs > 1) {
+            a.px_part[p.slab * a.BTD + idx] = sx;
+            a.pdt_part[p.slab * a.BTD + idx] = sdt;
+        } else {
+            const int i = k * kLanes + lane;
+            float ddt;
+            bwd_token_out<E>(a, idx, d, s.dt[i], s.spg[i], s.dp[i], sx, sdt, &ddt);
+            *sum_dD = fmaf(s.dp[i], s.x[i], *sum_dD);
+            *sum_db += ddt;
+        }
+    }
+}
+
+// Step (C), dB and dC: per (token, state of the block), the terms summed over the tile's
+// lanes in lane order, one sum per group the tile covers, written per tile (summed over the
+// tiles by ssm1_bc_reduce_kernel).
+__device__ __forceinline__ void bwd_bc_sums(const BwdArgs &a, const scan_place &p,
+                                            const bwd_smem &s, int64_t tok0, int cnt, int nblk)
+{
+    const int64_t D = a.D, N = a.N, d0 = p.d0;
+    for (int i = p.tid; i < kSub * nblk; i += p.nthr) {
+        const int k = i / nblk, nl = i % nblk;
+        const int64_t n = p.nbase + nl;
+        if (k >= cnt || n >= N) continue;
+        const int64_t t = tok0 + k;
+        const float *rb = s.cB + (k * nblk + nl) * kRow;
+        const float *rc = s.cC + (k * nblk + nl) * kRow;
+        const int lanes = D - d0 < kLanes ? (int)(D - d0) : kLanes;
+        int l = 0;
+        while (l < lanes) {
+            const int64_t gg = (d0 + l) / a.cpg;
+            const int64_t gend = (gg + 1) * a.cpg - d0;
+            const int end = gend < lanes ? (int)gend : lanes;
+            float sb = 0.0f, sc = 0.0f;
+            for (; l < end; l++) {
+                sb += rb[l];
+                sc += rc[l];
+            }
+            const int64_t o = ((p.tile * a.BT + t) * a.slots + (gg - p.g_lo)) * N + n;
+            if (a.dB_part) a.dB_part[o] = sb;
+            if (a.dC_part) a.dC_part[o] = sc;
+        }
+    }
+}
+
+// Walks each sequence's kCkpt-token segments last to first; in each, its kSub-token pieces
+// last to first (see the top of the file).
 template <typename E>
 __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdArgs a)
 {
     constexpr int NB = kBwdNB;
     extern __shared__ float smem[];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int nthr = blockDim.x, nwarps = nthr >> 5, nblk = nwarps * NB;
-    constexpr int kRow = kLanes + 1; // padded rows: the lane sums read columns conflict-free
-    float *s_dt = smem;                      // [kSub][32]
-    float *s_spg = s_dt + kSub * kLanes;
-    float *s_x = s_spg + kSub * kLanes;
-    float *s_dp = s_x + kSub * kLanes;
-    float *s_px = s_dp + kSub * kLanes;      // [nwarps][kSub][32]
-    float *s_pdt = s_px + nwarps * kSub * kLanes;
-    float *s_cB = s_pdt + nwarps * kSub * kLanes; // [kSub][nblk][kRow]
-    float *s_cC = s_cB + kSub * nblk * kRow;
-    float *s_sub = s_cC + kSub * nblk * kRow;     // [kCkpt/kSub][NB][nthr]
-
-    const int64_t seq = blockIdx.x / a.n_tiles, tile = blockIdx.x % a.n_tiles;
-    const int64_t d0 = tile * kLanes;
-    const int slab = blockIdx.z;
+    const scan_place p = scan_place_of<NB>(a.n_tiles, (int64_t)kMaxWarps * NB, a.D, a.N, a.cpg);
+    const int nblk = p.nwarps * NB;
+    const bwd_smem s(smem, p.nwarps, nblk);
+    const int64_t D = a.D, N = a.N;
     int64_t start, len;
-    ls_dev_seq_range(a.cu, a.T, seq, &start, &len);
-    const int64_t D = a.D, N = a.N, GN = a.G * a.N;
-    const int64_t d = d0 + lane;
-    const bool d_ok = d < D;
-    const int64_t g = (d_ok ? d : D - 1) / a.cpg;
-    const int64_t g_lo = d0 / a.cpg;
-    const int64_t nbase = (int64_t)slab * kMaxWarps * NB;
-    const int64_t n0 = nbase + (int64_t)warp * NB;
-    const E *Bp = static_cast<const E *>(a.Bp), *Cp = static_cast<const E *>(a.Cp);
+    ls_dev_seq_range(a.cu, a.T, p.seq, &start, &len);
 
-    const int nv = !d_ok || n0 >= N ? 0 : N - n0 < NB ? (int)(N - n0) : NB;
     float A[NB], rate[NB], dh[NB], dA[NB];
-#pragma unroll
-    for (int j = 0; j < NB; j++) {
-        const int64_t n = n0 + j;
-        A[j] = (j < nv) ? a.A[d * N + n] : 0.0f;
-        rate[j] = A[j] * kLog2e;
-        dh[j] = (j < nv) && a.d_hT ? a.d_hT[(seq * D + d) * N + n] : 0.0f;
-        dA[j] = 0.0f;
-    }
+    bwd_load_states<NB>(a, p, A, rate, dh, dA);
     float sum_dD = 0.0f, sum_db = 0.0f; // warp 0: this lane's dD_skip, ddt_bias over the sequence
-
     const int64_t n_seg = (len + kCkpt - 1) / kCkpt;
     for (int64_t seg = n_seg - 1; seg >= 0; seg--) {
         const int64_t t_seg = seg * kCkpt;
         const int seg_len = len - t_seg < kCkpt ? (int)(len - t_seg) : kCkpt;
         const int n_sub = (seg_len + kSub - 1) / kSub;
-        const int64_t slot = start / kCkpt + seq + seg;
-        // The state every kSub tokens of the segment, from its checkpoint (thread-private).
-        {
-            float h[NB];
-#pragma unroll
-            for (int j = 0; j < NB; j++)
-                h[j] = (j < nv) ? a.ckpt[(slot * N + n0 + j) * D + d] : 0.0f;
-            for (int sub = 0; sub < n_sub; sub++) {
-#pragma unroll
-                for (int j = 0; j < NB; j++) s_sub[(sub * NB + j) * nthr + tid] = h[j];
-                if (sub == n_sub - 1) break;
-                for (int k = 0; k < kSub; k++) {
-                    const int64_t t = start + t_seg + sub * kSub + k;
-                    float dtv = 0.0f, xv = 0.0f;
-                    if (d_ok) {
-                        dtv = ls_ld(static_cast<const E *>(a.dt), t * D + d);
-                        if (a.softplus)
-                            dtv = ls_dev_softplus(dtv + (a.dt_bias ? a.dt_bias[d] : 0.0f));
-                        xv = ls_ld(static_cast<const E *>(a.x), t * D + d);
-                    }
-                    const float dtx = dtv * xv;
-                    float bv[NB];
-                    ld_states<E, NB>(Bp, t * GN + g * N + n0, nv, a.vec_bc, bv);
-#pragma unroll
-                    for (int j = 0; j < NB; j++)
-                        h[j] = fmaf(ls_dev_exp2(rate[j] * dtv), h[j], dtx * bv[j]);
-                }
-            }
-        }
+        const int64_t slot = start / kCkpt + p.seq + seg;
+        bwd_segment_states<E, NB>(a, p, s, start, t_seg, n_sub, slot, rate);
         for (int sub = n_sub - 1; sub >= 0; sub--) {
             const int64_t tb = t_seg + sub * kSub; // first token, relative to the sequence
             const int cnt = len - tb < kSub ? (int)(len - tb) : kSub;
             const int64_t tok0 = start + tb;
-            // (A) the piece's step inputs
-            for (int i = tid; i < kSub * kLanes; i += nthr) {
-                const int k = i >> 5, l = i & 31;
-                const int64_t dd = d0 + l;
-                float dtv = 0.0f, spg = 0.0f, xv = 0.0f, dp = 0.0f;
-                if (k < cnt && dd < D)
-                    bwd_token_inputs<E>(a, (tok0 + k) * D + dd, dd, &dtv, &spg, &xv, &dp);
-                s_dt[i] = dtv;
-                s_spg[i] = spg;
-                s_x[i] = xv;
-                s_dp[i] = dp;
-            }
+            bwd_stage_piece<E>(a, p, s, tok0, cnt);
             __syncthreads();
-            // (B) the piece's states, then the adjoint recurrence backwards
-            // B_t, C_t of the piece's tokens, all loaded before the reverse loop's shared
-            // stores (past which the compiler could not move them)
-            float hs[kSub + 1][NB], bk[kSub][NB], ck[kSub][NB], ak[kSub][NB];
-#pragma unroll
-            for (int k = 0; k < kSub; k++) {
-                if (k < cnt) {
-                    const int64_t bc = (tok0 + k) * GN + g * N + n0;
-                    ld_states<E, NB>(Bp, bc, nv, a.vec_bc, bk[k]);
-                    ld_states<E, NB>(Cp, bc, nv, a.vec_bc, ck[k]);
-                } else {
-#pragma unroll
-                    for (int j = 0; j < NB; j++) bk[k][j] = ck[k][j] = 0.0f;
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < NB; j++) hs[0][j] = s_sub[(sub * NB + j) * nthr + tid];
-#pragma unroll
-            for (int k = 0; k < kSub; k++) {
-                const float dtv = s_dt[k * kLanes + lane]; // 0 past cnt: the state stays
-                const float dtx = dtv * s_x[k * kLanes + lane];
-#pragma unroll
-                for (int j = 0; j < NB; j++) {
-                    ak[k][j] = ls_dev_exp2(rate[j] * dtv); // kept for the adjoint
-                    hs[k + 1][j] = fmaf(ak[k][j], hs[k][j], dtx * bk[k][j]);
-                }
-            }
-#pragma unroll
-            for (int k = kSub - 1; k >= 0; k--) {
-                if (k < cnt) {
-                    const float dtv = s_dt[k * kLanes + lane], xv = s_x[k * kLanes + lane];
-                    const float dp = s_dp[k * kLanes + lane];
-                    float sx = 0.0f, sdt = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < NB; j++) {
-                        const float bv = bk[k][j], cv = ck[k][j];
-                        const float decay = ak[k][j];
-                        const float dhj = fmaf(cv, dp, dh[j]); // all of dL/dh_t
-                        const float ah = decay * hs[k][j];     // exp(A dt) h_{t-1}
-                        const int row = (k * nblk + warp * NB + j) * kRow + lane;
-                        s_cC[row] = dp * hs[k + 1][j];
-                        s_cB[row] = dhj * dtv * xv;
-                        sx = fmaf(dhj, bv, sx);
-                        sdt = fmaf(dhj, fmaf(A[j], ah, bv * xv), sdt);
-                        dA[j] = fmaf(dhj * dtv, ah, dA[j]);
-                        dh[j] = dhj * decay;
-                    }
-                    s_px[(warp * kSub + k) * kLanes + lane] = sx;
-                    s_pdt[(warp * kSub + k) * kLanes + lane] = sdt;
-                }
-            }
+            bwd_piece_adjoint<E, NB>(a, p, s, tok0, cnt, sub, A, rate, dh, dA);
             __syncthreads();
-            // (C) per-token sums: dx, ddt over the warps (warp 0), dB, dC over the lanes
-            if (warp == 0 && d_ok) {
-                for (int k = cnt - 1; k >= 0; k--) {
-                    float sx = 0.0f, sdt = 0.0f;
-                    for (int w = 0; w < nwarps; w++) {
-                        sx += s_px[(w * kSub + k) * kLanes + lane];
-                        sdt += s_pdt[(w * kSub + k) * kLanes + lane];
-                    }
-                    const int64_t idx = (tok0 + k) * D + d;
-                    if (a.n_slabs > 1) {
-                        a.px_part[slab * a.BTD + idx] = sx;
-                        a.pdt_part[slab * a.BTD + idx] = sdt;
-                    } else {
-                        const int i = k * kLanes + lane;
-                        float ddt;
-                        bwd_token_out<E>(a, idx, d, s_dt[i], s_spg[i], s_dp[i], sx, sdt, &ddt);
-                        sum_dD = fmaf(s_dp[i], s_x[i], sum_dD);
-                        sum_db += ddt;
-                    }
-                }
-            }
-            if (a.dB_part || a.dC_part) {
-                for (int i = tid; i < kSub * nblk; i += nthr) {
-                    const int k = i / nblk, nl = i % nblk;
-                    const int64_t n = nbase + nl;
-                    if (k >= cnt || n >= N) continue;
-                    const int64_t t = tok0 + k;
-                    const float *rb = s_cB + (k * nblk + nl) * kRow;
-                    const float *rc = s_cC + (k * nblk + nl) * kRow;
-                    const int lanes = D - d0 < kLanes ? (int)(D - d0) : kLanes;
-                    int l = 0;
-                    while (l < lanes) {
-                        const int64_t gg = (d0 + l) / a.cpg;
-                        const int64_t gend = (gg + 1) * a.cpg - d0;
-                        const int end = gend < lanes ? (int)gend : lanes;
-                        float sb = 0.0f, sc = 0.0f;
-                        for (; l < end; l++) {
-                            sb += rb[l];
-                            sc += rc[l];
-                        }
-                        const int64_t o = ((tile * a.BT + t) * a.slots + (gg - g_lo)) * N + n;
-                        if (a.dB_part) a.dB_part[o] = sb;
-                        if (a.dC_part) a.dC_part[o] = sc;
-                    }
-                }
-            }
+            if (p.warp == 0 && p.d_ok) bwd_token_sums<E>(a, p, s, tok0, cnt, &sum_dD, &sum_db);
+            if (a.dB_part || a.dC_part) bwd_bc_sums(a, p, s, tok0, cnt, nblk);
             __syncthreads();
         }
     }
 #pragma unroll
     for (int j = 0; j < NB; j++) {
-        if (!(j < nv)) continue;
-        const int64_t o = (seq * D + d) * N + n0 + j;
+        if (!(j < p.nv)) continue;
+        const int64_t o = (p.seq * D + p.d) * N + p.n0 + j;
         if (a.dh0) a.dh0[o] = dh[j];
         if (a.dA_part) a.dA_part[o] = dA[j];
     }
-    if (warp == 0 && d_ok && a.n_slabs == 1) {
-        if (a.dD_part) a.dD_part[seq * D + d] = sum_dD;
-        if (a.db_part) a.db_part[seq * D + d] = sum_db;
+    if (p.warp == 0 && p.d_ok && a.n_slabs == 1) {
+        if (a.dD_part) a.dD_part[p.seq * D + p.d] = sum_dD;
+        if (a.db_part) a.db_part[p.seq * D + p.d] = sum_db;
     }
 }
 
@@ -707,18 +858,6 @@ struct Carver {
         return p;
     }
 };
-
-linseq_status ws_alloc(const ls_cuda_call *call, ls_cuda_workspace &ws, size_t bytes)
-{
-    const cudaError_t err = ws.alloc(bytes, ls_stream(call));
-    if (err == cudaErrorMemoryAllocation) {
-        (void)cudaGetLastError();
-        return ls_fail(call->fn, LINSEQ_ERR_OUT_OF_MEMORY,
-                       "could not allocate %zu bytes of device workspace", bytes);
-    }
-    LS_CUDA_TRY(call, err);
-    return LINSEQ_OK;
-}
 
 // The states per thread of the forward, and the states per slab.
 int fwd_nb(int64_t N) { return N <= 4 * kMaxWarps ? 4 : N <= 8 * kMaxWarps ? 8 : 16; }
@@ -842,7 +981,7 @@ linseq_status ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *cal
         hloc = c.take((size_t)rows * (size_t)(a.D * a.N), pieces > 1);
         sum_dt = c.take((size_t)rows * (size_t)a.D, pieces > 1);
         if (!c.used) break;
-        if (!pass && (st = ws_alloc(call, ws, c.used))) return st;
+        if (!pass && (st = ws.alloc(call, c.used))) return st;
     }
     a.part = part;
     if (pieces == 1) return launch_fwd<E>(a, call, n_seqs);
@@ -909,7 +1048,8 @@ linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *ca
         if (s > slots) slots = s;
     }
     b.slots = slots;
-    linseq_status st = check_grid(call, n_seqs * f.n_tiles, f.n_slabs > b.n_slabs ? f.n_slabs : b.n_slabs);
+    linseq_status st =
+        check_grid(call, n_seqs * f.n_tiles, f.n_slabs > b.n_slabs ? f.n_slabs : b.n_slabs);
     if (st) return st;
 
     const bool want_dgate = gr->dgate && p->gate;
@@ -930,7 +1070,7 @@ linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *ca
         dC_part = c.take(bc_part, gr->dC_proj != nullptr);
         px = c.take((size_t)b.n_slabs * BTD, b.n_slabs > 1);
         pdt = c.take((size_t)b.n_slabs * BTD, b.n_slabs > 1);
-        if (!pass && (st = ws_alloc(call, ws, c.used))) return st;
+        if (!pass && (st = ws.alloc(call, c.used))) return st;
     }
 
     // 1. checkpoints (and dgate, which needs the pre-gate output)
