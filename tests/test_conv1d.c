@@ -41,7 +41,7 @@ static linseq_status conv_backward(const linseq_conv1d_problem *p, const linseq_
  * in-kernel activation is compared bitwise with the same math applied outside through this. */
 static void kernel_math(ls_ssm_vfn fn, linseq_activation act, size_t n, const float *x, float *y)
 {
-    LS_ISA_PICK(test_isa, ls_ssm_vmath_n)(fn, act, (int64_t)n, x, y);
+    ls_ssm_kernels(test_isa)->vmath_n(fn, act, (int64_t)n, x, y);
 }
 
 typedef struct conv_spec {
@@ -1029,11 +1029,11 @@ int main(void)
 {
     for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
         if (!ls_isa_available((ls_isa)isa)) {
-            printf("  %s: not available on this CPU, skipped\n", ls_isa_name((ls_isa)isa));
+            printf("conv1d %s: not available on this CPU, skipped\n", ls_isa_name((ls_isa)isa));
             continue;
         }
         test_isa = (ls_isa)isa;
-        printf("  kernels: %s\n", ls_isa_name(test_isa));
+        const tu_mark mark = tu_mark_now();
         test_vector_activations();
         test_hand_example();
         test_against_reference();
@@ -1050,6 +1050,11 @@ int main(void)
         test_backward_threads();
         test_backward_width_one();
         test_backward_large_inputs();
+        tu_mark tally = {0, 0};
+        tu_tally_add(&tally, mark);
+        char label[64];
+        snprintf(label, sizeof label, "conv1d forward+backward %s", ls_isa_name(test_isa));
+        tu_report(label, tally, "vs the double reference and its finite differences");
     }
     test_public_entry_points();
     test_backward_optional_inputs();

@@ -1,12 +1,19 @@
 /* KDA forward: fast recurrent and chunked kernels against the double reference, and the
  * properties that need no reference (chunked == recurrent, varlen == separate calls, GVA ==
  * repeated heads, V-first == transposed, prefill + decode == one call, in-kernel options ==
- * the same math outside, thread-count independence). */
+ * the same math outside, thread-count independence).
+ * Every test runs once per ISA the CPU has (scalar, avx2, avx512), through the entry points
+ * with the kernels' ISA as an argument (kda_kernels.h); then the public entry points are
+ * checked to be the active ISA's, and an invalid LINSEQ_ISA to be refused. */
+#include <ctype.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kda/kda_internal.h"
+#include "kda/kda_kernels.h"
+#include "simd/isa.h"
 #include "kda_fixture.h"
 #include "testutil.h"
 
@@ -14,7 +21,31 @@
  * 2e-5 leaves headroom for other compilers yet is 5x below the spec's 1e-4 and far below
  * any semantic error (>= 1e-3). */
 static const double TOL_VS_REF = 2e-5;
-static double worst_recurrent, worst_chunked; /* reported at the end */
+/* The ISA whose kernels the tests run; main sets it to each one the CPU has. */
+static ls_isa test_isa = LS_ISA_SCALAR;
+/* Per ISA, reported at the end: reference comparisons made, and their worst errors. */
+static int ref_cases[LS_ISA_COUNT];
+static double worst_recurrent[LS_ISA_COUNT], worst_chunked[LS_ISA_COUNT];
+static tu_mark isa_checks[LS_ISA_COUNT];
+
+static linseq_status kda_forward(const linseq_kda_problem *p, const linseq_exec *exec, float *o,
+                                 float *ht)
+{
+    return ls_kda_forward_isa(p, exec, o, ht, test_isa);
+}
+
+static linseq_status kda_decode(const linseq_kda_problem *p, const linseq_exec *exec,
+                                float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                float *o)
+{
+    return ls_kda_decode_isa(p, exec, state, n_state_rows, state_rows, o, test_isa);
+}
+
+static linseq_status kda_gate_forward(const linseq_kda_gate_problem *p, const linseq_exec *exec,
+                                      float *g)
+{
+    return ls_kda_gate_forward_isa(p, exec, g, test_isa);
+}
 
 static size_t o_len(const kda_fixture *f)
 {
@@ -26,7 +57,7 @@ static void run(const kda_fixture *f, linseq_mode mode, int chunk, int threads, 
                 float *ht)
 {
     linseq_exec ex = {.mode = mode, .chunk_size = chunk, .threads = threads};
-    CHECK_OK(linseq_kda_forward(&f->p, &ex, o, ht));
+    CHECK_OK(kda_forward(&f->p, &ex, o, ht));
 }
 
 static bool all_finite(const float *x, size_t n)
@@ -36,7 +67,8 @@ static bool all_finite(const float *x, size_t n)
     return true;
 }
 
-/* Every mode and chunk size against the reference on one spec. */
+/* Every ISA, mode and chunk size against the reference on one spec (computed once: it is
+ * the slow part). */
 static void check_against_reference(const kda_spec *s, const char *what)
 {
     kda_fixture f;
@@ -47,18 +79,23 @@ static void check_against_reference(const kda_spec *s, const char *what)
     CHECK_OK(ls_kda_reference(&f.p, o_ref, ht_ref));
 
     static const int chunks[] = {0, 16, 32, 64, 128};
-    for (int m = 0; m < 6; m++) {
-        const linseq_mode mode = m == 0 ? LINSEQ_MODE_RECURRENT : LINSEQ_MODE_CHUNKED;
-        const int chunk = m == 0 ? 0 : chunks[m - 1];
+    for (int m = 0; m < 6 * LS_ISA_COUNT; m++) {
+        test_isa = (ls_isa)(m / 6);
+        if (!ls_isa_available(test_isa)) continue;
+        const tu_mark mark = tu_mark_now();
+        const linseq_mode mode = m % 6 == 0 ? LINSEQ_MODE_RECURRENT : LINSEQ_MODE_CHUNKED;
+        const int chunk = m % 6 == 0 ? 0 : chunks[m % 6 - 1];
         run(&f, mode, chunk, 0, o, ht);
         const double eo = tu_rel_err(o, o_ref, no), eh = tu_rel_err(ht, ht_ref, f.n_state);
-        double *worst = m == 0 ? &worst_recurrent : &worst_chunked;
+        double *worst = m % 6 == 0 ? &worst_recurrent[test_isa] : &worst_chunked[test_isa];
+        ref_cases[test_isa]++;
         if (eo > *worst) *worst = eo;
         if (eh > *worst) *worst = eh;
         CHECK(eo <= TOL_VS_REF && eh <= TOL_VS_REF,
-              "%s: mode %d chunk %d: o err %.3g, ht err %.3g (tol %.1g)", what, (int)mode,
-              chunk, eo, eh, TOL_VS_REF);
+              "%s %s: mode %d chunk %d: o err %.3g, ht err %.3g (tol %.1g)", what,
+              ls_isa_name(test_isa), (int)mode, chunk, eo, eh, TOL_VS_REF);
         CHECK(all_finite(o, no) && all_finite(ht, f.n_state), "%s: non-finite output", what);
+        tu_tally_add(&isa_checks[test_isa], mark);
     }
     free(o_ref);
     free(ht_ref);
@@ -198,7 +235,7 @@ static void test_varlen_equals_separate(void)
                 p.g = f.g + cu[n] * HV * 24;
                 p.h0 = f.h0 + n * rowlen;
                 linseq_exec ex = {.mode = m, .chunk_size = 32};
-                CHECK_OK(linseq_kda_forward(&p, &ex, o1, h1));
+                CHECK_OK(kda_forward(&p, &ex, o1, h1));
                 same &= memcmp(o1, o + cu[n] * HV * 20, sizeof(float) * (size_t)(len * HV * 20)) == 0;
                 same &= memcmp(h1, ht + n * rowlen, sizeof(float) * (size_t)rowlen) == 0;
             } else {
@@ -247,8 +284,8 @@ static void test_gva_equals_repeated_heads(void)
         float *o1 = tu_alloc(no), *o2 = tu_alloc(no), *h1 = tu_alloc(f.n_state),
               *h2 = tu_alloc(f.n_state);
         linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&f.p, &ex, o1, h1));
-        CHECK_OK(linseq_kda_forward(&rep, &ex, o2, h2));
+        CHECK_OK(kda_forward(&f.p, &ex, o1, h1));
+        CHECK_OK(kda_forward(&rep, &ex, o2, h2));
         CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
               "mode %d: GVA differs from repeated heads", mode);
         free(q2);
@@ -279,11 +316,11 @@ static void test_v_first_equals_transposed(void)
                 h0t[row * K * V + j * K + i] = f.h0[row * K * V + i * V + j];
     for (int mode = 0; mode < 2; mode++) {
         linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&f.p, &ex, o1, h1));
+        CHECK_OK(kda_forward(&f.p, &ex, o1, h1));
         linseq_kda_problem vf = f.p;
         vf.state_v_first = true;
         vf.h0 = h0t;
-        CHECK_OK(linseq_kda_forward(&vf, &ex, o2, h2));
+        CHECK_OK(kda_forward(&vf, &ex, o2, h2));
         bool same = memcmp(o1, o2, no * 4) == 0;
         for (size_t row = 0; row < ns / (size_t)(K * V); row++)
             for (int64_t i = 0; i < K; i++)
@@ -313,7 +350,7 @@ static void test_prefill_then_decode(void)
         const size_t no = o_len(&f);
         float *o_full = tu_alloc(no), *h_full = tu_alloc(f.n_state);
         linseq_exec rec = {.mode = LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&f.p, &rec, o_full, h_full));
+        CHECK_OK(kda_forward(&f.p, &rec, o_full, h_full));
 
         float *q = tu_alloc((size_t)(B * T * H * K)), *k = tu_alloc((size_t)(B * T * H * K));
         float *v = tu_alloc((size_t)(B * T * HV * V)), *be = tu_alloc((size_t)(B * T * HV));
@@ -329,7 +366,7 @@ static void test_prefill_then_decode(void)
         p.q = q, p.k = k, p.v = v, p.beta = be, p.g = g;
         linseq_exec chunked = {.mode = LINSEQ_MODE_CHUNKED, .chunk_size = 16};
         float *o_pre = tu_alloc((size_t)(B * T1 * HV * V));
-        CHECK_OK(linseq_kda_forward(&p, &chunked, o_pre, state));
+        CHECK_OK(kda_forward(&p, &chunked, o_pre, state));
         double err = 0.0;
         for (int64_t t = T1; t < T; t++) {
             tu_slice_tokens(f.q, B, T, H * K, t, 1, q);
@@ -339,7 +376,7 @@ static void test_prefill_then_decode(void)
             tu_slice_tokens(f.g, B, T, HV * K, t, 1, g);
             p.T = 1;
             p.h0 = NULL;
-            CHECK_OK(linseq_kda_decode(&p, NULL, state, B, NULL, o));
+            CHECK_OK(kda_decode(&p, NULL, state, B, NULL, o));
             float *want = tu_alloc((size_t)(B * HV * V));
             tu_slice_tokens(o_full, B, T, HV * V, t, 1, want);
             const double e = tu_rel_err(o, want, (size_t)(B * HV * V));
@@ -379,7 +416,7 @@ static void test_decode_pool(void)
     const int64_t map[] = {5, -1, 0, 3};
     float *o = tu_alloc((size_t)(B * HV * V));
     tu_poison(o, sizeof(float) * (size_t)(B * HV * V));
-    CHECK_OK(linseq_kda_decode(&f.p, NULL, pool, rows, map, o));
+    CHECK_OK(kda_decode(&f.p, NULL, pool, rows, map, o));
 
     /* the same requests one at a time through the forward, from the original rows */
     bool ok = true;
@@ -398,7 +435,7 @@ static void test_decode_pool(void)
         p.h0 = pool0 + map[b] * rowlen;
         float o1[16], h1[2 * 8 * 8];
         linseq_exec rec = {.mode = LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&p, &rec, o1, h1));
+        CHECK_OK(kda_forward(&p, &rec, o1, h1));
         ok &= memcmp(o1, o + b * HV * V, sizeof o1) == 0;
         ok &= memcmp(h1, pool + map[b] * rowlen, sizeof h1) == 0;
     }
@@ -437,7 +474,7 @@ static void test_gate_in_kernel(void)
             linseq_kda_gate_problem gp = {.B = B, .T = T, .H = HV, .K = K, .decay = (linseq_decay)dk,
                                           .g_raw = f.g, .A_log = A_log, .dt_bias = dt_bias,
                                           .lower_bound = lower};
-            CHECK_OK(linseq_kda_gate_forward(&gp, NULL, g));
+            CHECK_OK(kda_gate_forward(&gp, NULL, g));
 
             linseq_kda_problem in = f.p, out = f.p;
             in.gate_in_kernel = true;
@@ -450,8 +487,8 @@ static void test_gate_in_kernel(void)
                   *h2 = tu_alloc(f.n_state);
             for (int mode = 0; mode < 2; mode++) {
                 linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
-                CHECK_OK(linseq_kda_forward(&in, &ex, o1, h1));
-                CHECK_OK(linseq_kda_forward(&out, &ex, o2, h2));
+                CHECK_OK(kda_forward(&in, &ex, o1, h1));
+                CHECK_OK(kda_forward(&out, &ex, o2, h2));
                 CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
                       "decay %d lb %d mode %d: in-kernel gate differs from the gate op", dk, lb,
                       mode);
@@ -506,8 +543,8 @@ static void test_beta_logit_and_l2norm(void)
     float *o1 = tu_alloc(no), *o2 = tu_alloc(no);
     for (int mode = 0; mode < 2; mode++) {
         linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&inside, &ex, o1, NULL));
-        CHECK_OK(linseq_kda_forward(&outside, &ex, o2, NULL));
+        CHECK_OK(kda_forward(&inside, &ex, o1, NULL));
+        CHECK_OK(kda_forward(&outside, &ex, o2, NULL));
         /* sigmoid and normalisation rounded in different places: float32 ulps only */
         CHECK(tu_rel_err(o1, o2, no) <= 2e-6, "mode %d: in-kernel sigmoid+l2norm vs outside %.3g",
               mode, tu_rel_err(o1, o2, no));
@@ -541,12 +578,12 @@ static void test_decay_kinds_agree(void)
     float *o1 = tu_alloc(no), *o2 = tu_alloc(no);
     for (int mode = 0; mode < 2; mode++) {
         linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
-        CHECK_OK(linseq_kda_forward(&f.p, &ex, o1, NULL));
-        CHECK_OK(linseq_kda_forward(&pc, &ex, o2, NULL));
+        CHECK_OK(kda_forward(&f.p, &ex, o1, NULL));
+        CHECK_OK(kda_forward(&pc, &ex, o2, NULL));
         CHECK(tu_rel_err(o2, o1, no) <= 2e-6, "mode %d: per-channel broadcast vs per-head %.3g",
               mode, tu_rel_err(o2, o1, no));
-        CHECK_OK(linseq_kda_forward(&none, &ex, o1, NULL));
-        CHECK_OK(linseq_kda_forward(&z, &ex, o2, NULL));
+        CHECK_OK(kda_forward(&none, &ex, o1, NULL));
+        CHECK_OK(kda_forward(&z, &ex, o2, NULL));
         CHECK(tu_rel_err(o2, o1, no) <= 2e-6, "mode %d: no decay vs g = 0 %.3g", mode,
               tu_rel_err(o2, o1, no));
     }
@@ -581,7 +618,7 @@ static void test_threads_and_in_place(void)
         linseq_kda_problem p = f.p;
         p.h0 = state;
         linseq_exec ex = {.mode = m, .chunk_size = 32, .threads = 2};
-        CHECK_OK(linseq_kda_forward(&p, &ex, o2, state));
+        CHECK_OK(kda_forward(&p, &ex, o2, state));
         CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, state, f.n_state * 4) == 0,
               "mode %d: in-place ht == h0 differs", mode);
         free(state);
@@ -640,7 +677,7 @@ static void test_gate_op(void)
             linseq_kda_gate_problem p = {.B = B, .T = T, .H = H, .K = K, .decay = (linseq_decay)dk,
                                          .g_raw = raw, .A_log = A_log, .dt_bias = bias,
                                          .lower_bound = lb ? -5.0f : 0.0f};
-            CHECK_OK(linseq_kda_gate_forward(&p, NULL, g));
+            CHECK_OK(kda_gate_forward(&p, NULL, g));
             ls_kda_gate_reference(&p, ref);
             /* The spec's metric: a few float32 roundings of exp, log1p and products. (Element-
              * wise the error grows with |exp(A_log) x| where the sigmoid saturates.) */
@@ -652,8 +689,8 @@ static void test_gate_op(void)
                 linseq_kda_gate_problem absent = p, zero = p;
                 absent.A_log = absent.dt_bias = NULL;
                 zero.A_log = zero.dt_bias = zeros;
-                CHECK_OK(linseq_kda_gate_forward(&absent, NULL, g0));
-                CHECK_OK(linseq_kda_gate_forward(&zero, NULL, g1));
+                CHECK_OK(kda_gate_forward(&absent, NULL, g0));
+                CHECK_OK(kda_gate_forward(&zero, NULL, g1));
                 CHECK(memcmp(g0, g1, n * 4) == 0, "NULL A_log/dt_bias differ from zeros");
                 free(zeros);
                 free(g0);
@@ -665,7 +702,7 @@ static void test_gate_op(void)
                 pc.decay = LINSEQ_DECAY_PER_CHANNEL;
                 pc.K = 1;
                 float *g2 = tu_alloc(n);
-                CHECK_OK(linseq_kda_gate_forward(&pc, NULL, g2));
+                CHECK_OK(kda_gate_forward(&pc, NULL, g2));
                 CHECK(memcmp(g, g2, n * 4) == 0, "per-head gate != per-channel with K = 1");
                 free(g2);
             }
@@ -676,23 +713,203 @@ static void test_gate_op(void)
         }
 }
 
-int main(void)
+/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
+ * given ls_isa_active(), in both modes, for decode and for the gate. */
+static void test_public_entry_points(void)
 {
-    test_gate_op();
-    test_scale();
-    test_chunked_equals_recurrent();
-    test_varlen_equals_separate();
-    test_gva_equals_repeated_heads();
-    test_v_first_equals_transposed();
-    test_prefill_then_decode();
-    test_decode_pool();
-    test_gate_in_kernel();
-    test_beta_logit_and_l2norm();
-    test_decay_kinds_agree();
-    test_threads_and_in_place();
-    test_single_item_split();
-    test_shapes_and_regimes();
-    printf("worst error vs the double reference: recurrent %.3g, chunked %.3g\n",
-           worst_recurrent, worst_chunked);
+    const ls_isa active = ls_isa_active();
+    kda_spec s = {.B = 2, .T = 70, .H = 2, .HV = 4, .K = 40, .V = 36,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
+                  .gmag = 0.3, .regime = GATE_RAND, .seed = 4100};
+    kda_fixture f;
+    kda_fixture_make(&f, &s);
+    const size_t no = o_len(&f);
+    float *o = tu_alloc(no), *ht = tu_alloc(f.n_state);
+    float *o_isa = tu_alloc_poisoned(no), *ht_isa = tu_alloc_poisoned(f.n_state);
+    for (int m = 0; m < 2; m++) {
+        linseq_exec ex = {.mode = m ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
+        CHECK_OK(linseq_kda_forward(&f.p, &ex, o, ht));
+        CHECK_OK(ls_kda_forward_isa(&f.p, &ex, o_isa, ht_isa, active));
+        CHECK(tu_same_bits(o, o_isa, no) && tu_same_bits(ht, ht_isa, f.n_state),
+              "linseq_kda_forward (mode %d) differs from the %s kernels", m, ls_isa_name(active));
+    }
+    /* decode: one token per request against the states just computed */
+    linseq_kda_problem one = f.p;
+    one.T = 1, one.h0 = NULL;
+    const size_t n1 = (size_t)(s.B * s.HV * s.V);
+    memcpy(ht_isa, ht, f.n_state * sizeof(float));
+    CHECK_OK(linseq_kda_decode(&one, NULL, ht, s.B, NULL, o));
+    CHECK_OK(ls_kda_decode_isa(&one, NULL, ht_isa, s.B, NULL, o_isa, active));
+    CHECK(tu_same_bits(o, o_isa, n1) && tu_same_bits(ht, ht_isa, f.n_state),
+          "linseq_kda_decode differs from the %s kernels", ls_isa_name(active));
+    /* the gate over the fixture's g as raw input */
+    linseq_kda_gate_problem gp = {.B = s.B, .T = s.T, .H = s.HV, .K = s.K, .decay = s.decay,
+                                  .g_raw = f.g};
+    float *g = tu_alloc(f.n_g), *g_isa = tu_alloc_poisoned(f.n_g);
+    CHECK_OK(linseq_kda_gate_forward(&gp, NULL, g));
+    CHECK_OK(ls_kda_gate_forward_isa(&gp, NULL, g_isa, active));
+    CHECK(tu_same_bits(g, g_isa, f.n_g), "linseq_kda_gate_forward differs from the %s kernels",
+          ls_isa_name(active));
+    free(o), free(ht), free(o_isa), free(ht_isa), free(g), free(g_isa);
+    kda_fixture_free(&f);
+}
+
+/* ---- LINSEQ_ISA: decided once per process, so each value runs in a child process ---------- */
+
+/* Every entry point that runs kernels, called with no problem, and what it said, one line each:
+ * "<name> <status>|<message>". A refused LINSEQ_ISA must come before any argument check. */
+static int isa_child(void)
+{
+    const char *isa = linseq_isa();
+    printf("linseq_isa %s|%s\n", isa, linseq_last_error());
+#define REPORT(name, call)                                                                   \
+    do {                                                                                     \
+        const linseq_status st_ = (call);                                                    \
+        printf("%s %d|%s\n", name, (int)st_, linseq_last_error());                           \
+    } while (0)
+    REPORT("linseq_kda_forward", linseq_kda_forward(NULL, NULL, NULL, NULL));
+    REPORT("linseq_kda_forward_train", linseq_kda_forward_train(NULL, NULL, NULL, NULL, NULL, 0));
+    REPORT("linseq_kda_decode", linseq_kda_decode(NULL, NULL, NULL, 1, NULL, NULL));
+    REPORT("linseq_kda_backward", linseq_kda_backward(NULL, NULL, NULL, NULL, NULL));
+    REPORT("linseq_kda_backward_saved",
+           linseq_kda_backward_saved(NULL, NULL, NULL, 0, NULL, NULL, NULL));
+    REPORT("linseq_kda_gate_forward", linseq_kda_gate_forward(NULL, NULL, NULL));
+    REPORT("linseq_kda_gate_backward", linseq_kda_gate_backward(NULL, NULL, NULL, NULL));
+    REPORT("linseq_ssm1_forward", linseq_ssm1_forward(NULL, NULL, NULL, NULL));
+    REPORT("linseq_ssm1_backward", linseq_ssm1_backward(NULL, NULL, NULL, NULL, NULL));
+    REPORT("linseq_conv1d_forward", linseq_conv1d_forward(NULL, NULL, NULL, NULL));
+    REPORT("linseq_conv1d_backward", linseq_conv1d_backward(NULL, NULL, NULL, NULL, NULL));
+#undef REPORT
+    return 0;
+}
+
+enum { ISA_CHILD_CALLS = 11 };
+
+/* The child's lines with LINSEQ_ISA = value, into out (size bytes). */
+static void run_isa_child(const char *self, const char *value, char *out, size_t size)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' --isa-child", self);
+    setenv("LINSEQ_ISA", value, 1);
+    FILE *child = popen(cmd, "r");
+    size_t n = child ? fread(out, 1, size - 1, child) : 0;
+    out[n] = '\0';
+    CHECK(child && pclose(child) == 0, "LINSEQ_ISA=%s: the child process failed", value);
+}
+
+/* Checks every entry point's line: status `want`, and when refused, a message that names the
+ * entry point, the variable, its value and every ISA this CPU runs. */
+static void check_isa_child(const char *value, const char *out, linseq_status want,
+                            const char *want_isa)
+{
+    char isa[32] = "";
+    CHECK(sscanf(out, "linseq_isa %31[^|]", isa) == 1 && strcmp(isa, want_isa) == 0,
+          "LINSEQ_ISA=\"%s\": linseq_isa() = \"%s\", expected \"%s\"", value, isa, want_isa);
+    int calls = 0;
+    for (const char *line = strchr(out, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
+        char name[64];
+        int st = -1;
+        if (sscanf(line + 1, "%63s %d", name, &st) != 2) continue;
+        calls++;
+        const char *msg = strchr(line + 1, '|');
+        CHECK(st == (int)want, "LINSEQ_ISA=\"%s\": %s returned %d, expected %d", value, name,
+              st, (int)want);
+        if (want == LINSEQ_ERR_NULL_POINTER || !msg) continue;
+        char quoted[64];
+        snprintf(quoted, sizeof quoted, "\"%s\"", value);
+        CHECK(strncmp(msg + 1, name, strlen(name)) == 0 && strstr(msg, "LINSEQ_ISA") &&
+                  strstr(msg, quoted),
+              "LINSEQ_ISA=\"%s\": %s's message does not name it: %.*s", value, name,
+              (int)strcspn(msg, "\n"), msg);
+        for (int i = 0; i < LS_ISA_COUNT; i++)
+            CHECK(!ls_isa_available((ls_isa)i) || strstr(msg, ls_isa_name((ls_isa)i)),
+                  "LINSEQ_ISA=\"%s\": %s's message does not list %s", value, name,
+                  ls_isa_name((ls_isa)i));
+    }
+    CHECK(calls == ISA_CHILD_CALLS, "LINSEQ_ISA=\"%s\": %d entry points answered, expected %d",
+          value, calls, ISA_CHILD_CALLS);
+}
+
+static void test_isa_environment(const char *self)
+{
+    const char *saved = getenv("LINSEQ_ISA");
+    char *restore = saved ? strdup(saved) : NULL;
+    static char out[16384];
+    ls_isa best = LS_ISA_SCALAR;
+    for (int i = 0; i < LS_ISA_COUNT; i++)
+        if (ls_isa_available((ls_isa)i)) best = (ls_isa)i;
+    /* a name of no ISA: refused, whatever its case */
+    static const char *const unknown[] = {"avx-2", "AVX-512", "sse4", "native"};
+    for (size_t u = 0; u < sizeof unknown / sizeof unknown[0]; u++) {
+        run_isa_child(self, unknown[u], out, sizeof out);
+        check_isa_child(unknown[u], out, LINSEQ_ERR_INVALID_VALUE, "invalid");
+        if (u == 0) { /* one refusal, quoted in the log */
+            const char *msg = strchr(out, '|');
+            msg = msg ? strchr(msg + 1, '|') : NULL; /* the first entry point's */
+            if (msg) printf("LINSEQ_ISA=%s refused: %.*s\n", unknown[u],
+                            (int)strcspn(msg + 1, "\n"), msg + 1);
+        }
+    }
+    /* every ISA by name, in upper case: the CPU's run it, the others are refused */
+    for (int i = 0; i < LS_ISA_COUNT; i++) {
+        char upper[16];
+        const char *name = ls_isa_name((ls_isa)i);
+        size_t n = 0;
+        for (; name[n] && n + 1 < sizeof upper; n++) upper[n] = (char)toupper(name[n]);
+        upper[n] = '\0';
+        run_isa_child(self, upper, out, sizeof out);
+        if (ls_isa_available((ls_isa)i))
+            check_isa_child(upper, out, LINSEQ_ERR_NULL_POINTER, name);
+        else
+            check_isa_child(upper, out, LINSEQ_ERR_UNSUPPORTED, "invalid");
+    }
+    /* empty: as if unset */
+    run_isa_child(self, "", out, sizeof out);
+    check_isa_child("", out, LINSEQ_ERR_NULL_POINTER, ls_isa_name(best));
+    if (restore)
+        setenv("LINSEQ_ISA", restore, 1);
+    else
+        unsetenv("LINSEQ_ISA");
+    free(restore);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc > 1 && strcmp(argv[1], "--isa-child") == 0) return isa_child();
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) {
+            printf("kda forward %s: not available on this CPU, skipped\n",
+                   ls_isa_name((ls_isa)isa));
+            continue;
+        }
+        test_isa = (ls_isa)isa;
+        const tu_mark mark = tu_mark_now();
+        test_gate_op();
+        test_scale();
+        test_chunked_equals_recurrent();
+        test_varlen_equals_separate();
+        test_gva_equals_repeated_heads();
+        test_v_first_equals_transposed();
+        test_prefill_then_decode();
+        test_decode_pool();
+        test_gate_in_kernel();
+        test_beta_logit_and_l2norm();
+        test_decay_kinds_agree();
+        test_threads_and_in_place();
+        test_single_item_split();
+        tu_tally_add(&isa_checks[isa], mark);
+    }
+    test_shapes_and_regimes(); /* every ISA per reference */
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) continue;
+        char label[64], detail[160];
+        snprintf(label, sizeof label, "kda forward %s", ls_isa_name((ls_isa)isa));
+        snprintf(detail, sizeof detail,
+                 "%d reference cases, worst rel err vs double: recurrent %.3g, chunked %.3g",
+                 ref_cases[isa], worst_recurrent[isa], worst_chunked[isa]);
+        tu_report(label, isa_checks[isa], detail);
+    }
+    test_public_entry_points();
+    test_isa_environment(argv[0]);
     return tu_finish("test_kda");
 }

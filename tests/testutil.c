@@ -14,6 +14,23 @@ int tu_finish(const char *suite)
     return tu_failures ? 1 : 0;
 }
 
+tu_mark tu_mark_now(void) { return (tu_mark){tu_checks, tu_failures}; }
+
+void tu_tally_add(tu_mark *tally, tu_mark since)
+{
+    tally->checks += tu_checks - since.checks;
+    tally->failures += tu_failures - since.failures;
+}
+
+void tu_report(const char *label, tu_mark tally, const char *detail)
+{
+    if (tally.failures)
+        printf("%s: %d of %d checks FAILED", label, tally.failures, tally.checks);
+    else
+        printf("%s: %d checks ok", label, tally.checks);
+    printf("%s%s\n", detail ? ", " : "", detail ? detail : "");
+}
+
 uint64_t tu_next(tu_rng *r)
 {
     /* splitmix64: tiny, good enough for test data, identical on every platform */

@@ -34,6 +34,15 @@ extern int tu_checks;
 /* Prints a summary line and returns the process exit code. */
 int tu_finish(const char *suite);
 
+/* Checks counted by part of a test (one ISA's share), to report each part on its own line:
+ * tu_tally_add adds the checks made since `since` (a tu_mark_now()) to *tally. */
+typedef struct { int checks, failures; } tu_mark;
+tu_mark tu_mark_now(void);
+void tu_tally_add(tu_mark *tally, tu_mark since);
+/* "<label>: N checks ok" or "<label>: M of N checks FAILED", then ", <detail>" unless detail
+ * is NULL. */
+void tu_report(const char *label, tu_mark tally, const char *detail);
+
 /* Deterministic xoshiro-style generator. */
 typedef struct { uint64_t s; } tu_rng;
 uint64_t tu_next(tu_rng *r);
