@@ -155,6 +155,9 @@ expect "flag with a value" "takes no value" "$CLI" run "$CASE" "$OUT" --fwd-only
 expect "demo mode" "unknown option '--mode'" "$CLI" demo --mode chunked
 expect "bench unknown op" "frob" "$CLI" bench frob
 expect "bench bad size" "--T" "$CLI" bench kda --T 0
+# A bad LINSEQ_ISA fails every library call: one line naming it, not a FAIL line per case.
+expect "check: bad LINSEQ_ISA" "LINSEQ_ISA" env LINSEQ_ISA=avx-2 "$CLI" check "$CASE"
+expect "bench: bad LINSEQ_ISA" "LINSEQ_ISA" env LINSEQ_ISA=sse4 "$CLI" bench kda --T 16
 
 # ---- paths -----------------------------------------------------------------------------
 expect "run: no such case" "cannot open" "$CLI" run "$WORK/nonexistent" "$OUT"

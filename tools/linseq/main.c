@@ -139,6 +139,11 @@ int main(int argc, char **argv)
         printf("linseq %s\n", linseq_version());
         return LS_EXIT_OK;
     }
+    /* A LINSEQ_ISA the library refuses would fail every call of every case: one line. */
+    if (strcmp(linseq_isa(), "invalid") == 0) {
+        fprintf(stderr, "linseq: %s\n", linseq_last_error());
+        return LS_EXIT_ERROR;
+    }
     /* bench has options of its own, and may run itself again with the whole argv. */
     if (strcmp(cmd, "bench") == 0) return cmd_bench(argc, argv);
     if (strcmp(cmd, "run") != 0 && strcmp(cmd, "check") != 0 && strcmp(cmd, "demo") != 0)
