@@ -145,7 +145,7 @@ static void parse_setup(const job_spec *s, job *j)
 }
 
 /* Realistic values for every tensor of the problem of that role; returns how many. */
-static int fill_role(job *j, ls_role role, uint64_t seed)
+static int fill_role(job *j, ls_op_role role, uint64_t seed)
 {
     int n = 0;
     for (int i = 0; ls_op_tensor(j->op, role, i); i++) {
@@ -164,7 +164,7 @@ static int fill_role(job *j, ls_role role, uint64_t seed)
 }
 
 /* Every tensor of that role the problem has becomes an output of the job. */
-static void add_outputs(job *j, ls_role role)
+static void add_outputs(job *j, ls_op_role role)
 {
     for (int i = 0; ls_op_tensor(j->op, role, i); i++) {
         const ls_tensor_desc *t = ls_op_tensor(j->op, role, i);

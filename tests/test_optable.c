@@ -57,10 +57,10 @@ static void check_layouts(const ls_op *op)
 static void check_tensors(const ls_op *op)
 {
     for (int r = LS_ROLE_OUTPUT; r <= LS_ROLE_UPSTREAM; r++)
-        for (int i = 0; ls_op_tensor(op, (ls_role)r, i); i++)
-            CHECK(ls_op_tensor(op, (ls_role)r, i)->offset == (size_t)i,
+        for (int i = 0; ls_op_tensor(op, (ls_op_role)r, i); i++)
+            CHECK(ls_op_tensor(op, (ls_op_role)r, i)->offset == (size_t)i,
                   "%s: call argument %s is not at index %d", op->name,
-                  ls_op_tensor(op, (ls_role)r, i)->name, i);
+                  ls_op_tensor(op, (ls_op_role)r, i)->name, i);
     CHECK(ls_op_count(op, LS_ROLE_OUTPUT) <= LS_OP_MAX_OUT, "%s: too many outputs", op->name);
     CHECK(ls_op_count(op, LS_ROLE_GRAD) <= LS_OP_MAX_GRADS, "%s: too many grads", op->name);
     for (int i = 0; i < op->n_tensors; i++) {

@@ -47,7 +47,7 @@ int ls_op_fields(const ls_op *op, bool grads, ls_field *out)
             n = add_field(out, n, "n_seqs", LS_CTYPE_I64, op->n_seqs_offset);
         }
     }
-    const ls_role role = grads ? LS_ROLE_GRAD : LS_ROLE_INPUT;
+    const ls_op_role role = grads ? LS_ROLE_GRAD : LS_ROLE_INPUT;
     for (int i = 0; i < op->n_tensors; i++)
         if (op->tensors[i].role == role)
             n = add_field(out, n, op->tensors[i].field, LS_CTYPE_PTR, op->tensors[i].offset);

@@ -22,21 +22,21 @@ const ls_op *ls_op_find(const char *name)
     return NULL;
 }
 
-const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_role role, int i)
+const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_op_role role, int i)
 {
     for (int t = 0; t < op->n_tensors; t++)
         if (op->tensors[t].role == role && i-- == 0) return &op->tensors[t];
     return NULL;
 }
 
-int ls_op_count(const ls_op *op, ls_role role)
+int ls_op_count(const ls_op *op, ls_op_role role)
 {
     int n = 0;
     for (int t = 0; t < op->n_tensors; t++) n += op->tensors[t].role == role;
     return n;
 }
 
-const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_role role, const char *name)
+const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_op_role role, const char *name)
 {
     for (int t = 0; t < op->n_tensors; t++)
         if (op->tensors[t].role == role && strcmp(op->tensors[t].name, name) == 0)

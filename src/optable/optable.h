@@ -76,12 +76,12 @@ typedef struct ls_option_desc {
 #define LS_ENUM_KEEP (-1)     /* absent or null: the field keeps its value               */
 #define LS_ENUM_REQUIRED (-2) /* absent or null: an error                                 */
 
-typedef enum ls_role {
+typedef enum ls_op_role {
     LS_ROLE_INPUT,    /* read by forward and backward (a problem struct field)         */
     LS_ROLE_OUTPUT,   /* written by forward (a call argument)                          */
     LS_ROLE_UPSTREAM, /* read by backward: the gradient of an output (a call argument) */
     LS_ROLE_GRAD      /* written by backward (a grads struct field)                    */
-} ls_role;
+} ls_op_role;
 
 /* How realistic values of a tensor are drawn (bench, tests): see ls_op_fill. */
 typedef enum ls_dist {
@@ -102,7 +102,7 @@ typedef int (*ls_shape_fn)(const void *p, int64_t *dims);
 
 typedef struct ls_tensor_desc {
     const char *name;     /* case file / Python name: "q", "dA_log", "d_o"             */
-    ls_role role;
+    ls_op_role role;
     /* INPUT: the problem field; GRAD: the grads field; OUTPUT, UPSTREAM: NULL          */
     const char *field;
     size_t offset;        /* of field; OUTPUT / UPSTREAM: the call argument's index    */
@@ -187,10 +187,10 @@ int ls_op_fields(const ls_op *op, bool grads, ls_field *out);
 const ls_field *ls_exec_fields(int *count);
 
 /* The tensors of a role, in table order: the i-th of them, or NULL past the end. */
-const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_role role, int i);
-int ls_op_count(const ls_op *op, ls_role role);
+const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_op_role role, int i);
+int ls_op_count(const ls_op *op, ls_op_role role);
 /* The tensor of that name and role, or NULL. */
-const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_role role, const char *name);
+const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_op_role role, const char *name);
 
 /* Elements of a tensor under p (0 when it does not exist); false when the count does not
  * fit in int64. */

@@ -331,7 +331,7 @@ static bool output_used(const job *j, const ls_tensor_desc *t)
 /* Allocates (or counts) every tensor of role the run uses, in the table's order; returns
  * their elements. Gradients are those of the inputs used; upstream gradients those of
  * the outputs used. */
-static double setup_role(job *j, ls_role role)
+static double setup_role(job *j, ls_op_role role)
 {
     const ls_op *op = j->s.cmd->op;
     double total = 0.0;

@@ -420,7 +420,7 @@ static bool meta_option(loader *L, const ls_option_desc *o, void *p)
     return true;
 }
 
-static int list_of(ls_role role) { return role == LS_ROLE_UPSTREAM ? LIST_UPSTREAM : LIST_INPUTS; }
+static int list_of(ls_op_role role) { return role == LS_ROLE_UPSTREAM ? LIST_UPSTREAM : LIST_INPUTS; }
 
 /* Sizes, options, the presence flags and cu_seqlens from meta.json. */
 static bool read_settings(loader *L)
