@@ -2,7 +2,8 @@
 # test plain (test-plain), then under AddressSanitizer + UBSan (test-sanitize),
 # ThreadSanitizer (test-tsan) and valgrind (test-valgrind), each fuzz target for 30 s
 # (fuzz-short), the Python tests (test-python), and compiles the CUDA backend where nvcc
-# exists (cuda-check); `make demo` runs the demo; `make install PREFIX=...` installs header,
+# exists (cuda-check); test-plain also checks that every C and CUDA file follows
+# .clang-format; `make demo` runs the demo; `make install PREFIX=...` installs header,
 # libraries and pkg-config file. Nothing here installs system packages: that is
 # scripts/install-deps.sh.
 
@@ -154,6 +155,7 @@ $(REFCASES)/index.json: $(wildcard tests/refgen/*.py)
 
 test-plain:
 	$(MAKE) test-run
+	@sh scripts/check-format.sh
 	@sh tests/check_symbols.sh $(STATIC) $(SHARED)
 	@BUILD=$(BUILD) sh tests/check_install.sh
 

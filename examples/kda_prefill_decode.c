@@ -23,9 +23,18 @@ int main(void)
     for (int i = 0; i < B * T * H; i++) beta[i] = 0.5f;
 
     /* Prefill: chunked (the default), q and k normalised in the kernel, final state out. */
-    linseq_kda_problem p = {.B = B, .T = T, .H = H, .K = K, .V = V,
-                            .q = q, .k = k, .v = v, .beta = beta, .g = g,
-                            .decay = LINSEQ_DECAY_PER_CHANNEL, .qk_l2norm = true};
+    linseq_kda_problem p = {.B = B,
+                            .T = T,
+                            .H = H,
+                            .K = K,
+                            .V = V,
+                            .q = q,
+                            .k = k,
+                            .v = v,
+                            .beta = beta,
+                            .g = g,
+                            .decay = LINSEQ_DECAY_PER_CHANNEL,
+                            .qk_l2norm = true};
     if (linseq_kda_forward(&p, NULL, o, state) != LINSEQ_OK) {
         fprintf(stderr, "%s\n", linseq_last_error());
         return 1;
@@ -37,8 +46,8 @@ int main(void)
         fprintf(stderr, "%s\n", linseq_last_error());
         return 1;
     }
-    printf("linseq %s: o[0..3] after decode = %.6f %.6f %.6f %.6f\n", linseq_version(), o[0],
-           o[1], o[2], o[3]);
+    printf("linseq %s: o[0..3] after decode = %.6f %.6f %.6f %.6f\n", linseq_version(), o[0], o[1],
+           o[2], o[3]);
 
     /* A bad argument is reported, never a crash. */
     p.HV = 3; /* not a multiple of H */

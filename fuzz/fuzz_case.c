@@ -30,10 +30,10 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static const char *const file_names[] = {
-    "meta.json", "q",     "k",      "v",    "beta",      "g",        "h0",      "cu_seqlens",
-    "d_o",       "d_ht",  "A_log",  "dt_bias", "g_raw",  "d_g",      "x",       "dt",
-    "A",         "B",     "C",      "D",    "gate",      "d_y",      "d_hT",    "weight",
-    "bias",      "conv_state", "ht", "o"};
+    "meta.json",  "q",    "k",      "v",     "beta",       "g",     "h0",
+    "cu_seqlens", "d_o",  "d_ht",   "A_log", "dt_bias",    "g_raw", "d_g",
+    "x",          "dt",   "A",      "B",     "C",          "D",     "gate",
+    "d_y",        "d_hT", "weight", "bias",  "conv_state", "ht",    "o"};
 #define N_FILES (sizeof file_names / sizeof file_names[0])
 
 /* Outputs and gradients in floats, and the op's work, above which a loaded case is not run. */

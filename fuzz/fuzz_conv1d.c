@@ -43,8 +43,7 @@ static void register_inputs(const conv_case *c, const linseq_conv1d_problem *p)
 }
 
 static linseq_status run_forward(const conv_case *c, const linseq_conv1d_problem *p,
-                                 const linseq_exec *ex, float *y, float *state_out,
-                                 bool must_fail)
+                                 const linseq_exec *ex, float *y, float *state_out, bool must_fail)
 {
     fz_call_begin("linseq_conv1d_forward");
     register_inputs(c, p);
@@ -65,8 +64,7 @@ static float **slot(linseq_conv1d_grads *g, int i)
     return s[i];
 }
 
-static void grads_alloc(linseq_conv1d_grads *g, int64_t n[4], const conv_case *c,
-                        unsigned mask)
+static void grads_alloc(linseq_conv1d_grads *g, int64_t n[4], const conv_case *c, unsigned mask)
 {
     const int64_t sizes[4] = {c->n_btd, c->n_dw, c->p.D, c->n_state};
     memset(g, 0, sizeof *g);
@@ -76,9 +74,8 @@ static void grads_alloc(linseq_conv1d_grads *g, int64_t n[4], const conv_case *c
     }
 }
 
-static linseq_status run_backward(const conv_case *c, const linseq_exec *ex,
-                                  linseq_conv1d_grads *g, const int64_t n[4], bool null_grads,
-                                  bool must_fail)
+static linseq_status run_backward(const conv_case *c, const linseq_exec *ex, linseq_conv1d_grads *g,
+                                  const int64_t n[4], bool null_grads, bool must_fail)
 {
     fz_call_begin("linseq_conv1d_backward");
     register_inputs(c, &c->p);
@@ -88,9 +85,8 @@ static linseq_status run_backward(const conv_case *c, const linseq_exec *ex,
         float *d = *slot(g, i);
         if (d && d != c->d_y) fz_arg_out(d, fbytes(n[i]));
     }
-    return fz_call_end(
-        linseq_conv1d_backward(&c->p, ex, c->d_y, c->d_state, null_grads ? NULL : g),
-        c->nice, must_fail);
+    return fz_call_end(linseq_conv1d_backward(&c->p, ex, c->d_y, c->d_state, null_grads ? NULL : g),
+                       c->nice, must_fail);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -156,8 +152,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const bool state_big = W > 1 && too_big(c.n_state);
     int64_t work;
     const bool fits = fz_count(&work, 4, B, T, D, W) && work <= CONV1D_MAX_WORK &&
-                      c.n_btd <= FZ_MAX_FLOATS && c.n_dw <= FZ_MAX_FLOATS &&
-                      c.n_state >= 0 && c.n_state <= FZ_MAX_FLOATS;
+                      c.n_btd <= FZ_MAX_FLOATS && c.n_dw <= FZ_MAX_FLOATS && c.n_state >= 0 &&
+                      c.n_state <= FZ_MAX_FLOATS;
     if (!fits && !bad) {
         fz_free_all();
         return 0;
@@ -174,12 +170,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const float *state_orig = state ? fz_dup(state, fbytes(c.n_state) / 4) : NULL;
 
     float *y = fz_alloc(fbytes(c.n_btd) / 4);
-    float *state_out = out_kind == 0                 ? NULL
-                       : out_kind >= 2 && state      ? state
-                                                     : fz_alloc(fbytes(c.n_state) / 4);
+    float *state_out = out_kind == 0            ? NULL
+                       : out_kind >= 2 && state ? state
+                                                : fz_alloc(fbytes(c.n_state) / 4);
     switch (null_kind) {
-    case 1: p->x = NULL; bad = true; break;
-    case 2: p->weight = NULL; bad = true; break;
+    case 1:
+        p->x = NULL;
+        bad = true;
+        break;
+    case 2:
+        p->weight = NULL;
+        bad = true;
+        break;
     default: break;
     }
     /* y is the forward's required output */

@@ -103,8 +103,8 @@ typedef struct grad_set {
 
 static float **grad_slot(linseq_kda_grads *g, int i)
 {
-    float **slots[8] = {&g->dq, &g->dk, &g->dv, &g->dbeta, &g->dg, &g->dh0, &g->dA_log,
-                        &g->ddt_bias};
+    float **slots[8] = {&g->dq, &g->dk,  &g->dv,     &g->dbeta,
+                        &g->dg, &g->dh0, &g->dA_log, &g->ddt_bias};
     return slots[i];
 }
 
@@ -123,8 +123,7 @@ static void grads_alloc(grad_set *s, const kda_case *c, unsigned mask)
 }
 
 static linseq_status run_backward(const kda_case *c, const linseq_exec *ex, grad_set *s,
-                                  const void *saved, size_t saved_bytes, bool nice,
-                                  bool must_fail)
+                                  const void *saved, size_t saved_bytes, bool nice, bool must_fail)
 {
     fz_call_begin(saved ? "linseq_kda_backward_saved" : "linseq_kda_backward");
     register_inputs(c);
@@ -138,8 +137,7 @@ static linseq_status run_backward(const kda_case *c, const linseq_exec *ex, grad
         if (d && d != c->d_o.p) fz_arg_out(d, fbytes(s->n[i]));
     }
     const linseq_status st =
-        saved ? linseq_kda_backward_saved(&c->p, ex, saved, saved_bytes, c->d_o.p, c->d_ht.p,
-                                          &s->g)
+        saved ? linseq_kda_backward_saved(&c->p, ex, saved, saved_bytes, c->d_o.p, c->d_ht.p, &s->g)
               : linseq_kda_backward(&c->p, ex, c->d_o.p, c->d_ht.p, &s->g);
     return fz_call_end(st, nice, must_fail);
 }
@@ -193,11 +191,11 @@ static void fuzz_kda_main(fz_in *in)
     const bool has_alog = gate_params && (f1 >> 6 & 1), has_bias = gate_params && (f1 >> 7 & 1);
     in->weird = (f2 >> 4 & 3) == 0;
     const bool g_extreme = (f2 >> 6 & 1);
-    const unsigned ht_kind = (f3 & 3) % 3;  /* NULL, own buffer, in place (h0)        */
-    const unsigned null_kind = f3 >> 2 & 15; /* 1..6: one required pointer is NULL     */
-    const bool g_mismatch = (f3 >> 6) == 3;  /* g given without decay or missing with  */
-    static const float scales[] = {0.0f, 0.0f, 0.0f, 1.0f, 0.5f, -0.75f, 2.5f, 1e-3f,
-                                   NAN,  INFINITY, 1e30f, -3.0f};
+    const unsigned ht_kind = (f3 & 3) % 3;   /* NULL, own buffer, in place (h0) */
+    const unsigned null_kind = f3 >> 2 & 15; /* 1..6: one required pointer is NULL */
+    const bool g_mismatch = (f3 >> 6) == 3;  /* g given without decay or missing with */
+    static const float scales[] = {0.0f, 0.0f,  0.0f, 1.0f,     0.5f,  -0.75f,
+                                   2.5f, 1e-3f, NAN,  INFINITY, 1e30f, -3.0f};
     static const float bounds[] = {0.0f, -5.0f, -1.0f, -0.25f, 0.5f, NAN, -INFINITY, -1e30f};
     const unsigned si = fz_pick(in, 12), bi = fz_pick(in, 8);
     p->scale = scales[si];
@@ -264,8 +262,7 @@ static void fuzz_kda_main(fz_in *in)
     make(&c.k, n_qk, in, p->qk_l2norm ? FZ_SIGNED : FZ_SMALL, &nice);
     /* without l2norm, |k|^2 <= 1 and beta <= 1 keep every step a contraction */
     if (!p->qk_l2norm && K > 0)
-        for (int64_t i = 0; i < (int64_t)(bytes_of(&c.k) / 4); i++)
-            c.k.p[i] /= sqrtf((float)K);
+        for (int64_t i = 0; i < (int64_t)(bytes_of(&c.k) / 4); i++) c.k.p[i] /= sqrtf((float)K);
     make(&c.v, c.n_o, in, FZ_SIGNED, &nice);
     make(&c.beta, n_beta, in, p->beta_is_logit ? FZ_SIGNED : FZ_UNIT, &nice);
     if (has_g) {
@@ -295,13 +292,26 @@ static void fuzz_kda_main(fz_in *in)
     p->A_log = c.A_log.p;
     p->dt_bias = c.dt_bias.p;
     float *o = fz_alloc(fbytes(c.n_o) / 4);
-    float *ht = ht_kind == 0 ? NULL : ht_kind == 2 && p->h0 ? c.h0.p
-                                                           : fz_alloc(fbytes(c.n_state) / 4);
+    float *ht = ht_kind == 0            ? NULL
+                : ht_kind == 2 && p->h0 ? c.h0.p
+                                        : fz_alloc(fbytes(c.n_state) / 4);
     switch (null_kind) {
-    case 1: p->q = NULL; bad = true; break;
-    case 2: p->k = NULL; bad = true; break;
-    case 3: p->v = NULL; bad = true; break;
-    case 4: p->beta = NULL; bad = true; break;
+    case 1:
+        p->q = NULL;
+        bad = true;
+        break;
+    case 2:
+        p->k = NULL;
+        bad = true;
+        break;
+    case 3:
+        p->v = NULL;
+        bad = true;
+        break;
+    case 4:
+        p->beta = NULL;
+        bad = true;
+        break;
     default: break;
     }
     c.nice = nice;
@@ -399,19 +409,26 @@ static void fuzz_kda_main(fz_in *in)
     if (st3 != LINSEQ_OK) return;
     if (st != LINSEQ_OK) fz_die("forward_train accepts what forward refuses");
     fz_expect_same(o, o3, fbytes(c.n_o) / 4, "o of forward and forward_train");
-    if (ht) fz_expect_same(ht_result, ht3, fbytes(c.n_state) / 4, "ht of forward and forward_train");
+    if (ht)
+        fz_expect_same(ht_result, ht3, fbytes(c.n_state) / 4, "ht of forward and forward_train");
 
     bool saved_bad = false, saved_nice = c.nice;
     size_t pass_bytes = have;
     const linseq_exec *ex_saved = ex;
     linseq_exec other;
     switch (train_kind) {
-    case 3: saved[fz_u8(in) % 64] ^= (unsigned char)(1u << fz_pick(in, 8)); saved_bad = true; break;
+    case 3:
+        saved[fz_u8(in) % 64] ^= (unsigned char)(1u << fz_pick(in, 8));
+        saved_bad = true;
+        break;
     case 4:
         if (have > 64) saved[64 + fz_u32(in) % (have - 64)] ^= 0x40;
         saved_nice = false;
         break;
-    case 5: pass_bytes = have - 1 - fz_u8(in) % 8; saved_bad = true; break;
+    case 5:
+        pass_bytes = have - 1 - fz_u8(in) % 8;
+        saved_bad = true;
+        break;
     case 6:
         other = other_threads(ex);
         other.mode = (linseq_mode)fz_pick(in, 3);
@@ -422,7 +439,8 @@ static void fuzz_kda_main(fz_in *in)
     }
     grad_set g3;
     grads_alloc(&g3, &c, mask);
-    const linseq_status s3 = run_backward(&c, ex_saved, &g3, saved, pass_bytes, saved_nice, saved_bad);
+    const linseq_status s3 =
+        run_backward(&c, ex_saved, &g3, saved, pass_bytes, saved_nice, saved_bad);
     if (s3 == LINSEQ_OK && sb == LINSEQ_OK && train_kind != 4 && ex_saved == ex)
         expect_same_grads(&g1, &g3, "gradients of backward and backward_saved");
 }
@@ -468,8 +486,8 @@ static void fuzz_kda_decode(fz_in *in)
     const int64_t n_state = count(4, n_rows, HV, K, V);
     if (too_big(n_qk) || too_big(n_o) || too_big(n_state) || too_big(n_g)) bad = true;
     int64_t work;
-    const bool fits = fz_count(&work, 4, B, HV, K, V) && work <= KDA_MAX_WORK &&
-                      n_state >= 0 && n_state <= FZ_MAX_FLOATS && n_qk <= FZ_MAX_FLOATS;
+    const bool fits = fz_count(&work, 4, B, HV, K, V) && work <= KDA_MAX_WORK && n_state >= 0 &&
+                      n_state <= FZ_MAX_FLOATS && n_qk <= FZ_MAX_FLOATS;
     if (!fits && !bad) return;
 
     /* the row list: each entry a row, a padding request (< 0), or out of range */
@@ -478,8 +496,10 @@ static void fuzz_kda_decode(fz_in *in)
         rows = fz_alloc_bytes((size_t)B * sizeof *rows);
         for (int64_t b = 0; b < B; b++) {
             const unsigned r = fz_pick(in, 16);
-            rows[b] = r < 12 ? (int64_t)(fz_u8(in) % (n_rows > 0 && n_rows < 256 ? n_rows : 1))
-                             : r < 14 ? -1 - (int64_t)fz_pick(in, 3) : r == 14 ? n_rows : INT64_MIN;
+            rows[b] = r < 12    ? (int64_t)(fz_u8(in) % (n_rows > 0 && n_rows < 256 ? n_rows : 1))
+                      : r < 14  ? -1 - (int64_t)fz_pick(in, 3)
+                      : r == 14 ? n_rows
+                                : INT64_MIN;
             if (rows[b] >= n_rows && n_rows >= 1) bad = true;
         }
         for (int64_t b = 0; b < B; b++)
@@ -498,7 +518,8 @@ static void fuzz_kda_decode(fz_in *in)
         for (int64_t i = 0; i < (int64_t)(bytes_of(&k) / 4); i++) k.p[i] /= sqrtf((float)K);
     make(&v, n_o, in, FZ_SIGNED, &nice);
     make(&beta, count(3, B, 1, HV, 1), in, p.beta_is_logit ? FZ_SIGNED : FZ_UNIT, &nice);
-    if (p.decay != LINSEQ_DECAY_NONE) make(&g, n_g, in, p.gate_in_kernel ? FZ_SIGNED : FZ_NONPOS, &nice);
+    if (p.decay != LINSEQ_DECAY_NONE)
+        make(&g, n_g, in, p.gate_in_kernel ? FZ_SIGNED : FZ_NONPOS, &nice);
     if (has_alog) make(&alog, HV, in, FZ_SIGNED, &nice);
     if (has_bias) make(&bias, per_channel ? count(2, HV, K, 1, 1) : HV, in, FZ_SIGNED, &nice);
     make(&state, n_state, in, FZ_SIGNED, &nice);
@@ -540,7 +561,8 @@ static void fuzz_kda_decode(fz_in *in)
     for (int64_t b = 0; rows && b < B; b++)
         if (rows[b] < 0)
             for (int64_t i = 0; i < HV * V; i++)
-                if (o[b * HV * V + i] != 0.0f) fz_die("padding request %lld has o != 0", (long long)b);
+                if (o[b * HV * V + i] != 0.0f)
+                    fz_die("padding request %lld has o != 0", (long long)b);
     if (check_threads) {
         const linseq_exec e2 = other_threads(ex);
         float *o2 = fz_alloc(fbytes(n_o) / 4);

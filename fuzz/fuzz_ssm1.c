@@ -71,7 +71,7 @@ typedef struct grad_set {
 
 static float **slot(linseq_ssm1_grads *g, int i)
 {
-    float **s[9] = {&g->dx, &g->ddt, &g->dA, &g->dB_proj, &g->dC_proj,
+    float **s[9] = {&g->dx,      &g->ddt,   &g->dA,  &g->dB_proj, &g->dC_proj,
                     &g->dD_skip, &g->dgate, &g->dh0, &g->ddt_bias};
     return s[i];
 }
@@ -79,7 +79,7 @@ static float **slot(linseq_ssm1_grads *g, int i)
 static void grads_alloc(grad_set *s, const ssm_case *c, unsigned mask)
 {
     const int64_t D = c->p.D;
-    const int64_t n[9] = {c->n_btd, c->n_btd, c->n_dn, c->n_bc, c->n_bc,
+    const int64_t n[9] = {c->n_btd, c->n_btd, c->n_dn,    c->n_bc, c->n_bc,
                           D,        c->n_btd, c->n_state, D};
     memset(s, 0, sizeof *s);
     for (int i = 0; i < 9; i++) {
@@ -99,9 +99,8 @@ static linseq_status run_backward(const ssm_case *c, const linseq_exec *ex, grad
         float *d = *slot(&s->g, i);
         if (d && d != c->d_y) fz_arg_out(d, fbytes(s->n[i]));
     }
-    return fz_call_end(
-        linseq_ssm1_backward(&c->p, ex, c->d_y, c->d_hT, null_grads ? NULL : &s->g), c->nice,
-        must_fail);
+    return fz_call_end(linseq_ssm1_backward(&c->p, ex, c->d_y, c->d_hT, null_grads ? NULL : &s->g),
+                       c->nice, must_fail);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -203,11 +202,26 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     float *y = fz_alloc(fbytes(c.n_btd) / 4);
     float *hT = hT_kind == 0 ? NULL : hT_kind == 2 && h0 ? h0 : fz_alloc(fbytes(c.n_state) / 4);
     switch (null_kind) {
-    case 1: p->x = NULL; bad = true; break;
-    case 2: p->dt = NULL; bad = true; break;
-    case 3: p->A = NULL; bad = true; break;
-    case 4: p->B_proj = NULL; bad = true; break;
-    case 5: p->C_proj = NULL; bad = true; break;
+    case 1:
+        p->x = NULL;
+        bad = true;
+        break;
+    case 2:
+        p->dt = NULL;
+        bad = true;
+        break;
+    case 3:
+        p->A = NULL;
+        bad = true;
+        break;
+    case 4:
+        p->B_proj = NULL;
+        bad = true;
+        break;
+    case 5:
+        p->C_proj = NULL;
+        bad = true;
+        break;
     default: break;
     }
     /* y is the forward's required output */
@@ -273,7 +287,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             fz_die("backward fails with another thread count");
         for (int i = 0; i < 9; i++) {
             const float *a = *slot(&g1.g, i), *b = *slot(&g2.g, i);
-            if (a && b) fz_expect_same(a, b, fbytes(g1.n[i]) / 4, "gradients for two thread counts");
+            if (a && b)
+                fz_expect_same(a, b, fbytes(g1.n[i]) / 4, "gradients for two thread counts");
         }
     }
     fz_free_all();

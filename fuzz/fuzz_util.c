@@ -47,10 +47,18 @@ unsigned fz_pick(fz_in *in, unsigned n) { return n ? fz_u8(in) % n : 0; }
 int64_t fz_size(fz_in *in, int64_t cap)
 {
     /* Rare enough that most inputs describe a problem that runs. */
-    static const int64_t special[] = {
-        0,         -1,        INT64_MIN, INT64_MAX,       (int64_t)1 << 62,
-        -((int64_t)1 << 40), (int64_t)1 << 61, (int64_t)1 << 32 | 1, INT64_MAX / 2,
-        0,         2,         3};
+    static const int64_t special[] = {0,
+                                      -1,
+                                      INT64_MIN,
+                                      INT64_MAX,
+                                      (int64_t)1 << 62,
+                                      -((int64_t)1 << 40),
+                                      (int64_t)1 << 61,
+                                      (int64_t)1 << 32 | 1,
+                                      INT64_MAX / 2,
+                                      0,
+                                      2,
+                                      3};
     const uint8_t b = fz_u8(in);
     if (b < 256 - sizeof special / sizeof special[0]) return 1 + b % cap;
     return special[b - (256 - sizeof special / sizeof special[0])];
@@ -83,8 +91,8 @@ static float next_unit(fz_in *in, unsigned *raw)
 
 void fz_fill(fz_in *in, float *x, size_t n, fz_range r, bool *nice)
 {
-    static const float odd[] = {NAN, INFINITY, -INFINITY, 1e30f, -1e30f, 1e-40f, -0.0f,
-                                FLT_MAX, -FLT_MAX, 0.0f, 1e-30f, -3e38f};
+    static const float odd[] = {NAN,   INFINITY, -INFINITY, 1e30f, -1e30f, 1e-40f,
+                                -0.0f, FLT_MAX,  -FLT_MAX,  0.0f,  1e-30f, -3e38f};
     for (size_t i = 0; i < n; i++) {
         unsigned raw;
         const float u = next_unit(in, &raw);
@@ -243,7 +251,8 @@ linseq_status fz_call_end(linseq_status st, bool nice, bool must_fail)
                 must_fail ? " must_fail" : "", linseq_last_error());
     if ((unsigned)st > (unsigned)LINSEQ_ERR_OUT_OF_MEMORY) fz_die("unknown status %d", (int)st);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY) fz_die("out of memory on a small problem");
-    if (must_fail && st == LINSEQ_OK) fz_die("arguments that break a documented rule were accepted");
+    if (must_fail && st == LINSEQ_OK)
+        fz_die("arguments that break a documented rule were accepted");
     const char *msg = linseq_last_error();
     if (st != LINSEQ_OK && !*msg) fz_die("status %d without a message", (int)st);
     if (st == LINSEQ_OK && *msg) fz_die("success left the message \"%s\"", msg);
@@ -279,8 +288,7 @@ void fz_expect_same(const float *a, const float *b, size_t n, const char *what)
     for (size_t i = 0; i < n; i++) {
         if (isnan(a[i]) && isnan(b[i])) continue;
         if (memcmp(&a[i], &b[i], sizeof(float)) != 0)
-            fz_die("%s differ at %zu of %zu: %.9g vs %.9g", what, i, n, (double)a[i],
-                   (double)b[i]);
+            fz_die("%s differ at %zu of %zu: %.9g vs %.9g", what, i, n, (double)a[i], (double)b[i]);
     }
 }
 
@@ -307,7 +315,10 @@ bool fz_cu_seqlens(fz_in *in, int64_t *cu, int64_t n, int64_t T, unsigned corrup
     case 2: cu[n] = T + 1; break;
     case 3: cu[at] = cu[at - 1] - 1; break; /* decreasing */
     case 4: cu[at] = INT64_MIN; break;
-    default: cu[at - 1] = INT64_MAX; if (at - 1 == 0) cu[0] = 1; break;
+    default:
+        cu[at - 1] = INT64_MAX;
+        if (at - 1 == 0) cu[0] = 1;
+        break;
     }
     return true;
 }

@@ -44,11 +44,11 @@ bool fz_is_huge(int64_t v);
 
 /* Value ranges of tensor data. */
 typedef enum fz_range {
-    FZ_SIGNED,  /* [-4, 4]                                   */
-    FZ_NONPOS,  /* [-8, 0]: log decays                       */
-    FZ_UNIT,    /* [0, 1]: probabilities                     */
-    FZ_NONNEG,  /* [0, 4]: time steps                        */
-    FZ_SMALL    /* [-1, 1]                                   */
+    FZ_SIGNED, /* [-4, 4] */
+    FZ_NONPOS, /* [-8, 0]: log decays */
+    FZ_UNIT,   /* [0, 1]: probabilities */
+    FZ_NONNEG, /* [0, 4]: time steps */
+    FZ_SMALL   /* [-1, 1] */
 } fz_range;
 
 /* Fills n floats; with in->weird some become NaN, +-Inf, +-1e30, subnormals or -0 (and

@@ -58,17 +58,17 @@ extern "C" {
 
 typedef enum linseq_status {
     LINSEQ_OK = 0,
-    LINSEQ_ERR_NULL_POINTER = 1,    /* a required pointer is NULL                           */
-    LINSEQ_ERR_INVALID_SIZE = 2,    /* a size < 1 (or otherwise out of its range)            */
-    LINSEQ_ERR_SIZE_OVERFLOW = 3,   /* a tensor's byte size does not fit in size_t           */
-    LINSEQ_ERR_SHAPE_MISMATCH = 4,  /* sizes inconsistent with each other (HV % H, D % G ...) */
-    LINSEQ_ERR_INVALID_CU_SEQLENS = 5, /* cu_seqlens not 0 .. T, or decreasing               */
-    LINSEQ_ERR_INVALID_ENUM = 6,    /* an enum field holds an unknown value                  */
-    LINSEQ_ERR_INVALID_VALUE = 7,   /* a scalar option out of range (scale, lower_bound ...) */
-    LINSEQ_ERR_ALIASING = 8,        /* an output overlaps an input or another output         */
-    LINSEQ_ERR_UNSUPPORTED = 9,     /* a valid request this build cannot run                 */
+    LINSEQ_ERR_NULL_POINTER = 1,       /* a required pointer is NULL */
+    LINSEQ_ERR_INVALID_SIZE = 2,       /* a size < 1 (or otherwise out of its range) */
+    LINSEQ_ERR_SIZE_OVERFLOW = 3,      /* a tensor's byte size does not fit in size_t */
+    LINSEQ_ERR_SHAPE_MISMATCH = 4,     /* sizes inconsistent with each other (HV % H, D % G ...) */
+    LINSEQ_ERR_INVALID_CU_SEQLENS = 5, /* cu_seqlens not 0 .. T, or decreasing */
+    LINSEQ_ERR_INVALID_ENUM = 6,       /* an enum field holds an unknown value */
+    LINSEQ_ERR_INVALID_VALUE = 7,      /* a scalar option out of range (scale, lower_bound ...) */
+    LINSEQ_ERR_ALIASING = 8,           /* an output overlaps an input or another output */
+    LINSEQ_ERR_UNSUPPORTED = 9,        /* a valid request this build cannot run */
     LINSEQ_ERR_OUT_OF_MEMORY = 10,
-    LINSEQ_ERR_DEVICE = 11          /* a CUDA call failed (the message names it)             */
+    LINSEQ_ERR_DEVICE = 11 /* a CUDA call failed (the message names it) */
 } linseq_status;
 
 /* A static string naming the status ("LINSEQ_ERR_NULL_POINTER: required pointer is NULL"). */
@@ -101,28 +101,28 @@ LINSEQ_API const char *linseq_op_table_json(void);
 /* ------------------------------------------------------------------------------------ */
 
 typedef enum linseq_mode {
-    LINSEQ_MODE_DEFAULT = 0,   /* chunked for KDA                                           */
-    LINSEQ_MODE_RECURRENT = 1, /* token by token: the state is updated once per token        */
-    LINSEQ_MODE_CHUNKED = 2    /* chunk-parallel (WY) form: matrix products inside a chunk   */
+    LINSEQ_MODE_DEFAULT = 0,   /* chunked for KDA */
+    LINSEQ_MODE_RECURRENT = 1, /* token by token: the state is updated once per token */
+    LINSEQ_MODE_CHUNKED = 2    /* chunk-parallel (WY) form: matrix products inside a chunk */
 } linseq_mode;
 
 typedef enum linseq_device {
-    LINSEQ_DEVICE_CPU = 0,     /* host pointers, OpenMP threads                              */
-    LINSEQ_DEVICE_CUDA = 1     /* device pointers of exec->device_index, on exec->stream.
-                                * Experimental: compiled, not yet run on a GPU (README)      */
+    LINSEQ_DEVICE_CPU = 0, /* host pointers, OpenMP threads */
+    LINSEQ_DEVICE_CUDA = 1 /* device pointers of exec->device_index, on exec->stream.
+                            * Experimental: compiled, not yet run on a GPU (README) */
 } linseq_device;
 
 typedef enum linseq_dtype {
-    LINSEQ_DTYPE_F32 = 0,      /* every tensor float32                                      */
-    LINSEQ_DTYPE_BF16 = 1      /* per-token tensors bfloat16 (CUDA only); see below         */
+    LINSEQ_DTYPE_F32 = 0, /* every tensor float32 */
+    LINSEQ_DTYPE_BF16 = 1 /* per-token tensors bfloat16 (CUDA only); see below */
 } linseq_dtype;
 
 typedef struct linseq_exec {
-    linseq_mode mode; /* KDA only; the other ops have a single algorithm                    */
-    int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64                             */
+    linseq_mode mode; /* KDA only; the other ops have a single algorithm */
+    int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64 */
     int threads;      /* > 0: use this many threads (at most one per work item, and at most
                        * 1024); 0 = up to linseq_get_num_threads(), fewer when the call is
-                       * too small to share                                                 */
+                       * too small to share */
     /* Where the tensors live. CUDA: every tensor pointer (cu_seqlens and state_rows too) is
      * device memory of device_index; work is enqueued on stream (a cudaStream_t; NULL = the
      * default stream) and the call returns without waiting for it, except that a call with
@@ -153,18 +153,18 @@ LINSEQ_API int linseq_get_num_threads(void);
 /* ------------------------------------------------------------------------------------ */
 
 typedef enum linseq_decay {
-    LINSEQ_DECAY_NONE = 0,        /* no decay (g is NULL): plain delta rule                */
-    LINSEQ_DECAY_PER_HEAD = 1,    /* g [B,T,HV]: one log-decay per token and head          */
-    LINSEQ_DECAY_PER_CHANNEL = 2  /* g [B,T,HV,K]: one log-decay per key channel (KDA)     */
+    LINSEQ_DECAY_NONE = 0,       /* no decay (g is NULL): plain delta rule */
+    LINSEQ_DECAY_PER_HEAD = 1,   /* g [B,T,HV]: one log-decay per token and head */
+    LINSEQ_DECAY_PER_CHANNEL = 2 /* g [B,T,HV,K]: one log-decay per key channel (KDA) */
 } linseq_decay;
 
 typedef enum linseq_activation {
     LINSEQ_ACT_DEFAULT = 0,   /* the op's default: silu for the SSM1 gate, identity for conv */
-    LINSEQ_ACT_IDENTITY = 1,  /* f(z) = z                                                   */
-    LINSEQ_ACT_SILU = 2,      /* f(z) = z * sigmoid(z)                                      */
-    LINSEQ_ACT_SIGMOID = 3,   /* f(z) = 1 / (1 + exp(-z))                                   */
-    LINSEQ_ACT_GELU_TANH = 4, /* f(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3)))      */
-    LINSEQ_ACT_RELU = 5       /* f(z) = max(z, 0)                                           */
+    LINSEQ_ACT_IDENTITY = 1,  /* f(z) = z */
+    LINSEQ_ACT_SILU = 2,      /* f(z) = z * sigmoid(z) */
+    LINSEQ_ACT_SIGMOID = 3,   /* f(z) = 1 / (1 + exp(-z)) */
+    LINSEQ_ACT_GELU_TANH = 4, /* f(z) = 0.5 z (1 + tanh(sqrt(2/pi) (z + 0.044715 z^3))) */
+    LINSEQ_ACT_RELU = 5       /* f(z) = max(z, 0) */
 } linseq_activation;
 
 /* ------------------------------------------------------------------------------------ */
@@ -200,28 +200,28 @@ typedef enum linseq_activation {
  * in-chunk cumulative sums small enough to subtract exactly.
  */
 typedef struct linseq_kda_problem {
-    int64_t B, T;      /* batch, tokens per batch row (total packed tokens with cu_seqlens)  */
-    int64_t H;         /* query/key heads                                                    */
-    int64_t HV;        /* value heads, a multiple of H; 0 = H                                */
-    int64_t K, V;      /* key and value head dims, any >= 1                                  */
+    int64_t B, T; /* batch, tokens per batch row (total packed tokens with cu_seqlens) */
+    int64_t H;    /* query/key heads */
+    int64_t HV;   /* value heads, a multiple of H; 0 = H */
+    int64_t K, V; /* key and value head dims, any >= 1 */
 
-    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (varlen; requires B == 1)      */
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (varlen; requires B == 1) */
     int64_t n_seqs;
 
     const float *q, *k, *v, *beta;
-    const float *g;     /* see decay; NULL iff decay == LINSEQ_DECAY_NONE                     */
-    const float *h0;    /* NULL: start from zeros                                             */
+    const float *g;  /* see decay; NULL iff decay == LINSEQ_DECAY_NONE */
+    const float *h0; /* NULL: start from zeros */
 
     linseq_decay decay;
-    float scale;        /* 0 = K^-0.5; any finite non-zero value otherwise                    */
-    bool qk_l2norm;     /* normalise q and k over K in the kernel (eps 1e-6 inside the sqrt)  */
-    bool beta_is_logit; /* beta holds logits; the kernel applies a sigmoid                    */
-    bool state_v_first; /* h0/ht are [.,V,K] instead of [.,K,V]                               */
+    float scale;        /* 0 = K^-0.5; any finite non-zero value otherwise */
+    bool qk_l2norm;     /* normalise q and k over K in the kernel (eps 1e-6 inside the sqrt) */
+    bool beta_is_logit; /* beta holds logits; the kernel applies a sigmoid */
+    bool state_v_first; /* h0/ht are [.,V,K] instead of [.,K,V] */
 
-    bool gate_in_kernel;   /* g is the raw gate input; the decay is computed in the kernel   */
-    const float *A_log;    /* [HV]; NULL = zeros (exp(A_log) = 1)                             */
-    const float *dt_bias;  /* [HV*K] per channel, [HV] per head; NULL = zeros                  */
-    float lower_bound;     /* 0: default gate; < 0: lower-bound gate                          */
+    bool gate_in_kernel;  /* g is the raw gate input; the decay is computed in the kernel */
+    const float *A_log;   /* [HV]; NULL = zeros (exp(A_log) = 1) */
+    const float *dt_bias; /* [HV*K] per channel, [HV] per head; NULL = zeros */
+    float lower_bound;    /* 0: default gate; < 0: lower-bound gate */
 } linseq_kda_problem;
 
 /* o [B,T,HV,V] (required); ht NULL or the state layout. ht may be the same pointer as h0
@@ -241,13 +241,13 @@ LINSEQ_API linseq_status linseq_kda_decode(const linseq_kda_problem *problem,
                                            float *o);
 
 typedef struct linseq_kda_grads {
-    float *dq, *dk;     /* [B,T,H,K]; summed over the value heads of each group (GVA)       */
-    float *dv;          /* [B,T,HV,V]                                                        */
-    float *dbeta;       /* [B,T,HV]: w.r.t. beta as given (the logits with beta_is_logit)    */
-    float *dg;          /* shape of g: w.r.t. g as given (the raw gate input when in kernel) */
-    float *dh0;         /* state layout; allowed without h0 (the gradient at a zero state)   */
-    float *dA_log;      /* [HV], gate_in_kernel only                                         */
-    float *ddt_bias;    /* [HV*K] or [HV], gate_in_kernel only                               */
+    float *dq, *dk;  /* [B,T,H,K]; summed over the value heads of each group (GVA) */
+    float *dv;       /* [B,T,HV,V] */
+    float *dbeta;    /* [B,T,HV]: w.r.t. beta as given (the logits with beta_is_logit) */
+    float *dg;       /* shape of g: w.r.t. g as given (the raw gate input when in kernel) */
+    float *dh0;      /* state layout; allowed without h0 (the gradient at a zero state) */
+    float *dA_log;   /* [HV], gate_in_kernel only */
+    float *ddt_bias; /* [HV*K] or [HV], gate_in_kernel only */
 } linseq_kda_grads;
 
 /* The gradients of L = sum(o * d_o) + sum(ht * d_ht). d_o [B,T,HV,V] is required; d_ht (state
@@ -285,21 +285,21 @@ LINSEQ_API linseq_status linseq_kda_backward_saved(const linseq_kda_problem *pro
  * PER_CHANNEL: g_raw, g [B,T,H,K], dt_bias [H*K]. PER_HEAD: g_raw, g [B,T,H], dt_bias [H].
  * softplus(x) = log(1 + e^x), returning x for x > 20 (as torch and fla do). */
 typedef struct linseq_kda_gate_problem {
-    int64_t B, T, H, K;    /* K is ignored (may be 0) for PER_HEAD                          */
-    linseq_decay decay;    /* PER_HEAD or PER_CHANNEL                                       */
+    int64_t B, T, H, K; /* K is ignored (may be 0) for PER_HEAD */
+    linseq_decay decay; /* PER_HEAD or PER_CHANNEL */
     const float *g_raw;
-    const float *A_log;    /* [H]; NULL = zeros                                             */
-    const float *dt_bias;  /* NULL = zeros                                                  */
-    float lower_bound;     /* 0: default form; < 0: lower-bound form                        */
+    const float *A_log;   /* [H]; NULL = zeros */
+    const float *dt_bias; /* NULL = zeros */
+    float lower_bound;    /* 0: default form; < 0: lower-bound form */
 } linseq_kda_gate_problem;
 
 LINSEQ_API linseq_status linseq_kda_gate_forward(const linseq_kda_gate_problem *problem,
                                                  const linseq_exec *exec, float *g);
 
 typedef struct linseq_kda_gate_grads {
-    float *dg_raw;   /* shape of g_raw                                                       */
-    float *dA_log;   /* [H]                                                                  */
-    float *ddt_bias; /* [H*K] or [H]                                                         */
+    float *dg_raw;   /* shape of g_raw */
+    float *dA_log;   /* [H] */
+    float *ddt_bias; /* [H*K] or [H] */
 } linseq_kda_gate_grads;
 
 /* The gradients of L = sum(g * d_g); d_g has the shape of g. */
@@ -320,19 +320,19 @@ LINSEQ_API linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem 
  * token, before any gate. */
 typedef struct linseq_ssm1_problem {
     int64_t B, T, D, N;
-    int64_t G;                 /* groups of B_proj / C_proj, dividing D; 0 = 1           */
-    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1)          */
+    int64_t G;                 /* groups of B_proj / C_proj, dividing D; 0 = 1 */
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1) */
     int64_t n_seqs;
 
     const float *x, *dt, *A;
-    const float *B_proj, *C_proj; /* the input-dependent B_t and C_t                     */
-    const float *D_skip;          /* NULL: no skip term                                  */
-    const float *gate;            /* NULL: no gating                                     */
-    const float *h0;              /* NULL: zeros                                         */
+    const float *B_proj, *C_proj; /* the input-dependent B_t and C_t */
+    const float *D_skip;          /* NULL: no skip term */
+    const float *gate;            /* NULL: no gating */
+    const float *h0;              /* NULL: zeros */
 
-    bool dt_softplus;             /* apply softplus(dt + dt_bias) in the kernel          */
-    const float *dt_bias;         /* [D]; NULL = zeros. Only with dt_softplus (else rejected) */
-    linseq_activation gate_activation; /* DEFAULT = silu                                 */
+    bool dt_softplus;     /* apply softplus(dt + dt_bias) in the kernel */
+    const float *dt_bias; /* [D]; NULL = zeros. Only with dt_softplus (else rejected) */
+    linseq_activation gate_activation; /* DEFAULT = silu */
 } linseq_ssm1_problem;
 
 /* y [B,T,D] (required); hT NULL or [N_seq,D,N], may be the same pointer as h0. */
@@ -340,15 +340,15 @@ LINSEQ_API linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *problem,
                                              const linseq_exec *exec, float *y, float *hT);
 
 typedef struct linseq_ssm1_grads {
-    float *dx;       /* [B,T,D]                                                              */
-    float *ddt;      /* [B,T,D]: w.r.t. dt as given (before softplus with dt_softplus)       */
-    float *dA;       /* [D,N], summed over the batch                                         */
-    float *dB_proj;  /* [B,T,G,N], summed over the channels of each group                    */
-    float *dC_proj;  /* [B,T,G,N]                                                            */
-    float *dD_skip;  /* [D], only with D_skip                                                */
-    float *dgate;    /* [B,T,D], only with gate                                              */
-    float *dh0;      /* [N_seq,D,N]; allowed without h0 (the gradient at a zero state)       */
-    float *ddt_bias; /* [D], only with dt_softplus                                           */
+    float *dx;       /* [B,T,D] */
+    float *ddt;      /* [B,T,D]: w.r.t. dt as given (before softplus with dt_softplus) */
+    float *dA;       /* [D,N], summed over the batch */
+    float *dB_proj;  /* [B,T,G,N], summed over the channels of each group */
+    float *dC_proj;  /* [B,T,G,N] */
+    float *dD_skip;  /* [D], only with D_skip */
+    float *dgate;    /* [B,T,D], only with gate */
+    float *dh0;      /* [N_seq,D,N]; allowed without h0 (the gradient at a zero state) */
+    float *ddt_bias; /* [D], only with dt_softplus */
 } linseq_ssm1_grads;
 
 /* The gradients of L = sum(y * d_y) + sum(hT * d_hT). d_y [B,T,D] is required, d_hT
@@ -368,12 +368,12 @@ LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem
  * oldest input first (N_seq = B, or n_seqs with cu_seqlens). */
 typedef struct linseq_conv1d_problem {
     int64_t B, T, D, W;
-    const int64_t *cu_seqlens;    /* NULL, or n_seqs + 1 offsets (requires B == 1)       */
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1) */
     int64_t n_seqs;
     const float *x, *weight;
-    const float *bias;            /* NULL: no bias                                        */
-    const float *conv_state;      /* NULL: zeros                                          */
-    linseq_activation activation; /* DEFAULT = identity                                   */
+    const float *bias;            /* NULL: no bias */
+    const float *conv_state;      /* NULL: zeros */
+    linseq_activation activation; /* DEFAULT = identity */
 } linseq_conv1d_problem;
 
 /* y [B,T,D] (required); conv_state_out NULL or [N_seq,D,W-1], may be the same pointer as
@@ -383,10 +383,10 @@ LINSEQ_API linseq_status linseq_conv1d_forward(const linseq_conv1d_problem *prob
                                                float *conv_state_out);
 
 typedef struct linseq_conv1d_grads {
-    float *dx;          /* [B,T,D]                                                           */
-    float *dweight;     /* [D,W], summed over the batch                                      */
-    float *dbias;       /* [D], only with bias                                               */
-    float *dconv_state; /* [N_seq,D,W-1]; allowed without conv_state (gradient at zeros)     */
+    float *dx;          /* [B,T,D] */
+    float *dweight;     /* [D,W], summed over the batch */
+    float *dbias;       /* [D], only with bias */
+    float *dconv_state; /* [N_seq,D,W-1]; allowed without conv_state (gradient at zeros) */
 } linseq_conv1d_grads;
 
 /* The gradients of L = sum(y * d_y) + sum(conv_state_out * d_conv_state_out). d_y [B,T,D] is

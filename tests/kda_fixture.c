@@ -46,10 +46,14 @@ void kda_fixture_make(kda_fixture *f, const kda_spec *s)
             if (s->regime != GATE_ZERO) x = -s->gmag * tu_uniform(&r, 0.0, 2.0);
             if (s->regime == GATE_EXTREME) {
                 const double u = tu_uniform(&r, 0.0, 1.0);
-                if (u < 0.04) x = -1000.0;
-                else if (u < 0.05) x = -INFINITY;
-                else if (u < 0.10) x = 0.0;
-                else if (u < 0.15) x = -60.0;
+                if (u < 0.04)
+                    x = -1000.0;
+                else if (u < 0.05)
+                    x = -INFINITY;
+                else if (u < 0.10)
+                    x = 0.0;
+                else if (u < 0.15)
+                    x = -60.0;
             }
             f->g[i] = (float)x;
         }
@@ -63,10 +67,23 @@ void kda_fixture_make(kda_fixture *f, const kda_spec *s)
         memcpy(f->cu, s->cu, sizeof(int64_t) * (size_t)(s->n_seqs + 1));
     }
     linseq_kda_problem p = {
-        .B = s->B, .T = s->T, .H = s->H, .HV = s->HV, .K = s->K, .V = s->V,
-        .cu_seqlens = f->cu, .n_seqs = s->n_seqs,
-        .q = f->q, .k = f->k, .v = f->v, .beta = f->beta, .g = f->g, .h0 = f->h0,
-        .decay = s->decay, .qk_l2norm = s->l2norm, .state_v_first = s->v_first,
+        .B = s->B,
+        .T = s->T,
+        .H = s->H,
+        .HV = s->HV,
+        .K = s->K,
+        .V = s->V,
+        .cu_seqlens = f->cu,
+        .n_seqs = s->n_seqs,
+        .q = f->q,
+        .k = f->k,
+        .v = f->v,
+        .beta = f->beta,
+        .g = f->g,
+        .h0 = f->h0,
+        .decay = s->decay,
+        .qk_l2norm = s->l2norm,
+        .state_v_first = s->v_first,
     };
     f->p = p;
 }

@@ -6,9 +6,9 @@
 #include "testutil.h"
 
 typedef enum {
-    GATE_ZERO,      /* g = 0 exactly: no decay at all                                 */
-    GATE_RAND,      /* g = -mag * U(0,2)                                               */
-    GATE_EXTREME,   /* mostly -mag*U(0,2), with -1000, -inf and 0 sprinkled in          */
+    GATE_ZERO,    /* g = 0 exactly: no decay at all */
+    GATE_RAND,    /* g = -mag * U(0,2) */
+    GATE_EXTREME, /* mostly -mag*U(0,2), with -1000, -inf and 0 sprinkled in */
 } gate_regime;
 
 typedef struct {
@@ -17,8 +17,8 @@ typedef struct {
     bool l2norm, with_h0, v_first;
     double gmag;
     gate_regime regime;
-    int64_t n_seqs;          /* 0: no varlen                                           */
-    const int64_t *cu;       /* n_seqs + 1 offsets when n_seqs > 0                       */
+    int64_t n_seqs;    /* 0: no varlen */
+    const int64_t *cu; /* n_seqs + 1 offsets when n_seqs > 0 */
     uint64_t seed;
 } kda_spec;
 
@@ -27,7 +27,7 @@ typedef struct {
     linseq_kda_problem p;
     float *q, *k, *v, *beta, *g, *h0;
     int64_t *cu;
-    int64_t n_rows;          /* state rows                                              */
+    int64_t n_rows; /* state rows */
     size_t n_qk, n_v, n_beta, n_g, n_state;
 } kda_fixture;
 

@@ -67,8 +67,8 @@ static const job_spec specs[] = {
     {"kda", "forward chunked 64 (one wide item)", J_FORWARD, KDA_WIDE, CHUNKED, 64, NULL, 0},
     {"kda", "forward recurrent (one wide item)", J_FORWARD, KDA_WIDE, REC, 0, NULL, 0},
     {"kda", "backward chunked 16 (gate in kernel)", J_BACKWARD, KDA_GATED, CHUNKED, 16, NULL, 0},
-    {"kda", "backward recurrent (varlen, per head, V-first)", J_BACKWARD, KDA_VARLEN, REC, 16,
-     CU3, 3},
+    {"kda", "backward recurrent (varlen, per head, V-first)", J_BACKWARD, KDA_VARLEN, REC, 16, CU3,
+     3},
     {"kda", "decode (pool of 5, a padding request)", J_KDA_DECODE,
      "B=3 T=1 H=2 HV=4 K=16 V=24 decay=per_channel use_qk_l2norm=1", REC, 0, NULL, 0},
     {"kda", "training chunked 32 (gate in kernel)", J_KDA_TRAINING, KDA_GATED, CHUNKED, 32, NULL,
@@ -78,10 +78,10 @@ static const job_spec specs[] = {
      NULL, 0},
     {"kda_gate", "backward (per head, lower bound)", J_BACKWARD,
      "B=3 T=50 H=6 K=64 decay=per_head lower_bound=-3", 0, 0, NULL, 0},
-    {"ssm1", "forward (3 packed sequences)", J_FORWARD, "B=1 T=90 D=200 N=8 G=2 dt_softplus=1",
-     0, 0, CU_SSM, 3},
-    {"ssm1", "backward (batch of 2, 70 tokens)", J_BACKWARD,
-     "B=2 T=70 D=130 N=8 G=2 dt_softplus=1", 0, 0, NULL, 0},
+    {"ssm1", "forward (3 packed sequences)", J_FORWARD, "B=1 T=90 D=200 N=8 G=2 dt_softplus=1", 0,
+     0, CU_SSM, 3},
+    {"ssm1", "backward (batch of 2, 70 tokens)", J_BACKWARD, "B=2 T=70 D=130 N=8 G=2 dt_softplus=1",
+     0, 0, NULL, 0},
     {"causal_conv1d", "forward (batch of 2)", J_FORWARD, "B=2 T=100 D=300 W=4 activation=silu", 0,
      0, NULL, 0},
     {"causal_conv1d", "backward (3 packed sequences)", J_BACKWARD,
@@ -189,8 +189,7 @@ static void decode_setup(job *j, tu_rng *r)
     linseq_kda_problem pool_shape = *p;
     pool_shape.B = j->pool_rows;
     int64_t n;
-    if (!ls_tensor_count(ls_op_tensor_named(j->op, LS_ROLE_INPUT, "h0"), &pool_shape, &n))
-        abort();
+    if (!ls_tensor_count(ls_op_tensor_named(j->op, LS_ROLE_INPUT, "h0"), &pool_shape, &n)) abort();
     float *pool = own(j, tu_alloc((size_t)n));
     tu_fill_uniform(r, pool, (size_t)n, -0.5, 0.5);
     j->pool0 = pool;
@@ -289,8 +288,8 @@ linseq_status job_run(const job *j, int threads, float *const *out)
     case J_KDA_TRAINING: return run_training(j, &ex, out_args, grads);
     case J_KDA_DECODE:
         memcpy(out[0], j->pool0, j->out_len[0] * sizeof(float));
-        return linseq_kda_decode((const linseq_kda_problem *)(const void *)j->problem, &ex,
-                                 out[0], j->pool_rows, j->rows, out[1]);
+        return linseq_kda_decode((const linseq_kda_problem *)(const void *)j->problem, &ex, out[0],
+                                 j->pool_rows, j->rows, out[1]);
     }
     return LINSEQ_ERR_UNSUPPORTED;
 }

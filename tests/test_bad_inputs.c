@@ -33,7 +33,11 @@ enum { SAVED_FLOATS = 2048, PAD = 16 };
 /* Every buffer of every call, in one block so that one memcmp sees any write. Each tensor is
  * followed by a pad, so that an output shifted by one element overlaps only the tensor the
  * row names. The inputs come first; everything from `o` on is an output and poisoned. */
-#define BUF(type, name, n) type name[n]; type name##_pad[PAD]
+#define BUF(type, name, n)                                                                         \
+    type name[n];                                                                                  \
+    type name##_pad[PAD]
+/* The sizes are products, not pointer declarations, whatever clang-format guesses. */
+/* clang-format off */
 typedef struct arena {
     BUF(int64_t, cu, SEQS + 1);
     BUF(int64_t, rows, B);
@@ -102,26 +106,39 @@ typedef struct arena {
     BUF(float, dc_state, B * D * (W - 1));
     BUF(size_t, bytes, 1);
 } arena;
+/* clang-format on */
 #undef BUF
 
 #define OUTPUTS_AT offsetof(arena, o)
 
-static arena *A;        /* the arena the calls see                                     */
-static arena *pristine; /* its state before every row: inputs filled, outputs poisoned  */
-static arena *before;   /* its state just before the call of the current row           */
-static size_t saved_need; /* linseq_kda_saved_size of the valid KDA problem              */
+static arena *A;          /* the arena the calls see */
+static arena *pristine;   /* its state before every row: inputs filled, outputs poisoned */
+static arena *before;     /* its state just before the call of the current row */
+static size_t saved_need; /* linseq_kda_saved_size of the valid KDA problem */
 
 typedef enum {
-    KDA_FORWARD, KDA_DECODE, KDA_BACKWARD, KDA_SAVED_SIZE, KDA_FORWARD_TRAIN, KDA_BACKWARD_SAVED,
-    GATE_FORWARD, GATE_BACKWARD, SSM1_FORWARD, SSM1_BACKWARD, CONV_FORWARD, CONV_BACKWARD,
-    SET_THREADS, N_OPS
+    KDA_FORWARD,
+    KDA_DECODE,
+    KDA_BACKWARD,
+    KDA_SAVED_SIZE,
+    KDA_FORWARD_TRAIN,
+    KDA_BACKWARD_SAVED,
+    GATE_FORWARD,
+    GATE_BACKWARD,
+    SSM1_FORWARD,
+    SSM1_BACKWARD,
+    CONV_FORWARD,
+    CONV_BACKWARD,
+    SET_THREADS,
+    N_OPS
 } op_id;
 
 static const char *const fn_name[N_OPS] = {
-    "linseq_kda_forward", "linseq_kda_decode", "linseq_kda_backward", "linseq_kda_saved_size",
-    "linseq_kda_forward_train", "linseq_kda_backward_saved", "linseq_kda_gate_forward",
-    "linseq_kda_gate_backward", "linseq_ssm1_forward", "linseq_ssm1_backward",
-    "linseq_conv1d_forward", "linseq_conv1d_backward", "linseq_set_num_threads"};
+    "linseq_kda_forward",      "linseq_kda_decode",        "linseq_kda_backward",
+    "linseq_kda_saved_size",   "linseq_kda_forward_train", "linseq_kda_backward_saved",
+    "linseq_kda_gate_forward", "linseq_kda_gate_backward", "linseq_ssm1_forward",
+    "linseq_ssm1_backward",    "linseq_conv1d_forward",    "linseq_conv1d_backward",
+    "linseq_set_num_threads"};
 
 /* Every argument of every entry point; a call uses the ones of its op. */
 typedef struct call {
@@ -150,10 +167,23 @@ typedef struct call {
 
 static linseq_kda_problem valid_kda(void)
 {
-    return (linseq_kda_problem){
-        .B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V, .q = A->q, .k = A->k, .v = A->v,
-        .beta = A->beta, .g = A->g, .h0 = A->h0, .decay = LINSEQ_DECAY_PER_CHANNEL,
-        .qk_l2norm = true, .gate_in_kernel = true, .A_log = A->A_log, .dt_bias = A->dt_bias};
+    return (linseq_kda_problem){.B = B,
+                                .T = T,
+                                .H = H,
+                                .HV = HV,
+                                .K = K,
+                                .V = V,
+                                .q = A->q,
+                                .k = A->k,
+                                .v = A->v,
+                                .beta = A->beta,
+                                .g = A->g,
+                                .h0 = A->h0,
+                                .decay = LINSEQ_DECAY_PER_CHANNEL,
+                                .qk_l2norm = true,
+                                .gate_in_kernel = true,
+                                .A_log = A->A_log,
+                                .dt_bias = A->dt_bias};
 }
 
 /* A valid call of op: every optional input and output present, so that each can be broken. */
@@ -161,8 +191,13 @@ static call valid_call(op_id op)
 {
     call c = {.op = op};
     c.kda = valid_kda();
-    c.kda_grads = (linseq_kda_grads){.dq = A->dq, .dk = A->dk, .dv = A->dv, .dbeta = A->dbeta,
-                                     .dg = A->dg, .dh0 = A->dh0, .dA_log = A->dA_log,
+    c.kda_grads = (linseq_kda_grads){.dq = A->dq,
+                                     .dk = A->dk,
+                                     .dv = A->dv,
+                                     .dbeta = A->dbeta,
+                                     .dg = A->dg,
+                                     .dh0 = A->dh0,
+                                     .dA_log = A->dA_log,
                                      .ddt_bias = A->ddt_bias};
     c.o = A->o;
     c.ht = A->ht;
@@ -180,32 +215,59 @@ static call valid_call(op_id op)
     c.saved_bytes = saved_need;
     c.bytes = A->bytes;
 
-    c.gate = (linseq_kda_gate_problem){.B = B, .T = T, .H = H, .K = K,
-                                       .decay = LINSEQ_DECAY_PER_CHANNEL, .g_raw = A->g_raw,
-                                       .A_log = A->A_log, .dt_bias = A->dt_bias};
-    c.gate_grads = (linseq_kda_gate_grads){.dg_raw = A->dg_raw, .dA_log = A->gate_dA_log,
-                                           .ddt_bias = A->gate_ddt_bias};
+    c.gate = (linseq_kda_gate_problem){.B = B,
+                                       .T = T,
+                                       .H = H,
+                                       .K = K,
+                                       .decay = LINSEQ_DECAY_PER_CHANNEL,
+                                       .g_raw = A->g_raw,
+                                       .A_log = A->A_log,
+                                       .dt_bias = A->dt_bias};
+    c.gate_grads = (linseq_kda_gate_grads){
+        .dg_raw = A->dg_raw, .dA_log = A->gate_dA_log, .ddt_bias = A->gate_ddt_bias};
     c.g = A->gate_g;
     c.d_g = A->d_g;
 
-    c.ssm = (linseq_ssm1_problem){.B = B, .T = T, .D = D, .N = N, .G = G, .x = A->x,
-                                  .dt = A->dt, .A = A->A, .B_proj = A->B_proj,
-                                  .C_proj = A->C_proj, .D_skip = A->D_skip, .gate = A->gate,
-                                  .h0 = A->s_h0, .dt_softplus = true, .dt_bias = A->s_dt_bias};
-    c.ssm_grads = (linseq_ssm1_grads){.dx = A->dx, .ddt = A->ddt, .dA = A->dA,
-                                      .dB_proj = A->dB_proj, .dC_proj = A->dC_proj,
-                                      .dD_skip = A->dD_skip, .dgate = A->dgate, .dh0 = A->s_dh0,
+    c.ssm = (linseq_ssm1_problem){.B = B,
+                                  .T = T,
+                                  .D = D,
+                                  .N = N,
+                                  .G = G,
+                                  .x = A->x,
+                                  .dt = A->dt,
+                                  .A = A->A,
+                                  .B_proj = A->B_proj,
+                                  .C_proj = A->C_proj,
+                                  .D_skip = A->D_skip,
+                                  .gate = A->gate,
+                                  .h0 = A->s_h0,
+                                  .dt_softplus = true,
+                                  .dt_bias = A->s_dt_bias};
+    c.ssm_grads = (linseq_ssm1_grads){.dx = A->dx,
+                                      .ddt = A->ddt,
+                                      .dA = A->dA,
+                                      .dB_proj = A->dB_proj,
+                                      .dC_proj = A->dC_proj,
+                                      .dD_skip = A->dD_skip,
+                                      .dgate = A->dgate,
+                                      .dh0 = A->s_dh0,
                                       .ddt_bias = A->s_ddt_bias};
     c.y = A->y;
     c.hT = A->hT;
     c.d_y = A->d_y;
     c.d_hT = A->d_hT;
 
-    c.conv = (linseq_conv1d_problem){.B = B, .T = T, .D = D, .W = W, .x = A->x,
-                                     .weight = A->weight, .bias = A->bias,
-                                     .conv_state = A->c_state, .activation = LINSEQ_ACT_SILU};
-    c.conv_grads = (linseq_conv1d_grads){.dx = A->dx, .dweight = A->dweight, .dbias = A->dbias,
-                                         .dconv_state = A->dc_state};
+    c.conv = (linseq_conv1d_problem){.B = B,
+                                     .T = T,
+                                     .D = D,
+                                     .W = W,
+                                     .x = A->x,
+                                     .weight = A->weight,
+                                     .bias = A->bias,
+                                     .conv_state = A->c_state,
+                                     .activation = LINSEQ_ACT_SILU};
+    c.conv_grads = (linseq_conv1d_grads){
+        .dx = A->dx, .dweight = A->dweight, .dbias = A->dbias, .dconv_state = A->dc_state};
     c.conv_state_out = A->c_state_out;
     c.d_conv_state_out = A->d_c_state_out;
     c.n_threads = 0; /* the default */
@@ -236,8 +298,7 @@ static linseq_status invoke(const call *c)
     case KDA_FORWARD_TRAIN:
         return linseq_kda_forward_train(kp, ex, c->o, c->ht, c->saved_out, c->saved_bytes);
     case KDA_BACKWARD_SAVED:
-        return linseq_kda_backward_saved(kp, ex, c->saved_in, c->saved_bytes, c->d_o, c->d_ht,
-                                         kg);
+        return linseq_kda_backward_saved(kp, ex, c->saved_in, c->saved_bytes, c->d_o, c->d_ht, kg);
     case GATE_FORWARD: return linseq_kda_gate_forward(c->no_problem ? NULL : &c->gate, ex, c->g);
     case GATE_BACKWARD:
         return linseq_kda_gate_backward(c->no_problem ? NULL : &c->gate, ex, c->d_g,
@@ -247,8 +308,7 @@ static linseq_status invoke(const call *c)
         return linseq_ssm1_backward(c->no_problem ? NULL : &c->ssm, ex, c->d_y, c->d_hT,
                                     c->no_grads ? NULL : &c->ssm_grads);
     case CONV_FORWARD:
-        return linseq_conv1d_forward(c->no_problem ? NULL : &c->conv, ex, c->y,
-                                     c->conv_state_out);
+        return linseq_conv1d_forward(c->no_problem ? NULL : &c->conv, ex, c->y, c->conv_state_out);
     case CONV_BACKWARD:
         return linseq_conv1d_backward(c->no_problem ? NULL : &c->conv, ex, c->d_y,
                                       c->d_conv_state_out, c->no_grads ? NULL : &c->conv_grads);
@@ -268,8 +328,8 @@ static void run_row(const call *c, const char *what, int line, linseq_status wan
     const int threads_before = linseq_get_num_threads();
     const linseq_status st = invoke(c);
     const char *msg = linseq_last_error();
-    CHECK(st == want, "line %d, %s, %s: status %s, expected %s (%s)", line, fn_name[c->op],
-          what, linseq_status_string(st), linseq_status_string(want), msg);
+    CHECK(st == want, "line %d, %s, %s: status %s, expected %s (%s)", line, fn_name[c->op], what,
+          linseq_status_string(st), linseq_status_string(want), msg);
     CHECK(strstr(msg, fn_name[c->op]) != NULL && strstr(msg, needle) != NULL,
           "line %d, %s, %s: message \"%s\" does not name \"%s\"", line, fn_name[c->op], what, msg,
           needle);
@@ -277,34 +337,34 @@ static void run_row(const call *c, const char *what, int line, linseq_status wan
           "line %d, %s, %s: an output byte was written", line, fn_name[c->op], what);
     CHECK(memcmp(before, A, sizeof *A) == 0, "line %d, %s, %s: a buffer changed", line,
           fn_name[c->op], what);
-    CHECK(linseq_get_num_threads() == threads_before,
-          "line %d, %s, %s: the thread setting changed", line, fn_name[c->op], what);
+    CHECK(linseq_get_num_threads() == threads_before, "line %d, %s, %s: the thread setting changed",
+          line, fn_name[c->op], what);
     memcpy(A, pristine, sizeof *A);
 }
 
 /* A row: op, the status and message fragment it must give, then the statements that break a
  * valid call `c` (a call *). The statements are the row's label. */
-#define ROW(op_, want_, needle_, ...)                                                        \
-    do {                                                                                     \
-        call row_ = valid_call(op_);                                                         \
-        call *c = &row_;                                                                     \
-        (void)c;                                                                             \
-        __VA_ARGS__;                                                                         \
-        run_row(&row_, #__VA_ARGS__, __LINE__, want_, needle_);                              \
+#define ROW(op_, want_, needle_, ...)                                                              \
+    do {                                                                                           \
+        call row_ = valid_call(op_);                                                               \
+        call *c = &row_;                                                                           \
+        (void)c;                                                                                   \
+        __VA_ARGS__;                                                                               \
+        run_row(&row_, #__VA_ARGS__, __LINE__, want_, needle_);                                    \
     } while (0)
 
 /* A call that looks wrong but is valid: it must succeed and leave no message. */
-#define ACCEPT(op_, ...)                                                                     \
-    do {                                                                                     \
-        call row_ = valid_call(op_);                                                         \
-        call *c = &row_;                                                                     \
-        (void)c;                                                                             \
-        __VA_ARGS__;                                                                         \
-        const linseq_status st_ = invoke(&row_);                                             \
-        CHECK(st_ == LINSEQ_OK && linseq_last_error()[0] == '\0',                            \
-              "line %d, %s, %s: a valid call gave %s (%s)", __LINE__, fn_name[op_],          \
-              #__VA_ARGS__, linseq_status_string(st_), linseq_last_error());                 \
-        memcpy(A, pristine, sizeof *A);                                                      \
+#define ACCEPT(op_, ...)                                                                           \
+    do {                                                                                           \
+        call row_ = valid_call(op_);                                                               \
+        call *c = &row_;                                                                           \
+        (void)c;                                                                                   \
+        __VA_ARGS__;                                                                               \
+        const linseq_status st_ = invoke(&row_);                                                   \
+        CHECK(st_ == LINSEQ_OK && linseq_last_error()[0] == '\0',                                  \
+              "line %d, %s, %s: a valid call gave %s (%s)", __LINE__, fn_name[op_], #__VA_ARGS__,  \
+              linseq_status_string(st_), linseq_last_error());                                     \
+        memcpy(A, pristine, sizeof *A);                                                            \
     } while (0)
 
 /* A pointer one byte past p: misaligned for any element type. */
@@ -334,10 +394,12 @@ static const exec_case exec_cases[] = {
     {{.device = (linseq_device)-1}, LINSEQ_ERR_INVALID_ENUM, "exec->device = -1"},
     {{.dtype = (linseq_dtype)2}, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = 2"},
     {{.dtype = (linseq_dtype)-1}, LINSEQ_ERR_INVALID_ENUM, "exec->dtype = -1"},
-    {{.dtype = LINSEQ_DTYPE_BF16}, LINSEQ_ERR_UNSUPPORTED,
+    {{.dtype = LINSEQ_DTYPE_BF16},
+     LINSEQ_ERR_UNSUPPORTED,
      "LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only"},
 #ifdef LINSEQ_WITH_CUDA
-    {{.device = LINSEQ_DEVICE_CUDA, .device_index = -1}, LINSEQ_ERR_INVALID_VALUE,
+    {{.device = LINSEQ_DEVICE_CUDA, .device_index = -1},
+     LINSEQ_ERR_INVALID_VALUE,
      "exec->device_index = -1"},
 #else
     {{.device = LINSEQ_DEVICE_CUDA}, LINSEQ_ERR_UNSUPPORTED, "no CUDA support"},
@@ -354,19 +416,22 @@ static void exec_rows(op_id op)
 /* The offsets of a packed row: B must be 1, n_seqs >= 1, 0 = cu[0] <= ... <= cu[n] = T. */
 static void cu_seqlens_rows(op_id op)
 {
-    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "B must be 1", varlen(c), c->kda.B = c->ssm.B = c->conv.B = 2,
-        c->kda.T = c->ssm.T = c->conv.T = T, A->cu[2] = T);
+    ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "B must be 1", varlen(c),
+        c->kda.B = c->ssm.B = c->conv.B = 2, c->kda.T = c->ssm.T = c->conv.T = T, A->cu[2] = T);
     ROW(op, LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens[0] = 1", varlen(c), A->cu[0] = 1);
     ROW(op, LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens[0] = -1", varlen(c), A->cu[0] = -1);
     ROW(op, LINSEQ_ERR_INVALID_CU_SEQLENS, "decreases at index 2", varlen(c), A->cu[1] = 11);
     ROW(op, LINSEQ_ERR_INVALID_CU_SEQLENS, "expected T = 10", varlen(c), A->cu[2] = 9);
     ROW(op, LINSEQ_ERR_INVALID_CU_SEQLENS, "expected T = 10", varlen(c), A->cu[2] = 11);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "n_seqs = 0", varlen(c), c->kda.n_seqs = c->ssm.n_seqs = c->conv.n_seqs = 0);
-    ROW(op, LINSEQ_ERR_INVALID_SIZE, "n_seqs = -1", varlen(c), c->kda.n_seqs = c->ssm.n_seqs = c->conv.n_seqs = -1);
+    ROW(op, LINSEQ_ERR_INVALID_SIZE, "n_seqs = 0", varlen(c),
+        c->kda.n_seqs = c->ssm.n_seqs = c->conv.n_seqs = 0);
+    ROW(op, LINSEQ_ERR_INVALID_SIZE, "n_seqs = -1", varlen(c),
+        c->kda.n_seqs = c->ssm.n_seqs = c->conv.n_seqs = -1);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs", varlen(c),
         c->kda.n_seqs = c->ssm.n_seqs = c->conv.n_seqs = INT64_MAX);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'cu_seqlens'", varlen(c),
-        c->kda.cu_seqlens = c->ssm.cu_seqlens = c->conv.cu_seqlens = MISALIGN(const int64_t, A->cu));
+        c->kda.cu_seqlens = c->ssm.cu_seqlens = c->conv.cu_seqlens =
+            MISALIGN(const int64_t, A->cu));
 }
 
 /* The KDA entry points outside the op table (decode, the training calls, the size query) get
@@ -397,7 +462,8 @@ static void kda_tensor_rows(op_id op)
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'beta' is NULL", c->kda.beta = NULL);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'g' is NULL", c->kda.g = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'q'", c->kda.q = MISALIGN(const float, A->q));
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dt_bias'", c->kda.dt_bias = MISALIGN(const float, A->dt_bias));
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dt_bias'",
+        c->kda.dt_bias = MISALIGN(const float, A->dt_bias));
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = (int64_t)1 << 62);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'q'", c->kda.B = INT64_MAX);
     if (op != KDA_DECODE) {
@@ -432,9 +498,9 @@ static void kda_rule_rows(op_id op)
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "scale = -inf", c->kda.scale = -INFINITY);
     /* K*V = 2^62: the forwards refuse the working state before the tensors, the backwards
      * name the state tensor h0, the size query the saved states */
-    const char *kv_needle = op == KDA_SAVED_SIZE                                 ? "saved states"
+    const char *kv_needle = op == KDA_SAVED_SIZE                             ? "saved states"
                             : op == KDA_BACKWARD || op == KDA_BACKWARD_SAVED ? "'h0'"
-                                                                               : "K*V";
+                                                                             : "K*V";
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, kv_needle, c->kda.B = c->kda.H = 1, c->kda.HV = 0,
         c->kda.K = c->kda.V = (int64_t)1 << 31);
     /* HV*K overflows while each fits (g, and dt_bias with the gate in the kernel) */
@@ -491,9 +557,11 @@ static void kda_decode_rows(void)
         c->state_rows = NULL);
     ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'state'", c->n_state_rows = (int64_t)1 << 60);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "state_rows[1] = 5", A->rows[1] = POOL_ROWS);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "state_rows[0] = 9223372036854775807", A->rows[0] = INT64_MAX);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "state_rows[0] = 9223372036854775807",
+        A->rows[0] = INT64_MAX);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "names row 3 twice", A->rows[1] = A->rows[0]);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'state_rows'", c->state_rows = MISALIGN(const int64_t, A->rows));
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'state_rows'",
+        c->state_rows = MISALIGN(const int64_t, A->rows));
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'state'", c->state = MISALIGN(float, A->pool));
     ROW(op, LINSEQ_ERR_ALIASING, "output 'state' overlaps input 'q'", c->kda.q = A->pool + 7);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'o' overlaps input 'state_rows'",
@@ -512,16 +580,19 @@ static void kda_grad_rows(op_id op)
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'q'", c->kda_grads.dq = A->q);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'd_o'", c->kda_grads.dq = A->d_o + 5);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dv' overlaps input 'v'", c->kda_grads.dv = A->v);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dbeta' overlaps input 'beta'", c->kda_grads.dbeta = A->beta + 1);
+    ROW(op, LINSEQ_ERR_ALIASING, "output 'dbeta' overlaps input 'beta'",
+        c->kda_grads.dbeta = A->beta + 1);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dg' overlaps input 'g'", c->kda_grads.dg = A->g);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps input 'h0'", c->kda_grads.dh0 = A->h0);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps input 'd_ht'", c->kda_grads.dh0 = A->d_ht);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dA_log' overlaps input 'A_log'", c->kda_grads.dA_log = A->A_log);
+    ROW(op, LINSEQ_ERR_ALIASING, "output 'dA_log' overlaps input 'A_log'",
+        c->kda_grads.dA_log = A->A_log);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'ddt_bias' overlaps input 'dt_bias'",
         c->kda_grads.ddt_bias = A->dt_bias);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps output 'dk'", c->kda_grads.dk = A->dq);
     ROW(op, LINSEQ_ERR_ALIASING, "output 'dv' overlaps output 'dg'", c->kda_grads.dg = A->dv + 2);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps output 'dA_log'", c->kda_grads.dA_log = A->dh0);
+    ROW(op, LINSEQ_ERR_ALIASING, "output 'dh0' overlaps output 'dA_log'",
+        c->kda_grads.dA_log = A->dh0);
 }
 
 /* A gradient of what the problem does not have is refused, not left unwritten. */
@@ -580,10 +651,12 @@ static void kda_training_rows(void)
         c->saved_bytes = sizeof A->q);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'saved' was written in chunked mode",
         c->exec.mode = LINSEQ_MODE_RECURRENT);
-    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'saved' was written in chunked mode", c->exec.chunk_size = 32);
+    ROW(op, LINSEQ_ERR_INVALID_VALUE, "'saved' was written in chunked mode",
+        c->exec.chunk_size = 32);
     ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "'saved' describes K=8 V=6", c->kda.V = 3);
     ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "'saved' describes", c->kda.B = 1);
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'saved'", c->kda_grads.dq = A->saved_in + 20);
+    ROW(op, LINSEQ_ERR_ALIASING, "output 'dq' overlaps input 'saved'",
+        c->kda_grads.dq = A->saved_in + 20);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -623,8 +696,8 @@ static void ssm1_rows(op_id op)
     ROW(op, LINSEQ_ERR_SHAPE_MISMATCH, "G = 16 does not divide D = 8", c->ssm.G = 16);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dt_bias is given but dt_softplus is false",
         c->ssm.dt_softplus = false, c->ssm_grads.ddt_bias = NULL);
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->ssm.D = (int64_t)1 << 40, c->ssm.T = (int64_t)1 << 30,
-        c->ssm.G = 1);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->ssm.D = (int64_t)1 << 40,
+        c->ssm.T = (int64_t)1 << 30, c->ssm.G = 1);
 }
 
 /* A gradient of what the problem does not have is refused, not left unwritten. */
@@ -646,16 +719,18 @@ static void ssm1_backward_rows(void)
 static void conv_forward_rows(void)
 {
     const op_id op = CONV_FORWARD;
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40, c->conv.D = (int64_t)1 << 30);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40,
+        c->conv.D = (int64_t)1 << 30);
     /* W = 2: a one-column state, still only exactly in place */
-    ROW(op, LINSEQ_ERR_ALIASING, "output 'conv_state_out' overlaps input 'conv_state'", c->conv.W = 2,
-        c->conv_state_out = A->c_state + 1);
+    ROW(op, LINSEQ_ERR_ALIASING, "output 'conv_state_out' overlaps input 'conv_state'",
+        c->conv.W = 2, c->conv_state_out = A->c_state + 1);
 }
 
 static void conv_backward_rows(void)
 {
     const op_id op = CONV_BACKWARD;
-    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40, c->conv.D = (int64_t)1 << 30);
+    ROW(op, LINSEQ_ERR_SIZE_OVERFLOW, "'x'", c->conv.T = (int64_t)1 << 40,
+        c->conv.D = (int64_t)1 << 30);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "grads is NULL", c->no_grads = true);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "dbias is given but bias is NULL", c->conv.bias = NULL);
 }
@@ -680,13 +755,13 @@ enum { GT_PROBLEM_BYTES = 256, GT_PAD = 16, GT_SIZE_CAP = 8 };
 typedef struct gt_fixture {
     const ls_op *op;
     bool varlen;
-    _Alignas(max_align_t) unsigned char problem[GT_PROBLEM_BYTES]; /* the valid problem  */
-    char fn[2][64];                  /* the forward's and the backward's function name  */
+    _Alignas(max_align_t) unsigned char problem[GT_PROBLEM_BYTES]; /* the valid problem */
+    char fn[2][64]; /* the forward's and the backward's function name */
     unsigned char *mem, *pristine, *before;
     size_t bytes, outputs_at;
-    float *buf[LS_OP_MAX_TENSORS];   /* by table index; NULL when the tensor does not exist */
+    float *buf[LS_OP_MAX_TENSORS]; /* by table index; NULL when the tensor does not exist */
     int64_t count[LS_OP_MAX_TENSORS];
-    int64_t *cu;                     /* varlen: n_seqs + 1 offsets, in the block          */
+    int64_t *cu; /* varlen: n_seqs + 1 offsets, in the block */
 } gt_fixture;
 
 /* One call of the forward (out) or the backward (up, grads), as ls_op_backward takes them. */
@@ -767,10 +842,9 @@ static void gt_row2(const gt_call *c, linseq_status want, linseq_status or_want,
     bool named = false;
     for (int i = 0; needles[i]; i++) named = named || strstr(msg, needles[i]) != NULL;
     CHECK(st == want || st == or_want, "%s, %s%s: status %s, expected %s (%s)", fn, label,
-          f->varlen ? " (varlen)" : "", linseq_status_string(st), linseq_status_string(want),
-          msg);
-    CHECK(strstr(msg, fn) != NULL && named, "%s, %s: message \"%s\" does not name \"%s\"%s",
-          fn, label, msg, needles[0], needles[1] ? " (or the alternatives)" : "");
+          f->varlen ? " (varlen)" : "", linseq_status_string(st), linseq_status_string(want), msg);
+    CHECK(strstr(msg, fn) != NULL && named, "%s, %s: message \"%s\" does not name \"%s\"%s", fn,
+          label, msg, needles[0], needles[1] ? " (or the alternatives)" : "");
     CHECK(tu_is_poisoned(f->mem + f->outputs_at, f->bytes - f->outputs_at),
           "%s, %s: an output byte was written", fn, label);
     CHECK(memcmp(f->before, f->mem, f->bytes) == 0, "%s, %s: a buffer changed", fn, label);
@@ -835,8 +909,8 @@ static void gt_fixture_alloc(gt_fixture *f)
             ls_tensor_set(&op->tensors[i], f->problem, placeholder);
     int64_t largest = 3; /* the offsets */
     for (int i = 0; i < op->n_tensors; i++) {
-        CHECK(ls_tensor_count(&op->tensors[i], f->problem, &f->count[i]), "%s.%s: count",
-              op->name, op->tensors[i].name);
+        CHECK(ls_tensor_count(&op->tensors[i], f->problem, &f->count[i]), "%s.%s: count", op->name,
+              op->tensors[i].name);
         if (f->count[i] > largest) largest = f->count[i];
     }
     for (int i = 0; i < op->n_tensors; i++)
@@ -1039,8 +1113,7 @@ static void gt_overlap_rows(const gt_fixture *f, bool backward)
             if (!input && x < o) continue; /* each pair of outputs once */
             snprintf(n1, sizeof n1, "output '%s' overlaps %s '%s'", gt_name(ot),
                      input ? "input" : "output", gt_name(xt));
-            snprintf(n2, sizeof n2, "output '%s' overlaps output '%s'", gt_name(xt),
-                     gt_name(ot));
+            snprintf(n2, sizeof n2, "output '%s' overlaps output '%s'", gt_name(xt), gt_name(ot));
             const char *const needles[] = {n1, input ? NULL : n2, NULL};
             for (int shift = -1; shift <= 1; shift += 2) {
                 if (!input && shift < 0) continue;
@@ -1125,8 +1198,7 @@ static void gt_accepted_calls(const gt_fixture *f, bool backward)
         c.exec.threads = 1;
         gt_set(&c, t, NULL);
         for (int g = 0; t->role == LS_ROLE_INPUT && ls_op_tensor(op, LS_ROLE_GRAD, g); g++)
-            if (strcmp(ls_op_tensor(op, LS_ROLE_GRAD, g)->grad_of, t->name) == 0)
-                c.grads[g] = NULL;
+            if (strcmp(ls_op_tensor(op, LS_ROLE_GRAD, g)->grad_of, t->name) == 0) c.grads[g] = NULL;
         snprintf(label, sizeof label, "%s = NULL", gt_name(t));
         gt_accept(&c, label, true);
         if (t->role == LS_ROLE_GRAD) gt_set(&all, t, NULL);

@@ -140,26 +140,23 @@ static void check_result(const cJSON *j, const want *w, int repeats, const char 
     CHECK(num(j, "threads") == w->threads, "%s: threads %g", what, num(j, "threads"));
     CHECK(num(j, "repeats") == repeats, "%s: repeats %g", what, num(j, "repeats"));
     const double med = num(j, "median_s"), mn = num(j, "min_s"), mx = num(j, "max_s");
-    CHECK(mn > 0.0 && mn <= med && med <= mx && mx < 60.0, "%s: times %g %g %g", what, mn, med,
-          mx);
+    CHECK(mn > 0.0 && mn <= med && med <= mx && mx < 60.0, "%s: times %g %g %g", what, mn, med, mx);
     CHECK(num(j, "tokens") == w->tokens, "%s: tokens %g, want %g", what, num(j, "tokens"),
           w->tokens);
     CHECK(close_to(num(j, "tokens_per_s"), w->tokens / med, 1e-6), "%s: tokens_per_s %g vs %g",
           what, num(j, "tokens_per_s"), w->tokens / med);
-    CHECK(close_to(num(j, "us_per_token"), med / w->tokens * 1e6, 1e-6), "%s: us_per_token",
-          what);
+    CHECK(close_to(num(j, "us_per_token"), med / w->tokens * 1e6, 1e-6), "%s: us_per_token", what);
     CHECK(close_to(num(j, "flops"), w->flops, 1e-12), "%s: flops %.17g, want %.17g", what,
           num(j, "flops"), w->flops);
     CHECK(close_to(num(j, "bytes"), w->bytes, 1e-12), "%s: bytes %.17g, want %.17g", what,
           num(j, "bytes"), w->bytes);
     CHECK(close_to(num(j, "gflops"), w->flops / med * 1e-9, 1e-6), "%s: gflops", what);
-    CHECK(close_to(num(j, "gbytes_per_s"), w->bytes / med * 1e-9, 1e-6), "%s: gbytes_per_s",
-          what);
+    CHECK(close_to(num(j, "gbytes_per_s"), w->bytes / med * 1e-9, 1e-6), "%s: gbytes_per_s", what);
     CHECK(num(j, "cpus_busy") >= 0.0, "%s: cpus_busy", what);
     /* Decode reuses its state, or with --cold cycles through copies filling --mib MiB. */
     const bool decode = strstr(w->op, "decode") != NULL;
-    CHECK(decode ? num(j, "state_copies") >= 1.0 : is_null(j, "state_copies"),
-          "%s: state_copies", what);
+    CHECK(decode ? num(j, "state_copies") >= 1.0 : is_null(j, "state_copies"), "%s: state_copies",
+          what);
     CHECK(cJSON_IsBool(cJSON_GetObjectItemCaseSensitive(j, "contended")), "%s: contended", what);
 }
 
@@ -174,9 +171,8 @@ static want kda_want(const char *op, int kind, double B, double T, double H, dou
 {
     const double gw = per_channel ? K : 1.0, BT = B * T;
     const double C = chunk < T ? chunk : T;
-    const double per = kind == RECURRENT || kind == DECODE
-                           ? 7.0 * K * V
-                           : 6.0 * K * V + 2.0 * C * K + 2.0 * C * V;
+    const double per =
+        kind == RECURRENT || kind == DECODE ? 7.0 * K * V : 6.0 * K * V + 2.0 * C * K + 2.0 * C * V;
     const double in = BT * (2.0 * H * K + H * V + H + H * gw), o = BT * H * V, st = B * H * K * V;
     want w = {op, 2, BT, BT * H * per, 4.0 * (in + o + st)};
     if (kind == FWDBWD_CHUNKED) w.flops *= 3.0, w.bytes = 4.0 * (3.0 * in + 2.0 * o);
@@ -233,12 +229,12 @@ static void test_ops(void)
                   "--no-peak"));
     w = kda_want("kda-fwdbwd", FWDBWD_CHUNKED, 1, 32, 2, 16, 16, 16, true);
     check_op("kda-fwdbwd", &w,
-             ARGS("kda-fwdbwd", "--T", "32", "--H", "2", "--K", "16", "--V", "16",
-                  "--chunk-size", "16", TIMING, "--no-peak"));
+             ARGS("kda-fwdbwd", "--T", "32", "--H", "2", "--K", "16", "--V", "16", "--chunk-size",
+                  "16", TIMING, "--no-peak"));
     w = kda_want("kda-decode", DECODE, 3, 1, 2, 16, 16, 64, true);
-    check_op("kda-decode", &w,
-             ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V", "16", TIMING,
-                  "--no-peak"));
+    check_op(
+        "kda-decode", &w,
+        ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V", "16", TIMING, "--no-peak"));
     check_op("kda-decode --cold", &w,
              ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V", "16", TIMING,
                   "--no-peak", "--cold", "--mib", "1"));
@@ -273,11 +269,11 @@ static void test_ops(void)
              ARGS("ssm1-fwdbwd", "--T", "20", "--D", "16", "--N", "4", TIMING, "--no-peak"));
     w = ssm1_want("ssm1-decode", 2, 1, 32, 8);
     check_op("ssm1-decode", &w,
-             ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak",
-                  "--mib", "1"));
+             ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak", "--mib",
+                  "1"));
     check_op("ssm1-decode --cold", &w,
-             ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak",
-                  "--cold", "--mib", "1"));
+             ARGS("ssm1-decode", "--B", "2", "--D", "32", "--N", "8", TIMING, "--no-peak", "--cold",
+                  "--mib", "1"));
 
     w = (want){"conv", 2, 40, 2.0 * 4 * 40 * 24, 4.0 * (2.0 * 40 * 24 + 24 * 4 + 24 + 2 * 24 * 3)};
     check_op("conv", &w,
@@ -320,8 +316,7 @@ static void check_table_command(const ls_op *op, const char *name, bool decode)
         CHECK(cJSON_IsString(jop) && strcmp(jop->valuestring, name) == 0, "%s: op", name);
         CHECK(cJSON_GetArraySize(shape) == n_shape, "%s: shape has %d sizes, want %d", name,
               cJSON_GetArraySize(shape), n_shape);
-        CHECK(num(j, "tokens") == tokens, "%s: tokens %g, want %g", name, num(j, "tokens"),
-              tokens);
+        CHECK(num(j, "tokens") == tokens, "%s: tokens %g, want %g", name, num(j, "tokens"), tokens);
         CHECK(num(j, "flops") > 0.0 && num(j, "bytes") > 0.0, "%s: flops, bytes", name);
     }
     cJSON_Delete(j);
@@ -354,8 +349,7 @@ static void test_peak(void)
         const cJSON *isa = cJSON_GetObjectItemCaseSensitive(j, "isa");
         CHECK(cJSON_IsString(isa) && strcmp(isa->valuestring, linseq_isa()) == 0, "peak: isa");
         CHECK(num(j, "threads") == linseq_get_num_threads(), "peak: threads");
-        CHECK(num(j, "fma_gflops_1_thread") > 0.0 && num(j, "fma_gflops") > 0.0,
-              "peak: FMA rates");
+        CHECK(num(j, "fma_gflops_1_thread") > 0.0 && num(j, "fma_gflops") > 0.0, "peak: FMA rates");
         CHECK(num(j, "bw_gbytes_per_s_1_thread") > 0.0 && num(j, "bw_gbytes_per_s") > 0.0,
               "peak: bandwidths");
         printf("  bench peak --mib 1: isa %s, FMA %.1f GFLOP/s on 1 thread, %.1f on %g\n",
@@ -375,9 +369,9 @@ static void test_peak(void)
         CHECK(num(j, "peak_threads") == 1, "conv with peak: peak_threads");
         CHECK(num(j, "peak_gflops") > 0.0 && num(j, "peak_gbytes_per_s") > 0.0,
               "conv with peak: peak values");
-        CHECK(close_to(num(j, "peak_flops_fraction"), num(j, "gflops") / num(j, "peak_gflops"),
-                       1e-6),
-              "conv with peak: flops fraction");
+        CHECK(
+            close_to(num(j, "peak_flops_fraction"), num(j, "gflops") / num(j, "peak_gflops"), 1e-6),
+            "conv with peak: flops fraction");
         CHECK(close_to(num(j, "peak_bw_fraction"),
                        num(j, "gbytes_per_s") / num(j, "peak_gbytes_per_s"), 1e-6),
               "conv with peak: bandwidth fraction");
@@ -389,8 +383,8 @@ static void test_peak(void)
 /* Without OMP_WAIT_POLICY, bench says so once and runs again with it. */
 static void test_reexec(void)
 {
-    outcome o = run_bench(false, ARGS("conv", "--T", "8", "--D", "8", "--repeats", "2",
-                                      "--warmup", "0", "--json", "--no-peak"));
+    outcome o = run_bench(false, ARGS("conv", "--T", "8", "--D", "8", "--repeats", "2", "--warmup",
+                                      "0", "--json", "--no-peak"));
     CHECK(o.status == 0, "re-exec: exit %d, stderr '%s'", o.status, o.err);
     CHECK(strstr(o.err, "OMP_WAIT_POLICY=active") != NULL, "re-exec: no note: '%s'", o.err);
     const char *nl = strchr(o.err, '\n');
@@ -399,8 +393,8 @@ static void test_reexec(void)
     cJSON_Delete(j);
     outcome_free(&o);
 
-    o = run_bench(true, ARGS("conv", "--T", "8", "--D", "8", "--repeats", "2", "--json",
-                             "--no-peak"));
+    o = run_bench(true,
+                  ARGS("conv", "--T", "8", "--D", "8", "--repeats", "2", "--json", "--no-peak"));
     CHECK(o.status == 0 && o.err[0] == '\0', "policy set: exit %d, stderr '%s'", o.status, o.err);
     outcome_free(&o);
 }

@@ -29,7 +29,8 @@ typedef struct worker {
 
 static void fail(worker *w, const char *what, const char *detail)
 {
-    if (!w->failure[0]) snprintf(w->failure, sizeof w->failure, "thread %d: %s: %s", w->id, what, detail);
+    if (!w->failure[0])
+        snprintf(w->failure, sizeof w->failure, "thread %d: %s: %s", w->id, what, detail);
 }
 
 /* A call that must fail with a message only this thread can have produced: the negative size
@@ -73,7 +74,8 @@ static void *work(void *arg)
             else if (linseq_last_error()[0] != '\0')
                 fail(w, "a success kept a message (another thread's error?)", linseq_last_error());
             for (int k = 0; k < job_outputs(j); k++) {
-                if (st == LINSEQ_OK && !tu_same_bits(out[k], expected[i][k], job_output_len(j, k))) {
+                if (st == LINSEQ_OK &&
+                    !tu_same_bits(out[k], expected[i][k], job_output_len(j, k))) {
                     char what[160];
                     snprintf(what, sizeof what, "%s, %d threads", job_name(j), threads);
                     fail(w, what, job_output_name(j, k));

@@ -24,8 +24,8 @@
 /* The ISA whose kernels the numeric tests run; main sets it to each one the CPU has. */
 static ls_isa test_isa = LS_ISA_SCALAR;
 
-static linseq_status conv_forward(const linseq_conv1d_problem *p, const linseq_exec *exec,
-                                  float *y, float *conv_state_out)
+static linseq_status conv_forward(const linseq_conv1d_problem *p, const linseq_exec *exec, float *y,
+                                  float *conv_state_out)
 {
     return ls_conv1d_forward_isa(p, exec, y, conv_state_out, test_isa);
 }
@@ -79,9 +79,16 @@ static void conv_make(conv_data *c, const conv_spec *sp, uint64_t seed)
         tu_fill_normal(&rng, c->state, c->n_state, 1.0);
     }
     linseq_conv1d_problem p = {
-        .B = sp->B, .T = sp->T, .D = sp->D, .W = sp->W,
-        .cu_seqlens = sp->cu_seqlens, .n_seqs = sp->n_seqs,
-        .x = c->x, .weight = c->weight, .bias = c->bias, .conv_state = c->state,
+        .B = sp->B,
+        .T = sp->T,
+        .D = sp->D,
+        .W = sp->W,
+        .cu_seqlens = sp->cu_seqlens,
+        .n_seqs = sp->n_seqs,
+        .x = c->x,
+        .weight = c->weight,
+        .bias = c->bias,
+        .conv_state = c->state,
         .activation = sp->act,
     };
     c->p = p;
@@ -104,8 +111,14 @@ static void test_hand_example(void)
     const float state[2] = {10.0f, 20.0f};
     const float y_expect[3] = {0.25f + 5.0f - 20.0f + 2.0f, 0.25f + 10.0f - 1.0f + 4.0f,
                                0.25f + 0.5f - 2.0f + 6.0f};
-    linseq_conv1d_problem p = {.B = 1, .T = 3, .D = 1, .W = 3, .x = x, .weight = weight,
-                               .bias = bias, .conv_state = state};
+    linseq_conv1d_problem p = {.B = 1,
+                               .T = 3,
+                               .D = 1,
+                               .W = 3,
+                               .x = x,
+                               .weight = weight,
+                               .bias = bias,
+                               .conv_state = state};
     float y[3], state_out[2], y_ref[3], state_ref[2];
     CHECK_OK(conv_forward(&p, NULL, y, state_out));
     ls_conv1d_reference(&p, y_ref, state_ref);
@@ -157,8 +170,12 @@ static void test_against_reference(void)
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
         for (size_t ti = 0; ti < sizeof lengths / sizeof lengths[0]; ti++)
             for (size_t di = 0; di < sizeof channels / sizeof channels[0]; di++, variant++) {
-                conv_spec sp = {.B = 2, .T = lengths[ti], .D = channels[di], .W = widths[wi],
-                                .bias = variant % 2 == 0, .state = variant % 3 != 0,
+                conv_spec sp = {.B = 2,
+                                .T = lengths[ti],
+                                .D = channels[di],
+                                .W = widths[wi],
+                                .bias = variant % 2 == 0,
+                                .state = variant % 3 != 0,
                                 .act = (linseq_activation)(variant % 6)};
                 snprintf(label, sizeof label, "W=%lld T=%lld D=%lld bias=%d state=%d act=%d",
                          (long long)sp.W, (long long)sp.T, (long long)sp.D, sp.bias, sp.state,
@@ -166,8 +183,8 @@ static void test_against_reference(void)
                 check_against_reference(&sp, 1000 + (uint64_t)variant, label);
             }
     /* Several channel spans and token chunks of the forward's items, the last span ragged. */
-    const conv_spec wide = {.B = 2, .T = 200, .D = 600, .W = 4, .bias = true, .state = true,
-                            .act = LINSEQ_ACT_SILU};
+    const conv_spec wide = {
+        .B = 2, .T = 200, .D = 600, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
     check_against_reference(&wide, 1090, "D=600 T=200");
 }
 
@@ -213,7 +230,12 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
 {
     int64_t T = 0;
     for (int i = 0; i < n_pieces; i++) T += pieces[i];
-    conv_spec sp = {.B = 2, .T = T, .D = 67, .W = W, .bias = true, .state = initial_state,
+    conv_spec sp = {.B = 2,
+                    .T = T,
+                    .D = 67,
+                    .W = W,
+                    .bias = true,
+                    .state = initial_state,
                     .act = LINSEQ_ACT_SILU};
     conv_data c;
     conv_make(&c, &sp, 1200 + (uint64_t)W);
@@ -237,7 +259,8 @@ static void check_chaining(int64_t W, const int64_t *pieces, int n_pieces, bool 
         tu_place_tokens(y_piece, sp.B, T, sp.D, t0, len, y_pieces);
         t0 += len;
     }
-    CHECK(tu_same_bits(y_full, y_pieces, c.n_y), "%s: y of the pieces differs from one call", label);
+    CHECK(tu_same_bits(y_full, y_pieces, c.n_y), "%s: y of the pieces differs from one call",
+          label);
     CHECK(tu_same_bits(state_full, state, c.n_state), "%s: the final state differs from one call",
           label);
     free(y_full);
@@ -284,8 +307,15 @@ static void test_varlen(void)
     static const int64_t cu[] = {0, 2, 2, 30, 31, 45};
     const int64_t n_seqs = 5, D = 70, W = 4;
     for (int with_state = 0; with_state <= 1; with_state++) {
-        conv_spec sp = {.B = 1, .T = 45, .D = D, .W = W, .bias = true, .state = with_state,
-                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = n_seqs};
+        conv_spec sp = {.B = 1,
+                        .T = 45,
+                        .D = D,
+                        .W = W,
+                        .bias = true,
+                        .state = with_state,
+                        .act = LINSEQ_ACT_SILU,
+                        .cu_seqlens = cu,
+                        .n_seqs = n_seqs};
         conv_data c;
         conv_make(&c, &sp, 1300 + (uint64_t)with_state);
         float *y = tu_alloc_poisoned(c.n_y), *state_out = tu_alloc_poisoned(c.n_state);
@@ -326,12 +356,15 @@ static void test_varlen(void)
 static void test_threads(void)
 {
     static const int64_t cu[] = {0, 50, 51, 90};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const conv_spec specs[] = {
         {.B = 3, .T = 40, .D = 200, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU},
         {.B = 1, .T = 90, .D = 150, .W = 3, .state = true, .cu_seqlens = cu, .n_seqs = 3},
         {.B = 1, .T = 150, .D = 1100, .W = 4, .bias = true, .state = true,
          .act = LINSEQ_ACT_SILU}, /* several spans and chunks */
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         conv_data c;
         conv_make(&c, &specs[i], 1400 + i);
@@ -382,8 +415,7 @@ static void test_width_one(void)
 /* ==================================================================================== */
 
 enum { CG_DX, CG_DW, CG_DBIAS, CG_DSTATE, N_CONV_GRADS };
-static const char *const conv_grad_names[N_CONV_GRADS] = {"dx", "dweight", "dbias",
-                                                          "dconv_state"};
+static const char *const conv_grad_names[N_CONV_GRADS] = {"dx", "dweight", "dbias", "dconv_state"};
 
 /* The upstream gradients, and every gradient the problem has: from the fast backward (float,
  * poisoned before the call so that an element it never writes cannot pass) and from the
@@ -430,8 +462,8 @@ static void conv_bwd_free(conv_bwd *b)
 
 static linseq_conv1d_grads conv_grads_of(float *const g[N_CONV_GRADS])
 {
-    linseq_conv1d_grads out = {.dx = g[CG_DX], .dweight = g[CG_DW], .dbias = g[CG_DBIAS],
-                               .dconv_state = g[CG_DSTATE]};
+    linseq_conv1d_grads out = {
+        .dx = g[CG_DX], .dweight = g[CG_DW], .dbias = g[CG_DBIAS], .dconv_state = g[CG_DSTATE]};
     return out;
 }
 
@@ -443,8 +475,10 @@ static void conv_run_backward(const conv_data *c, conv_bwd *b, const linseq_exec
 
 static void conv_run_reference_backward(const conv_data *c, conv_bwd *b)
 {
-    const ls_conv1d_grads_f64 g = {.dx = b->ref[CG_DX], .dweight = b->ref[CG_DW],
-                                   .dbias = b->ref[CG_DBIAS], .dconv_state = b->ref[CG_DSTATE]};
+    const ls_conv1d_grads_f64 g = {.dx = b->ref[CG_DX],
+                                   .dweight = b->ref[CG_DW],
+                                   .dbias = b->ref[CG_DBIAS],
+                                   .dconv_state = b->ref[CG_DSTATE]};
     CHECK_OK(ls_conv1d_backward_reference(&c->p, b->d_y, b->d_state_out, &g));
 }
 
@@ -493,8 +527,12 @@ static void test_backward_against_reference(void)
     for (size_t wi = 0; wi < sizeof widths / sizeof widths[0]; wi++)
         for (size_t ti = 0; ti < sizeof lengths / sizeof lengths[0]; ti++)
             for (size_t di = 0; di < sizeof channels / sizeof channels[0]; di++, variant++) {
-                conv_spec sp = {.B = 2, .T = lengths[ti], .D = channels[di], .W = widths[wi],
-                                .bias = variant % 2 == 0, .state = variant % 3 != 0,
+                conv_spec sp = {.B = 2,
+                                .T = lengths[ti],
+                                .D = channels[di],
+                                .W = widths[wi],
+                                .bias = variant % 2 == 0,
+                                .state = variant % 3 != 0,
                                 .act = (linseq_activation)(variant % 6)};
                 const bool d_state_out = variant % 4 != 1;
                 snprintf(label, sizeof label,
@@ -504,18 +542,30 @@ static void test_backward_against_reference(void)
                 check_conv_backward(&sp, d_state_out, 4000 + 2 * (uint64_t)variant, label, worst);
             }
     for (int64_t W = 1; W <= 5; W += 2) {
-        conv_spec sp = {.B = 1, .T = 140, .D = 70, .W = W, .bias = true, .state = true,
-                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = 5};
+        conv_spec sp = {.B = 1,
+                        .T = 140,
+                        .D = 70,
+                        .W = W,
+                        .bias = true,
+                        .state = true,
+                        .act = LINSEQ_ACT_SILU,
+                        .cu_seqlens = cu,
+                        .n_seqs = 5};
         snprintf(label, sizeof label, "backward varlen W=%lld", (long long)W);
         check_conv_backward(&sp, true, 4200 + (uint64_t)W, label, worst);
     }
     /* Items of several blocks, the last ragged; several token chunks; a window wider than
      * the ring's chunk of tokens. */
-    const conv_spec wide = {.B = 2, .T = 150, .D = 600, .W = 4, .bias = true, .state = true,
+    const conv_spec wide = {.B = 2,
+                            .T = 150,
+                            .D = 600,
+                            .W = 4,
+                            .bias = true,
+                            .state = true,
                             .act = LINSEQ_ACT_GELU_TANH};
     check_conv_backward(&wide, true, 4250, "backward D=600", worst);
-    const conv_spec long_window = {.B = 1, .T = 90, .D = 70, .W = 20, .bias = true,
-                                   .state = true, .act = LINSEQ_ACT_SILU};
+    const conv_spec long_window = {
+        .B = 1, .T = 90, .D = 70, .W = 20, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
     check_conv_backward(&long_window, true, 4260, "backward W=20", worst);
     print_conv_worst("backward vs double reference", worst);
 }
@@ -597,13 +647,25 @@ static void test_backward_finite_differences(void)
     double worst[2] = {0.0, 0.0};
     char label[80];
     for (int act = LINSEQ_ACT_DEFAULT; act < LINSEQ_ACT_RELU; act++) {
-        conv_spec sp = {.B = 2, .T = 7, .D = 5, .W = 4, .bias = true, .state = act % 2 == 0,
+        conv_spec sp = {.B = 2,
+                        .T = 7,
+                        .D = 5,
+                        .W = 4,
+                        .bias = true,
+                        .state = act % 2 == 0,
                         .act = (linseq_activation)act};
         snprintf(label, sizeof label, "finite differences, activation %d", act);
         check_conv_finite_differences(&sp, 4300 + (uint64_t)act, label, worst);
     }
-    conv_spec varlen = {.B = 1, .T = 9, .D = 5, .W = 3, .bias = true, .state = true,
-                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = 3};
+    conv_spec varlen = {.B = 1,
+                        .T = 9,
+                        .D = 5,
+                        .W = 3,
+                        .bias = true,
+                        .state = true,
+                        .act = LINSEQ_ACT_SILU,
+                        .cu_seqlens = cu,
+                        .n_seqs = 3};
     check_conv_finite_differences(&varlen, 4310, "finite differences, varlen", worst);
     conv_spec single = {.B = 2, .T = 6, .D = 3, .W = 1, .bias = true, .act = LINSEQ_ACT_GELU_TANH};
     check_conv_finite_differences(&single, 4320, "finite differences, W = 1", worst);
@@ -665,8 +727,15 @@ static void test_backward_varlen(void)
     static const int64_t cu[] = {0, 2, 2, 100, 101, 145};
     const int64_t n_seqs = 5, D = 70, W = 4;
     for (int with_state = 0; with_state <= 1; with_state++) {
-        conv_spec sp = {.B = 1, .T = 145, .D = D, .W = W, .bias = true, .state = with_state,
-                        .act = LINSEQ_ACT_SILU, .cu_seqlens = cu, .n_seqs = n_seqs};
+        conv_spec sp = {.B = 1,
+                        .T = 145,
+                        .D = D,
+                        .W = W,
+                        .bias = true,
+                        .state = with_state,
+                        .act = LINSEQ_ACT_SILU,
+                        .cu_seqlens = cu,
+                        .n_seqs = n_seqs};
         conv_data c;
         conv_make(&c, &sp, 4500 + (uint64_t)with_state);
         conv_bwd all;
@@ -683,8 +752,10 @@ static void test_backward_varlen(void)
                 bool passed = true;
                 for (size_t i = 0; i < row; i++)
                     passed &= dstate[i] == (all.d_state_out ? all.d_state_out[n * row + i] : 0.0f);
-                CHECK(passed, "varlen backward: empty sequence %lld did not pass "
-                              "d_conv_state_out to dconv_state", (long long)n);
+                CHECK(passed,
+                      "varlen backward: empty sequence %lld did not pass "
+                      "d_conv_state_out to dconv_state",
+                      (long long)n);
                 continue;
             }
             conv_data one = c;
@@ -730,8 +801,8 @@ static void test_backward_varlen(void)
 static void check_backward_chained(int64_t W, int64_t first, int64_t T)
 {
     const int64_t B = 2, D = 67;
-    conv_spec sp = {.B = B, .T = T, .D = D, .W = W, .bias = true, .state = true,
-                    .act = LINSEQ_ACT_SILU};
+    conv_spec sp = {
+        .B = B, .T = T, .D = D, .W = W, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
     conv_data c;
     conv_make(&c, &sp, 4600 + (uint64_t)(W * 100 + first));
     conv_bwd whole;
@@ -792,8 +863,8 @@ static void test_backward_chained(void)
 {
     for (int64_t W = 2; W <= 5; W++) {
         check_backward_chained(W, 13, 20);
-        check_backward_chained(W, 1, 20);  /* a first piece shorter than W-1 (for W > 2) */
-        check_backward_chained(W, 100, 103); /* a second piece shorter than W-1 (W = 5)  */
+        check_backward_chained(W, 1, 20);    /* a first piece shorter than W-1 (for W > 2) */
+        check_backward_chained(W, 100, 103); /* a second piece shorter than W-1 (W = 5) */
     }
 }
 
@@ -802,6 +873,8 @@ static void test_backward_chained(void)
 static void test_backward_threads(void)
 {
     static const int64_t cu[] = {0, 50, 51, 90};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const conv_spec specs[] = {
         {.B = 3, .T = 40, .D = 200, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU},
         {.B = 1, .T = 90, .D = 150, .W = 3, .state = true, .cu_seqlens = cu, .n_seqs = 3},
@@ -809,6 +882,7 @@ static void test_backward_threads(void)
         {.B = 2, .T = 70, .D = 1100, .W = 4, .bias = true, .state = true,
          .act = LINSEQ_ACT_SILU},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         conv_data c;
         conv_make(&c, &specs[i], 4700 + i);
@@ -824,8 +898,8 @@ static void test_backward_threads(void)
             conv_run_backward(&c, &b, &ex);
             for (int k = 0; k < N_CONV_GRADS; k++)
                 CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
-                      "spec %zu: %s with %d threads differs from 1 thread", i,
-                      conv_grad_names[k], threads);
+                      "spec %zu: %s with %d threads differs from 1 thread", i, conv_grad_names[k],
+                      threads);
         }
         for (int k = 0; k < N_CONV_GRADS; k++) {
             if (!b.g[k]) continue;
@@ -835,8 +909,8 @@ static void test_backward_threads(void)
             const linseq_conv1d_grads g = conv_grads_of(only);
             CHECK_OK(conv_backward(&c.p, NULL, b.d_y, b.d_state_out, &g));
             CHECK(tu_same_bits(one.g[k], b.g[k], one.n[k]),
-                  "spec %zu: %s alone differs from %s with every gradient", i,
-                  conv_grad_names[k], conv_grad_names[k]);
+                  "spec %zu: %s alone differs from %s with every gradient", i, conv_grad_names[k],
+                  conv_grad_names[k]);
         }
         conv_bwd_free(&one);
         conv_bwd_free(&b);
@@ -870,7 +944,12 @@ static void test_backward_width_one(void)
 static void test_backward_large_inputs(void)
 {
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        conv_spec sp = {.B = 1, .T = 20, .D = 70, .W = 4, .bias = true, .state = true,
+        conv_spec sp = {.B = 1,
+                        .T = 20,
+                        .D = 70,
+                        .W = 4,
+                        .bias = true,
+                        .state = true,
                         .act = (linseq_activation)act};
         conv_data c;
         conv_make(&c, &sp, 4900 + (uint64_t)act);
@@ -931,14 +1010,23 @@ static double vector_ref(ls_ssm_vfn fn, linseq_activation act, double z, double 
     case LS_SSM_VACT_GRAD:
         f = act == LINSEQ_ACT_GELU_TANH ? sg + z * sg * (1.0 - sg) * du
                                         : ls_activate_grad_ref(act, z);
-        if (act == LINSEQ_ACT_SILU) *scale = s * (1.0 + fabs(z) * (1.0 + s));
-        else if (act == LINSEQ_ACT_SIGMOID) *scale = s * (1.0 + s);
+        if (act == LINSEQ_ACT_SILU)
+            *scale = s * (1.0 + fabs(z) * (1.0 + s));
+        else if (act == LINSEQ_ACT_SIGMOID)
+            *scale = s * (1.0 + s);
         else if (act == LINSEQ_ACT_GELU_TANH)
             *scale = (sg + fabs(z) * sg * (1.0 + sg) * du) * (1.0 + fabs(u));
-        else *scale = fabs(f);
+        else
+            *scale = fabs(f);
         return f;
-    case LS_SSM_VSOFTPLUS: f = ls_softplus(z); *scale = fabs(f); return f;
-    default: f = ls_softplus_grad(z); *scale = fabs(f); return f;
+    case LS_SSM_VSOFTPLUS:
+        f = ls_softplus(z);
+        *scale = fabs(f);
+        return f;
+    default:
+        f = ls_softplus_grad(z);
+        *scale = fabs(f);
+        return f;
     }
 }
 
@@ -950,8 +1038,8 @@ static double vector_ref(ls_ssm_vfn fn, linseq_activation act, double z, double 
 static void test_vector_activations(void)
 {
     enum { SWEEP = 4001, EXTRA = 8, N = SWEEP + EXTRA };
-    static const float extra[EXTRA] = {0.0f, -0.0f, 1e-30f, -1e-30f, 19.999998f, 20.000002f,
-                                       88.0f, -88.0f};
+    static const float extra[EXTRA] = {0.0f,       -0.0f,      1e-30f, -1e-30f,
+                                       19.999998f, 20.000002f, 88.0f,  -88.0f};
     float *x = tu_alloc(N), *y = tu_alloc(N);
     for (int i = 0; i < SWEEP; i++) x[i] = (float)(-100.0 + i / 20.0);
     memcpy(x + SWEEP, extra, sizeof extra);
@@ -995,8 +1083,8 @@ static void test_vector_activations(void)
  * given ls_isa_active(). */
 static void test_public_entry_points(void)
 {
-    conv_spec sp = {.B = 2, .T = 30, .D = 70, .W = 4, .bias = true, .state = true,
-                    .act = LINSEQ_ACT_SILU};
+    conv_spec sp = {
+        .B = 2, .T = 30, .D = 70, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
     conv_data c;
     conv_make(&c, &sp, 5000);
     const ls_isa active = ls_isa_active();

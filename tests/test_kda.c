@@ -34,9 +34,8 @@ static linseq_status kda_forward(const linseq_kda_problem *p, const linseq_exec 
     return ls_kda_forward_isa(p, exec, o, ht, test_isa);
 }
 
-static linseq_status kda_decode(const linseq_kda_problem *p, const linseq_exec *exec,
-                                float *state, int64_t n_state_rows, const int64_t *state_rows,
-                                float *o)
+static linseq_status kda_decode(const linseq_kda_problem *p, const linseq_exec *exec, float *state,
+                                int64_t n_state_rows, const int64_t *state_rows, float *o)
 {
     return ls_kda_decode_isa(p, exec, state, n_state_rows, state_rows, o, test_isa);
 }
@@ -53,8 +52,7 @@ static size_t o_len(const kda_fixture *f)
     return (size_t)(f->s.B * f->s.T * HV * f->s.V);
 }
 
-static void run(const kda_fixture *f, linseq_mode mode, int chunk, int threads, float *o,
-                float *ht)
+static void run(const kda_fixture *f, linseq_mode mode, int chunk, int threads, float *o, float *ht)
 {
     linseq_exec ex = {.mode = mode, .chunk_size = chunk, .threads = threads};
     CHECK_OK(kda_forward(&f->p, &ex, o, ht));
@@ -115,15 +113,22 @@ static void test_shapes_and_regimes(void)
             /* the big heads only at one length: the double reference is slow */
             if (dims[d][0] >= 128 && lens[t] != 130) continue;
             for (int dk = 0; dk < 3; dk++) {
-                kda_spec s = {.B = 2, .T = lens[t], .H = 2, .K = dims[d][0], .V = dims[d][1],
-                              .decay = (linseq_decay)dk, .l2norm = (seed % 2) == 0,
-                              .with_h0 = (seed % 3) != 0, .gmag = 0.3,
-                              .regime = GATE_RAND, .seed = seed};
+                kda_spec s = {.B = 2,
+                              .T = lens[t],
+                              .H = 2,
+                              .K = dims[d][0],
+                              .V = dims[d][1],
+                              .decay = (linseq_decay)dk,
+                              .l2norm = (seed % 2) == 0,
+                              .with_h0 = (seed % 3) != 0,
+                              .gmag = 0.3,
+                              .regime = GATE_RAND,
+                              .seed = seed};
                 seed++; /* after the initializer, whose expressions are unordered */
                 if (dims[d][0] >= 128) s.B = 1, s.H = 1;
                 char what[96];
-                snprintf(what, sizeof what, "K=%lld V=%lld T=%lld decay=%d",
-                         (long long)s.K, (long long)s.V, (long long)s.T, dk);
+                snprintf(what, sizeof what, "K=%lld V=%lld T=%lld decay=%d", (long long)s.K,
+                         (long long)s.V, (long long)s.T, dk);
                 check_against_reference(&s, what);
             }
         }
@@ -134,9 +139,17 @@ static void test_shapes_and_regimes(void)
     for (int dk = 1; dk <= 2; dk++) {
         for (size_t m = 0; m < sizeof mags / sizeof mags[0]; m++) {
             for (int regime = GATE_ZERO; regime <= GATE_EXTREME; regime++) {
-                kda_spec s = {.B = 1, .T = 200, .H = 2, .K = 48, .V = 40,
-                              .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed};
+                kda_spec s = {.B = 1,
+                              .T = 200,
+                              .H = 2,
+                              .K = 48,
+                              .V = 40,
+                              .decay = (linseq_decay)dk,
+                              .l2norm = true,
+                              .with_h0 = true,
+                              .gmag = mags[m],
+                              .regime = (gate_regime)regime,
+                              .seed = seed};
                 seed++; /* after the initializer, whose expressions are unordered */
                 char what[96];
                 snprintf(what, sizeof what, "regime %d gmag %g decay %d", regime, mags[m], dk);
@@ -149,8 +162,16 @@ static void test_shapes_and_regimes(void)
 /* Non-default scale, no l2norm, unnormalised keys. */
 static void test_scale(void)
 {
-    kda_spec s = {.B = 1, .T = 33, .H = 2, .K = 32, .V = 32, .decay = LINSEQ_DECAY_PER_CHANNEL,
-                  .with_h0 = true, .gmag = 0.3, .regime = GATE_RAND, .seed = 77};
+    kda_spec s = {.B = 1,
+                  .T = 33,
+                  .H = 2,
+                  .K = 32,
+                  .V = 32,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .with_h0 = true,
+                  .gmag = 0.3,
+                  .regime = GATE_RAND,
+                  .seed = 77};
     kda_fixture f;
     kda_fixture_make(&f, &s);
     f.p.scale = 1.0f;
@@ -174,10 +195,17 @@ static void test_scale(void)
 static void test_chunked_equals_recurrent(void)
 {
     for (int trial = 0; trial < 6; trial++) {
-        kda_spec s = {.B = 1 + trial % 2, .T = 300 + 37 * trial, .H = 2, .K = 64 + 8 * trial,
-                      .V = 80 - 8 * trial, .decay = (linseq_decay)(1 + trial % 2),
-                      .l2norm = true, .with_h0 = trial % 2 == 0, .gmag = trial < 3 ? 0.1 : 1.5,
-                      .regime = trial == 5 ? GATE_EXTREME : GATE_RAND, .seed = 500u + trial};
+        kda_spec s = {.B = 1 + trial % 2,
+                      .T = 300 + 37 * trial,
+                      .H = 2,
+                      .K = 64 + 8 * trial,
+                      .V = 80 - 8 * trial,
+                      .decay = (linseq_decay)(1 + trial % 2),
+                      .l2norm = true,
+                      .with_h0 = trial % 2 == 0,
+                      .gmag = trial < 3 ? 0.1 : 1.5,
+                      .regime = trial == 5 ? GATE_EXTREME : GATE_RAND,
+                      .seed = 500u + trial};
         kda_fixture f;
         kda_fixture_make(&f, &s);
         const size_t no = o_len(&f);
@@ -207,9 +235,19 @@ static void test_varlen_equals_separate(void)
     static const int64_t cu[] = {0, 17, 17, 64, 65, 230};
     const int64_t n_seqs = 5, T = 230;
     for (int mode = 0; mode < 2; mode++) {
-        kda_spec s = {.B = 1, .T = T, .H = 2, .HV = 4, .K = 24, .V = 20,
-                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                      .gmag = 0.5, .regime = GATE_RAND, .n_seqs = n_seqs, .cu = cu,
+        kda_spec s = {.B = 1,
+                      .T = T,
+                      .H = 2,
+                      .HV = 4,
+                      .K = 24,
+                      .V = 20,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .gmag = 0.5,
+                      .regime = GATE_RAND,
+                      .n_seqs = n_seqs,
+                      .cu = cu,
                       .seed = 900};
         kda_fixture f;
         kda_fixture_make(&f, &s);
@@ -236,11 +274,13 @@ static void test_varlen_equals_separate(void)
                 p.h0 = f.h0 + n * rowlen;
                 linseq_exec ex = {.mode = m, .chunk_size = 32};
                 CHECK_OK(kda_forward(&p, &ex, o1, h1));
-                same &= memcmp(o1, o + cu[n] * HV * 20, sizeof(float) * (size_t)(len * HV * 20)) == 0;
+                same &=
+                    memcmp(o1, o + cu[n] * HV * 20, sizeof(float) * (size_t)(len * HV * 20)) == 0;
                 same &= memcmp(h1, ht + n * rowlen, sizeof(float) * (size_t)rowlen) == 0;
             } else {
                 /* an empty sequence hands its initial state through unchanged */
-                same &= memcmp(f.h0 + n * rowlen, ht + n * rowlen, sizeof(float) * (size_t)rowlen) == 0;
+                same &=
+                    memcmp(f.h0 + n * rowlen, ht + n * rowlen, sizeof(float) * (size_t)rowlen) == 0;
             }
             free(o1);
             free(h1);
@@ -249,7 +289,8 @@ static void test_varlen_equals_separate(void)
         /* and both agree with the reference */
         float *o_ref = tu_alloc(no), *h_ref = tu_alloc(f.n_state);
         CHECK_OK(ls_kda_reference(&f.p, o_ref, h_ref));
-        CHECK(tu_rel_err(o, o_ref, no) <= TOL_VS_REF && tu_rel_err(ht, h_ref, f.n_state) <= TOL_VS_REF,
+        CHECK(tu_rel_err(o, o_ref, no) <= TOL_VS_REF &&
+                  tu_rel_err(ht, h_ref, f.n_state) <= TOL_VS_REF,
               "varlen vs reference");
         free(o_ref);
         free(h_ref);
@@ -264,9 +305,18 @@ static void test_gva_equals_repeated_heads(void)
 {
     const int64_t B = 2, T = 70, H = 2, G = 3, HV = H * G, K = 16, V = 12;
     for (int mode = 0; mode < 2; mode++) {
-        kda_spec s = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
-                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                      .gmag = 0.5, .regime = GATE_RAND, .seed = 1000};
+        kda_spec s = {.B = B,
+                      .T = T,
+                      .H = H,
+                      .HV = HV,
+                      .K = K,
+                      .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .gmag = 0.5,
+                      .regime = GATE_RAND,
+                      .seed = 1000};
         kda_fixture f;
         kda_fixture_make(&f, &s);
         float *q2 = tu_alloc((size_t)(B * T * HV * K)), *k2 = tu_alloc((size_t)(B * T * HV * K));
@@ -302,8 +352,16 @@ static void test_gva_equals_repeated_heads(void)
 static void test_v_first_equals_transposed(void)
 {
     const int64_t K = 20, V = 28;
-    kda_spec s = {.B = 2, .T = 50, .H = 2, .K = K, .V = V, .decay = LINSEQ_DECAY_PER_HEAD,
-                  .l2norm = true, .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND,
+    kda_spec s = {.B = 2,
+                  .T = 50,
+                  .H = 2,
+                  .K = K,
+                  .V = V,
+                  .decay = LINSEQ_DECAY_PER_HEAD,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.4,
+                  .regime = GATE_RAND,
                   .seed = 1100};
     kda_fixture f;
     kda_fixture_make(&f, &s);
@@ -342,9 +400,19 @@ static void test_prefill_then_decode(void)
 {
     const int64_t B = 3, T1 = 45, T2 = 6, T = T1 + T2, H = 2, HV = 4, K = 16, V = 24;
     for (int vfirst = 0; vfirst < 2; vfirst++) {
-        kda_spec s = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
-                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                      .v_first = vfirst, .gmag = 0.3, .regime = GATE_RAND, .seed = 1200};
+        kda_spec s = {.B = B,
+                      .T = T,
+                      .H = H,
+                      .HV = HV,
+                      .K = K,
+                      .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .v_first = vfirst,
+                      .gmag = 0.3,
+                      .regime = GATE_RAND,
+                      .seed = 1200};
         kda_fixture f;
         kda_fixture_make(&f, &s);
         const size_t no = o_len(&f);
@@ -404,9 +472,17 @@ static void test_prefill_then_decode(void)
 static void test_decode_pool(void)
 {
     const int64_t B = 4, H = 1, HV = 2, K = 8, V = 8, rows = 7, rowlen = HV * K * V;
-    kda_spec s = {.B = B, .T = 1, .H = H, .HV = HV, .K = K, .V = V,
-                  .decay = LINSEQ_DECAY_PER_HEAD, .l2norm = true, .gmag = 0.3,
-                  .regime = GATE_RAND, .seed = 1300};
+    kda_spec s = {.B = B,
+                  .T = 1,
+                  .H = H,
+                  .HV = HV,
+                  .K = K,
+                  .V = V,
+                  .decay = LINSEQ_DECAY_PER_HEAD,
+                  .l2norm = true,
+                  .gmag = 0.3,
+                  .regime = GATE_RAND,
+                  .seed = 1300};
     kda_fixture f;
     kda_fixture_make(&f, &s);
     tu_rng r = {99};
@@ -457,9 +533,18 @@ static void test_gate_in_kernel(void)
         for (int lb = 0; lb < 2; lb++) {
             const int64_t B = 2, T = 90, H = 2, HV = 4, K = 24, V = 16;
             const int64_t gK = dk == 2 ? K : 1;
-            kda_spec s = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
-                          .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                          .gmag = 1.0, .regime = GATE_RAND, .seed = 1400u + 2 * dk + lb};
+            kda_spec s = {.B = B,
+                          .T = T,
+                          .H = H,
+                          .HV = HV,
+                          .K = K,
+                          .V = V,
+                          .decay = (linseq_decay)dk,
+                          .l2norm = true,
+                          .with_h0 = true,
+                          .gmag = 1.0,
+                          .regime = GATE_RAND,
+                          .seed = 1400u + 2 * dk + lb};
             kda_fixture f;
             kda_fixture_make(&f, &s);
             tu_rng r = {s.seed};
@@ -471,8 +556,14 @@ static void test_gate_in_kernel(void)
             const float lower = lb ? -5.0f : 0.0f;
 
             float *g = tu_alloc(f.n_g);
-            linseq_kda_gate_problem gp = {.B = B, .T = T, .H = HV, .K = K, .decay = (linseq_decay)dk,
-                                          .g_raw = f.g, .A_log = A_log, .dt_bias = dt_bias,
+            linseq_kda_gate_problem gp = {.B = B,
+                                          .T = T,
+                                          .H = HV,
+                                          .K = K,
+                                          .decay = (linseq_decay)dk,
+                                          .g_raw = f.g,
+                                          .A_log = A_log,
+                                          .dt_bias = dt_bias,
                                           .lower_bound = lower};
             CHECK_OK(kda_gate_forward(&gp, NULL, g));
 
@@ -513,15 +604,24 @@ static void test_gate_in_kernel(void)
 /* beta logits with the in-kernel sigmoid, and l2norm in kernel, against doing them outside. */
 static void test_beta_logit_and_l2norm(void)
 {
-    kda_spec s = {.B = 2, .T = 77, .H = 2, .K = 40, .V = 24, .decay = LINSEQ_DECAY_PER_CHANNEL,
-                  .l2norm = true, .with_h0 = true, .gmag = 0.3, .regime = GATE_RAND,
+    kda_spec s = {.B = 2,
+                  .T = 77,
+                  .H = 2,
+                  .K = 40,
+                  .V = 24,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.3,
+                  .regime = GATE_RAND,
                   .seed = 1500};
     kda_fixture f;
     kda_fixture_make(&f, &s);
     tu_rng r = {3};
     float *logits = tu_alloc(f.n_beta), *qn = tu_alloc(f.n_qk), *kn = tu_alloc(f.n_qk);
     tu_fill_normal(&r, logits, f.n_beta, 2.0);
-    for (size_t i = 0; i < f.n_beta; i++) f.beta[i] = (float)(1.0 / (1.0 + exp(-(double)logits[i])));
+    for (size_t i = 0; i < f.n_beta; i++)
+        f.beta[i] = (float)(1.0 / (1.0 + exp(-(double)logits[i])));
     for (size_t row = 0; row < f.n_qk / 40; row++) {
         double sq = 0, sk = 0;
         for (int i = 0; i < 40; i++) {
@@ -560,8 +660,16 @@ static void test_beta_logit_and_l2norm(void)
 /* No decay == per-head g = 0, and per-head == per-channel with g broadcast over K. */
 static void test_decay_kinds_agree(void)
 {
-    kda_spec s = {.B = 1, .T = 100, .H = 2, .K = 20, .V = 12, .decay = LINSEQ_DECAY_PER_HEAD,
-                  .l2norm = true, .with_h0 = true, .gmag = 0.7, .regime = GATE_RAND,
+    kda_spec s = {.B = 1,
+                  .T = 100,
+                  .H = 2,
+                  .K = 20,
+                  .V = 12,
+                  .decay = LINSEQ_DECAY_PER_HEAD,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.7,
+                  .regime = GATE_RAND,
                   .seed = 1600};
     kda_fixture f;
     kda_fixture_make(&f, &s);
@@ -597,9 +705,18 @@ static void test_decay_kinds_agree(void)
 /* Bitwise identical for 1, 2 and 3 threads; ht may be h0 itself. */
 static void test_threads_and_in_place(void)
 {
-    kda_spec s = {.B = 3, .T = 70, .H = 2, .HV = 4, .K = 16, .V = 16,
-                  .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                  .gmag = 0.5, .regime = GATE_RAND, .seed = 1700};
+    kda_spec s = {.B = 3,
+                  .T = 70,
+                  .H = 2,
+                  .HV = 4,
+                  .K = 16,
+                  .V = 16,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.5,
+                  .regime = GATE_RAND,
+                  .seed = 1700};
     kda_fixture f;
     kda_fixture_make(&f, &s);
     const size_t no = o_len(&f);
@@ -636,8 +753,16 @@ static void test_threads_and_in_place(void)
 static void test_single_item_split(void)
 {
     for (int dk = 1; dk <= 2; dk++) {
-        kda_spec s = {.B = 1, .T = 333, .H = 1, .K = 40, .V = 100, .decay = (linseq_decay)dk,
-                      .l2norm = true, .with_h0 = true, .gmag = 0.5, .regime = GATE_RAND,
+        kda_spec s = {.B = 1,
+                      .T = 333,
+                      .H = 1,
+                      .K = 40,
+                      .V = 100,
+                      .decay = (linseq_decay)dk,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .gmag = 0.5,
+                      .regime = GATE_RAND,
                       .seed = 1800u + (uint64_t)dk};
         kda_fixture f;
         kda_fixture_make(&f, &s);
@@ -652,8 +777,8 @@ static void test_single_item_split(void)
             for (int t = 2; t <= 3; t++) {
                 run(&f, m, 32, t, o2, h2);
                 CHECK(tu_same_bits(o1, o2, no) && tu_same_bits(h1, h2, f.n_state),
-                      "decay %d mode %d: one item on %d threads differs from one thread", dk,
-                      mode, t);
+                      "decay %d mode %d: one item on %d threads differs from one thread", dk, mode,
+                      t);
             }
         }
         free(o1), free(o2), free(h1), free(h2), free(o_ref);
@@ -674,8 +799,14 @@ static void test_gate_op(void)
             tu_fill_normal(&r, raw, n, 10.0); /* reaches the softplus threshold both ways */
             tu_fill_normal(&r, bias, (size_t)(H * gK), 1.0);
             for (int i = 0; i < 3; i++) A_log[i] = (float)tu_uniform(&r, -1.0, 2.8);
-            linseq_kda_gate_problem p = {.B = B, .T = T, .H = H, .K = K, .decay = (linseq_decay)dk,
-                                         .g_raw = raw, .A_log = A_log, .dt_bias = bias,
+            linseq_kda_gate_problem p = {.B = B,
+                                         .T = T,
+                                         .H = H,
+                                         .K = K,
+                                         .decay = (linseq_decay)dk,
+                                         .g_raw = raw,
+                                         .A_log = A_log,
+                                         .dt_bias = bias,
                                          .lower_bound = lb ? -5.0f : 0.0f};
             CHECK_OK(kda_gate_forward(&p, NULL, g));
             ls_kda_gate_reference(&p, ref);
@@ -718,9 +849,18 @@ static void test_gate_op(void)
 static void test_public_entry_points(void)
 {
     const ls_isa active = ls_isa_active();
-    kda_spec s = {.B = 2, .T = 70, .H = 2, .HV = 4, .K = 40, .V = 36,
-                  .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                  .gmag = 0.3, .regime = GATE_RAND, .seed = 4100};
+    kda_spec s = {.B = 2,
+                  .T = 70,
+                  .H = 2,
+                  .HV = 4,
+                  .K = 40,
+                  .V = 36,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.3,
+                  .regime = GATE_RAND,
+                  .seed = 4100};
     kda_fixture f;
     kda_fixture_make(&f, &s);
     const size_t no = o_len(&f);
@@ -743,8 +883,8 @@ static void test_public_entry_points(void)
     CHECK(tu_same_bits(o, o_isa, n1) && tu_same_bits(ht, ht_isa, f.n_state),
           "linseq_kda_decode differs from the %s kernels", ls_isa_name(active));
     /* the gate over the fixture's g as raw input */
-    linseq_kda_gate_problem gp = {.B = s.B, .T = s.T, .H = s.HV, .K = s.K, .decay = s.decay,
-                                  .g_raw = f.g};
+    linseq_kda_gate_problem gp = {
+        .B = s.B, .T = s.T, .H = s.HV, .K = s.K, .decay = s.decay, .g_raw = f.g};
     float *g = tu_alloc(f.n_g), *g_isa = tu_alloc_poisoned(f.n_g);
     CHECK_OK(linseq_kda_gate_forward(&gp, NULL, g));
     CHECK_OK(ls_kda_gate_forward_isa(&gp, NULL, g_isa, active));
@@ -762,10 +902,10 @@ static int isa_child(void)
 {
     const char *isa = linseq_isa();
     printf("linseq_isa %s|%s\n", isa, linseq_last_error());
-#define REPORT(name, call)                                                                   \
-    do {                                                                                     \
-        const linseq_status st_ = (call);                                                    \
-        printf("%s %d|%s\n", name, (int)st_, linseq_last_error());                           \
+#define REPORT(name, call)                                                                         \
+    do {                                                                                           \
+        const linseq_status st_ = (call);                                                          \
+        printf("%s %d|%s\n", name, (int)st_, linseq_last_error());                                 \
     } while (0)
     REPORT("linseq_kda_forward", linseq_kda_forward(NULL, NULL, NULL, NULL));
     REPORT("linseq_kda_forward_train", linseq_kda_forward_train(NULL, NULL, NULL, NULL, NULL, 0));
@@ -812,8 +952,8 @@ static void check_isa_child(const char *value, const char *out, linseq_status wa
         if (sscanf(line + 1, "%63s %d", name, &st) != 2) continue;
         calls++;
         const char *msg = strchr(line + 1, '|');
-        CHECK(st == (int)want, "LINSEQ_ISA=\"%s\": %s returned %d, expected %d", value, name,
-              st, (int)want);
+        CHECK(st == (int)want, "LINSEQ_ISA=\"%s\": %s returned %d, expected %d", value, name, st,
+              (int)want);
         if (want == LINSEQ_ERR_NULL_POINTER || !msg) continue;
         char quoted[64];
         snprintf(quoted, sizeof quoted, "\"%s\"", value);
@@ -846,8 +986,9 @@ static void test_isa_environment(const char *self)
         if (u == 0) { /* one refusal, quoted in the log */
             const char *msg = strchr(out, '|');
             msg = msg ? strchr(msg + 1, '|') : NULL; /* the first entry point's */
-            if (msg) printf("LINSEQ_ISA=%s refused: %.*s\n", unknown[u],
-                            (int)strcspn(msg + 1, "\n"), msg + 1);
+            if (msg)
+                printf("LINSEQ_ISA=%s refused: %.*s\n", unknown[u], (int)strcspn(msg + 1, "\n"),
+                       msg + 1);
         }
     }
     /* every ISA by name, in upper case: the CPU's run it, the others are refused */

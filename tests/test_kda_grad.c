@@ -190,21 +190,84 @@ static void test_reference_against_finite_differences(void)
         float scale;
         bool logit;
     } cases[] = {
-        {{.B = 2, .T = 9, .H = 1, .HV = 2, .K = 5, .V = 4, .decay = LINSEQ_DECAY_PER_CHANNEL,
-          .l2norm = true, .with_h0 = true, .gmag = 0.5, .regime = GATE_RAND, .seed = 11},
-         true, false, 0, 0, false},
-        {{.B = 1, .T = 8, .H = 2, .K = 4, .V = 3, .decay = LINSEQ_DECAY_PER_HEAD,
-          .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .n_seqs = 3, .cu = cu, .seed = 12},
-         true, false, 0, 0, true},
-        {{.B = 1, .T = 7, .H = 1, .K = 6, .V = 5, .decay = LINSEQ_DECAY_PER_CHANNEL,
-          .l2norm = true, .with_h0 = true, .v_first = true, .regime = GATE_RAND, .seed = 13},
-         true, true, 0, 0, false},
-        {{.B = 2, .T = 6, .H = 1, .HV = 2, .K = 4, .V = 4, .decay = LINSEQ_DECAY_PER_HEAD,
-          .l2norm = true, .regime = GATE_RAND, .seed = 14},
-         false, true, -5.0, 0, true},
-        {{.B = 1, .T = 10, .H = 2, .K = 3, .V = 5, .decay = LINSEQ_DECAY_NONE, .with_h0 = true,
+        {{.B = 2,
+          .T = 9,
+          .H = 1,
+          .HV = 2,
+          .K = 5,
+          .V = 4,
+          .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true,
+          .with_h0 = true,
+          .gmag = 0.5,
+          .regime = GATE_RAND,
+          .seed = 11},
+         true,
+         false,
+         0,
+         0,
+         false},
+        {{.B = 1,
+          .T = 8,
+          .H = 2,
+          .K = 4,
+          .V = 3,
+          .decay = LINSEQ_DECAY_PER_HEAD,
+          .with_h0 = true,
+          .gmag = 0.4,
+          .regime = GATE_RAND,
+          .n_seqs = 3,
+          .cu = cu,
+          .seed = 12},
+         true,
+         false,
+         0,
+         0,
+         true},
+        {{.B = 1,
+          .T = 7,
+          .H = 1,
+          .K = 6,
+          .V = 5,
+          .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true,
+          .with_h0 = true,
+          .v_first = true,
+          .regime = GATE_RAND,
+          .seed = 13},
+         true,
+         true,
+         0,
+         0,
+         false},
+        {{.B = 2,
+          .T = 6,
+          .H = 1,
+          .HV = 2,
+          .K = 4,
+          .V = 4,
+          .decay = LINSEQ_DECAY_PER_HEAD,
+          .l2norm = true,
+          .regime = GATE_RAND,
+          .seed = 14},
+         false,
+         true,
+         -5.0,
+         0,
+         true},
+        {{.B = 1,
+          .T = 10,
+          .H = 2,
+          .K = 3,
+          .V = 5,
+          .decay = LINSEQ_DECAY_NONE,
+          .with_h0 = true,
           .seed = 15},
-         true, false, 0, 0.7f, false},
+         true,
+         false,
+         0,
+         0.7f,
+         false},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         grad_case c;
@@ -219,8 +282,8 @@ static void test_reference_against_finite_differences(void)
         ref_grads_alloc(&rg, &c);
         CHECK_OK(ls_kda_reference_backward(&c.f.p, c.d_o, c.d_ht, &rg.g));
         char label[64];
-#define FD(name, arr, n, an)                                                             \
-    snprintf(label, sizeof label, "case %zu %s", ci, name);                            \
+#define FD(name, arr, n, an)                                                                       \
+    snprintf(label, sizeof label, "case %zu %s", ci, name);                                        \
     fd_check(&c, label, arr, n, an)
         FD("q", c.f.q, c.f.n_qk, rg.g.dq);
         FD("k", c.f.k, c.f.n_qk, rg.g.dk);
@@ -292,9 +355,12 @@ static double compare_grads(const fast_grads *f, const ref_grads *r, const char 
         const float *a;
         const double *ref;
         size_t n;
-    } t[] = {{"dq", f->g.dq, r->g.dq, r->n_qk},       {"dk", f->g.dk, r->g.dk, r->n_qk},
-             {"dv", f->g.dv, r->g.dv, r->n_v},        {"dbeta", f->g.dbeta, r->g.dbeta, r->n_beta},
-             {"dg", f->g.dg, r->g.dg, r->n_g},        {"dh0", f->g.dh0, r->g.dh0, r->n_state},
+    } t[] = {{"dq", f->g.dq, r->g.dq, r->n_qk},
+             {"dk", f->g.dk, r->g.dk, r->n_qk},
+             {"dv", f->g.dv, r->g.dv, r->n_v},
+             {"dbeta", f->g.dbeta, r->g.dbeta, r->n_beta},
+             {"dg", f->g.dg, r->g.dg, r->n_g},
+             {"dh0", f->g.dh0, r->g.dh0, r->n_state},
              {"dA_log", f->g.dA_log, r->g.dA_log, r->n_alog},
              {"ddt_bias", f->g.ddt_bias, r->g.ddt_bias, r->n_dtb}};
     double worst = 0.0;
@@ -343,18 +409,26 @@ static void check_backward(grad_case *c, const char *what)
 
 static void test_fast_against_reference(void)
 {
-    static const int64_t dims[][2] = {{16, 16}, {32, 64}, {64, 32}, {60, 60}, {3, 5}, {1, 1},
-                                      {128, 128}};
+    static const int64_t dims[][2] = {{16, 16}, {32, 64}, {64, 32},  {60, 60},
+                                      {3, 5},   {1, 1},   {128, 128}};
     static const int64_t lens[] = {1, 37, 150};
     uint64_t seed = 300;
     for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
         for (size_t t = 0; t < sizeof lens / sizeof lens[0]; t++)
             for (int dk = 0; dk < 3; dk++) {
                 if (dims[d][0] == 128 && lens[t] != 150) continue;
-                kda_spec s = {.B = 2, .T = lens[t], .H = 2, .HV = 4, .K = dims[d][0],
-                              .V = dims[d][1], .decay = (linseq_decay)dk,
-                              .l2norm = seed % 2 == 0, .with_h0 = seed % 3 != 0,
-                              .v_first = seed % 5 == 0, .gmag = 0.5, .regime = GATE_RAND,
+                kda_spec s = {.B = 2,
+                              .T = lens[t],
+                              .H = 2,
+                              .HV = 4,
+                              .K = dims[d][0],
+                              .V = dims[d][1],
+                              .decay = (linseq_decay)dk,
+                              .l2norm = seed % 2 == 0,
+                              .with_h0 = seed % 3 != 0,
+                              .v_first = seed % 5 == 0,
+                              .gmag = 0.5,
+                              .regime = GATE_RAND,
                               .seed = seed};
                 seed++; /* after the initializer, whose expressions are unordered */
                 if (dims[d][0] == 128) s.B = 1, s.H = 1, s.HV = 1;
@@ -374,9 +448,18 @@ static void test_fast_against_reference(void)
     for (int dk = 1; dk <= 2; dk++)
         for (size_t m = 0; m < sizeof mags / sizeof mags[0]; m++)
             for (int regime = GATE_ZERO; regime <= GATE_EXTREME; regime++) {
-                kda_spec s = {.B = 1, .T = 140, .H = 1, .HV = 2, .K = 24, .V = 20,
-                              .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                              .gmag = mags[m], .regime = (gate_regime)regime, .seed = seed};
+                kda_spec s = {.B = 1,
+                              .T = 140,
+                              .H = 1,
+                              .HV = 2,
+                              .K = 24,
+                              .V = 20,
+                              .decay = (linseq_decay)dk,
+                              .l2norm = true,
+                              .with_h0 = true,
+                              .gmag = mags[m],
+                              .regime = (gate_regime)regime,
+                              .seed = seed};
                 seed++; /* after the initializer, whose expressions are unordered */
                 grad_case c;
                 make_case(&c, &s, true, false, 0);
@@ -389,9 +472,19 @@ static void test_fast_against_reference(void)
     static const int64_t cu[] = {0, 40, 40, 41, 170};
     for (int dk = 1; dk <= 2; dk++)
         for (int lb = 0; lb < 2; lb++) {
-            kda_spec s = {.B = 1, .T = 170, .H = 2, .HV = 6, .K = 20, .V = 12,
-                          .decay = (linseq_decay)dk, .l2norm = true, .with_h0 = true,
-                          .v_first = lb, .regime = GATE_RAND, .n_seqs = 4, .cu = cu,
+            kda_spec s = {.B = 1,
+                          .T = 170,
+                          .H = 2,
+                          .HV = 6,
+                          .K = 20,
+                          .V = 12,
+                          .decay = (linseq_decay)dk,
+                          .l2norm = true,
+                          .with_h0 = true,
+                          .v_first = lb,
+                          .regime = GATE_RAND,
+                          .n_seqs = 4,
+                          .cu = cu,
                           .seed = seed};
             seed++; /* after the initializer, whose expressions are unordered */
             grad_case c;
@@ -421,7 +514,8 @@ static void run_backward(const grad_case *c, const linseq_kda_problem *p, linseq
 
 static bool same_grads(const fast_grads *a, const fast_grads *b, const ref_grads *n)
 {
-    const size_t len[8] = {n->n_qk, n->n_qk, n->n_v, n->n_beta, n->n_g, n->n_state, n->n_alog, n->n_dtb};
+    const size_t len[8] = {n->n_qk, n->n_qk,    n->n_v,    n->n_beta,
+                           n->n_g,  n->n_state, n->n_alog, n->n_dtb};
     bool same = true;
     for (int i = 0; i < 8; i++)
         if (a->all[i]) same &= tu_same_bits(a->all[i], b->all[i], len[i]);
@@ -433,11 +527,18 @@ static bool same_grads(const fast_grads *a, const fast_grads *b, const ref_grads
 static void test_recurrent_equals_chunked(void)
 {
     for (int trial = 0; trial < 4; trial++) {
-        kda_spec s = {.B = 1 + trial % 2, .T = 400 + 61 * trial, .H = 2, .HV = 2 + 2 * (trial % 2),
-                      .K = 48 + 16 * trial, .V = 80 - 16 * trial,
-                      .decay = (linseq_decay)(1 + trial % 2), .l2norm = true, .with_h0 = true,
+        kda_spec s = {.B = 1 + trial % 2,
+                      .T = 400 + 61 * trial,
+                      .H = 2,
+                      .HV = 2 + 2 * (trial % 2),
+                      .K = 48 + 16 * trial,
+                      .V = 80 - 16 * trial,
+                      .decay = (linseq_decay)(1 + trial % 2),
+                      .l2norm = true,
+                      .with_h0 = true,
                       .gmag = trial < 2 ? 0.1 : 2.0,
-                      .regime = trial == 3 ? GATE_EXTREME : GATE_RAND, .seed = 700u + trial};
+                      .regime = trial == 3 ? GATE_EXTREME : GATE_RAND,
+                      .seed = 700u + trial};
         grad_case c;
         make_case(&c, &s, true, trial == 2, 0);
         ref_grads shape;
@@ -447,20 +548,21 @@ static void test_recurrent_equals_chunked(void)
         static const int chunks[] = {16, 64, 128};
         for (int ci = 0; ci < 3; ci++) {
             run_backward(&c, &c.f.p, LINSEQ_MODE_CHUNKED, chunks[ci], 1, &chk, &shape);
-            const size_t len[8] = {shape.n_qk, shape.n_qk, shape.n_v, shape.n_beta,
-                                   shape.n_g, shape.n_state, shape.n_alog, shape.n_dtb};
+            const size_t len[8] = {shape.n_qk, shape.n_qk,    shape.n_v,    shape.n_beta,
+                                   shape.n_g,  shape.n_state, shape.n_alog, shape.n_dtb};
             for (int i = 0; i < 8; i++) {
                 if (!rec.all[i]) continue;
                 const double e = tu_rel_err(chk.all[i], rec.all[i], len[i]);
                 CHECK(e <= (i >= 6 ? TOL_GRAD_SUMMED : TOL_GRAD),
-                      "trial %d chunk %d: gradient %d chunked vs recurrent %.3g", trial,
-                      chunks[ci], i, e);
+                      "trial %d chunk %d: gradient %d chunked vs recurrent %.3g", trial, chunks[ci],
+                      i, e);
             }
             /* The backward's threads split whole items, never an item's columns, so thread
              * independence does not depend on the kernels: checked with the active ISA's. */
             for (int threads = 2; threads <= 3 && test_isa == ls_isa_active(); threads++) {
                 run_backward(&c, &c.f.p, LINSEQ_MODE_CHUNKED, chunks[ci], threads, &other, &shape);
-                CHECK(same_grads(&chk, &other, &shape), "trial %d: %d threads differ", trial, threads);
+                CHECK(same_grads(&chk, &other, &shape), "trial %d: %d threads differ", trial,
+                      threads);
                 fast_grads_free(&other);
             }
             fast_grads_free(&chk);
@@ -483,9 +585,19 @@ static void test_varlen_equals_separate(void)
     static const int64_t cu[] = {0, 23, 23, 90, 91, 160};
     const int64_t n_seqs = 5, H = 2, HV = 4, K = 12, V = 10, KV = K * V;
     for (int mode = 0; mode < 2; mode++) {
-        kda_spec s = {.B = 1, .T = 160, .H = H, .HV = HV, .K = K, .V = V,
-                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                      .regime = GATE_RAND, .n_seqs = n_seqs, .cu = cu, .seed = 800};
+        kda_spec s = {.B = 1,
+                      .T = 160,
+                      .H = H,
+                      .HV = HV,
+                      .K = K,
+                      .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .regime = GATE_RAND,
+                      .n_seqs = n_seqs,
+                      .cu = cu,
+                      .seed = 800};
         grad_case c;
         make_case(&c, &s, true, true, 0);
         ref_grads shape;
@@ -499,7 +611,8 @@ static void test_varlen_equals_separate(void)
             const int64_t t0 = cu[n], len = cu[n + 1] - cu[n];
             if (len == 0) {
                 /* an empty sequence hands d_ht through as dh0 */
-                same &= tu_same_bits(all.g.dh0 + n * HV * KV, c.d_ht + n * HV * KV, (size_t)(HV * KV));
+                same &=
+                    tu_same_bits(all.g.dh0 + n * HV * KV, c.d_ht + n * HV * KV, (size_t)(HV * KV));
                 continue;
             }
             linseq_kda_problem p = c.f.p;
@@ -515,11 +628,14 @@ static void test_varlen_equals_separate(void)
             grad_case one = c;
             one.d_o = c.d_o + t0 * HV * V;
             one.d_ht = c.d_ht + n * HV * KV;
-            linseq_kda_grads g1 = {
-                .dq = tu_alloc((size_t)(len * H * K)), .dk = tu_alloc((size_t)(len * H * K)),
-                .dv = tu_alloc((size_t)(len * HV * V)), .dbeta = tu_alloc((size_t)(len * HV)),
-                .dg = tu_alloc((size_t)(len * HV * K)), .dh0 = tu_alloc((size_t)(HV * KV)),
-                .dA_log = tu_alloc((size_t)HV), .ddt_bias = tu_alloc((size_t)(HV * K))};
+            linseq_kda_grads g1 = {.dq = tu_alloc((size_t)(len * H * K)),
+                                   .dk = tu_alloc((size_t)(len * H * K)),
+                                   .dv = tu_alloc((size_t)(len * HV * V)),
+                                   .dbeta = tu_alloc((size_t)(len * HV)),
+                                   .dg = tu_alloc((size_t)(len * HV * K)),
+                                   .dh0 = tu_alloc((size_t)(HV * KV)),
+                                   .dA_log = tu_alloc((size_t)HV),
+                                   .ddt_bias = tu_alloc((size_t)(HV * K))};
             linseq_exec ex = {.mode = m, .chunk_size = 16};
             CHECK_OK(kda_backward(&p, &ex, one.d_o, one.d_ht, &g1));
             same &= tu_same_bits(g1.dq, all.g.dq + t0 * H * K, (size_t)(len * H * K));
@@ -550,9 +666,17 @@ static void test_options_equal_outside(void)
     const int64_t B = 2, T = 70, H = 2, G = 3, HV = H * G, K = 16, V = 12;
     for (int mode = 0; mode < 2; mode++) {
         const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
-        kda_spec s = {.B = B, .T = T, .H = H, .HV = HV, .K = K, .V = V,
-                      .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                      .regime = GATE_RAND, .seed = 900};
+        kda_spec s = {.B = B,
+                      .T = T,
+                      .H = H,
+                      .HV = HV,
+                      .K = K,
+                      .V = V,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .regime = GATE_RAND,
+                      .seed = 900};
         grad_case c;
         make_case(&c, &s, true, true, -5.0);
         tu_rng r = {17};
@@ -566,16 +690,25 @@ static void test_options_equal_outside(void)
         /* outside: g from the gate op, beta = sigmoid(logits), q and k normalised, heads repeated */
         float *g = tu_alloc(c.f.n_g), *beta = tu_alloc(c.f.n_beta);
         float *q2 = tu_alloc((size_t)(B * T * HV * K)), *k2 = tu_alloc((size_t)(B * T * HV * K));
-        linseq_kda_gate_problem gp = {.B = B, .T = T, .H = HV, .K = K,
-                                      .decay = LINSEQ_DECAY_PER_CHANNEL, .g_raw = c.f.g,
-                                      .A_log = c.A_log, .dt_bias = c.dt_bias, .lower_bound = -5.0f};
+        linseq_kda_gate_problem gp = {.B = B,
+                                      .T = T,
+                                      .H = HV,
+                                      .K = K,
+                                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                                      .g_raw = c.f.g,
+                                      .A_log = c.A_log,
+                                      .dt_bias = c.dt_bias,
+                                      .lower_bound = -5.0f};
         CHECK_OK(kda_gate_forward(&gp, NULL, g));
-        for (size_t i = 0; i < c.f.n_beta; i++) beta[i] = (float)(1.0 / (1.0 + exp(-(double)c.f.beta[i])));
+        for (size_t i = 0; i < c.f.n_beta; i++)
+            beta[i] = (float)(1.0 / (1.0 + exp(-(double)c.f.beta[i])));
         for (int64_t bt = 0; bt < B * T; bt++)
             for (int64_t hv = 0; hv < HV; hv++) {
-                const float *qs = c.f.q + (bt * H + hv / G) * K, *ks = c.f.k + (bt * H + hv / G) * K;
+                const float *qs = c.f.q + (bt * H + hv / G) * K,
+                            *ks = c.f.k + (bt * H + hv / G) * K;
                 double sq = 0, sk = 0;
-                for (int64_t i = 0; i < K; i++) sq += (double)qs[i] * qs[i], sk += (double)ks[i] * ks[i];
+                for (int64_t i = 0; i < K; i++)
+                    sq += (double)qs[i] * qs[i], sk += (double)ks[i] * ks[i];
                 for (int64_t i = 0; i < K; i++) {
                     q2[(bt * HV + hv) * K + i] = (float)(qs[i] / sqrt(sq + 1e-6));
                     k2[(bt * HV + hv) * K + i] = (float)(ks[i] / sqrt(sk + 1e-6));
@@ -594,13 +727,17 @@ static void test_options_equal_outside(void)
         out.A_log = out.dt_bias = NULL;
         out.lower_bound = 0.0f;
         const size_t n_rep = (size_t)(B * T * HV * K);
-        linseq_kda_grads go = {.dq = tu_alloc(n_rep), .dk = tu_alloc(n_rep), .dv = tu_alloc(c.f.n_v),
-                               .dbeta = tu_alloc(c.f.n_beta), .dg = tu_alloc(c.f.n_g),
+        linseq_kda_grads go = {.dq = tu_alloc(n_rep),
+                               .dk = tu_alloc(n_rep),
+                               .dv = tu_alloc(c.f.n_v),
+                               .dbeta = tu_alloc(c.f.n_beta),
+                               .dg = tu_alloc(c.f.n_g),
                                .dh0 = tu_alloc(c.f.n_state)};
         linseq_exec ex = {.mode = m, .chunk_size = 32};
         CHECK_OK(kda_backward(&out, &ex, c.d_o, c.d_ht, &go));
         /* the gate's own backward turns dg into dg_raw, dA_log, ddt_bias */
-        linseq_kda_gate_grads gg = {.dg_raw = tu_alloc(c.f.n_g), .dA_log = tu_alloc((size_t)HV),
+        linseq_kda_gate_grads gg = {.dg_raw = tu_alloc(c.f.n_g),
+                                    .dA_log = tu_alloc((size_t)HV),
                                     .ddt_bias = tu_alloc((size_t)(HV * K))};
         CHECK_OK(linseq_kda_gate_backward(&gp, NULL, go.dg, &gg));
         /* q and k normalised in double outside vs in float inside: float32 ulps apart */
@@ -613,9 +750,11 @@ static void test_options_equal_outside(void)
               tu_rel_err(in.g.ddt_bias, gg.ddt_bias, (size_t)(HV * K)));
         /* sigmoid: dlogit = dbeta s (1 - s) */
         float *dlogit = tu_alloc(c.f.n_beta);
-        for (size_t i = 0; i < c.f.n_beta; i++) dlogit[i] = go.dbeta[i] * beta[i] * (1.0f - beta[i]);
-        CHECK(tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta) <= 1e-6, "mode %d: beta sigmoid gradient %.3g",
-              mode, tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta));
+        for (size_t i = 0; i < c.f.n_beta; i++)
+            dlogit[i] = go.dbeta[i] * beta[i] * (1.0f - beta[i]);
+        CHECK(tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta) <= 1e-6,
+              "mode %d: beta sigmoid gradient %.3g", mode,
+              tu_rel_err(in.g.dbeta, dlogit, c.f.n_beta));
         CHECK(tu_same_bits(in.g.dv, go.dv, c.f.n_v) || tu_rel_err(in.g.dv, go.dv, c.f.n_v) <= 1e-6,
               "mode %d: dv differs", mode);
         /* l2norm by hand on the group sums: dx = r dxhat - r^3 x (x . dxhat) */
@@ -628,13 +767,15 @@ static void test_options_equal_outside(void)
                     double ss = 0, dot = 0, dxhat[16];
                     for (int64_t i = 0; i < K; i++) {
                         dxhat[i] = 0;
-                        for (int64_t g2 = 0; g2 < G; g2++) dxhat[i] += rep[(bt * HV + h * G + g2) * K + i];
+                        for (int64_t g2 = 0; g2 < G; g2++)
+                            dxhat[i] += rep[(bt * HV + h * G + g2) * K + i];
                         ss += (double)x[i] * x[i];
                         dot += (double)x[i] * dxhat[i];
                     }
                     const double rr = 1.0 / sqrt(ss + 1e-6);
                     float *dst = (which ? dk_hand : dq_hand) + (bt * H + h) * K;
-                    for (int64_t i = 0; i < K; i++) dst[i] = (float)(rr * dxhat[i] - rr * rr * rr * x[i] * dot);
+                    for (int64_t i = 0; i < K; i++)
+                        dst[i] = (float)(rr * dxhat[i] - rr * rr * rr * x[i] * dot);
                 }
             }
         CHECK(tu_rel_err(in.g.dq, dq_hand, c.f.n_qk) <= 2e-6, "mode %d: dq through l2norm+GVA %.3g",
@@ -659,21 +800,31 @@ static void test_gate_backward(void)
             const int64_t B = 2, T = 5, H = 3, K = 4, gK = dk == 2 ? K : 1;
             const size_t n = (size_t)(B * T * H * gK);
             tu_rng r = {(uint64_t)(40 + 2 * dk + lb)};
-            float *raw = tu_alloc(n), *dg = tu_alloc(n), A_log[3], *bias = tu_alloc((size_t)(H * gK));
+            float *raw = tu_alloc(n), *dg = tu_alloc(n), A_log[3],
+                  *bias = tu_alloc((size_t)(H * gK));
             tu_fill_normal(&r, raw, n, 2.0);
             tu_fill_normal(&r, dg, n, 1.0);
             tu_fill_normal(&r, bias, (size_t)(H * gK), 1.0);
             for (int i = 0; i < 3; i++) A_log[i] = (float)tu_uniform(&r, -1.0, 1.5);
-            linseq_kda_gate_problem p = {.B = B, .T = T, .H = H, .K = K, .decay = (linseq_decay)dk,
-                                         .g_raw = raw, .A_log = A_log, .dt_bias = bias,
+            linseq_kda_gate_problem p = {.B = B,
+                                         .T = T,
+                                         .H = H,
+                                         .K = K,
+                                         .decay = (linseq_decay)dk,
+                                         .g_raw = raw,
+                                         .A_log = A_log,
+                                         .dt_bias = bias,
                                          .lower_bound = lb ? -5.0f : 0.0f};
-            linseq_kda_gate_grads gr = {.dg_raw = tu_alloc(n), .dA_log = tu_alloc(3),
+            linseq_kda_gate_grads gr = {.dg_raw = tu_alloc(n),
+                                        .dA_log = tu_alloc(3),
                                         .ddt_bias = tu_alloc((size_t)(H * gK))};
             CHECK_OK(linseq_kda_gate_backward(&p, NULL, dg, &gr));
-            double *r_raw = calloc(n, sizeof(double)), r_alog[3], *r_bias = calloc((size_t)(H * gK), sizeof(double));
+            double *r_raw = calloc(n, sizeof(double)), r_alog[3],
+                   *r_bias = calloc((size_t)(H * gK), sizeof(double));
             ls_kda_gate_reference_backward(&p, dg, r_raw, r_alog, r_bias);
             /* dg_raw: a few float32 roundings; the parameter sums cancel (up to 10x) */
-            CHECK(tu_rel_err_d(gr.dg_raw, r_raw, n) <= 1e-6 && tu_rel_err_d(gr.dA_log, r_alog, 3) <= 1e-5 &&
+            CHECK(tu_rel_err_d(gr.dg_raw, r_raw, n) <= 1e-6 &&
+                      tu_rel_err_d(gr.dA_log, r_alog, 3) <= 1e-5 &&
                       tu_rel_err_d(gr.ddt_bias, r_bias, (size_t)(H * gK)) <= 1e-5,
                   "gate backward decay %d lb %d vs reference: %.3g %.3g %.3g", dk, lb,
                   tu_rel_err_d(gr.dg_raw, r_raw, n), tu_rel_err_d(gr.dA_log, r_alog, 3),
@@ -699,7 +850,8 @@ static void test_gate_backward(void)
                     if (fabs(fd - an[t][i]) > err) err = fabs(fd - an[t][i]);
                     if (fabs(an[t][i]) > mx) mx = fabs(an[t][i]);
                 }
-                CHECK(err <= FD_TOL * mx, "gate decay %d lb %d param %d: fd err %.3g of %.3g", dk, lb, t, err, mx);
+                CHECK(err <= FD_TOL * mx, "gate decay %d lb %d param %d: fd err %.3g of %.3g", dk,
+                      lb, t, err, mx);
             }
             free(gd), free(r_raw), free(r_bias);
             free(raw), free(dg), free(bias), free(gr.dg_raw), free(gr.dA_log), free(gr.ddt_bias);
@@ -716,13 +868,45 @@ static void test_saved_forward(void)
         kda_spec s;
         int threads;
     } cases[] = {
-        {{.B = 2, .T = 150, .H = 2, .HV = 4, .K = 24, .V = 40, .decay = LINSEQ_DECAY_PER_CHANNEL,
-          .l2norm = true, .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .seed = 950}, 2},
-        {{.B = 1, .T = 200, .H = 1, .K = 16, .V = 20, .decay = LINSEQ_DECAY_PER_HEAD,
-          .with_h0 = true, .v_first = true, .gmag = 0.4, .regime = GATE_RAND, .n_seqs = 3,
-          .cu = cu, .seed = 951}, 3},
-        {{.B = 1, .T = 301, .H = 1, .K = 32, .V = 100, .decay = LINSEQ_DECAY_PER_CHANNEL,
-          .l2norm = true, .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .seed = 952}, 2},
+        {{.B = 2,
+          .T = 150,
+          .H = 2,
+          .HV = 4,
+          .K = 24,
+          .V = 40,
+          .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true,
+          .with_h0 = true,
+          .gmag = 0.4,
+          .regime = GATE_RAND,
+          .seed = 950},
+         2},
+        {{.B = 1,
+          .T = 200,
+          .H = 1,
+          .K = 16,
+          .V = 20,
+          .decay = LINSEQ_DECAY_PER_HEAD,
+          .with_h0 = true,
+          .v_first = true,
+          .gmag = 0.4,
+          .regime = GATE_RAND,
+          .n_seqs = 3,
+          .cu = cu,
+          .seed = 951},
+         3},
+        {{.B = 1,
+          .T = 301,
+          .H = 1,
+          .K = 32,
+          .V = 100,
+          .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true,
+          .with_h0 = true,
+          .gmag = 0.4,
+          .regime = GATE_RAND,
+          .seed = 952},
+         2},
     };
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++)
         for (int mode = 0; mode < 2; mode++) {
@@ -731,7 +915,8 @@ static void test_saved_forward(void)
             ref_grads shape;
             ref_grads_alloc(&shape, &c);
             linseq_exec ex = {.mode = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT,
-                              .chunk_size = 32, .threads = cases[ci].threads};
+                              .chunk_size = 32,
+                              .threads = cases[ci].threads};
             const size_t no = c.n_o;
             float *o1 = tu_alloc(no), *o2 = tu_alloc_poisoned(no);
             float *h1 = tu_alloc(c.f.n_state), *h2 = tu_alloc_poisoned(c.f.n_state);
@@ -746,32 +931,39 @@ static void test_saved_forward(void)
             run_backward(&c, &c.f.p, ex.mode, 32, cases[ci].threads, &g1, &shape);
             fast_grads_alloc(&g2, &shape, false, true);
             CHECK_OK(kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g));
-            CHECK(same_grads(&g1, &g2, &shape), "case %zu mode %d: saved backward differs", ci, mode);
+            CHECK(same_grads(&g1, &g2, &shape), "case %zu mode %d: saved backward differs", ci,
+                  mode);
             /* refusals, each leaving the gradients untouched */
             fast_grads_free(&g2);
             fast_grads_alloc(&g2, &shape, false, true);
             linseq_exec other = ex;
             other.chunk_size = 16;
             CHECK(kda_backward_saved(&c.f.p, &other, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
-                      LINSEQ_ERR_INVALID_VALUE && strstr(linseq_last_error(), "chunk size 32"),
+                          LINSEQ_ERR_INVALID_VALUE &&
+                      strstr(linseq_last_error(), "chunk size 32"),
                   "another chunk size is not refused: %s", linseq_last_error());
             CHECK(kda_backward_saved(&c.f.p, &ex, saved, bytes - 4, c.d_o, c.d_ht, &g2.g) ==
-                      LINSEQ_ERR_INVALID_SIZE, "a short saved block is not refused");
+                      LINSEQ_ERR_INVALID_SIZE,
+                  "a short saved block is not refused");
             CHECK(kda_backward_saved(&c.f.p, &ex, NULL, bytes, c.d_o, c.d_ht, &g2.g) ==
-                      LINSEQ_ERR_NULL_POINTER, "a NULL saved block is not refused");
+                      LINSEQ_ERR_NULL_POINTER,
+                  "a NULL saved block is not refused");
             linseq_kda_problem wrong = c.f.p;
             wrong.V = c.f.p.V - 1; /* the same buffers describe a smaller problem */
             CHECK(kda_backward_saved(&wrong, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
-                      LINSEQ_ERR_SHAPE_MISMATCH, "a saved block of another problem is not refused");
+                      LINSEQ_ERR_SHAPE_MISMATCH,
+                  "a saved block of another problem is not refused");
             saved[0] ^= 1;
             CHECK(kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
-                      LINSEQ_ERR_INVALID_VALUE, "a block not written by forward_train is accepted");
+                      LINSEQ_ERR_INVALID_VALUE,
+                  "a block not written by forward_train is accepted");
             bool untouched = true;
             for (int i = 0; i < 8; i++)
                 if (g2.all[i]) untouched &= tu_is_poisoned(g2.all[i], 4); /* first bytes */
             CHECK(untouched, "a refused saved backward wrote a gradient");
             CHECK(kda_forward_train(&c.f.p, &ex, o2, h2, saved, bytes - 4) ==
-                      LINSEQ_ERR_INVALID_SIZE, "forward_train accepts a short block");
+                      LINSEQ_ERR_INVALID_SIZE,
+                  "forward_train accepts a short block");
             free(saved);
             free(o1), free(o2), free(h1), free(h2);
             fast_grads_free(&g1);
@@ -786,9 +978,18 @@ static void test_saved_forward(void)
 static void test_public_entry_points(void)
 {
     const ls_isa active = ls_isa_active();
-    kda_spec s = {.B = 2, .T = 90, .H = 2, .HV = 4, .K = 24, .V = 40,
-                  .decay = LINSEQ_DECAY_PER_CHANNEL, .l2norm = true, .with_h0 = true,
-                  .gmag = 0.4, .regime = GATE_RAND, .seed = 4200};
+    kda_spec s = {.B = 2,
+                  .T = 90,
+                  .H = 2,
+                  .HV = 4,
+                  .K = 24,
+                  .V = 40,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.4,
+                  .regime = GATE_RAND,
+                  .seed = 4200};
     grad_case c;
     make_case(&c, &s, true, true, -5.0);
     ref_grads shape;
@@ -801,8 +1002,10 @@ static void test_public_entry_points(void)
         fast_grads_alloc(&isa, &shape, true, true);
         CHECK_OK(linseq_kda_backward(&c.f.p, &ex, c.d_o, c.d_ht, &pub.g));
         CHECK_OK(ls_kda_backward_isa(&c.f.p, &ex, c.d_o, c.d_ht, &isa.g, active));
-        CHECK(same_grads(&pub, &isa, &shape), "linseq_kda_backward (mode %d) differs from the %s "
-              "kernels", m, ls_isa_name(active));
+        CHECK(same_grads(&pub, &isa, &shape),
+              "linseq_kda_backward (mode %d) differs from the %s "
+              "kernels",
+              m, ls_isa_name(active));
         /* the training pair: the public saved block drives the _isa backward, and back */
         size_t bytes = 0;
         CHECK_OK(linseq_kda_saved_size(&c.f.p, &ex, &bytes));
@@ -818,8 +1021,8 @@ static void test_public_entry_points(void)
         fast_grads_alloc(&pub, &shape, true, true);
         fast_grads_alloc(&isa, &shape, true, true);
         CHECK_OK(linseq_kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &pub.g));
-        CHECK_OK(ls_kda_backward_saved_isa(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &isa.g,
-                                           active));
+        CHECK_OK(
+            ls_kda_backward_saved_isa(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &isa.g, active));
         CHECK(same_grads(&pub, &isa, &shape),
               "linseq_kda_backward_saved (mode %d) differs from the %s kernels", m,
               ls_isa_name(active));

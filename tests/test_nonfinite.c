@@ -21,9 +21,9 @@
 enum { SEQ_ALL = -1, TOK_NONE = -1 };
 
 typedef enum {
-    L_TOKEN, /* [rows, heads, inner]: rows = B*T, each (sequence, token)  */
-    L_STATE, /* [sequences, heads, inner]                                 */
-    L_PARAM  /* [heads, inner], shared by every sequence                 */
+    L_TOKEN, /* [rows, heads, inner]: rows = B*T, each (sequence, token) */
+    L_STATE, /* [sequences, heads, inner] */
+    L_PARAM  /* [heads, inner], shared by every sequence */
 } layout;
 
 typedef struct tensor {
@@ -33,7 +33,7 @@ typedef struct tensor {
     layout lay;
     int64_t heads, inner;
     int span;      /* units per head: head h covers units [h*span, (h+1)*span) */
-    bool upstream; /* backward: a gradient of an output (d_o, d_y ...)          */
+    bool upstream; /* backward: a gradient of an output (d_o, d_y ...) */
 } tensor;
 
 enum { MAX_IN = 12, MAX_OUT = 10 };
@@ -47,13 +47,13 @@ typedef struct op_case {
     const int64_t *cu; /* sequence offsets of the rows, or NULL: T rows per sequence */
     int64_t B, T;
     const ls_op *op;
-    const void *problem; /* the op's problem struct, pointing into the tensors        */
+    const void *problem; /* the op's problem struct, pointing into the tensors */
     linseq_exec exec;
 } op_case;
 
 static size_t count(const op_case *oc, const tensor *t)
 {
-    const int64_t rows = t->lay == L_TOKEN ? oc->B * oc->T
+    const int64_t rows = t->lay == L_TOKEN   ? oc->B * oc->T
                          : t->lay == L_STATE ? (oc->cu ? 2 : oc->B)
                                              : 1;
     return (size_t)(rows * t->heads * t->inner);
@@ -132,13 +132,14 @@ static void poison_run(op_case *oc, int i, size_t idx, float value)
     CHECK(leaked == 0,
           "%s: %s[%zu] = %g changed %zu output elements that do not depend on it (first: "
           "%s[%zu] = %g, clean %g)",
-          oc->name, t->name, idx, (double)value, leaked, leak_out >= 0 ? oc->out[leak_out].name : "",
-          first_leak, leak_out >= 0 ? (double)oc->out[leak_out].data[first_leak] : 0.0,
+          oc->name, t->name, idx, (double)value, leaked,
+          leak_out >= 0 ? oc->out[leak_out].name : "", first_leak,
+          leak_out >= 0 ? (double)oc->out[leak_out].data[first_leak] : 0.0,
           leak_out >= 0 ? (double)clean_out[leak_out][first_leak] : 0.0);
     /* A NaN must show: an output that silently absorbed it would hide the bad input. (An
      * Inf may legitimately vanish: a sigmoid of it, or e^-inf = 0 as a decay.) */
-    CHECK(!isnan(value) || nonfinite > 0, "%s: NaN in %s[%zu] left every output finite",
-          oc->name, t->name, idx);
+    CHECK(!isnan(value) || nonfinite > 0, "%s: NaN in %s[%zu] left every output finite", oc->name,
+          t->name, idx);
 }
 
 /* Two positions per input: one in each sequence (the middle of the first, a token in the
@@ -243,7 +244,8 @@ static void build_and_run(op_case *oc, void *problem, const unit_rule *rules, in
     for (int i = 0; i < op->n_tensors; i++) {
         const ls_tensor_desc *t = &op->tensors[i];
         const bool output = t->role == (oc->backward ? LS_ROLE_GRAD : LS_ROLE_OUTPUT);
-        const bool input = t->role == LS_ROLE_INPUT || (oc->backward && t->role == LS_ROLE_UPSTREAM);
+        const bool input =
+            t->role == LS_ROLE_INPUT || (oc->backward && t->role == LS_ROLE_UPSTREAM);
         int64_t n;
         if (!(input || output) || !ls_tensor_count(t, problem, &n) || n == 0) continue;
         const char *rule_name = t->grad_of ? t->grad_of : t->name;
@@ -256,11 +258,17 @@ static void build_and_run(op_case *oc, void *problem, const unit_rule *rules, in
             continue;
         }
         tensor *x = output ? &oc->out[oc->n_out++] : &oc->in[oc->n_in++];
-        *x = (tensor){.name = t->name, .desc = t, .lay = layout_of(t), .heads = u->heads,
-                      .inner = u->inner, .span = u->span,
+        *x = (tensor){.name = t->name,
+                      .desc = t,
+                      .lay = layout_of(t),
+                      .heads = u->heads,
+                      .inner = u->inner,
+                      .span = u->span,
                       .upstream = t->role == LS_ROLE_UPSTREAM};
-        CHECK((int64_t)count(oc, x) == n, "%s: %s has %lld elements in the op table, %zu by its "
-              "unit rule", oc->name, t->name, (long long)n, count(oc, x));
+        CHECK((int64_t)count(oc, x) == n,
+              "%s: %s has %lld elements in the op table, %zu by its "
+              "unit rule",
+              oc->name, t->name, (long long)n, count(oc, x));
         x->data = tu_alloc((size_t)n);
         if (t->role == LS_ROLE_INPUT) {
             tu_fill_uniform(r, x->data, (size_t)n, u->lo, u->hi);
@@ -291,8 +299,10 @@ static void kda_cases(void)
                 for (int backward = 0; backward < 2; backward++) {
                     const bool gate = flavour == 0;
                     const int64_t gK = gate ? KK : 1;
-                    op_case oc = {.op = ls_op_find("kda"), .cu = varlen ? CU : NULL,
-                                  .B = varlen ? 1 : 2, .T = varlen ? 40 : 20,
+                    op_case oc = {.op = ls_op_find("kda"),
+                                  .cu = varlen ? CU : NULL,
+                                  .B = varlen ? 1 : 2,
+                                  .T = varlen ? 40 : 20,
                                   .backward = backward};
                     oc.exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
                     snprintf(oc.name, sizeof oc.name, "kda %s %s %s %s",
@@ -312,12 +322,20 @@ static void kda_cases(void)
                         {"o", KHV, KV, 1, 0, 0},
                         {"ht", KHV, KK * KV, 1, 0, 0},
                     };
-                    linseq_kda_problem p = {
-                        .B = oc.B, .T = oc.T, .H = KH, .HV = KHV, .K = KK, .V = KV,
-                        .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
-                        .decay = gate ? LINSEQ_DECAY_PER_CHANNEL : LINSEQ_DECAY_PER_HEAD,
-                        .qk_l2norm = gate, .beta_is_logit = gate, .gate_in_kernel = gate,
-                        .state_v_first = !gate};
+                    linseq_kda_problem p = {.B = oc.B,
+                                            .T = oc.T,
+                                            .H = KH,
+                                            .HV = KHV,
+                                            .K = KK,
+                                            .V = KV,
+                                            .cu_seqlens = oc.cu,
+                                            .n_seqs = varlen ? 2 : 0,
+                                            .decay = gate ? LINSEQ_DECAY_PER_CHANNEL
+                                                          : LINSEQ_DECAY_PER_HEAD,
+                                            .qk_l2norm = gate,
+                                            .beta_is_logit = gate,
+                                            .gate_in_kernel = gate,
+                                            .state_v_first = !gate};
                     build_and_run(&oc, &p, rules, N_RULES(rules), &r);
                 }
 }
@@ -335,12 +353,18 @@ static void gate_cases(void)
     };
     for (int lower = 0; lower < 2; lower++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("kda_gate"), .B = GB, .T = GT, .backward = backward,
+            op_case oc = {.op = ls_op_find("kda_gate"),
+                          .B = GB,
+                          .T = GT,
+                          .backward = backward,
                           .elementwise = true};
             snprintf(oc.name, sizeof oc.name, "kda gate %s %s", lower ? "lower-bound" : "default",
                      backward ? "backward" : "forward");
             tu_rng r = {2000u + (uint64_t)(lower * 2 + backward)};
-            linseq_kda_gate_problem p = {.B = GB, .T = GT, .H = GH, .K = GK,
+            linseq_kda_gate_problem p = {.B = GB,
+                                         .T = GT,
+                                         .H = GH,
+                                         .K = GK,
                                          .decay = LINSEQ_DECAY_PER_CHANNEL,
                                          .lower_bound = lower ? -5.0f : 0.0f};
             build_and_run(&oc, &p, rules, N_RULES(rules), &r);
@@ -353,22 +377,28 @@ enum { SD = 8, SN = 4, SG = 2 };
 static void ssm1_cases(void)
 {
     static const unit_rule rules[] = {
-        {"x", SD, 1, 1, -1, 1},         {"dt", SD, 1, 1, -2, 1},
-        {"A", SD, SN, 1, -2, -0.1},     {"B", SG, SN, SD / SG, -1, 1},
-        {"C", SG, SN, SD / SG, -1, 1},  {"D", SD, 1, 1, -1, 1},
-        {"gate", SD, 1, 1, -2, 2},      {"dt_bias", SD, 1, 1, -1, 1},
-        {"h0", SD, SN, 1, -1, 1},       {"y", SD, 1, 1, 0, 0},
-        {"hT", SD, SN, 1, 0, 0},
+        {"x", SD, 1, 1, -1, 1},        {"dt", SD, 1, 1, -2, 1},       {"A", SD, SN, 1, -2, -0.1},
+        {"B", SG, SN, SD / SG, -1, 1}, {"C", SG, SN, SD / SG, -1, 1}, {"D", SD, 1, 1, -1, 1},
+        {"gate", SD, 1, 1, -2, 2},     {"dt_bias", SD, 1, 1, -1, 1},  {"h0", SD, SN, 1, -1, 1},
+        {"y", SD, 1, 1, 0, 0},         {"hT", SD, SN, 1, 0, 0},
     };
     for (int varlen = 0; varlen < 2; varlen++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("ssm1"), .cu = varlen ? CU : NULL,
-                          .B = varlen ? 1 : 2, .T = varlen ? 40 : 20, .backward = backward};
+            op_case oc = {.op = ls_op_find("ssm1"),
+                          .cu = varlen ? CU : NULL,
+                          .B = varlen ? 1 : 2,
+                          .T = varlen ? 40 : 20,
+                          .backward = backward};
             snprintf(oc.name, sizeof oc.name, "ssm1 %s %s", varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {3000u + (uint64_t)(varlen * 2 + backward)};
-            linseq_ssm1_problem p = {.B = oc.B, .T = oc.T, .D = SD, .N = SN, .G = SG,
-                                     .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
+            linseq_ssm1_problem p = {.B = oc.B,
+                                     .T = oc.T,
+                                     .D = SD,
+                                     .N = SN,
+                                     .G = SG,
+                                     .cu_seqlens = oc.cu,
+                                     .n_seqs = varlen ? 2 : 0,
                                      .dt_softplus = true};
             build_and_run(&oc, &p, rules, N_RULES(rules), &r);
         }
@@ -380,19 +410,26 @@ enum { CD = 8, CW = 4 };
 static void conv_cases(void)
 {
     static const unit_rule rules[] = {
-        {"x", CD, 1, 1, -1, 1},          {"weight", CD, CW, 1, -1, 1},
-        {"bias", CD, 1, 1, -1, 1},       {"conv_state", CD, CW - 1, 1, -1, 1},
-        {"y", CD, 1, 1, 0, 0},           {"conv_state_out", CD, CW - 1, 1, 0, 0},
+        {"x", CD, 1, 1, -1, 1},    {"weight", CD, CW, 1, -1, 1},
+        {"bias", CD, 1, 1, -1, 1}, {"conv_state", CD, CW - 1, 1, -1, 1},
+        {"y", CD, 1, 1, 0, 0},     {"conv_state_out", CD, CW - 1, 1, 0, 0},
     };
     for (int varlen = 0; varlen < 2; varlen++)
         for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("causal_conv1d"), .cu = varlen ? CU : NULL,
-                          .B = varlen ? 1 : 2, .T = varlen ? 40 : 20, .backward = backward};
+            op_case oc = {.op = ls_op_find("causal_conv1d"),
+                          .cu = varlen ? CU : NULL,
+                          .B = varlen ? 1 : 2,
+                          .T = varlen ? 40 : 20,
+                          .backward = backward};
             snprintf(oc.name, sizeof oc.name, "conv1d %s %s", varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {4000u + (uint64_t)(varlen * 2 + backward)};
-            linseq_conv1d_problem p = {.B = oc.B, .T = oc.T, .D = CD, .W = CW,
-                                       .cu_seqlens = oc.cu, .n_seqs = varlen ? 2 : 0,
+            linseq_conv1d_problem p = {.B = oc.B,
+                                       .T = oc.T,
+                                       .D = CD,
+                                       .W = CW,
+                                       .cu_seqlens = oc.cu,
+                                       .n_seqs = varlen ? 2 : 0,
                                        .activation = LINSEQ_ACT_SILU};
             build_and_run(&oc, &p, rules, N_RULES(rules), &r);
         }

@@ -40,7 +40,10 @@ static void write_bytes(const char *path, const void *data, size_t n)
     fclose(f);
 }
 
-static void write_text(const char *path, const char *text) { write_bytes(path, text, strlen(text)); }
+static void write_text(const char *path, const char *text)
+{
+    write_bytes(path, text, strlen(text));
+}
 
 /* A .npy file with a hand-written header (padded to 64 bytes) and `data_bytes` of data. */
 static void write_npy_raw(const char *path, int major, int minor, const char *header,
@@ -262,12 +265,11 @@ static void test_rejections(void)
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (6), }", "not a tuple", "(6)"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -3), }", "negative",
          "negative dim"},
-        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}",
-         "unexpected key 'x'", "extra key"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), 'x': 1}", "unexpected key 'x'",
+         "extra key"},
         {"{'descr': '<f4', 'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)}",
          "appears twice", "duplicate key"},
-        {"{'descr': '<f4', 'fortran_order': Nope, 'shape': (2, 3), }", "True or False",
-         "bad bool"},
+        {"{'descr': '<f4', 'fortran_order': Nope, 'shape': (2, 3), }", "True or False", "bad bool"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)} x", "after the closing",
          "text after dict"},
         {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3)", "expected ',' or '}'",
@@ -368,8 +370,8 @@ static void test_case_valid(void)
     bool ok = case_load(dir, &c, err, sizeof err);
     CHECK(ok, "valid case rejected: %s", err);
     if (!ok) return;
-    CHECK(c.op == ls_op_find("causal_conv1d") && c.n_outputs == 2 && c.n_grads == 3 && c.n_inputs == 4 &&
-              c.upstream[0] != NULL && c.upstream[1] == NULL,
+    CHECK(c.op == ls_op_find("causal_conv1d") && c.n_outputs == 2 && c.n_grads == 3 &&
+              c.n_inputs == 4 && c.upstream[0] != NULL && c.upstream[1] == NULL,
           "parsed op/lists");
     CHECK(strcmp(c.name, "case_ok") == 0, "name %s", c.name);
     case_result r;
@@ -420,9 +422,8 @@ static void test_case_grads_by_hand(void)
         const float *want;
         int ndim;
         int64_t shape[3];
-    } grads[3] = {{"dx", want_dx, 3, {1, 3, 2}},
-                  {"dweight", want_dw, 2, {2, 4}},
-                  {"dbias", want_db, 1, {2}}};
+    } grads[3] = {
+        {"dx", want_dx, 3, {1, 3, 2}}, {"dweight", want_dw, 2, {2, 4}}, {"dbias", want_db, 1, {2}}};
     char *dir = make_conv_case("case_grads"), err[1024] = "";
     ls_case c;
     bool ok = case_load(dir, &c, err, sizeof err);
@@ -557,8 +558,8 @@ static bool quiet_begin(const char *out_path)
 {
     fflush(stdout);
     fflush(stderr);
-    int out_fd = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0666)
-                          : open("/dev/null", O_WRONLY);
+    int out_fd =
+        out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0666) : open("/dev/null", O_WRONLY);
     int null_fd = open("/dev/null", O_WRONLY);
     saved_fds[0] = dup(1);
     saved_fds[1] = dup(2);
@@ -752,8 +753,7 @@ static void test_compare(void)
     cand[3] = -4.0003f; /* 3e-4 / 4 = 7.5e-5 relative to max|ref| */
     cmp_arrays(&C, &R, &tol, &r);
     CHECK(r.pass && fabs(r.max_rel_err - fabs((double)cand[3] + 4.0) / 4.0) < 1e-15,
-          "within tolerance: %g %s",
-          r.max_rel_err, r.reason);
+          "within tolerance: %g %s", r.max_rel_err, r.reason);
     cand[3] = -4.001f;
     cmp_arrays(&C, &R, &tol, &r);
     CHECK(!r.pass && has(r.reason, "max_rel_err"), "beyond tolerance passed");

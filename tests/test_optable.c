@@ -34,9 +34,10 @@ static void check_tiling(const char *what, const ls_field *f, int n, size_t size
     for (int i = 0; i < n; i++) {
         const size_t al = align_of(f[i].type);
         const size_t expected = (at + al - 1) / al * al;
-        CHECK(f[i].offset == expected, "%s.%s at offset %zu, expected %zu: a field of the "
-              "struct is missing from the op table, or has the wrong type", what, f[i].name,
-              f[i].offset, expected);
+        CHECK(f[i].offset == expected,
+              "%s.%s at offset %zu, expected %zu: a field of the "
+              "struct is missing from the op table, or has the wrong type",
+              what, f[i].name, f[i].offset, expected);
         at = f[i].offset + f[i].size;
         if (al > max_align) max_align = al;
     }
@@ -181,8 +182,8 @@ static void check_extreme_sizes(const ls_op *op)
                 bool negative = false;
                 for (int d = 0; d < nd; d++) negative = negative || dims[d] < 0;
                 CHECK(!(ok && negative), "%s.%s with %s = %lld: a negative dim counted as %lld",
-                      op->name, op->tensors[t].name, op->sizes[s].name,
-                      (long long)extremes[e], (long long)count);
+                      op->name, op->tensors[t].name, op->sizes[s].name, (long long)extremes[e],
+                      (long long)count);
                 CHECK(!ok || count >= 0, "%s.%s: negative count", op->name, op->tensors[t].name);
             }
         }

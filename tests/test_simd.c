@@ -21,7 +21,10 @@ static double ulp_err(float f, double d)
 }
 
 static double ref_exp(double x) { return exp(x); }
-static double ref_sigmoid(double x) { return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x)); }
+static double ref_sigmoid(double x)
+{
+    return x >= 0 ? 1.0 / (1.0 + exp(-x)) : exp(x) / (1.0 + exp(x));
+}
 static double ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
 static double ref_silu(double x) { return x * ref_sigmoid(x); }
 static double ref_log1p(double x) { return log1p(x); }
@@ -31,8 +34,8 @@ typedef struct {
     const char *name;
     ls_vmath_fn fn[LS_ISA_COUNT];
     double (*ref)(double);
-    double lo, hi;    /* sweep range                                                    */
-    double max_ulp;   /* the bound vec.h documents                                      */
+    double lo, hi;  /* sweep range */
+    double max_ulp; /* the bound vec.h documents */
 } vmath_case;
 
 static void sweep(const vmath_case *c, ls_isa isa)
@@ -42,7 +45,8 @@ static void sweep(const vmath_case *c, ls_isa isa)
     double worst = 0.0;
     float worst_x = 0.0f;
     for (int pass = 0; pass < 4; pass++) {
-        for (int i = 0; i < N; i++) x[i] = (float)(c->lo + (c->hi - c->lo) * ((double)i + 0.37 * pass) / N);
+        for (int i = 0; i < N; i++)
+            x[i] = (float)(c->lo + (c->hi - c->lo) * ((double)i + 0.37 * pass) / N);
         c->fn[isa](N, x, y);
         for (int i = 0; i < N; i++) {
             const double e = ulp_err(y[i], c->ref((double)x[i]));
@@ -60,8 +64,9 @@ static void sweep(const vmath_case *c, ls_isa isa)
 /* Special values, and every tail length giving the same values as full vectors. */
 static void specials_and_tails(const vmath_case *c, ls_isa isa)
 {
-    const float sp[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, 1e-30f, -1e-30f, 100.0f, -100.0f,
-                        88.7f, 88.8f, -87.5f, -103.9f, -150.0f, 20.0f, 20.0001f, FLT_MAX, -FLT_MAX};
+    const float sp[] = {0.0f,    -0.0f,   INFINITY, -INFINITY, NAN,     1e-30f,
+                        -1e-30f, 100.0f,  -100.0f,  88.7f,     88.8f,   -87.5f,
+                        -103.9f, -150.0f, 20.0f,    20.0001f,  FLT_MAX, -FLT_MAX};
     const int n = (int)(sizeof sp / sizeof sp[0]);
     float y[32];
     c->fn[isa](n, sp, y);
@@ -69,7 +74,8 @@ static void specials_and_tails(const vmath_case *c, ls_isa isa)
         if (c->ref == ref_log1p && (sp[i] < 0 || sp[i] > 1)) continue; /* outside its domain */
         if (c->ref == ref_rsqrt && !(sp[i] > 0)) continue;
         const double d = c->ref((double)sp[i]);
-        const double e = fabs(d) < FLT_MIN && fabs((double)y[i] - d) <= 1e-40 ? 0.0 : ulp_err(y[i], d);
+        const double e =
+            fabs(d) < FLT_MIN && fabs((double)y[i] - d) <= 1e-40 ? 0.0 : ulp_err(y[i], d);
         CHECK(e <= c->max_ulp, "%s %s(%g) = %g, expected %g", ls_isa_name(isa), c->name,
               (double)sp[i], (double)y[i], d);
     }
@@ -81,7 +87,8 @@ static void specials_and_tails(const vmath_case *c, ls_isa isa)
         memset(part, 0x7f, sizeof part);
         c->fn[isa](len, x, part);
         bool same = memcmp(part, full, (size_t)len * sizeof(float)) == 0;
-        for (int i = len; i < 40; i++) same &= part[i] != part[i] || part[i] > 1e37f; /* untouched */
+        for (int i = len; i < 40; i++)
+            same &= part[i] != part[i] || part[i] > 1e37f; /* untouched */
         CHECK(same, "%s %s: length %d differs from the full vector or writes past n",
               ls_isa_name(isa), c->name, len);
     }
@@ -91,7 +98,7 @@ static void specials_and_tails(const vmath_case *c, ls_isa isa)
 static void hsum_lanes(ls_isa isa)
 {
     int (*fn[])(const float *, float *) = {ls_vhsum_lanes_n_scalar, ls_vhsum_lanes_n_avx2,
-                                            ls_vhsum_lanes_n_avx512};
+                                           ls_vhsum_lanes_n_avx512};
     float in[256], out[16];
     for (int i = 0; i < 256; i++) in[i] = (float)((i * 37) % 101) - 50.0f + 0.25f * (float)(i % 5);
     const int w = fn[isa](in, out);
@@ -107,9 +114,10 @@ static void hsum_lanes(ls_isa isa)
 /* ls_transpose on every block shape: full register blocks, edges, both at once. */
 static void transpose_shapes(ls_isa isa)
 {
-    void (*fn[])(int64_t, int64_t, const float *, int64_t, float *, int64_t) = {
-        ls_transpose_n_scalar, ls_transpose_n_avx2, ls_transpose_n_avx512};
-    static const int64_t shapes[][2] = {{16, 16}, {32, 48}, {17, 5}, {5, 33}, {64, 128}, {1, 1}, {40, 24}};
+    void (*fn[])(int64_t, int64_t, const float *, int64_t, float *,
+                 int64_t) = {ls_transpose_n_scalar, ls_transpose_n_avx2, ls_transpose_n_avx512};
+    static const int64_t shapes[][2] = {{16, 16},  {32, 48}, {17, 5}, {5, 33},
+                                        {64, 128}, {1, 1},   {40, 24}};
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         const int64_t R = shapes[s][0], Cc = shapes[s][1], lds = Cc + 3, ldd = R + 5;
         float *src = tu_alloc((size_t)(R * lds)), *dst = tu_alloc_poisoned((size_t)(Cc * ldd));
@@ -128,7 +136,10 @@ static void transpose_shapes(ls_isa isa)
 
 int main(void)
 {
-#define FNS(base) {base##_scalar, base##_avx2, base##_avx512}
+#define FNS(base)                                                                                  \
+    {                                                                                              \
+        base##_scalar, base##_avx2, base##_avx512                                                  \
+    }
     const vmath_case cases[] = {
         {"exp", FNS(ls_vexp_n), ref_exp, -87.0, 88.7, 1.5},
         {"exp", FNS(ls_vexp_n), ref_exp, -104.0, -87.0, 1.5}, /* subnormal results */

@@ -102,11 +102,24 @@ static void ssm_make(ssm_data *s, const ssm_spec *sp, uint64_t seed)
         tu_fill_uniform(&rng, s->dt_bias, (size_t)sp->D, -6.0, -2.0);
     }
     linseq_ssm1_problem p = {
-        .B = sp->B, .T = sp->T, .D = sp->D, .N = sp->N, .G = sp->G,
-        .cu_seqlens = sp->cu_seqlens, .n_seqs = sp->n_seqs,
-        .x = s->x, .dt = s->dt, .A = s->A, .B_proj = s->B_proj, .C_proj = s->C_proj,
-        .D_skip = s->D_skip, .gate = s->gate, .h0 = s->h0,
-        .dt_softplus = sp->softplus, .dt_bias = s->dt_bias, .gate_activation = sp->act,
+        .B = sp->B,
+        .T = sp->T,
+        .D = sp->D,
+        .N = sp->N,
+        .G = sp->G,
+        .cu_seqlens = sp->cu_seqlens,
+        .n_seqs = sp->n_seqs,
+        .x = s->x,
+        .dt = s->dt,
+        .A = s->A,
+        .B_proj = s->B_proj,
+        .C_proj = s->C_proj,
+        .D_skip = s->D_skip,
+        .gate = s->gate,
+        .h0 = s->h0,
+        .dt_softplus = sp->softplus,
+        .dt_bias = s->dt_bias,
+        .gate_activation = sp->act,
     };
     s->p = p;
 }
@@ -133,8 +146,17 @@ static void test_hand_example(void)
     const float x[2] = {2.0f, -1.0f}, dt[2] = {0.5f, 0.25f}, A[1] = {-1.0f};
     const float B_proj[2] = {1.0f, 2.0f}, C_proj[2] = {3.0f, -1.0f}, D_skip[1] = {0.5f};
     const float gate[2] = {1.0f, -2.0f}, h0[1] = {1.0f};
-    linseq_ssm1_problem p = {.B = 1, .T = 2, .D = 1, .N = 1, .x = x, .dt = dt, .A = A,
-                             .B_proj = B_proj, .C_proj = C_proj, .D_skip = D_skip, .gate = gate,
+    linseq_ssm1_problem p = {.B = 1,
+                             .T = 2,
+                             .D = 1,
+                             .N = 1,
+                             .x = x,
+                             .dt = dt,
+                             .A = A,
+                             .B_proj = B_proj,
+                             .C_proj = C_proj,
+                             .D_skip = D_skip,
+                             .gate = gate,
                              .h0 = h0};
     double h1 = exp(-0.5) * 1.0 + 0.5 * 1.0 * 2.0;
     double h2 = exp(-0.25) * h1 + 0.25 * 2.0 * -1.0;
@@ -179,28 +201,38 @@ static void check_against_reference(const ssm_spec *sp, uint64_t seed, const cha
 
 static void test_against_reference(void)
 {
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     static const ssm_spec specs[] = {
         {.B = 1, .T = 1, .D = 1, .N = 1},
-        {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step  */
+        {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step */
         {.B = 2, .T = 1, .D = 100, .N = 33, .G = 4, .gate = true, .softplus = true,
-         .bias = true},                            /* decode: ragged rows, groups, no h0   */
-        {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* tail block   */
+         .bias = true},                            /* decode: ragged rows, groups, no h0 */
+        {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* tail block */
         {.B = 1, .T = 300, .D = 130, .N = 16, .G = 2, .gate = true, .skip = true},
         {.B = 3, .T = 17, .D = 96, .N = 7, .G = 3, .h0 = true, .skip = true}, /* spans groups */
-        {.B = 1, .T = 50, .D = 12, .N = 3, .G = 12, .gate = true},         /* G == D       */
+        {.B = 1, .T = 50, .D = 12, .N = 3, .G = 12, .gate = true},         /* G == D */
         {.B = 2, .T = 9, .D = 200, .N = 16, .G = 4, .softplus = true, .bias = true, .h0 = true},
         {.B = 1, .T = 2000, .D = 72, .N = 16, .softplus = true, .bias = true, .gate = true,
-         .skip = true, .h0 = true},                                          /* long T       */
+         .skip = true, .h0 = true},                                          /* long T */
         {.B = 1, .T = 40, .D = 5, .N = 33, .softplus = true},               /* dt_bias NULL */
     };
+    /* clang-format on */
     char label[64];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         snprintf(label, sizeof label, "spec %zu", i);
         check_against_reference(&specs[i], 100 + i, label);
     }
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        ssm_spec sp = {.B = 2, .T = 21, .D = 70, .N = 8, .G = 2, .gate = true, .skip = true,
-                       .h0 = true, .act = (linseq_activation)act};
+        ssm_spec sp = {.B = 2,
+                       .T = 21,
+                       .D = 70,
+                       .N = 8,
+                       .G = 2,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .act = (linseq_activation)act};
         snprintf(label, sizeof label, "gate activation %d", act);
         check_against_reference(&sp, 200 + (uint64_t)act, label);
     }
@@ -211,8 +243,15 @@ static void test_against_reference(void)
  * agree bitwise. */
 static void test_softplus_outside(void)
 {
-    ssm_spec sp = {.B = 2, .T = 40, .D = 80, .N = 16, .softplus = true, .bias = true,
-                   .gate = true, .skip = true, .h0 = true};
+    ssm_spec sp = {.B = 2,
+                   .T = 40,
+                   .D = 80,
+                   .N = 16,
+                   .softplus = true,
+                   .bias = true,
+                   .gate = true,
+                   .skip = true,
+                   .h0 = true};
     ssm_data s;
     ssm_make(&s, &sp, 7);
     float *y_in = tu_alloc(s.n_y), *hT_in = tu_alloc(s.n_state);
@@ -242,8 +281,14 @@ static void test_softplus_outside(void)
 static void test_gate_outside(void)
 {
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        ssm_spec sp = {.B = 1, .T = 25, .D = 100, .N = 16, .gate = true, .skip = true,
-                       .h0 = true, .act = (linseq_activation)act};
+        ssm_spec sp = {.B = 1,
+                       .T = 25,
+                       .D = 100,
+                       .N = 16,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .act = (linseq_activation)act};
         ssm_data s;
         ssm_make(&s, &sp, 300 + (uint64_t)act);
         float *y_gated = tu_alloc(s.n_y), *hT_gated = tu_alloc(s.n_state);
@@ -263,7 +308,8 @@ static void test_gate_outside(void)
         }
         free(act_gate);
         CHECK(bad == 0, "activation %d: %zu gated outputs differ from y * act(gate)", act, bad);
-        CHECK(tu_same_bits(hT_gated, hT_plain, s.n_state), "activation %d: the gate changed hT", act);
+        CHECK(tu_same_bits(hT_gated, hT_plain, s.n_state), "activation %d: the gate changed hT",
+              act);
         free(y_gated);
         free(hT_gated);
         free(y_plain);
@@ -278,8 +324,16 @@ static void test_groups_expanded(void)
 {
     static const int64_t groups[] = {1, 2, 3, 8};
     for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
-        ssm_spec sp = {.B = 2, .T = 15, .D = 96, .N = 5, .G = groups[gi], .gate = true,
-                       .skip = true, .h0 = true, .softplus = true, .bias = true};
+        ssm_spec sp = {.B = 2,
+                       .T = 15,
+                       .D = 96,
+                       .N = 5,
+                       .G = groups[gi],
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = true,
+                       .bias = true};
         ssm_data s;
         ssm_make(&s, &sp, 400 + gi);
         const int64_t G = sp.G, D = sp.D, N = sp.N, BT = sp.B * sp.T;
@@ -320,8 +374,17 @@ static void test_varlen(void)
     static const int64_t cu[] = {0, 5, 5, 40, 41, 70};
     const int64_t n_seqs = 5, D = 70, N = 6, G = 2;
     for (int with_h0 = 0; with_h0 <= 1; with_h0++) {
-        ssm_spec sp = {.B = 1, .T = 70, .D = D, .N = N, .G = G, .gate = true, .skip = true,
-                       .h0 = with_h0, .softplus = true, .bias = true, .cu_seqlens = cu,
+        ssm_spec sp = {.B = 1,
+                       .T = 70,
+                       .D = D,
+                       .N = N,
+                       .G = G,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = with_h0,
+                       .softplus = true,
+                       .bias = true,
+                       .cu_seqlens = cu,
                        .n_seqs = n_seqs};
         ssm_data s;
         ssm_make(&s, &sp, 500 + (uint64_t)with_h0);
@@ -369,8 +432,15 @@ static void test_varlen(void)
 static void test_prefill_then_decode(void)
 {
     const int64_t B = 2, T = 20, D = 130, N = 16, prefill = 12;
-    ssm_spec sp = {.B = B, .T = T, .D = D, .N = N, .gate = true, .skip = true, .h0 = true,
-                   .softplus = true, .bias = true};
+    ssm_spec sp = {.B = B,
+                   .T = T,
+                   .D = D,
+                   .N = N,
+                   .gate = true,
+                   .skip = true,
+                   .h0 = true,
+                   .softplus = true,
+                   .bias = true};
     ssm_data s;
     ssm_make(&s, &sp, 600);
     float *y_full = tu_alloc(s.n_y), *hT_full = tu_alloc(s.n_state);
@@ -397,7 +467,8 @@ static void test_prefill_then_decode(void)
         CHECK_OK(ssm_forward(&p, NULL, y, state));
         tu_place_tokens(y, B, T, D, t0, len, y_steps);
     }
-    CHECK(tu_same_bits(y_full, y_steps, s.n_y), "prefill + in-place decode: y differs from one call");
+    CHECK(tu_same_bits(y_full, y_steps, s.n_y),
+          "prefill + in-place decode: y differs from one call");
     CHECK(tu_same_bits(hT_full, state, s.n_state),
           "prefill + in-place decode: the state differs from one call's hT");
     free(x);
@@ -418,6 +489,8 @@ static void test_prefill_then_decode(void)
 static void test_threads(void)
 {
     static const int64_t cu[] = {0, 30, 31, 90};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const ssm_spec specs[] = {
         {.B = 3, .T = 40, .D = 200, .N = 16, .G = 4, .gate = true, .skip = true, .h0 = true},
         {.B = 1, .T = 90, .D = 150, .N = 7, .G = 3, .softplus = true, .bias = true, .h0 = true,
@@ -427,6 +500,7 @@ static void test_threads(void)
          .softplus = true, .bias = true},
         {.B = 3, .T = 1, .D = 1100, .N = 16, .G = 5, .gate = true, .h0 = true},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         ssm_data s;
         ssm_make(&s, &specs[i], 700 + i);
@@ -437,8 +511,8 @@ static void test_threads(void)
         for (int threads = 2; threads <= 3; threads++) {
             linseq_exec ex = {.threads = threads};
             CHECK_OK(ssm_forward(&s.p, &ex, y, hT));
-            CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y with %d threads differs from 1 thread", i,
-                  threads);
+            CHECK(tu_same_bits(y1, y, s.n_y), "spec %zu: y with %d threads differs from 1 thread",
+                  i, threads);
             CHECK(tu_same_bits(hT1, hT, s.n_state), "spec %zu: hT with %d threads differs", i,
                   threads);
         }
@@ -457,9 +531,8 @@ static void test_threads(void)
 /* ==================================================================================== */
 
 enum { GR_DX, GR_DDT, GR_DA, GR_DB, GR_DC, GR_DD, GR_DGATE, GR_DH0, GR_DBIAS, N_GRADS };
-static const char *const grad_names[N_GRADS] = {"dx",      "ddt",     "dA",
-                                                "dB_proj", "dC_proj", "dD_skip",
-                                                "dgate",   "dh0",     "ddt_bias"};
+static const char *const grad_names[N_GRADS] = {"dx",      "ddt",   "dA",  "dB_proj", "dC_proj",
+                                                "dD_skip", "dgate", "dh0", "ddt_bias"};
 
 /* The upstream gradients, and every gradient the problem has: from the fast backward (float,
  * poisoned before the call so that an element it never writes cannot pass) and from the
@@ -484,8 +557,14 @@ static void bwd_make(ssm_bwd *b, const ssm_data *s, bool with_d_hT, uint64_t see
         tu_fill_normal(&rng, b->d_hT, s->n_state, 1.0);
     }
     const size_t D = (size_t)p->D;
-    const size_t sizes[N_GRADS] = {s->n_y, s->n_y, D * (size_t)p->N, s->n_proj, s->n_proj,
-                                   p->D_skip ? D : 0, p->gate ? s->n_y : 0, s->n_state,
+    const size_t sizes[N_GRADS] = {s->n_y,
+                                   s->n_y,
+                                   D * (size_t)p->N,
+                                   s->n_proj,
+                                   s->n_proj,
+                                   p->D_skip ? D : 0,
+                                   p->gate ? s->n_y : 0,
+                                   s->n_state,
                                    p->dt_softplus ? D : 0};
     for (int k = 0; k < N_GRADS; k++) {
         b->n[k] = sizes[k];
@@ -508,17 +587,29 @@ static void bwd_free(ssm_bwd *b)
 
 static linseq_ssm1_grads grads_of(float *const g[N_GRADS])
 {
-    linseq_ssm1_grads out = {.dx = g[GR_DX], .ddt = g[GR_DDT], .dA = g[GR_DA],
-                             .dB_proj = g[GR_DB], .dC_proj = g[GR_DC], .dD_skip = g[GR_DD],
-                             .dgate = g[GR_DGATE], .dh0 = g[GR_DH0], .ddt_bias = g[GR_DBIAS]};
+    linseq_ssm1_grads out = {.dx = g[GR_DX],
+                             .ddt = g[GR_DDT],
+                             .dA = g[GR_DA],
+                             .dB_proj = g[GR_DB],
+                             .dC_proj = g[GR_DC],
+                             .dD_skip = g[GR_DD],
+                             .dgate = g[GR_DGATE],
+                             .dh0 = g[GR_DH0],
+                             .ddt_bias = g[GR_DBIAS]};
     return out;
 }
 
 static ls_ssm1_grads_f64 ref_grads_of(double *const g[N_GRADS])
 {
-    ls_ssm1_grads_f64 out = {.dx = g[GR_DX], .ddt = g[GR_DDT], .dA = g[GR_DA],
-                             .dB_proj = g[GR_DB], .dC_proj = g[GR_DC], .dD_skip = g[GR_DD],
-                             .dgate = g[GR_DGATE], .dh0 = g[GR_DH0], .ddt_bias = g[GR_DBIAS]};
+    ls_ssm1_grads_f64 out = {.dx = g[GR_DX],
+                             .ddt = g[GR_DDT],
+                             .dA = g[GR_DA],
+                             .dB_proj = g[GR_DB],
+                             .dC_proj = g[GR_DC],
+                             .dD_skip = g[GR_DD],
+                             .dgate = g[GR_DGATE],
+                             .dh0 = g[GR_DH0],
+                             .ddt_bias = g[GR_DBIAS]};
     return out;
 }
 
@@ -579,10 +670,12 @@ static void check_backward_against_reference(const ssm_spec *sp, bool with_d_hT,
 static void test_backward_against_reference(void)
 {
     static const int64_t cu[] = {0, 5, 5, 70, 71, 200};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const ssm_spec specs[] = {
         {.B = 1, .T = 1, .D = 1, .N = 1},
-        {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step   */
-        {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* ragged block  */
+        {.B = 2, .T = 1, .D = 64, .N = 16, .h0 = true, .skip = true},      /* decode step */
+        {.B = 2, .T = 33, .D = 67, .N = 5, .gate = true, .h0 = true},      /* ragged block */
         /* several checkpoint segments and a partial last one; groups of one block each */
         {.B = 1, .T = 700, .D = 70, .N = 16, .G = 2, .gate = true, .skip = true, .h0 = true,
          .softplus = true, .bias = true},
@@ -590,12 +683,13 @@ static void test_backward_against_reference(void)
         {.B = 2, .T = 40, .D = 260, .N = 5, .G = 2, .gate = true, .skip = true, .h0 = true},
         {.B = 1, .T = 130, .D = 130, .N = 7, .softplus = true, .bias = true, .skip = true},
         {.B = 3, .T = 17, .D = 96, .N = 7, .G = 3, .h0 = true, .skip = true},
-        {.B = 1, .T = 50, .D = 12, .N = 3, .G = 12, .gate = true},         /* G == D        */
+        {.B = 1, .T = 50, .D = 12, .N = 3, .G = 12, .gate = true},         /* G == D */
         {.B = 2, .T = 9, .D = 200, .N = 16, .G = 4, .softplus = true, .bias = true, .h0 = true},
-        {.B = 1, .T = 40, .D = 5, .N = 33, .softplus = true}, /* ddt_bias without dt_bias   */
+        {.B = 1, .T = 40, .D = 5, .N = 33, .softplus = true}, /* ddt_bias without dt_bias */
         {.B = 1, .T = 200, .D = 70, .N = 6, .G = 2, .gate = true, .skip = true, .h0 = true,
          .softplus = true, .bias = true, .cu_seqlens = cu, .n_seqs = 5}, /* empty sequence */
     };
+    /* clang-format on */
     worst_errors worst = {{0}};
     char label[64];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
@@ -605,8 +699,17 @@ static void test_backward_against_reference(void)
                                              2000 + 10 * i + (uint64_t)with_d_hT, label, &worst);
         }
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        ssm_spec sp = {.B = 2, .T = 21, .D = 70, .N = 8, .G = 2, .gate = true, .skip = true,
-                       .h0 = true, .softplus = true, .bias = true, .act = (linseq_activation)act};
+        ssm_spec sp = {.B = 2,
+                       .T = 21,
+                       .D = 70,
+                       .N = 8,
+                       .G = 2,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = true,
+                       .bias = true,
+                       .act = (linseq_activation)act};
         snprintf(label, sizeof label, "backward gate activation %d", act);
         check_backward_against_reference(&sp, true, 2200 + (uint64_t)act, label, &worst);
     }
@@ -657,9 +760,9 @@ static void check_finite_differences(const ssm_spec *sp, uint64_t seed, const ch
         float *v;
         int grad;
     } inputs[] = {
-        {s.x, GR_DX},      {s.dt, GR_DDT},      {s.A, GR_DA},      {s.B_proj, GR_DB},
-        {s.C_proj, GR_DC}, {s.D_skip, GR_DD},   {s.gate, GR_DGATE}, {s.h0, GR_DH0},
-        {s.dt_bias, GR_DBIAS},
+        {s.x, GR_DX},       {s.dt, GR_DDT},    {s.A, GR_DA},
+        {s.B_proj, GR_DB},  {s.C_proj, GR_DC}, {s.D_skip, GR_DD},
+        {s.gate, GR_DGATE}, {s.h0, GR_DH0},    {s.dt_bias, GR_DBIAS},
     };
     for (size_t k = 0; k < sizeof inputs / sizeof inputs[0]; k++) {
         float *v = inputs[k].v;
@@ -701,15 +804,34 @@ static void test_finite_differences(void)
     double worst[2] = {0.0, 0.0};
     char label[64];
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        ssm_spec sp = {.B = 2, .T = 9, .D = 6, .N = 3, .G = 2, .gate = true, .skip = true,
-                       .h0 = true, .softplus = true, .bias = true, .act = (linseq_activation)act};
+        ssm_spec sp = {.B = 2,
+                       .T = 9,
+                       .D = 6,
+                       .N = 3,
+                       .G = 2,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = true,
+                       .bias = true,
+                       .act = (linseq_activation)act};
         snprintf(label, sizeof label, "finite differences, activation %d", act);
         check_finite_differences(&sp, 2300 + (uint64_t)act, label, worst);
     }
     ssm_spec plain = {.B = 2, .T = 9, .D = 6, .N = 3, .G = 3, .h0 = true};
     check_finite_differences(&plain, 2310, "finite differences, dt as given", worst);
-    ssm_spec varlen = {.B = 1, .T = 13, .D = 6, .N = 3, .G = 2, .gate = true, .skip = true,
-                       .h0 = true, .softplus = true, .bias = true, .cu_seqlens = cu, .n_seqs = 3};
+    ssm_spec varlen = {.B = 1,
+                       .T = 13,
+                       .D = 6,
+                       .N = 3,
+                       .G = 2,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = true,
+                       .bias = true,
+                       .cu_seqlens = cu,
+                       .n_seqs = 3};
     check_finite_differences(&varlen, 2320, "finite differences, varlen", worst);
     printf("  finite differences, max err / max|grad|: reference backward %.2g, fast %.2g\n",
            worst[0], worst[1]);
@@ -726,8 +848,15 @@ static void test_finite_differences(void)
  * everything but ddt_bias, which the test sums in another order. */
 static void test_backward_softplus_outside(void)
 {
-    ssm_spec sp = {.B = 2, .T = 90, .D = 80, .N = 16, .softplus = true, .bias = true,
-                   .gate = true, .skip = true, .h0 = true};
+    ssm_spec sp = {.B = 2,
+                   .T = 90,
+                   .D = 80,
+                   .N = 16,
+                   .softplus = true,
+                   .bias = true,
+                   .gate = true,
+                   .skip = true,
+                   .h0 = true};
     ssm_data s;
     ssm_make(&s, &sp, 2400);
     ssm_bwd in, out;
@@ -776,8 +905,14 @@ static void test_backward_softplus_outside(void)
 static void test_backward_gate_outside(void)
 {
     for (int act = LINSEQ_ACT_DEFAULT; act <= LINSEQ_ACT_RELU; act++) {
-        ssm_spec sp = {.B = 1, .T = 70, .D = 100, .N = 16, .gate = true, .skip = true,
-                       .h0 = true, .act = (linseq_activation)act};
+        ssm_spec sp = {.B = 1,
+                       .T = 70,
+                       .D = 100,
+                       .N = 16,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .act = (linseq_activation)act};
         ssm_data s;
         ssm_make(&s, &sp, 2500 + (uint64_t)act);
         const linseq_activation resolved = ssm1_gate_activation(&s.p);
@@ -824,8 +959,16 @@ static void test_backward_groups_expanded(void)
     static const int64_t groups[] = {1, 2, 3, 8};
     static const int64_t widths[] = {96, 260, 96, 96};
     for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
-        ssm_spec sp = {.B = 2, .T = 70, .D = widths[gi], .N = 5, .G = groups[gi], .gate = true,
-                       .skip = true, .h0 = true, .softplus = true, .bias = true};
+        ssm_spec sp = {.B = 2,
+                       .T = 70,
+                       .D = widths[gi],
+                       .N = 5,
+                       .G = groups[gi],
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = true,
+                       .bias = true};
         ssm_data s;
         ssm_make(&s, &sp, 2600 + gi);
         const int64_t G = sp.G, D = sp.D, N = sp.N, BT = sp.B * sp.T;
@@ -895,8 +1038,17 @@ static void test_backward_varlen(void)
     static const int64_t cu[] = {0, 5, 5, 140, 141, 170};
     const int64_t n_seqs = 5, D = 70, N = 6, G = 2;
     for (int with_h0 = 0; with_h0 <= 1; with_h0++) {
-        ssm_spec sp = {.B = 1, .T = 170, .D = D, .N = N, .G = G, .gate = true, .skip = true,
-                       .h0 = with_h0, .softplus = true, .bias = true, .cu_seqlens = cu,
+        ssm_spec sp = {.B = 1,
+                       .T = 170,
+                       .D = D,
+                       .N = N,
+                       .G = G,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = with_h0,
+                       .softplus = true,
+                       .bias = true,
+                       .cu_seqlens = cu,
                        .n_seqs = n_seqs};
         ssm_data s;
         ssm_make(&s, &sp, 2700 + (uint64_t)with_h0);
@@ -940,9 +1092,9 @@ static void test_backward_varlen(void)
             if (b.d_hT) memcpy(b.d_hT, all.d_hT + n * row, row * sizeof(float));
             run_backward(&one, &b, NULL);
             const size_t offsets[N_GRADS] = {
-                [GR_DX] = (size_t)(t0 * D), [GR_DDT] = (size_t)(t0 * D),
+                [GR_DX] = (size_t)(t0 * D),     [GR_DDT] = (size_t)(t0 * D),
                 [GR_DB] = (size_t)(t0 * G * N), [GR_DC] = (size_t)(t0 * G * N),
-                [GR_DGATE] = (size_t)(t0 * D), [GR_DH0] = n * row};
+                [GR_DGATE] = (size_t)(t0 * D),  [GR_DH0] = n * row};
             for (int k = 0; k < N_GRADS; k++) {
                 if (sums[k]) {
                     accumulate(sums[k], b.g[k], b.n[k]);
@@ -973,8 +1125,15 @@ static void test_backward_varlen(void)
 static void test_backward_chained(void)
 {
     const int64_t B = 2, T = 150, D = 70, N = 8, first = 100, second = T - first;
-    ssm_spec sp = {.B = B, .T = T, .D = D, .N = N, .gate = true, .skip = true, .h0 = true,
-                   .softplus = true, .bias = true};
+    ssm_spec sp = {.B = B,
+                   .T = T,
+                   .D = D,
+                   .N = N,
+                   .gate = true,
+                   .skip = true,
+                   .h0 = true,
+                   .softplus = true,
+                   .bias = true};
     ssm_data s;
     ssm_make(&s, &sp, 2800);
     ssm_bwd whole;
@@ -1050,12 +1209,15 @@ static void test_backward_chained(void)
 static void test_backward_threads(void)
 {
     static const int64_t cu[] = {0, 70, 71, 150};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const ssm_spec specs[] = {
         {.B = 3, .T = 40, .D = 260, .N = 7, .G = 2, .gate = true, .skip = true, .h0 = true,
          .softplus = true, .bias = true},
         {.B = 1, .T = 150, .D = 150, .N = 5, .G = 3, .softplus = true, .bias = true, .h0 = true,
          .cu_seqlens = cu, .n_seqs = 3},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         ssm_data s;
         ssm_make(&s, &specs[i], 2900 + i);
@@ -1098,8 +1260,15 @@ static void test_backward_threads(void)
 static void test_backward_stability(void)
 {
     for (int variant = 0; variant < 3; variant++) {
-        ssm_spec sp = {.B = 2, .T = 80, .D = 70, .N = 16, .gate = true, .skip = true,
-                       .h0 = true, .softplus = variant == 0, .bias = variant == 0};
+        ssm_spec sp = {.B = 2,
+                       .T = 80,
+                       .D = 70,
+                       .N = 16,
+                       .gate = true,
+                       .skip = true,
+                       .h0 = true,
+                       .softplus = variant == 0,
+                       .bias = variant == 0};
         ssm_data s;
         ssm_make(&s, &sp, 3000 + (uint64_t)variant);
         for (size_t i = 0; i < s.n_y; i++) {
@@ -1135,8 +1304,16 @@ static void test_backward_optional_inputs(void)
      * a success clears the message of the failure before it. */
     float x = 1.0f, dt = 0.1f, A = -1.0f, Bv = 1.0f, Cv = 1.0f, d_y = 1.0f, dh0 = -1.0f;
     float ddt_bias = -1.0f;
-    linseq_ssm1_problem p = {.B = 1, .T = 1, .D = 1, .N = 1, .x = &x, .dt = &dt, .A = &A,
-                             .B_proj = &Bv, .C_proj = &Cv, .dt_softplus = true};
+    linseq_ssm1_problem p = {.B = 1,
+                             .T = 1,
+                             .D = 1,
+                             .N = 1,
+                             .x = &x,
+                             .dt = &dt,
+                             .A = &A,
+                             .B_proj = &Bv,
+                             .C_proj = &Cv,
+                             .dt_softplus = true};
     linseq_ssm1_grads grads = {.dh0 = &dh0, .ddt_bias = &ddt_bias};
     CHECK(linseq_ssm1_backward(&p, NULL, &d_y, NULL, NULL) == LINSEQ_ERR_NULL_POINTER,
           "NULL grads");
@@ -1156,8 +1333,15 @@ static void test_backward_optional_inputs(void)
  * given ls_isa_active(). */
 static void test_public_entry_points(void)
 {
-    ssm_spec sp = {.B = 2, .T = 70, .D = 70, .N = 16, .gate = true, .skip = true, .h0 = true,
-                   .softplus = true, .bias = true};
+    ssm_spec sp = {.B = 2,
+                   .T = 70,
+                   .D = 70,
+                   .N = 16,
+                   .gate = true,
+                   .skip = true,
+                   .h0 = true,
+                   .softplus = true,
+                   .bias = true};
     ssm_data s;
     ssm_make(&s, &sp, 3200);
     float *y = tu_alloc(s.n_y), *hT = tu_alloc(s.n_state);

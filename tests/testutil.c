@@ -117,16 +117,16 @@ float *tu_alloc_poisoned(size_t n)
     return p;
 }
 
-void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                     int64_t len, float *out)
+void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0, int64_t len,
+                     float *out)
 {
     for (int64_t b = 0; b < B; b++)
         memcpy(out + b * len * width, src + (b * T + t0) * width,
                (size_t)(len * width) * sizeof(float));
 }
 
-void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                     int64_t len, float *dst)
+void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0, int64_t len,
+                     float *dst)
 {
     for (int64_t b = 0; b < B; b++)
         memcpy(dst + (b * T + t0) * width, src + b * len * width,

@@ -12,23 +12,23 @@
 extern int tu_failures;
 extern int tu_checks;
 
-#define CHECK(cond, ...)                                                                 \
-    do {                                                                                 \
-        tu_checks++;                                                                     \
-        if (!(cond)) {                                                                   \
-            tu_failures++;                                                               \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                         \
-            fprintf(stderr, __VA_ARGS__);                                                \
-            fputc('\n', stderr);                                                         \
-        }                                                                                \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        tu_checks++;                                                                               \
+        if (!(cond)) {                                                                             \
+            tu_failures++;                                                                         \
+            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                   \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fputc('\n', stderr);                                                                   \
+        }                                                                                          \
     } while (0)
 
 /* Checks status == LINSEQ_OK and prints the library's message otherwise. */
-#define CHECK_OK(expr)                                                                   \
-    do {                                                                                 \
-        linseq_status st_ = (expr);                                                      \
-        CHECK(st_ == LINSEQ_OK, "%s -> %s (%s)", #expr, linseq_status_string(st_),       \
-              linseq_last_error());                                                      \
+#define CHECK_OK(expr)                                                                             \
+    do {                                                                                           \
+        linseq_status st_ = (expr);                                                                \
+        CHECK(st_ == LINSEQ_OK, "%s -> %s (%s)", #expr, linseq_status_string(st_),                 \
+              linseq_last_error());                                                                \
     } while (0)
 
 /* Prints a summary line and returns the process exit code. */
@@ -36,7 +36,9 @@ int tu_finish(const char *suite);
 
 /* Checks counted by part of a test (one ISA's share), to report each part on its own line:
  * tu_tally_add adds the checks made since `since` (a tu_mark_now()) to *tally. */
-typedef struct { int checks, failures; } tu_mark;
+typedef struct {
+    int checks, failures;
+} tu_mark;
 tu_mark tu_mark_now(void);
 void tu_tally_add(tu_mark *tally, tu_mark since);
 /* "<label>: N checks ok" or "<label>: M of N checks FAILED", then ", <detail>" unless detail
@@ -44,7 +46,9 @@ void tu_tally_add(tu_mark *tally, tu_mark since);
 void tu_report(const char *label, tu_mark tally, const char *detail);
 
 /* Deterministic xoshiro-style generator. */
-typedef struct { uint64_t s; } tu_rng;
+typedef struct {
+    uint64_t s;
+} tu_rng;
 uint64_t tu_next(tu_rng *r);
 double tu_uniform(tu_rng *r, double lo, double hi);
 double tu_normal(tu_rng *r);
@@ -67,11 +71,11 @@ bool tu_same_bits(const float *a, const float *b, size_t n);
 float *tu_alloc_poisoned(size_t n);
 
 /* Tokens [t0, t0+len) of every batch row: [B,T,width] -> out [B,len,width]. */
-void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                     int64_t len, float *out);
+void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0, int64_t len,
+                     float *out);
 /* The inverse: [B,len,width] -> tokens [t0, t0+len) of dst [B,T,width]. */
-void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0,
-                     int64_t len, float *dst);
+void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0, int64_t len,
+                     float *dst);
 
 /* Fills with a byte pattern and checks it is intact (poisoned outputs on error). */
 void tu_poison(void *p, size_t bytes);

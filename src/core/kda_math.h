@@ -42,8 +42,7 @@ static inline LS_HOST_DEVICE float ls_kda_gatef(float raw, float bias, float a_l
 
 /* dg/draw (== dg/ddt_bias) and dg/dA_log of ls_kda_gatef. */
 static inline LS_HOST_DEVICE void ls_kda_gate_gradf(float raw, float bias, float a_log,
-                                                    float lower_bound, float *d_raw,
-                                                    float *d_alog)
+                                                    float lower_bound, float *d_raw, float *d_alog)
 {
     const float x = raw + bias, e = expf(a_log);
     if (lower_bound == 0.0f) {

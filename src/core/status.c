@@ -12,9 +12,11 @@ const char *linseq_status_string(linseq_status status)
     case LINSEQ_OK: return "LINSEQ_OK: success";
     case LINSEQ_ERR_NULL_POINTER: return "LINSEQ_ERR_NULL_POINTER: a required pointer is NULL";
     case LINSEQ_ERR_INVALID_SIZE: return "LINSEQ_ERR_INVALID_SIZE: a size is out of its range";
-    case LINSEQ_ERR_SIZE_OVERFLOW: return "LINSEQ_ERR_SIZE_OVERFLOW: a tensor's byte size overflows";
+    case LINSEQ_ERR_SIZE_OVERFLOW:
+        return "LINSEQ_ERR_SIZE_OVERFLOW: a tensor's byte size overflows";
     case LINSEQ_ERR_SHAPE_MISMATCH: return "LINSEQ_ERR_SHAPE_MISMATCH: sizes are inconsistent";
-    case LINSEQ_ERR_INVALID_CU_SEQLENS: return "LINSEQ_ERR_INVALID_CU_SEQLENS: bad sequence offsets";
+    case LINSEQ_ERR_INVALID_CU_SEQLENS:
+        return "LINSEQ_ERR_INVALID_CU_SEQLENS: bad sequence offsets";
     case LINSEQ_ERR_INVALID_ENUM: return "LINSEQ_ERR_INVALID_ENUM: unknown enum value";
     case LINSEQ_ERR_INVALID_VALUE: return "LINSEQ_ERR_INVALID_VALUE: an option is out of range";
     case LINSEQ_ERR_ALIASING: return "LINSEQ_ERR_ALIASING: an output overlaps another buffer";

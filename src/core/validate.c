@@ -7,8 +7,8 @@
 
 #include "core/status.h"
 
-ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr,
-                  bool required, ls_role role, size_t elem_size, int ndim, ...)
+ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr, bool required,
+                  ls_role role, size_t elem_size, int ndim, ...)
 {
     /* The table size is a compile-time property of each entry point: overflowing it is a
      * programming error, which ls_args_validate reports on every call (so any test finds it)
@@ -103,8 +103,8 @@ linseq_status ls_args_validate(ls_args *a)
         const ls_tensor *t = &a->t[i];
         if (t->ptr && t->align > 1 && (uintptr_t)t->ptr % t->align != 0)
             return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
-                           "'%s' = %p is not aligned to %zu bytes (the alignment of a %s)",
-                           t->name, t->ptr, t->align, t->elem_size == 8 ? "int64" : "float32");
+                           "'%s' = %p is not aligned to %zu bytes (the alignment of a %s)", t->name,
+                           t->ptr, t->align, t->elem_size == 8 ? "int64" : "float32");
     }
     for (int i = 0; i < a->n; i++) {
         ls_tensor *t = &a->t[i];
@@ -124,9 +124,8 @@ linseq_status ls_args_validate(ls_args *a)
             bool allowed = x->role == LS_IN && o->may_alias && o->may_alias == x->ptr &&
                            o->ptr == x->ptr && o->bytes == x->bytes;
             if (!allowed)
-                return ls_fail(a->fn, LINSEQ_ERR_ALIASING,
-                               "output '%s' overlaps %s '%s'%s", o->name,
-                               x->role == LS_OUT ? "output" : "input", x->name,
+                return ls_fail(a->fn, LINSEQ_ERR_ALIASING, "output '%s' overlaps %s '%s'%s",
+                               o->name, x->role == LS_OUT ? "output" : "input", x->name,
                                o->may_alias && x->ptr == o->may_alias
                                    ? " (it may only be exactly the same buffer)"
                                    : "");
@@ -140,7 +139,8 @@ int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T
     if (!cu_seqlens) return T;
     int64_t longest = 0;
     for (int64_t n = 0; n < n_seqs; n++)
-        if (cu_seqlens[n + 1] - cu_seqlens[n] > longest) longest = cu_seqlens[n + 1] - cu_seqlens[n];
+        if (cu_seqlens[n + 1] - cu_seqlens[n] > longest)
+            longest = cu_seqlens[n + 1] - cu_seqlens[n];
     return longest;
 }
 
@@ -158,14 +158,15 @@ linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_s
     if (B != 1)
         return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
                        "cu_seqlens is given, so B must be 1 (sequences are packed along T); "
-                       "got B = %lld", (long long)B);
+                       "got B = %lld",
+                       (long long)B);
     if (n_seqs < 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
                        "n_seqs = %lld; expected n_seqs >= 1 (cu_seqlens has n_seqs + 1 entries)",
                        (long long)n_seqs);
     if (cu[0] != 0)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS,
-                       "cu_seqlens[0] = %lld; expected 0", (long long)cu[0]);
+        return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS, "cu_seqlens[0] = %lld; expected 0",
+                       (long long)cu[0]);
     for (int64_t i = 1; i <= n_seqs; i++) {
         if (cu[i] < cu[i - 1])
             return ls_fail(fn, LINSEQ_ERR_INVALID_CU_SEQLENS,

@@ -21,17 +21,17 @@
 typedef enum { LS_IN = 0, LS_OUT = 1 } ls_role;
 
 typedef struct ls_tensor {
-    const char *name;         /* argument name as the caller knows it: "q", "h0"          */
-    const char *dims;         /* "B,T,H,K"                                                 */
+    const char *name; /* argument name as the caller knows it: "q", "h0" */
+    const char *dims; /* "B,T,H,K" */
     int ndim;
     int64_t shape[LS_MAX_DIMS];
     size_t elem_size;
-    size_t align;             /* the pointer's required alignment; elem_size by default   */
+    size_t align; /* the pointer's required alignment; elem_size by default */
     const void *ptr;
     bool required;
     ls_role role;
-    const void *may_alias;    /* output only: the input pointer it may equal exactly     */
-    size_t bytes;             /* filled by ls_args_validate                              */
+    const void *may_alias; /* output only: the input pointer it may equal exactly */
+    size_t bytes;          /* filled by ls_args_validate */
 } ls_tensor;
 
 typedef struct ls_args {
@@ -42,8 +42,8 @@ typedef struct ls_args {
 } ls_args;
 
 /* Adds a tensor argument; shape values follow ndim. Returns the entry. */
-ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr,
-                  bool required, ls_role role, size_t elem_size, int ndim, ...);
+ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr, bool required,
+                  ls_role role, size_t elem_size, int ndim, ...);
 
 /* Null pointers, alignment, byte-size overflow, aliasing. Returns the first failure. */
 linseq_status ls_args_validate(ls_args *a);

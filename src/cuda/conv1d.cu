@@ -25,26 +25,27 @@
 // floats per 128 tokens of partial sums.
 #include "cuda/ssm_common.cuh"
 
-namespace {
+namespace
+{
 
-constexpr int kChunk = 16;   // tokens per thread (at least W-1: see above)
-constexpr int kWarps = 8;    // backward: chunks per block
+constexpr int kChunk = 16; // tokens per thread (at least W-1: see above)
+constexpr int kWarps = 8;  // backward: chunks per block
 constexpr int kMaxFixedW = 4;
 
 struct ConvArgs {
-    const void *x;          // Elem
+    const void *x; // Elem
     const float *weight, *bias, *state;
     const int64_t *cu;
     int64_t T, D, W, L, n_chunks, n_seqs;
     int act;
     // forward
-    void *y;                // Elem
+    void *y; // Elem
     float *state_out;
     // backward
-    const void *dy;         // Elem
-    const float *dso;       // d_conv_state_out or NULL
-    void *dx;               // Elem or NULL
-    float *dstate;          // dconv_state or NULL
+    const void *dy;           // Elem
+    const float *dso;         // d_conv_state_out or NULL
+    void *dx;                 // Elem or NULL
+    float *dstate;            // dconv_state or NULL
     float *dw_part, *db_part; // [rows][D W], [rows][D] or NULL
 };
 
@@ -69,8 +70,7 @@ __device__ __forceinline__ void xs_at(const ConvArgs &a, int64_t seq, int64_t st
 // ---------------------------------------------------------------------------------------
 // Forward
 
-template <typename E, int VEC, int WT>
-__global__ void conv1d_fwd_kernel(const ConvArgs a)
+template <typename E, int VEC, int WT> __global__ void conv1d_fwd_kernel(const ConvArgs a)
 {
     const int64_t n_dv = a.D / VEC;
     const int64_t item = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -103,8 +103,7 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
 #pragma unroll
         for (int t = 0; t < kChunk; t++) {
             if (t < cnt)
-                ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d,
-                                  xin[t]);
+                ls_ld_vec<E, VEC>(static_cast<const E *>(a.x), (start + t0 + t) * a.D + d, xin[t]);
         }
 #pragma unroll
         for (int t = 0; t < kChunk; t++) {
@@ -136,7 +135,8 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
                 float v[VEC];
                 xs_at<E, VEC>(a, seq, start, len, d, W, t0 + t + j, v);
 #pragma unroll
-                for (int c = 0; c < VEC; c++) out[c] = fmaf(a.weight[(d + c) * W + j], v[c], out[c]);
+                for (int c = 0; c < VEC; c++)
+                    out[c] = fmaf(a.weight[(d + c) * W + j], v[c], out[c]);
             }
 #pragma unroll
             for (int c = 0; c < VEC; c++) out[c] = ls_dev_activate(a.act, out[c]);
@@ -161,8 +161,8 @@ __global__ void conv1d_fwd_kernel(const ConvArgs a)
 
 // dL/dpre of token u (relative to the sequence; 0 past its end), recomputing pre.
 template <typename E>
-__device__ __forceinline__ float dpre_at(const ConvArgs &a, int64_t seq, int64_t start,
-                                         int64_t len, int64_t d, int64_t u)
+__device__ __forceinline__ float dpre_at(const ConvArgs &a, int64_t seq, int64_t start, int64_t len,
+                                         int64_t d, int64_t u)
 {
     if (u >= len) return 0.0f;
     const int64_t W = a.W;
@@ -176,8 +176,7 @@ __device__ __forceinline__ float dpre_at(const ConvArgs &a, int64_t seq, int64_t
     return ls_ld(static_cast<const E *>(a.dy), idx) * ls_dev_activate_grad(a.act, pre);
 }
 
-template <typename E, int WT>
-__global__ void conv1d_bwd_kernel(const ConvArgs a)
+template <typename E, int WT> __global__ void conv1d_bwd_kernel(const ConvArgs a)
 {
     constexpr int kMaxRed = (WT > 0 ? WT : 1) + 1; // dweight taps (+ dbias) reduced at once
     __shared__ float s_red[kWarps][kMaxRed][32];
@@ -205,7 +204,8 @@ __global__ void conv1d_bwd_kernel(const ConvArgs a)
 #pragma unroll
         for (int k = 0; k < NX; k++) {
             xw[k] = 0.0f;
-            if (active && t0 + k < len + W - 1) xs_at<E, 1>(a, seq, start, len, d, W, t0 + k, &xw[k]);
+            if (active && t0 + k < len + W - 1)
+                xs_at<E, 1>(a, seq, start, len, d, W, t0 + k, &xw[k]);
         }
 #pragma unroll
         for (int u = 0; u < NP; u++) {
@@ -263,7 +263,8 @@ __global__ void conv1d_bwd_kernel(const ConvArgs a)
         for (int64_t t = 0; t < cnt; t++) {
             float g = 0.0f;
             for (int64_t j = 0; j < W; j++)
-                g = fmaf(a.weight[d * W + j], dpre_at<E>(a, seq, start, len, d, t0 + t + W - 1 - j), g);
+                g = fmaf(a.weight[d * W + j], dpre_at<E>(a, seq, start, len, d, t0 + t + W - 1 - j),
+                         g);
             if (a.dso && t0 + t + W - 1 >= len)
                 g += a.dso[(seq * a.D + d) * (W - 1) + (t0 + t + W - 1 - len)];
             if (a.dx) ls_st(static_cast<E *>(a.dx), (start + t0 + t) * a.D + d, g);
@@ -367,8 +368,8 @@ linseq_status conv1d_forward(const linseq_conv1d_problem *p, const ls_cuda_call 
     a.y = y;
     a.state_out = p->W > 1 ? state_out : nullptr;
     const size_t align = sizeof(E) * 4;
-    const bool vec = p->D % 4 == 0 && p->W <= kMaxFixedW &&
-                     (uintptr_t)p->x % align == 0 && (uintptr_t)y % align == 0;
+    const bool vec = p->D % 4 == 0 && p->W <= kMaxFixedW && (uintptr_t)p->x % align == 0 &&
+                     (uintptr_t)y % align == 0;
     linseq_status st = check_blocks(call, (a.n_seqs * a.n_chunks * a.D + 127) / 128);
     if (st) return st;
     return vec ? launch_fwd_vec<E, 4>(a, call) : launch_fwd_vec<E, 1>(a, call);
@@ -407,13 +408,12 @@ linseq_status conv1d_backward(const linseq_conv1d_problem *p, const ls_cuda_call
     }
     LS_CUDA_LAUNCHED(call, "conv1d_bwd_kernel");
     if (a.dw_part) {
-        conv1d_sum_rows_kernel<<<ls_blocks(a.D * a.W, 256), 256, 0, s>>>(a.dw_part, rows,
-                                                                          a.D * a.W, gr->dweight);
+        conv1d_sum_rows_kernel<<<ls_blocks(a.D * a.W, 256), 256, 0, s>>>(a.dw_part, rows, a.D * a.W,
+                                                                         gr->dweight);
         LS_CUDA_LAUNCHED(call, "conv1d_sum_rows_kernel");
     }
     if (a.db_part) {
-        conv1d_sum_rows_kernel<<<ls_blocks(a.D, 256), 256, 0, s>>>(a.db_part, rows, a.D,
-                                                                   gr->dbias);
+        conv1d_sum_rows_kernel<<<ls_blocks(a.D, 256), 256, 0, s>>>(a.db_part, rows, a.D, gr->dbias);
         LS_CUDA_LAUNCHED(call, "conv1d_sum_rows_kernel");
     }
     return LINSEQ_OK;

@@ -15,21 +15,21 @@ extern "C" {
 
 // Evaluates a CUDA runtime call; on failure returns LINSEQ_ERR_DEVICE from the enclosing
 // function with "<fn>: <call> failed: <reason>" as the thread's message.
-#define LS_CUDA_TRY(call, expr)                                                              \
-    do {                                                                                     \
-        cudaError_t ls_err_ = (expr);                                                        \
-        if (ls_err_ != cudaSuccess)                                                          \
-            return ls_fail((call)->fn, LINSEQ_ERR_DEVICE, "%s failed: %s", #expr,            \
-                           cudaGetErrorString(ls_err_));                                     \
+#define LS_CUDA_TRY(call, expr)                                                                    \
+    do {                                                                                           \
+        cudaError_t ls_err_ = (expr);                                                              \
+        if (ls_err_ != cudaSuccess)                                                                \
+            return ls_fail((call)->fn, LINSEQ_ERR_DEVICE, "%s failed: %s", #expr,                  \
+                           cudaGetErrorString(ls_err_));                                           \
     } while (0)
 
 // After a kernel launch: a bad configuration shows up here, not as a status of the launch.
-#define LS_CUDA_LAUNCHED(call, kernel_name)                                                  \
-    do {                                                                                     \
-        cudaError_t ls_err_ = cudaGetLastError();                                            \
-        if (ls_err_ != cudaSuccess)                                                          \
-            return ls_fail((call)->fn, LINSEQ_ERR_DEVICE, "launch of %s failed: %s",         \
-                           kernel_name, cudaGetErrorString(ls_err_));                        \
+#define LS_CUDA_LAUNCHED(call, kernel_name)                                                        \
+    do {                                                                                           \
+        cudaError_t ls_err_ = cudaGetLastError();                                                  \
+        if (ls_err_ != cudaSuccess)                                                                \
+            return ls_fail((call)->fn, LINSEQ_ERR_DEVICE, "launch of %s failed: %s", kernel_name,  \
+                           cudaGetErrorString(ls_err_));                                           \
     } while (0)
 
 static inline cudaStream_t ls_stream(const ls_cuda_call *call)
@@ -51,13 +51,11 @@ __device__ __forceinline__ void ls_st(__nv_bfloat16 *p, int64_t i, float x)
 }
 
 // A typed view of a per-token pointer from a problem struct (stored as const float *).
-template <typename Elem>
-__host__ __device__ __forceinline__ const Elem *ls_in(const float *p)
+template <typename Elem> __host__ __device__ __forceinline__ const Elem *ls_in(const float *p)
 {
     return reinterpret_cast<const Elem *>(p);
 }
-template <typename Elem>
-__host__ __device__ __forceinline__ Elem *ls_out(void *p)
+template <typename Elem> __host__ __device__ __forceinline__ Elem *ls_out(void *p)
 {
     return reinterpret_cast<Elem *>(p);
 }
@@ -81,11 +79,10 @@ struct ls_cuda_workspace {
         if (err == cudaSuccess) return LINSEQ_OK;
         ptr = nullptr;
         (void)cudaGetLastError();
-        return ls_fail(call->fn,
-                       err == cudaErrorMemoryAllocation ? LINSEQ_ERR_OUT_OF_MEMORY
-                                                        : LINSEQ_ERR_DEVICE,
-                       "could not allocate %zu bytes of device workspace: %s", bytes,
-                       cudaGetErrorString(err));
+        return ls_fail(
+            call->fn,
+            err == cudaErrorMemoryAllocation ? LINSEQ_ERR_OUT_OF_MEMORY : LINSEQ_ERR_DEVICE,
+            "could not allocate %zu bytes of device workspace: %s", bytes, cudaGetErrorString(err));
     }
     ~ls_cuda_workspace()
     {

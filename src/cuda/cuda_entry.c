@@ -60,8 +60,8 @@ static linseq_status fetch_i64(const device_call *dc, const char *name, const in
     if (!*host)
         return ls_fail(dc->call.fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot copy %s to the host", name);
     cudaStream_t s = (cudaStream_t)dc->call.stream;
-    cudaError_t err = cudaMemcpyAsync(*host, dev, (size_t)n * sizeof(int64_t),
-                                      cudaMemcpyDeviceToHost, s);
+    cudaError_t err =
+        cudaMemcpyAsync(*host, dev, (size_t)n * sizeof(int64_t), cudaMemcpyDeviceToHost, s);
     if (err == cudaSuccess) err = cudaStreamSynchronize(s);
     if (err != cudaSuccess) {
         free(*host);
@@ -75,8 +75,8 @@ static linseq_status fetch_i64(const device_call *dc, const char *name, const in
 }
 
 /* cu_seqlens (device) to the host, checked, and the call's sequence plan from it. */
-static linseq_status plan_sequences(device_call *dc, const int64_t *cu, int64_t n_seqs,
-                                    int64_t B, int64_t T)
+static linseq_status plan_sequences(device_call *dc, const int64_t *cu, int64_t n_seqs, int64_t B,
+                                    int64_t T)
 {
     linseq_status st;
     if (cu) {
@@ -125,9 +125,8 @@ linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args 
 }
 
 linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
-                                       const linseq_exec *exec, float *state,
-                                       int64_t n_state_rows, const int64_t *state_rows,
-                                       float *o)
+                                       const linseq_exec *exec, float *state, int64_t n_state_rows,
+                                       const int64_t *state_rows, float *o)
 {
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
@@ -135,8 +134,8 @@ linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *k
     dc.call.n_seqs = p->B;
     dc.call.max_len = 1;
     if (!st)
-        st = ls_cuda_kda_decode(p, kda->HV, kda->scale, &dc.call, state, n_state_rows,
-                                state_rows, o);
+        st = ls_cuda_kda_decode(p, kda->HV, kda->scale, &dc.call, state, n_state_rows, state_rows,
+                                o);
     return finish(&dc, st);
 }
 
@@ -181,8 +180,7 @@ linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_prob
 }
 
 linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_problem *p,
-                                           const linseq_exec *exec, float *y,
-                                           float *conv_state_out)
+                                           const linseq_exec *exec, float *y, float *conv_state_out)
 {
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
@@ -234,9 +232,8 @@ linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args 
 }
 
 linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
-                                       const linseq_exec *exec, float *state,
-                                       int64_t n_state_rows, const int64_t *state_rows,
-                                       float *o)
+                                       const linseq_exec *exec, float *state, int64_t n_state_rows,
+                                       const int64_t *state_rows, float *o)
 {
     (void)kda, (void)exec, (void)state, (void)n_state_rows, (void)state_rows, (void)o;
     return no_cuda(fn);
@@ -273,8 +270,7 @@ linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_prob
 }
 
 linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_problem *p,
-                                           const linseq_exec *exec, float *y,
-                                           float *conv_state_out)
+                                           const linseq_exec *exec, float *y, float *conv_state_out)
 {
     (void)p, (void)exec, (void)y, (void)conv_state_out;
     return no_cuda(fn);

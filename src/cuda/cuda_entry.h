@@ -20,8 +20,8 @@
 /* A validated KDA problem with its defaults resolved, as the entry point planned it. */
 typedef struct ls_cuda_kda_args {
     const linseq_kda_problem *p;
-    int64_t HV;  /* value heads: p->HV, or H when 0                */
-    float scale; /* p->scale, or K^-0.5 when 0                      */
+    int64_t HV;  /* value heads: p->HV, or H when 0 */
+    float scale; /* p->scale, or K^-0.5 when 0 */
     int chunk;   /* chunk size in chunked mode, 0 in recurrent mode */
 } ls_cuda_kda_args;
 
@@ -38,9 +38,8 @@ linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args 
                                          const float *d_ht, const linseq_kda_grads *grads);
 /* state_rows (device memory, or NULL) must already be checked by the caller. */
 linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
-                                       const linseq_exec *exec, float *state,
-                                       int64_t n_state_rows, const int64_t *state_rows,
-                                       float *o);
+                                       const linseq_exec *exec, float *state, int64_t n_state_rows,
+                                       const int64_t *state_rows, float *o);
 linseq_status ls_cuda_entry_kda_gate_forward(const char *fn, const linseq_kda_gate_problem *p,
                                              const linseq_exec *exec, float *g);
 linseq_status ls_cuda_entry_kda_gate_backward(const char *fn, const linseq_kda_gate_problem *p,

@@ -32,14 +32,14 @@ extern "C" {
 #endif
 
 typedef struct ls_cuda_call {
-    const char *fn;        /* the public entry point, for error messages                  */
-    int device;            /* CUDA device ordinal                                          */
-    void *stream;          /* cudaStream_t; NULL = the legacy default stream               */
-    bool bf16;             /* per-token tensors are bf16 (see above)                       */
-    int chunk;             /* KDA: chunk size in chunked mode; 0 = recurrent mode          */
-    int64_t n_seqs;        /* state rows: B, or the number of packed sequences            */
-    int64_t max_len;       /* the longest sequence (T without cu_seqlens)                  */
-    const int64_t *cu_seqlens_host; /* a host copy of the offsets (validated), or NULL    */
+    const char *fn;                 /* the public entry point, for error messages */
+    int device;                     /* CUDA device ordinal */
+    void *stream;                   /* cudaStream_t; NULL = the legacy default stream */
+    bool bf16;                      /* per-token tensors are bf16 (see above) */
+    int chunk;                      /* KDA: chunk size in chunked mode; 0 = recurrent mode */
+    int64_t n_seqs;                 /* state rows: B, or the number of packed sequences */
+    int64_t max_len;                /* the longest sequence (T without cu_seqlens) */
+    const int64_t *cu_seqlens_host; /* a host copy of the offsets (validated), or NULL */
 } ls_cuda_call;
 
 /* KDA. HV, scale: the problem's with defaults resolved (HV = H when 0, scale = K^-0.5 when
@@ -47,8 +47,8 @@ typedef struct ls_cuda_call {
 linseq_status ls_cuda_kda_forward(const linseq_kda_problem *p, int64_t HV, float scale,
                                   const ls_cuda_call *call, void *o, float *ht);
 linseq_status ls_cuda_kda_backward(const linseq_kda_problem *p, int64_t HV, float scale,
-                                   const ls_cuda_call *call, const void *d_o,
-                                   const float *d_ht, const linseq_kda_grads *grads);
+                                   const ls_cuda_call *call, const void *d_o, const float *d_ht,
+                                   const linseq_kda_grads *grads);
 /* state: the pool [n_rows,HV,K,V] (or V-first) updated in place; rows: device int64 [B] or
  * NULL (request b uses row b); a negative row is padding (o row zeroed, no state touched). */
 linseq_status ls_cuda_kda_decode(const linseq_kda_problem *p, int64_t HV, float scale,
@@ -56,17 +56,16 @@ linseq_status ls_cuda_kda_decode(const linseq_kda_problem *p, int64_t HV, float 
                                  const int64_t *rows, void *o);
 
 /* The standalone gate: g_raw and g per-token (bf16 with call->bf16), A_log/dt_bias float32. */
-linseq_status ls_cuda_kda_gate_forward(const linseq_kda_gate_problem *p,
-                                       const ls_cuda_call *call, void *g);
-linseq_status ls_cuda_kda_gate_backward(const linseq_kda_gate_problem *p,
-                                        const ls_cuda_call *call, const void *d_g,
-                                        const linseq_kda_gate_grads *grads);
+linseq_status ls_cuda_kda_gate_forward(const linseq_kda_gate_problem *p, const ls_cuda_call *call,
+                                       void *g);
+linseq_status ls_cuda_kda_gate_backward(const linseq_kda_gate_problem *p, const ls_cuda_call *call,
+                                        const void *d_g, const linseq_kda_gate_grads *grads);
 
 /* SSM1 (the problem as the caller gave it: G == 0 means one group). The backward checkpoints the state every 64 tokens (or
  * another fixed interval) in device memory and recomputes inside a segment: never one
  * state per token. */
-linseq_status ls_cuda_ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *call,
-                                   void *y, float *hT);
+linseq_status ls_cuda_ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *call, void *y,
+                                   float *hT);
 linseq_status ls_cuda_ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *call,
                                     const void *d_y, const float *d_hT,
                                     const linseq_ssm1_grads *grads);

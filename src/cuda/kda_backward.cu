@@ -57,12 +57,13 @@
 
 #include "cuda/kda_bwd_cuda.cuh"
 
-namespace {
+namespace
+{
 
 using namespace ls_kdab;
 
-constexpr int GATE_TB = 256;     // tokens per partial sum of dA_log / ddt_bias
-constexpr int REC_SEGMENT = 64;  // recurrent mode: tokens between checkpoints
+constexpr int GATE_TB = 256;    // tokens per partial sum of dA_log / ddt_bias
+constexpr int REC_SEGMENT = 64; // recurrent mode: tokens between checkpoints
 
 // qs = scale l2norm(q) (or scale q), ks = l2norm(k) (or k), kq = ks . qs: one warp per row
 // (token, qk head), the CPU's kda_norm_scale formula (the inverse norm formed in double).
@@ -128,8 +129,7 @@ __global__ void __launch_bounds__(NT)
 template <typename Elem>
 __device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *out, int64_t tok,
                                            int64_t h, int64_t n_tok, int64_t HV, int64_t G,
-                                           int64_t K, int64_t n_tiles, bool l2, float mul,
-                                           int lane)
+                                           int64_t K, int64_t n_tiles, bool l2, float mul, int lane)
 {
     auto gsum = [&](int64_t i) {
         float s = 0.0f;
@@ -157,9 +157,9 @@ __device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *
 
 template <typename Elem>
 __global__ void __launch_bounds__(NT)
-    kda_bwd_finish_qk(const float *p_dq, const float *p_dk, const float *q_in,
-                      const float *k_in, float *dq, float *dk, int64_t n_tok, int64_t H,
-                      int64_t HV, int64_t K, int64_t n_tiles, bool l2, float scale)
+    kda_bwd_finish_qk(const float *p_dq, const float *p_dk, const float *q_in, const float *k_in,
+                      float *dq, float *dk, int64_t n_tok, int64_t H, int64_t HV, int64_t K,
+                      int64_t n_tiles, bool l2, float scale)
 {
     const int lane = threadIdx.x & 31;
     const int64_t row = (int64_t)blockIdx.x * NW + (threadIdx.x >> 5);
@@ -176,9 +176,9 @@ __global__ void __launch_bounds__(NT)
 struct finish_v_args {
     const float *p_dg, *p_db;
     const float *beta_in, *g_in, *A_log, *dt_bias;
-    float *dbeta, *dg;       // Elem
-    float *dgr;              // [Tn,HV,gK] gradient w.r.t. the raw gate input (gate sums)
-    double *dal;             // [Tn,HV] the token's dA_log contribution
+    float *dbeta, *dg; // Elem
+    float *dgr;        // [Tn,HV,gK] gradient w.r.t. the raw gate input (gate sums)
+    double *dal;       // [Tn,HV] the token's dA_log contribution
     int64_t n_tok, HV, K, gK, n_tiles;
     int decay;
     bool logit, gate;
@@ -311,8 +311,11 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
     const int64_t n_blocks = N * HV * n_tiles;
     const int64_t max_segs = call->max_len > 0 ? (call->max_len + seg - 1) / seg : 1;
     const int64_t rows_needed = (K + 31) / 32; // rows per lane
-    const int MR = rows_needed <= 1 ? 1 : rows_needed <= 2 ? 2 : rows_needed <= 4 ? 4
-                 : rows_needed <= 8 ? 8 : 0;
+    const int MR = rows_needed <= 1   ? 1
+                   : rows_needed <= 2 ? 2
+                   : rows_needed <= 4 ? 4
+                   : rows_needed <= 8 ? 8
+                                      : 0;
     const int mr = MR > 0 ? MR : (int)rows_needed;
     const size_t tf = (size_t)mr * CW * NT;
     const size_t n_share = (size_t)(n_tiles * n_tok * HV);
@@ -343,8 +346,9 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
         pl.a = decay != DECAY_NONE ? c.take<float>((size_t)(n_tok * HV * gK)) : nullptr;
         pl.ckpt = c.take<float>((size_t)n_blocks * (size_t)max_segs * tf);
         pl.segbuf = c.take<float>((size_t)n_blocks * (size_t)seg_states * tf);
-        pl.scratch = MR == 0 ? c.take<float>((size_t)n_blocks * (2 * tf + (size_t)red_floats(32 * mr)))
-                             : nullptr;
+        pl.scratch = MR == 0
+                         ? c.take<float>((size_t)n_blocks * (2 * tf + (size_t)red_floats(32 * mr)))
+                         : nullptr;
         pl.p_dq = gr->dq ? c.take<float>(n_share * (size_t)K) : nullptr;
         pl.p_dk = gr->dk ? c.take<float>(n_share * (size_t)K) : nullptr;
         pl.p_dg = want_dg ? c.take<float>(n_share * (size_t)K) : nullptr;
@@ -411,8 +415,8 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
 
     if (n_tok > 0 && (gr->dq || gr->dk)) {
         kda_bwd_finish_qk<Elem><<<ls_blocks(n_tok * H, NW), NT, 0, st>>>(
-            pl.p_dq, pl.p_dk, p->q, p->k, gr->dq, gr->dk, n_tok, H, HV, K, n_tiles,
-            p->qk_l2norm, scale);
+            pl.p_dq, pl.p_dk, p->q, p->k, gr->dq, gr->dk, n_tok, H, HV, K, n_tiles, p->qk_l2norm,
+            scale);
         LS_CUDA_LAUNCHED(call, "kda_bwd_finish_qk");
     }
     if (n_tok > 0 && (gr->dbeta || want_dg)) {
@@ -441,12 +445,12 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
     }
     if (want_gate) {
         if (n_gate_blocks > 0) {
-            kda_bwd_gate_a<<<(unsigned)(n_gate_blocks * HV), NT, 0, st>>>(
-                pl.dgr, pl.dal, n_tok, HV, gK, pl.gpart);
+            kda_bwd_gate_a<<<(unsigned)(n_gate_blocks * HV), NT, 0, st>>>(pl.dgr, pl.dal, n_tok, HV,
+                                                                          gK, pl.gpart);
             LS_CUDA_LAUNCHED(call, "kda_bwd_gate_a");
         }
-        kda_bwd_gate_b<<<ls_blocks(HV * (gK + 1), NT), NT, 0, st>>>(
-            pl.gpart, n_gate_blocks, HV, gK, gr->dA_log, gr->ddt_bias);
+        kda_bwd_gate_b<<<ls_blocks(HV * (gK + 1), NT), NT, 0, st>>>(pl.gpart, n_gate_blocks, HV, gK,
+                                                                    gr->dA_log, gr->ddt_bias);
         LS_CUDA_LAUNCHED(call, "kda_bwd_gate_b");
     }
     return LINSEQ_OK;
@@ -454,10 +458,9 @@ linseq_status run(const linseq_kda_problem *p, int64_t HV, float scale, const ls
 
 } // namespace
 
-extern "C" linseq_status ls_cuda_kda_backward(const linseq_kda_problem *p, int64_t HV,
-                                              float scale, const ls_cuda_call *call,
-                                              const void *d_o, const float *d_ht,
-                                              const linseq_kda_grads *grads)
+extern "C" linseq_status ls_cuda_kda_backward(const linseq_kda_problem *p, int64_t HV, float scale,
+                                              const ls_cuda_call *call, const void *d_o,
+                                              const float *d_ht, const linseq_kda_grads *grads)
 {
     return call->bf16 ? run<__nv_bfloat16>(p, HV, scale, call, d_o, d_ht, grads)
                       : run<float>(p, HV, scale, call, d_o, d_ht, grads);

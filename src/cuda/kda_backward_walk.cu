@@ -7,7 +7,8 @@
 // the sub-segment's states in shared memory.
 #include "cuda/kda_bwd_cuda.cuh"
 
-namespace ls_kdab {
+namespace ls_kdab
+{
 
 __device__ __forceinline__ float row_decay(const walk_args &A, int64_t tok, int64_t hv, int64_t i)
 {
@@ -29,8 +30,14 @@ template <int MR> struct tile_elems {
 template <> struct tile_elems<0> {
     float *p;
     __device__ __forceinline__ void bind(float *base) { p = base; }
-    __device__ __forceinline__ float get(int m, int c) const { return p[(int64_t)(m * CW + c) * NT]; }
-    __device__ __forceinline__ void set(int m, int c, float v) { p[(int64_t)(m * CW + c) * NT] = v; }
+    __device__ __forceinline__ float get(int m, int c) const
+    {
+        return p[(int64_t)(m * CW + c) * NT];
+    }
+    __device__ __forceinline__ void set(int m, int c, float v)
+    {
+        p[(int64_t)(m * CW + c) * NT] = v;
+    }
 };
 
 // A token's row data for the lane's rows (0 beyond K, so padded rows stay exactly 0):
@@ -59,8 +66,8 @@ template <> struct row_data<0> {
     const float *ks, *qs;
     int64_t tok, hv;
     int lane;
-    __device__ __forceinline__ void load(const walk_args &A, int64_t tok_, int64_t hv_,
-                                         int64_t h, int lane_, bool)
+    __device__ __forceinline__ void load(const walk_args &A, int64_t tok_, int64_t hv_, int64_t h,
+                                         int lane_, bool)
     {
         P = &A;
         tok = tok_;
@@ -184,8 +191,8 @@ __device__ __forceinline__ void walk_token(const walk_args &A, tile_elems<MR> &d
         udo = fmaf(u[c], dov[c], udo);
         db = fmaf(du, resid, db);
     }
-    float *rb = red + (int64_t)buf * 4 * NW * Kpad;      // [4][NW][Kpad]
-    float *rs = red + 8 * NW * Kpad + buf * 2 * NW;      // [2][NW]
+    float *rb = red + (int64_t)buf * 4 * NW * Kpad; // [4][NW][Kpad]
+    float *rs = red + 8 * NW * Kpad + buf * 2 * NW; // [2][NW]
 #pragma unroll
     for (int m = 0; m < (MR > 0 ? MR : mr); m++) {
         const float a = rd.A_(m), q = rd.Q_(m), k = rd.K_(m);
@@ -277,7 +284,9 @@ __global__ void __launch_bounds__(NT, (MR > 0 && MR <= 2) ? 2 : 1) kda_bwd_walk(
         red = sc + 2 * tf;
     }
     const int64_t srow = (n * A.HV + hv) * K * V;
-    auto state_at = [&](int64_t i, int64_t j) { return srow + (A.v_first ? j * K + i : i * V + j); };
+    auto state_at = [&](int64_t i, int64_t j) {
+        return srow + (A.v_first ? j * K + i : i * V + j);
+    };
 
 #pragma unroll
     for (int m = 0; m < (MR > 0 ? MR : mr); m++)
@@ -342,8 +351,8 @@ __global__ void __launch_bounds__(NT, (MR > 0 && MR <= 2) ? 2 : 1) kda_bwd_walk(
                 if (t + 1 < ucnt) walk_step<Elem, MR>(A, S, start + u0 + t, hv, h, jc, lane, mr);
             }
             for (int64_t t = ucnt - 1; t >= 0; t--)
-                walk_token<Elem, MR>(A, dS, subb + t * tf, red, Kpad, buf, start + u0 + t, hv,
-                                     h, tile, jc, warp, lane, mr);
+                walk_token<Elem, MR>(A, dS, subb + t * tf, red, Kpad, buf, start + u0 + t, hv, h,
+                                     tile, jc, warp, lane, mr);
         }
     }
 
@@ -365,9 +374,9 @@ linseq_status launch_walk_t(const ls_cuda_call *call, const walk_args &A, int64_
     // (above the default 48 KiB); MR == 0: both in global memory.
     const size_t smem = walk_smem(MR, A.sub);
     if (smem > 48 * 1024)
-        LS_CUDA_TRY(call, cudaFuncSetAttribute(kda_bwd_walk<Elem, MR>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem));
+        LS_CUDA_TRY(call,
+                    cudaFuncSetAttribute(kda_bwd_walk<Elem, MR>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     kda_bwd_walk<Elem, MR><<<(unsigned)n_blocks, NT, smem, ls_stream(call)>>>(A);
     LS_CUDA_LAUNCHED(call, "kda_bwd_walk");
     return LINSEQ_OK;

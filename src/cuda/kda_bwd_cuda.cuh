@@ -8,7 +8,8 @@
 #include "cuda/cuda_common.cuh"
 #include "cuda/kda_cuda.cuh"
 
-namespace ls_kdab {
+namespace ls_kdab
+{
 
 // Butterfly sums over the 32 lanes: every lane gets the same bits, in a fixed order.
 __device__ __forceinline__ float warp_sum(float x)
@@ -46,33 +47,32 @@ __device__ __forceinline__ void warp_sum4(float (&v)[4])
     for (int c = 0; c < 4; c++) v[c] = __shfl_sync(0xffffffffu, x, (c >> 1) * 16 + (c & 1) * 8);
 }
 
-
 // The constants, arguments and launcher of the token walk (kda_backward_walk.cu), shared
 // with the rest of the backward (kda_backward.cu).
-constexpr int NW = 8;            // warps per walk block
-constexpr int NT = NW * 32;      // threads per block of every kernel here
-constexpr int TILE = 32;         // value columns per walk block
-constexpr int CW = TILE / NW;    // columns per warp in the walk
+constexpr int NW = 8;         // warps per walk block
+constexpr int NT = NW * 32;   // threads per block of every kernel here
+constexpr int TILE = 32;      // value columns per walk block
+constexpr int CW = TILE / NW; // columns per warp in the walk
 static_assert(CW == 4, "the walk sums its columns with warp_sum4");
 
 enum { DECAY_NONE = 0, DECAY_HEAD = 1, DECAY_CHANNEL = 2 };
 
 struct walk_args {
-    const void *v, *d_o;         // Elem [Tn,HV,V]
-    void *dv;                    // Elem [Tn,HV,V] or NULL
-    const float *qs, *ks, *kq;   // [Tn,H,K], [Tn,H,K], [Tn,H]
-    const float *beta, *a;       // [Tn,HV], [Tn,HV,gK] (a NULL without decay)
-    const float *h0, *d_ht;      // state layout or NULL
+    const void *v, *d_o;       // Elem [Tn,HV,V]
+    void *dv;                  // Elem [Tn,HV,V] or NULL
+    const float *qs, *ks, *kq; // [Tn,H,K], [Tn,H,K], [Tn,H]
+    const float *beta, *a;     // [Tn,HV], [Tn,HV,gK] (a NULL without decay)
+    const float *h0, *d_ht;    // state layout or NULL
     float *dh0;
-    const int64_t *cu;           // device cu_seqlens or NULL
+    const int64_t *cu; // device cu_seqlens or NULL
     int64_t T, n_tok, H, HV, G, K, V, n_tiles, max_segs;
-    int decay, seg, mr;          // mr: rows per lane (MR, or the dynamic count)
-    int sub;                     // tokens per sub-segment (states in shared memory; = seg
-                                 // for MR == 0, whose sub-segment lives in segbuf)
-    int64_t seg_states;          // states per block in segbuf
+    int decay, seg, mr; // mr: rows per lane (MR, or the dynamic count)
+    int sub;            // tokens per sub-segment (states in shared memory; = seg
+                        // for MR == 0, whose sub-segment lives in segbuf)
+    int64_t seg_states; // states per block in segbuf
     bool v_first;
     float *ckpt, *segbuf, *scratch;
-    float *p_dq, *p_dk, *p_dg, *p_db;  // tile shares [n_tiles,Tn,HV,K] / [n_tiles,Tn,HV]
+    float *p_dq, *p_dk, *p_dg, *p_db; // tile shares [n_tiles,Tn,HV,K] / [n_tiles,Tn,HV]
 };
 
 // Floats of the walk's cross-warp partials for rows padded to Kpad: two buffers (token
@@ -82,8 +82,7 @@ __host__ __device__ constexpr int64_t red_floats(int64_t Kpad) { return 8 * NW *
 // Shared memory of a walk block: the partials, then `sub` states (MR > 0); none for MR == 0.
 inline size_t walk_smem(int MR, int sub)
 {
-    return MR > 0 ? ((size_t)red_floats(32 * MR) + (size_t)sub * MR * CW * NT) * sizeof(float)
-                  : 0;
+    return MR > 0 ? ((size_t)red_floats(32 * MR) + (size_t)sub * MR * CW * NT) * sizeof(float) : 0;
 }
 
 // Launches the walk for call->bf16 and MR (1, 2, 4, 8: rows per lane in registers; 0: the

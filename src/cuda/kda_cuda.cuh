@@ -11,7 +11,8 @@
 #include "core/kda_math.h"
 #include "cuda/cuda_common.cuh"
 
-namespace ls_kda {
+namespace ls_kda
+{
 
 // Per-token log decays below this are raised to it before any chunk computation (the CPU's
 // floor, core/kda_math.h).
@@ -30,9 +31,8 @@ __device__ __forceinline__ float norm_factor(float sumsq, bool l2norm, float sca
 // The log decay of one (token, value head, channel) as the recurrence sees it: g itself, or
 // the gate of the raw input (decay NONE: 0). gK = K (per channel) or 1 (per head); i < gK.
 template <typename Elem>
-__device__ __forceinline__ float log_decay(const linseq_kda_problem &p, const Elem *g,
-                                           int64_t tok, int64_t HV, int64_t hv, int64_t gK,
-                                           int64_t i)
+__device__ __forceinline__ float log_decay(const linseq_kda_problem &p, const Elem *g, int64_t tok,
+                                           int64_t HV, int64_t hv, int64_t gK, int64_t i)
 {
     if (p.decay == LINSEQ_DECAY_NONE) return 0.0f;
     const float raw = ls_ld(g, (tok * HV + hv) * gK + i);
@@ -69,11 +69,11 @@ __device__ __forceinline__ float warp_sum(float x)
 //     S_C  = diag(dlast) S0 + kd^T vnew.
 // chunks: int64 [n_chunks][2] = {first token (flattened), length}.
 struct chunk_ws {
-    int C;           // chunk size
-    int64_t Kp;      // K rounded up to a multiple of 4
+    int C;      // chunk size
+    int64_t Kp; // K rounded up to a multiple of 4
     int64_t n_chunks;
     const int64_t *chunks; // device [n_chunks][2]
-    float *base;     // device, n_chunks * HV * item_floats()
+    float *base;           // device, n_chunks * HV * item_floats()
     __host__ __device__ int64_t item_floats() const
     {
         return 2 * (int64_t)C * C + 3 * (int64_t)C * Kp + C + Kp;
@@ -114,7 +114,6 @@ struct chunk_ws {
 linseq_status chunk_prepare(const linseq_kda_problem *p, int64_t HV, float scale,
                             const ls_cuda_call *call, const chunk_ws &ws);
 
-
 // ---------------------------------------------------------------------------------------
 // The token-by-token kernel: recurrent-mode forward and decode (kda_forward.cu,
 // kda_decode.cu). One CTA of REC_THREADS per (sequence or request, value head, tile of
@@ -133,7 +132,7 @@ struct rec_params {
     linseq_kda_problem p; // pointers are device pointers; per-token ones are Elem
     int64_t HV, group, gK;
     float scale;
-    const int64_t *cu;    // device cu_seqlens (forward varlen) or NULL
+    const int64_t *cu;     // device cu_seqlens (forward varlen) or NULL
     const float *state_in; // h0 / the pool, or NULL (zeros)
     float *state_out;      // ht / the pool, or NULL; may equal state_in
     const int64_t *rows;   // decode: request -> state row (NULL: row = request); < 0: padding
@@ -146,8 +145,8 @@ struct rec_params {
 template <typename Elem, int KMAX, bool VF>
 __global__ void __launch_bounds__(REC_THREADS, 1) recurrent_kernel(const rec_params P)
 {
-    constexpr int E = KMAX / 4;            // state values per thread
-    constexpr int RPL = KMAX / 32;         // VF: key rows per lane
+    constexpr int E = KMAX / 4;             // state values per thread
+    constexpr int RPL = KMAX / 32;          // VF: key rows per lane
     constexpr int CPW = REC_BV / REC_WARPS; // VF: columns per warp
     __shared__ float s_q[2][KMAX], s_k[2][KMAX], s_a[2][KMAX];
     __shared__ float s_red[2][2][REC_WARPS][32];
@@ -181,17 +180,14 @@ __global__ void __launch_bounds__(REC_THREADS, 1) recurrent_kernel(const rec_par
 
     // the element of the state tile value e of this thread holds: key row, column
     auto row_of = [&](int e) -> int64_t { return VF ? lane + 32 * (e % RPL) : w + REC_WARPS * e; };
-    auto col_of = [&](int e) -> int64_t {
-        return VF ? j0 + w * CPW + e / RPL : j0 + lane;
-    };
+    auto col_of = [&](int e) -> int64_t { return VF ? j0 + w * CPW + e / RPL : j0 + lane; };
     const int64_t slot = (row * HV + hv) * K * V;
     float S[E];
 #pragma unroll
     for (int e = 0; e < E; e++) {
         const int64_t i = row_of(e), j = col_of(e);
         S[e] = 0.0f;
-        if (P.state_in && i < K && j < V)
-            S[e] = P.state_in[slot + (VF ? j * K + i : i * V + j)];
+        if (P.state_in && i < K && j < V) S[e] = P.state_in[slot + (VF ? j * K + i : i * V + j)];
     }
     // channels past K stay zero in both buffers: their rows of S stay zero
     for (int i = threadIdx.x; i < 2 * KMAX; i += REC_THREADS) {
@@ -300,16 +296,18 @@ inline linseq_status launch_recurrent(const rec_params &P, int64_t n_items,
                        (long long)(n_items * P.HV));
     const dim3 grid((unsigned)(n_items * P.HV), ls_blocks(P.p.V, REC_BV));
     if (grid.y > 65535)
-        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED, "V = %lld is too large for the CUDA "
-                       "KDA kernels", (long long)P.p.V);
+        return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
+                       "V = %lld is too large for the CUDA "
+                       "KDA kernels",
+                       (long long)P.p.V);
     const bool vf = P.p.state_v_first;
     cudaStream_t s = ls_stream(call);
-#define LS_REC_LAUNCH(KM)                                                                    \
-    do {                                                                                     \
-        if (vf)                                                                              \
-            recurrent_kernel<Elem, KM, true><<<grid, REC_THREADS, 0, s>>>(P);                \
-        else                                                                                 \
-            recurrent_kernel<Elem, KM, false><<<grid, REC_THREADS, 0, s>>>(P);               \
+#define LS_REC_LAUNCH(KM)                                                                          \
+    do {                                                                                           \
+        if (vf)                                                                                    \
+            recurrent_kernel<Elem, KM, true><<<grid, REC_THREADS, 0, s>>>(P);                      \
+        else                                                                                       \
+            recurrent_kernel<Elem, KM, false><<<grid, REC_THREADS, 0, s>>>(P);                     \
     } while (0)
     if (K <= 32)
         LS_REC_LAUNCH(32);

@@ -16,11 +16,12 @@
 // is one read and one write of each state element, which this does.
 #include "cuda/kda_cuda.cuh"
 
-namespace {
+namespace
+{
 
 template <typename Elem>
-linseq_status decode(const linseq_kda_problem *p, int64_t HV, float scale,
-                     const ls_cuda_call *call, float *state, const int64_t *rows, void *o)
+linseq_status decode(const linseq_kda_problem *p, int64_t HV, float scale, const ls_cuda_call *call,
+                     float *state, const int64_t *rows, void *o)
 {
     ls_kda::rec_params P{};
     P.p = *p;
@@ -40,8 +41,8 @@ linseq_status decode(const linseq_kda_problem *p, int64_t HV, float scale,
 } // namespace
 
 extern "C" linseq_status ls_cuda_kda_decode(const linseq_kda_problem *p, int64_t HV, float scale,
-                                            const ls_cuda_call *call, float *state,
-                                            int64_t n_rows, const int64_t *rows, void *o)
+                                            const ls_cuda_call *call, float *state, int64_t n_rows,
+                                            const int64_t *rows, void *o)
 {
     (void)n_rows; // the entry point has checked every row against it
     return call->bf16 ? decode<__nv_bfloat16>(p, HV, scale, call, state, rows, o)

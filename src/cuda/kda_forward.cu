@@ -50,9 +50,11 @@
 
 #include "cuda/kda_cuda.cuh"
 
-namespace ls_kda {
+namespace ls_kda
+{
 
-namespace {
+namespace
+{
 
 // A hint: fetch the 128-byte line at p into L2 (no register written, no fault semantics
 // beyond a plain load's; p must be a valid global address).
@@ -79,25 +81,25 @@ constexpr int STATE_WARPS = STATE_THREADS / 32;
 constexpr int STATE_BV = 32;
 
 template <int C> struct prep_shape {
-    static constexpr int NS = C / 16;             // 16-row sub-chunks
-    static constexpr int DK = C >= 128 ? 16 : 32; // channels per pass
-    static constexpr int LD = DK + 1;             // row stride of the per-pass tiles
-    static constexpr int CL = C + 1;              // row stride of the score accumulators
-    static constexpr int DSPLIT = 2;              // threads per column of a diagonal block
-    static constexpr int NDIAG = NS * 16 * DSPLIT; // diagonal tasks: (block, column, share)
+    static constexpr int NS = C / 16;                   // 16-row sub-chunks
+    static constexpr int DK = C >= 128 ? 16 : 32;       // channels per pass
+    static constexpr int LD = DK + 1;                   // row stride of the per-pass tiles
+    static constexpr int CL = C + 1;                    // row stride of the score accumulators
+    static constexpr int DSPLIT = 2;                    // threads per column of a diagonal block
+    static constexpr int NDIAG = NS * 16 * DSPLIT;      // diagonal tasks: (block, column, share)
     static constexpr int NOFF = NS * (NS - 1) / 2 * 16; // off-diagonal 4 x 4 tiles
-    static constexpr size_t floats = 3 * C + 6 * (size_t)C * LD + NS * DK + NS * NS * DK +
-                                     2 * (size_t)C * CL;
+    static constexpr size_t floats =
+        3 * C + 6 * (size_t)C * LD + NS * DK + NS * NS * DK + 2 * (size_t)C * CL;
 };
 
 // The shared memory of chunk_prep_kernel, carved from one dynamic block (prep_shape::floats).
 template <int C> struct prep_smem {
     using sh = prep_shape<C>;
-    float *rq, *rk, *rb;       // [C] row factors of q and k, beta
-    float *qs, *ks, *sa;       // [C][LD] the pass's scaled q and k, decay factors
-    float *qx, *kx, *ky;       // [C][LD] scaled within the sub-chunk (see step 2)
-    float *tot, *mid;          // [NS][DK] sub-chunk totals, [NS][NS][DK] middle factors
-    float *accq, *acck;        // [C][CL] the score accumulators
+    float *rq, *rk, *rb; // [C] row factors of q and k, beta
+    float *qs, *ks, *sa; // [C][LD] the pass's scaled q and k, decay factors
+    float *qx, *kx, *ky; // [C][LD] scaled within the sub-chunk (see step 2)
+    float *tot, *mid;    // [NS][DK] sub-chunk totals, [NS][NS][DK] middle factors
+    float *accq, *acck;  // [C][CL] the score accumulators
     __device__ __forceinline__ explicit prep_smem(float *sm)
     {
         rq = sm, rk = rq + C, rb = rk + C;
@@ -148,8 +150,8 @@ __device__ __forceinline__ void prep_row_factors(const linseq_kda_problem &p, in
 // Step 1 of a pass: its channels [d0, d0 + DK) of every row: scaled q and k, decay factors
 // of the floored log decays (padding: 0, 0, 1).
 template <typename Elem, int C>
-__device__ __forceinline__ void prep_load_pass(const linseq_kda_problem &p, int64_t HV,
-                                               int64_t gK, const prep_item &it, int64_t d0,
+__device__ __forceinline__ void prep_load_pass(const linseq_kda_problem &p, int64_t HV, int64_t gK,
+                                               const prep_item &it, int64_t d0,
                                                const prep_smem<C> &s)
 {
     constexpr int DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
@@ -241,8 +243,7 @@ __device__ __forceinline__ void prep_chunk_decays(float *item, int64_t Kp, int64
 // Step 4, diagonal task t < NDIAG: the pass's share of column c of diagonal block i,
 // element by element (DSPLIT threads per column, each taking every DSPLIT-th channel, summed
 // by shuffles; whole warps take this path as NDIAG is a multiple of 32).
-template <int C>
-__device__ __forceinline__ void prep_diag_scores(int t, const prep_smem<C> &s)
+template <int C> __device__ __forceinline__ void prep_diag_scores(int t, const prep_smem<C> &s)
 {
     constexpr int DK = prep_shape<C>::DK, LD = prep_shape<C>::LD, CL = prep_shape<C>::CL;
     constexpr int DS = prep_shape<C>::DSPLIT;
@@ -284,8 +285,7 @@ __device__ __forceinline__ void prep_diag_scores(int t, const prep_smem<C> &s)
 // Step 4, off-diagonal task u: one 4 x 4 register tile of block (i, j), i > j, as the
 // factored product (rows scaled from their sub-chunk's first row, columns to their last,
 // the middle factor between).
-template <int C>
-__device__ __forceinline__ void prep_offdiag_scores(int u, const prep_smem<C> &s)
+template <int C> __device__ __forceinline__ void prep_offdiag_scores(int u, const prep_smem<C> &s)
 {
     constexpr int NS = prep_shape<C>::NS, DK = prep_shape<C>::DK, LD = prep_shape<C>::LD;
     constexpr int CL = prep_shape<C>::CL;
@@ -368,8 +368,8 @@ __device__ __forceinline__ void prep_invert(float *item, int64_t Kp, const prep_
 // pass fit one round of the block.
 template <typename Elem, int C>
 __global__ void __launch_bounds__(PREP_THREADS)
-chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t gK,
-                  float scale, const chunk_ws ws)
+    chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t gK,
+                      float scale, const chunk_ws ws)
 {
     using sh = prep_shape<C>;
     extern __shared__ float sm[];
@@ -408,8 +408,8 @@ chunk_prep_kernel(const linseq_kda_problem p, int64_t HV, int64_t group, int64_t
 // [Kp][STATE_BV]: sum_d M[r][d] S[d][lane] in order of d, 0 for rows r >= Lc. The products
 // with S0 of chunk_state_kernel (kbg S0 and qg S0).
 template <int RPT>
-__device__ __forceinline__ void rows_times_state(const float *M, const float *S, int64_t Kp,
-                                                 int Lc, int warp, int lane, float (&acc)[RPT])
+__device__ __forceinline__ void rows_times_state(const float *M, const float *S, int64_t Kp, int Lc,
+                                                 int warp, int lane, float (&acc)[RPT])
 {
 #pragma unroll
     for (int m = 0; m < RPT; m++) acc[m] = 0.0f;
@@ -434,8 +434,8 @@ __device__ __forceinline__ void rows_times_state(const float *M, const float *S,
 // chunk product. seqs: int64 [n][3] = {first token, length, first chunk}.
 template <typename Elem, int C>
 __global__ void __launch_bounds__(STATE_THREADS, 2)
-chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
-                   const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
+    chunk_state_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
+                       const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
 {
     constexpr int RPT = C / STATE_WARPS; // rows per thread
     extern __shared__ float sm[];
@@ -621,8 +621,7 @@ template <int KT, int BV> struct mma_smem {
 
 // The element e of accumulator fragment (mt, nt) of lane 4 g + t in warp w: key row (of the
 // state) or row (of a chunk product) and column within the tile.
-template <int KT>
-__device__ __forceinline__ int mma_state_row(int warp, int mt, int g, int e)
+template <int KT> __device__ __forceinline__ int mma_state_row(int warp, int mt, int g, int e)
 {
     return warp * (KT / 4) + mt * 16 + g + 8 * (e >> 1);
 }
@@ -639,9 +638,9 @@ template <int NT> __device__ __forceinline__ void mma_zero(float (&acc)[NT][4])
 // acc += A[r0 .. r0+16][k0 .. k1) B[k0 .. k1][0 .. 8 NT), A row-major with row stride lda, B
 // stored transposed with row stride ldb, in steps of 16 along k.
 template <int NT>
-__device__ __forceinline__ void mma_product(float (&acc)[NT][4], const __nv_bfloat16 *A,
-                                            int lda, int r0, const __nv_bfloat16 *Bt, int ldb,
-                                            int k0, int k1, int g, int t)
+__device__ __forceinline__ void mma_product(float (&acc)[NT][4], const __nv_bfloat16 *A, int lda,
+                                            int r0, const __nv_bfloat16 *Bt, int ldb, int k0,
+                                            int k1, int g, int t)
 {
 #pragma unroll 4
     for (int k = k0; k < k1; k += 16) {
@@ -696,8 +695,7 @@ __device__ __forceinline__ void mma_store_state(const float (&S)[KT / 64][BV / 8
 template <int KT, int BV>
 __device__ __forceinline__ void mma_stage_chunk(float *item, int64_t Kp,
                                                 const float (&S)[KT / 64][BV / 8][4],
-                                                const mma_smem<KT, BV> &s, int warp, int g,
-                                                int t)
+                                                const mma_smem<KT, BV> &s, int warp, int g, int t)
 {
     constexpr int C = MMA_C, LDK = mma_shape<KT, BV>::LDK, LDC = mma_shape<KT, BV>::LDC;
     const int tid = threadIdx.x;
@@ -741,13 +739,13 @@ __device__ __forceinline__ void mma_stage_chunk(float *item, int64_t Kp,
 // rows [16 w, 16 w + 16) of the chunk products and key rows [w KT/4, (w+1) KT/4) of S.
 template <int KT, int BV>
 __global__ void __launch_bounds__(MMA_THREADS, 1)
-chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
-                       const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
+    chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws,
+                           const int64_t *__restrict__ seqs, const float *h0, float *ht, void *o_)
 {
     using sh = mma_shape<KT, BV>;
     constexpr int C = MMA_C, LDK = sh::LDK, LDC = sh::LDC;
-    constexpr int NT = BV / 8;      // n tiles
-    constexpr int MT = KT / 64;     // m tiles of S per warp
+    constexpr int NT = BV / 8;  // n tiles
+    constexpr int MT = KT / 64; // m tiles of S per warp
     extern __shared__ float sm[];
     const mma_smem<KT, BV> s(sm);
 
@@ -805,7 +803,7 @@ chunk_state_mma_kernel(const linseq_kda_problem p, int64_t HV, const chunk_ws ws
                 const int64_t j = j0 + mma_col(nt, t, e);
                 if (r < Lc && j < V) ls_st(o, ((first + r) * HV + hv) * V + j, acc[nt][e]);
             }
-        // 4. S_C = diag(dlast) S0 + kd^T vnew (registers only: no barrier against step 3)
+            // 4. S_C = diag(dlast) S0 + kd^T vnew (registers only: no barrier against step 3)
 #pragma unroll
         for (int mt = 0; mt < MT; mt++) {
             const int dr = warp * (KT / 4) + mt * 16;
@@ -825,12 +823,12 @@ linseq_status launch_state_mma(const linseq_kda_problem *p, int64_t HV, const ls
                                const chunk_ws &ws, const int64_t *seqs, void *o, float *ht)
 {
     const size_t bytes = mma_shape<KT, BV>::bytes;
-    LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_state_mma_kernel<KT, BV>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           (int)bytes));
+    LS_CUDA_TRY(call,
+                cudaFuncSetAttribute(chunk_state_mma_kernel<KT, BV>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
     const dim3 grid((unsigned)(call->n_seqs * HV), ls_blocks(p->V, BV));
-    chunk_state_mma_kernel<KT, BV><<<grid, MMA_THREADS, bytes, ls_stream(call)>>>(
-        *p, HV, ws, seqs, p->h0, ht, o);
+    chunk_state_mma_kernel<KT, BV>
+        <<<grid, MMA_THREADS, bytes, ls_stream(call)>>>(*p, HV, ws, seqs, p->h0, ht, o);
     LS_CUDA_LAUNCHED(call, "chunk_state_mma_kernel");
     return LINSEQ_OK;
 }
@@ -876,8 +874,8 @@ linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scal
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            (int)state_bytes));
     const dim3 grid((unsigned)(call->n_seqs * HV), ls_blocks(p->V, STATE_BV));
-    chunk_state_kernel<Elem, C><<<grid, STATE_THREADS, state_bytes, s>>>(*p, HV, ws, seqs, p->h0,
-                                                                         ht, o);
+    chunk_state_kernel<Elem, C>
+        <<<grid, STATE_THREADS, state_bytes, s>>>(*p, HV, ws, seqs, p->h0, ht, o);
     LS_CUDA_LAUNCHED(call, "chunk_state_kernel");
     return LINSEQ_OK;
 }
@@ -920,8 +918,8 @@ linseq_status forward(const linseq_kda_problem *p, int64_t HV, float scale,
     }
     if (n_chunks * HV > 0x7fffffffLL)
         return ls_fail(call->fn, LINSEQ_ERR_UNSUPPORTED,
-                       "%lld chunks x %lld value heads: beyond the CUDA grid",
-                       (long long)n_chunks, (long long)HV);
+                       "%lld chunks x %lld value heads: beyond the CUDA grid", (long long)n_chunks,
+                       (long long)HV);
     const size_t table = (size_t)(2 * n_chunks + 3 * n_seqs);
     int64_t *host = (int64_t *)malloc(table * sizeof(int64_t));
     if (!host)
@@ -978,25 +976,24 @@ linseq_status chunk_prepare(const linseq_kda_problem *p, int64_t HV, float scale
     if (ws.n_chunks <= 0) return LINSEQ_OK;
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
     cudaStream_t s = ls_stream(call);
-#define LS_PREP(Elem, CC)                                                                    \
-    do {                                                                                     \
-        const size_t bytes = prep_shape<CC>::floats * sizeof(float);                         \
-        LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_prep_kernel<Elem, CC>,                  \
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,  \
-                                               (int)bytes));                                 \
-        chunk_prep_kernel<Elem, CC><<<(unsigned)(ws.n_chunks * HV), PREP_THREADS, bytes, s>>>( \
-            *p, HV, HV / p->H, gK, scale, ws);                                               \
+#define LS_PREP(Elem, CC)                                                                          \
+    do {                                                                                           \
+        const size_t bytes = prep_shape<CC>::floats * sizeof(float);                               \
+        LS_CUDA_TRY(call, cudaFuncSetAttribute(chunk_prep_kernel<Elem, CC>,                        \
+                                               cudaFuncAttributeMaxDynamicSharedMemorySize,        \
+                                               (int)bytes));                                       \
+        chunk_prep_kernel<Elem, CC><<<(unsigned)(ws.n_chunks * HV), PREP_THREADS, bytes, s>>>(     \
+            *p, HV, HV / p->H, gK, scale, ws);                                                     \
     } while (0)
-#define LS_PREP_C(Elem)                                                                      \
-    do {                                                                                     \
-        switch (ws.C) {                                                                      \
-        case 16: LS_PREP(Elem, 16); break;                                                   \
-        case 32: LS_PREP(Elem, 32); break;                                                   \
-        case 64: LS_PREP(Elem, 64); break;                                                   \
-        case 128: LS_PREP(Elem, 128); break;                                                 \
-        default:                                                                             \
-            return ls_fail(call->fn, LINSEQ_ERR_INVALID_VALUE, "chunk size %d", ws.C);       \
-        }                                                                                    \
+#define LS_PREP_C(Elem)                                                                            \
+    do {                                                                                           \
+        switch (ws.C) {                                                                            \
+        case 16: LS_PREP(Elem, 16); break;                                                         \
+        case 32: LS_PREP(Elem, 32); break;                                                         \
+        case 64: LS_PREP(Elem, 64); break;                                                         \
+        case 128: LS_PREP(Elem, 128); break;                                                       \
+        default: return ls_fail(call->fn, LINSEQ_ERR_INVALID_VALUE, "chunk size %d", ws.C);        \
+        }                                                                                          \
     } while (0)
     if (call->bf16)
         LS_PREP_C(__nv_bfloat16);

@@ -15,7 +15,8 @@
 // also memory-bound; the partial sums cost 1/ROWS of the traffic.
 #include "cuda/kda_cuda.cuh"
 
-namespace {
+namespace
+{
 
 using namespace ls_kda;
 
@@ -23,9 +24,9 @@ constexpr int GATE_THREADS = 256;
 
 template <typename Elem>
 __global__ void __launch_bounds__(GATE_THREADS)
-gate_forward_kernel(const Elem *__restrict__ g_raw, const float *__restrict__ A_log,
-                    const float *__restrict__ dt_bias, float lower_bound, int64_t H, int64_t gK,
-                    int64_t n, Elem *__restrict__ g)
+    gate_forward_kernel(const Elem *__restrict__ g_raw, const float *__restrict__ A_log,
+                        const float *__restrict__ dt_bias, float lower_bound, int64_t H, int64_t gK,
+                        int64_t n, Elem *__restrict__ g)
 {
     for (int64_t idx = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; idx < n;
          idx += (int64_t)gridDim.x * blockDim.x) {
@@ -43,11 +44,11 @@ constexpr int BWD_WARPS = GATE_THREADS / 32;
 
 template <typename Elem>
 __global__ void __launch_bounds__(GATE_THREADS)
-gate_backward_partial_kernel(const Elem *__restrict__ g_raw, const Elem *__restrict__ d_g,
-                             const float *__restrict__ A_log, const float *__restrict__ dt_bias,
-                             float lower_bound, int64_t rows, int64_t H, int64_t gK,
-                             Elem *__restrict__ dg_raw, double *__restrict__ partial_bias,
-                             double *__restrict__ partial_alog)
+    gate_backward_partial_kernel(const Elem *__restrict__ g_raw, const Elem *__restrict__ d_g,
+                                 const float *__restrict__ A_log, const float *__restrict__ dt_bias,
+                                 float lower_bound, int64_t rows, int64_t H, int64_t gK,
+                                 Elem *__restrict__ dg_raw, double *__restrict__ partial_bias,
+                                 double *__restrict__ partial_alog)
 {
     __shared__ double s_bias[BWD_WARPS][32], s_alog[BWD_WARPS][32];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -85,10 +86,10 @@ gate_backward_partial_kernel(const Elem *__restrict__ g_raw, const Elem *__restr
 
 // Pass 2: one CTA per head; thread i takes the columns i, i + blockDim, ... of the head.
 __global__ void __launch_bounds__(GATE_THREADS)
-gate_backward_reduce_kernel(const double *__restrict__ partial_bias,
-                            const double *__restrict__ partial_alog, int64_t n_blocks,
-                            int64_t H, int64_t gK, float *__restrict__ ddt_bias,
-                            float *__restrict__ dA_log)
+    gate_backward_reduce_kernel(const double *__restrict__ partial_bias,
+                                const double *__restrict__ partial_alog, int64_t n_blocks,
+                                int64_t H, int64_t gK, float *__restrict__ ddt_bias,
+                                float *__restrict__ dA_log)
 {
     __shared__ double s_alog[GATE_THREADS];
     const int64_t h = blockIdx.x, cols = H * gK;
@@ -124,8 +125,7 @@ linseq_status gate_forward(const linseq_kda_gate_problem *p, const ls_cuda_call 
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
     const int64_t n = p->B * p->T * p->H * gK;
     gate_forward_kernel<Elem><<<grid_for(n), GATE_THREADS, 0, ls_stream(call)>>>(
-        ls_in<Elem>(p->g_raw), p->A_log, p->dt_bias, p->lower_bound, p->H, gK, n,
-        ls_out<Elem>(g));
+        ls_in<Elem>(p->g_raw), p->A_log, p->dt_bias, p->lower_bound, p->H, gK, n, ls_out<Elem>(g));
     LS_CUDA_LAUNCHED(call, "gate_forward_kernel");
     return LINSEQ_OK;
 }

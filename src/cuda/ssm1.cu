@@ -54,14 +54,15 @@
 // 62 KiB of shared memory).
 #include "cuda/ssm_common.cuh"
 
-namespace {
+namespace
+{
 
-constexpr int kLanes = 32;      // channels per block tile (one warp's lanes)
-constexpr int kChunk = 32;      // forward: tokens staged per chunk
-constexpr int kCkpt = 64;       // backward: tokens between state checkpoints
-constexpr int kSub = 8;         // backward: tokens recomputed into registers at once
-constexpr int kMaxWarps = 8;    // warps over N per block
-constexpr int kBwdNB = 4;       // backward: states per thread
+constexpr int kLanes = 32;   // channels per block tile (one warp's lanes)
+constexpr int kChunk = 32;   // forward: tokens staged per chunk
+constexpr int kCkpt = 64;    // backward: tokens between state checkpoints
+constexpr int kSub = 8;      // backward: tokens recomputed into registers at once
+constexpr int kMaxWarps = 8; // warps over N per block
+constexpr int kBwdNB = 4;    // backward: states per thread
 constexpr float kLog2e = 1.4426950408889634f;
 
 static_assert(kCkpt % kChunk == 0 && kCkpt % kSub == 0, "checkpoint interval");
@@ -136,14 +137,14 @@ struct FwdArgs {
     int act;
     int softplus;
     int n_slabs;
-    int vec_bc;          // B_proj, C_proj loads 4 states at a time (see ld_states)
-    int64_t piece_len;   // > 0: state row r is piece r % pieces of sequence r / pieces (no varlen)
+    int vec_bc;        // B_proj, C_proj loads 4 states at a time (see ld_states)
+    int64_t piece_len; // > 0: state row r is piece r % pieces of sequence r / pieces (no varlen)
     int64_t pieces;
-    void *y;             // Elem, or NULL (checkpoint pass)
-    float *hT;           // or NULL
-    float *part;         // [n_slabs][B T D] partial sum_n h C when n_slabs > 1
-    float *ckpt;         // [slots][N][D] or NULL
-    const void *dy;      // with dgate: the checkpoint pass writes dgate
+    void *y;        // Elem, or NULL (checkpoint pass)
+    float *hT;      // or NULL
+    float *part;    // [n_slabs][B T D] partial sum_n h C when n_slabs > 1
+    float *ckpt;    // [slots][N][D] or NULL
+    const void *dy; // with dgate: the checkpoint pass writes dgate
     void *dgate;
 };
 
@@ -351,8 +352,9 @@ __device__ __forceinline__ void fwd_chunk_out(const FwdArgs &a, const scan_place
 // At most 256 threads; with 4 states per thread at most 80 registers, so that 6 blocks of 4
 // warps (the N = 16 shape) fit on an SM.
 template <typename E, int NB>
-__global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4 ? 3 : NB == 8 ? 2 : 1)
-    ssm1_fwd_kernel(const FwdArgs a)
+__global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4   ? 3
+                                                     : NB == 8 ? 2
+                                                               : 1) ssm1_fwd_kernel(const FwdArgs a)
 {
     extern __shared__ float smem[];
     const scan_place p = scan_place_of<NB>(a.n_tiles, a.n_per_slab, a.D, a.N, a.cpg);
@@ -395,8 +397,7 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps, NB == 4 ? 3 : NB == 8 ? 2 :
 }
 
 // With slabs: out = the slabs' partial sums in order, then as fwd_finish.
-template <typename E>
-__global__ void ssm1_fwd_finish_kernel(const FwdArgs a)
+template <typename E> __global__ void ssm1_fwd_finish_kernel(const FwdArgs a)
 {
     const int64_t idx = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= a.BTD) return;
@@ -465,11 +466,11 @@ struct BwdArgs {
     int n_slabs;
     int vec_bc;
     const float *ckpt;
-    void *dx, *ddt;        // Elem or NULL
-    float *dh0;            // or NULL
-    float *dA_part;        // [N_seq][D N] or NULL
-    float *dD_part, *db_part; // [N_seq][D] or NULL
-    float *dB_part, *dC_part; // [n_tiles][B T][slots][N] or NULL
+    void *dx, *ddt;            // Elem or NULL
+    float *dh0;                // or NULL
+    float *dA_part;            // [N_seq][D N] or NULL
+    float *dD_part, *db_part;  // [N_seq][D] or NULL
+    float *dB_part, *dC_part;  // [n_tiles][B T][slots][N] or NULL
     float *px_part, *pdt_part; // [n_slabs][B T D] when n_slabs > 1
 };
 
@@ -787,8 +788,7 @@ __global__ void __launch_bounds__(kLanes *kMaxWarps) ssm1_bwd_kernel(const BwdAr
 
 // With slabs: per (sequence, channel), dx and ddt from the slabs' partial sums, and the
 // sequence's dD_skip and ddt_bias sums, token by token in order.
-template <typename E>
-__global__ void ssm1_bwd_finish_kernel(const BwdArgs a, int64_t n_seqs)
+template <typename E> __global__ void ssm1_bwd_finish_kernel(const BwdArgs a, int64_t n_seqs)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n_seqs * a.D) return;
@@ -814,8 +814,7 @@ __global__ void ssm1_bwd_finish_kernel(const BwdArgs a, int64_t n_seqs)
 }
 
 // dB_proj, dC_proj [B T][G][N]: the tiles covering each group, in tile order.
-template <typename E>
-__global__ void ssm1_bc_reduce_kernel(const BwdArgs a, void *dB, void *dC)
+template <typename E> __global__ void ssm1_bc_reduce_kernel(const BwdArgs a, void *dB, void *dC)
 {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t GN = a.G * a.N;
@@ -888,8 +887,8 @@ FwdArgs fwd_args(const linseq_ssm1_problem *p, const ls_cuda_call *call)
     a.act = p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;
     a.softplus = p->dt_softplus ? 1 : 0;
     const uintptr_t align = (call->bf16 ? 2 : 4) * 4;
-    a.vec_bc = p->N % 4 == 0 && (uintptr_t)p->B_proj % align == 0 &&
-               (uintptr_t)p->C_proj % align == 0;
+    a.vec_bc =
+        p->N % 4 == 0 && (uintptr_t)p->B_proj % align == 0 && (uintptr_t)p->C_proj % align == 0;
     return a;
 }
 
@@ -902,9 +901,9 @@ linseq_status launch_fwd_nb(const FwdArgs &a, const ls_cuda_call *call, int64_t 
     const size_t smem =
         ((size_t)(3 + warps) * kChunk * kLanes + (size_t)2 * kChunk * warps * NB) * sizeof(float);
     if (smem > 48 * 1024)
-        LS_CUDA_TRY(call, cudaFuncSetAttribute(ssm1_fwd_kernel<E, NB>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem));
+        LS_CUDA_TRY(call,
+                    cudaFuncSetAttribute(ssm1_fwd_kernel<E, NB>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     ssm1_fwd_kernel<E, NB><<<grid, warps * kLanes, smem, ls_stream(call)>>>(a);
     LS_CUDA_LAUNCHED(call, "ssm1_fwd_kernel");
     if (a.n_slabs > 1 && a.part) {
@@ -994,8 +993,8 @@ linseq_status ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *cal
     local.y = nullptr;
     local.part = nullptr;
     if ((st = launch_fwd<E>(local, call, rows))) return st;
-    ssm1_piece_dt_kernel<E><<<ls_blocks(rows * a.D, 128), 128, 0, ls_stream(call)>>>(local, rows,
-                                                                                  sum_dt);
+    ssm1_piece_dt_kernel<E>
+        <<<ls_blocks(rows * a.D, 128), 128, 0, ls_stream(call)>>>(local, rows, sum_dt);
     LS_CUDA_LAUNCHED(call, "ssm1_piece_dt_kernel");
     local.h0 = a.h0;
     ssm1_piece_combine_kernel<<<ls_blocks(n_seqs * a.D * a.N, 256), 256, 0, ls_stream(call)>>>(
@@ -1010,8 +1009,8 @@ linseq_status ssm1_forward(const linseq_ssm1_problem *p, const ls_cuda_call *cal
 }
 
 template <typename E>
-linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *call,
-                            const void *d_y, const float *d_hT, const linseq_ssm1_grads *gr)
+linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *call, const void *d_y,
+                            const float *d_hT, const linseq_ssm1_grads *gr)
 {
     const int64_t n_seqs = call->n_seqs;
     FwdArgs f = fwd_args(p, call);
@@ -1098,13 +1097,13 @@ linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *ca
         const int64_t per = f.N < per_slab ? f.N : per_slab;
         const int warps = (int)((per + kBwdNB - 1) / kBwdNB);
         const int nthr = warps * kLanes, nblk = warps * kBwdNB;
-        const size_t smem = sizeof(float) * ((size_t)4 * kSub * kLanes +
-                                             (size_t)2 * warps * kSub * kLanes +
-                                             (size_t)2 * kSub * nblk * (kLanes + 1) +
-                                             (size_t)(kCkpt / kSub) * kBwdNB * nthr);
-        LS_CUDA_TRY(call, cudaFuncSetAttribute(ssm1_bwd_kernel<E>,
-                                               cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                               (int)smem));
+        const size_t smem =
+            sizeof(float) *
+            ((size_t)4 * kSub * kLanes + (size_t)2 * warps * kSub * kLanes +
+             (size_t)2 * kSub * nblk * (kLanes + 1) + (size_t)(kCkpt / kSub) * kBwdNB * nthr);
+        LS_CUDA_TRY(call,
+                    cudaFuncSetAttribute(ssm1_bwd_kernel<E>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         const dim3 grid((unsigned)(n_seqs * f.n_tiles), 1, (unsigned)b.n_slabs);
         ssm1_bwd_kernel<E><<<grid, nthr, smem, ls_stream(call)>>>(b);
         LS_CUDA_LAUNCHED(call, "ssm1_bwd_kernel");
@@ -1125,13 +1124,12 @@ linseq_status ssm1_backward(const linseq_ssm1_problem *p, const ls_cuda_call *ca
         const float *part;
         int64_t count;
         float *out;
-    } sums[3] = {{dA_part, f.D * f.N, gr->dA},
-                 {dD_part, f.D, gr->dD_skip},
-                 {db_part, f.D, gr->ddt_bias}};
+    } sums[3] = {
+        {dA_part, f.D * f.N, gr->dA}, {dD_part, f.D, gr->dD_skip}, {db_part, f.D, gr->ddt_bias}};
     for (const auto &s : sums) {
         if (!s.out) continue;
-        ssm1_sum_rows_kernel<<<ls_blocks(s.count, 256), 256, 0, ls_stream(call)>>>(
-            s.part, n_seqs, s.count, s.out);
+        ssm1_sum_rows_kernel<<<ls_blocks(s.count, 256), 256, 0, ls_stream(call)>>>(s.part, n_seqs,
+                                                                                   s.count, s.out);
         LS_CUDA_LAUNCHED(call, "ssm1_sum_rows_kernel");
     }
     return LINSEQ_OK;

@@ -174,8 +174,8 @@ typedef struct {
     unsigned char *ws;
     size_t ws_stride, state_bytes;
     const kda_kernels *kern;
-    float *saved;              /* training: the saved blocks (after the header), or NULL     */
-    const int64_t *saved_at;   /* their offsets per item                                      */
+    float *saved;            /* training: the saved blocks (after the header), or NULL */
+    const int64_t *saved_at; /* their offsets per item */
 } forward_ctx;
 
 /* Recurrent mode, keeping the state before every segment of pl->segment tokens. */
@@ -222,14 +222,14 @@ typedef struct {
     const kda_kernels *kern;
     int64_t tok0, len, hv;
     float *S, *o;
-    int64_t col_width;          /* columns per range                                      */
-    unsigned char *chunk_ws;    /* window of chunk workspaces                             */
+    int64_t col_width;       /* columns per range */
+    unsigned char *chunk_ws; /* window of chunk workspaces */
     size_t chunk_ws_bytes;
-    int64_t window_first;       /* first chunk of the window                              */
-    int64_t chunk;              /* the chunk the column ranges work on                    */
-    float *scratch;             /* recurrent: one scratch per column range                */
+    int64_t window_first; /* first chunk of the window */
+    int64_t chunk;        /* the chunk the column ranges work on */
+    float *scratch;       /* recurrent: one scratch per column range */
     size_t scratch_floats;
-    float *save;                /* training: this item's saved block, or NULL            */
+    float *save; /* training: this item's saved block, or NULL */
 } split_ctx;
 
 static void split_range(const split_ctx *c, int64_t r, int64_t *j0, int64_t *j1)
@@ -257,8 +257,8 @@ static void split_recurrent_range(void *ctx, int64_t r, int thread)
     const int64_t seg = c->save ? c->pl->segment : c->len;
     for (int64_t t0 = 0; t0 < c->len; t0 += seg) {
         if (c->save) save_columns(c, t0 / seg, j0, j1);
-        c->kern->recurrent_item(c->pl, c->tok0 + t0, c->len - t0 < seg ? c->len - t0 : seg,
-                                c->hv, c->S, c->o, scratch, j0, j1);
+        c->kern->recurrent_item(c->pl, c->tok0 + t0, c->len - t0 < seg ? c->len - t0 : seg, c->hv,
+                                c->S, c->o, scratch, j0, j1);
     }
 }
 
@@ -278,7 +278,8 @@ static void split_state_range(void *ctx, int64_t r, int thread)
     const split_ctx *c = ctx;
     const int64_t C = c->pl->chunk, c0 = c->chunk * C, Lc = c->len - c0 < C ? c->len - c0 : C;
     kda_chunk_ws w = {0};
-    kda_chunk_ws_layout(c->pl, c->chunk_ws + (size_t)(c->chunk - c->window_first) * c->chunk_ws_bytes, &w);
+    kda_chunk_ws_layout(c->pl,
+                        c->chunk_ws + (size_t)(c->chunk - c->window_first) * c->chunk_ws_bytes, &w);
     int64_t j0, j1;
     split_range(c, r, &j0, &j1);
     const int64_t first = c->tok0 + c0;
@@ -333,7 +334,8 @@ static bool forward_split(const kda_plan *pl, const kda_kernels *kern, int threa
         } else {
             const int64_t n_chunks = (c.len + pl->chunk - 1) / pl->chunk;
             for (c.window_first = 0; c.window_first < n_chunks; c.window_first += window) {
-                const int64_t in_window = n_chunks - c.window_first < window ? n_chunks - c.window_first : window;
+                const int64_t in_window =
+                    n_chunks - c.window_first < window ? n_chunks - c.window_first : window;
                 ls_parallel_for(in_window, threads, split_prepare_chunk, &c);
                 for (c.chunk = c.window_first; c.chunk < c.window_first + in_window; c.chunk++)
                     ls_parallel_for(n_ranges, threads, split_state_range, &c);
@@ -387,13 +389,15 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     const int64_t n_items = pl.n_seqs * pl.HV;
     int64_t *saved_at = NULL;
     if (saved && (st = kda_saved_offsets(fn, &pl, saved_bytes, &saved_at))) return st;
-    float *saved_data = saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
+    float *saved_data =
+        saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {
         const bool ok = forward_split(&pl, kern, all_threads, o, ht, saved_data, saved_at);
         if (ok && saved) kda_saved_write_header(&pl, saved);
         free(saved_at);
-        return ok ? LINSEQ_OK : ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
+        return ok ? LINSEQ_OK
+                  : ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
     }
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B * p->T));
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
@@ -402,9 +406,15 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
                        ws_stride * (size_t)threads);
     }
-    forward_ctx c = {.pl = &pl, .o = o, .ht = ht, .ws = ws, .ws_stride = ws_stride,
+    forward_ctx c = {.pl = &pl,
+                     .o = o,
+                     .ht = ht,
+                     .ws = ws,
+                     .ws_stride = ws_stride,
                      .state_bytes = ((size_t)(p->K * p->V) * sizeof(float) + 63) & ~(size_t)63,
-                     .kern = kern, .saved = saved_data, .saved_at = saved_at};
+                     .kern = kern,
+                     .saved = saved_data,
+                     .saved_at = saved_at};
     ls_parallel_for(n_items, threads, forward_item, &c);
     if (saved) kda_saved_write_header(&pl, saved);
     free(ws);
@@ -415,8 +425,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
 linseq_status ls_kda_forward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
                                  float *o, float *ht, ls_isa isa)
 {
-    return forward_impl("linseq_kda_forward", problem, exec, o, ht, NULL, 0,
-                        ls_kda_kernels(isa));
+    return forward_impl("linseq_kda_forward", problem, exec, o, ht, NULL, 0, ls_kda_kernels(isa));
 }
 
 linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq_exec *exec,
@@ -427,18 +436,17 @@ linseq_status linseq_kda_forward(const linseq_kda_problem *problem, const linseq
     return st ? st : ls_kda_forward_isa(problem, exec, o, ht, isa);
 }
 
-linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem,
-                                       const linseq_exec *exec, float *o, float *ht,
-                                       void *saved, size_t saved_bytes)
+linseq_status linseq_kda_forward_train(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                       float *o, float *ht, void *saved, size_t saved_bytes)
 {
     ls_isa isa;
     linseq_status st = ls_isa_resolve("linseq_kda_forward_train", &isa);
     return st ? st : ls_kda_forward_train_isa(problem, exec, o, ht, saved, saved_bytes, isa);
 }
 
-linseq_status ls_kda_forward_train_isa(const linseq_kda_problem *problem,
-                                       const linseq_exec *exec, float *o, float *ht,
-                                       void *saved, size_t saved_bytes, ls_isa isa)
+linseq_status ls_kda_forward_train_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                       float *o, float *ht, void *saved, size_t saved_bytes,
+                                       ls_isa isa)
 {
     static const char fn[] = "linseq_kda_forward_train";
     if (!saved) {
@@ -464,8 +472,8 @@ linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const lin
         ls_arg(&a, "cu_seqlens", "n_seqs+1", problem->cu_seqlens, true, LS_IN, 8, 1,
                problem->n_seqs + 1);
     if ((st = ls_args_validate(&a))) return st;
-    if (problem->cu_seqlens &&
-        (st = ls_check_cu_seqlens(fn, problem->cu_seqlens, problem->n_seqs, problem->B, problem->T)))
+    if (problem->cu_seqlens && (st = ls_check_cu_seqlens(fn, problem->cu_seqlens, problem->n_seqs,
+                                                         problem->B, problem->T)))
         return st;
     kda_exec_plan(&pl, exec);
     return kda_saved_layout(fn, &pl, NULL, bytes);
@@ -536,8 +544,8 @@ linseq_status kda_check_state_rows(const char *fn, const int64_t *rows, int64_t 
 /* Decode on CUDA: state_rows is device memory, so a host copy of it is checked here with the
  * CPU path's rules before the backend touches the pool. */
 static linseq_status decode_on_cuda(const char *fn, const kda_plan *pl, const linseq_exec *exec,
-                                    float *state, int64_t n_state_rows,
-                                    const int64_t *state_rows, float *o)
+                                    float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                    float *o)
 {
     const int64_t B = pl->p->B;
     if (state_rows) {
@@ -595,8 +603,13 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
     if (!ws) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
 
-    decode_ctx c = {.pl = &pl, .state = state, .o = o, .rows = state_rows, .ws = ws,
-                    .ws_stride = ws_stride, .kern = ls_kda_kernels(isa)};
+    decode_ctx c = {.pl = &pl,
+                    .state = state,
+                    .o = o,
+                    .rows = state_rows,
+                    .ws = ws,
+                    .ws_stride = ws_stride,
+                    .kern = ls_kda_kernels(isa)};
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return LINSEQ_OK;
@@ -608,6 +621,5 @@ linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_
 {
     ls_isa isa;
     linseq_status st = ls_isa_resolve("linseq_kda_decode", &isa);
-    return st ? st
-              : ls_kda_decode_isa(problem, exec, state, n_state_rows, state_rows, o, isa);
+    return st ? st : ls_kda_decode_isa(problem, exec, state, n_state_rows, state_rows, o, isa);
 }

@@ -111,8 +111,8 @@ static void backward_item(void *ctx, int64_t item, int thread)
 
 /* The backward; with saved (from linseq_kda_forward_train) it skips the forward pass. */
 static linseq_status backward_impl(const char *fn, const linseq_kda_problem *problem,
-                                   const linseq_exec *exec, const void *saved,
-                                   size_t saved_bytes, const float *d_o, const float *d_ht,
+                                   const linseq_exec *exec, const void *saved, size_t saved_bytes,
+                                   const float *d_o, const float *d_ht,
                                    const linseq_kda_grads *grads, const kda_kernels *kern)
 {
     ls_clear_error();
@@ -179,8 +179,14 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
             return st;
     }
     const int64_t max_len = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
-    kda_bwd b = {.pl = &pl, .d_o = d_o, .d_ht = d_ht, .gr = gr, .max_len = max_len,
-                 .segment = chunk, .kern = kern, .saved_at = saved_at,
+    kda_bwd b = {.pl = &pl,
+                 .d_o = d_o,
+                 .d_ht = d_ht,
+                 .gr = gr,
+                 .max_len = max_len,
+                 .segment = chunk,
+                 .kern = kern,
+                 .saved_at = saved_at,
                  .saved = saved ? (const float *)(const void *)((const unsigned char *)saved +
                                                                 KDA_SAVED_HEADER_BYTES)
                                 : NULL};
@@ -246,9 +252,8 @@ linseq_status ls_kda_backward_isa(const linseq_kda_problem *problem, const linse
                          ls_kda_kernels(isa));
 }
 
-linseq_status ls_kda_backward_saved_isa(const linseq_kda_problem *problem,
-                                        const linseq_exec *exec, const void *saved,
-                                        size_t saved_bytes, const float *d_o,
+linseq_status ls_kda_backward_saved_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                        const void *saved, size_t saved_bytes, const float *d_o,
                                         const float *d_ht, const linseq_kda_grads *grads,
                                         ls_isa isa)
 {
@@ -271,14 +276,12 @@ linseq_status linseq_kda_backward(const linseq_kda_problem *problem, const linse
     return st ? st : ls_kda_backward_isa(problem, exec, d_o, d_ht, grads, isa);
 }
 
-linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem,
-                                        const linseq_exec *exec, const void *saved,
-                                        size_t saved_bytes, const float *d_o, const float *d_ht,
-                                        const linseq_kda_grads *grads)
+linseq_status linseq_kda_backward_saved(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                        const void *saved, size_t saved_bytes, const float *d_o,
+                                        const float *d_ht, const linseq_kda_grads *grads)
 {
     ls_isa isa;
     linseq_status st = ls_isa_resolve("linseq_kda_backward_saved", &isa);
     return st ? st
-              : ls_kda_backward_saved_isa(problem, exec, saved, saved_bytes, d_o, d_ht, grads,
-                                          isa);
+              : ls_kda_backward_saved_isa(problem, exec, saved, saved_bytes, d_o, d_ht, grads, isa);
 }

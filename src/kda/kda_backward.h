@@ -20,13 +20,13 @@ typedef struct kda_bwd {
     const kda_plan *pl;
     const float *d_o, *d_ht;
     const linseq_kda_grads *gr;
-    int64_t max_len;      /* longest sequence: sizes the checkpoint buffers               */
-    int64_t segment;      /* recurrent mode: tokens between state checkpoints             */
-    double *partials;     /* per item: [G] dA_log, then [G*gK] ddt_bias, summed in double */
+    int64_t max_len;  /* longest sequence: sizes the checkpoint buffers */
+    int64_t segment;  /* recurrent mode: tokens between state checkpoints */
+    double *partials; /* per item: [G] dA_log, then [G*gK] ddt_bias, summed in double */
     int64_t partial_len;
-    const struct kda_kernels *kern; /* this call's ISA (kda_kernels.h)                      */
-    const float *saved;        /* the training forward's blocks, or NULL (recompute)       */
-    const int64_t *saved_at;   /* their offsets per item                                    */
+    const struct kda_kernels *kern; /* this call's ISA (kda_kernels.h) */
+    const float *saved;             /* the training forward's blocks, or NULL (recompute) */
+    const int64_t *saved_at;        /* their offsets per item */
 } kda_bwd;
 
 /* This item's saved block: the states before each chunk or segment, then (chunked) the

@@ -20,7 +20,8 @@ static void l2norm_backward_row(int64_t K, const float *x, float mul, float *dx)
     for (; i + VW <= K; i += VW)
         vf_store(dx + i, vf_fnmadd(vc, vf_load(x + i), vf_mul(vr, vf_load(dx + i))));
     if (i < K)
-        vf_store_n(dx + i, vf_fnmadd(vc, vf_load_n(x + i, K - i), vf_mul(vr, vf_load_n(dx + i, K - i))),
+        vf_store_n(dx + i,
+                   vf_fnmadd(vc, vf_load_n(x + i, K - i), vf_mul(vr, vf_load_n(dx + i, K - i))),
                    K - i);
 }
 

@@ -20,23 +20,23 @@ enum { KDA_SUB_CHUNK = 16 };
  * per-token decays a_t = e^{g_t} <= 1, never exponentials of differences of sums, so none can
  * overflow, and a decay of -1000 is an exact zero that leaves the other factors intact. */
 typedef struct kda_chunk_ws {
-    float *qs, *ks, *beta, *g;   /* loaded rows [C,K] [C,K] [C] [C,gK] (g after the gate)    */
-    float *a;                    /* [C,gK] e^{g_r} with g floored                            */
-    float *eG, *eL;              /* [C,gK] e^{G_r} and e^{G_last - G_r} (G: in-chunk sums)   */
-    float *qg, *kbg, *kd;        /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G}               */
-    float *Aqk;                  /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; never
-                                  * read above the diagonal (kda_triangle_rows)              */
-    float *Akk;                  /* [C,C] strictly lower: sum_d k_r k_c e^{G_r - G_c} (no beta) */
-    float *Mneg;                 /* [C,C] strictly lower: -beta_r Akk[r,c], the solve's factor */
-    float *vnew;                 /* [C,V] the deltas u of the chunk's tokens                  */
-    float *decay_last;           /* [K] e^{G_last}                                           */
+    float *qs, *ks, *beta, *g; /* loaded rows [C,K] [C,K] [C] [C,gK] (g after the gate) */
+    float *a;                  /* [C,gK] e^{g_r} with g floored */
+    float *eG, *eL;            /* [C,gK] e^{G_r} and e^{G_last - G_r} (G: in-chunk sums) */
+    float *qg, *kbg, *kd;      /* [C,K]: qs e^G, beta k e^G, k e^{G_last - G} */
+    float *Aqk;                /* [C,C] lower incl.: sum_d qs_r k_c e^{G_r - G_c}; never
+                                * read above the diagonal (kda_triangle_rows) */
+    float *Akk;                /* [C,C] strictly lower: sum_d k_r k_c e^{G_r - G_c} (no beta) */
+    float *Mneg;               /* [C,C] strictly lower: -beta_r Akk[r,c], the solve's factor */
+    float *vnew;               /* [C,V] the deltas u of the chunk's tokens */
+    float *decay_last;         /* [K] e^{G_last} */
     /* scratch of the score construction */
-    float *yt;                   /* [K,C] column factors, transposed                         */
-    float *yts;                  /* [K,C] the same scaled to one row block's reference       */
-    float *xt;                   /* [2*16,K] the row block's q and k, scaled                 */
-    float *sc;                   /* [2*16,C] one row block's scores                          */
-    float *w, *fr, *dscale;      /* [K] running products                                     */
-    float *tot;                  /* [C/16,K] each sub-chunk's total decay                    */
+    float *yt;              /* [K,C] column factors, transposed */
+    float *yts;             /* [K,C] the same scaled to one row block's reference */
+    float *xt;              /* [2*16,K] the row block's q and k, scaled */
+    float *sc;              /* [2*16,C] one row block's scores */
+    float *w, *fr, *dscale; /* [K] running products */
+    float *tot;             /* [C/16,K] each sub-chunk's total decay */
 } kda_chunk_ws;
 
 static inline size_t kda_align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -47,10 +47,10 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     const size_t C = (size_t)pl->chunk, K = (size_t)pl->p->K, V = (size_t)pl->p->V;
     const size_t gK = (size_t)pl->gK, S = KDA_SUB_CHUNK;
     size_t off = 0;
-#define TAKE(field, count)                                                               \
-    do {                                                                                 \
-        if (base) w->field = (float *)(void *)(base + off);                              \
-        off += kda_align64((count) * sizeof(float));                                     \
+#define TAKE(field, count)                                                                         \
+    do {                                                                                           \
+        if (base) w->field = (float *)(void *)(base + off);                                        \
+        off += kda_align64((count) * sizeof(float));                                               \
     } while (0)
     TAKE(qs, C * K);
     TAKE(ks, C * K);

@@ -25,24 +25,24 @@
 #include "kda/kda_simd.h"
 
 typedef struct {
-    float *ckpt;                 /* [n_chunks,K,V] the state at each chunk start             */
-    float *vnew_all;             /* [n_chunks*C,V] each chunk's deltas (per token, not a state) */
-    float *S, *dS, *dS0;         /* [K,V]                                                   */
-    float *ST, *dST;             /* [V,K] S0 and dS transposed                              */
-    float *VnT;                  /* [V,C] Vn transposed                                     */
-    float *dVn, *dR;             /* [C,V]; dR holds -dL/dR                                  */
-    float *dqg, *dkd, *dkbg;     /* [C,K]                                                   */
-    float *dqs, *dks;            /* [C,K]                                                   */
-    float *dX, *dY;              /* [C,K] score backward results                            */
-    float *cf, *fc, *xt, *yt;    /* [C,K] column factors, their block scaling, scaled rows  */
-    float *prod;                 /* [C,K]                                                   */
-    float *dAqk, *dAkk, *dAe;    /* [C,C]                                                   */
-    float *fr, *dsc;             /* [K]                                                     */
-    float *dbeta;                /* [C]                                                     */
-    float *dg;                   /* [C,gK] the emitted dg                                   */
-    float *dG;                   /* [C,gK] dL/dG of each row                                 */
-    float *dGL;                  /* [gK]                                                    */
-    unsigned char *chunk;        /* the forward's chunk workspace                           */
+    float *ckpt;              /* [n_chunks,K,V] the state at each chunk start */
+    float *vnew_all;          /* [n_chunks*C,V] each chunk's deltas (per token, not a state) */
+    float *S, *dS, *dS0;      /* [K,V] */
+    float *ST, *dST;          /* [V,K] S0 and dS transposed */
+    float *VnT;               /* [V,C] Vn transposed */
+    float *dVn, *dR;          /* [C,V]; dR holds -dL/dR */
+    float *dqg, *dkd, *dkbg;  /* [C,K] */
+    float *dqs, *dks;         /* [C,K] */
+    float *dX, *dY;           /* [C,K] score backward results */
+    float *cf, *fc, *xt, *yt; /* [C,K] column factors, their block scaling, scaled rows */
+    float *prod;              /* [C,K] */
+    float *dAqk, *dAkk, *dAe; /* [C,C] */
+    float *fr, *dsc;          /* [K] */
+    float *dbeta;             /* [C] */
+    float *dg;                /* [C,gK] the emitted dg */
+    float *dG;                /* [C,gK] dL/dG of each row */
+    float *dGL;               /* [gK] */
+    unsigned char *chunk;     /* the forward's chunk workspace */
 } bwd_ws;
 
 static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
@@ -52,10 +52,10 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     const size_t gK = (size_t)pl->gK, KV = K * V;
     const size_t n_chunks = ((size_t)b->max_len + C - 1) / C;
     size_t off = 0;
-#define TAKE_T(field, type, count)                                                       \
-    do {                                                                                 \
-        if (base) w->field = (type *)(void *)(base + off);                               \
-        off += kda_align64((count) * sizeof(type));                                      \
+#define TAKE_T(field, type, count)                                                                 \
+    do {                                                                                           \
+        if (base) w->field = (type *)(void *)(base + off);                                         \
+        off += kda_align64((count) * sizeof(type));                                                \
     } while (0)
 #define TAKE(field, count) TAKE_T(field, float, count)
     if (!b->saved) { /* with a saved forward these come from it */
@@ -121,13 +121,14 @@ static inline void vfma3(int64_t n, const float *x, const float *s, float *y)
     for (; i + VW <= n; i += VW)
         vf_store(y + i, vf_fmadd(vf_load(x + i), vf_load(s + i), vf_load(y + i)));
     if (i < n)
-        vf_store_n(y + i, vf_fmadd(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i), vf_load_n(y + i, n - i)),
-                   n - i);
+        vf_store_n(
+            y + i,
+            vf_fmadd(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i), vf_load_n(y + i, n - i)),
+            n - i);
 }
 
 /* dG_row += sign * a (*) b: element-wise per channel, summed over K per head. */
-static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const float *b,
-                   float sign)
+static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const float *b, float sign)
 {
     if (gK != K) {
         dG_row[0] += sign * ls_vdot(K, a, b);
@@ -136,10 +137,12 @@ static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const f
     const vf s = vf_set1(sign);
     int64_t d = 0;
     for (; d + VW <= K; d += VW)
-        vf_store(dG_row + d, vf_fmadd(vf_mul(s, vf_load(a + d)), vf_load(b + d), vf_load(dG_row + d)));
+        vf_store(dG_row + d,
+                 vf_fmadd(vf_mul(s, vf_load(a + d)), vf_load(b + d), vf_load(dG_row + d)));
     if (d < K)
         vf_store_n(dG_row + d,
-                   vf_fmadd(vf_mul(s, vf_load_n(a + d, K - d)), vf_load_n(b + d, K - d), vf_load_n(dG_row + d, K - d)),
+                   vf_fmadd(vf_mul(s, vf_load_n(a + d, K - d)), vf_load_n(b + d, K - d),
+                            vf_load_n(dG_row + d, K - d)),
                    K - d);
 }
 
@@ -189,7 +192,8 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
                 const vf x = vf_load_n(xr + d, t);
                 for (int64_t c = r - 1; c >= n; c--) {
                     float *dy = w->dY + c * K + d;
-                    const vf e = vf_mul(vf_set1(dA[r * C + c]), run = vf_mul(run, vf_load_n(cw->a + (c + 1) * K + d, t)));
+                    const vf e = vf_mul(vf_set1(dA[r * C + c]),
+                                        run = vf_mul(run, vf_load_n(cw->a + (c + 1) * K + d, t)));
                     acc = vf_fmadd(e, vf_load_n(Y + c * K + d, t), acc);
                     vf_store_n(dy, vf_fmadd(e, x, vf_load_n(dy, t)), t);
                 }
@@ -223,9 +227,9 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
 }
 
 /* The same with one decay per row: e^{G_r - G_c} is a scalar weight of dA. */
-static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
-                                     int64_t K, int64_t C, const float *dA, bool strict,
-                                     const float *X, const float *Y)
+static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc, int64_t K,
+                                     int64_t C, const float *dA, bool strict, const float *X,
+                                     const float *Y)
 {
     for (int64_t r = 0; r < Lc; r++) {
         float e = 1.0f;
@@ -239,9 +243,8 @@ static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, in
     ls_gemm(Lc, K, Lc, w->dAe, 1, C, X, K, w->dY, K, false);
 }
 
-static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw,
-                            int64_t Lc, const float *dA, bool strict, const float *X,
-                            const float *Y)
+static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
+                            const float *dA, bool strict, const float *X, const float *Y)
 {
     const int64_t K = pl->p->K, C = pl->chunk;
     if (pl->p->decay == LINSEQ_DECAY_PER_CHANNEL)
@@ -372,7 +375,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
             const vf el = per_channel ? vf_load_n(eL + d, t) : vf_set1(eL[0]);
             const vf vkbg = vf_load_n(dkbg + d, t);
             db = vf_fmadd(vkbg, vf_mul(vf_load_n(k + d, t), e), db);
-            vf_store_n(dks + d, vf_fmadd(el, vf_load_n(dkd + d, t), vf_mul(vf_mul(vbeta, e), vkbg)), t);
+            vf_store_n(dks + d, vf_fmadd(el, vf_load_n(dkd + d, t), vf_mul(vf_mul(vbeta, e), vkbg)),
+                       t);
             vf_store_n(dqs + d, vf_mul(e, vf_load_n(dqg + d, t)), t);
         }
         w->dbeta[r] += vf_hsum(db);
@@ -391,7 +395,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         for (int64_t nj = 0; nj < Lc; nj += SC) {
             const int64_t ej = (nj + SC < Lc ? nj + SC : Lc) - 1;
             for (int64_t d = 0; d < K; d++) w->cf[ej * K + d] = 1.0f;
-            for (int64_t c = ej - 1; c >= nj; c--) vmul3(K, w->cf + (c + 1) * K, cw->a + (c + 1) * K, w->cf + c * K);
+            for (int64_t c = ej - 1; c >= nj; c--)
+                vmul3(K, w->cf + (c + 1) * K, cw->a + (c + 1) * K, w->cf + c * K);
         }
     scores_backward(pl, w, cw, Lc, w->dAqk, false, cw->qs, cw->ks);
     for (int64_t r = 0; r < Lc; r++) {

@@ -168,7 +168,8 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
             memcpy(w->Akk + (n + rr) * C, w->sc + (m + rr) * C, (size_t)n * sizeof(float));
         }
     }
-    for (int64_t n = 0; n < Lc; n += S) diagonal_block_per_channel(w, n, Lc - n < S ? Lc - n : S, K, C);
+    for (int64_t n = 0; n < Lc; n += S)
+        diagonal_block_per_channel(w, n, Lc - n < S ? Lc - n : S, K, C);
 }
 
 /* With one decay per token e^{G_r - G_c} is a scalar: the plain products Qs K^T and K K^T,
@@ -248,7 +249,9 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
         for (; j + VW <= n; j += VW)
             vf_store(vn + j, vf_fmadd(beta, vf_load(v + j), vf_sub(vf_zero(), vf_load(vn + j))));
         if (j < n)
-            vf_store_n(vn + j, vf_fmadd(beta, vf_load_n(v + j, n - j), vf_sub(vf_zero(), vf_load_n(vn + j, n - j))),
+            vf_store_n(vn + j,
+                       vf_fmadd(beta, vf_load_n(v + j, n - j),
+                                vf_sub(vf_zero(), vf_load_n(vn + j, n - j))),
                        n - j);
     }
     /* Forward substitution by 16-row blocks: the rows of earlier blocks enter as one matrix
@@ -272,7 +275,8 @@ void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, cons
     for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
         const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
         if (r0 > 0)
-            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V, true);
+            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V,
+                    true);
         kda_triangle_rows(out, HV * V, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
     }
 }
@@ -284,8 +288,8 @@ void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, flo
     ls_gemm_scaled(K, j1 - j0, Lc, w->kd, 1, K, w->vnew + j0, V, S + j0, V, true, w->decay_last);
 }
 
-void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv,
-                               float *S, float *o, void *ws, float *save)
+void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,
+                               float *o, void *ws, float *save)
 {
     const int64_t V = pl->p->V, C = pl->chunk, KV = pl->p->K * V;
     kda_chunk_ws w = {0};

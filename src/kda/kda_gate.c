@@ -77,12 +77,13 @@ linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const li
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_forward(fn, p, exec, g);
 
-    gate_ctx c = {.p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g,
-                 .kern = ls_kda_kernels(isa)};
+    gate_ctx c = {
+        .p = p, .gK = gK, .rows = p->B * p->T * p->H, .g = g, .kern = ls_kda_kernels(isa)};
     /* Items of ~16K values: enough work per item to amortise the dispatch. */
     c.rows_per_item = 1 + (16384 - 1) / gK;
     const int64_t n_items = (c.rows + c.rows_per_item - 1) / c.rows_per_item;
-    ls_parallel_for(n_items, ls_resolve_threads(exec, n_items, 20.0 * (double)c.rows * (double)gK), gate_item, &c);
+    ls_parallel_for(n_items, ls_resolve_threads(exec, n_items, 20.0 * (double)c.rows * (double)gK),
+                    gate_item, &c);
     return LINSEQ_OK;
 }
 
@@ -143,8 +144,7 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
         ls_arg(&a, "d_g", "B,T,H,K", d_g, true, LS_IN, te, 4, p->B, p->T, p->H, p->K);
         ls_arg(&a, "dg_raw", "B,T,H,K", grads->dg_raw, false, LS_OUT, te, 4, p->B, p->T, p->H,
                p->K);
-        ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1,
-               ls_mul_sat(p->H, p->K));
+        ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1, ls_mul_sat(p->H, p->K));
     } else {
         ls_arg(&a, "d_g", "B,T,H", d_g, true, LS_IN, te, 3, p->B, p->T, p->H);
         ls_arg(&a, "dg_raw", "B,T,H", grads->dg_raw, false, LS_OUT, te, 3, p->B, p->T, p->H);
@@ -155,7 +155,9 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_backward(fn, p, exec, d_g, grads);
 
     gate_bwd_ctx c = {.p = p, .d_g = d_g, .gr = grads, .gK = gK};
-    ls_parallel_for(p->H, ls_resolve_threads(exec, p->H, 30.0 * (double)p->B * (double)p->T * (double)p->H * (double)gK),
+    ls_parallel_for(p->H,
+                    ls_resolve_threads(
+                        exec, p->H, 30.0 * (double)p->B * (double)p->T * (double)p->H * (double)gK),
                     gate_bwd_head, &c);
     return LINSEQ_OK;
 }

@@ -3,8 +3,8 @@
 #include "kda/kda_simd.h"
 
 /* Rows [r0, r1) of g, row = (b*T + t)*H + h, gK values each. */
-void LS_ISA_FN(kda_gate_rows)(const linseq_kda_gate_problem *p, int64_t gK, int64_t r0,
-                              int64_t r1, float *g)
+void LS_ISA_FN(kda_gate_rows)(const linseq_kda_gate_problem *p, int64_t gK, int64_t r0, int64_t r1,
+                              float *g)
 {
     for (int64_t row = r0; row < r1; row++) {
         const int64_t h = row % p->H;

@@ -18,13 +18,13 @@
 /* A validated problem with its defaults resolved. */
 typedef struct kda_plan {
     const linseq_kda_problem *p;
-    int64_t HV;       /* value heads (p->HV, or H when 0)                                   */
-    int64_t group;    /* value heads per qk head: value head hv reads qk head hv / group    */
-    int64_t n_seqs;   /* state rows: B, or the varlen sequence count                       */
-    int64_t gK;       /* decay values per token and head: K, or 1 (per head / none)          */
+    int64_t HV;     /* value heads (p->HV, or H when 0) */
+    int64_t group;  /* value heads per qk head: value head hv reads qk head hv / group */
+    int64_t n_seqs; /* state rows: B, or the varlen sequence count */
+    int64_t gK;     /* decay values per token and head: K, or 1 (per head / none) */
     float scale;
-    int chunk;        /* chunk size (chunked mode), 0 in recurrent mode                    */
-    int segment;      /* recurrent mode: tokens between saved states                      */
+    int chunk;   /* chunk size (chunked mode), 0 in recurrent mode */
+    int segment; /* recurrent mode: tokens between saved states */
 } kda_plan;
 
 /* The mode and chunk size of exec (NULL: defaults) into the plan. */
@@ -50,8 +50,7 @@ const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
  * offsets[item] floats after it: the states before each chunk or segment, then (chunked)
  * the item's deltas. */
 #define KDA_SAVED_HEADER_BYTES 64
-linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets,
-                               size_t *bytes);
+linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets, size_t *bytes);
 void kda_saved_write_header(const kda_plan *pl, void *saved);
 /* The item offsets of kda_saved_layout in a new array (the caller frees it), after checking
  * that saved_bytes holds the layout. */
@@ -95,8 +94,7 @@ LS_ISA_DECLARE(void, kda_recurrent_item,
 
 /* Decode of one token where a V-first state row [V,K] lives (no transposed copy). */
 LS_ISA_DECLARE(void, kda_decode_v_first,
-               (const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o,
-                float *scratch));
+               (const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o, float *scratch));
 
 /* Chunked mode: same contract; ws holds kda_chunk_ws_layout(pl, NULL, NULL) bytes (see
  * kda_chunk.h), 64-aligned, with pl->chunk set. save (NULL: nothing) receives the state

@@ -21,17 +21,20 @@
 #include "kda/kda_chunk.h"
 #include "kda/kda_simd.h"
 
+/* This ISA's recurrent forward, which rebuilds the states of a segment from its checkpoint. */
+#define advance_state LS_ISA_FN(kda_recurrent_item)
+
 enum { COLS = 4 }; /* vectors per column block */
 
 typedef struct {
-    float *ckpt, *seg;        /* [n_ckpt,K,V], [segment,K,V]                               */
-    float *dS;                /* [K,V] dL/dS_t running backwards                            */
-    float *qs, *ks, *g, *a;   /* [K] loaded token, decay factors                            */
-    float *ak;                /* [K] a * k                                                  */
-    float *dqs, *dks, *dg;    /* [K]                                                        */
-    float *rows;              /* [4,K,VW] per-row vector partial sums                        */
-    float *dv;                /* [V]                                                        */
-    float *step;              /* the forward step's scratch                                 */
+    float *ckpt, *seg;      /* [n_ckpt,K,V], [segment,K,V] */
+    float *dS;              /* [K,V] dL/dS_t running backwards */
+    float *qs, *ks, *g, *a; /* [K] loaded token, decay factors */
+    float *ak;              /* [K] a * k */
+    float *dqs, *dks, *dg;  /* [K] */
+    float *rows;            /* [4,K,VW] per-row vector partial sums */
+    float *dv;              /* [V] */
+    float *step;            /* the forward step's scratch */
 } rec_ws;
 
 static size_t carve(const kda_bwd *b, unsigned char *base, rec_ws *w)
@@ -41,10 +44,10 @@ static size_t carve(const kda_bwd *b, unsigned char *base, rec_ws *w)
     const size_t n_ckpt = ((size_t)b->max_len + seg - 1) / seg;
     const size_t Kr = (K + VW - 1) / VW * VW; /* rows rounded up to whole reduction groups */
     size_t off = 0;
-#define TAKE(field, count)                                                               \
-    do {                                                                                 \
-        if (base) w->field = (float *)(void *)(base + off);                              \
-        off += kda_align64((count) * sizeof(float));                                     \
+#define TAKE(field, count)                                                                         \
+    do {                                                                                           \
+        if (base) w->field = (float *)(void *)(base + off);                                        \
+        off += kda_align64((count) * sizeof(float));                                               \
     } while (0)
     if (!b->saved) TAKE(ckpt, (n_ckpt ? n_ckpt : 1) * KV); /* else from the saved forward */
     TAKE(seg, seg * KV);
@@ -66,7 +69,10 @@ static size_t carve(const kda_bwd *b, unsigned char *base, rec_ws *w)
 
 size_t LS_ISA_FN(kda_recurrent_bwd_ws_bytes)(const kda_bwd *b) { return carve(b, NULL, NULL); }
 
-static inline vf load_w(const float *p, int64_t w) { return w == VW ? vf_load(p) : vf_load_n(p, w); }
+static inline vf load_w(const float *p, int64_t w)
+{
+    return w == VW ? vf_load(p) : vf_load_n(p, w);
+}
 static inline void store_w(float *p, vf v, int64_t w)
 {
     if (w == VW)
@@ -91,7 +97,8 @@ static void token_backward(const kda_bwd *b, const rec_ws *w, int64_t tok, int64
     const float *v = p->v + (tok * HV + hv) * V;
     const float *dout = b->d_o + (tok * HV + hv) * V;
     /* per-row vector partial sums: S.do, dS.u, S.dpred, S.dS' */
-    float *r_sdo = w->rows, *r_dsu = r_sdo + Kr * VW, *r_sdp = r_dsu + Kr * VW, *r_sds = r_sdp + Kr * VW;
+    float *r_sdo = w->rows, *r_dsu = r_sdo + Kr * VW, *r_sdp = r_dsu + Kr * VW,
+          *r_sds = r_sdp + Kr * VW;
     memset(w->rows, 0, (size_t)(4 * Kr * VW) * sizeof(float));
     vf udo_acc = vf_zero(), dbeta_acc = vf_zero();
 
@@ -175,8 +182,8 @@ static void token_backward(const kda_bwd *b, const rec_ws *w, int64_t tok, int64
     kda_bwd_emit(b, tok, hv, w->dqs, w->dks, w->dv, dbeta, w->dg, item_partials);
 }
 
-void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len,
-                            void *ws, double *item_partials)
+void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0,
+                                       int64_t len, void *ws, double *item_partials)
 {
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
@@ -194,7 +201,7 @@ void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, 
         for (int64_t s = 0; s < n_seg; s++) {
             memcpy(w.ckpt + s * KV, w.seg, (size_t)KV * sizeof(float));
             const int64_t t0 = s * seg, cnt = len - t0 < seg ? len - t0 : seg;
-            if (s + 1 < n_seg) LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch, 0, p->V);
+            if (s + 1 < n_seg) advance_state(pl, tok0 + t0, cnt, hv, w.seg, NULL, scratch, 0, p->V);
         }
     }
 
@@ -205,7 +212,7 @@ void LS_ISA_FN(kda_recurrent_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, 
         memcpy(w.seg, ckpt + s * KV, (size_t)KV * sizeof(float));
         for (int64_t i = 1; i < cnt; i++) {
             memcpy(w.seg + i * KV, w.seg + (i - 1) * KV, (size_t)KV * sizeof(float));
-            LS_ISA_FN(kda_recurrent_item)(pl, tok0 + t0 + i - 1, 1, hv, w.seg + i * KV, NULL, scratch, 0, p->V);
+            advance_state(pl, tok0 + t0 + i - 1, 1, hv, w.seg + i * KV, NULL, scratch, 0, p->V);
         }
         for (int64_t i = cnt - 1; i >= 0; i--)
             token_backward(b, &w, tok0 + t0 + i, hv, w.seg + i * KV, item_partials);

@@ -16,9 +16,10 @@ enum { COLS = 4 }; /* vectors per column block */
 /* One column block of n vectors (n <= COLS; the last one w lanes wide). Always inlined, so
  * that the full-block call below compiles to a body with constant trip counts and its sums in
  * registers (called with run-time sizes it ran 1.6x slower). */
-static inline __attribute__((always_inline)) void column_block(int64_t K, int64_t V, float *S, int64_t j0, int nv, int64_t w_last,
-                                const float *a, const float *ak, const float *aq, const float *ks,
-                                float qk, float beta, const float *v, float *out)
+static inline __attribute__((always_inline)) void
+column_block(int64_t K, int64_t V, float *S, int64_t j0, int nv, int64_t w_last, const float *a,
+             const float *ak, const float *aq, const float *ks, float qk, float beta,
+             const float *v, float *out)
 {
     vf acc_p[COLS], acc_o[COLS], u[COLS];
     for (int c = 0; c < COLS; c++) acc_p[c] = acc_o[c] = vf_zero();
@@ -68,7 +69,8 @@ static inline __attribute__((always_inline)) void column_block(int64_t K, int64_
                 if (w == VW)
                     vf_store(row + c * VW, vf_fmadd(vk, u[c], vf_mul(va, vf_load(row + c * VW))));
                 else
-                    vf_store_n(row + c * VW, vf_fmadd(vk, u[c], vf_mul(va, vf_load_n(row + c * VW, w))), w);
+                    vf_store_n(row + c * VW,
+                               vf_fmadd(vk, u[c], vf_mul(va, vf_load_n(row + c * VW, w))), w);
             }
         }
     }
@@ -107,7 +109,8 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
                 column_block(K, V, S, jb, COLS, VW, a, ak, aq, ks, qk, beta, v, out);
             } else {
                 const int nv = (int)((w + VW - 1) / VW);
-                column_block(K, V, S, jb, nv, w - (int64_t)(nv - 1) * VW, a, ak, aq, ks, qk, beta, v, out);
+                column_block(K, V, S, jb, nv, w - (int64_t)(nv - 1) * VW, a, ak, aq, ks, qk, beta,
+                             v, out);
             }
         }
     }
@@ -116,8 +119,8 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
 /* One decode token on a V-first state S^T [V,K] where it lives: row j of S^T is column j of
  * S, so pred_j = (a k) . S^T_j and o_j need one dot product per row, reduced VW rows at a
  * time, and the update S^T_j <- a * S^T_j + u_j k rewrites each row while it is in L1. */
-void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, float *ST,
-                                   float *o, float *scratch)
+void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o,
+                                   float *scratch)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
@@ -159,10 +162,12 @@ void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, 
             const vf ur = vf_set1(ubuf[r]);
             int64_t i = 0;
             for (; i + VW <= K; i += VW)
-                vf_store(row + i, vf_fmadd(ur, vf_load(ks + i), vf_mul(vf_load(a + i), vf_load(row + i))));
+                vf_store(row + i,
+                         vf_fmadd(ur, vf_load(ks + i), vf_mul(vf_load(a + i), vf_load(row + i))));
             if (i < K)
                 vf_store_n(row + i,
-                           vf_fmadd(ur, vf_load_n(ks + i, K - i), vf_mul(vf_load_n(a + i, K - i), vf_load_n(row + i, K - i))),
+                           vf_fmadd(ur, vf_load_n(ks + i, K - i),
+                                    vf_mul(vf_load_n(a + i, K - i), vf_load_n(row + i, K - i))),
                            K - i);
         }
     }

@@ -69,8 +69,8 @@ typedef struct ref_walk {
     const linseq_kda_problem *p;
     int64_t H, HV, K, V, G, n_seqs;
     double scale;
-    double *q, *k, *g, *u, *S;  /* one token: normalised q (unscaled) and k, decay, delta  */
-    double rq, rk, beta;        /* 1/sqrt(|q|^2 + eps), likewise k (1 without l2norm)      */
+    double *q, *k, *g, *u, *S; /* one token: normalised q (unscaled) and k, decay, delta */
+    double rq, rk, beta;       /* 1/sqrt(|q|^2 + eps), likewise k (1 without l2norm) */
 } ref_walk;
 
 static bool walk_init(ref_walk *w, const linseq_kda_problem *p)
@@ -362,7 +362,8 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
             }
             if (gr->dh0)
                 for (int64_t i = 0; i < K; i++)
-                    for (int64_t j = 0; j < V; j++) gr->dh0[srow + state_at(&w, i, j)] = dS[i * V + j];
+                    for (int64_t j = 0; j < V; j++)
+                        gr->dh0[srow + state_at(&w, i, j)] = dS[i * V + j];
         }
     }
     free(states), free(dS), free(Sd), free(pred), free(du), free(dq), free(dk), free(dgv);

@@ -33,8 +33,7 @@ static int64_t item_floats(const kda_plan *pl, int64_t len)
     return (states + deltas + 15) / 16 * 16;
 }
 
-linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets,
-                               size_t *bytes)
+linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets, size_t *bytes)
 {
     int64_t total = 0;
     const bool closed_form = !offsets && !pl->p->cu_seqlens;
@@ -56,7 +55,8 @@ linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offs
             return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                            "the saved states (one K*V state per chunk per sequence and head) "
                            "overflow the address space");
-        for (int64_t hv = 0; offsets && hv < pl->HV; hv++) offsets[n * pl->HV + hv] = total + hv * f;
+        for (int64_t hv = 0; offsets && hv < pl->HV; hv++)
+            offsets[n * pl->HV + hv] = total + hv * f;
         total += block;
     }
     if (total > (int64_t)((PTRDIFF_MAX - KDA_SAVED_HEADER_BYTES) / sizeof(float)))

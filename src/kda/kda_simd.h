@@ -99,8 +99,8 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
         memcpy(g, graw, (size_t)gK * sizeof *g);
         return;
     }
-    kda_gate_row(gK, graw, p->dt_bias ? p->dt_bias + hv * gK : NULL,
-                 p->A_log ? p->A_log[hv] : 0.0f, p->lower_bound, g);
+    kda_gate_row(gK, graw, p->dt_bias ? p->dt_bias + hv * gK : NULL, p->A_log ? p->A_log[hv] : 0.0f,
+                 p->lower_bound, g);
 }
 
 /* Triangular substitution inside one row block of X [rows, ld], columns [0, n): the rows
@@ -111,9 +111,8 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
  * once per term made every step wait for the previous store. */
 enum { KDA_SUBST_COLS = 4 };
 
-static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t first,
-                                       int64_t end, const float *coef, int64_t coef_r,
-                                       int64_t coef_c)
+static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t first, int64_t end,
+                                       const float *coef, int64_t coef_r, int64_t coef_c)
 {
     const int64_t step = end >= first ? 1 : -1;
     for (int64_t j = 0; j < n; j += KDA_SUBST_COLS * VW) {
@@ -130,7 +129,8 @@ static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t 
                     const vf f = vf_set1(coef[r * coef_r + c * coef_c]);
                     const float *src = X + c * ld + j;
 #pragma GCC unroll 4
-                    for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
+                    for (int v = 0; v < KDA_SUBST_COLS; v++)
+                        acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
                 }
 #pragma GCC unroll 4
                 for (int v = 0; v < KDA_SUBST_COLS; v++) vf_store(row + v * VW, acc[v]);
@@ -145,7 +145,8 @@ static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t 
                     const vf f = vf_set1(coef[r * coef_r + c * coef_c]);
                     const float *src = X + c * ld + j;
                     for (int v = 0; v < nv; v++) {
-                        const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
+                        const vf x =
+                            v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
                         acc[v] = vf_fmadd(f, x, acc[v]);
                     }
                 }
@@ -165,9 +166,9 @@ static inline void kda_substitute_rows(float *X, int64_t ld, int64_t n, int64_t 
  * for the rows i in [first, end), j increasing. Only the triangle is visited: a product that
  * ran over the whole block with zeros in the other triangle would turn one token's NaN or Inf
  * into 0 * NaN = NaN in the tokens that do not depend on it. */
-static inline void kda_triangle_rows(float *Y, int64_t ldy, const float *X, int64_t ldx,
-                                     int64_t n, int64_t first, int64_t end, const float *coef,
-                                     int64_t coef_r, int64_t coef_c, bool upper)
+static inline void kda_triangle_rows(float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t n,
+                                     int64_t first, int64_t end, const float *coef, int64_t coef_r,
+                                     int64_t coef_c, bool upper)
 {
     for (int64_t j = 0; j < n; j += KDA_SUBST_COLS * VW) {
         const int64_t width = n - j < KDA_SUBST_COLS * VW ? n - j : KDA_SUBST_COLS * VW;
@@ -184,7 +185,8 @@ static inline void kda_triangle_rows(float *Y, int64_t ldy, const float *X, int6
                     const vf f = vf_set1(coef[i * coef_r + c * coef_c]);
                     const float *src = X + c * ldx + j;
 #pragma GCC unroll 4
-                    for (int v = 0; v < KDA_SUBST_COLS; v++) acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
+                    for (int v = 0; v < KDA_SUBST_COLS; v++)
+                        acc[v] = vf_fmadd(f, vf_load(src + v * VW), acc[v]);
                 }
 #pragma GCC unroll 4
                 for (int v = 0; v < KDA_SUBST_COLS; v++) vf_store(row + v * VW, acc[v]);
@@ -196,7 +198,8 @@ static inline void kda_triangle_rows(float *Y, int64_t ldy, const float *X, int6
                 const vf f = vf_set1(coef[i * coef_r + c * coef_c]);
                 const float *src = X + c * ldx + j;
                 for (int v = 0; v < nv; v++) {
-                    const vf x = v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
+                    const vf x =
+                        v == nv - 1 ? vf_load_n(src + v * VW, w_last) : vf_load(src + v * VW);
                     acc[v] = vf_fmadd(f, x, acc[v]);
                 }
             }

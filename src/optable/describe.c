@@ -16,8 +16,10 @@ static const size_t ctype_size[] = {
 static const char *const ctype_name[] = {
     [LS_CTYPE_I64] = "int64", [LS_CTYPE_F32] = "float32", [LS_CTYPE_BOOL] = "bool",
     [LS_CTYPE_ENUM] = "enum", [LS_CTYPE_INT] = "int",     [LS_CTYPE_PTR] = "pointer"};
-static const char *const role_name[] = {[LS_ROLE_INPUT] = "input", [LS_ROLE_OUTPUT] = "output",
-                                        [LS_ROLE_UPSTREAM] = "upstream", [LS_ROLE_GRAD] = "grad"};
+static const char *const role_name[] = {[LS_ROLE_INPUT] = "input",
+                                        [LS_ROLE_OUTPUT] = "output",
+                                        [LS_ROLE_UPSTREAM] = "upstream",
+                                        [LS_ROLE_GRAD] = "grad"};
 
 static int add_field(ls_field *out, int n, const char *name, ls_ctype type, size_t offset)
 {
@@ -55,11 +57,14 @@ int ls_op_fields(const ls_op *op, bool grads, ls_field *out)
     return n;
 }
 
-#define EXEC_FIELD(f, t) {#f, t, offsetof(linseq_exec, f), sizeof(((linseq_exec *)0)->f)}
+#define EXEC_FIELD(f, t)                                                                           \
+    {                                                                                              \
+#f, t, offsetof(linseq_exec, f), sizeof(((linseq_exec *)0)->f)                             \
+    }
 static const ls_field exec_fields[] = {
-    EXEC_FIELD(mode, LS_CTYPE_ENUM),         EXEC_FIELD(chunk_size, LS_CTYPE_INT),
-    EXEC_FIELD(threads, LS_CTYPE_INT),       EXEC_FIELD(device, LS_CTYPE_ENUM),
-    EXEC_FIELD(device_index, LS_CTYPE_INT),  EXEC_FIELD(stream, LS_CTYPE_PTR),
+    EXEC_FIELD(mode, LS_CTYPE_ENUM),        EXEC_FIELD(chunk_size, LS_CTYPE_INT),
+    EXEC_FIELD(threads, LS_CTYPE_INT),      EXEC_FIELD(device, LS_CTYPE_ENUM),
+    EXEC_FIELD(device_index, LS_CTYPE_INT), EXEC_FIELD(stream, LS_CTYPE_PTR),
     EXEC_FIELD(dtype, LS_CTYPE_ENUM),
 };
 

@@ -3,7 +3,6 @@
 
 #include <string.h>
 
-
 typedef linseq_conv1d_problem P;
 
 static const P *conv(const void *p) { return p; }
@@ -17,7 +16,10 @@ static int shape_token(const void *v, int64_t *d)
 
 static int shape_weight(const void *v, int64_t *d) { return ls_dims(d, 2, conv(v)->D, conv(v)->W); }
 static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, conv(v)->D); }
-static int shape_bias_grad(const void *v, int64_t *d) { return conv(v)->bias ? shape_channels(v, d) : 0; }
+static int shape_bias_grad(const void *v, int64_t *d)
+{
+    return conv(v)->bias ? shape_channels(v, d) : 0;
+}
 
 /* The window of the last W-1 inputs; none for W = 1. */
 static int shape_state(const void *v, int64_t *d)
@@ -54,14 +56,19 @@ static void bench_options(void *v)
 }
 
 static const ls_size_desc sizes[] = {
-    {"B", offsetof(P, B), true, 1},    {"T", offsetof(P, T), true, 2048},
-    {"D", offsetof(P, D), true, 4096}, {"W", offsetof(P, W), true, 4},
+    {"B", offsetof(P, B), true, 1},
+    {"T", offsetof(P, T), true, 2048},
+    {"D", offsetof(P, D), true, 4096},
+    {"W", offsetof(P, W), true, 4},
 };
 
-static const ls_enum_name activation_names[] = {
-    {"silu", LINSEQ_ACT_SILU},   {"sigmoid", LINSEQ_ACT_SIGMOID}, {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
-    {"relu", LINSEQ_ACT_RELU},   {"identity", LINSEQ_ACT_IDENTITY}, {"none", LINSEQ_ACT_IDENTITY},
-    {NULL, 0}};
+static const ls_enum_name activation_names[] = {{"silu", LINSEQ_ACT_SILU},
+                                                {"sigmoid", LINSEQ_ACT_SIGMOID},
+                                                {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
+                                                {"relu", LINSEQ_ACT_RELU},
+                                                {"identity", LINSEQ_ACT_IDENTITY},
+                                                {"none", LINSEQ_ACT_IDENTITY},
+                                                {NULL, 0}};
 
 /* "activation": null means none (the op's default is identity). */
 static const ls_option_desc options[] = {
@@ -69,9 +76,11 @@ static const ls_option_desc options[] = {
      LINSEQ_ACT_IDENTITY},
 };
 
-#define GRAD(name, field, of, dims, shape)                                                  \
-    {name, LS_ROLE_GRAD, #field, offsetof(linseq_conv1d_grads, field), false, dims, shape, \
-     NULL, of, LS_DIST_ZERO, 0, 0, false}
+#define GRAD(name, field, of, dims, shape)                                                         \
+    {                                                                                              \
+        name, LS_ROLE_GRAD, #field, offsetof(linseq_conv1d_grads, field), false, dims, shape,      \
+            NULL, of, LS_DIST_ZERO, 0, 0, false                                                    \
+    }
 
 /* The weight and bias as torch initialises a conv: U(-1/sqrt(W), 1/sqrt(W)); the benchmark
  * draws them at W = 4. */
@@ -88,8 +97,8 @@ static const ls_tensor_desc tensors[] = {
      false},
     {"conv_state_out", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL, NULL,
      LS_DIST_ZERO, 0, 0, false},
-    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL,
-     1, 0, false},
+    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL, 1,
+     0, false},
     {"d_conv_state_out", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL,
      "conv_state_out", LS_DIST_NORMAL, 1, 0, false},
     GRAD("dx", dx, "x", "[B,T,D]", shape_token),

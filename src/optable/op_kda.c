@@ -31,7 +31,8 @@ static int shape_beta(const void *v, int64_t *d)
 static int shape_g(const void *v, int64_t *d)
 {
     const P *p = kda(v);
-    if (p->decay == LINSEQ_DECAY_PER_CHANNEL) return ls_dims(d, 4, p->B, p->T, value_heads(p), p->K);
+    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
+        return ls_dims(d, 4, p->B, p->T, value_heads(p), p->K);
     if (p->decay == LINSEQ_DECAY_PER_HEAD) return ls_dims(d, 3, p->B, p->T, value_heads(p));
     return 0;
 }
@@ -117,14 +118,15 @@ static void bench_options(void *v)
 }
 
 static const ls_size_desc sizes[] = {
-    {"B", offsetof(P, B), true, 1},    {"T", offsetof(P, T), true, 2048},
-    {"H", offsetof(P, H), true, 16},   {"HV", offsetof(P, HV), false, 0},
-    {"K", offsetof(P, K), true, 128},  {"V", offsetof(P, V), true, 128},
+    {"B", offsetof(P, B), true, 1},   {"T", offsetof(P, T), true, 2048},
+    {"H", offsetof(P, H), true, 16},  {"HV", offsetof(P, HV), false, 0},
+    {"K", offsetof(P, K), true, 128}, {"V", offsetof(P, V), true, 128},
 };
 
-static const ls_enum_name decay_names[] = {
-    {"none", LINSEQ_DECAY_NONE}, {"per_head", LINSEQ_DECAY_PER_HEAD},
-    {"per_channel", LINSEQ_DECAY_PER_CHANNEL}, {NULL, 0}};
+static const ls_enum_name decay_names[] = {{"none", LINSEQ_DECAY_NONE},
+                                           {"per_head", LINSEQ_DECAY_PER_HEAD},
+                                           {"per_channel", LINSEQ_DECAY_PER_CHANNEL},
+                                           {NULL, 0}};
 
 static const ls_option_desc options[] = {
     {"decay", "decay", LS_CTYPE_ENUM, offsetof(P, decay), decay_names, LINSEQ_DECAY_NONE},
@@ -136,26 +138,31 @@ static const ls_option_desc options[] = {
     {"lower_bound", "lower_bound", LS_CTYPE_F32, offsetof(P, lower_bound), NULL, 0},
 };
 
-#define IN(name, field, req, dims, shape, flag, dist, a, b)                                 \
-    {name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, false}
-#define GRAD(name, field, of, dims, shape)                                                  \
-    {name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_grads, field), false, dims, shape, NULL, of, \
-     LS_DIST_ZERO, 0, 0, false}
+#define IN(name, field, req, dims, shape, flag, dist, a, b)                                        \
+    {                                                                                              \
+        name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
+            false                                                                                  \
+    }
+#define GRAD(name, field, of, dims, shape)                                                         \
+    {                                                                                              \
+        name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_grads, field), false, dims, shape, NULL,   \
+            of, LS_DIST_ZERO, 0, 0, false                                                          \
+    }
 
 static const ls_tensor_desc tensors[] = {
     IN("q", q, true, "[B,T,H,K]", shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
     IN("k", k, true, "[B,T,H,K]", shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
     IN("v", v, true, "[B,T,HV,V]", shape_token_value, NULL, LS_DIST_NORMAL, 1, 0),
     IN("beta", beta, true, "[B,T,HV]", shape_beta, NULL, LS_DIST_SIGMOID, 0, 0),
-    IN("g", g, true, "[B,T,HV,K] per channel, [B,T,HV] per head", shape_g, NULL,
-       LS_DIST_LOGSIGMOID, 0, 0),
-    IN("h0", h0, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state, "has_h0",
-       LS_DIST_NORMAL, 0.5, 0),
+    IN("g", g, true, "[B,T,HV,K] per channel, [B,T,HV] per head", shape_g, NULL, LS_DIST_LOGSIGMOID,
+       0, 0),
+    IN("h0", h0, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state, "has_h0", LS_DIST_NORMAL,
+       0.5, 0),
     IN("A_log", A_log, false, "[HV]", shape_a_log, NULL, LS_DIST_LOG_OF_UNIFORM, 1, 16),
     IN("dt_bias", dt_bias, false, "[HV*K] per channel, [HV] per head", shape_dt_bias, NULL,
        LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1),
-    {"o", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,HV,V]", shape_token_value, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
+    {"o", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,HV,V]", shape_token_value, NULL, NULL, LS_DIST_ZERO,
+     0, 0, false},
     {"ht", LS_ROLE_OUTPUT, NULL, 1, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state, NULL,
      NULL, LS_DIST_ZERO, 0, 0, false},
     {"d_o", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,HV,V]", shape_token_value, NULL, "o",

@@ -69,19 +69,21 @@ static const ls_option_desc options[] = {
     {"lower_bound", "lower_bound", LS_CTYPE_F32, offsetof(P, lower_bound), NULL, 0},
 };
 
-#define GRAD(name, field, of, dims, shape)                                                  \
-    {name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_gate_grads, field), false, dims, shape, \
-     NULL, of, LS_DIST_ZERO, 0, 0, false}
+#define GRAD(name, field, of, dims, shape)                                                         \
+    {                                                                                              \
+        name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_gate_grads, field), false, dims, shape,    \
+            NULL, of, LS_DIST_ZERO, 0, 0, false                                                    \
+    }
 #define G_DIMS "[B,T,H,K] per channel, [B,T,H] per head"
 #define BIAS_DIMS "[H*K] per channel, [H] per head"
 
 static const ls_tensor_desc tensors[] = {
     {"g_raw", LS_ROLE_INPUT, "g_raw", offsetof(P, g_raw), true, G_DIMS, shape_g, NULL, NULL,
      LS_DIST_NORMAL, 1, 0, false},
-    {"A_log", LS_ROLE_INPUT, "A_log", offsetof(P, A_log), false, "[H]", shape_heads, NULL,
-     NULL, LS_DIST_LOG_OF_UNIFORM, 1, 16, true},
-    {"dt_bias", LS_ROLE_INPUT, "dt_bias", offsetof(P, dt_bias), false, BIAS_DIMS,
-     shape_dt_bias, NULL, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1, true},
+    {"A_log", LS_ROLE_INPUT, "A_log", offsetof(P, A_log), false, "[H]", shape_heads, NULL, NULL,
+     LS_DIST_LOG_OF_UNIFORM, 1, 16, true},
+    {"dt_bias", LS_ROLE_INPUT, "dt_bias", offsetof(P, dt_bias), false, BIAS_DIMS, shape_dt_bias,
+     NULL, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1, true},
     {"g", LS_ROLE_OUTPUT, NULL, 0, true, G_DIMS, shape_g, NULL, NULL, LS_DIST_ZERO, 0, 0, false},
     {"d_g", LS_ROLE_UPSTREAM, NULL, 0, true, G_DIMS, shape_g, NULL, "g", LS_DIST_NORMAL, 1, 0,
      false},

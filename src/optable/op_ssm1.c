@@ -34,9 +34,18 @@ static int shape_state(const void *v, int64_t *d)
 }
 
 /* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
-static int shape_d_skip_grad(const void *v, int64_t *d) { return ssm(v)->D_skip ? shape_channels(v, d) : 0; }
-static int shape_gate_grad(const void *v, int64_t *d) { return ssm(v)->gate ? shape_token(v, d) : 0; }
-static int shape_dt_bias(const void *v, int64_t *d) { return ssm(v)->dt_softplus ? shape_channels(v, d) : 0; }
+static int shape_d_skip_grad(const void *v, int64_t *d)
+{
+    return ssm(v)->D_skip ? shape_channels(v, d) : 0;
+}
+static int shape_gate_grad(const void *v, int64_t *d)
+{
+    return ssm(v)->gate ? shape_token(v, d) : 0;
+}
+static int shape_dt_bias(const void *v, int64_t *d)
+{
+    return ssm(v)->dt_softplus ? shape_channels(v, d) : 0;
+}
 
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
 {
@@ -65,8 +74,8 @@ static linseq_status decode(const void *v, const linseq_exec *exec, float *pool,
                            (long long)b, (long long)rows[b], (long long)first);
     if (first < 0 || first > n_rows - p.B)
         return ls_fail("ssm1 decode", LINSEQ_ERR_INVALID_SIZE,
-                       "rows %lld .. %lld; expected within the pool's %lld rows",
-                       (long long)first, (long long)(first + p.B - 1), (long long)n_rows);
+                       "rows %lld .. %lld; expected within the pool's %lld rows", (long long)first,
+                       (long long)(first + p.B - 1), (long long)n_rows);
     float *h = pool + first * p.D * p.N;
     p.h0 = h;
     return linseq_ssm1_forward(&p, exec, out[0], h);
@@ -88,32 +97,39 @@ static void bench_options(void *v)
 }
 
 static const ls_size_desc sizes[] = {
-    {"B", offsetof(P, B), true, 1},  {"T", offsetof(P, T), true, 2048},
+    {"B", offsetof(P, B), true, 1},    {"T", offsetof(P, T), true, 2048},
     {"D", offsetof(P, D), true, 1536}, {"N", offsetof(P, N), true, 16},
     {"G", offsetof(P, G), false, 0},
 };
 
-static const ls_enum_name activation_names[] = {
-    {"silu", LINSEQ_ACT_SILU},   {"sigmoid", LINSEQ_ACT_SIGMOID}, {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
-    {"relu", LINSEQ_ACT_RELU},   {"identity", LINSEQ_ACT_IDENTITY}, {"none", LINSEQ_ACT_IDENTITY},
-    {NULL, 0}};
+static const ls_enum_name activation_names[] = {{"silu", LINSEQ_ACT_SILU},
+                                                {"sigmoid", LINSEQ_ACT_SIGMOID},
+                                                {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
+                                                {"relu", LINSEQ_ACT_RELU},
+                                                {"identity", LINSEQ_ACT_IDENTITY},
+                                                {"none", LINSEQ_ACT_IDENTITY},
+                                                {NULL, 0}};
 
 /* The reference data names the gate's activation "activation"; "gate_activation" (the
  * field's name) wins when both are given. */
 static const ls_option_desc options[] = {
     {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
-    {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
-     activation_names, LINSEQ_ACT_DEFAULT},
+    {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation), activation_names,
+     LINSEQ_ACT_DEFAULT},
     {"gate_activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
      activation_names, LS_ENUM_KEEP},
 };
 
-#define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                          \
-    {name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
-     bench}
-#define GRAD(name, field, of, dims, shape)                                                  \
-    {name, LS_ROLE_GRAD, #field, offsetof(linseq_ssm1_grads, field), false, dims, shape, NULL, \
-     of, LS_DIST_ZERO, 0, 0, false}
+#define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                                 \
+    {                                                                                              \
+        name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
+            bench                                                                                  \
+    }
+#define GRAD(name, field, of, dims, shape)                                                         \
+    {                                                                                              \
+        name, LS_ROLE_GRAD, #field, offsetof(linseq_ssm1_grads, field), false, dims, shape, NULL,  \
+            of, LS_DIST_ZERO, 0, 0, false                                                          \
+    }
 #define BC_DIMS "[B,T,G,N] ([B,T,N] without G)"
 
 static const ls_tensor_desc tensors[] = {
@@ -125,14 +141,14 @@ static const ls_tensor_desc tensors[] = {
     IN("D", D_skip, false, "[D]", shape_channels, NULL, LS_DIST_UNIFORM, 1, 1, true),
     IN("gate", gate, false, "[B,T,D]", shape_token, "has_gate", LS_DIST_NORMAL, 1, 0, true),
     IN("h0", h0, false, "[N_seq,D,N]", shape_state, "has_h0", LS_DIST_NORMAL, 0.5, 0, false),
-    IN("dt_bias", dt_bias, false, "[D]", shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3,
-       1e-1, false),
-    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0,
+    IN("dt_bias", dt_bias, false, "[D]", shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1,
+       false),
+    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0, 0,
+     false},
+    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", shape_state, NULL, NULL, LS_DIST_ZERO, 0,
      0, false},
-    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", shape_state, NULL, NULL, LS_DIST_ZERO,
-     0, 0, false},
-    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL,
-     1, 0, false},
+    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL, 1,
+     0, false},
     {"d_hT", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,N]", shape_state, "has_dhT", "hT",
      LS_DIST_NORMAL, 1, 0, false},
     GRAD("dx", dx, "x", "[B,T,D]", shape_token),

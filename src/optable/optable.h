@@ -27,23 +27,23 @@
 
 #define LS_OP_MAX_DIMS 4
 #define LS_OP_MAX_TENSORS 24
-#define LS_OP_MAX_OUT 4   /* outputs of one forward call                                 */
+#define LS_OP_MAX_OUT 4 /* outputs of one forward call */
 #define LS_OP_MAX_GRADS 12
 #define LS_OP_GRADS_BYTES (LS_OP_MAX_GRADS * sizeof(void *)) /* the largest grads struct */
 
 /* How a struct field is stored: what a binding needs to lay the struct out. */
 typedef enum ls_ctype {
-    LS_CTYPE_I64,       /* int64_t                                                     */
-    LS_CTYPE_F32,       /* float                                                       */
-    LS_CTYPE_BOOL,      /* bool                                                        */
-    LS_CTYPE_ENUM,      /* a C enum (int-sized)                                        */
-    LS_CTYPE_INT,       /* int                                                         */
-    LS_CTYPE_PTR        /* a pointer (float, int64 or void)                            */
+    LS_CTYPE_I64,  /* int64_t */
+    LS_CTYPE_F32,  /* float */
+    LS_CTYPE_BOOL, /* bool */
+    LS_CTYPE_ENUM, /* a C enum (int-sized) */
+    LS_CTYPE_INT,  /* int */
+    LS_CTYPE_PTR   /* a pointer (float, int64 or void) */
 } ls_ctype;
 
 /* One field of a public struct, as a binding lays it out. */
 typedef struct ls_field {
-    const char *name;   /* the C field name                                           */
+    const char *name; /* the C field name */
     ls_ctype type;
     size_t offset, size;
 } ls_field;
@@ -56,44 +56,44 @@ typedef struct ls_enum_name {
 
 /* A size of the problem ("B", "T", ...): an int64 field. */
 typedef struct ls_size_desc {
-    const char *name;      /* the field name and meta.json's key                       */
+    const char *name; /* the field name and meta.json's key */
     size_t offset;
-    bool required;         /* >= 1 required; otherwise 0 means "the default"           */
+    bool required;         /* >= 1 required; otherwise 0 means "the default" */
     int64_t bench_default; /* the benchmark's default (0: left at the struct's default) */
 } ls_size_desc;
 
 /* An option: a bool, float or enum field (never a size or a tensor). */
 typedef struct ls_option_desc {
-    const char *key;       /* meta.json's key (may differ from the field name)         */
-    const char *field;     /* the C field name                                          */
-    ls_ctype type;         /* BOOL, F32 or ENUM                                         */
+    const char *key;   /* meta.json's key (may differ from the field name) */
+    const char *field; /* the C field name */
+    ls_ctype type;     /* BOOL, F32 or ENUM */
     size_t offset;
-    const ls_enum_name *names; /* ENUM: the accepted names, {NULL, 0}-terminated        */
-    int null_value;        /* ENUM: the value meta.json's null or absence stands for,
-                            * or one of the two below                                  */
+    const ls_enum_name *names; /* ENUM: the accepted names, {NULL, 0}-terminated */
+    int null_value;            /* ENUM: the value meta.json's null or absence stands for,
+                                * or one of the two below */
 } ls_option_desc;
 
-#define LS_ENUM_KEEP (-1)     /* absent or null: the field keeps its value               */
-#define LS_ENUM_REQUIRED (-2) /* absent or null: an error                                 */
+#define LS_ENUM_KEEP (-1)     /* absent or null: the field keeps its value */
+#define LS_ENUM_REQUIRED (-2) /* absent or null: an error */
 
 typedef enum ls_op_role {
-    LS_ROLE_INPUT,    /* read by forward and backward (a problem struct field)         */
-    LS_ROLE_OUTPUT,   /* written by forward (a call argument)                          */
+    LS_ROLE_INPUT,    /* read by forward and backward (a problem struct field) */
+    LS_ROLE_OUTPUT,   /* written by forward (a call argument) */
     LS_ROLE_UPSTREAM, /* read by backward: the gradient of an output (a call argument) */
-    LS_ROLE_GRAD      /* written by backward (a grads struct field)                    */
+    LS_ROLE_GRAD      /* written by backward (a grads struct field) */
 } ls_op_role;
 
 /* How realistic values of a tensor are drawn (bench, tests): see ls_op_fill. */
 typedef enum ls_dist {
     LS_DIST_ZERO,
-    LS_DIST_NORMAL,           /* a * N(0,1)                                            */
-    LS_DIST_UNIFORM,          /* U(a, b)                                               */
-    LS_DIST_LOG_UNIFORM,      /* exp(U(log a, log b))                                  */
-    LS_DIST_LOGSIGMOID,       /* logsigmoid(N(0,1)): a decay log, mean about -0.8      */
-    LS_DIST_SIGMOID,          /* sigmoid(N(0,1)): beta                                 */
-    LS_DIST_LOG_OF_UNIFORM,   /* log(U(a, b)): A_log                                   */
-    LS_DIST_INV_SOFTPLUS_DT,  /* softplus^-1 of dt ~ logU(a, b): dt_bias's usual init  */
-    LS_DIST_S4D_REAL          /* -(n+1) over the last dim: Mamba's S4D-real A          */
+    LS_DIST_NORMAL,          /* a * N(0,1) */
+    LS_DIST_UNIFORM,         /* U(a, b) */
+    LS_DIST_LOG_UNIFORM,     /* exp(U(log a, log b)) */
+    LS_DIST_LOGSIGMOID,      /* logsigmoid(N(0,1)): a decay log, mean about -0.8 */
+    LS_DIST_SIGMOID,         /* sigmoid(N(0,1)): beta */
+    LS_DIST_LOG_OF_UNIFORM,  /* log(U(a, b)): A_log */
+    LS_DIST_INV_SOFTPLUS_DT, /* softplus^-1 of dt ~ logU(a, b): dt_bias's usual init */
+    LS_DIST_S4D_REAL         /* -(n+1) over the last dim: Mamba's S4D-real A */
 } ls_dist;
 
 /* The shape of a tensor under problem p: returns its rank (0 when the tensor does not exist
@@ -101,32 +101,32 @@ typedef enum ls_dist {
 typedef int (*ls_shape_fn)(const void *p, int64_t *dims);
 
 typedef struct ls_tensor_desc {
-    const char *name;     /* case file / Python name: "q", "dA_log", "d_o"             */
+    const char *name; /* case file / Python name: "q", "dA_log", "d_o" */
     ls_op_role role;
     /* INPUT: the problem field; GRAD: the grads field; OUTPUT, UPSTREAM: NULL          */
     const char *field;
-    size_t offset;        /* of field; OUTPUT / UPSTREAM: the call argument's index    */
-    bool required;        /* an INPUT the op cannot run without (when it exists)       */
-    const char *dims;     /* "[B,T,H,K]" for messages                                  */
+    size_t offset;    /* of field; OUTPUT / UPSTREAM: the call argument's index */
+    bool required;    /* an INPUT the op cannot run without (when it exists) */
+    const char *dims; /* "[B,T,H,K]" for messages */
     ls_shape_fn shape;
-    const char *case_flag; /* meta.json's flag that says whether the file is present    */
-    const char *grad_of;  /* GRAD: the input; UPSTREAM: the output                      */
-    ls_dist dist;         /* realistic values (inputs and upstream gradients)          */
+    const char *case_flag; /* meta.json's flag that says whether the file is present */
+    const char *grad_of;   /* GRAD: the input; UPSTREAM: the output */
+    ls_dist dist;          /* realistic values (inputs and upstream gradients) */
     double a, b;
-    bool bench;           /* an optional INPUT the benchmark passes                    */
+    bool bench; /* an optional INPUT the benchmark passes */
 } ls_tensor_desc;
 
 typedef struct ls_op {
-    const char *name;          /* meta.json's "op": "kda", "kda_gate", "ssm1", ...     */
-    const char *problem_type;  /* "linseq_kda_problem"                                 */
-    const char *grads_type;    /* "linseq_kda_grads"                                   */
+    const char *name;         /* meta.json's "op": "kda", "kda_gate", "ssm1", ... */
+    const char *problem_type; /* "linseq_kda_problem" */
+    const char *grads_type;   /* "linseq_kda_grads" */
     size_t problem_size, grads_size;
     const ls_size_desc *sizes;
     int n_sizes;
     const ls_option_desc *options;
     int n_options;
-    bool has_modes;            /* exec's mode and chunk size apply (KDA)               */
-    bool varlen;               /* has cu_seqlens and n_seqs                            */
+    bool has_modes; /* exec's mode and chunk size apply (KDA) */
+    bool varlen;    /* has cu_seqlens and n_seqs */
     size_t cu_seqlens_offset, n_seqs_offset;
     /* Every field of the problem struct is a size, an option, the varlen pair or an INPUT
      * tensor, and every field of the grads struct a GRAD tensor: the layout a binding needs
@@ -138,8 +138,8 @@ typedef struct ls_op {
     linseq_status (*forward)(const void *p, const linseq_exec *exec, float *const *out);
     /* upstream[i]: the i-th UPSTREAM tensor; grads: the bytes of the op's grads struct
      * (ls_op_backward fills them from an array; the op copies them into its typed struct). */
-    linseq_status (*backward)(const void *p, const linseq_exec *exec,
-                              const float *const *upstream, const void *grads);
+    linseq_status (*backward)(const void *p, const linseq_exec *exec, const float *const *upstream,
+                              const void *grads);
     /* FLOPs of one forward call (README "Benchmarks"); exec picks KDA's mode and chunk. */
     double (*flops)(const void *p, const linseq_exec *exec);
     /* The options a benchmark runs with (l2norm on, a gate, a bias...), set on a problem

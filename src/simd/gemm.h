@@ -72,7 +72,8 @@ static inline void gemm_tile_col(int64_t w, int64_t K, const float *A, int64_t a
     for (int64_t p = 0; p < K; p++) {
         const vf b = full ? vf_load(B + p * ldb) : vf_load_n(B + p * ldb, w);
 #pragma GCC unroll 8
-        for (int i = 0; i < GEMM_MR; i++) acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
+        for (int i = 0; i < GEMM_MR; i++)
+            acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
     }
 #pragma GCC unroll 8
     for (int i = 0; i < GEMM_MR; i++) {
@@ -85,17 +86,19 @@ static inline void gemm_tile_col(int64_t w, int64_t K, const float *A, int64_t a
 
 /* An edge tile: mr <= MR rows, one vector column of width w <= VW (masked when w < VW). */
 static inline void gemm_tile_edge(int64_t mr, int64_t w, int64_t K, const float *A, int64_t a_rs,
-                                  int64_t a_cs, const float *B, int64_t ldb, float *C,
-                                  int64_t ldc, bool accumulate, const float *c_scale)
+                                  int64_t a_cs, const float *B, int64_t ldb, float *C, int64_t ldc,
+                                  bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
     for (int64_t i = 0; i < mr; i++) {
-        acc[i] = accumulate ? (w == VW ? vf_load(C + i * ldc) : vf_load_n(C + i * ldc, w)) : vf_zero();
+        acc[i] =
+            accumulate ? (w == VW ? vf_load(C + i * ldc) : vf_load_n(C + i * ldc, w)) : vf_zero();
         if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
     }
     for (int64_t p = 0; p < K; p++) {
         const vf b = w == VW ? vf_load(B + p * ldb) : vf_load_n(B + p * ldb, w);
-        for (int64_t i = 0; i < mr; i++) acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
+        for (int64_t i = 0; i < mr; i++)
+            acc[i] = vf_fmadd(vf_set1(A[i * a_rs + p * a_cs]), b, acc[i]);
     }
     for (int64_t i = 0; i < mr; i++) {
         if (w == VW)
@@ -118,7 +121,9 @@ static inline void ls_gemm_scaled(int64_t M, int64_t N, int64_t K, const float *
     if (K <= 0) {
         for (int64_t i = 0; i < M; i++)
             for (int64_t j = 0; j < N; j++)
-                C[i * ldc + j] = !accumulate ? 0.0f : c_scale ? c_scale[i] * C[i * ldc + j] : C[i * ldc + j];
+                C[i * ldc + j] = !accumulate ? 0.0f
+                                 : c_scale   ? c_scale[i] * C[i * ldc + j]
+                                             : C[i * ldc + j];
         return;
     }
     const int64_t panel = GEMM_NV * VW;
@@ -127,8 +132,8 @@ static inline void ls_gemm_scaled(int64_t M, int64_t N, int64_t K, const float *
     /* Column panels outermost: a panel of B (K x NV*VW) stays in L1 across the row tiles. */
     for (int64_t j = 0; j < n_full; j += panel) {
         for (int64_t i = 0; i < m_full; i += GEMM_MR)
-            gemm_tile_full(K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate,
-                           c_scale ? c_scale + i : NULL);
+            gemm_tile_full(K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc,
+                           accumulate, c_scale ? c_scale + i : NULL);
         if (m_full < M)
             for (int64_t v = 0; v < GEMM_NV; v++)
                 gemm_tile_edge(M - m_full, VW, K, A + m_full * a_rs, a_rs, a_cs, B + j + v * VW,
@@ -137,8 +142,8 @@ static inline void ls_gemm_scaled(int64_t M, int64_t N, int64_t K, const float *
     for (int64_t j = n_full; j < N; j += VW) {
         const int64_t w = N - j < VW ? N - j : VW;
         for (int64_t i = 0; i < m_full; i += GEMM_MR)
-            gemm_tile_col(w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc, accumulate,
-                          c_scale ? c_scale + i : NULL);
+            gemm_tile_col(w, K, A + i * a_rs, a_rs, a_cs, B + j, ldb, C + i * ldc + j, ldc,
+                          accumulate, c_scale ? c_scale + i : NULL);
         if (m_full < M)
             gemm_tile_edge(M - m_full, w, K, A + m_full * a_rs, a_rs, a_cs, B + j, ldb,
                            C + m_full * ldc + j, ldc, accumulate, s_edge);
@@ -158,7 +163,8 @@ static inline void ls_transpose(int64_t rows, int64_t cols, const float *src, in
 {
     const int64_t rf = rows - rows % VW, cf = cols - cols % VW;
     for (int64_t i = 0; i < rf; i += VW)
-        for (int64_t j = 0; j < cf; j += VW) vf_transpose_block(src + i * lds + j, lds, dst + j * ldd + i, ldd);
+        for (int64_t j = 0; j < cf; j += VW)
+            vf_transpose_block(src + i * lds + j, lds, dst + j * ldd + i, ldd);
     for (int64_t i = 0; i < rows; i++)
         for (int64_t j = i < rf ? cf : 0; j < cols; j++) dst[j * ldd + i] = src[i * lds + j];
 }
@@ -183,7 +189,8 @@ static inline void ls_vaxpy(int64_t n, float a, const float *x, float *y)
     const vf av = vf_set1(a);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) vf_store(y + i, vf_fmadd(av, vf_load(x + i), vf_load(y + i)));
-    if (i < n) vf_store_n(y + i, vf_fmadd(av, vf_load_n(x + i, n - i), vf_load_n(y + i, n - i)), n - i);
+    if (i < n)
+        vf_store_n(y + i, vf_fmadd(av, vf_load_n(x + i, n - i), vf_load_n(y + i, n - i)), n - i);
 }
 
 /* y[0..n) *= a */

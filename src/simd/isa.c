@@ -43,8 +43,8 @@ const char *ls_isa_name(ls_isa isa)
 
 /* The decision, made once per process: a pure function of the CPU and the environment. */
 static struct {
-    ls_isa isa;           /* what runs; the best the CPU supports when LINSEQ_ISA is bad  */
-    linseq_status status; /* LINSEQ_OK, or why LINSEQ_ISA names nothing this CPU runs      */
+    ls_isa isa;           /* what runs; the best the CPU supports when LINSEQ_ISA is bad */
+    linseq_status status; /* LINSEQ_OK, or why LINSEQ_ISA names nothing this CPU runs */
     char message[256];
 } choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;

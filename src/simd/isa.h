@@ -13,9 +13,9 @@
 #include "linseq.h"
 
 typedef enum ls_isa {
-    LS_ISA_SCALAR = 0, /* portable C, one lane                                          */
-    LS_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 lanes                                           */
-    LS_ISA_AVX512 = 2, /* AVX-512 F/VL/BW/DQ, 16 lanes                                  */
+    LS_ISA_SCALAR = 0, /* portable C, one lane */
+    LS_ISA_AVX2 = 1,   /* AVX2 + FMA, 8 lanes */
+    LS_ISA_AVX512 = 2, /* AVX-512 F/VL/BW/DQ, 16 lanes */
     LS_ISA_COUNT = 3
 } ls_isa;
 

@@ -15,7 +15,6 @@
 LS_ISA_DECLARE(double, ls_peak_fma, (int64_t iters, float mul, float add));
 
 /* a[i] = b[i] + s * c[i] for i < n: the STREAM triad. */
-LS_ISA_DECLARE(void, ls_peak_triad, (int64_t n, float *a, const float *b, const float *c,
-                                     float s));
+LS_ISA_DECLARE(void, ls_peak_triad, (int64_t n, float *a, const float *b, const float *c, float s));
 
 #endif

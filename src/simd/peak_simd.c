@@ -14,10 +14,10 @@
 
 /* Written out by hand rather than as an array, so that no compiler is tempted to keep the
  * accumulators in memory. */
-#define STEP4(i0, i1, i2, i3)                                                            \
-    a##i0 = vf_fmadd(a##i0, m, c);                                                       \
-    a##i1 = vf_fmadd(a##i1, m, c);                                                       \
-    a##i2 = vf_fmadd(a##i2, m, c);                                                       \
+#define STEP4(i0, i1, i2, i3)                                                                      \
+    a##i0 = vf_fmadd(a##i0, m, c);                                                                 \
+    a##i1 = vf_fmadd(a##i1, m, c);                                                                 \
+    a##i2 = vf_fmadd(a##i2, m, c);                                                                 \
     a##i3 = vf_fmadd(a##i3, m, c)
 
 /* The result lands here, so the chains are live and cannot be removed or folded. */

@@ -67,7 +67,8 @@ static inline vf vf_log1p01(vf y)
 
 static inline vf vf_softplus(vf x)
 {
-    const vf smooth = vf_add(vf_max(vf_zero(), x), vf_log1p01(vf_exp(vf_sub(vf_zero(), vf_abs(x)))));
+    const vf smooth =
+        vf_add(vf_max(vf_zero(), x), vf_log1p01(vf_exp(vf_sub(vf_zero(), vf_abs(x)))));
     return vf_select_gt(x, vf_set1(LS_SOFTPLUS_THRESHOLD), x, smooth);
 }
 

@@ -24,7 +24,10 @@ static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c);
 static inline vf vf_max(vf lo, vf x) { return _mm256_max_ps(lo, x); }
 static inline vf vf_min(vf hi, vf x) { return _mm256_min_ps(hi, x); }
 static inline vf vf_abs(vf a) { return _mm256_andnot_ps(_mm256_set1_ps(-0.0f), a); }
-static inline vf vf_round(vf a) { return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
+static inline vf vf_round(vf a)
+{
+    return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
 /* y * 2^n for integral n in [-254, 254]: two exact powers of two, so that results in the
  * subnormal range round once and overflow still gives inf. */
 static inline vf vf_ldexp(vf y, vf n)
@@ -48,11 +51,11 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 static inline vf vf_hsum_lanes(const vf *v)
 {
     __m256 s[4], u[2];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 4; i++)
         s[i] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * i], v[2 * i + 1]),
                              _mm256_unpackhi_ps(v[2 * i], v[2 * i + 1]));
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 2; i++) {
         const __m256d a = _mm256_castps_pd(s[2 * i]), b = _mm256_castps_pd(s[2 * i + 1]);
         u[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(a, b)),
@@ -66,34 +69,34 @@ static inline vf vf_hsum_lanes(const vf *v)
 static inline void vf_transpose_regs(vf r[8])
 {
     __m256 t[8];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 4; i++) {
         t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
         t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 2; i++) {
         r[4 * i] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
         r[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
         r[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
         r[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int k = 0; k < 4; k++) {
         t[k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x20);
         t[4 + k] = _mm256_permute2f128_ps(r[k], r[4 + k], 0x31);
     }
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 8; i++) r[i] = t[i];
 }
 
 static inline void vf_transpose_block(const float *src, int64_t lds, float *dst, int64_t ldd)
 {
     vf r[8];
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps(src + i * lds);
     vf_transpose_regs(r);
-    #pragma GCC unroll 16
+#pragma GCC unroll 16
     for (int i = 0; i < 8; i++) _mm256_storeu_ps(dst + i * ldd, r[i]);
 }
 

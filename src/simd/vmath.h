@@ -22,6 +22,7 @@ LS_ISA_DECLARE(int, ls_vhsum_lanes_n, (const float *in, float *out));
 
 /* dst = src^T for a rows x cols row-major block (ls_transpose), for its tests. */
 LS_ISA_DECLARE(void, ls_transpose_n,
-               (int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst, int64_t ldd));
+               (int64_t rows, int64_t cols, const float *src, int64_t lds, float *dst,
+                int64_t ldd));
 
 #endif

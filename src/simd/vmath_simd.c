@@ -3,12 +3,12 @@
 #include "simd/vec.h"
 #include "simd/vmath.h"
 
-#define ARRAY_FORM(name, op)                                                             \
-    void LS_ISA_FN(name)(int64_t n, const float *x, float *y)                           \
-    {                                                                                    \
-        int64_t i = 0;                                                                   \
-        for (; i + VW <= n; i += VW) vf_store(y + i, op(vf_load(x + i)));                \
-        if (i < n) vf_store_n(y + i, op(vf_load_n(x + i, n - i)), n - i);                \
+#define ARRAY_FORM(name, op)                                                                       \
+    void LS_ISA_FN(name)(int64_t n, const float *x, float *y)                                      \
+    {                                                                                              \
+        int64_t i = 0;                                                                             \
+        for (; i + VW <= n; i += VW) vf_store(y + i, op(vf_load(x + i)));                          \
+        if (i < n) vf_store_n(y + i, op(vf_load_n(x + i, n - i)), n - i);                          \
     }
 
 ARRAY_FORM(ls_vexp_n, vf_exp)

@@ -108,8 +108,8 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     const size_t te = ls_token_bytes(exec);
     ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
     if (W > 1)
-        ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT,
-               sizeof(float), 3, n_seqs, p->D, W - 1)
+        ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT, sizeof(float), 3,
+               n_seqs, p->D, W - 1)
             ->may_alias = p->conv_state;
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
@@ -144,23 +144,24 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
     const size_t te = ls_token_bytes(exec);
     ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, te, 3, B, T, D);
     if (W > 1)
-        ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN,
-               sizeof(float), 3, n_seqs, D, W - 1);
+        ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN, sizeof(float),
+               3, n_seqs, D, W - 1);
     ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, te, 3, B, T, D);
     ls_arg(&a, "dweight", "D,W", grads->dweight, false, LS_OUT, sizeof(float), 2, D, W);
     ls_arg(&a, "dbias", "D", grads->dbias, false, LS_OUT, sizeof(float), 1, D);
     if (W > 1)
-        ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT,
-               sizeof(float), 3, n_seqs, D, W - 1);
+        ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT, sizeof(float),
+               3, n_seqs, D, W - 1);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
     /* With W == 1 the state gradients do not exist: the kernel never sees their pointers. */
     linseq_conv1d_grads used = *grads;
     if (W == 1) used.dconv_state = NULL;
     if (ls_on_cuda(exec))
-        return ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y,
-                                             W > 1 ? d_conv_state_out : NULL, &used);
-    st = ls_conv1d_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, W > 1 ? d_conv_state_out : NULL, &used);
+        return ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y, W > 1 ? d_conv_state_out : NULL,
+                                             &used);
+    st = ls_conv1d_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, W > 1 ? d_conv_state_out : NULL,
+                                 &used);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
     return st;

@@ -28,7 +28,10 @@ linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const lins
                                       const float *d_conv_state_out,
                                       const linseq_conv1d_grads *grads)
 {
-    conv1d_plan pl = {.p = p, .d_y = d_y, .d_state_out = d_conv_state_out, .grads = grads,
+    conv1d_plan pl = {.p = p,
+                      .d_y = d_y,
+                      .d_state_out = d_conv_state_out,
+                      .grads = grads,
                       .act = conv1d_activation(p)};
     const int64_t blocks = (p->D + SSM_LANES - 1) / SSM_LANES;
     const int n_threads = ls_resolve_threads(

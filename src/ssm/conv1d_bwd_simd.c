@@ -21,12 +21,12 @@
 
 /* One block's buffers, [rows][SSM_LANES] each. */
 typedef struct conv_bwd_tile {
-    float *taps;       /* [W] weight of the block, transposed                            */
-    float *dw_sum;     /* [W] dweight over all tokens                                    */
-    float *dw_seg;     /* [W] over the current SUM_SEGMENT tokens                        */
-    float *state_cols; /* [W-1] conv_state of the current sequence, transposed           */
+    float *taps;       /* [W] weight of the block, transposed */
+    float *dw_sum;     /* [W] dweight over all tokens */
+    float *dw_seg;     /* [W] over the current SUM_SEGMENT tokens */
+    float *state_cols; /* [W-1] conv_state of the current sequence, transposed */
     float *db_sum, *db_seg;
-    float *ring;       /* [pl->ring] g of the latest tokens: g_t in row t & (pl->ring - 1) */
+    float *ring; /* [pl->ring] g of the latest tokens: g_t in row t & (pl->ring - 1) */
 } conv_bwd_tile;
 
 /* Block b of the thread's item (its rows: CONV1D_BWD_ROWS(W, ring) of SSM_LANES floats). */
@@ -138,8 +138,8 @@ static void backward_token(const conv1d_plan *pl, const conv_bwd_tile *tl, const
  * blocks run side by side per token, so that a token's rows are read and written
  * contiguously. */
 LS_INLINE void bwd_span(const conv1d_plan *pl, const conv_bwd_tile *tls, int64_t nb, int64_t W,
-                        linseq_activation act, int64_t start, int64_t t0, int64_t t1,
-                        int64_t len, int64_t d0)
+                        linseq_activation act, int64_t start, int64_t t0, int64_t t1, int64_t len,
+                        int64_t d0)
 {
     const linseq_conv1d_problem *p = pl->p;
     const int64_t D = p->D, mask = pl->ring - 1;
@@ -206,11 +206,11 @@ static void run_full_blocks(const conv1d_plan *pl, const conv_bwd_tile *tls, int
                             int64_t start, int64_t t0, int64_t t1, int64_t len, int64_t d0)
 {
     const int64_t W = pl->p->W;
-#define BWD_SPAN_FOR(ACT)                                                                    \
-    if (W == 4)                                                                              \
-        bwd_span(pl, tls, nb, 4, ACT, start, t0, t1, len, d0);                               \
-    else                                                                                     \
-        bwd_span(pl, tls, nb, W, ACT, start, t0, t1, len, d0);                               \
+#define BWD_SPAN_FOR(ACT)                                                                          \
+    if (W == 4)                                                                                    \
+        bwd_span(pl, tls, nb, 4, ACT, start, t0, t1, len, d0);                                     \
+    else                                                                                           \
+        bwd_span(pl, tls, nb, W, ACT, start, t0, t1, len, d0);                                     \
     break
     switch (pl->act) {
     case LINSEQ_ACT_SILU: BWD_SPAN_FOR(LINSEQ_ACT_SILU);
@@ -243,8 +243,7 @@ static void backward_sequence(const conv1d_plan *pl, const conv_bwd_tile *tls,
                 p->conv_state ? p->conv_state + (seq * D + bk->d0) * (W - 1) : NULL;
             if (!state || bk->lanes < SSM_LANES)
                 memset(tl->state_cols, 0, (size_t)(W - 1) * SSM_LANES * sizeof(float));
-            if (state)
-                ls_transpose_copy(tl->state_cols, SSM_LANES, state, W - 1, bk->lanes, W - 1);
+            if (state) ls_transpose_copy(tl->state_cols, SSM_LANES, state, W - 1, bk->lanes, W - 1);
         }
         const int64_t last = b < full ? head : len;
         for (int64_t t = 0; t < last; t++) {

@@ -25,8 +25,8 @@ typedef struct ref_outputs {
 } ref_outputs;
 
 /* bias + sum_j weight[d,j] xs[t+j]: the argument of the activation. */
-static double pre_activation(const linseq_conv1d_problem *p, const float *state_row,
-                             int64_t start, int64_t d, int64_t t)
+static double pre_activation(const linseq_conv1d_problem *p, const float *state_row, int64_t start,
+                             int64_t d, int64_t t)
 {
     double acc = p->bias ? p->bias[d] : 0.0;
     for (int64_t j = 0; j < p->W; j++)

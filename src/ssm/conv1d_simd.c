@@ -21,8 +21,8 @@
  * weight[j] xs[t+j], then act. Rows of xs before the sequence come from cols. taps and cols
  * are the block's columns of the span's tiles (row stride SPAN). A ragged block computes its
  * whole width (lanes past D read zeros and store nothing). */
-static void conv_token(const conv1d_plan *pl, const float *taps, const float *cols,
-                       int64_t start, int64_t t, int64_t d0, int64_t lanes)
+static void conv_token(const conv1d_plan *pl, const float *taps, const float *cols, int64_t start,
+                       int64_t t, int64_t d0, int64_t lanes)
 {
     const linseq_conv1d_problem *p = pl->p;
     const int64_t D = p->D, W = p->W;
@@ -32,9 +32,9 @@ static void conv_token(const conv1d_plan *pl, const float *taps, const float *co
         vf acc = p->bias ? vf_load_part(p->bias + d0 + s * VW, valid) : vf_zero();
         for (int64_t j = 0; j < W; j++) {
             const int64_t k = t + j;
-            const vf in = k < W - 1 ? vf_load(cols + k * SPAN + s * VW)
-                                    : vf_load_part(p->x + (start + k - (W - 1)) * D + d0 + s * VW,
-                                                   valid);
+            const vf in = k < W - 1
+                              ? vf_load(cols + k * SPAN + s * VW)
+                              : vf_load_part(p->x + (start + k - (W - 1)) * D + d0 + s * VW, valid);
             acc = vf_fmadd(vf_load(taps + j * SPAN + s * VW), in, acc);
         }
         vf_store_part(y_t + s * VW, vf_act(pl->act, acc), valid);
@@ -44,9 +44,8 @@ static void conv_token(const conv1d_plan *pl, const float *taps, const float *co
 /* Tokens [t0, t1), t0 >= W-1 (every tap reads x), of `blocks` whole blocks from channel d0:
  * conv_token's arithmetic, inlined with W and act constants (see run_full_blocks) so that the
  * taps fold, the activation is straight-line code and every load is a whole vector. */
-LS_INLINE void conv_span(const conv1d_plan *pl, const float *taps, int64_t W,
-                         linseq_activation act, int64_t start, int64_t t0, int64_t t1,
-                         int64_t d0, int64_t blocks)
+LS_INLINE void conv_span(const conv1d_plan *pl, const float *taps, int64_t W, linseq_activation act,
+                         int64_t start, int64_t t0, int64_t t1, int64_t d0, int64_t blocks)
 {
     const linseq_conv1d_problem *p = pl->p;
     const int64_t D = p->D;
@@ -71,11 +70,11 @@ static void run_full_blocks(const conv1d_plan *pl, const float *taps, int64_t st
                             int64_t t1, int64_t d0, int64_t blocks)
 {
     const int64_t W = pl->p->W;
-#define CONV_SPAN_FOR(ACT)                                                                   \
-    if (W == 4)                                                                              \
-        conv_span(pl, taps, 4, ACT, start, t0, t1, d0, blocks);                              \
-    else                                                                                     \
-        conv_span(pl, taps, W, ACT, start, t0, t1, d0, blocks);                              \
+#define CONV_SPAN_FOR(ACT)                                                                         \
+    if (W == 4)                                                                                    \
+        conv_span(pl, taps, 4, ACT, start, t0, t1, d0, blocks);                                    \
+    else                                                                                           \
+        conv_span(pl, taps, W, ACT, start, t0, t1, d0, blocks);                                    \
     break
     switch (pl->act) {
     case LINSEQ_ACT_SILU: CONV_SPAN_FOR(LINSEQ_ACT_SILU);
@@ -119,8 +118,8 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
         const int64_t lanes = width - b * SSM_LANES < SSM_LANES ? width - b * SSM_LANES : SSM_LANES;
         const int64_t last = b < full ? head : t1;
         for (int64_t t = t0; t < last; t++)
-            conv_token(pl, taps + b * SSM_LANES, cols + b * SSM_LANES, start, t,
-                       d0 + b * SSM_LANES, lanes);
+            conv_token(pl, taps + b * SSM_LANES, cols + b * SSM_LANES, start, t, d0 + b * SSM_LANES,
+                       lanes);
     }
     if (full && head < t1) run_full_blocks(pl, taps, start, head, t1, d0, full);
 

@@ -78,8 +78,8 @@ linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_ex
     return st ? st : ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, isa);
 }
 
-linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                  float *y, float *hT, ls_isa isa)
+linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
+                                  float *hT, ls_isa isa)
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssm1_forward"};

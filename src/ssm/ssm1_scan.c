@@ -30,8 +30,7 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
     pl.blocks_per_item = 1;
     if (p->T < SHORT_TOKENS && n_threads > 1)
         pl.blocks_per_item = pl.n_blocks / (4 * n_threads) > 1 ? pl.n_blocks / (4 * n_threads) : 1;
-    const int64_t n_items =
-        n_seqs * ((pl.n_blocks + pl.blocks_per_item - 1) / pl.blocks_per_item);
+    const int64_t n_items = n_seqs * ((pl.n_blocks + pl.blocks_per_item - 1) / pl.blocks_per_item);
 
     /* Per thread: the tiles and step inputs, a multiple of 64 bytes so that threads never share
      * a cache line. A size this cannot represent could not be allocated either. */

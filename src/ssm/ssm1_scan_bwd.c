@@ -56,16 +56,16 @@ static bool thread_floats_of(int64_t N, int64_t max_segments, int64_t *floats)
     if (max_segments > INT64_MAX / 4 - 2 * SSM_BWD_SEGMENT - 4) return false;
     if (!ls_mul_ok(&tiles, 2, max_segments + 2 * SSM_BWD_SEGMENT + 4, N) ||
         !ls_mul_ok(&tile_floats, 2, tiles, (int64_t)SSM_LANES) || rows16 > INT64_MAX / 64 ||
-        tile_floats > INT64_MAX - 2 * rows16 * 16 -
-                          (SSM1_BWD_SEG_ROWS * SSM_BWD_SEGMENT + 4) * SSM_LANES)
+        tile_floats >
+            INT64_MAX - 2 * rows16 * 16 - (SSM1_BWD_SEG_ROWS * SSM_BWD_SEGMENT + 4) * SSM_LANES)
         return false;
     *floats = tile_floats + 2 * rows16 * 16 + (SSM1_BWD_SEG_ROWS * SSM_BWD_SEGMENT + 4) * SSM_LANES;
     return true;
 }
 
 linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                    const ssm_kernels *kern, const float *d_y,
-                                    const float *d_hT, const linseq_ssm1_grads *grads)
+                                    const ssm_kernels *kern, const float *d_y, const float *d_hT,
+                                    const linseq_ssm1_grads *grads)
 {
     ssm1_bwd_plan pl = {.p = p, .d_y = d_y, .d_hT = d_hT, .grads = grads};
     pl.G = p->G ? p->G : 1;
@@ -78,9 +78,8 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.max_segments = longest > 0 ? (longest + SSM_BWD_SEGMENT - 1) / SSM_BWD_SEGMENT : 1;
 
-    const int n_threads =
-        ls_resolve_threads(exec, pl.n_blocks,
-                           40.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->N);
+    const int n_threads = ls_resolve_threads(
+        exec, pl.n_blocks, 40.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->N);
 
     /* Per thread, rounded up to 64 bytes so that threads never share a cache line (every
      * part is a multiple of 16 floats). A size this cannot represent could not be allocated
@@ -109,9 +108,8 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     ls_parallel_for(pl.n_blocks, n_threads, kern->ssm1_bwd_item, &pl);
     if (pl.dB_partial || pl.dC_partial) {
         const int64_t n_chunks = (pl.n_tokens + SSM1_REDUCE_TOKENS - 1) / SSM1_REDUCE_TOKENS;
-        const int reduce_threads =
-            ls_resolve_threads(exec, n_chunks,
-                               2.0 * (double)pl.n_tokens * (double)p->D / SSM_LANES * p->N);
+        const int reduce_threads = ls_resolve_threads(
+            exec, n_chunks, 2.0 * (double)pl.n_tokens * (double)p->D / SSM_LANES * p->N);
         ls_parallel_for(n_chunks, reduce_threads, kern->ssm1_bwd_reduce_item, &pl);
     }
     free(pl.workspace);

@@ -25,17 +25,17 @@
 
 /* One thread's buffers; [N][SSM_LANES] tiles are state-major. */
 typedef struct bwd_tile {
-    float *checkpoints; /* [max_segments][N][SSM_LANES] the state before each segment    */
-    float *seg_h;       /* [SEGMENT][N][SSM_LANES] h_t of each token of the segment      */
-    float *seg_decay;   /* [SEGMENT][N][SSM_LANES] a_t                                    */
+    float *checkpoints; /* [max_segments][N][SSM_LANES] the state before each segment */
+    float *seg_h;       /* [SEGMENT][N][SSM_LANES] h_t of each token of the segment */
+    float *seg_decay;   /* [SEGMENT][N][SSM_LANES] a_t */
     /* [SEGMENT][SSM_LANES] per token of the segment: dt after softplus, dt x, gy = d_y act(gate),
      * softplus'(dt + dt_bias) and act'(gate) (the last two only when used) */
     float *seg_dt, *seg_dtx, *seg_gy, *seg_sp_slope, *seg_act_slope;
-    float *rate;        /* [N][SSM_LANES] A of the block, transposed                      */
-    float *dh;          /* [N][SSM_LANES] the gradient reaching the current state         */
-    float *dA_sum, *dA_seg; /* [N][SSM_LANES]: over all tokens, over the current segment  */
+    float *rate;            /* [N][SSM_LANES] A of the block, transposed */
+    float *dh;              /* [N][SSM_LANES] the gradient reaching the current state */
+    float *dA_sum, *dA_seg; /* [N][SSM_LANES]: over all tokens, over the current segment */
     float *rows_B, *rows_C; /* [N rounded up to ROW][ROW] one vector of dB / dC sums per state */
-    float *dD_sum, *dD_seg, *dbias_sum, *dbias_seg; /* [SSM_LANES]                         */
+    float *dD_sum, *dD_seg, *dbias_sum, *dbias_seg; /* [SSM_LANES] */
 } bwd_tile;
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -163,8 +163,8 @@ static inline void store_row_sums(float *dst, const float *rows, int64_t N)
 {
     for (int64_t n0 = 0; n0 < N; n0 += VW) {
         vf r[VW];
-        _Pragma("GCC unroll 16")
-        for (int i = 0; i < VW; i++) r[i] = n0 + i < N ? vf_load(rows + (n0 + i) * ROW) : vf_zero();
+        _Pragma("GCC unroll 16") for (int i = 0; i < VW; i++) r[i] =
+            n0 + i < N ? vf_load(rows + (n0 + i) * ROW) : vf_zero();
         vf_store_part(dst + n0, vf_hsum_lanes(r), N - n0);
     }
 }
@@ -307,8 +307,7 @@ static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const
             forward_token(pl, tl, bk, seg_start + i, i,
                           i ? tl->seg_h + (size_t)(i - 1) * rows : prev,
                           tl->seg_h + (size_t)i * rows, tl->seg_decay + (size_t)i * rows);
-        for (int64_t i = seg_len - 1; i >= 0; i--)
-            reverse_token(pl, tl, bk, seg_start, i, prev);
+        for (int64_t i = seg_len - 1; i >= 0; i--) reverse_token(pl, tl, bk, seg_start, i, prev);
         /* Two-level sums: a float32 running sum over T tokens drifts by up to ~T ulp; summing
          * each segment first keeps it near (SEGMENT + T / SEGMENT) ulp. */
         add_and_clear(N, tl->dA_sum, tl->dA_seg);
@@ -388,8 +387,8 @@ void LS_ISA_FN(ls_ssm1_bwd_reduce_item)(void *ctx, int64_t item, int thread)
                 for (int64_t n = 0; n < N; n += VW) {
                     vf sum = vf_load_part(first + n, N - n);
                     for (int64_t j = 1; j < bpg; j++)
-                        sum = vf_add(sum,
-                                     vf_load_part(first + (size_t)j * block_stride + n, N - n));
+                        sum =
+                            vf_add(sum, vf_load_part(first + (size_t)j * block_stride + n, N - n));
                     vf_store_part(dst + n, sum, N - n);
                 }
             }

@@ -68,9 +68,9 @@ LS_INLINE void scan_output(const ssm1_scan_plan *pl, int64_t tok, int64_t d0, in
  * Each state is the same bits as scan_token's (the same operations on the same values). So a
  * decode step moves one [64][N] block through registers instead of three (A, h0, hT). */
 static void scan_single_token(const ssm1_scan_plan *pl, int64_t seq, int64_t tok, int64_t d0,
-                              int64_t lanes, int64_t group, float *h, float *rows,
-                              float *B_lanes, float *C_lanes, const float *dt_row,
-                              const float *dtx_row, const float *gact_row)
+                              int64_t lanes, int64_t group, float *h, float *rows, float *B_lanes,
+                              float *C_lanes, const float *dt_row, const float *dtx_row,
+                              const float *gact_row)
 {
     const linseq_ssm1_problem *p = pl->p;
     const int64_t D = p->D, N = p->N, cpg = pl->channels_per_group;

@@ -57,13 +57,14 @@ static inline linseq_status ssm_check_common(const char *fn, const linseq_exec *
  * pointers, sizes and aliasing, then the offsets in cu_seqlens, read only once its size is
  * known to be valid. */
 static inline linseq_status ssm_check_table(ls_args *a, const linseq_exec *exec,
-                                            const int64_t *cu_seqlens, int64_t n_seqs,
-                                            int64_t B, int64_t T)
+                                            const int64_t *cu_seqlens, int64_t n_seqs, int64_t B,
+                                            int64_t T)
 {
     linseq_status st = ls_args_validate(a);
     if (st) return st;
     /* device memory is not read here: the CUDA entry checks its host copy */
-    if (cu_seqlens && !ls_on_cuda(exec)) return ls_check_cu_seqlens(a->fn, cu_seqlens, n_seqs, B, T);
+    if (cu_seqlens && !ls_on_cuda(exec))
+        return ls_check_cu_seqlens(a->fn, cu_seqlens, n_seqs, B, T);
     return LINSEQ_OK;
 }
 
@@ -89,8 +90,8 @@ static inline linseq_activation conv1d_activation(const linseq_conv1d_problem *p
  * ls_X_isa(..., ls_isa_active()) once LINSEQ_ISA has been checked (ls_isa_resolve). isa must
  * be one ls_isa_available() accepts. The tests call these to run every kernel the CPU can
  * run, each through the full validation. */
-linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                  float *y, float *hT, ls_isa isa);
+linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
+                                  float *hT, ls_isa isa);
 linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                    const float *d_y, const float *d_hT,
                                    const linseq_ssm1_grads *grads, ls_isa isa);

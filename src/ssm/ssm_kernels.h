@@ -19,11 +19,11 @@
 typedef struct ssm1_scan_plan {
     const linseq_ssm1_problem *p;
     int64_t G, channels_per_group, n_blocks;
-    int64_t blocks_per_item; /* consecutive blocks of one sequence per work item              */
+    int64_t blocks_per_item; /* consecutive blocks of one sequence per work item */
     linseq_activation gate_act;
     float *y, *hT;
-    float *workspace;     /* per thread: thread_floats, 64-byte aligned                     */
-    size_t thread_floats; /* SSM1_SCAN_FLOATS(N)                                            */
+    float *workspace;     /* per thread: thread_floats, 64-byte aligned */
+    size_t thread_floats; /* SSM1_SCAN_FLOATS(N) */
 } ssm1_scan_plan;
 
 /* Tokens whose step inputs (dt after softplus, dt x, act(gate)) are computed in one pass
@@ -34,7 +34,7 @@ typedef struct ssm1_scan_plan {
 /* Per thread: four [N][SSM_LANES] tiles (the state, A transposed, and B_t, C_t spread over the
  * lanes of a block spanning groups), then three [SSM1_SCAN_CHUNK][SSM_LANES] rows of step
  * inputs (dt, dt x, act(gate)). */
-#define SSM1_SCAN_FLOATS(N) (4 * (N) * SSM_LANES + 3 * SSM1_SCAN_CHUNK * SSM_LANES)
+#define SSM1_SCAN_FLOATS(N) (4 * (N)*SSM_LANES + 3 * SSM1_SCAN_CHUNK * SSM_LANES)
 
 LS_ISA_DECLARE(void, ls_ssm1_scan_item, (void *plan, int64_t item, int thread));
 
@@ -45,11 +45,11 @@ typedef struct ssm1_bwd_plan {
     const float *d_y, *d_hT;
     const linseq_ssm1_grads *grads;
     int64_t G, channels_per_group, blocks_per_group, n_blocks, n_tokens;
-    int64_t max_segments; /* of the longest sequence, at least 1                            */
+    int64_t max_segments; /* of the longest sequence, at least 1 */
     linseq_activation gate_act;
-    float *dB_partial, *dC_partial; /* [n_blocks][n_tokens][N], or NULL (written directly)   */
+    float *dB_partial, *dC_partial; /* [n_blocks][n_tokens][N], or NULL (written directly) */
     float *workspace;
-    size_t thread_floats; /* the layout below                                               */
+    size_t thread_floats; /* the layout below */
 } ssm1_bwd_plan;
 
 /* Per thread, in this order (L = SSM_LANES): checkpoints [max_segments][N][L], the segment's
@@ -69,13 +69,13 @@ LS_ISA_DECLARE(void, ls_ssm1_bwd_reduce_item, (void *plan, int64_t item, int thr
 
 typedef struct conv1d_plan {
     const linseq_conv1d_problem *p;
-    int64_t n_blocks;                       /* forward: channel spans; backward: items       */
-    int64_t chunk, n_chunks;                /* forward: tokens per item, items per sequence  */
-    int64_t blocks_per_item, ring;          /* backward: blocks per item, rows of ring of g  */
+    int64_t n_blocks;              /* forward: channel spans; backward: items */
+    int64_t chunk, n_chunks;       /* forward: tokens per item, items per sequence */
+    int64_t blocks_per_item, ring; /* backward: blocks per item, rows of ring of g */
     linseq_activation act;
-    float *y, *state_out;                   /* forward                                       */
-    const float *d_y, *d_state_out;         /* backward                                      */
-    const linseq_conv1d_grads *grads;       /* backward                                      */
+    float *y, *state_out;             /* forward */
+    const float *d_y, *d_state_out;   /* backward */
+    const linseq_conv1d_grads *grads; /* backward */
     float *workspace;
     size_t thread_floats;
 } conv1d_plan;
@@ -90,7 +90,7 @@ typedef struct conv1d_plan {
  * columns [W-1], one spare), backward 4W + 1 + ring rows of SSM_LANES per block of the item
  * (taps, the two dweight sums [W] each, the state's columns [W-1], the two dbias sums, the
  * ring of g). */
-#define CONV1D_FWD_FLOATS(W) (2 * (W) * CONV1D_SPAN)
+#define CONV1D_FWD_FLOATS(W) (2 * (W)*CONV1D_SPAN)
 #define CONV1D_BWD_ROWS(W, ring) (4 * (W) + 1 + (ring))
 
 /* Backward: tokens whose g (d_y times the activation's slope) is computed in one pass before
@@ -108,10 +108,10 @@ LS_ISA_DECLARE(void, ls_conv1d_bwd_item, (void *plan, int64_t item, int thread))
 /* ---- the activations as the kernels compute them, over arrays (for tests) ------------- */
 
 typedef enum ls_ssm_vfn {
-    LS_SSM_VACT = 0,          /* act(x)                                                     */
-    LS_SSM_VACT_GRAD = 1,     /* act'(x)                                                    */
-    LS_SSM_VSOFTPLUS = 2,     /* softplus(x), threshold 20                                  */
-    LS_SSM_VSOFTPLUS_GRAD = 3 /* softplus'(x)                                               */
+    LS_SSM_VACT = 0,          /* act(x) */
+    LS_SSM_VACT_GRAD = 1,     /* act'(x) */
+    LS_SSM_VSOFTPLUS = 2,     /* softplus(x), threshold 20 */
+    LS_SSM_VSOFTPLUS_GRAD = 3 /* softplus'(x) */
 } ls_ssm_vfn;
 
 /* y[i] = fn(x[i]) for i < n with the kernels' vector forms (act resolved); y may equal x. */

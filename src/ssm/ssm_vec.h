@@ -161,7 +161,6 @@ LS_INLINE void ls_prefetch_floats_for_write(float *p, int64_t n)
 LS_INLINE void ls_prefetch_row(const float *p) { ls_prefetch_floats(p, SSM_LANES); }
 LS_INLINE void ls_prefetch_row_for_write(float *p) { ls_prefetch_floats_for_write(p, SSM_LANES); }
 
-
 /* dst[n * dst_stride + l] = src[l * src_stride + n] for l < rows, n < cols: [rows][cols] to
  * [cols][rows], in VW x VW register transposes where whole ones fit. */
 static inline void ls_transpose_copy(float *restrict dst, int64_t dst_stride,
@@ -175,12 +174,12 @@ static inline void ls_transpose_copy(float *restrict dst, int64_t dst_stride,
             /* Pointers stepped by the strides: sixteen row addresses would not fit in registers */
             vf r[VW];
             const float *in = src + l0 * src_stride + n0;
-            _Pragma("GCC unroll 16")
-            for (int i = 0; i < VW; i++, in += src_stride) r[i] = vf_load(in);
+            _Pragma("GCC unroll 16") for (int i = 0; i < VW; i++, in += src_stride) r[i] =
+                vf_load(in);
             vf_transpose_regs(r);
             float *out = dst + n0 * dst_stride + l0;
-            _Pragma("GCC unroll 16")
-            for (int i = 0; i < VW; i++, out += dst_stride) vf_store(out, r[i]);
+            _Pragma("GCC unroll 16") for (int i = 0; i < VW; i++, out += dst_stride)
+                vf_store(out, r[i]);
         }
         for (; n0 < cols; n0++)
             for (int64_t l = l0; l < l0 + VW; l++)

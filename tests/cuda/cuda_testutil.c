@@ -7,14 +7,14 @@
 
 #include <cuda_runtime_api.h>
 
-#define CT_TRY(expr)                                                                     \
-    do {                                                                                 \
-        cudaError_t e_ = (expr);                                                         \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,         \
-                    cudaGetErrorString(e_));                                             \
-            exit(1);                                                                     \
-        }                                                                                \
+#define CT_TRY(expr)                                                                               \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,                   \
+                    cudaGetErrorString(e_));                                                       \
+            exit(1);                                                                               \
+        }                                                                                          \
     } while (0)
 
 void ct_require_device(const char *suite)
@@ -30,7 +30,7 @@ static uint16_t to_bf16_bits(float x)
     uint32_t u;
     memcpy(&u, &x, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1u);                                           /* nearest even */
+    u += 0x7fffu + ((u >> 16) & 1u);                                          /* nearest even */
     return (uint16_t)(u >> 16);
 }
 

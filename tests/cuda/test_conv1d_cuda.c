@@ -43,8 +43,8 @@ typedef struct {
 static void describe(const tcase *c, int bf16, char *buf, size_t n)
 {
     snprintf(buf, n, "B%lld T%lld D%lld W%lld bias%d state%d%s dso%d act%d seqs%lld %s",
-             (long long)c->B, (long long)c->T, (long long)c->D, (long long)c->W, c->bias,
-             c->state, c->inplace ? "(in place)" : "", c->dso, (int)c->act,
+             (long long)c->B, (long long)c->T, (long long)c->D, (long long)c->W, c->bias, c->state,
+             c->inplace ? "(in place)" : "", c->dso, (int)c->act,
              (long long)(c->cu ? c->n_seqs : 0), bf16 ? "bf16" : "f32");
 }
 
@@ -95,8 +95,17 @@ static void free_data(host_data *h)
 static linseq_conv1d_problem host_problem(const tcase *c, const host_data *h)
 {
     linseq_conv1d_problem p = {
-        .B = c->B, .T = c->T, .D = c->D, .W = c->W, .cu_seqlens = c->cu, .n_seqs = c->n_seqs,
-        .x = h->x, .weight = h->w, .bias = h->bias, .conv_state = h->state, .activation = c->act,
+        .B = c->B,
+        .T = c->T,
+        .D = c->D,
+        .W = c->W,
+        .cu_seqlens = c->cu,
+        .n_seqs = c->n_seqs,
+        .x = h->x,
+        .weight = h->w,
+        .bias = h->bias,
+        .conv_state = h->state,
+        .activation = c->act,
     };
     return p;
 }
@@ -265,6 +274,8 @@ int main(void)
     ct_require_device("test_conv1d_cuda");
     static const int64_t cu3[] = {0, 2, 2, 41};
     static const int64_t cu5[] = {0, 0, 1, 17, 17, 60};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const tcase cases[] = {
         /* Mamba: W = 4, silu, bias, state, D % 4 == 0 (16-byte path) */
         {.B = 2, .T = 37, .D = 64, .W = 4, .bias = true, .state = true, .dso = true,
@@ -293,6 +304,7 @@ int main(void)
         /* long: many chunks and blocks of chunks */
         {.B = 2, .T = 700, .D = 40, .W = 4, .bias = true, .act = LINSEQ_ACT_SILU},
     };
+    /* clang-format on */
     const size_t n_cases = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < n_cases; i++) {
         for (int bf16 = 0; bf16 < 2; bf16++) {

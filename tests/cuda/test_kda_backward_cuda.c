@@ -33,17 +33,18 @@ typedef struct {
     linseq_decay decay;
     bool l2, logit, v_first, gate, h0, dht, extreme;
     float lower_bound, scale;
-    int64_t n_seqs;          /* > 0: varlen (B = 1), offsets in cu                      */
+    int64_t n_seqs; /* > 0: varlen (B = 1), offsets in cu */
     const int64_t *cu;
-    linseq_mode mode;        /* LINSEQ_MODE_RECURRENT or LINSEQ_MODE_CHUNKED             */
+    linseq_mode mode; /* LINSEQ_MODE_RECURRENT or LINSEQ_MODE_CHUNKED */
     int chunk;
     int bf16;
-    bool partial;            /* only dv, dg and dh0 requested                            */
+    bool partial; /* only dv, dg and dh0 requested */
     uint64_t seed;
 } tcase;
 
 enum { G_DQ, G_DK, G_DV, G_DBETA, G_DG, G_DH0, G_DALOG, G_DDTB, N_GRADS };
-static const char *grad_name[N_GRADS] = {"dq", "dk", "dv", "dbeta", "dg", "dh0", "dA_log", "ddt_bias"};
+static const char *grad_name[N_GRADS] = {"dq", "dk",  "dv",     "dbeta",
+                                         "dg", "dh0", "dA_log", "ddt_bias"};
 /* per-token tensors (bf16 on the device with bf16) */
 static const bool grad_per_token[N_GRADS] = {true, true, true, true, true, false, false, false};
 
@@ -74,8 +75,8 @@ static void describe(const tcase *c, char *buf, size_t n)
              (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->HV, (long long)c->K,
              (long long)c->V, (int)c->decay, c->l2, c->logit, c->v_first, c->gate,
              (double)c->lower_bound, c->h0, c->dht, c->extreme, (long long)c->n_seqs,
-             c->mode == LINSEQ_MODE_RECURRENT ? "rec" : "chunk", c->chunk,
-             c->bf16 ? "bf16" : "f32", c->partial ? " partial" : "");
+             c->mode == LINSEQ_MODE_RECURRENT ? "rec" : "chunk", c->chunk, c->bf16 ? "bf16" : "f32",
+             c->partial ? " partial" : "");
 }
 
 static double worst[2][N_GRADS]; /* [bf16][grad]: the largest error seen, for the summary */
@@ -96,7 +97,8 @@ static void run_case(const tcase *c)
     float *q = tu_alloc(n_qk), *k = tu_alloc(n_qk), *v = tu_alloc(n_v), *beta = tu_alloc(n_beta);
     float *g = n_g ? tu_alloc(n_g) : NULL, *h0 = c->h0 ? tu_alloc(n_state) : NULL;
     float *d_o = tu_alloc(n_v), *d_ht = c->dht ? tu_alloc(n_state) : NULL;
-    float *A_log = gate ? tu_alloc((size_t)HV) : NULL, *dt_bias = gate ? tu_alloc((size_t)(HV * gK)) : NULL;
+    float *A_log = gate ? tu_alloc((size_t)HV) : NULL,
+          *dt_bias = gate ? tu_alloc((size_t)(HV * gK)) : NULL;
     tu_fill_normal(&r, q, n_qk, 1.0);
     tu_fill_normal(&r, k, n_qk, 1.0);
     if (!c->l2) /* unnormalised keys with |k| in U(0.6, 1.2): beta |k|^2 < 2 keeps it stable */
@@ -160,8 +162,8 @@ static void run_case(const tcase *c)
     p.dt_bias = dt_bias;
     p.lower_bound = gate ? c->lower_bound : 0.0f;
 
-    size_t n[N_GRADS] = {n_qk, n_qk, n_v, n_beta, n_g, n_state, gate ? (size_t)HV : 0,
-                         gate ? (size_t)(HV * gK) : 0};
+    size_t n[N_GRADS] = {
+        n_qk, n_qk, n_v, n_beta, n_g, n_state, gate ? (size_t)HV : 0, gate ? (size_t)(HV * gK) : 0};
     bool want[N_GRADS];
     for (int i = 0; i < N_GRADS; i++) want[i] = n[i] > 0;
     if (c->partial) want[G_DQ] = want[G_DK] = want[G_DBETA] = want[G_DALOG] = false;
@@ -202,7 +204,8 @@ static void run_case(const tcase *c)
     float *dev[2][N_GRADS] = {{0}};
     for (int run = 0; run < 2; run++) {
         for (int i = 0; i < N_GRADS; i++)
-            dev[run][i] = want[i] ? (float *)ct_alloc_poisoned(n[i], c->bf16 && grad_per_token[i]) : NULL;
+            dev[run][i] =
+                want[i] ? (float *)ct_alloc_poisoned(n[i], c->bf16 && grad_per_token[i]) : NULL;
         const linseq_kda_grads gr = as_grads(dev[run]);
         CHECK_OK(linseq_kda_backward(&dp, &ex, ddo, ddht, &gr));
         for (int i = 0; i < N_GRADS; i++) {
@@ -246,7 +249,7 @@ static void run_case(const tcase *c)
     free(A_log), free(dt_bias);
 }
 
-static const int64_t cu_a[] = {0, 0, 7, 7, 71, 300};    /* empty first and middle sequences */
+static const int64_t cu_a[] = {0, 0, 7, 7, 71, 300};     /* empty first and middle sequences */
 static const int64_t cu_b[] = {0, 65, 65, 66, 130, 130}; /* empty last sequence */
 
 static tcase base(int64_t T, int64_t K, int64_t V, linseq_mode mode, int chunk, uint64_t seed)
@@ -295,16 +298,59 @@ int main(void)
                 tcase c = base(65 + 40 * (opt % 3), 33, 40, mode, chunk, seed++);
                 c.bf16 = bf16;
                 switch (opt) {
-                case 0: c.decay = LINSEQ_DECAY_NONE; c.l2 = false; break;
-                case 1: c.decay = LINSEQ_DECAY_PER_HEAD; c.logit = true; break;
-                case 2: c.gate = true; c.v_first = true; break;
-                case 3: c.gate = true; c.lower_bound = -5.0f; c.decay = LINSEQ_DECAY_PER_HEAD; break;
-                case 4: c.H = 2; c.HV = 6; c.scale = 0.7f; c.h0 = false; break; /* GVA, dh0 at 0 */
-                case 5: c.dht = false; c.extreme = true; break;                  /* g = -1000 */
-                case 6: c.B = 1; c.T = 300; c.n_seqs = 5; c.cu = cu_a; c.gate = true; break;
-                case 7: c.B = 1; c.T = 130; c.n_seqs = 5; c.cu = cu_b; c.HV = 4; c.v_first = true; break;
-                case 8: c.partial = true; c.gate = true; c.logit = true; break;
-                case 9: c.decay = LINSEQ_DECAY_PER_HEAD; c.extreme = true; c.l2 = false; c.HV = 4; break;
+                case 0:
+                    c.decay = LINSEQ_DECAY_NONE;
+                    c.l2 = false;
+                    break;
+                case 1:
+                    c.decay = LINSEQ_DECAY_PER_HEAD;
+                    c.logit = true;
+                    break;
+                case 2:
+                    c.gate = true;
+                    c.v_first = true;
+                    break;
+                case 3:
+                    c.gate = true;
+                    c.lower_bound = -5.0f;
+                    c.decay = LINSEQ_DECAY_PER_HEAD;
+                    break;
+                case 4:
+                    c.H = 2;
+                    c.HV = 6;
+                    c.scale = 0.7f;
+                    c.h0 = false;
+                    break; /* GVA, dh0 at 0 */
+                case 5:
+                    c.dht = false;
+                    c.extreme = true;
+                    break; /* g = -1000 */
+                case 6:
+                    c.B = 1;
+                    c.T = 300;
+                    c.n_seqs = 5;
+                    c.cu = cu_a;
+                    c.gate = true;
+                    break;
+                case 7:
+                    c.B = 1;
+                    c.T = 130;
+                    c.n_seqs = 5;
+                    c.cu = cu_b;
+                    c.HV = 4;
+                    c.v_first = true;
+                    break;
+                case 8:
+                    c.partial = true;
+                    c.gate = true;
+                    c.logit = true;
+                    break;
+                case 9:
+                    c.decay = LINSEQ_DECAY_PER_HEAD;
+                    c.extreme = true;
+                    c.l2 = false;
+                    c.HV = 4;
+                    break;
                 }
                 run_case(&c);
             }

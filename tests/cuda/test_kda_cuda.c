@@ -80,11 +80,11 @@ static void describe(const tcase *c, const char *mode, int bf16, char *buf, size
     snprintf(buf, n,
              "B%lld T%lld H%lld HV%lld K%lld V%lld decay%d l2%d logit%d vfirst%d h0%d%s gate%d"
              "(alog%d bias%d lb%g) extreme%d scale%g seqs%lld %s %s",
-             (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->HV,
-             (long long)c->K, (long long)c->V, (int)c->decay, c->l2norm, c->logit, c->v_first,
-             c->h0, c->inplace ? "(in place)" : "", c->gate, c->a_log, c->dt_bias,
-             (double)c->lower_bound, c->extreme, (double)c->scale,
-             (long long)(c->cu ? c->n_seqs : 0), mode, bf16 ? "bf16" : "f32");
+             (long long)c->B, (long long)c->T, (long long)c->H, (long long)c->HV, (long long)c->K,
+             (long long)c->V, (int)c->decay, c->l2norm, c->logit, c->v_first, c->h0,
+             c->inplace ? "(in place)" : "", c->gate, c->a_log, c->dt_bias, (double)c->lower_bound,
+             c->extreme, (double)c->scale, (long long)(c->cu ? c->n_seqs : 0), mode,
+             bf16 ? "bf16" : "f32");
 }
 
 /* Inputs: keys of about unit norm (raw normals with the l2 norm, normals / sqrt(K) without)
@@ -260,10 +260,15 @@ static int n_cases;
 
 static void check_case(const tcase *c, uint64_t seed)
 {
-    static const struct { linseq_mode mode; int chunk; const char *name; } modes[] = {
-        {LINSEQ_MODE_RECURRENT, 0, "recurrent"}, {LINSEQ_MODE_CHUNKED, 16, "chunk16"},
-        {LINSEQ_MODE_CHUNKED, 32, "chunk32"},    {LINSEQ_MODE_CHUNKED, 64, "chunk64"},
-        {LINSEQ_MODE_CHUNKED, 128, "chunk128"}};
+    static const struct {
+        linseq_mode mode;
+        int chunk;
+        const char *name;
+    } modes[] = {{LINSEQ_MODE_RECURRENT, 0, "recurrent"},
+                 {LINSEQ_MODE_CHUNKED, 16, "chunk16"},
+                 {LINSEQ_MODE_CHUNKED, 32, "chunk32"},
+                 {LINSEQ_MODE_CHUNKED, 64, "chunk64"},
+                 {LINSEQ_MODE_CHUNKED, 128, "chunk128"}};
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         tu_rng rng = {seed};
         host_data h;
@@ -341,7 +346,7 @@ static tcase base_case(int64_t B, int64_t T, int64_t H, int64_t K, int64_t V)
 
 static void test_forward_shapes(void)
 {
-    static const int64_t dims[][2] = {{17, 33}, {33, 17}, {100, 100}, {64, 64},
+    static const int64_t dims[][2] = {{17, 33},   {33, 17},   {100, 100}, {64, 64},
                                       {128, 128}, {256, 256}, {1, 1}};
     static const int64_t lens[] = {1, 7, 63, 64, 65, 300};
     uint64_t seed = 11;
@@ -442,7 +447,7 @@ static void check_decode(int64_t B, int64_t H, int64_t HV, int64_t K, int64_t V,
         tu_fill_normal(&rng, pool0, n_pool, 0.5);
         int64_t *rows = malloc((size_t)B * sizeof *rows);
         for (int64_t b = 0; b < B; b++) rows[b] = (n_rows - 1 - 2 * b) % n_rows; /* distinct */
-        if (B > 2) rows[1] = -1;                                                /* padding */
+        if (B > 2) rows[1] = -1;                                                 /* padding */
         if (B > 4) rows[4] = -7;
 
         linseq_kda_problem p = problem_of(&c, &h);
@@ -497,8 +502,8 @@ static void check_decode(int64_t B, int64_t H, int64_t HV, int64_t K, int64_t V,
             for (int64_t b = 0; b < B; b++)
                 if (rows[b] < 0)
                     for (int64_t i = 0; i < HV * V; i++)
-                        CHECK(o[b * HV * V + i] == 0.0f, "%s: padding request %lld: o = %g",
-                              what, (long long)b, (double)o[b * HV * V + i]);
+                        CHECK(o[b * HV * V + i] == 0.0f, "%s: padding request %lld: o = %g", what,
+                              (long long)b, (double)o[b * HV * V + i]);
         free(pool0);
         free(pool_cpu);
         free(o_cpu);
@@ -530,8 +535,8 @@ static void test_decode(void)
 /* Standalone gate                                                                            */
 /* ---------------------------------------------------------------------------------------- */
 
-static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay decay,
-                       bool a_log, bool bias, float lower_bound, uint64_t seed)
+static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay decay, bool a_log,
+                       bool bias, float lower_bound, uint64_t seed)
 {
     for (int bf16 = 0; bf16 <= 1; bf16++) {
         tu_rng rng = {seed};
@@ -547,9 +552,15 @@ static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay 
             ct_round_bf16_array(raw, n);
             ct_round_bf16_array(dg, n);
         }
-        linseq_kda_gate_problem p = {.B = B, .T = T, .H = H, .K = K, .decay = decay,
-                                     .g_raw = raw, .A_log = a_log ? A : NULL,
-                                     .dt_bias = bias ? dtb : NULL, .lower_bound = lower_bound};
+        linseq_kda_gate_problem p = {.B = B,
+                                     .T = T,
+                                     .H = H,
+                                     .K = K,
+                                     .decay = decay,
+                                     .g_raw = raw,
+                                     .A_log = a_log ? A : NULL,
+                                     .dt_bias = bias ? dtb : NULL,
+                                     .lower_bound = lower_bound};
         float *g_cpu = tu_alloc(n), *draw_cpu = tu_alloc(n), *dA_cpu = tu_alloc((size_t)H);
         float *db_cpu = tu_alloc(nb);
         linseq_exec cpu = {0};
@@ -591,8 +602,8 @@ static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay 
         const double e1 = tu_rel_err(draw, draw_cpu, n);
         const double e2 = tu_rel_err(dA, dA_cpu, (size_t)H), e3 = tu_rel_err(db, db_cpu, nb);
         CHECK(e1 <= tol, "%s: dg_raw err %.3g", what, e1);
-        CHECK(e2 <= TOL_F32 && e3 <= TOL_F32, "%s: dA_log err %.3g, ddt_bias err %.3g", what,
-              e2, e3);
+        CHECK(e2 <= TOL_F32 && e3 <= TOL_F32, "%s: dA_log err %.3g, ddt_bias err %.3g", what, e2,
+              e3);
         CHECK(tu_same_bits(draw, draw2, n) && tu_same_bits(dA, dA2, (size_t)H) &&
                   tu_same_bits(db, db2, nb),
               "%s: two backward runs differ", what);

@@ -46,17 +46,19 @@ typedef struct {
 } host_data;
 
 enum { G_DX, G_DDT, G_DA, G_DB, G_DC, G_DD, G_DGATE, G_DH0, G_DDTB, N_GRADS };
-static const char *grad_name[N_GRADS] = {"dx",     "ddt",   "dA",  "dB_proj", "dC_proj",
+static const char *grad_name[N_GRADS] = {"dx",      "ddt",   "dA",  "dB_proj", "dC_proj",
                                          "dD_skip", "dgate", "dh0", "ddt_bias"};
-static const bool grad_per_token[N_GRADS] = {true, true, false, true, true,
+static const bool grad_per_token[N_GRADS] = {true,  true, false, true, true,
                                              false, true, false, false};
 
 static void describe(const tcase *c, int bf16, char *buf, size_t n)
 {
-    snprintf(buf, n, "B%lld T%lld D%lld N%lld G%lld gate%d(act%d) skip%d h0%d%s sp%d bias%d dht%d seqs%lld %s",
-             (long long)c->B, (long long)c->T, (long long)c->D, (long long)c->N, (long long)c->G,
-             c->gate, (int)c->act, c->skip, c->h0, c->inplace ? "(in place)" : "", c->softplus,
-             c->bias, c->dht, (long long)(c->cu ? c->n_seqs : 0), bf16 ? "bf16" : "f32");
+    snprintf(
+        buf, n,
+        "B%lld T%lld D%lld N%lld G%lld gate%d(act%d) skip%d h0%d%s sp%d bias%d dht%d seqs%lld %s",
+        (long long)c->B, (long long)c->T, (long long)c->D, (long long)c->N, (long long)c->G,
+        c->gate, (int)c->act, c->skip, c->h0, c->inplace ? "(in place)" : "", c->softplus, c->bias,
+        c->dht, (long long)(c->cu ? c->n_seqs : 0), bf16 ? "bf16" : "f32");
 }
 
 /* Inputs in the ranges of Mamba checkpoints (as tests/test_ssm1.c): A in [-4,-0.1]; dt
@@ -129,11 +131,24 @@ static void free_data(host_data *h)
 static linseq_ssm1_problem host_problem(const tcase *c, const host_data *h)
 {
     linseq_ssm1_problem p = {
-        .B = c->B, .T = c->T, .D = c->D, .N = c->N, .G = c->G,
-        .cu_seqlens = c->cu, .n_seqs = c->n_seqs,
-        .x = h->x, .dt = h->dt, .A = h->A, .B_proj = h->Bp, .C_proj = h->Cp,
-        .D_skip = h->Dk, .gate = h->gate, .h0 = h->h0,
-        .dt_softplus = c->softplus, .dt_bias = h->bias, .gate_activation = c->act,
+        .B = c->B,
+        .T = c->T,
+        .D = c->D,
+        .N = c->N,
+        .G = c->G,
+        .cu_seqlens = c->cu,
+        .n_seqs = c->n_seqs,
+        .x = h->x,
+        .dt = h->dt,
+        .A = h->A,
+        .B_proj = h->Bp,
+        .C_proj = h->Cp,
+        .D_skip = h->Dk,
+        .gate = h->gate,
+        .h0 = h->h0,
+        .dt_softplus = c->softplus,
+        .dt_bias = h->bias,
+        .gate_activation = c->act,
     };
     return p;
 }
@@ -319,6 +334,8 @@ int main(void)
     ct_require_device("test_ssm1_cuda");
     static const int64_t cu3[] = {0, 20, 20, 50};
     static const int64_t cu4[] = {0, 1, 70, 70, 131};
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     const tcase cases[] = {
         /* the Mamba layer: gate silu, skip, softplus with bias */
         {.B = 2, .T = 37, .D = 45, .N = 7, .gate = true, .skip = true, .h0 = true,
@@ -357,6 +374,7 @@ int main(void)
         {.B = 2, .T = 40, .D = 36, .N = 36, .G = 3, .gate = true, .skip = true, .h0 = true,
          .softplus = true, .bias = true, .dht = true},
     };
+    /* clang-format on */
     const size_t n_cases = sizeof cases / sizeof cases[0];
     for (size_t i = 0; i < n_cases; i++) {
         for (int bf16 = 0; bf16 < 2; bf16++) {

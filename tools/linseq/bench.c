@@ -79,15 +79,15 @@ const char ls_bench_usage[] =
 /* ---------------------------------------------------------------------------------- */
 
 typedef enum run_kind {
-    RUN_FORWARD, /* the op's forward, every output written                              */
-    RUN_FWDBWD,  /* a training step: forward (first output only), then backward          */
-    RUN_DECODE   /* one token for B requests, their states in a pool, updated in place   */
+    RUN_FORWARD, /* the op's forward, every output written */
+    RUN_FWDBWD,  /* a training step: forward (first output only), then backward */
+    RUN_DECODE   /* one token for B requests, their states in a pool, updated in place */
 } run_kind;
 
 typedef struct command {
     const ls_op *op;
     run_kind kind;
-    char name[64]; /* "kda", "kda-fwdbwd", "kda-decode", "gate", ...                      */
+    char name[64]; /* "kda", "kda-fwdbwd", "kda-decode", "gate", ... */
 } command;
 
 #define MAX_COMMANDS 64
@@ -150,8 +150,8 @@ typedef struct spec {
     int64_t size[LS_OP_MAX_FIELDS]; /* of cmd->op->sizes[i]; 0: the struct's default */
     linseq_mode mode;               /* ops with modes, but decode: RECURRENT or CHUNKED */
     int chunk;
-    int decay;                      /* LINSEQ_DECAY_*, or -1: as the op's bench options */
-    int threads;                    /* > 0                                              */
+    int decay;   /* LINSEQ_DECAY_*, or -1: as the op's bench options */
+    int threads; /* > 0 */
 } spec;
 
 typedef struct settings {
@@ -240,8 +240,8 @@ static double now_s(void) { return clock_s(CLOCK_MONOTONIC); }
 typedef struct job {
     spec s;
     linseq_exec ex;
-    bool dry;     /* only add up the sizes */
-    bool failed;  /* an allocation failed */
+    bool dry;    /* only add up the sizes */
+    bool failed; /* an allocation failed */
     double alloc_bytes;
     void *buf[MAX_BUFS];
     int n_buf;
@@ -338,12 +338,11 @@ static double setup_role(job *j, ls_op_role role)
     for (int i = 0; i < ls_op_count(op, role); i++) {
         const ls_tensor_desc *t = ls_op_tensor(op, role, i);
         const ls_tensor_desc *of =
-            role == LS_ROLE_GRAD ? ls_op_tensor_named(op, LS_ROLE_INPUT, t->grad_of)
+            role == LS_ROLE_GRAD       ? ls_op_tensor_named(op, LS_ROLE_INPUT, t->grad_of)
             : role == LS_ROLE_UPSTREAM ? ls_op_tensor_named(op, LS_ROLE_OUTPUT, t->grad_of)
                                        : t;
-        const bool used = role == LS_ROLE_INPUT || role == LS_ROLE_GRAD
-                              ? of && input_used(j, of)
-                              : of && output_used(j, of);
+        const bool used = role == LS_ROLE_INPUT || role == LS_ROLE_GRAD ? of && input_used(j, of)
+                                                                        : of && output_used(j, of);
         int64_t dims[LS_OP_MAX_DIMS];
         int nd;
         const int64_t n = used ? elements(j, t, dims, &nd) : 0;
@@ -490,8 +489,8 @@ static linseq_status job_run(job *j)
         return st != LINSEQ_OK ? st : op->backward(p, &j->ex, j->upstream, j->grads);
     default: {
         const int64_t c = j->next++ % j->n_pool;
-        return op->decode(p, &j->ex, j->pool, j->n_pool * j->requests,
-                          j->rows + c * j->requests, j->out);
+        return op->decode(p, &j->ex, j->pool, j->n_pool * j->requests, j->rows + c * j->requests,
+                          j->out);
     }
     }
 }
@@ -679,8 +678,10 @@ static const peak *get_peak(int threads, int mib)
     peak p = {threads, mib, measure_fma(threads, PEAK_TRIALS),
               measure_triad(threads, mib, PEAK_TRIALS)};
     if (p.gbs <= 0.0)
-        fprintf(stderr, "linseq bench: note: no memory for 3 arrays of %d MiB; bandwidth "
-                        "fractions left out\n", mib);
+        fprintf(stderr,
+                "linseq bench: note: no memory for 3 arrays of %d MiB; bandwidth "
+                "fractions left out\n",
+                mib);
     /* A process asks for at most two thread counts; past the end the last entry is reused. */
     if (n_cache == (int)(sizeof cache / sizeof cache[0])) n_cache--;
     cache[n_cache] = p;
@@ -856,8 +857,13 @@ static int bench_one(const spec *s, const settings *set, result *r)
     int rc = job_prepare(&j, s, set->cold ? set->mib : 0);
     if (rc != LS_EXIT_OK) return rc;
     const peak *pk = set->no_peak ? NULL : get_peak(s->threads, set->mib);
-    *r = (result){.s = *s, .decay = decay_text(s, j.problem), .tokens = j.tokens,
-                  .flops = j.flops, .bytes = j.bytes, .n_pool = j.n_pool, .pk = pk};
+    *r = (result){.s = *s,
+                  .decay = decay_text(s, j.problem),
+                  .tokens = j.tokens,
+                  .flops = j.flops,
+                  .bytes = j.bytes,
+                  .n_pool = j.n_pool,
+                  .pk = pk};
     rc = time_job(&j, set, &r->tm);
     job_free(&j);
     return rc;
@@ -894,7 +900,6 @@ static int cmd_peak(const settings *set)
     return LS_EXIT_OK;
 }
 
-
 /* ---------------------------------------------------------------------------------- */
 /* Options                                                                            */
 /* ---------------------------------------------------------------------------------- */
@@ -906,7 +911,16 @@ static int cmd_peak(const settings *set)
 #define FOR_ALL (FOR_OP | FOR_PEAK | FOR_SUITE)
 
 typedef enum opt_id {
-    O_SIZE, O_MODE, O_CHUNK, O_DECAY, O_THREADS, O_REPEATS, O_WARMUP, O_MIB, O_JSON, O_NO_PEAK,
+    O_SIZE,
+    O_MODE,
+    O_CHUNK,
+    O_DECAY,
+    O_THREADS,
+    O_REPEATS,
+    O_WARMUP,
+    O_MIB,
+    O_JSON,
+    O_NO_PEAK,
     O_COLD
 } opt_id;
 
@@ -961,8 +975,7 @@ static int size_index(const command *c, const char *name)
     return -1;
 }
 
-static bool option_applies(const option_def *o, const char *size, const command *c,
-                           unsigned target)
+static bool option_applies(const option_def *o, const char *size, const command *c, unsigned target)
 {
     if (!(o->applies & target)) return false;
     if (target != FOR_OP) return true;
@@ -989,8 +1002,7 @@ static bool parse_i64(const char *v, int64_t lo, int64_t hi, int64_t *out)
 /* Sizes beyond this are rejected before any arithmetic on them can overflow. */
 #define MAX_SIZE ((int64_t)1 << 31)
 
-static int set_value(const option_def *o, const char *size, const char *v, spec *s,
-                     settings *set)
+static int set_value(const option_def *o, const char *size, const char *v, spec *s, settings *set)
 {
     int64_t x = 0;
     switch (o->id) {
@@ -1104,34 +1116,37 @@ typedef struct suite_case {
     const char *name;
     const char *args; /* the command line after `linseq bench`; --threads: else all */
     note what;
-    int ref;          /* the case a FWD_RATIO or SCALING note compares with */
+    int ref; /* the case a FWD_RATIO or SCALING note compares with */
 } suite_case;
 
 #define KDA128 "--K 128 --V 128"
 /* The issue's standard shapes. KDA: per-channel decay, chunk 64; SSM1: N = 16; conv: W = 4.
  * The 1-thread runs come last and refer to their all-thread twins for the scaling. */
 static const suite_case suite_cases[] = {
-    /*  0 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128",
-              "kda --B 1 --T 4096 --H 16 " KDA128, NONE, 0},
-    /*  1 */ {"KDA fwd chunked B=4 H=16 T=2048 K=V=128",
-              "kda --B 4 --T 2048 --H 16 " KDA128, NONE, 0},
-    /*  2 */ {"KDA fwd chunked B=1 H=32 T=1024 K=V=128",
-              "kda --B 1 --T 1024 --H 32 " KDA128, NONE, 0},
-    /*  3 */ {"KDA fwd chunked B=8 H=8 T=1024 K=V=64",
-              "kda --B 8 --T 1024 --H 8 --K 64 --V 64", NONE, 0},
-    /*  4 */ {"KDA fwd recurrent B=1 H=32 T=512 K=V=128",
-              "kda --B 1 --T 512 --H 32 " KDA128 " --mode recurrent", NONE, 0},
-    /*  5 */ {"KDA fwd chunked B=1 H=32 T=512 K=V=128",
-              "kda --B 1 --T 512 --H 32 " KDA128, NONE, 0},
-    /*  6 */ {"KDA fwd chunked B=1 H=1 T=4096 K=V=128",
-              "kda --B 1 --T 4096 --H 1 " KDA128 " --threads 1", US_PER_TOKEN, 0},
+    /*  0 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128", "kda --B 1 --T 4096 --H 16 " KDA128, NONE,
+              0},
+    /*  1 */
+    {"KDA fwd chunked B=4 H=16 T=2048 K=V=128", "kda --B 4 --T 2048 --H 16 " KDA128, NONE, 0},
+    /*  2 */
+    {"KDA fwd chunked B=1 H=32 T=1024 K=V=128", "kda --B 1 --T 1024 --H 32 " KDA128, NONE, 0},
+    /*  3 */
+    {"KDA fwd chunked B=8 H=8 T=1024 K=V=64", "kda --B 8 --T 1024 --H 8 --K 64 --V 64", NONE, 0},
+    /*  4 */
+    {"KDA fwd recurrent B=1 H=32 T=512 K=V=128",
+     "kda --B 1 --T 512 --H 32 " KDA128 " --mode recurrent", NONE, 0},
+    /*  5 */
+    {"KDA fwd chunked B=1 H=32 T=512 K=V=128", "kda --B 1 --T 512 --H 32 " KDA128, NONE, 0},
+    /*  6 */
+    {"KDA fwd chunked B=1 H=1 T=4096 K=V=128", "kda --B 1 --T 4096 --H 1 " KDA128 " --threads 1",
+     US_PER_TOKEN, 0},
     /*  7 */ {"KDA decode B=1 H=32 K=V=128", "kda-decode --B 1 --H 32 " KDA128, NONE, 0},
     /*  8 */ {"KDA decode B=8 H=32 K=V=128", "kda-decode --B 8 --H 32 " KDA128, NONE, 0},
     /*  9 */ {"KDA decode B=32 H=32 K=V=128", "kda-decode --B 32 --H 32 " KDA128, NONE, 0},
-    /* 10 */ {"KDA fwd chunked B=1 H=16 T=2048 K=V=128",
-              "kda --B 1 --T 2048 --H 16 " KDA128, NONE, 0},
-    /* 11 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128",
-              "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128, FWD_RATIO, 10},
+    /* 10 */
+    {"KDA fwd chunked B=1 H=16 T=2048 K=V=128", "kda --B 1 --T 2048 --H 16 " KDA128, NONE, 0},
+    /* 11 */
+    {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128", "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128,
+     FWD_RATIO, 10},
     /* 12 */ {"SSM1 fwd D=1536 T=2048", "ssm1 --B 1 --T 2048 --D 1536", NONE, 0},
     /* 13 */ {"SSM1 fwd+bwd D=1536 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 1536", FWD_RATIO, 12},
     /* 14 */ {"SSM1 decode B=1 D=1536", "ssm1-decode --B 1 --D 1536", NONE, 0},
@@ -1142,13 +1157,15 @@ static const suite_case suite_cases[] = {
     /* 19 */ {"SSM1 fwd D=1536 T=512", "ssm1 --B 1 --T 512 --D 1536", NONE, 0},
     /* 20 */ {"conv D=4096 T=2048", "conv --B 1 --T 2048 --D 4096", NONE, 0},
     /* 21 */ {"conv D=4096 T=512", "conv --B 1 --T 512 --D 4096", NONE, 0},
-    /* 22 */ {"KDA fwd chunked B=1 H=16 T=4096 K=V=128",
-              "kda --B 1 --T 4096 --H 16 " KDA128 " --threads 1", SCALING, 0},
-    /* 23 */ {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128",
-              "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128 " --threads 1", SCALING, 11},
+    /* 22 */
+    {"KDA fwd chunked B=1 H=16 T=4096 K=V=128", "kda --B 1 --T 4096 --H 16 " KDA128 " --threads 1",
+     SCALING, 0},
+    /* 23 */
+    {"KDA fwd+bwd chunked B=1 H=16 T=2048 K=V=128",
+     "kda-fwdbwd --B 1 --T 2048 --H 16 " KDA128 " --threads 1", SCALING, 11},
     /* 24 */ {"SSM1 fwd D=4096 T=2048", "ssm1 --B 1 --T 2048 --D 4096 --threads 1", SCALING, 15},
-    /* 25 */ {"SSM1 fwd+bwd D=4096 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 4096 --threads 1",
-              SCALING, 16},
+    /* 25 */
+    {"SSM1 fwd+bwd D=4096 T=2048", "ssm1-fwdbwd --B 1 --T 2048 --D 4096 --threads 1", SCALING, 16},
     /* 26 */ {"conv D=4096 T=2048", "conv --B 1 --T 2048 --D 4096 --threads 1", SCALING, 20},
 };
 #undef KDA128
@@ -1274,11 +1291,11 @@ static void ensure_wait_policy(char **argv)
     fflush(stderr);
     fflush(stdout);
     execv("/proc/self/exe", argv);
-    fprintf(stderr, "linseq bench: note: could not run again (%s); timing with the default "
-                    "OpenMP wait policy\n",
+    fprintf(stderr,
+            "linseq bench: note: could not run again (%s); timing with the default "
+            "OpenMP wait policy\n",
             strerror(errno));
 }
-
 
 /* "kda, kda-fwdbwd, ..., conv, peak or suite" */
 static void command_list(char *buf, size_t n)

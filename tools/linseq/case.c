@@ -31,9 +31,9 @@ static const char *const list_key[N_READ_LISTS] = {"inputs", "upstream_grads"};
 
 typedef struct loader {
     ls_case *c;
-    const cJSON *read[N_READ_LISTS];                /* "inputs", "upstream_grads"   */
+    const cJSON *read[N_READ_LISTS]; /* "inputs", "upstream_grads" */
     const cJSON *outputs, *grads;
-    bool used[N_READ_LISTS][CASE_MAX_TENSORS];      /* entry i of a list was loaded  */
+    bool used[N_READ_LISTS][CASE_MAX_TENSORS]; /* entry i of a list was loaded */
     char *err;
     size_t err_size;
 } loader;
@@ -165,8 +165,9 @@ static bool name_list(loader *L, const char *key, bool required, const cJSON **o
     const cJSON *a, *b;
     cJSON_ArrayForEach(a, v) {
         if (!cJSON_IsString(a) || !valid_name(a->valuestring))
-            return meta_fail(L, "\"%s\" holds an entry that is not a name of 1 to %d letters, "
-                                "digits or '_'",
+            return meta_fail(L,
+                             "\"%s\" holds an entry that is not a name of 1 to %d letters, "
+                             "digits or '_'",
                              key, CASE_NAME_LEN - 1);
         for (b = v->child; b != a; b = b->next)
             if (strcmp(a->valuestring, b->valuestring) == 0)
@@ -211,8 +212,8 @@ static bool read_listed(loader *L, int list, const char *name, bool required, np
     int idx = list_index(L->read[list], name);
     *arr = NULL;
     if (idx < 0)
-        return required ? meta_fail(L, "\"%s\" lacks \"%s\", which op %s requires",
-                                    list_key[list], name, c->op_name)
+        return required ? meta_fail(L, "\"%s\" lacks \"%s\", which op %s requires", list_key[list],
+                                    name, c->op_name)
                         : true;
     char *path = case_path(c->dir, name, ".npy");
     if (!path) return fail_to(L->err, L->err_size, "out of memory");
@@ -255,8 +256,8 @@ static bool listed_f32(loader *L, int list, const char *name, bool required, con
         npy_shape_text(a->ndim, a->shape, got, sizeof got);
         npy_shape_text(ndim, shape, want, sizeof want);
         return fail_to(L->err, L->err_size,
-                       "%s/%s.npy: shape %s, but meta.json's sizes give %s = %s", L->c->dir,
-                       name, got, dims, want);
+                       "%s/%s.npy: shape %s, but meta.json's sizes give %s = %s", L->c->dir, name,
+                       got, dims, want);
     }
     *out = a->data;
     return true;
@@ -291,8 +292,8 @@ static bool input_cu_seqlens(loader *L, int64_t n_expected, const int64_t **cu, 
     return true;
 }
 
-static bool declare(loader *L, case_output *o, const char *kind, const char *name,
-                    const char *dims, int ndim, const int64_t *shape)
+static bool declare(loader *L, case_output *o, const char *kind, const char *name, const char *dims,
+                    int ndim, const int64_t *shape)
 {
     size_t count;
     if (!npy_shape_count(ndim, shape, &count) || count > SIZE_MAX / sizeof(float))
@@ -332,13 +333,14 @@ static bool load_upstream(loader *L)
         int64_t dims[LS_OP_MAX_DIMS];
         const int ndim = t->shape(c->problem, dims);
         if (i == 0 && need && list_index(L->read[LIST_UPSTREAM], t->name) < 0)
-            return meta_fail(L, "\"grads\" is not empty but \"upstream_grads\" lacks \"%s\", "
-                                "the gradient of %s that the backward needs",
+            return meta_fail(L,
+                             "\"grads\" is not empty but \"upstream_grads\" lacks \"%s\", "
+                             "the gradient of %s that the backward needs",
                              t->name, t->grad_of);
         char dims_text[64];
         snprintf(dims_text, sizeof dims_text, "%s's shape %s", t->grad_of, t->dims);
-        if (ndim && !listed_f32(L, LIST_UPSTREAM, t->name, false, dims_text, ndim, dims,
-                                &c->upstream[i]))
+        if (ndim &&
+            !listed_f32(L, LIST_UPSTREAM, t->name, false, dims_text, ndim, dims, &c->upstream[i]))
             return false;
     }
     return true;
@@ -353,8 +355,9 @@ static bool finish_lists(loader *L)
         int i = 0;
         cJSON_ArrayForEach(a, L->read[list]) {
             if (!L->used[list][i++])
-                return meta_fail(L, "\"%s\" lists \"%s\", which op %s does not take with these "
-                                    "options",
+                return meta_fail(L,
+                                 "\"%s\" lists \"%s\", which op %s does not take with these "
+                                 "options",
                                  list_key[list], a->valuestring, c->op_name);
         }
     }
@@ -370,8 +373,9 @@ static bool finish_lists(loader *L)
         int k = 0;
         while (k < c->n_computable && strcmp(c->computable[k].name, a->valuestring) != 0) k++;
         if (k == c->n_computable)
-            return meta_fail(L, "\"grads\" lists \"%s\", which op %s does not compute with "
-                                "these options",
+            return meta_fail(L,
+                             "\"grads\" lists \"%s\", which op %s does not compute with "
+                             "these options",
                              a->valuestring, c->op_name);
         c->grads[c->n_grads++] = k;
     }
@@ -403,15 +407,20 @@ static bool meta_option(loader *L, const ls_option_desc *o, void *p)
     if (s) {
         const ls_enum_name *n = o->names;
         while (n->name && strcmp(n->name, s) != 0) n++;
-        if (!n->name) value = LS_ENUM_REQUIRED;
-        else value = n->value;
+        if (!n->name)
+            value = LS_ENUM_REQUIRED;
+        else
+            value = n->value;
     }
     if (value == LS_ENUM_KEEP) return true;
     if (value == LS_ENUM_REQUIRED) {
         char expected[256] = "";
         for (const ls_enum_name *n = o->names; n->name; n++)
             snprintf(expected + strlen(expected), sizeof expected - strlen(expected), "%s\"%s\"",
-                     n == o->names ? "" : n[1].name ? ", " : " or ", n->name);
+                     n == o->names ? ""
+                     : n[1].name   ? ", "
+                                   : " or ",
+                     n->name);
         return meta_fail(L, "\"%s\" is %s%s%s (expected %s%s)", o->key, s ? "\"" : "",
                          s ? s : "missing", s ? "\"" : "", expected,
                          o->null_value == LS_ENUM_REQUIRED ? "" : " or null");
@@ -420,7 +429,10 @@ static bool meta_option(loader *L, const ls_option_desc *o, void *p)
     return true;
 }
 
-static int list_of(ls_op_role role) { return role == LS_ROLE_UPSTREAM ? LIST_UPSTREAM : LIST_INPUTS; }
+static int list_of(ls_op_role role)
+{
+    return role == LS_ROLE_UPSTREAM ? LIST_UPSTREAM : LIST_INPUTS;
+}
 
 /* Sizes, options, the presence flags and cu_seqlens from meta.json. */
 static bool read_settings(loader *L)
@@ -499,8 +511,7 @@ static linseq_status call_forward(const ls_case *c, const linseq_exec *exec, flo
     return c->op->forward(c->problem, exec, out);
 }
 
-static linseq_status call_backward(const ls_case *c, const linseq_exec *exec,
-                                   float *const *grads)
+static linseq_status call_backward(const ls_case *c, const linseq_exec *exec, float *const *grads)
 {
     return ls_op_backward(c->op, c->problem, exec, c->upstream, grads);
 }
@@ -515,7 +526,10 @@ static const char *op_names(void)
     if (!names[0])
         for (int i = 0; i < n; i++)
             snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
-                     i == 0 ? "" : i + 1 < n ? ", " : " or ", ops[i]->name);
+                     i == 0      ? ""
+                     : i + 1 < n ? ", "
+                                 : " or ",
+                     ops[i]->name);
     return names;
 }
 
@@ -657,8 +671,7 @@ static int library_failed(linseq_status st, char *err, size_t err_size)
     return LS_EXIT_FAIL;
 }
 
-int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
-             size_t err_size)
+int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err, size_t err_size)
 {
     float *out[CASE_MAX_TENSORS] = {0};
     memset(r, 0, sizeof *r);
@@ -777,20 +790,19 @@ static bool make_dirs(const char *path, char *err, size_t err_size)
     return ok;
 }
 
-bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir,
-                        char *err, size_t err_size)
+bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir, char *err,
+                        size_t err_size)
 {
     char *written[2 * CASE_MAX_TENSORS];
     int n_written = 0;
     bool ok = make_dirs(out_dir, err, err_size);
     for (int i = 0; ok && i < c->n_outputs + r->n_grads; i++) {
-        const case_tensor *t = i < c->n_outputs ? case_output_tensor(c, r, i)
-                                                : &r->g[i - c->n_outputs];
+        const case_tensor *t =
+            i < c->n_outputs ? case_output_tensor(c, r, i) : &r->g[i - c->n_outputs];
         char *path = case_path(out_dir, t->name, ".npy");
         if (!path) {
             ok = fail_to(err, err_size, "out of memory");
-        } else if (!npy_write_f32(path, t->arr.data, t->arr.ndim, t->arr.shape, err,
-                                  err_size)) {
+        } else if (!npy_write_f32(path, t->arr.data, t->arr.ndim, t->arr.shape, err, err_size)) {
             ok = false;
             free(path);
         } else {
@@ -866,8 +878,7 @@ static int name_order(const struct dirent **a, const struct dirent **b)
  * DIR/<name> into OUT_DIR/<name>, in name order. A case that fails is reported and the
  * others still run; the exit status is then LS_EXIT_ERROR. Returns -1 when DIR holds no
  * case folder, so the caller reports DIR as a single case. */
-static int run_folder(const char *dir, const char *out_dir, const linseq_exec *exec,
-                      bool fwd_only)
+static int run_folder(const char *dir, const char *out_dir, const linseq_exec *exec, bool fwd_only)
 {
     struct dirent **entries;
     int n = scandir(dir, &entries, NULL, name_order);

@@ -19,40 +19,40 @@
 #define CASE_NAME_LEN 48
 
 typedef struct case_tensor {
-    char name[CASE_NAME_LEN]; /* file name without ".npy"                           */
+    char name[CASE_NAME_LEN]; /* file name without ".npy" */
     npy_array arr;
 } case_tensor;
 
 /* An output or a gradient the op produces, with the shape the sizes imply. */
 typedef struct case_output {
     char name[CASE_NAME_LEN];
-    const char *dims; /* the shape in meta.json's letters, "[B,T,H,K]", for messages  */
+    const char *dims; /* the shape in meta.json's letters, "[B,T,H,K]", for messages */
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
-    int slot; /* gradients: the op's own index of the field in its grads struct   */
+    int slot; /* gradients: the op's own index of the field in its grads struct */
 } case_output;
 
 typedef struct ls_case {
-    char *dir;        /* as given on the command line                            */
-    const char *name; /* last component of dir                                   */
+    char *dir;        /* as given on the command line */
+    const char *name; /* last component of dir */
     cJSON *meta;
-    const struct ls_op *op; /* its description in the op table                      */
+    const struct ls_op *op; /* its description in the op table */
     const char *op_name;
-    void *problem; /* the op's problem struct, pointing into inputs[].arr.data      */
+    void *problem; /* the op's problem struct, pointing into inputs[].arr.data */
 
-    int n_inputs; /* every file read: the inputs, then the upstream gradients     */
+    int n_inputs; /* every file read: the inputs, then the upstream gradients */
     case_tensor inputs[CASE_MAX_TENSORS];
-    int n_produced; /* every output the op computes, listed in meta.json or not   */
+    int n_produced; /* every output the op computes, listed in meta.json or not */
     case_output produced[CASE_MAX_TENSORS];
-    int n_outputs; /* meta.json "outputs", in its order: indices into produced[]  */
+    int n_outputs; /* meta.json "outputs", in its order: indices into produced[] */
     int outputs[CASE_MAX_TENSORS];
     /* The gradients of the op's outputs, from meta.json "upstream_grads": [0] of the
      * first output (d_o, d_g, d_y), [1] of the state (d_ht, d_hT, d_conv_state_out); NULL
      * when not given. [0] is always given when "grads" lists anything. */
     const float *upstream[2];
-    int n_computable; /* every gradient the backward computes with these options     */
+    int n_computable; /* every gradient the backward computes with these options */
     case_output computable[CASE_MAX_TENSORS];
-    int n_grads; /* meta.json "grads", in its order: indices into computable[]     */
+    int n_grads; /* meta.json "grads", in its order: indices into computable[] */
     int grads[CASE_MAX_TENSORS];
 } ls_case;
 
@@ -75,8 +75,7 @@ void case_free(ls_case *c);
  * library returned an error (err holds its status and linseq_last_error()), or
  * LS_EXIT_ERROR when memory ran out; *r is empty on failure. The exec's mode and chunk size
  * reach KDA only. */
-int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err,
-             size_t err_size);
+int case_run(const ls_case *c, const linseq_exec *exec, case_result *r, char *err, size_t err_size);
 
 /* Runs the op's backward with the same problem and the case's upstream gradients, adding
  * meta.json's "grads" to r (after case_run, or to a zeroed r). Only the listed gradients
@@ -93,8 +92,8 @@ const case_tensor *case_output_tensor(const ls_case *c, const case_result *r, in
  * creating OUT_DIR (and its parents) if missing. Each file appears complete or not at all;
  * when one fails, the files this call already wrote are removed again so that no mixed set
  * is left. */
-bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir,
-                        char *err, size_t err_size);
+bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir, char *err,
+                        size_t err_size);
 
 /* What an exec resolves to, for messages: "chunked, chunk 64, 2 threads", or only
  * "2 threads" when the mode does not apply (with_mode false). */

@@ -13,19 +13,19 @@
 
 #include <cuda_runtime_api.h>
 
-#define DEV_TRY(expr)                                                                    \
-    do {                                                                                 \
-        cudaError_t e_ = (expr);                                                         \
-        if (e_ != cudaSuccess) {                                                         \
-            snprintf(err, err_size, "%s failed: %s", #expr, cudaGetErrorString(e_));     \
-            st = LINSEQ_ERR_DEVICE;                                                      \
-            goto done;                                                                   \
-        }                                                                                \
+#define DEV_TRY(expr)                                                                              \
+    do {                                                                                           \
+        cudaError_t e_ = (expr);                                                                   \
+        if (e_ != cudaSuccess) {                                                                   \
+            snprintf(err, err_size, "%s failed: %s", #expr, cudaGetErrorString(e_));               \
+            st = LINSEQ_ERR_DEVICE;                                                                \
+            goto done;                                                                             \
+        }                                                                                          \
     } while (0)
 
 typedef struct {
     const ls_case *c;
-    void *dev[CASE_MAX_TENSORS]; /* the copy of c->inputs[i]                          */
+    void *dev[CASE_MAX_TENSORS]; /* the copy of c->inputs[i] */
 } mirror;
 
 /* The device copy of a host pointer into one of the case's inputs (NULL stays NULL). */

@@ -8,8 +8,7 @@
 #include "case.h"
 
 /* One of the op's calls (forward or backward) with its output buffers. */
-typedef linseq_status (*case_call)(const ls_case *c, const linseq_exec *exec,
-                                   float *const *bufs);
+typedef linseq_status (*case_call)(const ls_case *c, const linseq_exec *exec, float *const *bufs);
 
 /* Calls fn with a copy of c whose problem and upstream gradients point at device copies,
  * and with bufs replaced by device buffers (NaN-filled, so an element left unwritten shows);

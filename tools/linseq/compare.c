@@ -13,8 +13,8 @@
 #include "case.h"
 #include "commands.h"
 
-static bool tol_field(const cJSON *obj, const char *key, double *out, const char *file,
-                      char *err, size_t err_size)
+static bool tol_field(const cJSON *obj, const char *key, double *out, const char *file, char *err,
+                      size_t err_size)
 {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(obj, key);
     if (!v) return true;
@@ -181,8 +181,8 @@ static bool check_file(const ls_case *c, const case_tensor *cand, bool is_grad, 
 
 /* A call the library rejected is a failing implementation, not bad input: every file it
  * should have produced counts as failed. */
-static void call_failed(const char *what, const char *msg, int n_files, line_buf *line,
-                        tally *t, bool *pass)
+static void call_failed(const char *what, const char *msg, int n_files, line_buf *line, tally *t,
+                        bool *pass)
 {
     line_add(line, "  %s: %s", what, msg);
     t->failed += n_files;
@@ -275,7 +275,8 @@ static bool list_cases(const char *dir, char ***out, int *n_out, char *err, size
         if (sub && n == cap) {
             cap = cap ? 2 * cap : 64;
             char **bigger = realloc(names, (size_t)cap * sizeof *names);
-            if (bigger) names = bigger;
+            if (bigger)
+                names = bigger;
             else {
                 free(sub);
                 sub = NULL;

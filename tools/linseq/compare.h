@@ -24,7 +24,7 @@ typedef struct cmp_tol {
 typedef struct cmp_result {
     bool pass, shape_ok;
     double max_abs_err, max_rel_err, cos, ref_max_abs; /* max_rel_err = max_abs_err if ref is 0 */
-    char reason[192];                                  /* why it failed; "" when it passed  */
+    char reason[192];                                  /* why it failed; "" when it passed */
 } cmp_result;
 
 /* The judge's defaults (outputs 1e-4 / 0.999999, gradients 1e-3 / 0.99999, floor 1e-6),

@@ -158,10 +158,21 @@ static int demo_kda(const linseq_exec *base, rng *r)
     for (size_t i = 0; i < tok_qk; i++) dt_bias[i] = dt_bias_init(r);
 
     /* The options of a KDA layer in a model: the gate and beta's sigmoid run in the kernel. */
-    linseq_kda_problem p = {.B = 1, .T = PREFILL, .H = KDA_H, .K = KDA_K, .V = KDA_V,
-                            .q = q, .k = k, .v = v, .beta = beta, .g = g,
-                            .decay = LINSEQ_DECAY_PER_CHANNEL, .qk_l2norm = true,
-                            .beta_is_logit = true, .gate_in_kernel = true, .A_log = A_log,
+    linseq_kda_problem p = {.B = 1,
+                            .T = PREFILL,
+                            .H = KDA_H,
+                            .K = KDA_K,
+                            .V = KDA_V,
+                            .q = q,
+                            .k = k,
+                            .v = v,
+                            .beta = beta,
+                            .g = g,
+                            .decay = LINSEQ_DECAY_PER_CHANNEL,
+                            .qk_l2norm = true,
+                            .beta_is_logit = true,
+                            .gate_in_kernel = true,
+                            .A_log = A_log,
                             .dt_bias = dt_bias};
     linseq_exec chunked = *base, recurrent = *base;
     chunked.mode = LINSEQ_MODE_CHUNKED;
@@ -231,16 +242,31 @@ static bool mamba_run(const mamba_in *in, const linseq_exec *ex, size_t t0, int6
                       float *conv_out, float *conv_state, float *ssm_state, bool from_state,
                       float *y)
 {
-    linseq_conv1d_problem cp = {.B = 1, .T = T, .D = MB_D, .W = MB_W,
-                                .x = in->x + t0 * MB_D, .weight = in->weight, .bias = in->bias,
+    linseq_conv1d_problem cp = {.B = 1,
+                                .T = T,
+                                .D = MB_D,
+                                .W = MB_W,
+                                .x = in->x + t0 * MB_D,
+                                .weight = in->weight,
+                                .bias = in->bias,
                                 .conv_state = from_state ? conv_state : NULL,
                                 .activation = LINSEQ_ACT_SILU};
-    linseq_ssm1_problem sp = {.B = 1, .T = T, .D = MB_D, .N = MB_N, .G = 1, .x = conv_out,
-                              .dt = in->dt + t0 * MB_D, .A = in->A,
-                              .B_proj = in->Bp + t0 * MB_N, .C_proj = in->Cp + t0 * MB_N,
-                              .D_skip = in->D_skip, .gate = in->z + t0 * MB_D,
-                              .h0 = from_state ? ssm_state : NULL, .dt_softplus = true,
-                              .dt_bias = in->dt_bias, .gate_activation = LINSEQ_ACT_SILU};
+    linseq_ssm1_problem sp = {.B = 1,
+                              .T = T,
+                              .D = MB_D,
+                              .N = MB_N,
+                              .G = 1,
+                              .x = conv_out,
+                              .dt = in->dt + t0 * MB_D,
+                              .A = in->A,
+                              .B_proj = in->Bp + t0 * MB_N,
+                              .C_proj = in->Cp + t0 * MB_N,
+                              .D_skip = in->D_skip,
+                              .gate = in->z + t0 * MB_D,
+                              .h0 = from_state ? ssm_state : NULL,
+                              .dt_softplus = true,
+                              .dt_bias = in->dt_bias,
+                              .gate_activation = LINSEQ_ACT_SILU};
     return lib_ok(linseq_conv1d_forward(&cp, ex, conv_out, conv_state), "causal conv1d") &&
            lib_ok(linseq_ssm1_forward(&sp, ex, y, ssm_state), "ssm1");
 }

@@ -118,11 +118,13 @@ static int device_available(const linseq_exec *ex)
     if (ex->device != LINSEQ_DEVICE_CUDA) return LS_EXIT_OK;
 #ifndef LINSEQ_WITH_CUDA
     return usage_error("--device cuda: this build has no CUDA backend%s (rebuild with "
-                       "make CUDA=1, or use --device cpu)", "");
+                       "make CUDA=1, or use --device cpu)",
+                       "");
 #else
     if (linseq_cuda_device_count() <= ex->device_index)
         return usage_error("--device cuda: no CUDA device found%s (no GPU or no driver; "
-                           "use --device cpu)", "");
+                           "use --device cpu)",
+                           "");
     return LS_EXIT_OK;
 #endif
 }

@@ -18,8 +18,8 @@
 
 static const char npy_magic[6] = {'\x93', 'N', 'U', 'M', 'P', 'Y'};
 
-__attribute__((format(printf, 3, 4))) static bool fail(char *err, size_t err_size,
-                                                       const char *fmt, ...)
+__attribute__((format(printf, 3, 4))) static bool fail(char *err, size_t err_size, const char *fmt,
+                                                       ...)
 {
     if (err && err_size) {
         va_list ap;
@@ -52,8 +52,8 @@ void npy_shape_text(int ndim, const int64_t *shape, char *buf, size_t n)
     buf[0] = '\0';
     used += (size_t)snprintf(buf, n, "[");
     for (int i = 0; i < ndim && used < n; i++)
-        used += (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "",
-                                 (long long)shape[i]);
+        used +=
+            (size_t)snprintf(buf + used, n - used, "%s%lld", i ? ", " : "", (long long)shape[i]);
     if (used < n) snprintf(buf + used, n - used, "]");
 }
 
@@ -242,8 +242,8 @@ typedef struct npy_layout {
  * of TOTAL bytes whose first HAVE bytes are in buf (have == total, or have >=
  * NPY_PREAMBLE_MAX), and that the data after it is exactly what the shape needs. Knowing the
  * total first avoids allocating what a lying header asks for. */
-static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total,
-                           const char *path, npy_layout *l, char *err, size_t err_size)
+static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total, const char *path,
+                           npy_layout *l, char *err, size_t err_size)
 {
     if (have < 8)
         return fail(err, err_size, "%s: not a .npy file (shorter than its magic string)", path);
@@ -252,8 +252,8 @@ static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total
     int major = buf[6], minor = buf[7];
     if ((major != 1 && major != 2 && major != 3) || minor != 0)
         return fail(err, err_size,
-                    "%s: unsupported .npy format version %d.%d (need 1.0, 2.0 or 3.0)", path,
-                    major, minor);
+                    "%s: unsupported .npy format version %d.%d (need 1.0, 2.0 or 3.0)", path, major,
+                    minor);
     size_t header_len, offset;
     if (major == 1) {
         if (have < 10) return fail(err, err_size, "%s: truncated header length", path);
@@ -292,13 +292,11 @@ static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total
     } else if (strcmp(h.descr, "<i8") == 0) {
         dtype = NPY_I64;
     } else {
-        return fail(err, err_size,
-                    "%s: unsupported dtype '%s' (need '<f4' float32 or '<i8' int64)", path,
-                    h.descr);
+        return fail(err, err_size, "%s: unsupported dtype '%s' (need '<f4' float32 or '<i8' int64)",
+                    path, h.descr);
     }
     if (h.fortran_order && h.ndim > 1)
-        return fail(err, err_size, "%s: fortran_order True is not supported (need C order)",
-                    path);
+        return fail(err, err_size, "%s: fortran_order True is not supported (need C order)", path);
 
     char shape_text[160];
     npy_shape_text(h.ndim, h.shape, shape_text, sizeof shape_text);
@@ -313,9 +311,8 @@ static bool parse_preamble(const unsigned char *buf, size_t have, uint64_t total
                     "%s: truncated data: shape %s needs %zu bytes, the file has %llu", path,
                     shape_text, bytes, (unsigned long long)data_have);
     if (data_have > bytes)
-        return fail(err, err_size,
-                    "%s: %llu bytes of trailing garbage after the data of shape %s", path,
-                    (unsigned long long)(data_have - bytes), shape_text);
+        return fail(err, err_size, "%s: %llu bytes of trailing garbage after the data of shape %s",
+                    path, (unsigned long long)(data_have - bytes), shape_text);
     l->dtype = dtype;
     l->ndim = h.ndim;
     memcpy(l->shape, h.shape, sizeof h.shape);
@@ -384,8 +381,7 @@ static bool read_sized(FILE *f, uint64_t size, const char *path, npy_array *out,
     npy_layout l;
     bool ok = read_some(f, pre, have) == have
                   ? parse_preamble(pre, have, size, path, &l, err, err_size)
-                  : fail(err, err_size, "%s: read error (the file shrank while being read)",
-                         path);
+                  : fail(err, err_size, "%s: read error (the file shrank while being read)", path);
     free(pre);
     if (!ok) return false;
     void *data = malloc(l.bytes ? l.bytes : 1);
@@ -393,8 +389,8 @@ static bool read_sized(FILE *f, uint64_t size, const char *path, npy_array *out,
     char shape_text[160];
     npy_shape_text(l.ndim, l.shape, shape_text, sizeof shape_text);
     if (fseek(f, (long)l.offset, SEEK_SET) != 0 || read_some(f, data, l.bytes) != l.bytes)
-        ok = fail(err, err_size, "%s: truncated data: shape %s needs %zu bytes", path,
-                  shape_text, l.bytes);
+        ok = fail(err, err_size, "%s: truncated data: shape %s needs %zu bytes", path, shape_text,
+                  l.bytes);
     else if (fgetc(f) != EOF) /* the file grew after fstat */
         ok = fail(err, err_size, "%s: trailing garbage after the data of shape %s", path,
                   shape_text);
@@ -499,8 +495,8 @@ static size_t format_header(char *buf, size_t n, int ndim, const int64_t *shape)
     return len;
 }
 
-bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
-                   char *err, size_t err_size)
+bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
+                   size_t err_size)
 {
     size_t count;
     if (ndim < 0 || ndim > NPY_MAX_DIMS || !npy_shape_count(ndim, shape, &count) ||
@@ -528,8 +524,7 @@ bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t 
     if (fd < 0) {
         int e = errno;
         free(tmp);
-        return fail(err, err_size, "%s: cannot create a file in its folder: %s", path,
-                    strerror(e));
+        return fail(err, err_size, "%s: cannot create a file in its folder: %s", path, strerror(e));
     }
     /* mkstemp creates 0600; outputs should get the usual permissions. */
     mode_t mask = umask(0);

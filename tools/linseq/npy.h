@@ -19,8 +19,8 @@ typedef struct npy_array {
     npy_dtype dtype;
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
-    size_t count; /* product of shape (1 for a 0-d array)           */
-    void *data;   /* count elements in host order, C order; owned   */
+    size_t count; /* product of shape (1 for a 0-d array) */
+    void *data;   /* count elements in host order, C order; owned */
 } npy_array;
 
 /* Reads PATH into *out (zeroed first). On failure returns false, leaves *out empty and
@@ -41,8 +41,8 @@ void npy_free(npy_array *a);
 /* Writes a float32 array as a version 1.0 .npy file with the data 64-byte aligned. The
  * file is written under a temporary name in the same folder and renamed into place, so
  * PATH either keeps its old content or holds the complete new file. */
-bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape,
-                   char *err, size_t err_size);
+bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
+                   size_t err_size);
 
 /* Element count of a shape; false when a dimension is negative or the product overflows. */
 bool npy_shape_count(int ndim, const int64_t *shape, size_t *count);
