@@ -156,6 +156,7 @@ $(REFCASES)/index.json: $(wildcard tests/refgen/*.py)
 test-plain:
 	$(MAKE) test-run
 	@sh scripts/check-format.sh
+	@sh scripts/check-layers.sh
 	@sh tests/check_symbols.sh $(STATIC) $(SHARED)
 	@BUILD=$(BUILD) sh tests/check_install.sh
 
