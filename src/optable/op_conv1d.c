@@ -108,20 +108,9 @@ static const ls_tensor_desc tensors[] = {
 };
 
 const ls_op ls_op_conv1d = {
+    LS_OP_STRUCTS(linseq_conv1d_problem, linseq_conv1d_grads),
+    LS_OP_VARLEN(linseq_conv1d_problem),
     .name = "causal_conv1d",
-    .problem_type = "linseq_conv1d_problem",
-    .grads_type = "linseq_conv1d_grads",
-    .problem_size = sizeof(P),
-    .grads_size = sizeof(linseq_conv1d_grads),
-    .sizes = sizes,
-    .n_sizes = LS_COUNT(sizes),
-    .options = options,
-    .n_options = LS_COUNT(options),
-    .varlen = true,
-    .cu_seqlens_offset = offsetof(P, cu_seqlens),
-    .n_seqs_offset = offsetof(P, n_seqs),
-    .tensors = tensors,
-    .n_tensors = LS_COUNT(tensors),
     .forward = forward,
     .backward = backward,
     .flops = flops,

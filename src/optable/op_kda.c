@@ -180,21 +180,10 @@ static const ls_tensor_desc tensors[] = {
 };
 
 const ls_op ls_op_kda = {
+    LS_OP_STRUCTS(linseq_kda_problem, linseq_kda_grads),
+    LS_OP_VARLEN(linseq_kda_problem),
     .name = "kda",
-    .problem_type = "linseq_kda_problem",
-    .grads_type = "linseq_kda_grads",
-    .problem_size = sizeof(P),
-    .grads_size = sizeof(linseq_kda_grads),
-    .sizes = sizes,
-    .n_sizes = LS_COUNT(sizes),
-    .options = options,
-    .n_options = LS_COUNT(options),
     .has_modes = true,
-    .varlen = true,
-    .cu_seqlens_offset = offsetof(P, cu_seqlens),
-    .n_seqs_offset = offsetof(P, n_seqs),
-    .tensors = tensors,
-    .n_tensors = LS_COUNT(tensors),
     .forward = forward,
     .backward = backward,
     .flops = flops,

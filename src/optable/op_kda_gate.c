@@ -93,17 +93,8 @@ static const ls_tensor_desc tensors[] = {
 };
 
 const ls_op ls_op_kda_gate = {
+    LS_OP_STRUCTS(linseq_kda_gate_problem, linseq_kda_gate_grads),
     .name = "kda_gate",
-    .problem_type = "linseq_kda_gate_problem",
-    .grads_type = "linseq_kda_gate_grads",
-    .problem_size = sizeof(P),
-    .grads_size = sizeof(linseq_kda_gate_grads),
-    .sizes = sizes,
-    .n_sizes = LS_COUNT(sizes),
-    .options = options,
-    .n_options = LS_COUNT(options),
-    .tensors = tensors,
-    .n_tensors = LS_COUNT(tensors),
     .forward = forward,
     .backward = backward,
     .flops = flops,

@@ -27,4 +27,16 @@ static inline int64_t ls_mul_sat(int64_t a, int64_t b)
     return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
+/* The fields of an ls_op that every description fills the same way: from its two struct
+ * types and the file's `sizes`, `options` and `tensors` arrays. */
+#define LS_OP_STRUCTS(problem, grads)                                                              \
+    .problem_type = #problem, .grads_type = #grads, .problem_size = sizeof(problem),               \
+    .grads_size = sizeof(grads), .sizes = sizes, .n_sizes = LS_COUNT(sizes), .options = options,   \
+    .n_options = LS_COUNT(options), .tensors = tensors, .n_tensors = LS_COUNT(tensors)
+
+/* An op with packed sequences: its problem's cu_seqlens and n_seqs. */
+#define LS_OP_VARLEN(problem)                                                                      \
+    .varlen = true, .cu_seqlens_offset = offsetof(problem, cu_seqlens),                            \
+    .n_seqs_offset = offsetof(problem, n_seqs)
+
 #endif

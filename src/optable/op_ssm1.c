@@ -163,20 +163,9 @@ static const ls_tensor_desc tensors[] = {
 };
 
 const ls_op ls_op_ssm1 = {
+    LS_OP_STRUCTS(linseq_ssm1_problem, linseq_ssm1_grads),
+    LS_OP_VARLEN(linseq_ssm1_problem),
     .name = "ssm1",
-    .problem_type = "linseq_ssm1_problem",
-    .grads_type = "linseq_ssm1_grads",
-    .problem_size = sizeof(P),
-    .grads_size = sizeof(linseq_ssm1_grads),
-    .sizes = sizes,
-    .n_sizes = LS_COUNT(sizes),
-    .options = options,
-    .n_options = LS_COUNT(options),
-    .varlen = true,
-    .cu_seqlens_offset = offsetof(P, cu_seqlens),
-    .n_seqs_offset = offsetof(P, n_seqs),
-    .tensors = tensors,
-    .n_tensors = LS_COUNT(tensors),
     .forward = forward,
     .backward = backward,
     .flops = flops,
