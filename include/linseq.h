@@ -96,6 +96,17 @@ LINSEQ_API const char *linseq_isa(void);
  * gradient. A static string (NULL only when memory ran out on the first call). */
 LINSEQ_API const char *linseq_op_table_json(void);
 
+/* The shape the op named op_name ("kda", "kda_gate", "ssm1", "causal_conv1d": the table's
+ * names) gives its tensor `tensor` (the table's tensor names: "q", "o", "d_o", "dq"...) under
+ * `problem`, a pointer to that op's problem struct whose sizes and options are set (tensor
+ * pointers matter only where presence changes a shape, e.g. SSM1's dD exists with D_skip).
+ * Writes the dims and returns the rank: 0 when the tensor does not exist with these options,
+ * -1 for an unknown op or tensor, a NULL argument, or sizes whose element count overflows.
+ * Nothing is validated beyond that: the entry points do it. */
+#define LINSEQ_OP_MAX_DIMS 4
+LINSEQ_API int linseq_op_tensor_shape(const char *op_name, const char *tensor,
+                                      const void *problem, int64_t dims[LINSEQ_OP_MAX_DIMS]);
+
 /* ------------------------------------------------------------------------------------ */
 /* Execution settings (how to run, never what to compute)                               */
 /* ------------------------------------------------------------------------------------ */

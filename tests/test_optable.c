@@ -72,9 +72,10 @@ static void check_tensors(const ls_op *op)
         if (t->role == LS_ROLE_UPSTREAM)
             CHECK(t->grad_of && ls_op_tensor_named(op, LS_ROLE_OUTPUT, t->grad_of),
                   "%s: %s is the gradient of no output", op->name, t->name);
+        /* unique across roles: linseq_op_tensor_shape finds a tensor by its name alone */
         for (int j = 0; j < i; j++)
-            CHECK(op->tensors[j].role != t->role || strcmp(op->tensors[j].name, t->name) != 0,
-                  "%s: %s listed twice", op->name, t->name);
+            CHECK(strcmp(op->tensors[j].name, t->name) != 0, "%s: %s listed twice", op->name,
+                  t->name);
     }
 }
 
@@ -140,6 +141,11 @@ static void check_calls(const ls_op *op)
         int64_t dims[LS_OP_MAX_DIMS];
         const int nd = t->shape(problem, dims);
         CHECK(ls_tensor_count(t, problem, &count[i]), "%s.%s count", op->name, t->name);
+        int64_t pub[LINSEQ_OP_MAX_DIMS];
+        const int pub_nd = linseq_op_tensor_shape(op->name, t->name, problem, pub);
+        bool same = pub_nd == nd;
+        for (int d = 0; same && d < nd; d++) same = pub[d] == dims[d];
+        CHECK(same, "%s.%s: linseq_op_tensor_shape disagrees with the table", op->name, t->name);
         const bool present = nd > 0 && (t->role != LS_ROLE_INPUT || t->required || t->bench);
         bufs[i] = present ? tu_alloc((size_t)count[i]) : NULL;
         const bool written = t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD;
@@ -185,6 +191,10 @@ static void check_extreme_sizes(const ls_op *op)
                       op->name, op->tensors[t].name, op->sizes[s].name, (long long)extremes[e],
                       (long long)count);
                 CHECK(!ok || count >= 0, "%s.%s: negative count", op->name, op->tensors[t].name);
+                int64_t pub[LINSEQ_OP_MAX_DIMS];
+                CHECK(ok || linseq_op_tensor_shape(op->name, op->tensors[t].name, problem, pub) < 0,
+                      "%s.%s: linseq_op_tensor_shape gave a shape the count refuses", op->name,
+                      op->tensors[t].name);
             }
         }
     free(problem);
@@ -204,5 +214,11 @@ int main(void)
         CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);
     }
     check_json();
+    int64_t dims[LINSEQ_OP_MAX_DIMS];
+    linseq_kda_problem kp = {.B = 1, .T = 1, .H = 1, .K = 1, .V = 1};
+    CHECK(linseq_op_tensor_shape("frob", "q", &kp, dims) == -1, "unknown op");
+    CHECK(linseq_op_tensor_shape("kda", "frob", &kp, dims) == -1, "unknown tensor");
+    CHECK(linseq_op_tensor_shape("kda", "q", NULL, dims) == -1, "NULL problem");
+    CHECK(linseq_op_tensor_shape("kda", "g", &kp, dims) == 0, "g without decay");
     return tu_finish("optable");
 }

@@ -100,6 +100,8 @@ def _load():
 def _bind(lib):
     P = ctypes.POINTER
     sigs = {
+        "linseq_op_tensor_shape": (_int, [ctypes.c_char_p, ctypes.c_char_p, _p,
+                                          P(ctypes.c_int64)]),
         "linseq_last_error": (ctypes.c_char_p, []),
         "linseq_version": (ctypes.c_char_p, []),
         "linseq_isa": (ctypes.c_char_p, []),
@@ -131,10 +133,35 @@ lib, op_table = _load()
 _bind(lib)
 
 
+def op_desc(op_name):
+    """The op table's entry of op_name ("kda", "kda_gate", "ssm1", "causal_conv1d")."""
+    return next(o for o in op_table["ops"] if o["name"] == op_name)
+
+
+def op_tensors(op_name, role):
+    """The tensors of one role ("input", "output", "upstream", "grad"), in table order."""
+    return [t for t in op_desc(op_name)["tensors"] if t["role"] == role]
+
+
+def grads_class(op_name):
+    """The ctypes class of the op's grads struct."""
+    return globals()[_class_name(op_desc(op_name)["grads"]["type"])]
+
+
+def tensor_shape(op_name, tensor, problem):
+    """The shape the library's op table gives `tensor` under `problem` (a ctypes problem
+    struct), or None when the tensor does not exist with these options."""
+    dims = (ctypes.c_int64 * 4)()
+    rank = lib.linseq_op_tensor_shape(op_name.encode(), tensor.encode(),
+                                      ctypes.addressof(problem), dims)
+    if rank < 0:
+        raise ValueError(f"{tensor}: the sizes give it more elements than an int64 holds")
+    return tuple(dims[:rank]) if rank else None
+
+
 def _enum_values(op_name, key):
     """An enum option's values by name, as the library's table lists them."""
-    op = next(o for o in op_table["ops"] if o["name"] == op_name)
-    return next(o for o in op["options"] if o["key"] == key)["values"]
+    return next(o for o in op_desc(op_name)["options"] if o["key"] == key)["values"]
 
 
 _DECAYS = _enum_values("kda", "decay")

@@ -68,6 +68,64 @@ def _gate_bias(dt_bias, per_channel, heads, K, letter):
 
 
 # ------------------------------------------------------------------------------------------
+# From the library's op table: the shapes of every op's outputs and gradients under a problem,
+# and the last check of its inputs before their pointers reach C
+# ------------------------------------------------------------------------------------------
+
+def _pointer(arr):
+    """NULL for an absent array, and for an empty one (a state with a zero dimension)."""
+    return None if arr is None or arr.size == 0 else ptr(arr)
+
+
+def _check_inputs(op, inputs):
+    """Every input array the problem points at has exactly the shape the library's op table
+    gives it under that problem: whatever a front end inferred from the arrays, no pointer
+    reaches C with fewer elements than its shape needs."""
+    for t in _lib.op_tensors(op, "input"):
+        arr = getattr(inputs, t["field"])
+        if arr is None:
+            continue
+        want = _lib.tensor_shape(op, t["name"], inputs.problem)
+        if want != tuple(arr.shape):
+            raise ValueError(f"{t['name']}: expected shape {t['dims']} = "
+                             f"{list(want) if want else 'absent with these options'}, got "
+                             f"{list(arr.shape)}")
+
+
+def _outputs(op, inputs, final_state):
+    """New arrays for the forward's outputs (the first always, the state with final_state:
+    None otherwise), and the pointers to pass."""
+    arrays = []
+    for i, t in enumerate(_lib.op_tensors(op, "output")):
+        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        arrays.append(_empty(shape) if shape is not None and (i == 0 or final_state) else None)
+    return arrays, [_pointer(a) for a in arrays]
+
+
+def _upstream(op, inputs, values):
+    """The upstream gradients as float32 arrays of their outputs' shapes (None stays None)."""
+    out = []
+    for t, value in zip(_lib.op_tensors(op, "upstream"), values):
+        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        out.append(None if value is None or shape is None else
+                   as_f32(value, t["name"], shape, f"{t['dims']} like {t['grad_of']}"))
+    return out
+
+
+def _grads(op, inputs, wanted):
+    """New arrays for the gradients that exist with the problem's options (those named in
+    `wanted`, or all), and the op's grads struct over them."""
+    out, fields = {}, {}
+    for t in _lib.op_tensors(op, "grad"):
+        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        if shape is None or (wanted is not None and t["name"] not in wanted):
+            continue
+        out[t["name"]] = _empty(shape)
+        fields[t["field"]] = _pointer(out[t["name"]])
+    return out, _lib.grads_class(op)(**fields)
+
+
+# ------------------------------------------------------------------------------------------
 # KDA
 # ------------------------------------------------------------------------------------------
 
@@ -132,36 +190,14 @@ class KdaInputs:
             lower_bound=0.0 if lower_bound is None else float(lower_bound))
         if scale is not None and not np.isfinite(scale):
             raise ValueError(f"scale: expected a finite non-zero number, got {scale!r}")
-
-    def _grads(self, wanted):
-        """Output arrays for the gradients named in `wanted` (None = all that exist)."""
-        B, T, H, HV, K, V = self.B, self.T, self.H, self.HV, self.K, self.V
-        shapes = {"dq": (B, T, H, K), "dk": (B, T, H, K), "dv": (B, T, HV, V),
-                  "dbeta": (B, T, HV), "dh0": self.state_shape}
-        if self.g is not None:
-            shapes["dg"] = self.g.shape
-        if self.problem.gate_in_kernel:
-            shapes["dA_log"] = (HV,)
-            shapes["ddt_bias"] = self.dt_bias.shape if self.dt_bias is not None else (
-                (HV * K,) if self.g.ndim == 4 else (HV,))
-        out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
-        struct = _lib.KdaGrads(**{n: ptr(a) for n, a in out.items()})
-        return out, struct
-
-    def _upstream(self, d_o, d_ht):
-        d_o = as_f32(d_o, "d_o", (self.B, self.T, self.HV, self.V), "[B,T,HV,V] like o")
-        if d_ht is not None:
-            d_ht = as_f32(d_ht, "d_ht", self.state_shape, "the state layout")
-        return d_o, d_ht
+        _check_inputs("kda", self)
 
 
 def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
     """(o [B,T,HV,V], ht or None)."""
     ex = make_exec(mode, chunk_size, threads)
-    o = _empty((inputs.B, inputs.T, inputs.HV, inputs.V))
-    ht = _empty(inputs.state_shape) if final_state else None
-    _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                           ptr(o), ptr(ht)))
+    (o, ht), out = _outputs("kda", inputs, final_state)
+    _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(inputs.problem), ctypes.byref(ex), *out))
     return o, ht
 
 
@@ -173,11 +209,9 @@ def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final
                                               ctypes.byref(size)))
     # float32 storage keeps the block aligned for the floats the library writes into it
     saved = np.empty((size.value + 3) // 4, dtype=np.float32)
-    o = _empty((inputs.B, inputs.T, inputs.HV, inputs.V))
-    ht = _empty(inputs.state_shape) if final_state else None
+    (o, ht), out = _outputs("kda", inputs, final_state)
     _lib.check(_lib.lib.linseq_kda_forward_train(
-        ctypes.byref(inputs.problem), ctypes.byref(ex), ptr(o), ptr(ht), ptr(saved),
-        size.value))
+        ctypes.byref(inputs.problem), ctypes.byref(ex), *out, ptr(saved), size.value))
     return o, ht, saved
 
 
@@ -187,8 +221,8 @@ def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threa
     dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
     `saved` is the block kda_forward_train returned for the same inputs and settings."""
     ex = make_exec(mode, chunk_size, threads)
-    d_o, d_ht = inputs._upstream(d_o, d_ht)
-    out, grads = inputs._grads(wanted)
+    d_o, d_ht = _upstream("kda", inputs, (d_o, d_ht))
+    out, grads = _grads("kda", inputs, wanted)
     if saved is None:
         status = _lib.lib.linseq_kda_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
                                               ptr(d_o), ptr(d_ht), ctypes.byref(grads))
@@ -226,7 +260,7 @@ def kda_decode(inputs, state, state_rows=None, *, threads=0):
             raise ValueError(f"state_indices: expected shape [B] = [{inputs.B}], got "
                              f"{list(rows.shape)}")
     ex = make_exec("recurrent", 64, threads)
-    o = _empty((inputs.B, 1, inputs.HV, inputs.V))
+    (o, _), _ = _outputs("kda", inputs, final_state=False)
     _lib.check(_lib.lib.linseq_kda_decode(ctypes.byref(inputs.problem), ctypes.byref(ex),
                                           ptr(state), state.shape[0], ptr(rows), ptr(o)))
     return o
@@ -252,25 +286,22 @@ class GateInputs:
             decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD,
             g_raw=ptr(self.g_raw), A_log=ptr(self.A_log), dt_bias=ptr(self.dt_bias),
             lower_bound=0.0 if lower_bound is None else float(lower_bound))
+        _check_inputs("kda_gate", self)
 
 
 def kda_gate_forward(inputs, *, threads=0):
     ex = make_exec(threads=threads)
-    g = _empty(inputs.g_raw.shape)
+    (g,), out = _outputs("kda_gate", inputs, final_state=False)
     _lib.check(_lib.lib.linseq_kda_gate_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                                ptr(g)))
+                                                *out))
     return g
 
 
 def kda_gate_backward(inputs, d_g, *, threads=0, wanted=None):
     """dict of dg_raw, dA_log, ddt_bias (the gradients of sum(g * d_g))."""
     ex = make_exec(threads=threads)
-    d_g = as_f32(d_g, "d_g", inputs.g_raw.shape, "the shape of the gate")
-    H = inputs.problem.H
-    shapes = {"dg_raw": inputs.g_raw.shape, "dA_log": (H,),
-              "ddt_bias": (H * inputs.problem.K,) if inputs.g_raw.ndim == 4 else (H,)}
-    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
-    grads = _lib.KdaGateGrads(**{n: ptr(a) for n, a in out.items()})
+    (d_g,) = _upstream("kda_gate", inputs, (d_g,))
+    out, grads = _grads("kda_gate", inputs, wanted)
     _lib.check(_lib.lib.linseq_kda_gate_backward(ctypes.byref(inputs.problem),
                                                  ctypes.byref(ex), ptr(d_g),
                                                  ctypes.byref(grads)))
@@ -307,13 +338,12 @@ class Ssm1Inputs:
         self.A = A
         N = A.shape[1]
         Bp = as_f32_ndim(B_proj, "B", (3, 4), "B of shape [B,T,N] or [B,T,G,N]")
-        G = 1 if Bp.ndim == 3 else Bp.shape[2]
+        G = 0 if Bp.ndim == 3 else Bp.shape[2]  # 0: one group, B and C [B,T,N]
         bc_shape = (B, T, N) if Bp.ndim == 3 else (B, T, G, N)
         bc_what = "[B,T,N]" if Bp.ndim == 3 else "[B,T,G,N]"
-        self.bc_shape = bc_shape
         self.B_proj = as_f32(Bp, "B", bc_shape, bc_what)
         self.C_proj = as_f32(C_proj, "C", bc_shape, bc_what + " like B")
-        if D % G:
+        if G and D % G:
             raise ValueError(f"B: the groups G = {G} must divide D = {D}")
         self.D_skip = _optional(D_skip, "D", (D,), "[D]")
         self.gate = _optional(gate, "gate", (B, T, D), "[B,T,D] like hidden_states")
@@ -331,35 +361,22 @@ class Ssm1Inputs:
             C_proj=ptr(self.C_proj), D_skip=ptr(self.D_skip), gate=ptr(self.gate),
             h0=ptr(self.h0), dt_softplus=bool(dt_softplus), dt_bias=ptr(self.dt_bias),
             gate_activation=activation_code(activation, _lib.ACT_SILU))
+        _check_inputs("ssm1", self)
 
 
 def ssm1_forward(inputs, *, threads=0, final_state=True):
     """(y [B,T,D], hT [N_seq,D,N] or None)."""
     ex = make_exec(threads=threads)
-    y = _empty(inputs.x.shape)
-    hT = _empty(inputs.state_shape) if final_state else None
-    _lib.check(_lib.lib.linseq_ssm1_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                            ptr(y), ptr(hT)))
+    (y, hT), out = _outputs("ssm1", inputs, final_state)
+    _lib.check(_lib.lib.linseq_ssm1_forward(ctypes.byref(inputs.problem), ctypes.byref(ex), *out))
     return y, hT
 
 
 def ssm1_backward(inputs, d_y, d_hT=None, *, threads=0, wanted=None):
     """dict of dx, ddt, dA, dB, dC, dD, dgate, dh0, ddt_bias (those that exist)."""
     ex = make_exec(threads=threads)
-    d_y = as_f32(d_y, "d_y", inputs.x.shape, "[B,T,D] like y")
-    if d_hT is not None:
-        d_hT = as_f32(d_hT, "d_hT", inputs.state_shape, "[B,D,N] like the final state")
-    shapes = {"dx": inputs.x.shape, "ddt": inputs.x.shape, "dA": inputs.A.shape,
-              "dB": inputs.bc_shape, "dC": inputs.bc_shape, "dh0": inputs.state_shape}
-    if inputs.D_skip is not None:
-        shapes["dD"] = (inputs.D,)
-    if inputs.gate is not None:
-        shapes["dgate"] = inputs.x.shape
-    if inputs.problem.dt_softplus:
-        shapes["ddt_bias"] = (inputs.D,)
-    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
-    field = {"dB": "dB_proj", "dC": "dC_proj", "dD": "dD_skip"}
-    grads = _lib.Ssm1Grads(**{field.get(n, n): ptr(a) for n, a in out.items()})
+    d_y, d_hT = _upstream("ssm1", inputs, (d_y, d_hT))
+    out, grads = _grads("ssm1", inputs, wanted)
     _lib.check(_lib.lib.linseq_ssm1_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
                                              ptr(d_y), ptr(d_hT), ctypes.byref(grads)))
     return out
@@ -400,39 +417,26 @@ class Conv1dInputs:
             x=ptr(self.x), weight=ptr(self.weight), bias=ptr(self.bias),
             conv_state=ptr(self.conv_state),
             activation=activation_code(activation, _lib.ACT_IDENTITY))
+        _check_inputs("causal_conv1d", self)
 
 
 def conv1d_forward(inputs, *, threads=0, final_state=True):
     """(y [B,T,D], conv_state_out [N_seq,D,W-1] or None)."""
     ex = make_exec(threads=threads)
-    y = _empty(inputs.x.shape)
-    state = _empty(inputs.state_shape) if final_state and inputs.W > 1 else None
+    (y, state), out = _outputs("causal_conv1d", inputs, final_state)
     _lib.check(_lib.lib.linseq_conv1d_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                              ptr(y), ptr(state)))
-    if final_state and state is None:
-        state = _empty(inputs.state_shape)
+                                              *out))
     return y, state
 
 
 def conv1d_backward(inputs, d_y, d_state=None, *, threads=0, wanted=None):
     """dict of dx, dweight (in the weight's given shape), dbias, dconv_state."""
     ex = make_exec(threads=threads)
-    d_y = as_f32(d_y, "d_y", inputs.x.shape, "[B,T,D] like y")
-    if d_state is not None and inputs.W > 1:
-        d_state = as_f32(d_state, "d_conv_state", inputs.state_shape, "[B,D,W-1]")
-    else:
-        d_state = None
-    shapes = {"dx": inputs.x.shape, "dweight": inputs.weight.shape}
-    if inputs.bias is not None:
-        shapes["dbias"] = (inputs.D,)
-    if inputs.W > 1:
-        shapes["dconv_state"] = inputs.state_shape
-    out = {n: _empty(s) for n, s in shapes.items() if wanted is None or n in wanted}
-    grads = _lib.Conv1dGrads(**{n: ptr(a) for n, a in out.items()})
+    d_y, d_state = _upstream("causal_conv1d", inputs, (d_y, d_state))
+    out, grads = _grads("causal_conv1d", inputs, wanted)
     _lib.check(_lib.lib.linseq_conv1d_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                               ptr(d_y), ptr(d_state), ctypes.byref(grads)))
+                                               ptr(d_y), _pointer(d_state),
+                                               ctypes.byref(grads)))
     if "dweight" in out:
         out["dweight"] = out["dweight"].reshape(inputs.weight_shape)
-    if inputs.W == 1 and (wanted is None or "dconv_state" in wanted):
-        out["dconv_state"] = _empty(inputs.state_shape)
     return out

@@ -196,6 +196,21 @@ static void build_json(void)
     table_json = t.s; /* kept for the life of the process */
 }
 
+int linseq_op_tensor_shape(const char *op_name, const char *tensor, const void *problem,
+                           int64_t dims[LINSEQ_OP_MAX_DIMS])
+{
+    const ls_op *op = op_name ? ls_op_find(op_name) : NULL;
+    if (!op || !tensor || !problem || !dims) return -1;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        int64_t count;
+        if (strcmp(t->name, tensor) != 0) continue;
+        if (!ls_tensor_count(t, problem, &count)) return -1;
+        return t->shape(problem, dims);
+    }
+    return -1;
+}
+
 const char *linseq_op_table_json(void)
 {
     static pthread_once_t once = PTHREAD_ONCE_INIT;

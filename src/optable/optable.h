@@ -25,7 +25,7 @@
 
 #include "linseq.h"
 
-#define LS_OP_MAX_DIMS 4
+#define LS_OP_MAX_DIMS LINSEQ_OP_MAX_DIMS
 #define LS_OP_MAX_TENSORS 24
 #define LS_OP_MAX_OUT 4 /* outputs of one forward call */
 #define LS_OP_MAX_GRADS 12
