@@ -104,8 +104,8 @@ LINSEQ_API const char *linseq_op_table_json(void);
  * -1 for an unknown op or tensor, a NULL argument, or sizes whose element count overflows.
  * Nothing is validated beyond that: the entry points do it. */
 #define LINSEQ_OP_MAX_DIMS 4
-LINSEQ_API int linseq_op_tensor_shape(const char *op_name, const char *tensor,
-                                      const void *problem, int64_t dims[LINSEQ_OP_MAX_DIMS]);
+LINSEQ_API int linseq_op_tensor_shape(const char *op_name, const char *tensor, const void *problem,
+                                      int64_t dims[LINSEQ_OP_MAX_DIMS]);
 
 /* ------------------------------------------------------------------------------------ */
 /* Execution settings (how to run, never what to compute)                               */
