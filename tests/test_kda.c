@@ -1024,8 +1024,15 @@ int main(int argc, char **argv)
             continue;
         }
         test_isa = (ls_isa)isa;
-        const tu_mark mark = tu_mark_now();
+        /* the standalone gate on its own line: its kernels are a table entry of their own */
+        const tu_mark gate_mark = tu_mark_now();
         test_gate_op();
+        tu_mark gate_checks = {0, 0};
+        tu_tally_add(&gate_checks, gate_mark);
+        char gate_label[32];
+        snprintf(gate_label, sizeof gate_label, "kda gate %s", ls_isa_name((ls_isa)isa));
+        tu_report(gate_label, gate_checks, "both forms and decay kinds vs the double reference");
+        const tu_mark mark = tu_mark_now();
         test_scale();
         test_chunked_equals_recurrent();
         test_varlen_equals_separate();
