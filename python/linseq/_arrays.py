@@ -2,15 +2,22 @@
 
 A C-contiguous float32 array is passed to the kernels without a copy (NumPy arrays as they
 are, PyTorch CPU tensors and JAX CPU arrays through DLPack); anything else real-valued is
-converted once to C-contiguous float32. Complex, boolean and non-numeric data are refused,
-as are arrays on another device. Shapes are checked here, before any pointer reaches C: the
-library trusts the sizes in its problem structs, so an array of the wrong shape must never
-get there.
+converted once to C-contiguous float32. The dtype policy is the same for NumPy, PyTorch and
+JAX: real floating-point (float16, bfloat16, float32, float64) and integer arrays are taken
+(converted to float32); complex, boolean and non-numeric data are refused (TypeError), as
+are arrays on another device. Offsets and state rows take integer dtypes only. Shapes are
+checked here, before any pointer reaches C: the library trusts the sizes in its problem
+structs, so an array of the wrong shape must never get there.
 """
 
+import math
+import operator
 import sys
 
 import numpy as np
+
+INT_MAX = 2**31 - 1   # a C int: what ctypes would otherwise truncate
+INT64_MAX = 2**63 - 1
 
 
 def framework_of(values):
@@ -35,13 +42,17 @@ def _to_numpy(value, name):
         if value.device.type != "cpu":
             raise ValueError(f"{name}: a tensor on {value.device} was given; linseq's "
                              "Python functions run on the CPU (move it with .cpu())")
-        if value.is_complex():
-            raise TypeError(f"{name}: complex dtype {value.dtype} is not supported "
-                            "(expected a real floating-point tensor)")
-        value = value.detach()
-        if value.dtype not in (torch.float32, torch.float64, torch.int64, torch.int32):
-            value = value.to(torch.float32)  # bf16/fp16 have no NumPy dtype: one conversion
-        return np.from_dlpack(value.resolve_conj().resolve_neg())
+        if value.is_complex() or value.dtype == torch.bool:
+            refuse_dtype(name, value.dtype, value.is_complex())
+        value = value.detach().resolve_conj().resolve_neg()
+        if value.is_floating_point():
+            if value.dtype not in (torch.float32, torch.float64):
+                value = value.to(torch.float32)  # bf16/fp16 have no NumPy dtype: one conversion
+            return np.from_dlpack(value)
+        try:
+            return np.from_dlpack(value)
+        except (TypeError, BufferError, RuntimeError):
+            return value.numpy()  # an integer dtype DLPack does not carry (uint64 ...)
     if hasattr(value, "__dlpack__"):
         try:
             return np.from_dlpack(value)
@@ -54,18 +65,21 @@ def _to_numpy(value, name):
                         f"__dlpack__ / __array__), got {type(value).__name__}") from exc
 
 
+def refuse_dtype(name, dtype, is_complex):
+    """The TypeError of every front end for a dtype outside the policy above."""
+    raise TypeError(f"{name}: {'complex ' if is_complex else ''}dtype {dtype} is not "
+                    "supported (expected real floating-point or integer values; complex, bool "
+                    "and non-numeric arrays are refused)")
+
+
 def as_f32(value, name, shape=None, what=None):
     """`value` as a C-contiguous float32 NumPy array (a view when possible).
 
     `shape` is the expected shape (a tuple); `what` describes it in the error message.
     """
     arr = _to_numpy(value, name)
-    if arr.dtype.kind == "c":
-        raise TypeError(f"{name}: complex dtype {arr.dtype} is not supported "
-                        "(expected real floating-point values)")
     if arr.dtype.kind not in "fiu":
-        raise TypeError(f"{name}: dtype {arr.dtype} is not supported "
-                        "(expected real floating-point values)")
+        refuse_dtype(name, arr.dtype, arr.dtype.kind == "c")
     if shape is not None and tuple(arr.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {what or list(shape)} = {list(shape)}, "
                          f"got {list(arr.shape)}")
@@ -100,6 +114,64 @@ def as_cu_seqlens(value, n_tokens, name="cu_seqlens"):
         raise ValueError(f"{name}: expected non-decreasing offsets from 0 to T = {n_tokens}, "
                          f"got {arr.tolist() if arr.size <= 16 else arr}")
     return arr
+
+
+def as_row_indices(value, n_rows, name="state_indices"):
+    """Pool rows as a contiguous int64 [n_rows] array: integer dtypes only (a float, NaN or
+    bool row would be rounded into a real row or padding), every value within int64."""
+    arr = _to_numpy(value, name)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer rows, got dtype {arr.dtype}")
+    if arr.shape != (n_rows,):
+        raise ValueError(f"{name}: expected shape [B] = [{n_rows}], got {list(arr.shape)}")
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > INT64_MAX:
+        raise ValueError(f"{name}: row {int(arr.max())} is beyond int64")
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def as_c_int(value, name, low=0):
+    """An integer option as the C int the library reads: refused, not truncated, outside
+    [low, INT_MAX]; bools and floats are refused."""
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected an integer, got {value!r}")
+    try:
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name}: expected an integer, got {type(value).__name__} "
+                        f"{value!r}") from None
+    if not low <= n <= INT_MAX:
+        raise ValueError(f"{name}: expected {low} <= {name} <= {INT_MAX}, got {n}")
+    return n
+
+
+def _is_traced(value):
+    jax = sys.modules.get("jax")
+    return jax is not None and isinstance(value, jax.core.Tracer)
+
+
+def as_float32_option(value, name):
+    """A real scalar option (a Python number or a 0-d array of any framework): (its value as
+    a Python float, the float32 the library would read), so the caller can refuse a value that
+    float32 turns into 0 or inf. Traced JAX values, bools, strings and arrays of more than
+    one value are refused by name."""
+    if _is_traced(value):
+        raise TypeError(f"{name}: a traced JAX value was given; linseq needs the option's "
+                        "value when the call is made (pass a Python number, and under jax.jit "
+                        "mark the argument static)")
+    if isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name}: expected a real number, got {value!r}")
+    if isinstance(value, int):
+        x = float(value) if abs(value) < 2**1000 else (math.inf if value > 0 else -math.inf)
+    else:
+        if isinstance(value, (str, bytes)):
+            raise TypeError(f"{name}: expected a real number, got {type(value).__name__}")
+        arr = _to_numpy(value, name)
+        if arr.shape != () or arr.dtype.kind not in "fiu":
+            raise TypeError(f"{name}: expected a real number, got an array of shape "
+                            f"{list(arr.shape)} and dtype {arr.dtype}")
+        x = float(arr)
+    with np.errstate(over="ignore"):
+        return x, float(np.float32(x))
 
 
 def ptr(arr):

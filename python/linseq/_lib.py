@@ -12,6 +12,8 @@ import ctypes
 import json
 import os
 
+from ._arrays import as_c_int as _as_c_int
+
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 OK = 0
@@ -191,7 +193,7 @@ def isa():
 
 def set_num_threads(n):
     """Default thread count of every call (0 restores the number of processors)."""
-    check(lib.linseq_set_num_threads(int(n)))
+    check(lib.linseq_set_num_threads(_as_c_int(n, "n")))
 
 
 def get_num_threads():

@@ -31,6 +31,13 @@ class KdaOptions:
     mode: str = "chunked"
     chunk_size: int = 64
 
+    def __post_init__(self):
+        # refused here, before any framework sees them, and kept as the float32 the library
+        # reads (a JAX scalar becomes a Python float)
+        object.__setattr__(self, "scale", ops.scale_option(self.scale))
+        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
+        ops.make_exec(self.mode, self.chunk_size)
+
     def inputs(self, arrays, cu_seqlens):
         """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names)."""
         a = arrays
@@ -69,6 +76,9 @@ class ConvOptions:
 @dataclasses.dataclass(frozen=True)
 class GateOptions:
     lower_bound: Optional[float] = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
 
     def inputs(self, arrays):
         return ops.GateInputs(arrays["g_raw"], arrays["A_log"], arrays["dt_bias"],

@@ -7,6 +7,11 @@ a pointer reaches the library.
 
 Modes: "chunked" (the default for KDA) or "recurrent"; chunk_size 16, 32, 64 or 128;
 threads 0 = the library's default thread count.
+
+Scalar options are honoured as given or refused, never reinterpreted: `scale` None means
+K^-0.5, otherwise it must stay finite and non-zero in float32 (0.0 or 1e-50 is refused, not
+read as the default); `lower_bound` None means the default gate, otherwise it must stay
+finite and negative in float32 (0.0 or -1e-50 is refused, not read as the default gate).
 """
 
 import ctypes
@@ -14,7 +19,8 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import as_cu_seqlens, as_f32, as_f32_ndim, ptr
+from ._arrays import (as_c_int, as_cu_seqlens, as_f32, as_f32_ndim, as_float32_option,
+                      as_row_indices, ptr)
 
 _MODES = {"chunked": _lib.MODE_CHUNKED, "recurrent": _lib.MODE_RECURRENT,
           "default": _lib.MODE_DEFAULT}
@@ -32,9 +38,32 @@ def make_exec(mode="chunked", chunk_size=64, threads=0):
         raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
     if chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"chunk_size: expected 16, 32, 64 or 128, got {chunk_size!r}")
-    if int(threads) < 0:
-        raise ValueError(f"threads: expected >= 0 (0 = the default), got {threads!r}")
-    return _lib.Exec(_MODES[mode], int(chunk_size), int(threads))
+    return _lib.Exec(_MODES[mode], int(chunk_size), as_c_int(threads, "threads"))
+
+
+def scale_option(scale):
+    """None (K^-0.5), or the scale as the float32 the library reads; refused when float32
+    makes it 0 (which the library would read as K^-0.5) or not finite."""
+    if scale is None:
+        return None
+    given, f = as_float32_option(scale, "scale")
+    if not (np.isfinite(f) and f != 0):
+        raise ValueError(f"scale: expected None (K^-0.5) or a finite non-zero number that "
+                         f"stays so in float32, got {given!r} (float32: {f!r})")
+    return f
+
+
+def lower_bound_option(lower_bound):
+    """None (the default gate), or the bound as the float32 the library reads; refused when
+    float32 makes it 0 (the library's default gate), or it is not finite and negative."""
+    if lower_bound is None:
+        return None
+    given, f = as_float32_option(lower_bound, "lower_bound")
+    if not (np.isfinite(f) and f < 0):
+        raise ValueError(f"lower_bound: expected None (the default gate) or a finite negative "
+                         f"number that stays negative in float32, got {given!r} "
+                         f"(float32: {f!r})")
+    return f
 
 
 def _empty(shape):
@@ -57,14 +86,19 @@ def _sequences(cu_seqlens, B, T):
 
 def _gate_bias(dt_bias, per_channel, heads, K, letter):
     """(dt_bias flattened to [heads*K] or [heads], its shape as given), or (None, None).
-    Per channel it may come as [heads,K]; its gradient is handed back in that shape."""
+    Per channel it may come as [heads*K] or exactly [heads,K] (a [K,heads] or other array of
+    the same size is refused, not flattened); its gradient is handed back in that shape."""
     if dt_bias is None:
         return None, None
-    what = f"[{letter}*K] or [{letter},K]" if per_channel else f"[{letter}]"
-    dt = as_f32_ndim(dt_bias, "dt_bias", (1, 2), f"dt_bias of shape {what}")
-    want = (heads * K,) if per_channel else (heads,)
-    flat = dt.reshape(-1) if dt.size == int(np.prod(want)) else dt
-    return as_f32(flat, "dt_bias", want, f"[{letter}*K]" if per_channel else f"[{letter}]"), dt.shape
+    if per_channel:
+        shapes = {(heads * K,), (heads, K)}
+        what = f"[{letter}*K] = [{heads * K}] or [{letter},K] = [{heads},{K}]"
+    else:
+        shapes, what = {(heads,)}, f"[{letter}] = [{heads}]"
+    dt = as_f32(dt_bias, "dt_bias")
+    if dt.shape not in shapes:
+        raise ValueError(f"dt_bias: expected shape {what}, got {list(dt.shape)}")
+    return dt.reshape(-1), dt.shape
 
 
 # ------------------------------------------------------------------------------------------
@@ -178,6 +212,7 @@ class KdaInputs:
             self.dt_bias_shape = None
         if lower_bound is not None and not gate_in_kernel:
             raise ValueError("lower_bound: given without use_gate_in_kernel=True")
+        scale, lower_bound = scale_option(scale), lower_bound_option(lower_bound)
         self.B, self.T, self.H, self.HV, self.K, self.V, self.N = B, T, H, HV, K, V, N
         self.problem = _lib.KdaProblem(
             B=B, T=T, H=H, HV=HV, K=K, V=V,
@@ -188,8 +223,6 @@ class KdaInputs:
             state_v_first=bool(state_v_first), gate_in_kernel=bool(gate_in_kernel),
             A_log=ptr(self.A_log), dt_bias=ptr(self.dt_bias),
             lower_bound=0.0 if lower_bound is None else float(lower_bound))
-        if scale is not None and not np.isfinite(scale):
-            raise ValueError(f"scale: expected a finite non-zero number, got {scale!r}")
         _check_inputs("kda", self)
 
 
@@ -241,6 +274,18 @@ def kda_decode(inputs, state, state_rows=None, *, threads=0):
     [R,HV,K,V] (or [R,HV,V,K] with state_v_first), a C-contiguous float32 NumPy array that is
     updated in place. state_rows (int [B], optional) maps request b to its pool row; a
     negative row is a padding request (its output row is 0). Returns o [B,1,HV,V]."""
+    rows = check_decode(inputs, state, state_rows)
+    ex = make_exec("recurrent", 64, threads)
+    (o, _), _ = _outputs("kda", inputs, final_state=False)
+    _lib.check(_lib.lib.linseq_kda_decode(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                          ptr(state), state.shape[0], ptr(rows), ptr(o)))
+    return o
+
+
+def check_decode(inputs, state, state_rows):
+    """What kda_decode checks before the library: the problem is one token without h0 or
+    cu_seqlens, the pool has the state's per-row shape, the rows are integers [B]. Returns
+    the rows as int64 (or None)."""
     if inputs.T != 1:
         raise ValueError(f"q: decode takes one token per request (shape [B,1,H,K]), got "
                          f"T = {inputs.T}")
@@ -253,17 +298,7 @@ def kda_decode(inputs, state, state_rows=None, *, threads=0):
     if state.ndim != 4 or state.shape[1:] != per_row:
         raise ValueError(f"state: expected a pool of shape [R,{','.join(map(str, per_row))}], "
                          f"got {list(state.shape)}")
-    rows = None
-    if state_rows is not None:
-        rows = np.ascontiguousarray(np.asarray(state_rows), dtype=np.int64)
-        if rows.shape != (inputs.B,):
-            raise ValueError(f"state_indices: expected shape [B] = [{inputs.B}], got "
-                             f"{list(rows.shape)}")
-    ex = make_exec("recurrent", 64, threads)
-    (o, _), _ = _outputs("kda", inputs, final_state=False)
-    _lib.check(_lib.lib.linseq_kda_decode(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                          ptr(state), state.shape[0], ptr(rows), ptr(o)))
-    return o
+    return None if state_rows is None else as_row_indices(state_rows, inputs.B)
 
 
 # ------------------------------------------------------------------------------------------
@@ -281,6 +316,7 @@ class GateInputs:
         K = self.g_raw.shape[3] if per_channel else 0
         self.A_log = _optional(A_log, "A_log", (H,), "[H]")
         self.dt_bias, self.dt_bias_shape = _gate_bias(dt_bias, per_channel, H, K, "H")
+        lower_bound = lower_bound_option(lower_bound)
         self.problem = _lib.KdaGateProblem(
             B=B, T=T, H=H, K=K,
             decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD,

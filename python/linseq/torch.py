@@ -49,7 +49,7 @@ class _LinseqOp(torch.autograd.Function):
 
 def _run(spec, arrays, cu_seqlens, opts):
     tensors = [arrays[n] for n in spec.arrays]
-    train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    train = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
     return _LinseqOp.apply(spec, opts, train, cu_seqlens, *tensors)
 
 
@@ -58,7 +58,10 @@ def _float_tensor(value):
     mixing them with tensors works as in PyTorch; None stays None."""
     if value is None or isinstance(value, torch.Tensor):
         return value
-    return torch.as_tensor(np.asarray(value))
+    try:
+        return torch.as_tensor(np.asarray(value))
+    except (TypeError, RuntimeError, ValueError):
+        return value  # not numeric: the checks of ops refuse it by its argument's name
 
 
 class TorchBackend:
@@ -92,11 +95,16 @@ class TorchBackend:
                 raise TypeError("state: inplace=True needs a C-contiguous float32 CPU tensor "
                                 f"(got {state.dtype}, contiguous={state.is_contiguous()}); "
                                 "pass inplace=False for a new pool")
+            _check_inplace(state)
             pool = state.detach().numpy()
         else:
             pool = np.array(ops.as_f32(state, "state"), copy=True)
         inputs = opts.inputs(arrays, None)
-        o = ops.kda_decode(inputs, pool, _rows(state_rows))
+        o = ops.kda_decode(inputs, pool, state_rows)
+        if inplace:
+            # written through a NumPy view: tell autograd, as a torch in-place op would, so a
+            # backward that saved the old pool is refused instead of using the new values
+            torch.autograd.graph.increment_version(state)
         return torch.from_numpy(o), (state if inplace else torch.from_numpy(pool))
 
     @staticmethod
@@ -106,12 +114,13 @@ class TorchBackend:
         return value.to(like.dtype)
 
 
-def _rows(state_rows):
-    if state_rows is None:
-        return None
-    if isinstance(state_rows, torch.Tensor):
-        return state_rows.detach().cpu().numpy()
-    return np.asarray(state_rows)
+def _check_inplace(state):
+    """Decode has no backward, so with grad mode on a pool that requires grad is refused (as
+    torch refuses an in-place op on a leaf that requires grad); under torch.no_grad() it is
+    updated, as torch allows there."""
+    if state.requires_grad and torch.is_grad_enabled():
+        raise RuntimeError("state: in-place decode of a pool that requires grad; decode has "
+                           "no backward: run it under torch.no_grad() or pass a detached pool")
 
 
 kda = bind_framework("torch", api.kda)

@@ -49,9 +49,13 @@ def test_kda_refuses(over, exc, words):
 
 
 def test_library_errors_carry_the_c_message():
+    # a pool row beyond the pool is a value only the library judges (lower_bound > 0, once
+    # the example here, is refused in Python now, with every other unusable scalar option)
+    a = _kda(T=1)
     with pytest.raises(linseq.LinseqError) as info:
-        _call(use_gate_in_kernel=True, lower_bound=2.0)
-    assert "lower_bound" in str(info.value) and info.value.status == 7
+        linseq.kda_decode(a["q"], a["k"], a["v"], a["g"], a["beta"], np.zeros((1, 2, 4, 3), f32),
+                          np.array([3]))
+    assert "state_rows[0] = 3" in str(info.value) and info.value.status == 7
 
 
 def test_ssm_conv_decode_refuse():
