@@ -5,7 +5,9 @@
 #
 # Malformed input through the CLI: bad usage, missing and wrong paths, broken meta.json
 # (syntax, missing keys, wrong types and values), missing, corrupt and mis-shaped .npy files,
-# values the library rejects, and output folders that cannot be written. Every case must
+# values the library rejects, devices and FIFOs in place of files (under a timeout), output
+# folders that cannot be written or are the case folder, and a failed re-run over an earlier
+# complete set (which must stay as it was). Every case must
 # end with exactly one line on stderr, a nonzero exit status below 128 (128 and above is a
 # signal: a crash), and no output file left behind. Each case starts from a fresh copy of a
 # small reference case. Prints one summary line, or every failing case.
@@ -97,6 +99,10 @@ expect() {
     why=""
     if [ "$rc" -eq 0 ]; then
         why="exit status 0"
+    elif [ "$rc" -eq 124 ]; then
+        why="still running after ${LIMIT}s (timeout's status 124): it hangs or reads without end"
+    elif [ -n "$want_rc" ] && [ "$rc" -ne "$want_rc" ]; then
+        why="exit status $rc, expected $want_rc"
     elif [ "$rc" -ge 128 ]; then
         why="exit status $rc (a crash)"
     elif [ "$lines" -ne 1 ]; then
@@ -117,6 +123,17 @@ expect() {
 }
 
 run() { expect "$1" "$2" "$CLI" run "$CASE" "$OUT"; }
+want_rc=""
+
+# run_bounded LABEL NEEDLE: `run` on a case whose file is a device or a pipe. It must refuse
+# it at once, exit status 2 (bad input), instead of reading without end or waiting for a
+# writer: the timeout turns such a regression into a failure instead of a hang.
+LIMIT=3
+run_bounded() {
+    want_rc=2
+    expect "$1" "$2" timeout "$LIMIT" "$CLI" run "$CASE" "$OUT"
+    want_rc=""
+}
 check() { expect "$1" "$2" "$CLI" check "$CASE"; }
 
 # check_fails LABEL NEEDLE: `check` of a case the library rejects. That is a failing
@@ -345,6 +362,18 @@ p = sys.argv[1]
 b = open(p, "rb").read().replace(b"False", b"True ", 1)
 open(p, "wb").write(b)' "$CASE/q.npy"
 run "Fortran-order input" 'q.npy'
+# devices and pipes in place of a file: no size to check a header against, and no end
+for dev in /dev/zero /dev/urandom; do
+    [ -c "$dev" ] || continue
+    fresh "$KDA_CASE"; rm "$CASE/q.npy" && ln -s "$dev" "$CASE/q.npy"
+    run_bounded "input linked to $dev" 'q.npy: not a regular file'
+done
+fresh "$KDA_CASE"; rm "$CASE/q.npy" && mkfifo "$CASE/q.npy"
+run_bounded "input a FIFO" 'q.npy: not a regular file'
+fresh "$KDA_CASE"; rm "$CASE/meta.json" && mkfifo "$CASE/meta.json"
+run_bounded "meta.json a FIFO" 'meta.json: not a regular file'
+fresh "$KDA_CASE"; rm "$CASE/meta.json" && ln -s /dev/zero "$CASE/meta.json"
+run_bounded "meta.json linked to /dev/zero" 'meta.json: not a regular file'
 
 # ---- output folders --------------------------------------------------------------------
 fresh "$KDA_CASE"
@@ -362,6 +391,37 @@ if [ "$(id -u)" -ne 0 ]; then
     expect "output under a read-only folder" "cannot create the output folder" \
         "$CLI" run "$CASE" "$WORK/readonly/out"
 fi
+# the output folder is the case folder, by any spelling: refused, the reference files intact
+fresh "$KDA_CASE"
+ln -s "$CASE" "$WORK/case_link"
+for out in "$CASE" "$CASE/." "$WORK/case_link"; do
+    expect "output folder is the case folder ($out)" "is the case folder" "$CLI" run "$CASE" "$out"
+    if ! diff -r "$KDA_CASE" "$CASE" >/dev/null; then
+        failed=$((failed + 1))
+        echo "FAIL  run into the case folder ($out) changed it"
+        fresh "$KDA_CASE"
+    fi
+done
+rm -f "$WORK/case_link"
+# a re-run that fails on a later file leaves the earlier complete set as it was
+fresh "$KDA_CASE"
+"$CLI" run "$CASE" "$OUT" >/dev/null 2>&1
+sums() { (cd "$OUT" && cksum o.npy ht.npy dq.npy 2>&1); }
+before=$(sums)
+meta 'm["scale"] = 0.125'
+rm "$OUT/dh0.npy" && mkdir "$OUT/dh0.npy"
+rc=0
+"$CLI" run "$CASE" "$OUT" >/dev/null 2>"$WORK/stderr" || rc=$?
+if [ "$rc" -eq 2 ] && [ "$(sums)" = "$before" ] && [ -z "$(find "$OUT" -name '.*' -type f)" ]; then
+    passed=$((passed + 1))
+else
+    failed=$((failed + 1))
+    echo "FAIL  a failed re-run changed the earlier outputs (exit status $rc):"
+    sums | sed 's/^/      now: /'
+    echo "$before" | sed 's/^/      was: /'
+fi
+rm -rf "$OUT"
+
 # a successful run after all this still writes every file, and nothing else
 fresh "$KDA_CASE"
 if "$CLI" run "$CASE" "$OUT" >/dev/null 2>"$WORK/stderr" &&

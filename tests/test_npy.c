@@ -1,8 +1,10 @@
 /* The CLI's file handling: .npy round trips and every rejection the reader promises (each
- * with a message naming the file and the fault), the case loader's refusal of broken case
- * folders (inputs, upstream gradients and gradient names), the gradients of a conv case
+ * with a message naming the file and the fault; devices and FIFOs refused unread), the case
+ * loader's refusal of broken case folders (inputs, upstream gradients and gradient names,
+ * meta.json or an input that is a FIFO or a device), the gradients of a conv case
  * checked against values worked out by hand, `run` writing outputs and gradients or no
- * partial set at all, `check` with and without --fwd-only, and the comparison rule's edge
+ * partial set at all (an earlier set left whole on failure, never a mix of two runs, never
+ * into the case folder), `check` with and without --fwd-only, and the comparison rule's edge
  * cases. */
 #include <dirent.h>
 #include <fcntl.h>
@@ -313,6 +315,32 @@ static void test_rejections(void)
     expect_reject(p, "NUL byte", "NUL in header");
 }
 
+/* A device or a pipe has no size to check a header against, and may never end (/dev/zero)
+ * or never be written (a FIFO nobody opens): each is refused at once, by name, without
+ * reading it. The alarm turns a regression (a read without end, an open that waits for a
+ * writer) into a failing test instead of a hang. */
+static void test_not_regular_files(void)
+{
+    char *dir = make_dir("not_regular");
+    char *fifo = path_in(dir, "fifo.npy");
+    CHECK(mkfifo(fifo, 0666) == 0, "mkfifo %s", fifo);
+    const char *devices[] = {"/dev/zero", "/dev/urandom", "/dev/null"};
+    alarm(10);
+    expect_reject(fifo, "not a regular file", "a FIFO");
+    expect_reject(dir, "not a regular file", "a folder");
+    for (size_t i = 0; i < sizeof devices / sizeof devices[0]; i++) {
+        struct stat st;
+        if (stat(devices[i], &st) != 0) continue;
+        expect_reject(devices[i], "not a regular file", devices[i]);
+        /* through a link, as a case folder would hold it */
+        char *link = path_in(dir, "link.npy");
+        unlink(link);
+        CHECK(symlink(devices[i], link) == 0, "symlink to %s", devices[i]);
+        expect_reject(link, "not a regular file", "a link to a device");
+    }
+    alarm(0);
+}
+
 static void test_write_failure(void)
 {
     char err[512] = "";
@@ -452,6 +480,22 @@ static void test_case_rejections(void)
     char *dir = make_conv_case("case_missing");
     unlink(path_in(dir, "bias.npy"));
     expect_load_fail(dir, "bias.npy", "cannot open", "missing input file");
+
+    /* meta.json as a FIFO or a device: refused without waiting for a writer or reading */
+    alarm(10);
+    dir = make_conv_case("case_meta_fifo");
+    unlink(path_in(dir, "meta.json"));
+    CHECK(mkfifo(path_in(dir, "meta.json"), 0666) == 0, "mkfifo meta.json");
+    expect_load_fail(dir, "meta.json", "not a regular file", "meta.json a FIFO");
+    dir = make_conv_case("case_meta_dev");
+    unlink(path_in(dir, "meta.json"));
+    CHECK(symlink("/dev/zero", path_in(dir, "meta.json")) == 0, "symlink meta.json");
+    expect_load_fail(dir, "meta.json", "not a regular file", "meta.json linked to /dev/zero");
+    dir = make_conv_case("case_input_fifo");
+    unlink(path_in(dir, "x.npy"));
+    CHECK(mkfifo(path_in(dir, "x.npy"), 0666) == 0, "mkfifo x.npy");
+    expect_load_fail(dir, "x.npy", "not a regular file", "input a FIFO");
+    alarm(0);
 
     dir = make_conv_case("case_shape");
     write_f32(path_in(dir, "weight.npy"), 2, (const int64_t[]){2, 3}, conv_w);
@@ -636,6 +680,85 @@ static bool file_has_shape(const char *path, int ndim, const int64_t *shape)
     return ok;
 }
 
+/* The bytes of a whole (small) file; "" when it cannot be read. */
+static const char *file_bytes(const char *path, char *buf, size_t n)
+{
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    if (f) fclose(f);
+    buf[got] = '\0';
+    for (size_t i = 0; i < got; i++) buf[i] = buf[i] ? buf[i] : '\1'; /* comparable as text */
+    return buf;
+}
+
+static const char *const conv_files[5] = {"y.npy", "conv_state_out.npy", "dx.npy", "dweight.npy",
+                                          "dbias.npy"};
+
+/* OUT holds the complete set of a run of CASE_DIR. A second run that fails on its second
+ * file leaves that set untouched (not one file removed or replaced, no temporary left); a
+ * run with --fwd-only removes the earlier gradients with the outputs it replaces, so the
+ * folder never holds a mix of two runs. */
+static void test_rerun_outputs(const char *case_dir, const char *out_arg)
+{
+    static char out[320]; /* out_arg may be one of path_in's reused buffers */
+    snprintf(out, sizeof out, "%s", out_arg);
+    static char before[5][1024], now[1024];
+    for (int i = 0; i < 5; i++) file_bytes(path_in(out, conv_files[i]), before[i], sizeof now);
+    /* other inputs, so that a replaced file would differ */
+    const float x2[6] = {2, 1, -3, 0.5f, 4, -1};
+    write_f32(path_in(case_dir, "x.npy"), 3, (const int64_t[]){1, 3, 2}, x2);
+
+    char blocker[512], saved[512];
+    snprintf(blocker, sizeof blocker, "%s", path_in(out, "conv_state_out.npy"));
+    snprintf(saved, sizeof saved, "%s", path_in(root, "saved_state.npy"));
+    CHECK(rename(blocker, saved) == 0 && mkdir(blocker, 0777) == 0, "set up the blocker");
+    CHECK(run_quietly(case_dir, out) == LS_EXIT_ERROR, "run with a blocked second file succeeded");
+    for (int i = 0; i < 5; i++)
+        if (i != 1)
+            CHECK(strcmp(file_bytes(path_in(out, conv_files[i]), now, sizeof now), before[i]) == 0,
+                  "the failed run removed or changed the earlier %s", conv_files[i]);
+    CHECK(count_entries(out) == 5, "%s holds %d entries after the failed run, expected 5", out,
+          count_entries(out));
+    CHECK(rmdir(blocker) == 0 && rename(saved, blocker) == 0, "remove the blocker");
+
+    /* --fwd-only over the full set: new outputs, and no gradient of the earlier run beside them */
+    CHECK(run_quietly_opt(case_dir, out, true) == LS_EXIT_OK, "run --fwd-only over a set failed");
+    CHECK(strcmp(file_bytes(path_in(out, "y.npy"), now, sizeof now), before[0]) != 0,
+          "y.npy was not replaced");
+    CHECK(count_entries(out) == 2 && !exists(path_in(out, "dx.npy")),
+          "a gradient of the earlier run is left beside the new outputs (%d entries)",
+          count_entries(out));
+    write_f32(path_in(case_dir, "x.npy"), 3, (const int64_t[]){1, 3, 2}, conv_x);
+}
+
+/* The output folder is the case folder itself (by any spelling, a link included): refused
+ * before anything is written, and the reference files keep their bytes. */
+static void test_run_into_case(void)
+{
+    char *dir = make_conv_case("case_self");
+    char link[512], dot[512];
+    snprintf(link, sizeof link, "%s", path_in(root, "case_self_link"));
+    snprintf(dot, sizeof dot, "%s", path_in(dir, "."));
+    CHECK(symlink(dir, link) == 0, "symlink %s", link);
+    const char *spellings[3] = {dir, dot, link};
+    static char before[1024], now[1024];
+    file_bytes(path_in(dir, "x.npy"), before, sizeof before);
+    for (int i = 0; i < 3; i++) {
+        CHECK(run_quietly(dir, spellings[i]) == LS_EXIT_ERROR, "run into %s succeeded",
+              spellings[i]);
+        CHECK(count_entries(dir) == 5 && !exists(path_in(dir, "y.npy")),
+              "run into %s wrote into the case folder (%d entries)", spellings[i],
+              count_entries(dir));
+        CHECK(strcmp(file_bytes(path_in(dir, "x.npy"), now, sizeof now), before) == 0,
+              "x.npy changed");
+    }
+    /* a folder of cases run into itself: each case would write into its own folder */
+    char *cases = make_dir("cases_self");
+    CHECK(rename(dir, path_in(cases, "a")) == 0, "move the case");
+    CHECK(run_quietly(cases, cases) == LS_EXIT_ERROR, "run of a folder into itself succeeded");
+    CHECK(count_entries(path_in(cases, "a")) == 5, "the case in %s was written into", cases);
+}
+
 static void test_run_outputs(void)
 {
     char *dir = make_conv_case("case_run");
@@ -665,7 +788,8 @@ static void test_run_outputs(void)
 
     /* the normal case: exactly the listed outputs and gradients, complete, with the shapes
      * the sizes imply, in a folder created on demand */
-    char *fresh = path_in(root, "out_new/nested");
+    static char fresh[320];
+    snprintf(fresh, sizeof fresh, "%s/out_new/nested", root);
     CHECK(run_quietly(dir, fresh) == LS_EXIT_OK, "run into a new folder failed");
     CHECK(count_entries(fresh) == 5, "%s holds %d entries, expected 5", fresh,
           count_entries(fresh));
@@ -689,6 +813,9 @@ static void test_run_outputs(void)
               !exists(path_in(fwd, "dx.npy")),
           "run --fwd-only wrote %d files", count_entries(fwd));
 
+    /* re-running into a folder that holds a complete earlier set */
+    test_rerun_outputs(dir, fresh);
+
     /* a case the loader rejects writes nothing either */
     char *broken = make_conv_case("case_run_broken");
     unlink(path_in(broken, "x.npy"));
@@ -701,7 +828,12 @@ static void test_check_grads(void)
 {
     char *dir = make_conv_case("case_check"), last[256];
     /* the case's own results as its references: everything passes */
-    CHECK(run_quietly(dir, dir) == LS_EXIT_OK, "run into the case folder failed");
+    static char out[320];
+    snprintf(out, sizeof out, "%s/case_check_out", root);
+    CHECK(run_quietly(dir, out) == LS_EXIT_OK, "run of the case failed");
+    for (int i = 0; i < 5; i++)
+        CHECK(rename(path_in(out, conv_files[i]), path_in(dir, conv_files[i])) == 0,
+              "move %s into the case", conv_files[i]);
     int rc = check_captured(dir, false, last, sizeof last);
     CHECK(rc == LS_EXIT_OK && strcmp(last, "5 passed, 0 failed, 0 skipped") == 0,
           "check: rc %d, \"%s\"", rc, last);
@@ -813,11 +945,13 @@ int main(void)
     test_round_trip();
     test_accepted_variants();
     test_rejections();
+    test_not_regular_files();
     test_write_failure();
     test_case_valid();
     test_case_grads_by_hand();
     test_case_rejections();
     test_run_outputs();
+    test_run_into_case();
     test_check_grads();
     test_compare();
     remove_tree(root);

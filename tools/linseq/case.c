@@ -537,48 +537,28 @@ static const char *op_names(void)
 /* Loading                                                                            */
 /* ---------------------------------------------------------------------------------- */
 
+/* The whole of a regular file, NUL-terminated: its size is known before anything is read,
+ * so a device or a pipe named meta.json cannot make this read without end. */
 static char *read_text(const char *path, size_t *len, char *err, size_t err_size)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fail_to(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - 1 - n, f);
-        if (n < cap - 1) break;
-        if ((long)cap > META_MAX_BYTES) {
-            fail_to(err, err_size, "%s: larger than %ld bytes", path, META_MAX_BYTES);
-            free(buf);
-            fclose(f);
-            return NULL;
-        }
-        char *bigger = realloc(buf, cap * 2);
-        if (!bigger) free(buf);
-        buf = bigger;
-        cap *= 2;
-    }
-    bool bad = ferror(f);
-    fclose(f);
-    /* the loop stops growing at twice the limit; the limit itself holds exactly */
-    if (buf && n > (size_t)META_MAX_BYTES) {
+    uint64_t size;
+    FILE *f = open_regular_file(path, &size, err, err_size);
+    if (!f) return NULL;
+    char *buf = NULL;
+    if (size > (uint64_t)META_MAX_BYTES)
         fail_to(err, err_size, "%s: larger than %ld bytes", path, META_MAX_BYTES);
-        free(buf);
-        return NULL;
-    }
-    if (!buf) {
+    else if (!(buf = malloc((size_t)size + 1)))
         fail_to(err, err_size, "%s: out of memory", path);
-        return NULL;
-    }
-    if (bad) {
-        fail_to(err, err_size, "%s: read error", path);
+    else if (fread(buf, 1, (size_t)size, f) != size || fgetc(f) != EOF) {
+        fail_to(err, err_size, "%s: read error (or the file changed while being read)", path);
         free(buf);
-        return NULL;
+        buf = NULL;
     }
-    buf[n] = '\0';
-    *len = n;
+    fclose(f);
+    if (buf) {
+        buf[size] = '\0';
+        *len = (size_t)size;
+    }
     return buf;
 }
 
@@ -790,29 +770,111 @@ static bool make_dirs(const char *path, char *err, size_t err_size)
     return ok;
 }
 
+/* Refuses an output folder that is the case folder itself, however it is spelled ("case/.",
+ * a link): the run would overwrite the reference files. Compared by device and inode. */
+static bool not_the_case_folder(const char *case_dir, const char *out_dir, char *err,
+                                size_t err_size)
+{
+    struct stat a, b;
+    if (stat(case_dir, &a) == 0 && stat(out_dir, &b) == 0 && a.st_dev == b.st_dev &&
+        a.st_ino == b.st_ino)
+        return fail_to(err, err_size,
+                       "%s: the output folder is the case folder %s (its reference files would "
+                       "be overwritten)",
+                       out_dir, case_dir);
+    return true;
+}
+
+/* One file of a run's output set. A run first writes every new file under a temporary name
+ * (temp), then swaps them in: each earlier file is moved aside (aside) and the new one
+ * renamed onto its name. Any failure undoes what was done, so the folder holds either the
+ * complete new set or exactly what it held before, never a mix of two runs. */
+typedef struct staged_file {
+    char *target; /* OUT_DIR/<name>.npy */
+    char *temp;   /* the new content; NULL for an earlier file that is only withdrawn */
+    char *aside;  /* the earlier file while the swap is under way; NULL when there was none */
+    bool swapped;
+} staged_file;
+
+/* A folder in the way cannot be renamed over: found before anything is touched. */
+static bool target_free(const char *target, char *err, size_t err_size)
+{
+    struct stat st;
+    if (lstat(target, &st) == 0 && S_ISDIR(st.st_mode))
+        return fail_to(err, err_size, "%s: cannot write: a folder is in the way", target);
+    return true;
+}
+
+static bool swap_in(staged_file *f, char *err, size_t err_size)
+{
+    struct stat st;
+    if (lstat(f->target, &st) == 0) {
+        int fd = hidden_sibling(f->target, &f->aside);
+        if (fd >= 0) close(fd);
+        if (fd < 0 || rename(f->target, f->aside) != 0) {
+            fail_to(err, err_size, "%s: cannot replace it: %s", f->target, strerror(errno));
+            if (fd >= 0) unlink(f->aside);
+            free(f->aside);
+            f->aside = NULL;
+            return false;
+        }
+    }
+    f->swapped = true;
+    if (f->temp && rename(f->temp, f->target) != 0)
+        return fail_to(err, err_size, "%s: cannot write: %s", f->target, strerror(errno));
+    return true;
+}
+
+/* Commits (keep the new files, drop the earlier ones) or undoes (the reverse), then frees. */
+static void finish_staged(staged_file *files, int n, bool commit)
+{
+    for (int i = n - 1; i >= 0; i--) {
+        staged_file *f = &files[i];
+        if (!commit && f->swapped) {
+            if (f->temp) rename(f->target, f->temp); /* the new file goes back to its temp */
+            if (f->aside) rename(f->aside, f->target);
+        } else if (commit && f->aside) {
+            unlink(f->aside);
+        }
+        if (!commit && f->temp) unlink(f->temp);
+        free(f->target);
+        free(f->temp);
+        free(f->aside);
+    }
+}
+
+/* Stages the new file for tensor T, or (T NULL) the withdrawal of an earlier NAME.npy. */
+static bool stage(staged_file *f, const char *out_dir, const char *name, const case_tensor *t,
+                  char *err, size_t err_size)
+{
+    memset(f, 0, sizeof *f);
+    if (!(f->target = case_path(out_dir, name, ".npy")))
+        return fail_to(err, err_size, "out of memory");
+    if (!target_free(f->target, err, err_size)) return false;
+    if (t && !(f->temp = npy_write_f32_temp(f->target, t->arr.data, t->arr.ndim, t->arr.shape, err,
+                                            err_size)))
+        return false;
+    return true;
+}
+
 bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir, char *err,
                         size_t err_size)
 {
-    char *written[2 * CASE_MAX_TENSORS];
-    int n_written = 0;
-    bool ok = make_dirs(out_dir, err, err_size);
+    staged_file files[2 * CASE_MAX_TENSORS];
+    int n = 0;
+    bool ok =
+        not_the_case_folder(c->dir, out_dir, err, err_size) && make_dirs(out_dir, err, err_size);
     for (int i = 0; ok && i < c->n_outputs + r->n_grads; i++) {
         const case_tensor *t =
             i < c->n_outputs ? case_output_tensor(c, r, i) : &r->g[i - c->n_outputs];
-        char *path = case_path(out_dir, t->name, ".npy");
-        if (!path) {
-            ok = fail_to(err, err_size, "out of memory");
-        } else if (!npy_write_f32(path, t->arr.data, t->arr.ndim, t->arr.shape, err, err_size)) {
-            ok = false;
-            free(path);
-        } else {
-            written[n_written++] = path;
-        }
+        ok = stage(&files[n++], out_dir, t->name, t, err, err_size);
     }
-    for (int i = 0; i < n_written; i++) {
-        if (!ok) unlink(written[i]);
-        free(written[i]);
-    }
+    /* Without gradients (--fwd-only) an earlier run's gradients would sit beside the new
+     * outputs: they are withdrawn with the rest of the earlier set. */
+    for (int i = 0; ok && r->n_grads == 0 && i < c->n_grads; i++)
+        ok = stage(&files[n++], out_dir, c->computable[c->grads[i]].name, NULL, err, err_size);
+    for (int i = 0; ok && i < n; i++) ok = swap_in(&files[i], err, err_size);
+    finish_staged(files, n, ok);
     return ok;
 }
 
@@ -823,6 +885,11 @@ static int run_case(const char *case_dir, const char *out_dir, const linseq_exec
     ls_case c;
     case_result r;
     char err[2048];
+    /* before the work, not only before the writing */
+    if (!not_the_case_folder(case_dir, out_dir, err, sizeof err)) {
+        fprintf(stderr, "linseq run: %s\n", err);
+        return LS_EXIT_ERROR;
+    }
     if (!case_load(case_dir, &c, err, sizeof err)) {
         fprintf(stderr, "linseq run: %s\n", err);
         return LS_EXIT_ERROR;

@@ -89,9 +89,11 @@ void case_result_free(case_result *r);
 const case_tensor *case_output_tensor(const ls_case *c, const case_result *r, int i);
 
 /* Writes meta.json's outputs, then the gradients r holds (if any), as OUT_DIR/<name>.npy,
- * creating OUT_DIR (and its parents) if missing. Each file appears complete or not at all;
- * when one fails, the files this call already wrote are removed again so that no mixed set
- * is left. */
+ * creating OUT_DIR (and its parents) if missing. The set is replaced as a whole: every file
+ * is written under a temporary name first, then all are renamed into place; on any failure
+ * OUT_DIR keeps exactly the files it held before (an earlier run's complete set stays). With
+ * no gradients in r, earlier files of meta.json's "grads" are withdrawn, so that no mix of
+ * two runs is left. Refuses an OUT_DIR that is the case folder itself. */
 bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_dir, char *err,
                         size_t err_size);
 

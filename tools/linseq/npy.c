@@ -349,29 +349,8 @@ bool npy_parse(const void *buf, size_t n, const char *name, npy_array *out, char
 /* Up to n bytes; fewer only at the end of the file or on an error (ferror tells). */
 static size_t read_some(FILE *f, void *buf, size_t n) { return fread(buf, 1, n, f); }
 
-/* A pipe or a device has no size to check the header against: its whole content is read
- * into memory and parsed there. */
-static bool read_unsized(FILE *f, const char *path, npy_array *out, char *err, size_t err_size)
-{
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
-    while (buf) {
-        n += read_some(f, buf + n, cap - n);
-        if (n < cap) break;
-        unsigned char *bigger = cap <= SIZE_MAX / 2 ? realloc(buf, cap * 2) : NULL;
-        if (!bigger) free(buf);
-        buf = bigger;
-        cap *= 2;
-    }
-    if (!buf) return fail(err, err_size, "%s: out of memory reading the file", path);
-    bool ok = ferror(f) ? fail(err, err_size, "%s: read error", path)
-                        : npy_parse(buf, n, path, out, err, err_size);
-    free(buf);
-    return ok;
-}
-
-/* A regular file: its preamble is parsed against the file's size, then only the data is
- * read, straight into the array. */
+/* A regular file: its preamble (at most NPY_PREAMBLE_MAX bytes) is parsed against the file's
+ * size, then only the data the header implies is read, straight into the array. */
 static bool read_sized(FILE *f, uint64_t size, const char *path, npy_array *out, char *err,
                        size_t err_size)
 {
@@ -402,15 +381,56 @@ static bool read_sized(FILE *f, uint64_t size, const char *path, npy_array *out,
     return true;
 }
 
+static const char *file_kind(mode_t mode)
+{
+    return S_ISDIR(mode)    ? "a folder"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISSOCK(mode) ? "a socket"
+                            : "not a plain file";
+}
+
+FILE *open_regular_file(const char *path, uint64_t *size, char *err, size_t err_size)
+{
+    /* stat first: a device is refused without being opened at all */
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        fail(err, err_size, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+        return NULL;
+    }
+    /* Checked again on what was opened, in case the name was replaced meanwhile; O_NONBLOCK
+     * keeps that open from waiting for a writer if it is a FIFO now. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
+        fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    int flags = fcntl(fd, F_GETFL);
+    FILE *f = NULL;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        fail(err, err_size, "%s: not a regular file (%s)", path, file_kind(st.st_mode));
+    else if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb")))
+        fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
+    if (!f) {
+        close(fd);
+        return NULL;
+    }
+    *size = (uint64_t)st.st_size;
+    return f;
+}
+
 bool npy_read(const char *path, npy_array *out, char *err, size_t err_size)
 {
     memset(out, 0, sizeof *out);
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, err_size, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    bool ok = fstat(fileno(f), &st) == 0 && S_ISREG(st.st_mode)
-                  ? read_sized(f, (uint64_t)st.st_size, path, out, err, err_size)
-                  : read_unsized(f, path, out, err, err_size);
+    uint64_t size;
+    FILE *f = open_regular_file(path, &size, err, err_size);
+    if (!f) return false;
+    bool ok = read_sized(f, size, path, out, err, err_size);
     if (ferror(f) && ok) {
         npy_free(out);
         ok = fail(err, err_size, "%s: read error", path);
@@ -495,14 +515,38 @@ static size_t format_header(char *buf, size_t n, int ndim, const int64_t *shape)
     return len;
 }
 
-bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
-                   size_t err_size)
+int hidden_sibling(const char *path, char **name)
+{
+    /* In PATH's own folder: rename() is atomic only within one file system. */
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 16);
+    if (!tmp) {
+        errno = ENOMEM;
+        return -1;
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
+    snprintf(tmp, plen + 16, "%.*s.%s.XXXXXX", (int)dir_len, path, path + dir_len);
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        int e = errno;
+        free(tmp);
+        errno = e;
+        return -1;
+    }
+    *name = tmp;
+    return fd;
+}
+
+char *npy_write_f32_temp(const char *path, const float *data, int ndim, const int64_t *shape,
+                         char *err, size_t err_size)
 {
     size_t count;
     if (ndim < 0 || ndim > NPY_MAX_DIMS || !npy_shape_count(ndim, shape, &count) ||
-        count > SIZE_MAX / sizeof(float))
-        return fail(err, err_size, "%s: invalid shape for writing", path);
-
+        count > SIZE_MAX / sizeof(float)) {
+        fail(err, err_size, "%s: invalid shape for writing", path);
+        return NULL;
+    }
     /* 8 dims of at most 20 digits fit easily; the header is far below the 1.0 limit. */
     unsigned char head[512];
     memcpy(head, npy_magic, sizeof npy_magic);
@@ -512,19 +556,11 @@ bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t 
     head[8] = (unsigned char)(hlen & 0xff);
     head[9] = (unsigned char)(hlen >> 8);
 
-    /* Hidden temporary next to the target: rename() is atomic only within one file system. */
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) return fail(err, err_size, "%s: out of memory", path);
-    const char *slash = strrchr(path, '/');
-    size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
-    snprintf(tmp, plen + 16, "%.*s.%s.XXXXXX", (int)dir_len, path, path + dir_len);
-
-    int fd = mkstemp(tmp);
+    char *tmp;
+    int fd = hidden_sibling(path, &tmp);
     if (fd < 0) {
-        int e = errno;
-        free(tmp);
-        return fail(err, err_size, "%s: cannot create a file in its folder: %s", path, strerror(e));
+        fail(err, err_size, "%s: cannot create a file in its folder: %s", path, strerror(errno));
+        return NULL;
     }
     /* mkstemp creates 0600; outputs should get the usual permissions. */
     mode_t mask = umask(0);
@@ -536,15 +572,25 @@ bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t 
         ok = false;
         e = errno;
     }
-    if (ok && rename(tmp, path) != 0) {
-        ok = false;
-        e = errno;
-    }
     if (!ok) {
         unlink(tmp);
         free(tmp);
-        return fail(err, err_size, "%s: cannot write: %s", path, strerror(e));
+        fail(err, err_size, "%s: cannot write: %s", path, strerror(e));
+        return NULL;
+    }
+    return tmp;
+}
+
+bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
+                   size_t err_size)
+{
+    char *tmp = npy_write_f32_temp(path, data, ndim, shape, err, err_size);
+    if (!tmp) return false;
+    bool ok = rename(tmp, path) == 0;
+    if (!ok) {
+        fail(err, err_size, "%s: cannot write: %s", path, strerror(errno));
+        unlink(tmp);
     }
     free(tmp);
-    return true;
+    return ok;
 }

@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #define NPY_MAX_DIMS 8
 
@@ -24,8 +25,14 @@ typedef struct npy_array {
 } npy_array;
 
 /* Reads PATH into *out (zeroed first). On failure returns false, leaves *out empty and
- * writes "PATH: reason" to err. */
+ * writes "PATH: reason" to err. PATH must be a regular file (see open_regular_file). */
 bool npy_read(const char *path, npy_array *out, char *err, size_t err_size);
+
+/* Opens PATH for reading when it is a regular file, with its size in *size; NULL with
+ * "PATH: reason" in err otherwise. A device or a pipe is refused without reading it (and a
+ * FIFO without waiting for a writer): it has no size to bound the read, and may never end.
+ * The case loader opens meta.json through it too. */
+FILE *open_regular_file(const char *path, uint64_t *size, char *err, size_t err_size);
 
 /* The same parser on a whole .npy image in memory (N bytes at BUF, copied into *out); NAME
  * stands for the path in messages. */
@@ -43,6 +50,17 @@ void npy_free(npy_array *a);
  * PATH either keeps its old content or holds the complete new file. */
 bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t *shape, char *err,
                    size_t err_size);
+
+/* The first half of npy_write_f32: writes the file complete under a new hidden name in
+ * PATH's folder ("DIR/.NAME.XXXXXX") and returns that name (malloc'd) for the caller to
+ * rename onto PATH; NULL with err on failure, nothing left behind. */
+char *npy_write_f32_temp(const char *path, const float *data, int ndim, const int64_t *shape,
+                         char *err, size_t err_size);
+
+/* Creates a new empty file with a unique hidden name beside PATH ("DIR/.NAME.XXXXXX", same
+ * folder, so a rename between the two is atomic), stores the name (malloc'd) in *name and
+ * returns its open descriptor; -1 with errno on failure. */
+int hidden_sibling(const char *path, char **name);
 
 /* Element count of a shape; false when a dimension is negative or the product overflows. */
 bool npy_shape_count(int ndim, const int64_t *shape, size_t *count);
