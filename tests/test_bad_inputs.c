@@ -1243,6 +1243,41 @@ static void op_table_rows(void)
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Per-thread workspace beyond the address space                                             */
+/* ---------------------------------------------------------------------------------------- */
+
+/* One token of HV heads with a K x V state: per-thread workspace of about 4 K V bytes,
+ * times 1024 threads. The tensors are only addresses, since the call must refuse before it
+ * reads any: the inputs overlap one another (allowed), the output lies past them all. */
+static void huge_state(call *c, int64_t K_, int64_t V_, int64_t HV_)
+{
+    const linseq_kda_problem p = {.B = 1, .T = 1, .H = HV_, .HV = HV_, .K = K_, .V = V_};
+    c->kda = p;
+    c->kda.q = c->kda.k = c->kda.v = c->kda.beta = c->d_o = A->q;
+    const uintptr_t past_inputs = (uintptr_t)A->q + (uintptr_t)(4 * HV_ * (K_ > V_ ? K_ : V_));
+    c->o = (float *)((past_inputs + 63) & ~(uintptr_t)63);
+    c->ht = NULL;
+    c->d_ht = NULL;
+    c->kda_grads = (linseq_kda_grads){0};
+    c->exec.threads = 1024;
+}
+
+/* 4 K V bytes * 1024 threads wraps a 64-bit size (to 256 KiB for the recurrent forward):
+ * refused as too large, never allocated short and written past. */
+static void workspace_overflow_rows(void)
+{
+    const int64_t big_V = ((int64_t)1 << 32) - 6;
+    ROW(KDA_FORWARD, LINSEQ_ERR_SIZE_OVERFLOW, "workspace (1024 x",
+        huge_state(c, (int64_t)1 << 20, big_V, 1024), c->exec.mode = LINSEQ_MODE_RECURRENT);
+    ROW(KDA_FORWARD, LINSEQ_ERR_SIZE_OVERFLOW, "workspace (1024 x",
+        huge_state(c, (int64_t)1 << 20, big_V, 1024), c->exec.mode = LINSEQ_MODE_CHUNKED);
+    /* the backward's checkpoints (66 states at T = 1) fit; 1024 copies of them do not */
+    ROW(KDA_BACKWARD, LINSEQ_ERR_SIZE_OVERFLOW, "workspace (1024 x",
+        huge_state(c, (int64_t)1 << 23, (int64_t)1 << 23, 1024),
+        c->exec.mode = LINSEQ_MODE_RECURRENT);
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* The thread setting, and the valid calls that look like mistakes                           */
 /* ---------------------------------------------------------------------------------------- */
 
@@ -1363,6 +1398,7 @@ int main(void)
     ssm1_backward_rows();
     conv_forward_rows();
     conv_backward_rows();
+    workspace_overflow_rows();
     thread_setting_rows();
     accepted_calls();
     const int hand_written = rows_run;

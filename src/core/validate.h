@@ -78,9 +78,9 @@ int64_t ls_mul_sat(int64_t a, int64_t b);
  * joining a team costs tens of microseconds, more than a small decode step takes, and far
  * more when another process holds a core. */
 #define LS_MIN_WORK_PER_THREAD 262144.0
-/* The most threads one call starts, whatever exec->threads or linseq_set_num_threads ask:
- * OpenMP allocates per-thread bookkeeping for the whole team up front and crashes (stack
- * overflow in libgomp) for teams of ~100000; results do not depend on the count anyway. */
+/* The most threads one call uses, whatever exec->threads or linseq_set_num_threads ask: the
+ * pool's workers each hold a stack, and a call's bookkeeping has one slot per thread (on the
+ * caller's stack); results do not depend on the count anyway. */
 #define LS_MAX_THREADS 1024
 int ls_resolve_threads(const linseq_exec *exec, int64_t max_items, double work);
 

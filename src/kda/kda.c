@@ -293,9 +293,11 @@ static void split_state_range(void *ctx, int64_t r, int thread)
     c->kern->chunk_advance(c->pl, &w, c->S, Lc, j0, j1);
 }
 
-/* Runs every item with all threads; returns false when the workspace cannot be allocated. */
-static bool forward_split(const kda_plan *pl, const kda_kernels *kern, int threads, float *o,
-                          float *ht, float *saved, const int64_t *saved_at)
+/* Runs every item with all threads; fails (nothing written) when the workspace cannot be
+ * allocated. */
+static linseq_status forward_split(const char *fn, const kda_plan *pl, const kda_kernels *kern,
+                                   int threads, float *o, float *ht, float *saved,
+                                   const int64_t *saved_at)
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t KV = p->K * p->V;
@@ -311,14 +313,15 @@ static bool forward_split(const kda_plan *pl, const kda_kernels *kern, int threa
     split_ctx c = {.pl = pl, .kern = kern, .o = o, .col_width = width};
     c.chunk_ws_bytes = pl->chunk ? (kda_chunk_ws_layout(pl, NULL, NULL) + 63) & ~(size_t)63 : 0;
     c.scratch_floats = (kda_recurrent_scratch_floats(pl) + 15) & ~(size_t)15;
-    float *state = aligned_alloc(64, (((size_t)KV * sizeof(float)) + 63) & ~(size_t)63);
-    unsigned char *chunk_ws = window ? aligned_alloc(64, c.chunk_ws_bytes * (size_t)window) : NULL;
-    float *scratch = aligned_alloc(64, c.scratch_floats * sizeof(float) * (size_t)n_ranges);
-    if (!state || (window && !chunk_ws) || !scratch) {
+    float *state = NULL, *scratch = NULL;
+    unsigned char *chunk_ws = NULL;
+    linseq_status st;
+    if ((st = ls_alloc_blocks(fn, (size_t)KV * sizeof(float), 1, (void **)&state)) ||
+        (window && (st = ls_alloc_blocks(fn, c.chunk_ws_bytes, window, (void **)&chunk_ws))) ||
+        (st = ls_alloc_blocks(fn, c.scratch_floats * sizeof(float), n_ranges, (void **)&scratch))) {
         free(state);
         free(chunk_ws);
-        free(scratch);
-        return false;
+        return st;
     }
     c.S = state;
     c.chunk_ws = chunk_ws;
@@ -346,7 +349,7 @@ static bool forward_split(const kda_plan *pl, const kda_kernels *kern, int threa
     free(state);
     free(chunk_ws);
     free(scratch);
-    return true;
+    return LINSEQ_OK;
 }
 
 /* The forward, and with saved != NULL the training forward that also fills saved. */
@@ -393,18 +396,16 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
         saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {
-        const bool ok = forward_split(&pl, kern, all_threads, o, ht, saved_data, saved_at);
-        if (ok && saved) kda_saved_write_header(&pl, saved);
+        st = forward_split(fn, &pl, kern, all_threads, o, ht, saved_data, saved_at);
+        if (!st && saved) kda_saved_write_header(&pl, saved);
         free(saved_at);
-        return ok ? LINSEQ_OK
-                  : ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the workspace");
+        return st;
     }
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B * p->T));
-    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
-    if (!ws) {
+    unsigned char *ws;
+    if ((st = ls_alloc_blocks(fn, ws_stride, threads, (void **)&ws))) {
         free(saved_at);
-        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
-                       ws_stride * (size_t)threads);
+        return st;
     }
     forward_ctx c = {.pl = &pl,
                      .o = o,
@@ -600,8 +601,8 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;
     const int64_t n_items = p->B * pl.HV;
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B));
-    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
-    if (!ws) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate the decode workspace");
+    unsigned char *ws;
+    if ((st = ls_alloc_blocks(fn, ws_stride, threads, (void **)&ws))) return st;
 
     decode_ctx c = {.pl = &pl,
                     .state = state,

@@ -211,14 +211,19 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     const int threads = ls_resolve_threads(exec, n_items, work);
     const bool want_partials = p->gate_in_kernel && (gr->dA_log || gr->ddt_bias);
     b.partial_len = pl.group * (1 + gK);
-    unsigned char *ws = aligned_alloc(64, ws_stride * (size_t)threads);
-    b.partials = want_partials ? calloc((size_t)(n_items * b.partial_len), sizeof(double)) : NULL;
-    if (!ws || (want_partials && !b.partials)) {
-        free(ws);
-        free(b.partials);
+    unsigned char *ws;
+    if ((st = ls_alloc_blocks(fn, ws_stride, threads, (void **)&ws))) {
         free(saved_at);
-        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot allocate %zu bytes of workspace",
-                       ws_stride * (size_t)threads);
+        return st;
+    }
+    b.partials = NULL;
+    if (want_partials && (st = ls_alloc_blocks(fn, (size_t)b.partial_len * sizeof(double), n_items,
+                                               (void **)&b.partials)) == LINSEQ_OK)
+        memset(b.partials, 0, (size_t)(n_items * b.partial_len) * sizeof(double));
+    if (st) {
+        free(ws);
+        free(saved_at);
+        return st;
     }
     bwd_ctx c = {.b = &b, .ws = ws, .ws_stride = ws_stride};
     ls_parallel_for(n_items, threads, backward_item, &c);
