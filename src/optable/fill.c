@@ -3,6 +3,7 @@
  * the position only, never on how threads share the blocks. */
 #include <math.h>
 
+#include "core/parallel.h"
 #include "optable/optable.h"
 
 #define FILL_BLOCK 4096
@@ -38,6 +39,35 @@ static double draw(uint64_t *s, ls_dist d, double a, double b, double z)
     }
 }
 
+typedef struct {
+    const ls_tensor_desc *t;
+    float *x;
+    int64_t n;
+    uint64_t seed;
+} fill_job;
+
+/* Block blk of FILL_BLOCK values, from its own generator. */
+static void fill_block(void *ctx, int64_t blk, int thread)
+{
+    (void)thread;
+    const fill_job *j = ctx;
+    const ls_tensor_desc *t = j->t;
+    float *x = j->x;
+    uint64_t s = j->seed ^ (uint64_t)blk * 0xD1B54A32D192ED03ull;
+    const int64_t lo = blk * FILL_BLOCK, hi = lo + FILL_BLOCK < j->n ? lo + FILL_BLOCK : j->n;
+    for (int64_t i = lo; i < hi; i += 2) {
+        if (t->dist == LS_DIST_ZERO) {
+            x[i] = 0.0f;
+            if (i + 1 < hi) x[i + 1] = 0.0f;
+            continue;
+        }
+        /* Box-Muller: one pair of normals per two values. */
+        const double r = sqrt(-2.0 * log(uniform01(&s))), a = 6.283185307179586 * uniform01(&s);
+        x[i] = (float)draw(&s, t->dist, t->a, t->b, r * cos(a));
+        if (i + 1 < hi) x[i + 1] = (float)draw(&s, t->dist, t->a, t->b, r * sin(a));
+    }
+}
+
 void ls_op_fill(const ls_tensor_desc *t, float *x, int64_t n, const int64_t *dims, int ndim,
                 uint64_t seed)
 {
@@ -46,23 +76,8 @@ void ls_op_fill(const ls_tensor_desc *t, float *x, int64_t n, const int64_t *dim
         for (int64_t i = 0; i < n; i++) x[i] = -expf(logf((float)(i % last + 1)));
         return;
     }
+    /* the library's own threads (core/parallel.h); one block runs on the caller alone */
+    fill_job j = {t, x, n, seed};
     const int64_t n_blocks = (n + FILL_BLOCK - 1) / FILL_BLOCK;
-#ifdef _OPENMP
-#pragma omp parallel for schedule(static) if (n_blocks > 1)
-#endif
-    for (int64_t blk = 0; blk < n_blocks; blk++) {
-        uint64_t s = seed ^ (uint64_t)blk * 0xD1B54A32D192ED03ull;
-        const int64_t lo = blk * FILL_BLOCK, hi = lo + FILL_BLOCK < n ? lo + FILL_BLOCK : n;
-        for (int64_t i = lo; i < hi; i += 2) {
-            if (t->dist == LS_DIST_ZERO) {
-                x[i] = 0.0f;
-                if (i + 1 < hi) x[i + 1] = 0.0f;
-                continue;
-            }
-            /* Box-Muller: one pair of normals per two values. */
-            const double r = sqrt(-2.0 * log(uniform01(&s))), a = 6.283185307179586 * uniform01(&s);
-            x[i] = (float)draw(&s, t->dist, t->a, t->b, r * cos(a));
-            if (i + 1 < hi) x[i + 1] = (float)draw(&s, t->dist, t->a, t->b, r * sin(a));
-        }
-    }
+    ls_parallel_for(n_blocks, linseq_get_num_threads(), fill_block, &j);
 }
