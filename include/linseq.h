@@ -22,9 +22,9 @@
  *     reentrant. The only global setting is the default thread count.
  *   - Outputs must not overlap inputs or each other, except where an argument says it may be
  *     the same pointer as an input (in-place state update).
- *   - The structs themselves (problem, grads, exec) must not lie inside an output buffer: the
- *     kernels may read their fields while writing the outputs. This is not checked (as a buffer
- *     shorter than its shape is not); such a call is undefined and can crash.
+ *   - The structs themselves (problem, grads, exec) must not lie inside an output buffer either
+ *     (the kernels read their fields while writing the outputs): such a call is refused with
+ *     LINSEQ_ERR_ALIASING, like an output over an input.
  *   - Backward: each op's _backward takes the same problem struct as its _forward, the
  *     upstream gradients of the forward's outputs, and a grads struct of output pointers. A
  *     NULL gradient pointer is not computed; a non-NULL one is overwritten (never accumulated

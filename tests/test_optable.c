@@ -120,6 +120,35 @@ static void check_json(void)
     cJSON_Delete(root);
 }
 
+/* The problem struct copied into an output buffer (the forward's first output, or the first
+ * gradient for the backward): the kernels would read its fields while writing over them, so
+ * the call must be refused as aliasing, naming the struct, with nothing written. (An SSM1
+ * forward with its struct inside y crashed before the structs took part in the check.) */
+static void check_struct_inside_output(const ls_op *op, const void *problem, float *buf,
+                                       const ls_tensor_desc *t, float *const *out, float *const *up,
+                                       float *const *grads, bool backward)
+{
+    int64_t n = 0;
+    if (!buf || !ls_tensor_count(t, problem, &n) ||
+        (size_t)n * sizeof(float) < op->problem_size + 64)
+        return;
+    void *inside = (unsigned char *)buf + 32; /* keeps the struct's alignment */
+    memcpy(inside, problem, op->problem_size);
+    float *before = tu_alloc((size_t)n);
+    memcpy(before, buf, (size_t)n * sizeof(float));
+    const linseq_exec ex = {.threads = 1};
+    const linseq_status st = backward
+                                 ? ls_op_backward(op, inside, &ex, (const float *const *)up, grads)
+                                 : op->forward(inside, &ex, out);
+    CHECK(st == LINSEQ_ERR_ALIASING && strstr(linseq_last_error(), "problem struct"),
+          "%s %s with its problem struct inside %s: %s (%s)", op->name,
+          backward ? "backward" : "forward", t->name, linseq_status_string(st),
+          linseq_last_error());
+    CHECK(memcmp(before, buf, (size_t)n * sizeof(float)) == 0, "%s: %s written by a refused call",
+          op->name, t->name);
+    free(before);
+}
+
 /* Realistic inputs at the benchmark's options and small sizes, through the table's calls:
  * every output and gradient the table declares is written (each is NaN before the call and
  * finite after), so no argument of an adapter is dropped or swapped with an absent one. */
@@ -159,6 +188,10 @@ static void check_calls(const ls_op *op)
     const linseq_exec ex = {.threads = 1};
     CHECK_OK(op->forward(problem, &ex, out));
     CHECK_OK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads));
+    check_struct_inside_output(op, problem, out[0], ls_op_tensor(op, LS_ROLE_OUTPUT, 0), out, up,
+                               grads, false);
+    check_struct_inside_output(op, problem, grads[0], ls_op_tensor(op, LS_ROLE_GRAD, 0), out, up,
+                               grads, true);
     for (int i = 0; i < op->n_tensors; i++) {
         const ls_tensor_desc *t = &op->tensors[i];
         bool finite = true;

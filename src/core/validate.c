@@ -81,6 +81,14 @@ static bool overlap(const ls_tensor *x, const ls_tensor *y)
     return a0 < b1 && b0 < a1;
 }
 
+void ls_arg_structs(ls_args *a, const void *problem, size_t problem_bytes, const void *grads,
+                    size_t grads_bytes, const linseq_exec *exec)
+{
+    ls_arg(a, "problem struct", "bytes", problem, false, LS_IN, 1, 1, (int64_t)problem_bytes);
+    if (grads) ls_arg(a, "grads struct", "bytes", grads, false, LS_IN, 1, 1, (int64_t)grads_bytes);
+    if (exec) ls_arg(a, "exec struct", "bytes", exec, false, LS_IN, 1, 1, (int64_t)sizeof *exec);
+}
+
 linseq_status ls_args_validate(ls_args *a)
 {
     char shape[160];

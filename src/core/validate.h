@@ -45,6 +45,12 @@ typedef struct ls_args {
 ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr, bool required,
                   ls_role role, size_t elem_size, int ndim, ...);
 
+/* The call's structs (problem; grads and exec where not NULL) as inputs of their own size: an
+ * output that overlaps one is refused like an output over a tensor, since the kernels read
+ * the structs' fields while they write the outputs. */
+void ls_arg_structs(ls_args *a, const void *problem, size_t problem_bytes, const void *grads,
+                    size_t grads_bytes, const linseq_exec *exec);
+
 /* Null pointers, alignment, byte-size overflow, aliasing. Returns the first failure. */
 linseq_status ls_args_validate(ls_args *a);
 

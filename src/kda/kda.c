@@ -382,6 +382,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
             sizeof(float);
     kda_exec_plan(&pl, exec);
     size_t ws_stride;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) {
         const ls_cuda_kda_args dev = {.p = p, .HV = pl.HV, .scale = pl.scale, .chunk = pl.chunk};
@@ -593,6 +594,7 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
            d3);
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
     if (state_rows && (st = kda_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;

@@ -162,6 +162,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
 
     kda_exec_plan(&pl, exec);
     const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
+    ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) {
         const ls_cuda_kda_args dev = {.p = p, .HV = pl.HV, .scale = pl.scale, .chunk = pl.chunk};

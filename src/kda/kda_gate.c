@@ -74,6 +74,7 @@ linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const li
         ls_arg(&a, "g", "B,T,H", g, true, LS_OUT, te, 3, p->B, p->T, p->H);
     else
         ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, te, 4, p->B, p->T, p->H, p->K);
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_forward(fn, p, exec, g);
 
@@ -151,6 +152,7 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
         ls_arg(&a, "ddt_bias", "H", grads->ddt_bias, false, LS_OUT, 4, 1, p->H);
     }
     ls_arg(&a, "dA_log", "H", grads->dA_log, false, LS_OUT, 4, 1, p->H);
+    ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_backward(fn, p, exec, d_g, grads);
 

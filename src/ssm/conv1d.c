@@ -111,6 +111,7 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
         ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT, sizeof(float), 3,
                n_seqs, p->D, W - 1)
             ->may_alias = p->conv_state;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
         return ls_cuda_entry_conv1d_forward(a.fn, p, exec, y, W > 1 ? conv_state_out : NULL);
@@ -152,6 +153,7 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
     if (W > 1)
         ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT, sizeof(float),
                3, n_seqs, D, W - 1);
+    ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
     /* With W == 1 the state gradients do not exist: the kernel never sees their pointers. */

@@ -90,6 +90,7 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
     ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
     ls_arg(&a, "hT", "N_seq,D,N", hT, false, LS_OUT, sizeof(float), 3, n_seqs, p->D, p->N)
         ->may_alias = p->h0;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
 
@@ -141,6 +142,7 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
     ls_arg(&a, "dgate", "B,T,D", grads->dgate, false, LS_OUT, te, 3, B, T, D);
     ls_arg(&a, "dh0", "N_seq,D,N", grads->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
     ls_arg(&a, "ddt_bias", "D", grads->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
+    ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
 
