@@ -19,11 +19,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
-
 #include "commands.h"
+#include "core/parallel.h"
 #include "linseq.h"
 #include "optable/optable.h"
 #include "simd/isa.h"
@@ -67,11 +64,8 @@ const char ls_bench_usage[] =
     "  Each result: median, min and max seconds per call, tokens/s, GFLOP/s and GB/s by the\n"
     "  formulas of README \"Benchmarks\", and the fractions of the FMA peak and the triad\n"
     "  bandwidth measured in the same process at the same thread count.\n"
-    "  OMP_WAIT_POLICY: between calls OpenMP's threads must spin, or every call pays for\n"
-    "  waking them. libgomp reads the variable when it loads, before main(), so when it is\n"
-    "  unset bench sets OMP_WAIT_POLICY=active and runs itself again (exec of\n"
-    "  /proc/self/exe with the same arguments), with a note on stderr. A value already set\n"
-    "  is kept.\n"
+    "  Threads: the library's own pool runs the calls and the peak measurements alike; its\n"
+    "  idle threads spin for about 50 us between calls, then sleep.\n"
     "  exit status of bench: 0 done, 1 a library call failed, 2 bad usage or no memory\n";
 
 /* ---------------------------------------------------------------------------------- */
@@ -592,65 +586,90 @@ fail:
 typedef double (*fma_fn)(int64_t iters, float mul, float add);
 typedef void (*triad_fn)(int64_t n, float *a, const float *b, const float *c, float s);
 
-/* Best of `trials` runs of the FMA chains on `threads` threads at once, GFLOP/s in all. */
+/* One thread's FMA chains: item t of the peak measurement. */
+typedef struct {
+    fma_fn fn;
+    int64_t iters;
+    float mul, add;
+    double *flops; /* per item */
+} fma_run;
+
+static void fma_item(void *ctx, int64_t t, int thread)
+{
+    (void)thread;
+    const fma_run *r = ctx;
+    r->flops[t] = r->fn(r->iters, r->mul, r->add);
+}
+
+/* Best of `trials` runs of the FMA chains on `threads` threads at once (the library's own
+ * pool, which the calls use too), GFLOP/s in all. */
 static double measure_fma(int threads, int trials)
 {
-    const fma_fn fn = LS_ISA_PICK(ls_isa_active(), ls_peak_fma);
-    const float mul = 0.999999f, add = 1e-7f;
-    int64_t iters = 1 << 12;
+    fma_run run = {.fn = LS_ISA_PICK(ls_isa_active(), ls_peak_fma),
+                   .mul = 0.999999f,
+                   .add = 1e-7f,
+                   .iters = 1 << 12};
+    run.flops = calloc((size_t)threads, sizeof(double));
+    if (!run.flops) return 0.0;
     for (;;) { /* about PEAK_TRIAL_S per run; also ramps the clock up */
         const double t0 = now_s();
-        fn(iters, mul, add);
-        if (now_s() - t0 > PEAK_TRIAL_S || iters > ((int64_t)1 << 40)) break;
-        iters *= 2;
+        run.fn(run.iters, run.mul, run.add);
+        if (now_s() - t0 > PEAK_TRIAL_S || run.iters > ((int64_t)1 << 40)) break;
+        run.iters *= 2;
     }
     double best = 0.0;
     for (int r = 0; r < trials; r++) {
-        double flops = 0.0;
         const double t0 = now_s();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(+ : flops)
-#endif
-        flops += fn(iters, mul, add);
-        const double rate = flops / (now_s() - t0);
-        if (rate > best) best = rate;
+        ls_parallel_for_static(threads, threads, fma_item, &run);
+        const double seconds = now_s() - t0;
+        double flops = 0.0;
+        for (int t = 0; t < threads; t++) flops += run.flops[t];
+        if (flops / seconds > best) best = flops / seconds;
     }
-    (void)threads; /* unused without OpenMP */
+    free(run.flops);
     return best * 1e-9;
+}
+
+/* One thread's slice of the triad (item id of nt), or its first touch of the pages. */
+typedef struct {
+    triad_fn fn;
+    float *a, *b, *c;
+    int64_t n;
+    int nt;
+    bool touch;
+} triad_run;
+
+static void triad_item(void *ctx, int64_t id, int thread)
+{
+    (void)thread;
+    const triad_run *r = ctx;
+    /* Slices of whole cache lines. */
+    const int64_t per = (r->n / r->nt + 15) / 16 * 16;
+    const int64_t lo = id * per < r->n ? id * per : r->n, hi = lo + per < r->n ? lo + per : r->n;
+    if (r->touch) {
+        for (int64_t i = lo; i < hi; i++) r->a[i] = 0.0f, r->b[i] = 1.0f, r->c[i] = 2.0f;
+    } else {
+        r->fn(hi - lo, r->a + lo, r->b + lo, r->c + lo, 0.5f);
+    }
 }
 
 /* Best of `trials` triads over 3 arrays of `mib` MiB, GB/s counting 12 bytes per element
  * (2 reads, 1 write; like STREAM, and like the op byte counts, no write-allocate traffic).
- * Each thread streams the same slice it first touched. */
+ * Each thread streams the slice it first touched (the pool's static split gives thread t
+ * slice t whenever t is running). */
 static double measure_triad(int threads, int mib, int trials)
 {
-    const triad_fn fn = LS_ISA_PICK(ls_isa_active(), ls_peak_triad);
     const int64_t n = (int64_t)mib * (1 << 20) / (int64_t)sizeof(float);
     const size_t bytes = (size_t)n * sizeof(float);
-    float *a = aligned_alloc(64, bytes), *b = aligned_alloc(64, bytes);
-    float *c = aligned_alloc(64, bytes);
+    triad_run run = {.fn = LS_ISA_PICK(ls_isa_active(), ls_peak_triad), .n = n, .nt = threads};
+    float *a = run.a = aligned_alloc(64, bytes), *b = run.b = aligned_alloc(64, bytes);
+    float *c = run.c = aligned_alloc(64, bytes);
     double best = 0.0;
     if (!a || !b || !c) goto out;
     for (int r = -1; r < trials; r++) { /* r = -1 touches the pages first */
+        run.touch = r < 0;
         const double t0 = now_s();
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads)
-#endif
-        {
-#ifdef _OPENMP
-            const int64_t id = omp_get_thread_num(), nt = omp_get_num_threads();
-#else
-            const int64_t id = 0, nt = 1;
-#endif
-            /* Slices of whole cache lines. */
-            const int64_t per = (n / nt + 15) / 16 * 16;
-            const int64_t lo = id * per < n ? id * per : n, hi = lo + per < n ? lo + per : n;
-            if (r < 0) {
-                for (int64_t i = lo; i < hi; i++) a[i] = 0.0f, b[i] = 1.0f, c[i] = 2.0f;
-            } else {
-                fn(hi - lo, a + lo, b + lo, c + lo, 0.5f);
-            }
-        }
+        ls_parallel_for_static(threads, threads, triad_item, &run);
         const double t = now_s() - t0;
         if (r >= 0 && 3.0 * (double)bytes / t > best) best = 3.0 * (double)bytes / t;
     }
@@ -1280,23 +1299,6 @@ static int cmd_suite(const settings *set)
     return LS_EXIT_OK;
 }
 
-/* libgomp reads OMP_WAIT_POLICY when it loads, so the policy can only change for a new
- * process image: set it and exec ourselves. */
-static void ensure_wait_policy(char **argv)
-{
-    if (getenv("OMP_WAIT_POLICY")) return;
-    if (setenv("OMP_WAIT_POLICY", "active", 1) != 0) return;
-    fprintf(stderr, "linseq bench: note: OMP_WAIT_POLICY was unset; running again with "
-                    "OMP_WAIT_POLICY=active\n");
-    fflush(stderr);
-    fflush(stdout);
-    execv("/proc/self/exe", argv);
-    fprintf(stderr,
-            "linseq bench: note: could not run again (%s); timing with the default "
-            "OpenMP wait policy\n",
-            strerror(errno));
-}
-
 /* "kda, kda-fwdbwd, ..., conv, peak or suite" */
 static void command_list(char *buf, size_t n)
 {
@@ -1335,7 +1337,6 @@ int cmd_bench(int argc, char **argv)
     if (parsed != LS_EXIT_OK) return parsed;
     if (cmd && !shape_fits(&s)) return usage_fail("%s: the shape is too large", cmd->name);
 
-    ensure_wait_policy(argv);
     if (target == FOR_PEAK) return cmd_peak(&set);
     if (target == FOR_SUITE) return cmd_suite(&set);
 
