@@ -26,9 +26,9 @@ SOMAJOR := $(firstword $(subst ., ,$(VERSION)))
 
 WARN     := -Wall -Wextra -Wshadow -Wstrict-prototypes -Wmissing-prototypes -Wvla
 CFLAGS   ?=
-ALL_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g $(WARN) -fPIC -fopenmp \
+ALL_CFLAGS := -std=c11 -D_POSIX_C_SOURCE=200809L $(OPT) -g $(WARN) -fPIC \
               -fvisibility=hidden -Iinclude -Isrc $(SAN) $(CFLAGS)
-LDLIBS_LIB := -lm -fopenmp -lpthread
+LDLIBS_LIB := -lm -lpthread
 CJSON_LIBS := -lcjson
 
 # Sources named *_simd.c hold the hot kernels: each is compiled once per ISA (isa.h), with
@@ -165,31 +165,24 @@ test-sanitize:
 	  SAN="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" test-run
 
 # ThreadSanitizer over the unit tests (test_bench runs the CLI, so it is left out); its
-# target is test_concurrency, where 8 caller threads race through every op. gcc's libgomp is
-# not instrumented: TSan would see none of its forks, barriers and joins and report every
-# OpenMP team as a race. So this build uses clang with LLVM's libomp and its OMPT tool
-# Archer, which tells TSan about those synchronisations; ignore_noninstrumented_modules
-# keeps TSan from reporting libomp's own (uninstrumented) internals. Needs clang and libomp
-# (Debian: clang, libomp-dev).
+# target is test_concurrency, where 8 caller threads race through every op, and the
+# library's own thread pool (core/parallel.c: pthreads and C11 atomics, which TSan sees).
 TSAN_CC    ?= clang
 TSAN_TESTS := $(filter-out test_bench,$(TEST_SRC:tests/%.c=%))
 .PHONY: test-tsan
 test-tsan:
 	$(MAKE) BUILD=build/tsan CC=$(TSAN_CC) OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" \
 	  $(TSAN_TESTS:%=build/tsan/tests/%)
-	@set -e; archer=$$($(TSAN_CC) -print-resource-dir)/../../libarcher.so; \
-	  [ -f "$$archer" ] || archer=libarcher.so; \
-	  for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
-	    TSAN_OPTIONS="halt_on_error=1 ignore_noninstrumented_modules=1" \
-	      OMP_TOOL_LIBRARIES=$$archer build/tsan/tests/$$t; done
+	@set -e; for t in $(TSAN_TESTS); do echo "== tsan $$t"; \
+	    TSAN_OPTIONS="halt_on_error=1" build/tsan/tests/$$t; done
 
 # Valgrind memcheck over the tests that take seconds under it (test_kda takes minutes; the
 # determinism test runs every op anyway), test_concurrency for one round: a plain -O1 -g
 # build, since a sanitizer runtime and Valgrind cannot share a process. Leaks (definite and
-# possible) and uninitialised reads fail it; tests/valgrind.supp holds the one suppression,
-# for libgomp's worker threads, which live until exit. Needs valgrind.
+# possible) and uninitialised reads fail it, with no suppression (the library's pool joins
+# its workers at exit). Needs valgrind.
 VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy
-VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full --suppressions=tests/valgrind.supp
+VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full
 .PHONY: test-valgrind
 test-valgrind:
 	$(MAKE) BUILD=build/valgrind OPT=-O1 \
@@ -229,8 +222,8 @@ cuda-check:
 test: test-plain test-sanitize test-tsan test-valgrind fuzz-short test-python cuda-check
 	@echo "make test: every test passed (plain, ASan+UBSan, TSan, valgrind, fuzz, Python, CUDA build)"
 
-# Every libFuzzer target of fuzz/ for 30 s (needs clang, its sanitizer and fuzzer runtimes,
-# and libomp for clang's -fopenmp; see scripts/fuzz.sh).
+# Every libFuzzer target of fuzz/ for 30 s (needs clang and its sanitizer and fuzzer
+# runtimes; see scripts/fuzz.sh).
 .PHONY: fuzz-short
 fuzz-short:
 	sh scripts/fuzz.sh 30

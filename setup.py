@@ -1,8 +1,8 @@
 """Builds liblinseq with the project's Makefile and ships it inside the Python package.
 
 The wheel carries liblinseq.so next to the Python modules (loaded with ctypes), so the only
-runtime dependency is NumPy; building needs a C compiler with OpenMP and make, as the C
-library does.
+runtime dependency is NumPy; building needs a C compiler and make, as the C library
+does.
 """
 
 import os

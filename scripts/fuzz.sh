@@ -11,8 +11,7 @@
 # The library and the CLI's .npy and case code are compiled by the Makefile's own rules into
 # build/fuzz/lib, with AddressSanitizer, UndefinedBehaviorSanitizer and the fuzzer's coverage
 # instrumentation; the targets go to build/fuzz/, crash inputs to build/fuzz/artifacts/.
-# Needs clang with its runtime libraries (libFuzzer, sanitizers), LLVM's OpenMP runtime for
-# clang's -fopenmp, and cJSON. Environment: CLANG (default clang), LINSEQ_ISA (passed on:
+# Needs clang with its runtime libraries (libFuzzer, sanitizers) and cJSON. Environment: CLANG (default clang), LINSEQ_ISA (passed on:
 # the kernels' instruction set), FUZZ_JOBS (make -j, default 2), FUZZ_CORPUS_OUT (a folder:
 # each run's corpus is merged, minimised, into FUZZ_CORPUS_OUT/TARGET, to pick new seeds from).
 set -eu
@@ -44,12 +43,6 @@ if ! "$CLANG" -fsanitize=fuzzer,address,undefined "$probe/p.c" -o "$probe/p" 2>"
   echo "fuzz.sh: $CLANG cannot build a libFuzzer target (Debian: clang, libclang-rt-dev)" >&2
   exit 2
 fi
-printf '#include <omp.h>\nint main(void) { return omp_get_max_threads() < 1; }\n' >"$probe/o.c"
-if ! "$CLANG" -fopenmp "$probe/o.c" -o "$probe/o" 2>"$probe/err"; then
-  cat "$probe/err" >&2
-  echo "fuzz.sh: $CLANG has no OpenMP runtime (Debian: libomp-dev)" >&2
-  exit 2
-fi
 
 echo "== building the fuzz targets ($CLANG) into $out"
 # The CLI's sources but main.c, as the Makefile links them into its tests.
@@ -60,7 +53,7 @@ done
 # shellcheck disable=SC2086
 make -s -j"${FUZZ_JOBS:-2}" BUILD="$out/lib" CC="$CLANG" OPT=-O1 \
   SAN="$san -fsanitize=fuzzer-no-link" "$out/lib/liblinseq-internal.a" $cli_objs
-cflags="-std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra $san -fsanitize=fuzzer -fopenmp"
+cflags="-std=c11 -D_POSIX_C_SOURCE=200809L -O1 -g -Wall -Wextra $san -fsanitize=fuzzer"
 for t in $targets; do
   extra=""
   case $t in
@@ -69,13 +62,11 @@ for t in $targets; do
   esac
   # shellcheck disable=SC2086 # word splitting of the flag lists is intended
   "$CLANG" $cflags -Iinclude -Isrc -Itools/linseq -Ifuzz "fuzz/fuzz_$t.c" fuzz/fuzz_util.c $extra \
-    "$out/lib/liblinseq-internal.a" -lcjson -lm -o "$out/fuzz_$t"
+    "$out/lib/liblinseq-internal.a" -lcjson -lm -lpthread -o "$out/fuzz_$t"
 done
 
 work=$(mktemp -d)
 trap 'rm -rf "$probe" "$work"' EXIT
-# Idle OpenMP workers sleep instead of spinning: the fuzzer runs one small call after another.
-export OMP_WAIT_POLICY=passive KMP_BLOCKTIME=0
 export UBSAN_OPTIONS="print_stacktrace=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 failed=""
 if [ "$secs" = 0 ]; then what="running every seed once"; else what="fuzzing each target for $secs s"; fi
