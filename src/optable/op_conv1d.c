@@ -62,17 +62,9 @@ static const ls_size_desc sizes[] = {
     {"W", offsetof(P, W), true, 4},
 };
 
-static const ls_enum_name activation_names[] = {{"silu", LINSEQ_ACT_SILU},
-                                                {"sigmoid", LINSEQ_ACT_SIGMOID},
-                                                {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
-                                                {"relu", LINSEQ_ACT_RELU},
-                                                {"identity", LINSEQ_ACT_IDENTITY},
-                                                {"none", LINSEQ_ACT_IDENTITY},
-                                                {NULL, 0}};
-
 /* "activation": null means none (the op's default is identity). */
 static const ls_option_desc options[] = {
-    {"activation", "activation", LS_CTYPE_ENUM, offsetof(P, activation), activation_names,
+    {"activation", "activation", LS_CTYPE_ENUM, offsetof(P, activation), ls_activation_names,
      LINSEQ_ACT_IDENTITY},
 };
 

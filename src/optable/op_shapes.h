@@ -27,6 +27,9 @@ static inline int64_t ls_mul_sat(int64_t a, int64_t b)
     return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
+/* The names of linseq_activation as meta.json spells them (SSM1's gate, conv's output). */
+extern const ls_enum_name ls_activation_names[];
+
 /* The fields of an ls_op that every description fills the same way: from its two struct
  * types and the file's `sizes`, `options` and `tensors` arrays. */
 #define LS_OP_STRUCTS(problem, grads)                                                              \

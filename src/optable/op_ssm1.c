@@ -102,22 +102,14 @@ static const ls_size_desc sizes[] = {
     {"G", offsetof(P, G), false, 0},
 };
 
-static const ls_enum_name activation_names[] = {{"silu", LINSEQ_ACT_SILU},
-                                                {"sigmoid", LINSEQ_ACT_SIGMOID},
-                                                {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
-                                                {"relu", LINSEQ_ACT_RELU},
-                                                {"identity", LINSEQ_ACT_IDENTITY},
-                                                {"none", LINSEQ_ACT_IDENTITY},
-                                                {NULL, 0}};
-
 /* The reference data names the gate's activation "activation"; "gate_activation" (the
  * field's name) wins when both are given. */
 static const ls_option_desc options[] = {
     {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
-    {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation), activation_names,
-     LINSEQ_ACT_DEFAULT},
+    {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
+     ls_activation_names, LINSEQ_ACT_DEFAULT},
     {"gate_activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
-     activation_names, LS_ENUM_KEEP},
+     ls_activation_names, LS_ENUM_KEEP},
 };
 
 #define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                                 \

@@ -9,6 +9,14 @@ extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d;
 /* Adding an op: one line here. */
 static const ls_op *const all_ops[] = {&ls_op_kda, &ls_op_kda_gate, &ls_op_ssm1, &ls_op_conv1d};
 
+const ls_enum_name ls_activation_names[] = {{"silu", LINSEQ_ACT_SILU},
+                                            {"sigmoid", LINSEQ_ACT_SIGMOID},
+                                            {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
+                                            {"relu", LINSEQ_ACT_RELU},
+                                            {"identity", LINSEQ_ACT_IDENTITY},
+                                            {"none", LINSEQ_ACT_IDENTITY},
+                                            {NULL, 0}};
+
 const ls_op *const *ls_ops(int *count)
 {
     *count = (int)(sizeof all_ops / sizeof all_ops[0]);
