@@ -765,8 +765,8 @@ static void label_text(const result *r, char *buf, size_t n)
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
  * timing says more about the machine's other load than about the kernel. The calling thread
- * is checked on its own too: OpenMP's idle threads spin, so a 1-thread run can show two
- * processors busy while its one working thread waits. */
+ * is checked on its own too: the pool's idle threads spin briefly, so a 1-thread run can show
+ * two processors busy while its one working thread waits. */
 static bool contended(const result *r)
 {
     const int want = r->s.threads < all_procs() ? r->s.threads : all_procs();
@@ -842,7 +842,7 @@ static void print_time(const char *what, double s)
 
 static void text_result(const result *r)
 {
-    char label[256];
+    char label[384]; /* name, mode, a 256-byte shape, decay */
     label_text(r, label, sizeof label);
     printf("%s, %d thread%s, isa %s\n", label, r->s.threads, r->s.threads == 1 ? "" : "s",
            linseq_isa());
