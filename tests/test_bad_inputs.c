@@ -1254,11 +1254,11 @@ static void huge_state(call *c, int64_t K_, int64_t V_, int64_t HV_)
     const linseq_kda_problem p = {.B = 1, .T = 1, .H = HV_, .HV = HV_, .K = K_, .V = V_};
     c->kda = p;
     c->kda.q = c->kda.k = c->kda.v = c->kda.beta = c->d_o = A->q;
-    /* A fake address low in the address space (never dereferenced: the call must refuse
-     * first): o's range of up to 16 TB then ends below the heap, the stack and the mappings
-     * that hold the inputs and the call's structs, which an output may not overlap either;
-     * so only the workspace check can refuse the call, on any allocator (ASan's included). */
-    c->o = (float *)(uintptr_t)0x10000;
+    /* A fake address past the inputs, never dereferenced: the workspace check is a size
+     * check, so it refuses the call before the aliasing check would look at o's 16 TB range
+     * (which may cover the call's structs or, under valgrind, the inputs). */
+    const uintptr_t past_inputs = (uintptr_t)A->q + (uintptr_t)(4 * HV_ * (K_ > V_ ? K_ : V_));
+    c->o = (float *)((past_inputs + 63) & ~(uintptr_t)63);
     c->ht = NULL;
     c->d_ht = NULL;
     c->kda_grads = (linseq_kda_grads){0};

@@ -164,6 +164,23 @@ static double kda_work(const kda_plan *pl, int64_t tokens)
     return 7.0 * (double)tokens * (double)pl->HV * (double)pl->p->K * (double)pl->p->V;
 }
 
+/* The per-thread workspace times the most threads the call may use fits the address space:
+ * a size check, so it runs with the others, before the aliasing check (the allocation checks
+ * the product of the threads it really uses again). */
+static linseq_status check_workspace_threads(const char *fn, const kda_plan *pl,
+                                             const linseq_exec *exec, int64_t tokens,
+                                             size_t ws_stride)
+{
+    const int threads = ls_resolve_threads(exec, INT64_MAX, kda_work(pl, tokens));
+    int64_t total;
+    if (ws_stride > (size_t)PTRDIFF_MAX ||
+        !ls_mul_ok(&total, 2, (int64_t)ws_stride, (int64_t)threads))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                       "the workspace (%d x %zu bytes) is larger than the address space", threads,
+                       ws_stride);
+    return LINSEQ_OK;
+}
+
 /* ---------------------------------------------------------------------------------------- */
 /* Forward                                                                                    */
 /* ---------------------------------------------------------------------------------------- */
@@ -383,7 +400,10 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     kda_exec_plan(&pl, exec);
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    if ((st = check_workspace(fn, &pl, &ws_stride)) ||
+        (st = check_workspace_threads(fn, &pl, exec, ls_mul_sat(p->B, p->T), ws_stride)) ||
+        (st = ls_args_validate(&a)))
+        return st;
     if (ls_on_cuda(exec)) {
         const ls_cuda_kda_args dev = {.p = p, .HV = pl.HV, .scale = pl.scale, .chunk = pl.chunk};
         return ls_cuda_entry_kda_forward(fn, &dev, exec, o, ht);
@@ -595,7 +615,10 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, (int64_t)1, pl.HV, p->V);
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = check_workspace(fn, &pl, &ws_stride)) || (st = ls_args_validate(&a))) return st;
+    if ((st = check_workspace(fn, &pl, &ws_stride)) ||
+        (st = check_workspace_threads(fn, &pl, exec, p->B, ws_stride)) ||
+        (st = ls_args_validate(&a)))
+        return st;
     if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
     if (state_rows && (st = kda_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
