@@ -158,6 +158,7 @@ test-plain:
 	@sh scripts/check-format.sh
 	@sh scripts/check-layers.sh
 	@sh tests/check_symbols.sh $(STATIC) $(SHARED)
+	@sh tests/check_cuda_check.sh
 	@BUILD=$(BUILD) sh tests/check_install.sh
 
 test-sanitize:
