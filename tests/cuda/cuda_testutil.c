@@ -19,10 +19,20 @@
 
 void ct_require_device(const char *suite)
 {
-    if (linseq_cuda_device_count() < 1) {
-        printf("%s: skipped (no CUDA device)\n", suite);
-        exit(0);
+    if (linseq_cuda_device_count() >= 1) return;
+    const char *require = getenv("LINSEQ_REQUIRE_CUDA");
+    if (require && strcmp(require, "1") == 0) {
+        fprintf(stderr, "FAIL %s: no CUDA device, and LINSEQ_REQUIRE_CUDA=1 requires one\n", suite);
+        exit(1);
     }
+    printf("%s: skipped (no CUDA device)\n", suite);
+    exit(0);
+}
+
+void ct_case(const char *op, const char *label)
+{
+    printf("case: %s %s\n", op, label);
+    fflush(stdout);
 }
 
 static uint16_t to_bf16_bits(float x)

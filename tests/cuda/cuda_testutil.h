@@ -2,7 +2,7 @@
  * the CPU path as the reference. Each test program compares one op family's CUDA kernels
  * with the CPU path of the same library on random shapes; it exits 0 with a "skipped" line
  * when the machine has no GPU (the tests are built everywhere nvcc exists, run where a GPU
- * is). Links with tests/testutil.c. */
+ * is), unless LINSEQ_REQUIRE_CUDA=1. Links with tests/testutil.c. */
 #ifndef LS_CUDA_TESTUTIL_H
 #define LS_CUDA_TESTUTIL_H
 
@@ -12,8 +12,15 @@
 #include "linseq.h"
 #include "../testutil.h"
 
-/* Exits 0 with "<suite>: skipped (no CUDA device)" when there is none. */
+/* Exits 0 with "<suite>: skipped (no CUDA device)" when there is none, or 1 with a FAIL
+ * line when the environment sets LINSEQ_REQUIRE_CUDA=1 (a device run, where a missing
+ * device is a failure, not a skip). */
 void ct_require_device(const char *suite);
+
+/* Prints "case: <op> <label>" and flushes stdout before a case's GPU work, so that a fault
+ * that kills the process (an illegal address, a hang cut by a timeout) is traced to its
+ * case. */
+void ct_case(const char *op, const char *label);
 
 /* Device copies of host data. bf16: the floats are rounded to bfloat16 (nearest even) and
  * stored as 2-byte elements. ct_free(NULL) does nothing. */

@@ -142,6 +142,7 @@ static void test_forward(const tcase *c, int bf16, uint64_t seed)
 {
     char label[256];
     describe(c, bf16, label, sizeof label);
+    ct_case("forward", label);
     host_data h;
     make_data(&h, c, bf16, seed);
     const linseq_conv1d_problem hp = host_problem(c, &h);
@@ -198,6 +199,7 @@ static void test_backward(const tcase *c, int bf16, bool partial, uint64_t seed)
     char label[256];
     describe(c, bf16, label, sizeof label);
     if (partial) strncat(label, " partial", sizeof label - strlen(label) - 1);
+    ct_case("backward", label);
     host_data h;
     make_data(&h, c, bf16, seed);
     const linseq_conv1d_problem hp = host_problem(c, &h);
@@ -249,6 +251,7 @@ static void test_backward(const tcase *c, int bf16, bool partial, uint64_t seed)
 
 static void test_invalid(void)
 {
+    ct_case("invalid arguments", "on the device path");
     tcase c = {.B = 1, .T = 4, .D = 8, .W = 4};
     host_data h;
     make_data(&h, &c, 0, 9);

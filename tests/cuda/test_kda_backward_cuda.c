@@ -85,6 +85,7 @@ static void run_case(const tcase *c)
 {
     char what[256];
     describe(c, what, sizeof what);
+    ct_case("backward", what);
     tu_rng r = {c->seed};
     const int64_t B = c->B, T = c->T, H = c->H, HV = c->HV, K = c->K, V = c->V;
     const int64_t BT = B * T, rows = c->n_seqs ? c->n_seqs : B;

@@ -287,6 +287,7 @@ static void check_case(const tcase *c, uint64_t seed)
             const double tol_h = mma ? TOL_BF16_MMA_STATE : TOL_F32;
             char what[400];
             describe(c, modes[m].name, bf16, what, sizeof what);
+            ct_case("forward", what);
             linseq_exec cpu = {.mode = modes[m].mode, .chunk_size = modes[m].chunk};
             CHECK_OK(linseq_kda_forward(&p, &cpu, o_cpu, ht_cpu));
             gpu_forward(c, &h, &d, bf16, modes[m].mode, modes[m].chunk, o, ht);
@@ -456,6 +457,12 @@ static void check_decode(int64_t B, int64_t H, int64_t HV, int64_t K, int64_t V,
         linseq_exec cpu = {0};
         CHECK_OK(linseq_kda_decode(&p, &cpu, pool_cpu, n_rows, use_rows ? rows : NULL, o_cpu));
 
+        char what[200];
+        snprintf(what, sizeof what,
+                 "decode B%lld H%lld HV%lld K%lld V%lld vfirst%d rows%d gate%d decay%d %s",
+                 (long long)B, (long long)H, (long long)HV, (long long)K, (long long)V, v_first,
+                 use_rows, gate, (int)decay, bf16 ? "bf16" : "f32");
+        ct_case("decode", what);
         dev_data d;
         upload(&c, &h, bf16, &d);
         int64_t *rows_dev = use_rows ? ct_upload_i64(rows, (size_t)B) : NULL;
@@ -479,11 +486,6 @@ static void check_decode(int64_t B, int64_t H, int64_t HV, int64_t K, int64_t V,
             ct_free(pool_dev);
             ct_free(o_dev);
         }
-        char what[200];
-        snprintf(what, sizeof what,
-                 "decode B%lld H%lld HV%lld K%lld V%lld vfirst%d rows%d gate%d decay%d %s",
-                 (long long)B, (long long)H, (long long)HV, (long long)K, (long long)V, v_first,
-                 use_rows, gate, (int)decay, bf16 ? "bf16" : "f32");
         const double eo = tu_rel_err(o, o_cpu, h.n_v), ep = tu_rel_err(pool, pool_cpu, n_pool);
         CHECK(eo <= (bf16 ? TOL_BF16 : TOL_F32), "%s: o err %.3g", what, eo);
         CHECK(ep <= TOL_F32, "%s: state err %.3g", what, ep);
@@ -568,6 +570,11 @@ static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay 
         linseq_kda_gate_grads gc = {.dg_raw = draw_cpu, .dA_log = dA_cpu, .ddt_bias = db_cpu};
         CHECK_OK(linseq_kda_gate_backward(&p, &cpu, dg, &gc));
 
+        char what[160];
+        snprintf(what, sizeof what, "gate B%lld T%lld H%lld K%lld decay%d alog%d bias%d lb%g %s",
+                 (long long)B, (long long)T, (long long)H, (long long)K, (int)decay, a_log, bias,
+                 (double)lower_bound, bf16 ? "bf16" : "f32");
+        ct_case("gate", what);
         void *raw_dev = ct_upload(raw, n, bf16), *dg_dev = ct_upload(dg, n, bf16);
         float *A_dev = ct_upload(A, (size_t)H, 0), *b_dev = ct_upload(dtb, nb, 0);
         linseq_kda_gate_problem pd = p;
@@ -577,10 +584,6 @@ static void check_gate(int64_t B, int64_t T, int64_t H, int64_t K, linseq_decay 
         const linseq_exec ex = ct_exec(LINSEQ_MODE_DEFAULT, 0, bf16);
         float *g = tu_alloc(n), *draw = tu_alloc(n), *dA = tu_alloc((size_t)H), *db = tu_alloc(nb);
         float *draw2 = tu_alloc(n), *dA2 = tu_alloc((size_t)H), *db2 = tu_alloc(nb);
-        char what[160];
-        snprintf(what, sizeof what, "gate B%lld T%lld H%lld K%lld decay%d alog%d bias%d lb%g %s",
-                 (long long)B, (long long)T, (long long)H, (long long)K, (int)decay, a_log, bias,
-                 (double)lower_bound, bf16 ? "bf16" : "f32");
         void *g_dev = ct_alloc_poisoned(n, bf16);
         CHECK_OK(linseq_kda_gate_forward(&pd, &ex, g_dev));
         ct_download(g, g_dev, n, bf16);

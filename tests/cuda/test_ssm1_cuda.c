@@ -193,6 +193,7 @@ static void test_forward(const tcase *c, int bf16, uint64_t seed)
 {
     char label[256];
     describe(c, bf16, label, sizeof label);
+    ct_case("forward", label);
     host_data h;
     make_data(&h, c, bf16, seed);
     const linseq_ssm1_problem hp = host_problem(c, &h);
@@ -248,6 +249,7 @@ static void test_backward(const tcase *c, int bf16, bool partial, uint64_t seed)
     char label[256];
     describe(c, bf16, label, sizeof label);
     if (partial) strncat(label, " partial", sizeof label - strlen(label) - 1);
+    ct_case("backward", label);
     host_data h;
     make_data(&h, c, bf16, seed);
     const linseq_ssm1_problem hp = host_problem(c, &h);
@@ -309,6 +311,7 @@ static void test_backward(const tcase *c, int bf16, bool partial, uint64_t seed)
 /* A NULL y on the device path is reported (the validation runs before any device work). */
 static void test_invalid(void)
 {
+    ct_case("invalid arguments", "on the device path");
     tcase c = {.B = 1, .T = 4, .D = 8, .N = 4};
     host_data h;
     make_data(&h, &c, 0, 7);
