@@ -6,14 +6,25 @@
 # with the working tree): fla-core's Python source (the Triton chunk_kda that
 # tools/gpu/bench.py times linseq against), the reference cases and their judge, and the
 # cJSON header and shared library the CLI links (the device image may lack them).
+# tools/gpu/run.sh checks that third_party/ came with the tree.
+#
+# fla-core is pinned so that the timings of one session compare with the next: its Triton
+# kernels change between releases, and an unpinned download would change the baseline
+# linseq is measured against without anyone noticing. 0.6.0 is the newest release when this
+# was written; moving the pin is a deliberate change, with the benchmark rerun.
+# --only-binary=:all: takes the published wheel and never builds from a source archive
+# (which could run code at download time and would not be what others measure).
 set -e
 cd "$(dirname "$0")/.."
 REFDATA=${1:-../shared/refdata}
+FLA_CORE_VERSION=0.6.0
 mkdir -p third_party
-if [ ! -d third_party/fla/fla ]; then
+if [ ! -f third_party/fla/.version ] || [ "$(cat third_party/fla/.version)" != "$FLA_CORE_VERSION" ]; then
     rm -rf third_party/fla third_party/wheels
-    python3 -m pip download -q --no-deps -d third_party/wheels fla-core
-    python3 -m zipfile -e third_party/wheels/fla_core-*.whl third_party/fla
+    python3 -m pip download -q --no-deps --only-binary=:all: -d third_party/wheels \
+        "fla-core==$FLA_CORE_VERSION"
+    python3 -m zipfile -e third_party/wheels/fla_core-"$FLA_CORE_VERSION"-*.whl third_party/fla
+    echo "$FLA_CORE_VERSION" > third_party/fla/.version
 fi
 rm -rf third_party/refdata
 cp -r "$REFDATA" third_party/refdata

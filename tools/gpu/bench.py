@@ -2,8 +2,10 @@
 
 Run by tools/gpu/run.sh on the GPU machine: liblinseq built with CUDA (LINSEQ_LIBRARY),
 python/ and third_party/fla on PYTHONPATH. Every timing is the median of CUDA-event timed
-repeats after a warm-up; inputs that fit in L2 are rotated among several sets. Writes
-bench.json to --out and prints one table last.
+repeats after a warm-up; inputs that fit in L2 are rotated among several sets. linseq's rows
+come first, fla-core's after (its first calls, Triton's autotuning and compiling, timed
+apart); each row runs on its own (a failure is that row's "error") and is printed and
+written to --out/bench.json as it ends; no row starts past --budget-s. One table last.
 
   KDA: bf16 q, k, v, g (per-channel log decay), beta, qk L2 norm in the kernel, default
        scale, no initial or final state: fla's benchmark setting, on fla's shapes.
@@ -13,11 +15,13 @@ bench.json to --out and prints one table last.
 
 import argparse
 import ctypes
+import functools
 import json
 import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 import torch.nn.functional as F
@@ -112,126 +116,203 @@ def rel_err(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
 
 
-def bench_kda(results, fla_chunk_kda):
-    for (B, T, H, D) in KDA_SHAPES:
-        row = {"shape": [B, T, H, D]}
-        per_set = 5 * B * T * H * D * 2
-        sets = max(1, min(4, math.ceil(3 * L2_BYTES / per_set)))
-        data = [kda_inputs(B, T, H, D, torch.bfloat16, s) for s in range(sets)]
+def linseq_kda_row(B, T, H, D):
+    """linseq alone at one shape: bf16 forward against its own fp32, forward and fwd+bwd times."""
+    row = {"shape": [B, T, H, D]}
+    data, sets = kda_data(B, T, H, D)
+    o = torch.empty(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    ex = cuda_exec(True)
+    # correctness on the device first: bf16 against fp32, both linseq
+    linseq_kda_forward(data[0], o, ex)
+    ref32 = torch.empty(B, T, H, D, device="cuda")
+    linseq_kda_forward([t.float() for t in data[0]], ref32, cuda_exec(False))
+    row["rel_err_bf16_vs_fp32"] = rel_err(o, ref32)
+    row["linseq_fwd_ms"] = median_ms(lambda i: linseq_kda_forward(data[i], o, ex), sets)[0]
+    d_o = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    grads = [torch.empty_like(t) for t in data[0]]
+
+    def step(i):
+        linseq_kda_forward(data[i], o, ex)
+        linseq_kda_backward(data[i], d_o, grads, ex)
+    row["linseq_fwdbwd_ms"] = median_ms(step, sets, repeat=10)[0]
+    return row
+
+
+def fla_kda_row(B, T, H, D, fla_chunk_kda):
+    """fla-core at one shape: its first calls (Triton autotuning and compiling) timed apart
+    from the median of the later ones, and its output against linseq's."""
+    row = {"shape": [B, T, H, D]}
+    data, sets = kda_data(B, T, H, D)
+
+    def fwd(i):
+        q, k, v, g, beta = data[i]
+        return fla_chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)[0]
+    start = time.perf_counter()
+    o_fla = fwd(0)
+    torch.cuda.synchronize()
+    row["fla_first_fwd_s"] = time.perf_counter() - start
+    try:
         o = torch.empty(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-        ex = cuda_exec(True)
-        # correctness on the device first: bf16 linseq against fla and against linseq fp32
-        linseq_kda_forward(data[0], o, ex)
-        ref32 = torch.empty(B, T, H, D, device="cuda")
-        linseq_kda_forward([t.float() for t in data[0]], ref32, cuda_exec(False))
-        row["rel_err_bf16_vs_fp32"] = rel_err(o, ref32)
-        if fla_chunk_kda is not None:
-            o_fla, _ = fla_chunk_kda(*data[0][:3], data[0][3], data[0][4],
-                                     use_qk_l2norm_in_kernel=True)
-            row["rel_err_vs_fla"] = rel_err(o, o_fla)
-            row["fla_fwd_ms"] = median_ms(
-                lambda i: fla_chunk_kda(data[i][0], data[i][1], data[i][2], data[i][3],
-                                        data[i][4], use_qk_l2norm_in_kernel=True), sets)[0]
-        row["linseq_fwd_ms"] = median_ms(lambda i: linseq_kda_forward(data[i], o, ex), sets)[0]
+        linseq_kda_forward(data[0], o, cuda_exec(True))
+        row["rel_err_vs_fla"] = rel_err(o, o_fla)
+    except Exception as exc:  # noqa: BLE001 - fla's times still count
+        row["rel_err_vs_fla_error"] = repr(exc)
+    row["fla_fwd_ms"] = median_ms(fwd, sets)[0]
+    d_o = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
+    leaves = [[t.clone().requires_grad_(True) for t in s] for s in data]
 
-        d_o = torch.randn(B, T, H, D, device="cuda", dtype=torch.bfloat16)
-        grads = [torch.empty_like(t) for t in data[0]]
-
-        def linseq_step(i):
-            linseq_kda_forward(data[i], o, ex)
-            linseq_kda_backward(data[i], d_o, grads, ex)
-        row["linseq_fwdbwd_ms"] = median_ms(linseq_step, sets, repeat=10)[0]
-        if fla_chunk_kda is not None:
-            leaves = [[t.clone().requires_grad_(True) for t in s] for s in data]
-
-            def fla_step(i):
-                q, k, v, g, beta = leaves[i]
-                out, _ = fla_chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
-                out.backward(d_o)
-            row["fla_fwdbwd_ms"] = median_ms(fla_step, sets, repeat=10)[0]
-            del leaves
-        results["kda"].append(row)
-        print(json.dumps(row), flush=True)
-        del data, o, ref32, grads, d_o
-        torch.cuda.empty_cache()
+    def step(i):
+        q, k, v, g, beta = leaves[i]
+        out, _ = fla_chunk_kda(q, k, v, g, beta, use_qk_l2norm_in_kernel=True)
+        out.backward(d_o)
+    start = time.perf_counter()
+    step(0)
+    torch.cuda.synchronize()
+    row["fla_first_fwdbwd_s"] = time.perf_counter() - start
+    row["fla_fwdbwd_ms"] = median_ms(step, sets, repeat=10)[0]
+    return row
 
 
-def bench_ssm1(results, copy_gbs):
+def kda_data(B, T, H, D):
+    """Input sets for one shape, as many as keep the rotated sets out of L2."""
+    per_set = 5 * B * T * H * D * 2
+    sets = max(1, min(4, math.ceil(3 * L2_BYTES / per_set)))
+    return [kda_inputs(B, T, H, D, torch.bfloat16, s) for s in range(sets)], sets
+
+
+def ssm1_row(dtype, copy_gbs):
     B, T, D, N = 8, 2048, 4096, 16
-    for dtype in (torch.float32, torch.bfloat16):
-        gen = torch.Generator(device="cuda").manual_seed(7)
-        x = torch.randn(B, T, D, device="cuda", generator=gen).to(dtype)
-        z = torch.randn(B, T, D, device="cuda", generator=gen).to(dtype)
-        dt = F.softplus(torch.randn(B, T, D, device="cuda", generator=gen) - 4).to(dtype)
-        Bp = torch.randn(B, T, N, device="cuda", generator=gen).to(dtype)
-        Cp = torch.randn(B, T, N, device="cuda", generator=gen).to(dtype)
-        A = -torch.exp(torch.randn(D, N, device="cuda", generator=gen))
-        Dk = torch.randn(D, device="cuda", generator=gen)
-        y = torch.empty(B, T, D, device="cuda", dtype=dtype)
-        hT = torch.empty(B, D, N, device="cuda")
-        prob = _lib.Ssm1Problem(B=B, T=T, D=D, N=N, G=1, x=ptr(x), dt=ptr(dt), A=ptr(A),
-                                B_proj=ptr(Bp), C_proj=ptr(Cp), D_skip=ptr(Dk), gate=ptr(z))
-        ex = cuda_exec(dtype == torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    x = torch.randn(B, T, D, device="cuda", generator=gen).to(dtype)
+    z = torch.randn(B, T, D, device="cuda", generator=gen).to(dtype)
+    dt = F.softplus(torch.randn(B, T, D, device="cuda", generator=gen) - 4).to(dtype)
+    Bp = torch.randn(B, T, N, device="cuda", generator=gen).to(dtype)
+    Cp = torch.randn(B, T, N, device="cuda", generator=gen).to(dtype)
+    A = -torch.exp(torch.randn(D, N, device="cuda", generator=gen))
+    Dk = torch.randn(D, device="cuda", generator=gen)
+    y = torch.empty(B, T, D, device="cuda", dtype=dtype)
+    hT = torch.empty(B, D, N, device="cuda")
+    prob = _lib.Ssm1Problem(B=B, T=T, D=D, N=N, G=1, x=ptr(x), dt=ptr(dt), A=ptr(A),
+                            B_proj=ptr(Bp), C_proj=ptr(Cp), D_skip=ptr(Dk), gate=ptr(z))
+    ex = cuda_exec(dtype == torch.bfloat16)
 
-        def run(i):
-            _lib.check(_lib.lib.linseq_ssm1_forward(ctypes.byref(prob), ctypes.byref(ex),
-                                                    ptr(y), ptr(hT)))
-        ms = median_ms(run)[0]
-        el = x.element_size()
-        moved = el * (4 * B * T * D + 2 * B * T * N) + 4 * (D * N + D + B * D * N)
-        floor_ms = moved / (copy_gbs * 1e9) * 1e3
-        row = {"dtype": str(dtype).split(".")[-1], "ms": ms, "floor_ms": floor_ms,
-               "ratio": ms / floor_ms}
-        results["ssm1"].append(row)
-        print(json.dumps(row), flush=True)
+    def run(i):
+        _lib.check(_lib.lib.linseq_ssm1_forward(ctypes.byref(prob), ctypes.byref(ex),
+                                                ptr(y), ptr(hT)))
+    ms = median_ms(run)[0]
+    el = x.element_size()
+    moved = el * (4 * B * T * D + 2 * B * T * N) + 4 * (D * N + D + B * D * N)
+    row = {"dtype": str(dtype).split(".")[-1], "ms": ms}
+    if copy_gbs:
+        row["floor_ms"] = moved / (copy_gbs * 1e9) * 1e3
+        row["ratio"] = ms / row["floor_ms"]
+    return row
 
 
 def table(results):
-    c = results["ceilings"]
-    lines = [f"ceilings: copy {c['copy_GBps']:.0f} GB/s, bf16 matmul "
-             f"{c['bf16_matmul_TFLOPs']:.0f} TFLOP/s",
+    c = results.get("ceilings", {})
+    lines = [f"ceilings: copy {c.get('copy_GBps', float('nan')):.0f} GB/s, bf16 matmul "
+             f"{c.get('bf16_matmul_TFLOPs', float('nan')):.0f} TFLOP/s",
              "KDA chunked, bf16 (ms, median)          fwd: linseq   fla   speedup | "
-             "fwd+bwd: linseq   fla   speedup | err vs fla"]
-    for r in results["kda"]:
+             "fwd+bwd: linseq   fla   speedup | err vs fla | fla 1st call s"]
+    fla = {tuple(r["shape"]): r for r in results["kda_fla"]}
+    nan = float("nan")
+    for lr in results["kda"]:
+        fr = fla.get(tuple(lr["shape"]), {})
+        r = {k: v for k, v in fr.items() if k not in ("error", "skipped")}
+        r.update(lr)
+
         def sp(a, b):
             return f"{r[b] / r[a]:6.2f}x" if a in r and b in r else "   n/a "
+        if "error" in r or "skipped" in r:
+            lines.append(f"  (B,T,H,D) = {str(tuple(r['shape'])):22s}  "
+                         f"{r.get('error', r.get('skipped'))}")
+            continue
         lines.append(
             f"  (B,T,H,D) = {str(tuple(r['shape'])):22s}  {r['linseq_fwd_ms']:8.3f} "
-            f"{r.get('fla_fwd_ms', float('nan')):7.3f} {sp('linseq_fwd_ms', 'fla_fwd_ms')} | "
-            f"{r['linseq_fwdbwd_ms']:8.3f} {r.get('fla_fwdbwd_ms', float('nan')):7.3f} "
-            f"{sp('linseq_fwdbwd_ms', 'fla_fwdbwd_ms')} | {r.get('rel_err_vs_fla', float('nan')):.2e}")
+            f"{r.get('fla_fwd_ms', nan):7.3f} {sp('linseq_fwd_ms', 'fla_fwd_ms')} | "
+            f"{r['linseq_fwdbwd_ms']:8.3f} {r.get('fla_fwdbwd_ms', nan):7.3f} "
+            f"{sp('linseq_fwdbwd_ms', 'fla_fwdbwd_ms')} | {r.get('rel_err_vs_fla', nan):.2e} | "
+            f"{r.get('fla_first_fwd_s', nan):.1f} {r.get('fla_first_fwdbwd_s', nan):.1f}"
+            f"{'  fla: ' + str(fr.get('error', fr.get('skipped'))) if fr.keys() & {'error', 'skipped'} else ''}")
     for r in results["ssm1"]:
+        if "ms" not in r:
+            lines.append(f"SSM1 {r.get('dtype')}: {r.get('error', r.get('skipped'))}")
+            continue
         lines.append(f"SSM1 fwd D=4096 N=16 T=2048 B=8 {r['dtype']}: {r['ms']:.3f} ms, "
-                     f"memory floor {r['floor_ms']:.3f} ms, {r['ratio']:.2f}x the floor")
+                     f"memory floor {r.get('floor_ms', nan):.3f} ms, "
+                     f"{r.get('ratio', nan):.2f}x the floor")
     return "\n".join(lines)
+
+
+class Rows:
+    """The results, printed and written to bench.json as each row ends, so that a run cut
+    short still leaves every finished row; no new row starts past the deadline."""
+
+    def __init__(self, out, budget_s):
+        self.path = os.path.join(out, "bench.json")
+        self.deadline = time.monotonic() + budget_s
+        self.results = {"device": torch.cuda.get_device_name(), "ceilings": {}, "kda": [],
+                        "ssm1": [], "kda_fla": []}
+        self.save()
+
+    def save(self):
+        with open(self.path, "w") as f:
+            json.dump(self.results, f, indent=1)
+
+    def run(self, section, key, fn):
+        """Appends fn()'s row to section; an exception or the deadline makes the row say so."""
+        if time.monotonic() > self.deadline:
+            row = dict(key, skipped="budget spent")
+        else:
+            try:
+                row = dict(key, **fn())
+            except Exception as exc:  # noqa: BLE001 - keep the other rows
+                row = dict(key, error=repr(exc))
+            torch.cuda.empty_cache()
+        self.results[section].append(row)
+        print(json.dumps({section: row}), flush=True)
+        self.save()
+        return row
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=".")
+    ap.add_argument("--budget-s", type=float, default=200,
+                    help="start no new row after this many seconds")
     args = ap.parse_args()
     torch.backends.cuda.matmul.allow_tf32 = False
+    rows = Rows(args.out, args.budget_s)
+    try:
+        rows.results["ceilings"] = ceilings()
+    except Exception as exc:  # noqa: BLE001 - the rows without their ceilings
+        rows.results["ceilings"] = {"error": repr(exc)}
+    print(json.dumps(rows.results["ceilings"]), flush=True)
+    rows.save()
+    # linseq's rows first: they are the point of the session; fla's after
+    for shape in KDA_SHAPES:
+        rows.run("kda", {"shape": list(shape)}, functools.partial(linseq_kda_row, *shape))
+    copy_gbs = rows.results["ceilings"].get("copy_GBps")
+    for dtype in (torch.float32, torch.bfloat16):
+        rows.run("ssm1", {"dtype": str(dtype).split(".")[-1]},
+                 functools.partial(ssm1_row, dtype, copy_gbs))
     try:
         from fla.ops.kda import chunk_kda as fla_chunk_kda
-    except Exception as exc:  # noqa: BLE001 - report and time linseq alone
-        print(f"fla-core not importable ({exc}); timing linseq alone", file=sys.stderr)
+    except Exception as exc:  # noqa: BLE001 - report and keep linseq's rows
+        print(f"fla-core not importable ({exc!r}); linseq's rows only", flush=True)
+        rows.results["fla_error"] = repr(exc)
         fla_chunk_kda = None
-    results = {"device": torch.cuda.get_device_name(), "kda": [], "ssm1": []}
-    results["ceilings"] = ceilings()
-    print(json.dumps(results["ceilings"]), flush=True)
-    for part in (bench_kda, bench_ssm1):
-        try:
-            if part is bench_ssm1:
-                part(results, results["ceilings"]["copy_GBps"])
-            else:
-                part(results, fla_chunk_kda)
-        except Exception as exc:  # noqa: BLE001 - keep the other part's numbers
-            print(f"{part.__name__} failed: {exc!r}", file=sys.stderr)
-            results[f"{part.__name__}_error"] = repr(exc)
-    with open(os.path.join(args.out, "bench.json"), "w") as f:
-        json.dump(results, f, indent=1)
-    print(table(results))
+    if fla_chunk_kda is not None:
+        for shape in KDA_SHAPES:
+            rows.run("kda_fla", {"shape": list(shape)},
+                     functools.partial(fla_kda_row, *shape, fla_chunk_kda))
+    rows.save()
+    print(table(rows.results))
+    failed = [r for part in ("kda", "ssm1", "kda_fla") for r in rows.results[part]
+              if "error" in r]
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
