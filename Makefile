@@ -54,9 +54,10 @@ TEST_SUPPORT_OBJ := $(TEST_SUPPORT:%.c=$(BUILD)/obj/%.o)
 # spills or local memory. Experimental: the backend has not yet run on a GPU.
 CUDA      ?= 0
 NVCC      ?= nvcc
-CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell command -v $(NVCC) 2>/dev/null)))
+# (nvcc resolved through any symlink, e.g. /usr/bin/nvcc -> /usr/local/cuda-X/bin/nvcc)
+CUDA_HOME ?= $(patsubst %/bin/,%,$(dir $(shell readlink -f "$$(command -v $(NVCC))" 2>/dev/null)))
 CUDA_GENCODE ?= -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_89,code=sm_89 \
-                -gencode=arch=compute_90a,code=sm_90a
+                -gencode=arch=compute_90a,code=sm_90a -gencode=arch=compute_90,code=compute_90
 CUDA_SRC  := $(sort $(wildcard src/cuda/*.cu))
 NVCC_FLAGS := -std=c++17 -O3 $(CUDA_GENCODE) -Xcompiler -fPIC,-fvisibility=hidden \
               -Iinclude -Isrc -lineinfo -Xptxas -v -DLINSEQ_WITH_CUDA

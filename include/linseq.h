@@ -141,7 +141,10 @@ typedef struct linseq_exec {
      * device memory of device_index; work is enqueued on stream (a cudaStream_t; NULL = the
      * default stream) and the call returns without waiting for it, except that a call with
      * cu_seqlens or state_rows first copies them to the host to validate them (a stream
-     * synchronization). A build without CUDA returns LINSEQ_ERR_UNSUPPORTED. */
+     * synchronization). Workspace comes from the device's default memory pool, whose release
+     * threshold the first call on a device raises to UINT64_MAX (memory stays pooled across
+     * calls; cudaMemPoolTrimTo returns it). A build without CUDA returns
+     * LINSEQ_ERR_UNSUPPORTED. */
     linseq_device device;
     int device_index;
     void *stream;

@@ -84,9 +84,15 @@ struct ls_cuda_workspace {
             err == cudaErrorMemoryAllocation ? LINSEQ_ERR_OUT_OF_MEMORY : LINSEQ_ERR_DEVICE,
             "could not allocate %zu bytes of device workspace: %s", bytes, cudaGetErrorString(err));
     }
+    // A failed free is cleared from the runtime (so a later launch check does not report it)
+    // and left for the entry point to report.
     ~ls_cuda_workspace()
     {
-        if (ptr) cudaFreeAsync(ptr, stream);
+        if (!ptr) return;
+        const cudaError_t err = cudaFreeAsync(ptr, stream);
+        if (err == cudaSuccess) return;
+        (void)cudaGetLastError();
+        ls_cuda_note_free_failure((int)err);
     }
     template <typename T> T *as() const { return static_cast<T *>(ptr); }
 };

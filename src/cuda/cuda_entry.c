@@ -10,8 +10,44 @@
 #ifdef LINSEQ_WITH_CUDA
 
 #include <cuda_runtime_api.h>
+#include <stdatomic.h>
 
 #include "cuda/cuda_ops.h"
+
+/* The first failed workspace free of this thread's call in progress (cudaSuccess: none). */
+static _Thread_local cudaError_t free_failure = cudaSuccess;
+
+void ls_cuda_note_free_failure(int cuda_error)
+{
+    if (free_failure == cudaSuccess) free_failure = (cudaError_t)cuda_error;
+}
+
+/* Workspace comes from cudaMallocAsync on the device's default memory pool, whose release
+ * threshold (0 by default) hands its memory back to the driver at every synchronize, so each
+ * call would map its workspace anew. Raising the threshold once per device keeps the memory in
+ * the pool for the next call (a caller may trim it, or set the threshold back after the first
+ * call: it is not set again). A bit per device ordinal below 64 says it is done; two threads
+ * racing both set the same value. Ordinals from 64 on set it at every call. */
+static linseq_status keep_pool_memory(const char *fn, int device)
+{
+    static atomic_uint_least64_t kept;
+    const uint_least64_t bit = device < 64 ? (uint_least64_t)1 << device : 0;
+    if (bit && (atomic_load(&kept) & bit)) return LINSEQ_OK;
+    cudaMemPool_t pool;
+    uint64_t threshold = UINT64_MAX;
+    cudaError_t err = cudaDeviceGetDefaultMemPool(&pool, device);
+    if (err == cudaSuccess)
+        err = cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold);
+    if (err != cudaSuccess) {
+        (void)cudaGetLastError();
+        return ls_fail(fn, LINSEQ_ERR_DEVICE,
+                       "raising the release threshold of CUDA device %d's default memory pool "
+                       "failed: %s",
+                       device, cudaGetErrorString(err));
+    }
+    atomic_fetch_or(&kept, bit);
+    return LINSEQ_OK;
+}
 
 /* A device call in progress: the call descriptor, the caller's device to restore, and the
  * host copy of cu_seqlens. */
@@ -37,6 +73,8 @@ static linseq_status begin(device_call *dc, const char *fn, const linseq_exec *e
         (err = cudaSetDevice(exec->device_index)) != cudaSuccess)
         return ls_fail(fn, LINSEQ_ERR_DEVICE, "selecting CUDA device %d failed: %s",
                        exec->device_index, cudaGetErrorString(err));
+    linseq_status st = keep_pool_memory(fn, exec->device_index);
+    if (st) return st;
     dc->call.fn = fn;
     dc->call.device = exec->device_index;
     dc->call.stream = exec->stream;
@@ -44,10 +82,26 @@ static linseq_status begin(device_call *dc, const char *fn, const linseq_exec *e
     return LINSEQ_OK;
 }
 
-static linseq_status finish(device_call *dc, linseq_status st)
+/* Ends the call: a failed workspace free or a failed restore of the caller's device is
+ * LINSEQ_ERR_DEVICE, unless the call has already failed (that failure is the one to report). */
+static linseq_status finish(device_call *dc, linseq_status st, const char *fn)
 {
     free(dc->cu_host);
-    if (dc->previous_device >= 0) (void)cudaSetDevice(dc->previous_device);
+    const cudaError_t freed = free_failure;
+    free_failure = cudaSuccess;
+    if (!st && freed != cudaSuccess)
+        st = ls_fail(fn, LINSEQ_ERR_DEVICE, "freeing device workspace failed: %s",
+                     cudaGetErrorString(freed));
+    if (dc->previous_device >= 0) {
+        const cudaError_t err = cudaSetDevice(dc->previous_device);
+        if (err != cudaSuccess) {
+            (void)cudaGetLastError();
+            if (!st)
+                st = ls_fail(fn, LINSEQ_ERR_DEVICE,
+                             "restoring the caller's CUDA device %d failed: %s",
+                             dc->previous_device, cudaGetErrorString(err));
+        }
+    }
     return st;
 }
 
@@ -96,7 +150,7 @@ linseq_status ls_cuda_entry_copy_i64(const char *fn, const linseq_exec *exec, co
     *host = NULL;
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = fetch_i64(&dc, name, device_values, n, host);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_kda_forward(const char *fn, const ls_cuda_kda_args *kda,
@@ -108,7 +162,7 @@ linseq_status ls_cuda_entry_kda_forward(const char *fn, const ls_cuda_kda_args *
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     dc.call.chunk = kda->chunk;
     if (!st) st = ls_cuda_kda_forward(p, kda->HV, kda->scale, &dc.call, o, ht);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args *kda,
@@ -121,7 +175,7 @@ linseq_status ls_cuda_entry_kda_backward(const char *fn, const ls_cuda_kda_args 
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     dc.call.chunk = kda->chunk;
     if (!st) st = ls_cuda_kda_backward(p, kda->HV, kda->scale, &dc.call, d_o, d_ht, grads);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *kda,
@@ -136,7 +190,7 @@ linseq_status ls_cuda_entry_kda_decode(const char *fn, const ls_cuda_kda_args *k
     if (!st)
         st = ls_cuda_kda_decode(p, kda->HV, kda->scale, &dc.call, state, n_state_rows, state_rows,
                                 o);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_kda_gate_forward(const char *fn, const linseq_kda_gate_problem *p,
@@ -145,7 +199,7 @@ linseq_status ls_cuda_entry_kda_gate_forward(const char *fn, const linseq_kda_ga
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = ls_cuda_kda_gate_forward(p, &dc.call, g);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_kda_gate_backward(const char *fn, const linseq_kda_gate_problem *p,
@@ -155,7 +209,7 @@ linseq_status ls_cuda_entry_kda_gate_backward(const char *fn, const linseq_kda_g
     device_call dc;
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = ls_cuda_kda_gate_backward(p, &dc.call, d_g, grads);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_ssm1_forward(const char *fn, const linseq_ssm1_problem *p,
@@ -165,7 +219,7 @@ linseq_status ls_cuda_entry_ssm1_forward(const char *fn, const linseq_ssm1_probl
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     if (!st) st = ls_cuda_ssm1_forward(p, &dc.call, y, hT);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_problem *p,
@@ -176,7 +230,7 @@ linseq_status ls_cuda_entry_ssm1_backward(const char *fn, const linseq_ssm1_prob
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     if (!st) st = ls_cuda_ssm1_backward(p, &dc.call, d_y, d_hT, grads);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_problem *p,
@@ -186,7 +240,7 @@ linseq_status ls_cuda_entry_conv1d_forward(const char *fn, const linseq_conv1d_p
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     if (!st) st = ls_cuda_conv1d_forward(p, &dc.call, y, conv_state_out);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 linseq_status ls_cuda_entry_conv1d_backward(const char *fn, const linseq_conv1d_problem *p,
@@ -198,7 +252,7 @@ linseq_status ls_cuda_entry_conv1d_backward(const char *fn, const linseq_conv1d_
     linseq_status st = begin(&dc, fn, exec);
     if (!st) st = plan_sequences(&dc, p->cu_seqlens, p->n_seqs, p->B, p->T);
     if (!st) st = ls_cuda_conv1d_backward(p, &dc.call, d_y, d_conv_state_out, grads);
-    return finish(&dc, st);
+    return finish(&dc, st, fn);
 }
 
 #else /* a build without CUDA: ls_check_exec has already refused the device */

@@ -16,7 +16,8 @@
  * Semantics are the CPU path's, exactly (include/linseq.h, README "Semantics"); tests/cuda
  * compares the two. Errors: a failed CUDA call returns LINSEQ_ERR_DEVICE through ls_fail
  * with the call and cudaGetErrorString in the message. Workspace comes from cudaMallocAsync
- * on the stream and is freed on it before returning.
+ * on the stream (the device's default memory pool, which the entry point keeps from
+ * returning memory to the driver at every synchronize) and is freed on it before returning.
  *
  * This header is plain C so that the C entry points and the .cu files share it. */
 #ifndef LS_CUDA_OPS_H
@@ -76,6 +77,11 @@ linseq_status ls_cuda_conv1d_forward(const linseq_conv1d_problem *p, const ls_cu
 linseq_status ls_cuda_conv1d_backward(const linseq_conv1d_problem *p, const ls_cuda_call *call,
                                       const void *d_y, const float *d_conv_state_out,
                                       const linseq_conv1d_grads *grads);
+
+/* A workspace free (cudaFreeAsync, in a destructor, which cannot return a status) failed with
+ * this cudaError_t: the entry point reports it as LINSEQ_ERR_DEVICE when the call has no
+ * earlier failure. Per thread. */
+void ls_cuda_note_free_failure(int cuda_error);
 
 #ifdef __cplusplus
 }

@@ -703,8 +703,19 @@ __device__ __forceinline__ void mma_stage_chunk(float *item, int64_t Kp,
     const float *kd = chunk_ws::kd(item, C, Kp), *Aqk = chunk_ws::Aqk(item, C, Kp);
     const float *Tinv = chunk_ws::Tinv(item, C, Kp), *bet = chunk_ws::beta(item, C, Kp);
     const float *dlast = chunk_ws::dlast(item, C, Kp);
+    // Each warp takes 16 rows x 2 groups of 4 columns (lane = 2 (r % 16) + group), so its kd^T
+    // stores hit distinct banks: element (d, r) is 32-bit word (d LDC + r) / 2 = 36 d + r / 2,
+    // whose bank is (4 d + r / 2) mod 32; the two groups of a warp differ by 4 in d (16 banks)
+    // and its 16 rows span 8 words, so the 32 lanes' stores cover 16 distinct words in 16
+    // banks, two lanes to a word. (A lane per group of 4 columns of one row, the obvious order,
+    // puts lane l on bank 16 l + const: 16 lanes to a bank.) The 8-byte kbg and qg stores of
+    // each half warp (8 rows x 2 groups: banks 4 r + 2 group + {0, 1}) stay conflict-free, and
+    // each row's two groups read 32 contiguous bytes of global memory.
+    static_assert(C % 16 == 0 && KT % 8 == 0 && MMA_THREADS % 32 == 0, "the warp layout below");
     for (int idx = tid; idx < C * KT / 4; idx += MMA_THREADS) {
-        const int r = idx / (KT / 4), d = 4 * (idx % (KT / 4));
+        const int lane = idx % 32, batch = idx / 32; // batch: the warp-wide step
+        const int r = 16 * (batch % (C / 16)) + lane / 2;
+        const int d = 8 * (batch / (C / 16)) + 4 * (lane % 2);
         float4 a = make_float4(0.0f, 0.0f, 0.0f, 0.0f), b = a, c = a;
         if (d < Kp) {
             a = __ldg(reinterpret_cast<const float4 *>(kbg + r * Kp + d));
@@ -833,6 +844,31 @@ linseq_status launch_state_mma(const linseq_kda_problem *p, int64_t HV, const ls
     return LINSEQ_OK;
 }
 
+// The state tile width for key tiles of KT: 32 columns when their grid fits in one wave (every
+// CTA resident at once, by the occupancy the runtime computes for this kernel, its shared
+// memory and registers), else 64, whose grid is half as large and re-reads the chunk matrices
+// half as often. Each CTA walks its sequence alone, so with 32-column tiles in one wave every
+// SM has work; when they would take two waves, 64-column tiles in one (or in fewer CTAs)
+// finish first.
+template <int KT>
+linseq_status launch_state_mma_fitted(const linseq_kda_problem *p, int64_t HV,
+                                      const ls_cuda_call *call, const chunk_ws &ws,
+                                      const int64_t *seqs, void *o, float *ht)
+{
+    int sms = 0, per_sm = 0;
+    LS_CUDA_TRY(call, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device));
+    const size_t bytes = mma_shape<KT, 32>::bytes;
+    LS_CUDA_TRY(call,
+                cudaFuncSetAttribute(chunk_state_mma_kernel<KT, 32>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    LS_CUDA_TRY(call, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                          &per_sm, chunk_state_mma_kernel<KT, 32>, MMA_THREADS, bytes));
+    const int64_t narrow_ctas = call->n_seqs * HV * ((p->V + 31) / 32);
+    if (narrow_ctas <= (int64_t)per_sm * sms)
+        return launch_state_mma<KT, 32>(p, HV, call, ws, seqs, o, ht);
+    return launch_state_mma<KT, 64>(p, HV, call, ws, seqs, o, ht);
+}
+
 template <typename Elem, int C>
 linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scale,
                              const ls_cuda_call *call, const chunk_ws &ws, const int64_t *seqs,
@@ -850,23 +886,8 @@ linseq_status launch_chunked(const linseq_kda_problem *p, int64_t HV, float scal
         LS_CUDA_LAUNCHED(call, "chunk_prep_kernel");
     }
     if (sizeof(Elem) == 2 && C == MMA_C) { // bf16: the state products on tensor cores
-        // 64-column tiles halve the re-reads of the chunk matrices; 32-column tiles double the
-        // CTAs when 64-column ones would not give every SM two (each CTA walks its sequence
-        // alone, so idle SMs are lost time)
-        int sms = 0;
-        if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, call->device) !=
-                cudaSuccess ||
-            sms <= 0) {
-            (void)cudaGetLastError();
-            sms = 132;
-        }
-        const bool narrow = call->n_seqs * HV * ((p->V + 63) / 64) < 2 * (int64_t)sms;
-        if (p->K <= 64)
-            return narrow ? launch_state_mma<64, 32>(p, HV, call, ws, seqs, o, ht)
-                          : launch_state_mma<64, 64>(p, HV, call, ws, seqs, o, ht);
-        if (p->K <= 128)
-            return narrow ? launch_state_mma<128, 32>(p, HV, call, ws, seqs, o, ht)
-                          : launch_state_mma<128, 64>(p, HV, call, ws, seqs, o, ht);
+        if (p->K <= 64) return launch_state_mma_fitted<64>(p, HV, call, ws, seqs, o, ht);
+        if (p->K <= 128) return launch_state_mma_fitted<128>(p, HV, call, ws, seqs, o, ht);
         return launch_state_mma<256, 32>(p, HV, call, ws, seqs, o, ht);
     }
     const size_t state_bytes = (size_t)(2 * ws.Kp + 2 * C) * STATE_BV * sizeof(float);
