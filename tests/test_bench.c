@@ -7,7 +7,10 @@
  *
  * The CLI is found beside the test folder (BUILD/tests/test_bench -> BUILD/linseq), or at
  * $LINSEQ_CLI. */
+#define _XOPEN_SOURCE 700 /* realpath */
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -381,6 +384,47 @@ static void test_peak(void)
     outcome_free(&o);
 }
 
+/* Processes now running the CLI's binary (bench's busy children would be such). */
+static int cli_processes(void)
+{
+    char binary[PATH_MAX], path[300], exe[PATH_MAX]; /* path: "/proc/" and a d_name */
+    if (!realpath(cli, binary)) return -1;
+    DIR *d = opendir("/proc");
+    if (!d) return -1;
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));) {
+        if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+        snprintf(path, sizeof path, "/proc/%s/exe", e->d_name);
+        const ssize_t len = readlink(path, exe, sizeof exe - 1);
+        if (len <= 0) continue;
+        exe[len] = '\0';
+        n += strcmp(exe, binary) == 0;
+    }
+    closedir(d);
+    return n;
+}
+
+static void check_usage_error(const char *const *args);
+
+/* --contend N runs N busy processes beside the timing, says so in the result, and leaves
+ * none behind. */
+static void test_contend(void)
+{
+    const int before = cli_processes();
+    outcome o = run_bench(true, ARGS("conv", "--T", "8", "--D", "8", "--repeats", "2", "--warmup",
+                                     "0", "--json", "--no-peak", "--contend", "2"));
+    CHECK(o.status == 0, "--contend: exit %d, stderr '%s'", o.status, o.err);
+    cJSON *j = one_object(&o, "--contend");
+    const cJSON *busy = cJSON_GetObjectItemCaseSensitive(j, "busy_processes");
+    CHECK(cJSON_IsNumber(busy) && busy->valuedouble == 2, "--contend 2: busy_processes");
+    cJSON_Delete(j);
+    outcome_free(&o);
+    CHECK(cli_processes() == before, "--contend left busy processes behind (%d, were %d)",
+          cli_processes(), before);
+    check_usage_error(ARGS("conv", "--contend", "65"));
+    check_usage_error(ARGS("conv", "--contend", "-1"));
+}
+
 /* Without OMP_WAIT_POLICY, bench runs once and says nothing on stderr: it used to set
  * OMP_WAIT_POLICY=active and run itself again, and the OpenMP threads of its peak measurement
  * then spun beside the library's own pool and slowed every timed call (KDA forward, 2
@@ -473,6 +517,7 @@ int main(int argc, char **argv)
     test_table_commands();
     test_peak();
     test_no_reexec();
+    test_contend();
     test_errors();
     return tu_finish("test_bench");
 }

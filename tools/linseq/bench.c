@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "commands.h"
+#include "contend.h"
 #include "core/parallel.h"
 #include "linseq.h"
 #include "optable/optable.h"
@@ -58,6 +59,8 @@ const char ls_bench_usage[] =
     "  --json         one JSON object per result on stdout instead of the text\n"
     "  --no-peak      do not measure the peak, so no fractions of it are reported\n"
     "  --mib N        MiB in each array of the bandwidth measurement (default 256)\n"
+    "  --contend N    run N processes that keep a processor busy beside the timing (and\n"
+    "                 the peak), as a loaded machine's other work does; 0 to 64\n"
     "  --cold         decode: cycle through copies of the state filling --mib MiB, so that\n"
     "                 each call reads its state from memory; by default one state is reused\n"
     "                 (cache-warm, as llama.cpp's test-backend-ops times its ops)\n"
@@ -154,6 +157,7 @@ typedef struct settings {
     int warmup;  /* < 0 = at least 2 calls and 0.1 s */
     bool json, no_peak, cold;
     int mib;
+    int contend; /* busy processes beside the timing (--contend) */
 } settings;
 
 static spec default_spec(const command *c)
@@ -808,8 +812,8 @@ static void json_result(const result *r, const char *case_name)
            r->tokens / r->tm.median, r->tm.median / r->tokens * 1e6);
     printf(", \"flops\": %.17g, \"gflops\": %.9g, \"bytes\": %.17g, \"gbytes_per_s\": %.9g",
            r->flops, gflops(r), r->bytes, gbs(r));
-    printf(", \"cpus_busy\": %.4g, \"contended\": %s", r->tm.cpus_busy,
-           contended(r) ? "true" : "false");
+    printf(", \"cpus_busy\": %.4g, \"contended\": %s, \"busy_processes\": %d", r->tm.cpus_busy,
+           contended(r) ? "true" : "false", contend_running());
     if (r->n_pool > 0)
         printf(", \"state_copies\": %" PRId64, r->n_pool);
     else
@@ -844,8 +848,10 @@ static void text_result(const result *r)
 {
     char label[384]; /* name, mode, a 256-byte shape, decay */
     label_text(r, label, sizeof label);
-    printf("%s, %d thread%s, isa %s\n", label, r->s.threads, r->s.threads == 1 ? "" : "s",
+    printf("%s, %d thread%s, isa %s", label, r->s.threads, r->s.threads == 1 ? "" : "s",
            linseq_isa());
+    if (contend_running()) printf(", beside %d busy processes (--contend)", contend_running());
+    printf("\n");
     print_time("  time    median", r->tm.median);
     print_time(", min", r->tm.min);
     print_time(", max", r->tm.max);
@@ -940,7 +946,8 @@ typedef enum opt_id {
     O_MIB,
     O_JSON,
     O_NO_PEAK,
-    O_COLD
+    O_COLD,
+    O_CONTEND
 } opt_id;
 
 typedef struct option_def {
@@ -962,6 +969,7 @@ static const option_def options[] = {
     {"--json", O_JSON, FOR_ALL, true},
     {"--no-peak", O_NO_PEAK, FOR_OP | FOR_SUITE, true},
     {"--cold", O_COLD, FOR_OP, true},
+    {"--contend", O_CONTEND, FOR_ALL, false},
 };
 
 /* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
@@ -1070,6 +1078,11 @@ static int set_value(const option_def *o, const char *size, const char *v, spec 
         if (!parse_i64(v, 1, 65536, &x))
             return usage_fail("--mib: '%s' is not a size from 1 to 65536 MiB", v);
         set->mib = (int)x;
+        return LS_EXIT_OK;
+    case O_CONTEND:
+        if (!parse_i64(v, 0, CONTEND_MAX, &x))
+            return usage_fail("--contend: '%s' is not a count from 0 to %d", v, CONTEND_MAX);
+        set->contend = (int)x;
         return LS_EXIT_OK;
     default: return LS_EXIT_OK;
     }
@@ -1337,6 +1350,10 @@ int cmd_bench(int argc, char **argv)
     if (parsed != LS_EXIT_OK) return parsed;
     if (cmd && !shape_fits(&s)) return usage_fail("%s: the shape is too large", cmd->name);
 
+    if (set.contend && !contend_start(set.contend)) {
+        fprintf(stderr, "linseq bench: cannot start %d busy processes (--contend)\n", set.contend);
+        return LS_EXIT_ERROR;
+    }
     if (target == FOR_PEAK) return cmd_peak(&set);
     if (target == FOR_SUITE) return cmd_suite(&set);
 
