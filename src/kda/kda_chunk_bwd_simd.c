@@ -15,6 +15,11 @@
  * either: for A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]},
  *     dX_r = sum_c dA[r,c] Y_c e^{G_r-G_c},  dY_c = sum_r dA[r,c] X_r e^{G_r-G_c},
  *     dG_r += X_r dX_r,  dG_c -= Y_c dY_c.
+ * A factor whose exponent is identically 0 (Aqk's diagonal, Kd's last row) gets no dG share:
+ * its +x to dG_r and -x to dG_r would cancel to float32 rounding of O(1) terms, while the
+ * true dg can be e^g small (every token decaying by e^-30 leaves dg ~ 1e-14): so dG only
+ * collects terms that carry at least one decay factor, and dg keeps float32 accuracy relative
+ * to its own scale, as the recurrent backward does.
  * Finally dg_t = sum_{r >= t} dG_r inside the chunk (the earlier chunks see g_t only through
  * the state, whose gradient dS0 carries on), and tokens whose g was raised to the floor get 0:
  * every factor they enter is an exact float32 zero. */
@@ -146,11 +151,12 @@ static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const f
                    K - d);
 }
 
-/* For A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]} (c <= r, or c < r when strict):
- * dX = dA-weighted Y, dY = dA-weighted X, overwritten, through the forward's factorisation. */
+/* For the strictly lower A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]} (c < r): dX = dA-weighted
+ * Y, dY = dA-weighted X, overwritten, through the forward's factorisation. (A diagonal has no
+ * decay and no dG share: the caller adds it.) */
 static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
-                                        int64_t K, int64_t C, const float *dA, bool strict,
-                                        const float *X, const float *Y)
+                                        int64_t K, int64_t C, const float *dA, const float *X,
+                                        const float *Y)
 {
     const int64_t S = KDA_SUB_CHUNK;
     memset(w->dX, 0, (size_t)(Lc * K) * sizeof(float));
@@ -163,10 +169,6 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
         for (int64_t r = n; r < n + m; r++) {
             const float *xr = X + r * K;
             float *dxr = w->dX + r * K;
-            if (!strict) {
-                ls_vaxpy(K, dA[r * C + r], Y + r * K, dxr);
-                ls_vaxpy(K, dA[r * C + r], xr, w->dY + r * K);
-            }
             int64_t d = 0;
             for (; d + 2 * VW <= K; d += 2 * VW) {
                 vf run0 = vf_set1(1.0f), run1 = vf_set1(1.0f), acc0 = vf_zero(), acc1 = vf_zero();
@@ -228,14 +230,13 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
 
 /* The same with one decay per row: e^{G_r - G_c} is a scalar weight of dA. */
 static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc, int64_t K,
-                                     int64_t C, const float *dA, bool strict, const float *X,
-                                     const float *Y)
+                                     int64_t C, const float *dA, const float *X, const float *Y)
 {
     for (int64_t r = 0; r < Lc; r++) {
         float e = 1.0f;
         for (int64_t c = Lc - 1; c > r; c--) w->dAe[r * C + c] = 0.0f;
         for (int64_t c = r; c >= 0; c--) {
-            w->dAe[r * C + c] = (c < r || !strict) ? dA[r * C + c] * e : 0.0f;
+            w->dAe[r * C + c] = c < r ? dA[r * C + c] * e : 0.0f;
             e *= cw->a[c];
         }
     }
@@ -244,13 +245,13 @@ static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, in
 }
 
 static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
-                            const float *dA, bool strict, const float *X, const float *Y)
+                            const float *dA, const float *X, const float *Y)
 {
     const int64_t K = pl->p->K, C = pl->chunk;
     if (pl->p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        scores_backward_per_channel(w, cw, Lc, K, C, dA, strict, X, Y);
+        scores_backward_per_channel(w, cw, Lc, K, C, dA, X, Y);
     else
-        scores_backward_per_head(w, cw, Lc, K, C, dA, strict, X, Y);
+        scores_backward_per_head(w, cw, Lc, K, C, dA, X, Y);
 }
 
 /* dg_t = sum_{r >= t} dG_r from the last row up, 0 where g was floored. The running sum
@@ -383,9 +384,12 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         if (has_decay) {
             add_dG(dG, gK, K, dkbg, cw->kbg + r * K, 1.0f);
             add_dG(dG, gK, K, dqg, cw->qg + r * K, 1.0f);
-            /* Kd's exponent G_L - G_r: -dG_r, and +dG_L for every row */
-            add_dG(dG, gK, K, dkd, cw->kd + r * K, -1.0f);
-            add_dG(w->dGL, gK, K, dkd, cw->kd + r * K, 1.0f);
+            /* Kd's exponent G_L - G_r: -dG_r and +dG_L, except for the last row, whose
+             * exponent is identically 0 (its two terms would cancel, see the header) */
+            if (r < Lc - 1) {
+                add_dG(dG, gK, K, dkd, cw->kd + r * K, -1.0f);
+                add_dG(w->dGL, gK, K, dkd, cw->kd + r * K, 1.0f);
+            }
         }
     }
 
@@ -398,8 +402,13 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
             for (int64_t c = ej - 1; c >= nj; c--)
                 vmul3(K, w->cf + (c + 1) * K, cw->a + (c + 1) * K, w->cf + c * K);
         }
-    scores_backward(pl, w, cw, Lc, w->dAqk, false, cw->qs, cw->ks);
+    /* Aqk's diagonal has the factor e^0 = 1 and no dG share: it goes to dqs and dks only,
+     * and the strictly lower part through the scores' backward with its dG terms. */
+    scores_backward(pl, w, cw, Lc, w->dAqk, cw->qs, cw->ks);
     for (int64_t r = 0; r < Lc; r++) {
+        const float diag = w->dAqk[r * C + r];
+        ls_vaxpy(K, diag, cw->ks + r * K, w->dqs + r * K);
+        ls_vaxpy(K, diag, cw->qs + r * K, w->dks + r * K);
         ls_vaxpy(K, 1.0f, w->dX + r * K, w->dqs + r * K);
         ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {
@@ -407,7 +416,7 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
             add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0f);
         }
     }
-    scores_backward(pl, w, cw, Lc, w->dAkk, true, cw->ks, cw->ks);
+    scores_backward(pl, w, cw, Lc, w->dAkk, cw->ks, cw->ks);
     for (int64_t r = 0; r < Lc; r++) {
         ls_vaxpy(K, 1.0f, w->dX + r * K, w->dks + r * K);
         ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);

@@ -63,6 +63,15 @@ CASES = [
     kda('kda_varlen3_ph_B1_T30_H1_HV2_K8_V8_gik_nol2_noh0_dh0', 1014, 1, 30, 1, 8, 8,
         'per_head', cu=[0, 0, 12, 30], HV=2, gate_in_kernel=True, l2=False, h0=False,
         dstate_at_zero=True),
+    # Every token decaying hard (per-head as fla's Gated DeltaNet tests draw it, per-channel,
+    # and through the in-kernel gate): dg is ~1e-11 and below while the other gradients are
+    # O(1), and must still match relative to its own scale in every chunk size.
+    kda('kda_hard_pc_B1_T140_H1_K16_V8_g25_l2_h0', 1015, 1, 140, 1, 16, 8, 'per_channel',
+        g_style='hard', g_mag=25.0),
+    kda('kda_hard_ph_B2_T140_H2_K8_V8_g34.5_nol2_h0', 1016, 2, 140, 2, 8, 8, 'per_head',
+        l2=False, g_style='hard', g_mag=34.5),
+    kda('kda_hard_gik_pc_B1_T140_H1_HV2_K8_V8_g30_l2_h0', 1017, 1, 140, 1, 8, 8,
+        'per_channel', HV=2, gate_in_kernel=True, g_style='hard', g_mag=30.0),
     # KDA gate
     gate('kda_gate_pc_B2_T8_H3_K8', 1101, 2, 8, 3, 8, 'per_channel'),
     gate('kda_gate_ph_B2_T8_H4_over20', 1102, 2, 8, 4, None, 'per_head', over_threshold=True),

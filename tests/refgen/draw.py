@@ -10,7 +10,11 @@ def f32(a):
 def _kda_decay(rng, shape, style, mag):
     """Log decays <= 0. 'rand': -mag*U(0,2). 'heavy': a heavy tail (rare tokens decay a lot).
     'spikes': 'rand' plus a few tokens between -30 and -150, so that the decay summed over
-    one chunk goes far below what exp() can undo in float32."""
+    one chunk goes far below what exp() can undo in float32. 'hard': every token in
+    (-2 mag, -mag), so that each forgets almost all of the state and dg is ~e^-mag small
+    next to the other gradients: a backward must not leave rounding of O(1) terms in it."""
+    if style == 'hard':
+        return -mag * rng.uniform(1, 2, shape)
     g = -mag * rng.uniform(0, 2, shape)
     if style == 'heavy':
         g = -mag * rng.exponential(1.0, shape) ** 2
@@ -39,7 +43,13 @@ def kda(rng, c):
     x['v'] = rng.standard_normal((B, T, HV, V))
     x['beta'] = (rng.normal(0, 1.5, (B, T, HV)) if c.get('beta_is_logit')
                  else rng.uniform(0.05, 0.95, (B, T, HV)))
-    if c.get('gate_in_kernel'):
+    if c.get('gate_in_kernel') and c.get('g_style') == 'hard':
+        # softplus(g + dt_bias) in about (0.85, 1.6) times e^A_log = g_mag: g in about
+        # (-1.6 g_mag, -0.85 g_mag) on every token
+        x['g'] = rng.uniform(0.5, 1.2, g_shape)
+        x['A_log'] = np.full((HV,), np.log(c['g_mag']))
+        x['dt_bias'] = rng.uniform(-0.2, 0.2, (HV * K,) if decay == 'per_channel' else (HV,))
+    elif c.get('gate_in_kernel'):
         x['g'] = rng.normal(0, 2, g_shape)
         x['A_log'] = rng.uniform(-1, 1.5, (HV,))
         x['dt_bias'] = rng.normal(0, 0.5, (HV * K,) if decay == 'per_channel' else (HV,))
