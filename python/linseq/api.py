@@ -89,27 +89,84 @@ class GateOptions:
 # ejkernel-style KDA
 # ------------------------------------------------------------------------------------------
 
-def kda(query, key, value, beta, decay=None, *, softmax_scale=None, chunk_size=64,
-        initial_state=None, use_qk_l2norm=True, use_chunked=True, _framework=None):
-    """KDA (gated delta rule), ejkernel's signature.
+_EJKERNEL_PLATFORMS = ("triton", "pallas", "cuda", "tilelang", "xla", "auto", "cute")
+_CHUNK_TILES = (16, 32, 64, 128)
 
-    query, key [B,T,H,K]; value [B,T,H,V] (or [B,T,HV,V], HV a multiple of H); beta
-    [B,T,HV]; decay [B,T,HV] (per head), [B,T,HV,K] (per channel) or None (no decay), as
-    log decays <= 0; initial_state [B,HV,K,V]. softmax_scale defaults to K**-0.5 and
-    multiplies q after the L2 norm. use_chunked picks the chunked algorithm (chunk_size 16,
-    32, 64 or 128) or the token-by-token recurrence: both are exact.
-    Returns (output [B,T,HV,V] float32, final_state [B,HV,K,V] float32).
-    """
+
+def _ejkernel_platform(platform):
+    """ejkernel's `platform` picks its GPU/TPU backend; linseq runs its CPU kernels whatever
+    it says, so None or one of ejkernel's names is accepted (and changes nothing) and
+    anything else is refused, as ejkernel refuses it."""
+    if platform is not None and not (isinstance(platform, str)
+                                     and platform in _EJKERNEL_PLATFORMS):
+        raise ValueError(f"platform: expected None or one of {list(_EJKERNEL_PLATFORMS)}, got "
+                         f"{platform!r}")
+
+
+def _ejkernel_chunk_tile(chunk_size, cfg=None):
+    """The chunk tile linseq runs for ejkernel's chunk_size: ejkernel takes any positive
+    size (it pads the sequence) and reads cfg.chunk_size in its place when a config is
+    given. The chunked algorithm is exact, so the tile changes the speed, not the result:
+    the largest of 16, 32, 64, 128 that does not exceed the size (16 below 16)."""
+    name = "chunk_size"
+    if getattr(cfg, "chunk_size", None) is not None:
+        chunk_size, name = cfg.chunk_size, "cfg.chunk_size"
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer))
+            or chunk_size <= 0):
+        raise ValueError(f"{name}: expected a positive integer, got {chunk_size!r}")
+    fitting = [c for c in _CHUNK_TILES if c <= chunk_size]
+    return fitting[-1] if fitting else _CHUNK_TILES[0]
+
+
+def _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale, tile,
+                  use_qk_l2norm, use_chunked, framework):
     arrays = dict(q=query, k=key, v=value, beta=beta, g=decay, h0=initial_state,
                   A_log=None, dt_bias=None)
     opts = KdaOptions(scale=softmax_scale, qk_l2norm=use_qk_l2norm,
-                      mode="chunked" if use_chunked else "recurrent",
-                      chunk_size=chunk_size if use_chunked else 64)
-    backend = backend_for(arrays.values(), _framework)
+                      mode="chunked" if use_chunked else "recurrent", chunk_size=tile)
+    backend = backend_for(arrays.values(), framework)
     return backend.kda(arrays, None, opts)
 
 
-kernel_delta_attention = kda
+def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scale=None,
+        chunk_size=64, use_qk_l2norm=True, use_chunked=True, _framework=None):
+    """KDA (gated delta rule), the signature of ejkernel's kernel-level `kda`: always
+    returns (output, final_state).
+
+    query, key [B,T,H,K]; value [B,T,H,V] (or [B,T,HV,V], HV a multiple of H); beta
+    [B,T,HV]; decay [B,T,HV] (per head), [B,T,HV,K] (per channel) or None (no decay), as
+    log decays <= 0; initial_state [B,HV,K,V] (keyword, or the 6th positional argument).
+    softmax_scale defaults to K**-0.5 and multiplies q after the L2 norm (x / sqrt(|x|^2 +
+    1e-6), with use_qk_l2norm). use_chunked picks the chunked algorithm or the
+    token-by-token recurrence: both are exact. chunk_size is any positive integer, as in
+    ejkernel; it picks the tile (the largest of 16, 32, 64, 128 not above it), not the
+    result.
+    Returns (output [B,T,HV,V] float32, final_state [B,HV,K,V] float32).
+    """
+    return _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
+                         _ejkernel_chunk_tile(chunk_size), use_qk_l2norm, use_chunked,
+                         _framework)
+
+
+def kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
+                           softmax_scale=None, chunk_size=64, use_qk_l2norm=True,
+                           use_chunked=True, return_state=False, platform=None, cfg=None,
+                           _framework=None):
+    """KDA with the signature of ejkernel's module-level `kernel_delta_attention`
+    (ejkernel.modules): the arguments of `kda`, initial_state the 6th positional argument,
+    and it returns the output alone unless return_state=True, then (output, final_state).
+
+    platform: None or one of ejkernel's platform names, accepted and ignored (linseq runs
+    its CPU kernels); anything else is refused. cfg: ejkernel's KernelDeltaAttentionConfig
+    (or any object); as in ejkernel its chunk_size replaces the chunk_size argument, its
+    platform and backend are ignored. Unlike ejkernel's, query to initial_state may also
+    be passed by keyword.
+    """
+    _ejkernel_platform(platform)
+    out, state = _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
+                               _ejkernel_chunk_tile(chunk_size, cfg), use_qk_l2norm,
+                               use_chunked, _framework)
+    return (out, state) if return_state else out
 
 
 def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
@@ -250,27 +307,42 @@ def _known_activation(act_fn):
 
 
 def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
-                   conv_state=None, act_fn=None, *, cu_seqlens=None, _framework=None):
-    """The Mamba1 selective scan, ejkernel's `state_space_v1` signature.
+                   conv_state=None, act_fn=None, *, platform=None, cfg=None, block_d=64,
+                   block_e=128, dt_softplus=False, dt_bias=None, cu_seqlens=None,
+                   _framework=None):
+    """The Mamba1 selective scan, ejkernel's `state_space_v1` signature (its module-level
+    arguments and its kernel-level block_d, block_e).
 
-    hidden_states, dt [B,T,D] (dt already after softplus); A [D,N]; B, C [B,T,N] (or
-    [B,T,G,N] with G groups dividing D); D [D] or None; gate [B,T,D] or None;
+    hidden_states, dt [B,T,D] (dt already after softplus, unless dt_softplus); A [D,N]; B, C
+    [B,T,N] (or [B,T,G,N] with G groups dividing D); D [D] or None; gate [B,T,D] or None;
     initial_state [B,D,N]. With a gate the output is y * act_fn(gate); act_fn None means
     silu; silu, sigmoid, relu and tanh-gelu (names, or the framework's own functions) run in
     the kernel, any other callable is applied here in the caller's framework (and
     differentiated by it). conv_state is returned unchanged, as ejkernel does (the conv and
-    its cache update belong to the caller; see causal_conv1d).
-    Returns (y [B,T,D] in hidden_states' dtype, ssm_state [B,D,N] float32, conv_state).
+    its cache update belong to the caller; see causal_conv1d). dt_softplus=True takes dt
+    raw and runs softplus(dt + dt_bias) in the kernel (dt_bias [D], optional).
+
+    platform (None or one of ejkernel's names), cfg (ejkernel's StateSpaceV1Config),
+    block_d and block_e (positive integers) choose ejkernel's backend and GPU tile sizes:
+    they are checked and ignored, linseq runs its CPU kernel.
+    Returns (y [B,T,D], ssm_state [B,D,N], conv_state), y and ssm_state in hidden_states'
+    dtype as ejkernel returns them (float32 for integer inputs).
     """
+    _ejkernel_platform(platform)
+    for name, value in (("block_d", block_d), ("block_e", block_e)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+            raise ValueError(f"{name}: expected a positive integer (a GPU tile size, "
+                             f"ignored on the CPU), got {value!r}")
     kernel_act = _known_activation(act_fn) if gate is not None else None
     in_kernel_gate = gate if (gate is None or kernel_act is not None) else None
     arrays = dict(x=hidden_states, dt=dt, A=A, B=B, C=C, D=D, gate=in_kernel_gate,
-                  h0=initial_state, dt_bias=None)
+                  h0=initial_state, dt_bias=dt_bias)
     backend = backend_for(list(arrays.values()) + [gate, cu_seqlens], _framework)
-    y, h = backend.ssm1(arrays, cu_seqlens, Ssm1Options(activation=kernel_act))
+    y, h = backend.ssm1(arrays, cu_seqlens,
+                        Ssm1Options(activation=kernel_act, dt_softplus=bool(dt_softplus)))
     if gate is not None and kernel_act is None:
         y = y * act_fn(gate)  # the caller's framework differentiates this product
-    return backend.cast(y, hidden_states), h, conv_state
+    return backend.cast(y, hidden_states), backend.cast(h, hidden_states), conv_state
 
 
 def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cu_seqlens=None,

@@ -234,7 +234,7 @@ class JaxBackend:
 
 
 kda = bind_framework("jax", api.kda)
-kernel_delta_attention = kda
+kernel_delta_attention = bind_framework("jax", api.kernel_delta_attention)
 kda_decay = bind_framework("jax", api.kda_decay)
 chunk_kda = bind_framework("jax", api.chunk_kda)
 fused_recurrent_kda = bind_framework("jax", api.fused_recurrent_kda)

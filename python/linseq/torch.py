@@ -124,7 +124,7 @@ def _check_inplace(state):
 
 
 kda = bind_framework("torch", api.kda)
-kernel_delta_attention = kda
+kernel_delta_attention = bind_framework("torch", api.kernel_delta_attention)
 kda_decay = bind_framework("torch", api.kda_decay)
 chunk_kda = bind_framework("torch", api.chunk_kda)
 fused_recurrent_kda = bind_framework("torch", api.fused_recurrent_kda)

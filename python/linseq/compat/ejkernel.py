@@ -1,0 +1,48 @@
+"""ejkernel's functions by their names, with ejkernel's argument order, defaults and return
+values, on linseq's kernels (NumPy arrays, PyTorch CPU tensors or JAX arrays; with PyTorch
+and JAX they are differentiable).
+
+    from ejkernel.modules import kernel_delta_attention, state_space_v1
+    ->  from linseq.compat.ejkernel import kernel_delta_attention, state_space_v1
+
+Module level (ejkernel.modules / ejkernel.modules.operations):
+    kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
+        softmax_scale=None, chunk_size=64, use_qk_l2norm=True, use_chunked=True,
+        return_state=False, platform=None, cfg=None)
+        -> output, or (output, final_state) with return_state=True
+    kda_attention: the same function (ejkernel's alias)
+    state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
+        conv_state=None, *, act_fn=None, platform=None, cfg=None)
+        -> (output, ssm_state, conv_state)
+
+Kernel level (ejkernel.kernels._xla):
+    kda(query, key, value, beta, decay=None, *, softmax_scale=None, chunk_size=64,
+        initial_state=None, use_qk_l2norm=True, use_chunked=True) -> (output, final_state)
+    kda_decay(gate, A_log, dt_bias) -> decay
+    state_space_v1 also takes the kernel level's act_fn as 10th positional argument and
+    block_d, block_e.
+
+What differs from ejkernel, every difference a superset:
+- Arguments ejkernel makes positional-only may also be passed by keyword, and
+  initial_state may be passed positionally to `kda` as well.
+- platform: None or one of ejkernel's names ("triton", "pallas", "cuda", "tilelang",
+  "xla", "auto", "cute") is accepted and ignored: linseq runs its CPU kernels; another
+  value is refused (ValueError naming platform).
+- cfg: accepted; for KDA its chunk_size replaces the chunk_size argument as in ejkernel,
+  everything else in it (platform, backend, block sizes) is ignored.
+- chunk_size: any positive integer, as in ejkernel; linseq's chunked algorithm is exact, so
+  it only picks the tile (the largest of 16, 32, 64, 128 not above it).
+- block_d, block_e: positive integers, checked and ignored (GPU tile sizes).
+- KDA also takes a per-channel decay [B,T,HV,K] and grouped value heads (value, beta,
+  decay and the state with HV heads, HV a multiple of H); kda_decay also takes a
+  per-channel gate and lower_bound; state_space_v1 also takes grouped B, C [B,T,G,N],
+  D=None, dt_softplus / dt_bias and cu_seqlens (packed sequences).
+- Output dtypes are ejkernel's XLA ones: KDA output and state float32; state_space_v1's
+  output and state in hidden_states' dtype; kda_decay float32.
+"""
+
+from ..api import kda, kda_decay, kernel_delta_attention, state_space_v1
+
+kda_attention = kernel_delta_attention
+
+__all__ = ["kernel_delta_attention", "kda_attention", "kda", "kda_decay", "state_space_v1"]
