@@ -185,54 +185,9 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
 # fla-style KDA
 # ------------------------------------------------------------------------------------------
 
-def _fla_kda(mode, q, k, v, g, beta, scale, initial_state, output_final_state,
-             use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-             use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, chunk_size, framework):
-    arrays = dict(q=q, k=k, v=v, beta=beta, g=g, h0=initial_state, A_log=A_log,
-                  dt_bias=dt_bias)
-    opts = KdaOptions(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
-                      beta_is_logit=use_beta_sigmoid_in_kernel, state_v_first=state_v_first,
-                      gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound, mode=mode,
-                      chunk_size=chunk_size)
-    backend = backend_for(list(arrays.values()) + [cu_seqlens], framework)
-    o, ht = backend.kda(arrays, cu_seqlens, opts)
-    return backend.cast(o, v), (ht if output_final_state else None)
-
-
-def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
-              dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False, cu_seqlens=None,
-              state_v_first=False, *, chunk_size=64, transpose_state_layout=None,
-              _framework=None):
-    """KDA in chunked form, fla-core's `chunk_kda` signature.
-
-    q, k [B,T,H,K]; v [B,T,HV,V] (HV a multiple of H: grouped value heads); g [B,T,HV,K]
-    (per channel) or [B,T,HV] (per head): the log decay, or the raw gate input with
-    use_gate_in_kernel (then A_log [HV], dt_bias [HV*K] and optionally lower_bound < 0);
-    beta [B,T,HV] (logits with use_beta_sigmoid_in_kernel); initial_state [N,HV,K,V]
-    ([N,HV,V,K] with state_v_first); cu_seqlens: N+1 offsets of packed sequences (B == 1).
-    Returns (o [B,T,HV,V] in v's dtype, final_state float32 or None).
-    """
-    if transpose_state_layout is not None:
-        state_v_first = bool(transpose_state_layout)
-    return _fla_kda("chunked", q, k, v, g, beta, scale, initial_state, output_final_state,
-                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-                    use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, chunk_size,
-                    _framework)
-
-
-def fused_recurrent_kda(q, k, v, g, beta, scale=None, initial_state=None,
-                        output_final_state=False, use_qk_l2norm_in_kernel=False,
-                        use_gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None,
-                        use_beta_sigmoid_in_kernel=False, cu_seqlens=None, state_v_first=False,
-                        *, transpose_state_layout=None, _framework=None):
-    """KDA token by token, fla-core's `fused_recurrent_kda` signature (same arguments as
-    chunk_kda); unlike fla's, it has a backward."""
-    if transpose_state_layout is not None:
-        state_v_first = bool(transpose_state_layout)
-    return _fla_kda("recurrent", q, k, v, g, beta, scale, initial_state, output_final_state,
-                    use_qk_l2norm_in_kernel, use_gate_in_kernel, A_log, dt_bias, lower_bound,
-                    use_beta_sigmoid_in_kernel, cu_seqlens, state_v_first, 64, _framework)
+# One implementation serves linseq.chunk_kda and linseq.compat.fla.chunk_kda (and the same
+# for fused_recurrent_kda): fla-core's exact signatures, positional order and defaults.
+from .compat.fla import chunk_kda, fused_recurrent_kda  # noqa: E402  (needs KdaOptions above)
 
 
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,

@@ -76,8 +76,6 @@ KDA_ROWS = [
     ("scale str", dict(scale="0.5"), TypeError, ["scale"]),
     ("scale bool", dict(scale=True), TypeError, ["scale"]),
     ("scale array", dict(scale=np.ones(2, f32)), TypeError, ["scale"]),
-    ("A_log no gate", dict(A_log=np.zeros(2, f32)), ValueError, ["A_log", "use_gate_in_kernel"]),
-    ("lower_bound no gate", dict(lower_bound=-1.0), ValueError, ["lower_bound"]),
     ("lower_bound 0 in f32", dict(GATE, lower_bound=-1e-50), ValueError,
      ["lower_bound", "float32"]),
     ("lower_bound 0", dict(GATE, lower_bound=0.0), ValueError, ["lower_bound"]),

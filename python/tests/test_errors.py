@@ -37,7 +37,6 @@ def _call(**over):
     (dict(cu_seqlens=np.array([0, 4, 2, 5])), ValueError, ["cu_seqlens", "non-decreasing"]),
     (dict(cu_seqlens=np.array([0.0, 5.0])), TypeError, ["cu_seqlens", "integer"]),
     (dict(chunk_size=48), ValueError, ["chunk_size", "16, 32, 64 or 128"]),
-    (dict(A_log=np.zeros(2, f32)), ValueError, ["A_log", "use_gate_in_kernel"]),
     (dict(use_gate_in_kernel=True, dt_bias=np.zeros(7, f32)), ValueError, ["dt_bias"]),
     (dict(scale=float("nan")), ValueError, ["scale"]),
 ])
