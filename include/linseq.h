@@ -9,7 +9,9 @@
  * Conventions
  *   - Tensors are dense, C order (row-major), float32, host memory, aligned to their element
  *     (4 bytes; 8 for the int64 ones; `saved` 4). Shapes are given in the comments as
- *     [B,T,H,K] etc.; the last index varies fastest. docs/robustness.md lists what the
+ *     [B,T,H,K] etc.; the last index varies fastest. The exception: SSM1's and conv1d's
+ *     per-token inputs may be strided views, and their per-token outputs channel-first
+ *     (linseq_strides, `channel_first`). docs/robustness.md lists what the
  *     validation guarantees, the allowed aliasing, and how NaN and Inf propagate.
  *   - Every entry point validates every argument before it writes anything. On error it
  *     returns a status != LINSEQ_OK, leaves every output byte unchanged, and
@@ -324,6 +326,14 @@ LINSEQ_API linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem 
                                                   const linseq_exec *exec, const float *d_g,
                                                   const linseq_kda_gate_grads *grads);
 
+/* Element strides (in elements, not bytes) of a per-token input of SSM1 or conv1d: see
+ * "Other layouts" below. All zero: dense in the problem's layout. */
+typedef struct linseq_strides {
+    int64_t batch, token;
+    int64_t channel; /* x, dt, gate: between channels; B_proj, C_proj: between groups */
+    int64_t state;   /* B_proj, C_proj: between states; 0 for the others */
+} linseq_strides;
+
 /* ------------------------------------------------------------------------------------ */
 /* SSM1: Mamba1 selective state space scan (real A)                                       */
 /* ------------------------------------------------------------------------------------ */
@@ -334,7 +344,20 @@ LINSEQ_API linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem 
  *     y_t[d]   *= act(gate_t[d])                                       (if gate)
  * Layouts: x, dt, gate, y [B,T,D]; A [D,N]; B_proj, C_proj [B,T,G,N]; D_skip, dt_bias [D];
  * h0, hT [N_seq,D,N] (N_seq = B, or n_seqs with cu_seqlens). hT is the state after the last
- * token, before any gate. */
+ * token, before any gate.
+ *
+ * Other layouts (mamba-ssm's [batch, dim, seqlen], views into larger tensors):
+ *   - channel_first: y, d_y, dx, ddt, dgate are dense [B,D,T] and dB_proj, dC_proj dense
+ *     [B,G,N,T] instead; the per-token inputs default to these layouts too.
+ *   - The per-token inputs (x, dt, gate, B_proj, C_proj) may each carry element strides
+ *     (linseq_strides): element (b, t, d) of x is x[b*batch + t*token + d*channel], element
+ *     (b, t, g, n) of B_proj is B_proj[b*batch + t*token + g*channel + n*state]. All four zero
+ *     (the default) means dense in the problem's layout. Strides are >= 0; a zero stride
+ *     repeats the same elements (broadcast: mamba's constant B [D,N] is G = D groups with
+ *     batch = token = 0, channel = N, state = 1). x, dt and gate must leave `state` 0. With
+ *     cu_seqlens (B == 1) t is the packed token index. The memory an input may be read from
+ *     is everything between its pointer and its last reachable element; an output must not
+ *     overlap that span. */
 typedef struct linseq_ssm1_problem {
     int64_t B, T, D, N;
     int64_t G;                 /* groups of B_proj / C_proj, dividing D; 0 = 1 */
@@ -350,30 +373,48 @@ typedef struct linseq_ssm1_problem {
     bool dt_softplus;     /* apply softplus(dt + dt_bias) in the kernel */
     const float *dt_bias; /* [D]; NULL = zeros. Only with dt_softplus (else rejected) */
     linseq_activation gate_activation; /* DEFAULT = silu */
+
+    bool channel_first; /* per-token outputs and gradients [B,D,T] / [B,G,N,T] (see above) */
+    linseq_strides x_strides, dt_strides, gate_strides; /* all zero: dense */
+    linseq_strides B_strides, C_strides;                /* channel = the group stride */
 } linseq_ssm1_problem;
 
-/* y [B,T,D] (required); hT NULL or [N_seq,D,N], may be the same pointer as h0. */
+/* y [B,T,D] ([B,D,T] with channel_first; required); hT NULL or [N_seq,D,N], may be the same
+ * pointer as h0. */
 LINSEQ_API linseq_status linseq_ssm1_forward(const linseq_ssm1_problem *problem,
                                              const linseq_exec *exec, float *y, float *hT);
 
 typedef struct linseq_ssm1_grads {
-    float *dx;       /* [B,T,D] */
+    float *dx;       /* [B,T,D] ([B,D,T] with channel_first, as every per-token gradient) */
     float *ddt;      /* [B,T,D]: w.r.t. dt as given (before softplus with dt_softplus) */
     float *dA;       /* [D,N], summed over the batch */
-    float *dB_proj;  /* [B,T,G,N], summed over the channels of each group */
-    float *dC_proj;  /* [B,T,G,N] */
+    float *dB_proj;  /* [B,T,G,N] ([B,G,N,T]), summed over the channels of each group */
+    float *dC_proj;  /* [B,T,G,N] ([B,G,N,T]) */
     float *dD_skip;  /* [D], only with D_skip */
     float *dgate;    /* [B,T,D], only with gate */
     float *dh0;      /* [N_seq,D,N]; allowed without h0 (the gradient at a zero state) */
     float *ddt_bias; /* [D], only with dt_softplus */
 } linseq_ssm1_grads;
 
-/* The gradients of L = sum(y * d_y) + sum(hT * d_hT). d_y [B,T,D] is required, d_hT
- * [N_seq,D,N] may be NULL. The state is checkpointed every 64 tokens and recomputed inside a
- * segment. */
+/* The gradients of L = sum(y * d_y) + sum(hT * d_hT). d_y [B,T,D] (the layout of y) is
+ * required, d_hT [N_seq,D,N] may be NULL. The state is checkpointed every 64 tokens and
+ * recomputed inside a segment. */
 LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem,
                                               const linseq_exec *exec, const float *d_y,
                                               const float *d_hT, const linseq_ssm1_grads *grads);
+
+/* Single-step decode for a batch of requests, as linseq_kda_decode: T must be 1, B is the
+ * number of requests, and request b's state is row state_rows[b] (int64 [B]; NULL: row b, then
+ * n_state_rows >= B) of a pool [n_state_rows,D,N], updated in place. A negative row marks a
+ * padding request: its y row is set to 0 and no state is touched. Two requests may not share a
+ * row. problem->h0 and cu_seqlens must be NULL; strides and channel_first apply as in the
+ * forward (with T = 1 both layouts of y are [B,D]). Rows not named are never read or
+ * written. Each request gets the bits of a one-token linseq_ssm1_forward from its row. CPU
+ * only (a CUDA exec returns LINSEQ_ERR_UNSUPPORTED). */
+LINSEQ_API linseq_status linseq_ssm1_decode(const linseq_ssm1_problem *problem,
+                                            const linseq_exec *exec, float *state,
+                                            int64_t n_state_rows, const int64_t *state_rows,
+                                            float *y);
 
 /* ------------------------------------------------------------------------------------ */
 /* Causal depthwise conv1d (Mamba's short conv)                                           */
@@ -382,7 +423,10 @@ LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem
  *     y[t,d] = act(bias[d] + sum_{j<W} weight[d,j] xs[d,t+j])      weight[d,W-1] hits x_t
  *     conv_state_out = the last W-1 columns of xs                   (zero-padded on the left)
  * Layouts: x, y [B,T,D]; weight [D,W]; bias [D]; conv_state, conv_state_out [N_seq,D,W-1],
- * oldest input first (N_seq = B, or n_seqs with cu_seqlens). */
+ * oldest input first (N_seq = B, or n_seqs with cu_seqlens).
+ * Other layouts, as SSM1's: channel_first makes y, d_y and dx dense [B,D,T] (causal-conv1d's
+ * layout), and x may carry element strides (x_strides: batch, token, channel; state 0; all
+ * zero = dense in the problem's layout). */
 typedef struct linseq_conv1d_problem {
     int64_t B, T, D, W;
     const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1) */
@@ -391,6 +435,8 @@ typedef struct linseq_conv1d_problem {
     const float *bias;            /* NULL: no bias */
     const float *conv_state;      /* NULL: zeros */
     linseq_activation activation; /* DEFAULT = identity */
+    bool channel_first;           /* y, d_y, dx [B,D,T] */
+    linseq_strides x_strides;     /* all zero: dense */
 } linseq_conv1d_problem;
 
 /* y [B,T,D] (required); conv_state_out NULL or [N_seq,D,W-1], may be the same pointer as
@@ -413,6 +459,31 @@ LINSEQ_API linseq_status linseq_conv1d_backward(const linseq_conv1d_problem *pro
                                                 const linseq_exec *exec, const float *d_y,
                                                 const float *d_conv_state_out,
                                                 const linseq_conv1d_grads *grads);
+
+/* causal-conv1d's update step for a batch of requests, over a pool of conv states.
+ * problem: B requests of T >= 1 new tokens each (x [B,T,D], or [B,D,T] with channel_first,
+ * strides allowed), weight, bias and activation as the forward; conv_state and cu_seqlens must
+ * be NULL. state: a pool [n_state_rows, D, state_len] (state_len >= W-1 and >= 1), updated in
+ * place; state_rows (int64 [B], optional) maps request b to its row (NULL: row b, then
+ * n_state_rows >= B); a negative row is a padding request: its y rows are 0 and no state is
+ * touched; two requests may not share a row. Rows not named are never read or written.
+ * Without cache_seqlens a row is a shift register: the last state_len inputs of its sequence,
+ * oldest first. The new tokens see the row's last W-1 entries as the inputs before them; then
+ * the row moves left by T and the T inputs are appended (with T >= state_len only the newest
+ * state_len inputs remain).
+ * With cache_seqlens (int64 [B], each >= 0) a row is a circular buffer: with
+ * c = cache_seqlens[b] % state_len, the inputs before the new tokens are the entries at
+ * positions (c - (W-1) + i) mod state_len, i = 0 .. W-2 (oldest first), read before anything
+ * is written; then token i is written at position (c + i) % state_len, in token order (a later
+ * token overwrites an earlier one when T > state_len). cache_seqlens itself is not updated.
+ * y [B,T,D] ([B,D,T] with channel_first) is the forward's output for that window: bias, the
+ * taps and the activation give the same bits as linseq_conv1d_forward with conv_state set to
+ * the W-1 previous inputs. No backward (as in causal-conv1d). CPU only. */
+LINSEQ_API linseq_status linseq_conv1d_decode(const linseq_conv1d_problem *problem,
+                                              const linseq_exec *exec, float *state,
+                                              int64_t n_state_rows, int64_t state_len,
+                                              const int64_t *state_rows,
+                                              const int64_t *cache_seqlens, float *y);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,7 @@
 
 typedef enum { J_FORWARD, J_BACKWARD, J_KDA_DECODE, J_KDA_TRAINING } job_kind;
 
-enum { JOB_MAX_OWNED = 24, JOB_PROBLEM_BYTES = 256 };
+enum { JOB_MAX_OWNED = 24, JOB_PROBLEM_BYTES = 512 };
 
 typedef struct job_spec {
     const char *op, *label;

@@ -750,7 +750,7 @@ static void conv_backward_rows(void)
  * or down, overlaps that input only); the inputs and upstream gradients first, then the
  * outputs and gradients, poisoned. */
 
-enum { GT_PROBLEM_BYTES = 256, GT_PAD = 16, GT_SIZE_CAP = 8 };
+enum { GT_PROBLEM_BYTES = 512, GT_PAD = 16, GT_SIZE_CAP = 8 };
 
 typedef struct gt_fixture {
     const ls_op *op;

@@ -154,7 +154,7 @@ static void check_struct_inside_output(const ls_op *op, const void *problem, flo
  * finite after), so no argument of an adapter is dropped or swapped with an absent one. */
 static void check_calls(const ls_op *op)
 {
-    _Alignas(max_align_t) unsigned char problem[256] = {0};
+    _Alignas(max_align_t) unsigned char problem[512] = {0};
     CHECK(op->problem_size <= sizeof problem, "%s: problem struct too large", op->name);
     for (int i = 0; i < op->n_sizes; i++) {
         const int64_t d = op->sizes[i].bench_default;

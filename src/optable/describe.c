@@ -9,13 +9,17 @@
 
 #include "optable/optable.h"
 
-static const size_t ctype_size[] = {
-    [LS_CTYPE_I64] = sizeof(int64_t), [LS_CTYPE_F32] = sizeof(float),
-    [LS_CTYPE_BOOL] = sizeof(bool),   [LS_CTYPE_ENUM] = sizeof(linseq_mode),
-    [LS_CTYPE_INT] = sizeof(int),     [LS_CTYPE_PTR] = sizeof(void *)};
+static const size_t ctype_size[] = {[LS_CTYPE_I64] = sizeof(int64_t),
+                                    [LS_CTYPE_F32] = sizeof(float),
+                                    [LS_CTYPE_BOOL] = sizeof(bool),
+                                    [LS_CTYPE_ENUM] = sizeof(linseq_mode),
+                                    [LS_CTYPE_INT] = sizeof(int),
+                                    [LS_CTYPE_PTR] = sizeof(void *),
+                                    [LS_CTYPE_STRIDES] = sizeof(linseq_strides)};
 static const char *const ctype_name[] = {
-    [LS_CTYPE_I64] = "int64", [LS_CTYPE_F32] = "float32", [LS_CTYPE_BOOL] = "bool",
-    [LS_CTYPE_ENUM] = "enum", [LS_CTYPE_INT] = "int",     [LS_CTYPE_PTR] = "pointer"};
+    [LS_CTYPE_I64] = "int64",      [LS_CTYPE_F32] = "float32", [LS_CTYPE_BOOL] = "bool",
+    [LS_CTYPE_ENUM] = "enum",      [LS_CTYPE_INT] = "int",     [LS_CTYPE_PTR] = "pointer",
+    [LS_CTYPE_STRIDES] = "strides"};
 static const char *const role_name[] = {[LS_ROLE_INPUT] = "input",
                                         [LS_ROLE_OUTPUT] = "output",
                                         [LS_ROLE_UPSTREAM] = "upstream",
@@ -48,6 +52,8 @@ int ls_op_fields(const ls_op *op, bool grads, ls_field *out)
             n = add_field(out, n, "cu_seqlens", LS_CTYPE_PTR, op->cu_seqlens_offset);
             n = add_field(out, n, "n_seqs", LS_CTYPE_I64, op->n_seqs_offset);
         }
+        for (int i = 0; i < op->n_strides; i++)
+            n = add_field(out, n, op->strides[i].field, LS_CTYPE_STRIDES, op->strides[i].offset);
     }
     const ls_op_role role = grads ? LS_ROLE_GRAD : LS_ROLE_INPUT;
     for (int i = 0; i < op->n_tensors; i++)
@@ -147,6 +153,9 @@ static void put_tensors(text *t, const ls_op *op)
             d->name, role_name[d->role], d->dims, d->required ? "true" : "false");
         if (d->field) put(t, ",\"field\":\"%s\"", d->field);
         if (d->grad_of) put(t, ",\"grad_of\":\"%s\"", d->grad_of);
+        for (int k = 0; k < op->n_strides; k++)
+            if (d->role == LS_ROLE_INPUT && strcmp(op->strides[k].tensor, d->name) == 0)
+                put(t, ",\"strides\":\"%s\"", op->strides[k].field);
         put(t, "}");
     }
     put(t, "]");

@@ -8,10 +8,12 @@ typedef linseq_conv1d_problem P;
 static const P *conv(const void *p) { return p; }
 static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
 
+/* [B,T,D], or [B,D,T] with channel_first (x's dense layout; a strided x is described by
+ * x_strides). */
 static int shape_token(const void *v, int64_t *d)
 {
     const P *p = conv(v);
-    return ls_dims(d, 3, p->B, p->T, p->D);
+    return p->channel_first ? ls_dims(d, 3, p->B, p->D, p->T) : ls_dims(d, 3, p->B, p->T, p->D);
 }
 
 static int shape_weight(const void *v, int64_t *d) { return ls_dims(d, 2, conv(v)->D, conv(v)->W); }
@@ -66,6 +68,11 @@ static const ls_size_desc sizes[] = {
 static const ls_option_desc options[] = {
     {"activation", "activation", LS_CTYPE_ENUM, offsetof(P, activation), ls_activation_names,
      LINSEQ_ACT_IDENTITY},
+    {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
+};
+
+static const ls_strides_desc strides[] = {
+    {"x_strides", "x", offsetof(P, x_strides)},
 };
 
 #define GRAD(name, field, of, dims, shape)                                                         \
@@ -102,6 +109,8 @@ static const ls_tensor_desc tensors[] = {
 const ls_op ls_op_conv1d = {
     LS_OP_STRUCTS(linseq_conv1d_problem, linseq_conv1d_grads),
     LS_OP_VARLEN(linseq_conv1d_problem),
+    .strides = strides,
+    .n_strides = LS_COUNT(strides),
     .name = "causal_conv1d",
     .forward = forward,
     .backward = backward,

@@ -10,20 +10,24 @@ typedef linseq_ssm1_problem P;
 static const P *ssm(const void *p) { return p; }
 static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
 
+/* [B,T,D], or [B,D,T] with channel_first (the dense layout; strided inputs are described by
+ * their strides fields, not by these shapes). */
 static int shape_token(const void *v, int64_t *d)
 {
     const P *p = ssm(v);
-    return ls_dims(d, 3, p->B, p->T, p->D);
+    return p->channel_first ? ls_dims(d, 3, p->B, p->D, p->T) : ls_dims(d, 3, p->B, p->T, p->D);
 }
 
 static int shape_a(const void *v, int64_t *d) { return ls_dims(d, 2, ssm(v)->D, ssm(v)->N); }
 static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, ssm(v)->D); }
 
 /* [B,T,G,N]; G == 0 means one group, and then the files are [B,T,N] as in the reference
- * data (the memory is the same). */
+ * data (the memory is the same). channel_first: [B,G,N,T] (or [B,N,T]). */
 static int shape_bc(const void *v, int64_t *d)
 {
     const P *p = ssm(v);
+    if (p->channel_first)
+        return p->G ? ls_dims(d, 4, p->B, p->G, p->N, p->T) : ls_dims(d, 3, p->B, p->N, p->T);
     return p->G ? ls_dims(d, 4, p->B, p->T, p->G, p->N) : ls_dims(d, 3, p->B, p->T, p->N);
 }
 
@@ -60,25 +64,10 @@ static linseq_status backward(const void *p, const linseq_exec *exec, const floa
     return linseq_ssm1_backward(p, exec, up[0], up[1], &g);
 }
 
-/* SSM1 keeps no map from requests to pool rows: the B requests take consecutive rows from
- * rows[0] on, and hT is h0 (the state is updated in place). */
 static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
                             const int64_t *rows, float *const *out)
 {
-    P p = *ssm(v);
-    const int64_t first = rows ? rows[0] : 0;
-    for (int64_t b = 0; rows && b < p.B; b++)
-        if (rows[b] != first + b)
-            return ls_fail("ssm1 decode", LINSEQ_ERR_UNSUPPORTED,
-                           "rows[%lld] = %lld; expected consecutive rows from rows[0] = %lld",
-                           (long long)b, (long long)rows[b], (long long)first);
-    if (first < 0 || first > n_rows - p.B)
-        return ls_fail("ssm1 decode", LINSEQ_ERR_INVALID_SIZE,
-                       "rows %lld .. %lld; expected within the pool's %lld rows", (long long)first,
-                       (long long)(first + p.B - 1), (long long)n_rows);
-    float *h = pool + first * p.D * p.N;
-    p.h0 = h;
-    return linseq_ssm1_forward(&p, exec, out[0], h);
+    return linseq_ssm1_decode(v, exec, pool, n_rows, rows, out[0]);
 }
 
 /* README "Benchmarks": 6 per token, channel and state. */
@@ -110,6 +99,15 @@ static const ls_option_desc options[] = {
      ls_activation_names, LINSEQ_ACT_DEFAULT},
     {"gate_activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
      ls_activation_names, LS_ENUM_KEEP},
+    {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
+};
+
+static const ls_strides_desc strides[] = {
+    {"x_strides", "x", offsetof(P, x_strides)},
+    {"dt_strides", "dt", offsetof(P, dt_strides)},
+    {"gate_strides", "gate", offsetof(P, gate_strides)},
+    {"B_strides", "B", offsetof(P, B_strides)},
+    {"C_strides", "C", offsetof(P, C_strides)},
 };
 
 #define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                                 \
@@ -157,6 +155,8 @@ static const ls_tensor_desc tensors[] = {
 const ls_op ls_op_ssm1 = {
     LS_OP_STRUCTS(linseq_ssm1_problem, linseq_ssm1_grads),
     LS_OP_VARLEN(linseq_ssm1_problem),
+    .strides = strides,
+    .n_strides = LS_COUNT(strides),
     .name = "ssm1",
     .forward = forward,
     .backward = backward,

@@ -33,12 +33,13 @@
 
 /* How a struct field is stored: what a binding needs to lay the struct out. */
 typedef enum ls_ctype {
-    LS_CTYPE_I64,  /* int64_t */
-    LS_CTYPE_F32,  /* float */
-    LS_CTYPE_BOOL, /* bool */
-    LS_CTYPE_ENUM, /* a C enum (int-sized) */
-    LS_CTYPE_INT,  /* int */
-    LS_CTYPE_PTR   /* a pointer (float, int64 or void) */
+    LS_CTYPE_I64,    /* int64_t */
+    LS_CTYPE_F32,    /* float */
+    LS_CTYPE_BOOL,   /* bool */
+    LS_CTYPE_ENUM,   /* a C enum (int-sized) */
+    LS_CTYPE_INT,    /* int */
+    LS_CTYPE_PTR,    /* a pointer (float, int64 or void) */
+    LS_CTYPE_STRIDES /* a linseq_strides: four int64 (batch, token, channel, state) */
 } ls_ctype;
 
 /* One field of a public struct, as a binding lays it out. */
@@ -75,6 +76,13 @@ typedef struct ls_option_desc {
 
 #define LS_ENUM_KEEP (-1)     /* absent or null: the field keeps its value */
 #define LS_ENUM_REQUIRED (-2) /* absent or null: an error */
+
+/* A linseq_strides field of a problem: the element strides of the INPUT tensor it names. */
+typedef struct ls_strides_desc {
+    const char *field;  /* the C field name: "x_strides" */
+    const char *tensor; /* the table's name of the INPUT it describes: "x" */
+    size_t offset;
+} ls_strides_desc;
 
 typedef enum ls_op_role {
     LS_ROLE_INPUT,    /* read by forward and backward (a problem struct field) */
@@ -133,6 +141,9 @@ typedef struct ls_op {
      * follows from these lists (tests check that they tile each struct exactly). */
     const ls_tensor_desc *tensors;
     int n_tensors;
+    /* The strides fields of the per-token inputs (none for most ops). */
+    const ls_strides_desc *strides;
+    int n_strides;
 
     /* out[i]: the i-th OUTPUT tensor of the table (NULL allowed where the API allows). */
     linseq_status (*forward)(const void *p, const linseq_exec *exec, float *const *out);
@@ -181,7 +192,7 @@ linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *
 
 /* Every field of op's problem struct (grads: of its grads struct), sorted by offset, into
  * out (LS_OP_MAX_FIELDS entries); returns the count. */
-#define LS_OP_MAX_FIELDS 40
+#define LS_OP_MAX_FIELDS 48
 int ls_op_fields(const ls_op *op, bool grads, ls_field *out);
 /* The fields of linseq_exec. */
 const ls_field *ls_exec_fields(int *count);

@@ -18,6 +18,8 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
                              const ssm_kernels *kern, float *y, float *state_out)
 {
     conv1d_plan pl = {.p = p, .y = y, .state_out = state_out, .act = conv1d_activation(p)};
+    pl.x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
+    pl.x_tiled = pl.x.channel != 1;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.n_blocks = (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN;
@@ -31,8 +33,10 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     /* Whole rows of CONV1D_SPAN floats: every thread's part is a multiple of 64 bytes, so
      * threads never share a cache line. */
     int64_t total_bytes;
-    if (p->W > INT64_MAX / CONV1D_SPAN / 2) return LINSEQ_ERR_OUT_OF_MEMORY;
-    const int64_t thread_floats = CONV1D_FWD_FLOATS(p->W);
+    if (p->W > INT64_MAX / CONV1D_SPAN / 8) return LINSEQ_ERR_OUT_OF_MEMORY;
+    const int64_t thread_floats =
+        CONV1D_FWD_FLOATS(p->W) +
+        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first);
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;
@@ -68,7 +72,9 @@ static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
     const size_t te = ls_token_bytes(exec);
-    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, te, 3, B, T, D);
+    if ((st = ssm_arg_strided(a, "x", "x_strides", p->x, true, p->x_strides, p->channel_first, te,
+                              B, T, D, 0)))
+        return st;
     ls_arg(a, "weight", "D,W", p->weight, true, LS_IN, sizeof(float), 2, D, W);
     ls_arg(a, "bias", "D", p->bias, false, LS_IN, sizeof(float), 1, D);
     ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
@@ -77,6 +83,20 @@ static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
     if (W > 1)
         ls_arg(a, "conv_state", "N_seq,D,W-1", p->conv_state, false, LS_IN, sizeof(float), 3,
                n_seqs, D, W - 1);
+    return LINSEQ_OK;
+}
+
+/* The CUDA kernels read and write the token-major layout only. */
+static linseq_status check_cuda_layout(const char *fn, const linseq_conv1d_problem *p)
+{
+    if (p->channel_first)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "channel_first is set; the CUDA backend takes the token-major layout "
+                       "[B,T,D] only (run on the CPU, or pass channel_first = false)");
+    if (!ssm_strides_zero(p->x_strides))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "x_strides is set; the CUDA backend takes a dense x only (all strides "
+                       "zero)");
     return LINSEQ_OK;
 }
 
@@ -106,7 +126,7 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     if (st) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), W = p->W;
     const size_t te = ls_token_bytes(exec);
-    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
+    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
     if (W > 1)
         ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT, sizeof(float), 3,
                n_seqs, p->D, W - 1)
@@ -114,7 +134,9 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
-        return ls_cuda_entry_conv1d_forward(a.fn, p, exec, y, W > 1 ? conv_state_out : NULL);
+        return (st = check_cuda_layout(a.fn, p))
+                   ? st
+                   : ls_cuda_entry_conv1d_forward(a.fn, p, exec, y, W > 1 ? conv_state_out : NULL);
 
     st = ls_conv1d_scan(p, exec, ls_ssm_kernels(isa), y, W > 1 ? conv_state_out : NULL);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
@@ -143,11 +165,11 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
     const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
     const size_t te = ls_token_bytes(exec);
-    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, te, 3, B, T, D);
+    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, p->channel_first, te, B, T, D, 0);
     if (W > 1)
         ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN, sizeof(float),
                3, n_seqs, D, W - 1);
-    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, te, 3, B, T, D);
+    ssm_arg_dense(&a, "dx", grads->dx, false, LS_OUT, p->channel_first, te, B, T, D, 0);
     ls_arg(&a, "dweight", "D,W", grads->dweight, false, LS_OUT, sizeof(float), 2, D, W);
     ls_arg(&a, "dbias", "D", grads->dbias, false, LS_OUT, sizeof(float), 1, D);
     if (W > 1)
@@ -160,11 +182,112 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
     linseq_conv1d_grads used = *grads;
     if (W == 1) used.dconv_state = NULL;
     if (ls_on_cuda(exec))
-        return ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y, W > 1 ? d_conv_state_out : NULL,
-                                             &used);
+        return (st = check_cuda_layout(a.fn, p))
+                   ? st
+                   : ls_cuda_entry_conv1d_backward(a.fn, p, exec, d_y,
+                                                   W > 1 ? d_conv_state_out : NULL, &used);
     st = ls_conv1d_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, W > 1 ? d_conv_state_out : NULL,
                                  &used);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the workspace (W = %lld)", (long long)W);
     return st;
+}
+
+/* Decode's own arguments after the problem's: sizes, the pool, the maps, y. */
+static linseq_status check_decode(ls_args *a, const linseq_conv1d_problem *p, float *state,
+                                  int64_t n_state_rows, int64_t state_len,
+                                  const int64_t *state_rows, const int64_t *cache_seqlens, float *y,
+                                  size_t te)
+{
+    linseq_status st;
+    if (p->cu_seqlens || p->conv_state)
+        return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
+                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
+                       p->cu_seqlens ? "cu_seqlens" : "conv_state");
+    if ((st = ls_check_min(a->fn, "n_state_rows", n_state_rows, 1))) return st;
+    if (state_len < 1 || state_len < p->W - 1)
+        return ls_fail(a->fn, LINSEQ_ERR_INVALID_SIZE,
+                       "state_len = %lld; expected state_len >= W - 1 = %lld and >= 1",
+                       (long long)state_len, (long long)(p->W - 1));
+    if (!state_rows && n_state_rows < p->B)
+        return ls_fail(a->fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
+                       (long long)n_state_rows, (long long)p->B);
+    ls_arg(a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
+    ls_arg(a, "cache_seqlens", "B", cache_seqlens, false, LS_IN, sizeof(int64_t), 1, p->B);
+    ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
+           n_state_rows, p->D, state_len);
+    ssm_arg_dense(a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
+    return LINSEQ_OK;
+}
+
+static linseq_status check_cache_seqlens(const char *fn, const int64_t *cache_seqlens, int64_t B)
+{
+    for (int64_t b = 0; cache_seqlens && b < B; b++)
+        if (cache_seqlens[b] < 0)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "cache_seqlens[%lld] = %lld; expected >= 0 (the number of inputs "
+                           "written to that request's circular state so far)",
+                           (long long)b, (long long)cache_seqlens[b]);
+    return LINSEQ_OK;
+}
+
+linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                   float *state, int64_t n_state_rows, int64_t state_len,
+                                   const int64_t *state_rows, const int64_t *cache_seqlens,
+                                   float *y, ls_isa isa)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_conv1d_decode"};
+    linseq_status st = check_problem(&a, p, exec);
+    if (st) return st;
+    const size_t te = ls_token_bytes(exec);
+    if ((st =
+             check_decode(&a, p, state, n_state_rows, state_len, state_rows, cache_seqlens, y, te)))
+        return st;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
+    if ((st = ssm_check_table(&a, exec, NULL, 0, p->B, p->T))) return st;
+    if (ls_on_cuda(exec))
+        return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->device is CUDA; linseq_conv1d_decode runs on the CPU only");
+    if ((state_rows && (st = ssm_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) ||
+        (st = check_cache_seqlens(a.fn, cache_seqlens, p->B)))
+        return st;
+
+    conv1d_decode_plan pl = {.p = p,
+                             .x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1),
+                             .y = y,
+                             .state = state,
+                             .state_len = state_len,
+                             .rows = state_rows,
+                             .cache_seqlens = cache_seqlens,
+                             .act = conv1d_activation(p)};
+    const int64_t n_items = p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
+    const int n_threads = ls_resolve_threads(
+        exec, n_items, 2.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->W);
+    int64_t thread_floats, total_bytes;
+    if (p->W > INT64_MAX / 4 / SSM_LANES || p->T > INT64_MAX / 4 / SSM_LANES ||
+        !ls_mul_ok(&thread_floats, 2, CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
+                   (int64_t)SSM_LANES) ||
+        !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)) ||
+        !(pl.workspace = aligned_alloc(64, (size_t)total_bytes)))
+        return ls_fail(a.fn, LINSEQ_ERR_OUT_OF_MEMORY,
+                       "could not allocate the decode workspace (W = %lld, T = %lld)",
+                       (long long)p->W, (long long)p->T);
+    pl.thread_floats = (size_t)thread_floats;
+    ls_parallel_for_static(n_items, n_threads, ls_ssm_kernels(isa)->conv1d_decode_item, &pl);
+    free(pl.workspace);
+    return LINSEQ_OK;
+}
+
+linseq_status linseq_conv1d_decode(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                   float *state, int64_t n_state_rows, int64_t state_len,
+                                   const int64_t *state_rows, const int64_t *cache_seqlens,
+                                   float *y)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_conv1d_decode", &isa);
+    return st ? st
+              : ls_conv1d_decode_isa(p, exec, state, n_state_rows, state_len, state_rows,
+                                     cache_seqlens, y, isa);
 }

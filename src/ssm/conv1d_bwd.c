@@ -49,7 +49,12 @@ linseq_status ls_conv1d_scan_backward(const linseq_conv1d_problem *p, const lins
     if (p->W > INT64_MAX / SSM_LANES / 16 / CONV1D_BWD_MAX_BLOCKS) return LINSEQ_ERR_OUT_OF_MEMORY;
     for (pl.ring = 1; pl.ring < CONV1D_BWD_CHUNK + p->W; pl.ring *= 2) {
     }
-    thread_floats = pl.blocks_per_item * CONV1D_BWD_ROWS(p->W, pl.ring) * SSM_LANES;
+    pl.x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
+    pl.x_tiled = pl.x.channel != 1;
+    const bool tiled = pl.x_tiled || p->channel_first;
+    thread_floats = pl.blocks_per_item *
+                    (CONV1D_BWD_ROWS(p->W, pl.ring) + (tiled ? CONV1D_BWD_TILE_ROWS(p->W) : 0)) *
+                    SSM_LANES;
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;

@@ -122,3 +122,58 @@ linseq_status ls_conv1d_backward_reference(const linseq_conv1d_problem *p, const
     free(dxs);
     return LINSEQ_OK;
 }
+
+/* ---- decode over a pool of states (linseq_conv1d_decode), the header's words literally ---- */
+
+/* Element (b, t, d) of x in any layout. */
+static double x_at(const linseq_conv1d_problem *p, int64_t b, int64_t t, int64_t d)
+{
+    const ssm_view v = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
+    return v.base[b * v.batch + t * v.token + d * v.channel];
+}
+
+linseq_status ls_conv1d_decode_reference(const linseq_conv1d_problem *p, float *state,
+                                         int64_t state_len, const int64_t *rows,
+                                         const int64_t *cache_seqlens, double *y)
+{
+    const int64_t B = p->B, T = p->T, D = p->D, W = p->W, L = state_len;
+    const linseq_activation act = conv1d_activation(p);
+    double *xs = malloc((size_t)(W - 1 + T) * sizeof *xs);
+    double *all = malloc((size_t)(L + T) * sizeof *all);
+    if (!xs || !all) {
+        free(xs), free(all);
+        return LINSEQ_ERR_OUT_OF_MEMORY;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t r = rows ? rows[b] : b;
+        for (int64_t d = 0; d < D; d++) {
+            if (r < 0) {
+                for (int64_t t = 0; t < T; t++) y[(b * T + t) * D + d] = 0.0;
+                continue;
+            }
+            float *row = state + (r * D + d) * L;
+            const int64_t c = cache_seqlens ? cache_seqlens[b] % L : 0;
+            /* xs: the W-1 inputs before the new tokens, oldest first, then the new ones */
+            for (int64_t i = 0; i < W - 1; i++) {
+                const int64_t pos =
+                    cache_seqlens ? ((c - (W - 1) + i) % L + L) % L : L - (W - 1) + i;
+                xs[i] = row[pos];
+            }
+            for (int64_t t = 0; t < T; t++) xs[W - 1 + t] = x_at(p, b, t, d);
+            for (int64_t t = 0; t < T; t++) {
+                double acc = p->bias ? p->bias[d] : 0.0;
+                for (int64_t j = 0; j < W; j++) acc += (double)p->weight[d * W + j] * xs[t + j];
+                y[(b * T + t) * D + d] = ls_activate_ref(act, acc);
+            }
+            if (cache_seqlens) {
+                for (int64_t t = 0; t < T; t++) row[(c + t) % L] = (float)xs[W - 1 + t];
+            } else { /* the last L entries of concat(row, new inputs) */
+                for (int64_t i = 0; i < L; i++) all[i] = row[i];
+                for (int64_t t = 0; t < T; t++) all[L + t] = xs[W - 1 + t];
+                for (int64_t i = 0; i < L; i++) row[i] = (float)all[T + i];
+            }
+        }
+    }
+    free(xs), free(all);
+    return LINSEQ_OK;
+}

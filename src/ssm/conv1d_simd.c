@@ -9,32 +9,56 @@
  * columns by the item of the sequence's first chunk, which also writes conv_state_out after
  * it has read the state (so conv_state_out == conv_state is safe; no other item reads the
  * state). A chained call (starting from the previous call's conv_state_out) computes the same
- * sums in the same order as one call. */
+ * sums in the same order as one call.
+ *
+ * Other layouts: an x whose channels are not contiguous (channel-first, a strided view) is
+ * packed for the item's tokens (and the W-1 before them) into a token-major tile first, and a
+ * channel-first y is computed into a tile and transposed into place after the item, so the
+ * loops below always read and write token rows (conv_rows). */
 #include <string.h>
 
 #include "ssm/ssm_kernels.h"
+#include "ssm/ssm_layout.h"
 #include "ssm/ssm_vec.h"
 
 #define SPAN CONV1D_SPAN
+
+/* An item's rows: x of sequence token k (k >= 0) at x + (k - x_first) * x_stride, y of token t
+ * at y + (t - y_first) * y_stride; column 0 is the span's first channel. */
+typedef struct conv_rows {
+    const float *x;
+    int64_t x_first, x_stride;
+    float *y;
+    int64_t y_first, y_stride;
+} conv_rows;
+
+static inline const float *x_row(const conv_rows *r, int64_t k)
+{
+    return r->x + (k - r->x_first) * r->x_stride;
+}
+
+static inline float *y_row(const conv_rows *r, int64_t t)
+{
+    return r->y + (t - r->y_first) * r->y_stride;
+}
 
 /* y of token t, channels [d0, d0 + lanes) of one block (lanes <= SSM_LANES): bias + sum_j
  * weight[j] xs[t+j], then act. Rows of xs before the sequence come from cols. taps and cols
  * are the block's columns of the span's tiles (row stride SPAN). A ragged block computes its
  * whole width (lanes past D read zeros and store nothing). */
-static void conv_token(const conv1d_plan *pl, const float *taps, const float *cols, int64_t start,
-                       int64_t t, int64_t d0, int64_t lanes)
+static void conv_token(const conv1d_plan *pl, const conv_rows *r, const float *taps,
+                       const float *cols, int64_t t, int64_t c, int64_t d0, int64_t lanes)
 {
     const linseq_conv1d_problem *p = pl->p;
-    const int64_t D = p->D, W = p->W;
-    float *y_t = pl->y + (start + t) * D + d0;
+    const int64_t W = p->W;
+    float *y_t = y_row(r, t) + c;
     for (int64_t s = 0; s < STRIPS; s++) {
         const int64_t valid = lanes - s * VW;
         vf acc = p->bias ? vf_load_part(p->bias + d0 + s * VW, valid) : vf_zero();
         for (int64_t j = 0; j < W; j++) {
             const int64_t k = t + j;
-            const vf in = k < W - 1
-                              ? vf_load(cols + k * SPAN + s * VW)
-                              : vf_load_part(p->x + (start + k - (W - 1)) * D + d0 + s * VW, valid);
+            const vf in = k < W - 1 ? vf_load(cols + k * SPAN + s * VW)
+                                    : vf_load_part(x_row(r, k - (W - 1)) + c + s * VW, valid);
             acc = vf_fmadd(vf_load(taps + j * SPAN + s * VW), in, acc);
         }
         vf_store_part(y_t + s * VW, vf_act(pl->act, acc), valid);
@@ -44,21 +68,21 @@ static void conv_token(const conv1d_plan *pl, const float *taps, const float *co
 /* Tokens [t0, t1), t0 >= W-1 (every tap reads x), of `blocks` whole blocks from channel d0:
  * conv_token's arithmetic, inlined with W and act constants (see run_full_blocks) so that the
  * taps fold, the activation is straight-line code and every load is a whole vector. */
-LS_INLINE void conv_span(const conv1d_plan *pl, const float *taps, int64_t W, linseq_activation act,
-                         int64_t start, int64_t t0, int64_t t1, int64_t d0, int64_t blocks)
+LS_INLINE void conv_span(const conv1d_plan *pl, const conv_rows *r, const float *taps, int64_t W,
+                         linseq_activation act, int64_t t0, int64_t t1, int64_t d0, int64_t blocks)
 {
     const linseq_conv1d_problem *p = pl->p;
-    const int64_t D = p->D;
+    const int64_t xs = r->x_stride;
     for (int64_t t = t0; t < t1; t++) {
-        const float *x0 = p->x + (start + t - (W - 1)) * D + d0; /* the row tap 0 reads */
-        float *y_t = pl->y + (start + t) * D + d0;
+        const float *x0 = x_row(r, t - (W - 1)); /* the row tap 0 reads */
+        float *y_t = y_row(r, t);
         for (int64_t c = 0; c < blocks * SSM_LANES; c += SSM_LANES) {
             LS_UNROLL_STRIPS
             for (int64_t s = 0; s < STRIPS; s++) {
                 const int64_t o = c + s * VW;
                 vf acc = p->bias ? vf_load(p->bias + d0 + o) : vf_zero();
                 for (int64_t j = 0; j < W; j++)
-                    acc = vf_fmadd(vf_load(taps + j * SPAN + o), vf_load(x0 + j * D + o), acc);
+                    acc = vf_fmadd(vf_load(taps + j * SPAN + o), vf_load(x0 + j * xs + o), acc);
                 vf_store(y_t + o, vf_act(act, acc));
             }
         }
@@ -66,15 +90,15 @@ LS_INLINE void conv_span(const conv1d_plan *pl, const float *taps, int64_t W, li
 }
 
 /* conv_span with W == 4 (Mamba's width) and the activation as constants. */
-static void run_full_blocks(const conv1d_plan *pl, const float *taps, int64_t start, int64_t t0,
-                            int64_t t1, int64_t d0, int64_t blocks)
+static void run_full_blocks(const conv1d_plan *pl, const conv_rows *r, const float *taps,
+                            int64_t t0, int64_t t1, int64_t d0, int64_t blocks)
 {
     const int64_t W = pl->p->W;
 #define CONV_SPAN_FOR(ACT)                                                                         \
     if (W == 4)                                                                                    \
-        conv_span(pl, taps, 4, ACT, start, t0, t1, d0, blocks);                                    \
+        conv_span(pl, r, taps, 4, ACT, t0, t1, d0, blocks);                                        \
     else                                                                                           \
-        conv_span(pl, taps, W, ACT, start, t0, t1, d0, blocks);                                    \
+        conv_span(pl, r, taps, W, ACT, t0, t1, d0, blocks);                                        \
     break
     switch (pl->act) {
     case LINSEQ_ACT_SILU: CONV_SPAN_FOR(LINSEQ_ACT_SILU);
@@ -84,6 +108,38 @@ static void run_full_blocks(const conv1d_plan *pl, const float *taps, int64_t st
     default: CONV_SPAN_FOR(LINSEQ_ACT_IDENTITY);
     }
 #undef CONV_SPAN_FOR
+}
+
+/* The rows of tokens [t0, t1) of sequence `start`, span [d0, d0 + width): x in place when its
+ * channels are contiguous, else tokens [t0 - (W-1), t1) (those that exist) packed into tiles;
+ * y in place when token-major, else the tile after x's. */
+static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, int64_t t0,
+                           int64_t t1, int64_t d0, int64_t width)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    const ssm_view *v = &pl->x;
+    const int64_t W = p->W, T = p->T;
+    conv_rows r = {ssm_view_at(v, T, start, d0), 0, v->token, NULL, 0, p->D};
+    float *y_tile = tiles;
+    if (pl->x_tiled) {
+        const int64_t lo = t0 > W - 1 ? t0 - (W - 1) : 0, count = t1 - lo;
+        const float *src = ssm_view_at(v, T, start + lo, d0);
+        if (v->token == 1) {
+            ls_transpose_copy(tiles, SPAN, src, v->channel, width, count);
+        } else {
+            for (int64_t k = 0; k < count; k++)
+                for (int64_t l = 0; l < width; l++)
+                    tiles[k * SPAN + l] = src[k * v->token + l * v->channel];
+        }
+        r = (conv_rows){tiles, lo, SPAN, NULL, 0, p->D};
+        y_tile = tiles + (pl->chunk + W - 1) * SPAN;
+    }
+    if (p->channel_first) {
+        r.y = y_tile, r.y_first = t0, r.y_stride = SPAN;
+    } else {
+        r.y = pl->y + start * p->D + d0;
+    }
+    return r;
 }
 
 void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
@@ -104,9 +160,10 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     const float *state = W > 1 && p->conv_state ? p->conv_state + (seq * D + d0) * (W - 1) : NULL;
 
     float *taps = pl->workspace + (size_t)thread * pl->thread_floats;
-    float *cols = taps + W * SPAN;
+    float *cols = taps + W * SPAN, *tiles = taps + CONV1D_FWD_FLOATS(W);
     /* Lanes past D read zeros. */
-    if (width < SPAN || !state) memset(taps, 0, pl->thread_floats * sizeof(float));
+    if (width < SPAN || !state) memset(taps, 0, CONV1D_FWD_FLOATS(W) * sizeof(float));
+    const conv_rows r = item_rows(pl, tiles, start, t0, t1, d0, width);
     ls_transpose_copy(taps, SPAN, p->weight + d0 * W, W, width, W);
     if (state && t0 == 0) ls_transpose_copy(cols, SPAN, state, W - 1, width, W - 1);
 
@@ -118,10 +175,13 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
         const int64_t lanes = width - b * SSM_LANES < SSM_LANES ? width - b * SSM_LANES : SSM_LANES;
         const int64_t last = b < full ? head : t1;
         for (int64_t t = t0; t < last; t++)
-            conv_token(pl, taps + b * SSM_LANES, cols + b * SSM_LANES, start, t, d0 + b * SSM_LANES,
-                       lanes);
+            conv_token(pl, &r, taps + b * SSM_LANES, cols + b * SSM_LANES, t, b * SSM_LANES,
+                       d0 + b * SSM_LANES, lanes);
     }
-    if (full && head < t1) run_full_blocks(pl, taps, start, head, t1, d0, full);
+    if (full && head < t1) run_full_blocks(pl, &r, taps, head, t1, d0, full);
+    if (p->channel_first) /* y's tile into [B,D,T] */
+        ls_transpose_copy(pl->y + ((start / p->T) * D + d0) * p->T + start % p->T + t0, p->T, r.y,
+                          SPAN, t1 - t0, width);
 
     /* state_out = xs[len .. len + W-2], read from x or from the copy of the old state in cols.
      * Only the first chunk's item read the state, and it is this one. */
@@ -130,8 +190,8 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
             float *out_row = pl->state_out + (seq * D + d0 + l) * (W - 1);
             for (int64_t i = 0; i < W - 1; i++) {
                 const int64_t k = len + i;
-                out_row[i] =
-                    k < W - 1 ? cols[k * SPAN + l] : p->x[(start + k - (W - 1)) * D + d0 + l];
+                out_row[i] = k < W - 1 ? cols[k * SPAN + l]
+                                       : *ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0 + l);
             }
         }
     }

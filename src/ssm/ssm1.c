@@ -46,18 +46,46 @@ static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
     const size_t te = ls_token_bytes(exec);
-    ls_arg(a, "x", "B,T,D", p->x, true, LS_IN, te, 3, B, T, D);
-    ls_arg(a, "dt", "B,T,D", p->dt, true, LS_IN, te, 3, B, T, D);
+    const bool cf = p->channel_first;
+    if ((st = ssm_arg_strided(a, "x", "x_strides", p->x, true, p->x_strides, cf, te, B, T, D, 0)) ||
+        (st = ssm_arg_strided(a, "dt", "dt_strides", p->dt, true, p->dt_strides, cf, te, B, T, D,
+                              0)))
+        return st;
     ls_arg(a, "A", "D,N", p->A, true, LS_IN, sizeof(float), 2, D, N);
-    ls_arg(a, "B_proj", "B,T,G,N", p->B_proj, true, LS_IN, te, 4, B, T, G, N);
-    ls_arg(a, "C_proj", "B,T,G,N", p->C_proj, true, LS_IN, te, 4, B, T, G, N);
+    if ((st = ssm_arg_strided(a, "B_proj", "B_strides", p->B_proj, true, p->B_strides, cf, te, B, T,
+                              G, N)) ||
+        (st = ssm_arg_strided(a, "C_proj", "C_strides", p->C_proj, true, p->C_strides, cf, te, B, T,
+                              G, N)))
+        return st;
     ls_arg(a, "D_skip", "D", p->D_skip, false, LS_IN, sizeof(float), 1, D);
-    ls_arg(a, "gate", "B,T,D", p->gate, false, LS_IN, te, 3, B, T, D);
+    if ((st = ssm_arg_strided(a, "gate", "gate_strides", p->gate, false, p->gate_strides, cf, te, B,
+                              T, D, 0)))
+        return st;
     ls_arg(a, "dt_bias", "D", p->dt_bias, false, LS_IN, sizeof(float), 1, D);
     /* cu_seqlens before h0: an absurd n_seqs is reported as such, not as h0's size */
     ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
            ssm_cu_entries(p->cu_seqlens, p->n_seqs));
     ls_arg(a, "h0", "N_seq,D,N", p->h0, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
+    return LINSEQ_OK;
+}
+
+/* The CUDA kernels read and write the token-major layout only. */
+static linseq_status check_cuda_layout(const char *fn, const linseq_ssm1_problem *p)
+{
+    static const char *const names[] = {"x_strides", "dt_strides", "gate_strides", "B_strides",
+                                        "C_strides"};
+    const linseq_strides s[] = {p->x_strides, p->dt_strides, p->gate_strides, p->B_strides,
+                                p->C_strides};
+    if (p->channel_first)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "channel_first is set; the CUDA backend takes the token-major layout "
+                       "[B,T,D] only (run on the CPU, or pass channel_first = false)");
+    for (int i = 0; i < 5; i++)
+        if (!ssm_strides_zero(s[i]))
+            return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                           "%s is set; the CUDA backend takes dense inputs only (all strides "
+                           "zero)",
+                           names[i]);
     return LINSEQ_OK;
 }
 
@@ -87,12 +115,14 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
     if (st) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const size_t te = ls_token_bytes(exec);
-    ls_arg(&a, "y", "B,T,D", y, true, LS_OUT, te, 3, p->B, p->T, p->D);
+    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
     ls_arg(&a, "hT", "N_seq,D,N", hT, false, LS_OUT, sizeof(float), 3, n_seqs, p->D, p->N)
         ->may_alias = p->h0;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
-    if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
+    if (ls_on_cuda(exec))
+        return (st = check_cuda_layout(a.fn, p)) ? st
+                                                 : ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
 
     st = ls_ssm1_scan(p, exec, ls_ssm_kernels(isa), y, hT);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
@@ -131,20 +161,24 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
     const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
     const size_t te = ls_token_bytes(exec);
-    ls_arg(&a, "d_y", "B,T,D", d_y, true, LS_IN, te, 3, B, T, D);
+    const bool cf = p->channel_first;
+    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, cf, te, B, T, D, 0);
     ls_arg(&a, "d_hT", "N_seq,D,N", d_hT, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(&a, "dx", "B,T,D", grads->dx, false, LS_OUT, te, 3, B, T, D);
-    ls_arg(&a, "ddt", "B,T,D", grads->ddt, false, LS_OUT, te, 3, B, T, D);
+    ssm_arg_dense(&a, "dx", grads->dx, false, LS_OUT, cf, te, B, T, D, 0);
+    ssm_arg_dense(&a, "ddt", grads->ddt, false, LS_OUT, cf, te, B, T, D, 0);
     ls_arg(&a, "dA", "D,N", grads->dA, false, LS_OUT, sizeof(float), 2, D, N);
-    ls_arg(&a, "dB_proj", "B,T,G,N", grads->dB_proj, false, LS_OUT, te, 4, B, T, G, N);
-    ls_arg(&a, "dC_proj", "B,T,G,N", grads->dC_proj, false, LS_OUT, te, 4, B, T, G, N);
+    ssm_arg_dense(&a, "dB_proj", grads->dB_proj, false, LS_OUT, cf, te, B, T, G, N);
+    ssm_arg_dense(&a, "dC_proj", grads->dC_proj, false, LS_OUT, cf, te, B, T, G, N);
     ls_arg(&a, "dD_skip", "D", grads->dD_skip, false, LS_OUT, sizeof(float), 1, D);
-    ls_arg(&a, "dgate", "B,T,D", grads->dgate, false, LS_OUT, te, 3, B, T, D);
+    ssm_arg_dense(&a, "dgate", grads->dgate, false, LS_OUT, cf, te, B, T, D, 0);
     ls_arg(&a, "dh0", "N_seq,D,N", grads->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
     ls_arg(&a, "ddt_bias", "D", grads->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
-    if (ls_on_cuda(exec)) return ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
+    if (ls_on_cuda(exec))
+        return (st = check_cuda_layout(a.fn, p))
+                   ? st
+                   : ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
 
     st = ls_ssm1_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, d_hT, grads);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
@@ -153,4 +187,53 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
                        "and the dB_proj/dC_proj partial sums; T = %lld, N = %lld)",
                        SSM_BWD_SEGMENT, (long long)T, (long long)N);
     return st;
+}
+
+linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                 float *y, ls_isa isa)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_ssm1_decode"};
+    linseq_status st = check_problem(&a, p, exec);
+    if (st) return st;
+    if (p->T != 1)
+        return ls_fail(a.fn, LINSEQ_ERR_INVALID_SIZE,
+                       "T = %lld; decode takes exactly one token per request (T = 1)",
+                       (long long)p->T);
+    if (p->h0 || p->cu_seqlens)
+        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
+                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
+                       p->h0 ? "h0" : "cu_seqlens");
+    if ((st = ls_check_min(a.fn, "n_state_rows", n_state_rows, 1))) return st;
+    if (!state_rows && n_state_rows < p->B)
+        return ls_fail(a.fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
+                       (long long)n_state_rows, (long long)p->B);
+    ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
+    ls_arg(&a, "state", "n_state_rows,D,N", state, true, LS_OUT, sizeof(float), 3, n_state_rows,
+           p->D, p->N);
+    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, ls_token_bytes(exec), p->B, p->T,
+                  p->D, 0);
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
+    if ((st = ssm_check_table(&a, exec, NULL, 0, p->B, p->T))) return st;
+    if (ls_on_cuda(exec))
+        return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->device is CUDA; linseq_ssm1_decode runs on the CPU only (on CUDA, "
+                       "run linseq_ssm1_forward with h0 == hT on consecutive rows)");
+    if (state_rows && (st = ssm_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) return st;
+    st = ls_ssm1_scan_pool(p, exec, ls_ssm_kernels(isa), y, state, state_rows);
+    if (st == LINSEQ_ERR_OUT_OF_MEMORY)
+        return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",
+                       (long long)p->N);
+    return st;
+}
+
+linseq_status linseq_ssm1_decode(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                 float *y)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssm1_decode", &isa);
+    return st ? st : ls_ssm1_decode_isa(p, exec, state, n_state_rows, state_rows, y, isa);
 }

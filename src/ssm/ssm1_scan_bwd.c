@@ -32,7 +32,8 @@
  *
  * Extra memory (floats):
  *     2 * n_blocks * B*T * N      dB/dC partials, only for groups of more than SSM_LANES
- *                                 channels (n_blocks = G * ceil((D/G) / SSM_LANES))
+ *                                 channels (n_blocks = G * ceil((D/G) / SSM_LANES)) or with
+ *                                 channel_first (the reduce pass writes [B,G,N,T])
  *   + n_threads * (ceil(L / SEGMENT) + 2 * SEGMENT) * SSM_LANES * N
  *                                 checkpoints of the longest sequence L, and the segment's
  *                                 states and decays (about 4.7 MB per thread at L = 64k,
@@ -52,14 +53,17 @@
 static bool thread_floats_of(int64_t N, int64_t max_segments, int64_t *floats)
 {
     const int64_t rows16 = (N + 15) / 16 * 16;
+    /* the [SEGMENT][L] rows, and the dB/dC sums and B/C tiles (multiples of rows16) */
+    const int64_t lane_rows =
+        ((SSM1_BWD_SEG_ROWS + SSM1_BWD_LAYOUT_ROWS) * SSM_BWD_SEGMENT + 4) * SSM_LANES;
     int64_t tiles, tile_floats;
     if (max_segments > INT64_MAX / 4 - 2 * SSM_BWD_SEGMENT - 4) return false;
     if (!ls_mul_ok(&tiles, 2, max_segments + 2 * SSM_BWD_SEGMENT + 4, N) ||
-        !ls_mul_ok(&tile_floats, 2, tiles, (int64_t)SSM_LANES) || rows16 > INT64_MAX / 64 ||
-        tile_floats >
-            INT64_MAX - 2 * rows16 * 16 - (SSM1_BWD_SEG_ROWS * SSM_BWD_SEGMENT + 4) * SSM_LANES)
+        !ls_mul_ok(&tile_floats, 2, tiles, (int64_t)SSM_LANES) ||
+        rows16 > INT64_MAX / (4 * SSM_BWD_SEGMENT) ||
+        tile_floats > INT64_MAX - (32 + 2 * SSM_BWD_SEGMENT) * rows16 - lane_rows)
         return false;
-    *floats = tile_floats + 2 * rows16 * 16 + (SSM1_BWD_SEG_ROWS * SSM_BWD_SEGMENT + 4) * SSM_LANES;
+    *floats = tile_floats + (32 + 2 * SSM_BWD_SEGMENT) * rows16 + lane_rows;
     return true;
 }
 
@@ -74,6 +78,13 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     pl.n_blocks = pl.G * pl.blocks_per_group;
     pl.n_tokens = p->B * p->T;
     pl.gate_act = ssm1_gate_activation(p);
+    const bool cf = p->channel_first;
+    pl.x = ssm_view_of(p->x, p->x_strides, cf, p->T, p->D, 1);
+    pl.dt = ssm_view_of(p->dt, p->dt_strides, cf, p->T, p->D, 1);
+    pl.gate = ssm_view_of(p->gate, p->gate_strides, cf, p->T, p->D, 1);
+    pl.B = ssm_view_of(p->B_proj, p->B_strides, cf, p->T, pl.G, p->N);
+    pl.C = ssm_view_of(p->C_proj, p->C_strides, cf, p->T, pl.G, p->N);
+    pl.dy = ssm_view_of(d_y, (linseq_strides){0}, cf, p->T, p->D, 1);
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.max_segments = longest > 0 ? (longest + SSM_BWD_SEGMENT - 1) / SSM_BWD_SEGMENT : 1;
@@ -88,7 +99,8 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     if (!thread_floats_of(p->N, pl.max_segments, &thread_floats) ||
         !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
-    const bool partials = pl.blocks_per_group > 1;
+    /* channel_first: the blocks write [tokens][N] partials, and the reduce pass lays them out */
+    const bool partials = pl.blocks_per_group > 1 || cf;
     if (partials &&
         !ls_mul_ok(&partial_bytes, 4, pl.n_blocks, pl.n_tokens, p->N, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;

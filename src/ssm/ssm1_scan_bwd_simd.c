@@ -12,6 +12,7 @@
 
 #include "ssm/ssm1_simd.h"
 #include "ssm/ssm_kernels.h"
+#include "ssm/ssm_layout.h"
 
 #define SEGMENT SSM_BWD_SEGMENT
 
@@ -36,6 +37,9 @@ typedef struct bwd_tile {
     float *dA_sum, *dA_seg; /* [N][SSM_LANES]: over all tokens, over the current segment */
     float *rows_B, *rows_C; /* [N rounded up to ROW][ROW] one vector of dB / dC sums per state */
     float *dD_sum, *dD_seg, *dbias_sum, *dbias_seg; /* [SSM_LANES] */
+    /* layout tiles (ssm_layout.h): [SSM1_BWD_LAYOUT_ROWS][SEGMENT][SSM_LANES] of x, dt, gate,
+     * d_y, dx, ddt, dgate, and B, C [SEGMENT][N rounded up to ROW] */
+    float *layout, *B, *C;
 } bwd_tile;
 
 static int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -69,6 +73,11 @@ static bwd_tile tile_of_thread(const ssm1_bwd_plan *pl, int thread)
     tl.dD_seg = w + SSM_LANES;
     tl.dbias_sum = w + 2 * SSM_LANES;
     tl.dbias_seg = w + 3 * SSM_LANES;
+    w += 4 * SSM_LANES;
+    tl.layout = w;
+    w += SSM1_BWD_LAYOUT_ROWS * SEGMENT * SSM_LANES;
+    tl.B = w;
+    tl.C = w + SEGMENT * round_up(pl->p->N, ROW);
     return tl;
 }
 
@@ -84,29 +93,60 @@ typedef struct block {
     proj_rows dB, dC;
 } block;
 
+/* The rows of one segment of a block: in place, or the thread's tiles (ssm_layout.h). d_y and
+ * the outputs only for the reverse walk. */
+typedef struct seg_rows {
+    ssm_rows x, dt, gate, d_y;
+    ssm_proj_rows B, C;
+    ssm_out_rows dx, ddt, dgate;
+} seg_rows;
+
+static seg_rows seg_rows_of(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
+                            int64_t tok0, int64_t count, bool reverse, ssm_prefetch pf)
+{
+    const linseq_ssm1_problem *p = pl->p;
+    const linseq_ssm1_grads *g = pl->grads;
+    const int64_t T = p->T, D = p->D, N = p->N, d0 = bk->d0, lanes = bk->lanes;
+    const bool cf = p->channel_first;
+    float *t[SSM1_BWD_LAYOUT_ROWS];
+    for (int i = 0; i < SSM1_BWD_LAYOUT_ROWS; i++) t[i] = tl->layout + i * SEGMENT * SSM_LANES;
+    seg_rows r;
+    memset(&r, 0, sizeof r);
+    r.x = ssm_rows_in(&pl->x, T, tok0, count, pf, d0, lanes, t[0]);
+    r.dt = ssm_rows_in(&pl->dt, T, tok0, count, pf, d0, lanes, t[1]);
+    r.B = ssm_proj_in(&pl->B, T, N, tok0, count, pf, bk->group, 1, tl->B);
+    if (!reverse) return r;
+    r.C = ssm_proj_in(&pl->C, T, N, tok0, count, pf, bk->group, 1, tl->C);
+    if (p->gate) r.gate = ssm_rows_in(&pl->gate, T, tok0, count, pf, d0, lanes, t[2]);
+    r.d_y = ssm_rows_in(&pl->dy, T, tok0, count, pf, d0, lanes, t[3]);
+    r.dx = ssm_rows_out(g->dx, cf, T, D, tok0, count, d0, lanes, t[4]);
+    r.ddt = ssm_rows_out(g->ddt, cf, T, D, tok0, count, d0, lanes, t[5]);
+    r.dgate = ssm_rows_out(g->dgate, cf, T, D, tok0, count, d0, lanes, t[6]);
+    return r;
+}
+
 /* The per-token inputs of tokens [tok0, tok0 + count) into the segment rows: dt and dt x, and
  * with `reverse` also gy and the slopes the reverse walk multiplies by. Computed in one pass
  * before the updates, so that the latency of softplus and the activations overlaps across
  * tokens instead of stalling each token's updates. */
 static void segment_inputs(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
-                           int64_t tok0, int64_t count, bool reverse)
+                           const seg_rows *sr, int64_t count, bool reverse)
 {
     const linseq_ssm1_problem *p = pl->p;
-    const int64_t D = p->D, d0 = bk->d0, lanes = bk->lanes;
+    const int64_t d0 = bk->d0, lanes = bk->lanes;
     for (int64_t k = 0; k < count; k++) {
-        const int64_t row = (tok0 + k) * D + d0;
+        const float *dt_t = sr->dt.p + k * sr->dt.stride, *x_t = sr->x.p + k * sr->x.stride;
         if (k + PREFETCH_INPUTS < count) {
-            const int64_t ahead = row + PREFETCH_INPUTS * D;
-            ls_prefetch_floats(p->dt + ahead, lanes);
-            ls_prefetch_floats(p->x + ahead, lanes);
-            if (reverse) {
-                ls_prefetch_floats(pl->d_y + ahead, lanes);
-                if (p->gate) ls_prefetch_floats(p->gate + ahead, lanes);
-            }
+            if (sr->dt.in_place) ls_prefetch_floats(dt_t + PREFETCH_INPUTS * sr->dt.stride, lanes);
+            if (sr->x.in_place) ls_prefetch_floats(x_t + PREFETCH_INPUTS * sr->x.stride, lanes);
+            if (reverse && sr->d_y.in_place)
+                ls_prefetch_floats(sr->d_y.p + (k + PREFETCH_INPUTS) * sr->d_y.stride, lanes);
+            if (reverse && p->gate && sr->gate.in_place)
+                ls_prefetch_floats(sr->gate.p + (k + PREFETCH_INPUTS) * sr->gate.stride, lanes);
         }
         for (int64_t s = 0; s < STRIPS; s++) {
             const int64_t valid = lanes - s * VW, o = k * SSM_LANES + s * VW, d = d0 + s * VW;
-            vf dt = vf_load_part(p->dt + row + s * VW, valid);
+            vf dt = vf_load_part(dt_t + s * VW, valid);
             if (p->dt_softplus) {
                 /* ssm1_step_dt's softplus and its slope side by side: one exp for both */
                 const vf z =
@@ -115,11 +155,11 @@ static void segment_inputs(const ssm1_bwd_plan *pl, const bwd_tile *tl, const bl
                 if (reverse) vf_store(tl->seg_sp_slope + o, vf_softplus_grad(z));
             }
             vf_store(tl->seg_dt + o, dt);
-            vf_store(tl->seg_dtx + o, vf_mul(dt, vf_load_part(p->x + row + s * VW, valid)));
+            vf_store(tl->seg_dtx + o, vf_mul(dt, vf_load_part(x_t + s * VW, valid)));
             if (!reverse) continue;
-            vf gy = vf_load_part(pl->d_y + row + s * VW, valid);
+            vf gy = vf_load_part(sr->d_y.p + k * sr->d_y.stride + s * VW, valid);
             if (p->gate) {
-                const vf z = vf_load_part(p->gate + row + s * VW, valid);
+                const vf z = vf_load_part(sr->gate.p + k * sr->gate.stride + s * VW, valid);
                 vf f, slope;
                 vf_act_and_grad(pl->gate_act, z, &f, &slope);
                 gy = vf_mul(gy, f);
@@ -130,11 +170,10 @@ static void segment_inputs(const ssm1_bwd_plan *pl, const bwd_tile *tl, const bl
     }
 }
 
-/* Token `tok` forward from h_prev into h (the same pointer in the checkpoint pass), with its
- * inputs from row k of the segment rows; the recompute also keeps the decays. */
-static inline void forward_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
-                                 int64_t tok, int64_t k, const float *h_prev, float *h,
-                                 float *decay_out)
+/* Token k of a segment forward from h_prev into h (the same pointer in the checkpoint pass),
+ * with its inputs from row k of the segment rows; the recompute also keeps the decays. */
+static inline void forward_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, const seg_rows *sr,
+                                 int64_t k, const float *h_prev, float *h, float *decay_out)
 {
     const linseq_ssm1_problem *p = pl->p;
     const int64_t N = p->N;
@@ -145,7 +184,7 @@ static inline void forward_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, co
         dt[s] = vf_load(tl->seg_dt + k * SSM_LANES + s * VW);
         dtx[s] = vf_load(tl->seg_dtx + k * SSM_LANES + s * VW);
     }
-    const float *B_t = p->B_proj + (tok * pl->G + bk->group) * N;
+    const float *B_t = sr->B.p + k * sr->B.token;
     for (int64_t n = 0; n < N; n++) {
         const vf b = vf_set1(B_t[n]);
         const int64_t r = n * SSM_LANES;
@@ -172,28 +211,35 @@ static inline void store_row_sums(float *dst, const float *rows, int64_t N)
 /* Token seg_start + i of a recomputed segment, in reverse: see the formulas in
  * ssm1_scan_bwd.c. dh holds dh_t on entry and dh_{t-1} on return. */
 static inline void reverse_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
-                                 int64_t seg_start, int64_t i, const float *prev)
+                                 const seg_rows *sr, int64_t seg_start, int64_t i,
+                                 const float *prev)
 {
     const linseq_ssm1_problem *p = pl->p;
     const linseq_ssm1_grads *g = pl->grads;
-    const int64_t D = p->D, N = p->N, lanes = bk->lanes, d0 = bk->d0;
+    const int64_t N = p->N, lanes = bk->lanes, d0 = bk->d0;
     const int64_t tok = seg_start + i;
     const size_t rows = (size_t)N * SSM_LANES;
     const int64_t o_tok = i * SSM_LANES;
+    float *dx_t = g->dx ? sr->dx.p + i * sr->dx.stride : NULL;
+    float *ddt_t = g->ddt ? sr->ddt.p + i * sr->ddt.stride : NULL;
+    float *dgate_t = g->dgate ? sr->dgate.p + i * sr->dgate.stride : NULL;
     if (i >= PREFETCH_REVERSE) {
-        /* the rows of the token this walk reaches PREFETCH_REVERSE tokens later */
-        const int64_t ahead = (tok - PREFETCH_REVERSE) * D + d0;
-        ls_prefetch_floats(p->x + ahead, lanes);
-        ls_prefetch_floats(pl->d_y + ahead, lanes);
-        if (g->dx) ls_prefetch_floats_for_write(g->dx + ahead, lanes);
-        if (g->ddt) ls_prefetch_floats_for_write(g->ddt + ahead, lanes);
-        if (g->dgate) ls_prefetch_floats_for_write(g->dgate + ahead, lanes);
+        /* the rows of the token this walk reaches PREFETCH_REVERSE tokens later (the tiles
+         * are in cache already) */
+        const int64_t back = PREFETCH_REVERSE;
+        if (sr->x.in_place) ls_prefetch_floats(sr->x.p + (i - back) * sr->x.stride, lanes);
+        if (sr->d_y.in_place) ls_prefetch_floats(sr->d_y.p + (i - back) * sr->d_y.stride, lanes);
+        if (dx_t && !sr->dx.dst) ls_prefetch_floats_for_write(dx_t - back * sr->dx.stride, lanes);
+        if (ddt_t && !sr->ddt.dst)
+            ls_prefetch_floats_for_write(ddt_t - back * sr->ddt.stride, lanes);
+        if (dgate_t && !sr->dgate.dst)
+            ls_prefetch_floats_for_write(dgate_t - back * sr->dgate.stride, lanes);
         if (bk->dB.base)
             ls_prefetch_floats_for_write(bk->dB.base + (tok - PREFETCH_REVERSE) * bk->dB.stride, N);
         if (bk->dC.base)
             ls_prefetch_floats_for_write(bk->dC.base + (tok - PREFETCH_REVERSE) * bk->dC.stride, N);
     }
-    const float *x_t = p->x + tok * D + d0, *d_y = pl->d_y + tok * D + d0;
+    const float *x_t = sr->x.p + i * sr->x.stride, *d_y = sr->d_y.p + i * sr->d_y.stride;
 
     vf x[STRIPS], dt[STRIPS], dtx[STRIPS], gy[STRIPS];
     vf dx_acc[STRIPS], ddt_acc[STRIPS], pre[STRIPS];
@@ -206,8 +252,7 @@ static inline void reverse_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, co
         dx_acc[s] = ddt_acc[s] = pre[s] = vf_zero();
     }
 
-    const float *B_t = p->B_proj + (tok * pl->G + bk->group) * N;
-    const float *C_t = p->C_proj + (tok * pl->G + bk->group) * N;
+    const float *B_t = sr->B.p + i * sr->B.token, *C_t = sr->C.p + i * sr->C.token;
     const float *h_prev = i ? tl->seg_h + (size_t)(i - 1) * rows : prev;
     const float *h = tl->seg_h + (size_t)i * rows, *decay = tl->seg_decay + (size_t)i * rows;
     /* Locals, not fields of tl: the vector stores may alias anything and would force reloads. */
@@ -246,13 +291,13 @@ static inline void reverse_token(const ssm1_bwd_plan *pl, const bwd_tile *tl, co
         /* sum_n adj B x = x dx_acc: the B x term of ddt costs one fma per token, not per state */
         vf ddt = vf_fmadd(x[s], dx_acc[s], ddt_acc[s]);
         if (p->dt_softplus) ddt = vf_mul(ddt, vf_load(tl->seg_sp_slope + o_tok + s * VW));
-        if (g->dx) vf_store_part(g->dx + tok * D + d, dx, valid);
-        if (g->ddt) vf_store_part(g->ddt + tok * D + d, ddt, valid);
+        if (dx_t) vf_store_part(dx_t + s * VW, dx, valid);
+        if (ddt_t) vf_store_part(ddt_t + s * VW, ddt, valid);
         if (g->dgate) {
             /* y before the gate, as the forward computes it. */
             const vf y = ssm1_skip(pre[s], D_skip, x[s], valid);
             const vf dy_y = vf_mul(vf_load_part(d_y + s * VW, valid), y);
-            vf_store_part(g->dgate + tok * D + d,
+            vf_store_part(dgate_t + s * VW,
                           vf_mul(dy_y, vf_load(tl->seg_act_slope + o_tok + s * VW)), valid);
         }
         vf_store(tl->dD_seg + s * VW, vf_fmadd(gy[s], x[s], vf_load(tl->dD_seg + s * VW)));
@@ -291,9 +336,12 @@ static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const
         const int64_t seg_start = start + k * SEGMENT;
         float *h = tl->checkpoints + (size_t)(k + 1) * rows;
         const float *h_prev = tl->checkpoints + (size_t)k * rows;
-        segment_inputs(pl, tl, bk, seg_start, SEGMENT, false);
+        const int64_t next = len - (k + 1) * SEGMENT;
+        const ssm_prefetch ahead = {SEGMENT, next < SEGMENT ? next : SEGMENT};
+        const seg_rows sr = seg_rows_of(pl, tl, bk, seg_start, SEGMENT, false, ahead);
+        segment_inputs(pl, tl, bk, &sr, SEGMENT, false);
         for (int64_t i = 0; i < SEGMENT; i++) {
-            forward_token(pl, tl, bk, seg_start + i, i, h_prev, h, NULL);
+            forward_token(pl, tl, &sr, i, h_prev, h, NULL);
             h_prev = h;
         }
     }
@@ -302,12 +350,18 @@ static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const
         const int64_t seg_start = start + k * SEGMENT;
         const int64_t seg_len = len - k * SEGMENT < SEGMENT ? len - k * SEGMENT : SEGMENT;
         const float *prev = tl->checkpoints + (size_t)k * rows;
-        segment_inputs(pl, tl, bk, seg_start, seg_len, true);
+        /* the reverse walk's next segment is the one before */
+        const ssm_prefetch behind = {-SEGMENT, k > 0 ? SEGMENT : 0};
+        const seg_rows sr = seg_rows_of(pl, tl, bk, seg_start, seg_len, true, behind);
+        segment_inputs(pl, tl, bk, &sr, seg_len, true);
         for (int64_t i = 0; i < seg_len; i++)
-            forward_token(pl, tl, bk, seg_start + i, i,
-                          i ? tl->seg_h + (size_t)(i - 1) * rows : prev,
+            forward_token(pl, tl, &sr, i, i ? tl->seg_h + (size_t)(i - 1) * rows : prev,
                           tl->seg_h + (size_t)i * rows, tl->seg_decay + (size_t)i * rows);
-        for (int64_t i = seg_len - 1; i >= 0; i--) reverse_token(pl, tl, bk, seg_start, i, prev);
+        for (int64_t i = seg_len - 1; i >= 0; i--)
+            reverse_token(pl, tl, bk, &sr, seg_start, i, prev);
+        ssm_rows_flush(&sr.dx, behind);
+        ssm_rows_flush(&sr.ddt, behind);
+        ssm_rows_flush(&sr.dgate, behind);
         /* Two-level sums: a float32 running sum over T tokens drifts by up to ~T ulp; summing
          * each segment first keeps it near (SEGMENT + T / SEGMENT) ulp. */
         add_and_clear(N, tl->dA_sum, tl->dA_seg);
@@ -366,6 +420,31 @@ void LS_ISA_FN(ls_ssm1_bwd_item)(void *ctx, int64_t item, int thread)
     if (g->ddt_bias) memcpy(g->ddt_bias + bk.d0, tl.dbias_sum, (size_t)bk.lanes * sizeof(float));
 }
 
+/* The reduce into a channel-first gradient [B,G,N,T]: per token, VW states summed over the
+ * blocks' partials ([tokens][N] each, read contiguously) in block order as the token-major pass
+ * does, then scattered to their rows of tokens. */
+static void reduce_channel_first(const ssm1_bwd_plan *pl, float *grad, const float *partial,
+                                 int64_t t0, int64_t t1)
+{
+    const int64_t N = pl->p->N, G = pl->G, T = pl->p->T, bpg = pl->blocks_per_group;
+    const size_t block_stride = (size_t)pl->n_tokens * (size_t)N;
+    float sums[VW];
+    for (int64_t grp = 0; grp < G; grp++) {
+        const float *first = partial + (size_t)(grp * bpg) * block_stride;
+        for (int64_t tok = t0; tok < t1; tok++) {
+            float *dst = grad + (((tok / T) * G + grp) * N) * T + tok % T;
+            for (int64_t n = 0; n < N; n += VW) {
+                const float *row = first + (size_t)(tok * N + n);
+                vf sum = vf_load_part(row, N - n);
+                for (int64_t j = 1; j < bpg; j++)
+                    sum = vf_add(sum, vf_load_part(row + (size_t)j * block_stride, N - n));
+                vf_store(sums, sum);
+                for (int64_t i = 0; i < VW && n + i < N; i++) dst[(n + i) * T] = sums[i];
+            }
+        }
+    }
+}
+
 void LS_ISA_FN(ls_ssm1_bwd_reduce_item)(void *ctx, int64_t item, int thread)
 {
     (void)thread;
@@ -379,6 +458,10 @@ void LS_ISA_FN(ls_ssm1_bwd_reduce_item)(void *ctx, int64_t item, int thread)
     const float *partials[2] = {pl->dB_partial, pl->dC_partial};
     for (int which = 0; which < 2; which++) {
         if (!grads[which]) continue;
+        if (pl->p->channel_first) {
+            reduce_channel_first(pl, grads[which], partials[which], t0, t1);
+            continue;
+        }
         for (int64_t tok = t0; tok < t1; tok++)
             for (int64_t grp = 0; grp < G; grp++) {
                 float *dst = grads[which] + (tok * G + grp) * N;

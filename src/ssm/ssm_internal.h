@@ -6,7 +6,12 @@
  * parameters shared by sequences (A, D_skip, dt_bias, weight, bias) are summed inside one item
  * in a fixed order. Both ops walk time in the outer loop and channels in the inner loop, so
  * the reads of x along D are contiguous. The items' kernels are compiled once per ISA
- * (ssm_kernels.h); the fast paths take the ISA to run as an argument. */
+ * (ssm_kernels.h); the fast paths take the ISA to run as an argument.
+ *
+ * Layouts (channel_first, strided inputs): the kernels address every per-token tensor through
+ * an ssm_view and read token rows; a tensor whose channels are not contiguous is packed a tile
+ * at a time (ssm_layout.h; conv1d packs spans of its own width in conv1d_simd.c and
+ * conv1d_bwd_simd.c). */
 #ifndef LS_SSM_INTERNAL_H
 #define LS_SSM_INTERNAL_H
 
@@ -76,6 +81,57 @@ static inline int64_t ssm_cu_entries(const int64_t *cu_seqlens, int64_t n_seqs)
     return n_seqs < INT64_MAX ? n_seqs + 1 : INT64_MAX;
 }
 
+/* ---- layouts of the per-token tensors (ssm_layout.c) ------------------------------------ */
+
+/* A per-token tensor as the kernels address it: element (b, t, c, s) at
+ * base[b*batch + t*token + c*channel + s*state], every stride resolved (no zero-means-dense).
+ * Dense token-major is channel == 1 (rows of channels contiguous), which the kernels read in
+ * place; any other layout they pack a tile at a time (ssm_layout.h). */
+typedef struct ssm_view {
+    const float *base;
+    int64_t batch, token, channel, state;
+} ssm_view;
+
+/* The strides of a dense [B,T,C,S] (token-major) or [B,C,S,T] (channel_first) tensor. */
+static inline linseq_strides ssm_dense_strides(bool channel_first, int64_t T, int64_t C, int64_t S)
+{
+    if (channel_first) return (linseq_strides){C * S * T, 1, S * T, T};
+    return (linseq_strides){T * C * S, C * S, S, 1};
+}
+
+static inline bool ssm_strides_zero(linseq_strides s)
+{
+    return !s.batch && !s.token && !s.channel && !s.state;
+}
+
+/* The view of a validated input: its own strides, or the dense ones when they are all zero. */
+static inline ssm_view ssm_view_of(const float *ptr, linseq_strides s, bool channel_first,
+                                   int64_t T, int64_t C, int64_t S)
+{
+    if (ssm_strides_zero(s)) s = ssm_dense_strides(channel_first, T, C, S);
+    return (ssm_view){ptr, s.batch, s.token, s.channel, s.state};
+}
+
+/* Adds a per-token input to the argument table: dense (all strides zero) as the shape `dims`
+ * ([B,T,C] or [B,T,C,S]; [B,C,T] or [B,C,S,T] with channel_first), else as the span of
+ * elements its strides reach, checked here: strides >= 0, `state` 0 when S == 0 (a tensor
+ * without a state axis), and a span whose byte size fits in ptrdiff_t. S == 0 means no state
+ * axis. strides_name names the field in messages ("x_strides"). */
+linseq_status ssm_arg_strided(ls_args *a, const char *name, const char *strides_name,
+                              const float *ptr, bool required, linseq_strides s, bool channel_first,
+                              size_t elem, int64_t B, int64_t T, int64_t C, int64_t S);
+
+/* The per-token outputs and upstream gradients: dense [B,T,C(,S)], or [B,C(,S),T] with
+ * channel_first. S == 0: no state axis. */
+ls_tensor *ssm_arg_dense(ls_args *a, const char *name, const float *ptr, bool required,
+                         ls_role role, bool channel_first, size_t elem, int64_t B, int64_t T,
+                         int64_t C, int64_t S);
+
+/* Decode's state_rows (already checked to be the size of B): every row < n_state_rows, no row
+ * named twice (negative rows are padding). */
+linseq_status ssm_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
+                                   int64_t n_state_rows);
+
 static inline linseq_activation ssm1_gate_activation(const linseq_ssm1_problem *p)
 {
     return p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;
@@ -95,6 +151,13 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
 linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                    const float *d_y, const float *d_hT,
                                    const linseq_ssm1_grads *grads, ls_isa isa);
+linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                 float *y, ls_isa isa);
+linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                   float *state, int64_t n_state_rows, int64_t state_len,
+                                   const int64_t *state_rows, const int64_t *cache_seqlens,
+                                   float *y, ls_isa isa);
 linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
                                     float *y, float *conv_state_out, ls_isa isa);
 linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
@@ -109,6 +172,13 @@ struct ssm_kernels;
  * allocated. */
 linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec,
                            const struct ssm_kernels *kern, float *y, float *hT);
+
+/* ls_ssm1_scan for decode over a pool of states (linseq_ssm1_decode, validated): sequence b's
+ * state is row rows[b] (NULL: row b) of pool [rows, D, N], advanced in place; a negative row
+ * gets y = 0 and touches no state. */
+linseq_status ls_ssm1_scan_pool(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                const struct ssm_kernels *kern, float *y, float *pool,
+                                const int64_t *rows);
 
 /* Tokens between two state checkpoints of the SSM1 backward: the backward stores one state per
  * segment of this many tokens and recomputes the states inside a segment, so its memory is
@@ -143,6 +213,14 @@ linseq_status ls_ssm1_reference(const linseq_ssm1_problem *p, float *y, float *h
 linseq_status ls_ssm1_reference_f64(const linseq_ssm1_problem *p, double *y, double *hT);
 void ls_conv1d_reference(const linseq_conv1d_problem *p, float *y, float *state_out);
 void ls_conv1d_reference_f64(const linseq_conv1d_problem *p, double *y, double *state_out);
+
+/* linseq_conv1d_decode in double, as its header words it (test code; a validated call): the
+ * pool is updated in place (copies, exact), y is [B,T,D] token-major in double whatever the
+ * problem's layout; LINSEQ_ERR_OUT_OF_MEMORY, nothing written, when its rows cannot be
+ * allocated. The other references read dense token-major problems only. */
+linseq_status ls_conv1d_decode_reference(const linseq_conv1d_problem *p, float *state,
+                                         int64_t state_len, const int64_t *rows,
+                                         const int64_t *cache_seqlens, double *y);
 
 /* The reference backwards' outputs: linseq_ssm1_grads / linseq_conv1d_grads in double, with
  * the same shapes and the same meaning (NULL = not computed, non-NULL = overwritten). */

@@ -21,9 +21,15 @@ typedef struct ssm1_scan_plan {
     int64_t G, channels_per_group, n_blocks;
     int64_t blocks_per_item; /* consecutive blocks of one sequence per work item */
     linseq_activation gate_act;
+    ssm_view x, dt, gate, B, C; /* the per-token inputs in their layouts (ssm_layout.h) */
+    int64_t bc_groups;          /* groups per B/C tile (0: B and C are read in place) */
     float *y, *hT;
+    /* Decode over a pool: sequence s's state is row pool_rows[s] (NULL: row s) of pool, read
+     * and written in place (h0 and hT unused); a negative row gets y = 0. NULL: no pool. */
+    float *pool;
+    const int64_t *pool_rows;
     float *workspace;     /* per thread: thread_floats, 64-byte aligned */
-    size_t thread_floats; /* SSM1_SCAN_FLOATS(N) */
+    size_t thread_floats; /* SSM1_SCAN_FLOATS(N, bc_groups) */
 } ssm1_scan_plan;
 
 /* Tokens whose step inputs (dt after softplus, dt x, act(gate)) are computed in one pass
@@ -31,10 +37,18 @@ typedef struct ssm1_scan_plan {
  * overlaps across tokens instead of stalling each token's updates. */
 #define SSM1_SCAN_CHUNK 16
 
+/* Tokens per layout tile (ssm_layout.h): a channel-first input is packed, and a channel-first
+ * y written back, this many tokens at a time (256 bytes of each channel's row, whole cache
+ * lines read in order). */
+#define SSM1_SCAN_PACK 64
+
 /* Per thread: four [N][SSM_LANES] tiles (the state, A transposed, and B_t, C_t spread over the
- * lanes of a block spanning groups), then three [SSM1_SCAN_CHUNK][SSM_LANES] rows of step
- * inputs (dt, dt x, act(gate)). */
-#define SSM1_SCAN_FLOATS(N) (4 * (N)*SSM_LANES + 3 * SSM1_SCAN_CHUNK * SSM_LANES)
+ * lanes of a block spanning groups), three [SSM1_SCAN_CHUNK][SSM_LANES] rows of step inputs
+ * (dt, dt x, act(gate)), four [SSM1_SCAN_PACK][SSM_LANES] layout tiles of x, dt, gate and y,
+ * and two [SSM1_SCAN_PACK][bc_groups][N] tiles of B and C. */
+#define SSM1_SCAN_FLOATS(N, bc_groups)                                                             \
+    (4 * (N)*SSM_LANES + 3 * SSM1_SCAN_CHUNK * SSM_LANES + 4 * SSM1_SCAN_PACK * SSM_LANES +        \
+     2 * SSM1_SCAN_PACK * (bc_groups) * (N))
 
 LS_ISA_DECLARE(void, ls_ssm1_scan_item, (void *plan, int64_t item, int thread));
 
@@ -47,6 +61,7 @@ typedef struct ssm1_bwd_plan {
     int64_t G, channels_per_group, blocks_per_group, n_blocks, n_tokens;
     int64_t max_segments; /* of the longest sequence, at least 1 */
     linseq_activation gate_act;
+    ssm_view x, dt, gate, B, C, dy; /* the per-token inputs and d_y in their layouts */
     float *dB_partial, *dC_partial; /* [n_blocks][n_tokens][N], or NULL (written directly) */
     float *workspace;
     size_t thread_floats; /* the layout below */
@@ -55,9 +70,12 @@ typedef struct ssm1_bwd_plan {
 /* Per thread, in this order (L = SSM_LANES): checkpoints [max_segments][N][L], the segment's
  * states and decays [SEGMENT][N][L] each, SSM1_BWD_SEG_ROWS per-token inputs [SEGMENT][L]
  * each (dt, dt x, gy, the softplus and gate slopes), the tiles rate, dh and the two dA sums
- * [4][N][L], the per-token dB and dC rows [2][N rounded up to 16][16], and four lane vectors
- * [4][L] (the dD_skip and ddt_bias sums). */
+ * [4][N][L], the per-token dB and dC rows [2][N rounded up to 16][16], four lane vectors
+ * [4][L] (the dD_skip and ddt_bias sums), then the layout tiles of a segment (ssm_layout.h):
+ * SSM1_BWD_LAYOUT_ROWS [SEGMENT][L] (x, dt, gate, d_y, dx, ddt, dgate) and B, C
+ * [SEGMENT][N rounded up to 16] each. */
 #define SSM1_BWD_SEG_ROWS 5
+#define SSM1_BWD_LAYOUT_ROWS 7
 
 LS_ISA_DECLARE(void, ls_ssm1_bwd_item, (void *plan, int64_t item, int thread));
 
@@ -73,6 +91,8 @@ typedef struct conv1d_plan {
     int64_t chunk, n_chunks;       /* forward: tokens per item, items per sequence */
     int64_t blocks_per_item, ring; /* backward: blocks per item, rows of ring of g */
     linseq_activation act;
+    ssm_view x;                       /* x in its layout */
+    bool x_tiled;                     /* x's channels are not contiguous: packed in tiles */
     float *y, *state_out;             /* forward */
     const float *d_y, *d_state_out;   /* backward */
     const linseq_conv1d_grads *grads; /* backward */
@@ -91,6 +111,10 @@ typedef struct conv1d_plan {
  * (taps, the two dweight sums [W] each, the state's columns [W-1], the two dbias sums, the
  * ring of g). */
 #define CONV1D_FWD_FLOATS(W) (2 * (W)*CONV1D_SPAN)
+/* Forward in another layout, after those: x's tile [chunk + W-1][CONV1D_SPAN] when x_tiled, and
+ * y's [chunk][CONV1D_SPAN] with channel_first (ssm_layout.h's approach, a span wide). */
+#define CONV1D_FWD_TILE_FLOATS(W, chunk, x_tiled, channel_first)                                   \
+    ((((x_tiled) ? (chunk) + (W)-1 : 0) + ((channel_first) ? (chunk) : 0)) * CONV1D_SPAN)
 #define CONV1D_BWD_ROWS(W, ring) (4 * (W) + 1 + (ring))
 
 /* Backward: tokens whose g (d_y times the activation's slope) is computed in one pass before
@@ -102,8 +126,34 @@ typedef struct conv1d_plan {
  * contiguously), fewer when that would leave fewer than 4 items per thread. */
 #define CONV1D_BWD_MAX_BLOCKS 4
 
+/* Backward: tokens per chunk of a sequence (conv1d_bwd_simd.c), and in another layout the
+ * per-thread tiles after the blocks' rows, `wide` = blocks_per_item * SSM_LANES columns each:
+ * x [PACK + W-1], d_y [PACK], dx [max(PACK, W-1)] rows. */
+#define CONV1D_BWD_PACK 64
+#define CONV1D_BWD_TILE_ROWS(W)                                                                    \
+    (2 * CONV1D_BWD_PACK + (W)-1 + ((W)-1 > CONV1D_BWD_PACK ? (W)-1 : CONV1D_BWD_PACK))
+
 LS_ISA_DECLARE(void, ls_conv1d_item, (void *plan, int64_t item, int thread));
 LS_ISA_DECLARE(void, ls_conv1d_bwd_item, (void *plan, int64_t item, int thread));
+
+/* ---- conv1d decode: one item per request ---------------------------------------------- */
+
+typedef struct conv1d_decode_plan {
+    const linseq_conv1d_problem *p;
+    ssm_view x;
+    float *y, *state;
+    int64_t state_len;
+    const int64_t *rows, *cache_seqlens;
+    linseq_activation act;
+    float *workspace;
+    size_t thread_floats; /* CONV1D_DECODE_FLOATS(W, T) */
+} conv1d_decode_plan;
+
+/* Per thread: the taps [W][SSM_LANES], the window [W-1+T][SSM_LANES] and y's tile
+ * [T][SSM_LANES]. */
+#define CONV1D_DECODE_FLOATS(W, T) ((2 * (W) + 2 * (T)) * SSM_LANES)
+
+LS_ISA_DECLARE(void, ls_conv1d_decode_item, (void *plan, int64_t item, int thread));
 
 /* ---- the activations as the kernels compute them, over arrays (for tests) ------------- */
 
@@ -127,6 +177,7 @@ typedef struct ssm_kernels {
     void (*ssm1_bwd_reduce_item)(void *plan, int64_t item, int thread);
     void (*conv1d_item)(void *plan, int64_t item, int thread);
     void (*conv1d_bwd_item)(void *plan, int64_t item, int thread);
+    void (*conv1d_decode_item)(void *plan, int64_t item, int thread);
     void (*vmath_n)(ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y);
 } ssm_kernels;
 

@@ -1,0 +1,87 @@
+/* The conv1d decode kernel (linseq_conv1d_decode), compiled once per ISA: one work item is
+ * (request, block of SSM_LANES channels).
+ *
+ * The block's window [W-1+T][SSM_LANES] holds the W-1 inputs before the new tokens (from the
+ * request's state row: its last W-1 entries, or with cache_seqlens the W-1 entries before
+ * position cache_seqlens % state_len, circularly), then the T new inputs. y is computed from it
+ * with the forward's arithmetic (bias, then the taps in order with one fma each, then the
+ * activation in vector form), so a decode step gives the forward's bits for the same window.
+ * The state row is updated after the window has read it: shifted left by T with the new inputs
+ * appended, or the new inputs written at positions (cache_seqlens + i) % state_len in token
+ * order. */
+#include <string.h>
+
+#include "ssm/ssm_kernels.h"
+#include "ssm/ssm_layout.h"
+
+/* The state position of the i-th of the W-1 inputs before the new tokens (oldest first). */
+static int64_t previous_position(const conv1d_decode_plan *pl, int64_t start, int64_t i)
+{
+    const int64_t L = pl->state_len, W = pl->p->W;
+    if (!pl->cache_seqlens) return L - (W - 1) + i;
+    const int64_t pos = (start - (W - 1) + i) % L;
+    return pos < 0 ? pos + L : pos;
+}
+
+/* The state row of one channel after the step; win_col is the channel's column of the window
+ * (stride SSM_LANES), whose rows W-1 .. W-2+T are the new inputs. */
+static void advance_state(const conv1d_decode_plan *pl, float *row, const float *win_col,
+                          int64_t start)
+{
+    const int64_t L = pl->state_len, T = pl->p->T, W = pl->p->W;
+    const float *x_new = win_col + (W - 1) * SSM_LANES;
+    if (pl->cache_seqlens) {
+        for (int64_t i = 0; i < T; i++) row[(start + i) % L] = x_new[i * SSM_LANES];
+        return;
+    }
+    if (T < L) memmove(row, row + T, (size_t)(L - T) * sizeof(float));
+    const int64_t keep = T < L ? T : L; /* the newest inputs that fit */
+    for (int64_t i = 0; i < keep; i++) row[L - keep + i] = x_new[(T - keep + i) * SSM_LANES];
+}
+
+void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
+{
+    const conv1d_decode_plan *pl = ctx;
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t D = p->D, W = p->W, T = p->T, L = pl->state_len;
+    const int64_t n_blocks = (D + SSM_LANES - 1) / SSM_LANES;
+    const int64_t b = item / n_blocks, d0 = item % n_blocks * SSM_LANES;
+    const int64_t lanes = D - d0 < SSM_LANES ? D - d0 : SSM_LANES;
+    const int64_t row = pl->rows ? pl->rows[b] : b;
+    float *taps = pl->workspace + (size_t)thread * pl->thread_floats;
+    float *win = taps + W * SSM_LANES, *y_tile = win + (W - 1 + T) * SSM_LANES;
+
+    ssm_out_rows y = ssm_rows_out(pl->y, p->channel_first, T, D, b * T, T, d0, lanes, y_tile);
+    if (row < 0) { /* padding request: y = 0, no state touched */
+        for (int64_t k = 0; k < T; k++)
+            memset(y.p + k * y.stride, 0, (size_t)lanes * sizeof(float));
+        ssm_rows_flush(&y, (ssm_prefetch){0, 0});
+        return;
+    }
+    /* Lanes past a ragged block read zeros and store nothing. */
+    if (lanes < SSM_LANES) memset(taps, 0, (size_t)(W + W - 1 + T) * SSM_LANES * sizeof(float));
+    ls_transpose_copy(taps, SSM_LANES, p->weight + d0 * W, W, lanes, W);
+    float *state = pl->state + (row * D + d0) * L; /* channel d0 + l at state[l * L] */
+    const int64_t start = pl->cache_seqlens ? pl->cache_seqlens[b] % L : 0;
+    for (int64_t i = 0; i < W - 1; i++) {
+        const int64_t pos = previous_position(pl, start, i);
+        for (int64_t l = 0; l < lanes; l++) win[i * SSM_LANES + l] = state[l * L + pos];
+    }
+    float *x_rows = win + (W - 1) * SSM_LANES;
+    const ssm_rows x = ssm_rows_in(&pl->x, T, b * T, T, (ssm_prefetch){0, 0}, d0, lanes, x_rows);
+    if (x.p != x_rows)
+        for (int64_t k = 0; k < T; k++)
+            memcpy(x_rows + k * SSM_LANES, x.p + k * x.stride, (size_t)lanes * sizeof(float));
+
+    for (int64_t k = 0; k < T; k++)
+        for (int64_t s = 0; s < STRIPS; s++) {
+            const int64_t valid = lanes - s * VW;
+            vf acc = p->bias ? vf_load_part(p->bias + d0 + s * VW, valid) : vf_zero();
+            for (int64_t j = 0; j < W; j++)
+                acc = vf_fmadd(vf_load(taps + j * SSM_LANES + s * VW),
+                               vf_load(win + (k + j) * SSM_LANES + s * VW), acc);
+            vf_store_part(y.p + k * y.stride + s * VW, vf_act(pl->act, acc), valid);
+        }
+    ssm_rows_flush(&y, (ssm_prefetch){0, 0});
+    for (int64_t l = 0; l < lanes; l++) advance_state(pl, state + l * L, win + l, start);
+}

@@ -1,0 +1,424 @@
+/* Decode over a pool of state rows (linseq_ssm1_decode, linseq_conv1d_decode): each request
+ * advances the row it names, in place, as a forward from that row would (checked bitwise) and
+ * within float32 rounding of the double reference (conv: the shift register and the circular
+ * buffer of cache_seqlens); padding requests (negative rows) get y = 0 and
+ * touch no state; rows nobody names are never written; every argument is validated (named in
+ * the message, nothing written). On every ISA the CPU has. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "simd/isa.h"
+#include "ssm/ssm_internal.h"
+#include "testutil.h"
+
+static ls_isa test_isa = LS_ISA_SCALAR;
+
+typedef struct pool_case {
+    int64_t B, D, N, G, n_rows;
+    linseq_ssm1_problem p; /* T = 1, h0 NULL */
+    float *x, *dt, *A, *Bp, *Cp, *Dk, *gate, *bias, *pool;
+    size_t row_floats;
+} pool_case;
+
+static void pool_make(pool_case *c, int64_t B, int64_t D, int64_t N, int64_t G, int64_t n_rows,
+                      uint64_t seed)
+{
+    tu_rng rng = {seed};
+    memset(c, 0, sizeof *c);
+    c->B = B, c->D = D, c->N = N, c->G = G, c->n_rows = n_rows;
+    c->row_floats = (size_t)(D * N);
+    c->x = tu_alloc((size_t)(B * D)), c->dt = tu_alloc((size_t)(B * D));
+    c->gate = tu_alloc((size_t)(B * D));
+    c->Bp = tu_alloc((size_t)(B * G * N)), c->Cp = tu_alloc((size_t)(B * G * N));
+    c->A = tu_alloc((size_t)(D * N)), c->Dk = tu_alloc((size_t)D), c->bias = tu_alloc((size_t)D);
+    c->pool = tu_alloc((size_t)n_rows * c->row_floats);
+    tu_fill_normal(&rng, c->x, (size_t)(B * D), 1.0);
+    tu_fill_normal(&rng, c->dt, (size_t)(B * D), 1.0);
+    tu_fill_normal(&rng, c->gate, (size_t)(B * D), 1.0);
+    tu_fill_normal(&rng, c->Bp, (size_t)(B * G * N), 1.0);
+    tu_fill_normal(&rng, c->Cp, (size_t)(B * G * N), 1.0);
+    tu_fill_uniform(&rng, c->A, (size_t)(D * N), -4.0, -0.1);
+    tu_fill_normal(&rng, c->Dk, (size_t)D, 1.0);
+    tu_fill_uniform(&rng, c->bias, (size_t)D, -6.0, -2.0);
+    tu_fill_normal(&rng, c->pool, (size_t)n_rows * c->row_floats, 0.5);
+    c->p = (linseq_ssm1_problem){.B = B,
+                                 .T = 1,
+                                 .D = D,
+                                 .N = N,
+                                 .G = G,
+                                 .x = c->x,
+                                 .dt = c->dt,
+                                 .A = c->A,
+                                 .B_proj = c->Bp,
+                                 .C_proj = c->Cp,
+                                 .D_skip = c->Dk,
+                                 .gate = c->gate,
+                                 .dt_softplus = true,
+                                 .dt_bias = c->bias};
+}
+
+static void pool_free(pool_case *c)
+{
+    float *all[] = {c->x, c->dt, c->gate, c->Bp, c->Cp, c->A, c->Dk, c->bias, c->pool};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) free(all[i]);
+}
+
+/* Request b alone as a B = 1 problem (its token's rows of every per-token input). */
+static linseq_ssm1_problem request(const pool_case *c, int64_t b)
+{
+    linseq_ssm1_problem q = c->p;
+    q.B = 1;
+    q.x_strides = (linseq_strides){0, 0, 0, 0}; /* c->x holds every layout's values densely */
+    q.x = c->x + b * c->D, q.dt = c->dt + b * c->D, q.gate = c->gate + b * c->D;
+    q.B_proj = c->Bp + b * c->G * c->N, q.C_proj = c->Cp + b * c->G * c->N;
+    return q;
+}
+
+/* One decode call against a one-token forward per request from a copy of the pool, and the
+ * double reference; rows not named unchanged. */
+static void check_decode(pool_case *c, const int64_t *rows, const char *what)
+{
+    const int64_t B = c->B, D = c->D;
+    const size_t pool_floats = (size_t)c->n_rows * c->row_floats;
+    float *before = tu_alloc(pool_floats), *y = tu_alloc_poisoned((size_t)(B * D));
+    memcpy(before, c->pool, pool_floats * sizeof(float));
+    const linseq_exec ex = {.threads = 3};
+    CHECK_OK(ls_ssm1_decode_isa(&c->p, &ex, c->pool, c->n_rows, rows, y, test_isa));
+
+    bool *named = calloc((size_t)c->n_rows, sizeof *named);
+    float *y1 = tu_alloc((size_t)D), *h1 = tu_alloc(c->row_floats);
+    double *yd = malloc((size_t)D * sizeof *yd), *hd = malloc(c->row_floats * sizeof *hd);
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t row = rows ? rows[b] : b;
+        if (row < 0) {
+            bool zero = true;
+            for (int64_t d = 0; d < D; d++) zero = zero && y[b * D + d] == 0.0f;
+            CHECK(zero, "%s %s: padding request %lld: y is not 0", ls_isa_name(test_isa), what,
+                  (long long)b);
+            continue;
+        }
+        named[row] = true;
+        linseq_ssm1_problem q = request(c, b);
+        q.h0 = before + (size_t)row * c->row_floats;
+        CHECK_OK(ls_ssm1_forward_isa(&q, NULL, y1, h1, test_isa));
+        CHECK(tu_same_bits(y1, y + b * D, (size_t)D) &&
+                  tu_same_bits(h1, c->pool + (size_t)row * c->row_floats, c->row_floats),
+              "%s %s: request %lld (row %lld) differs from its one-token forward",
+              ls_isa_name(test_isa), what, (long long)b, (long long)row);
+        CHECK_OK(ls_ssm1_reference_f64(&q, yd, hd));
+        const double ey = tu_rel_err_d(y + b * D, yd, (size_t)D);
+        const double eh = tu_rel_err_d(c->pool + (size_t)row * c->row_floats, hd, c->row_floats);
+        CHECK(ey < 2e-5 && eh < 2e-5,
+              "%s %s: request %lld vs the double reference: y %.2e, "
+              "state %.2e",
+              ls_isa_name(test_isa), what, (long long)b, ey, eh);
+    }
+    for (int64_t r = 0; r < c->n_rows; r++)
+        if (!named[r])
+            CHECK(tu_same_bits(c->pool + (size_t)r * c->row_floats,
+                               before + (size_t)r * c->row_floats, c->row_floats),
+                  "%s %s: row %lld was not named but changed", ls_isa_name(test_isa), what,
+                  (long long)r);
+    free(before), free(y), free(named), free(y1), free(h1), free(yd), free(hd);
+}
+
+static void test_pools(void)
+{
+    pool_case c;
+    /* rows out of order, a padding request, rows not named; D spans two blocks, groups too */
+    pool_make(&c, 5, 96, 16, 3, 9, 11);
+    const int64_t rows[] = {7, -1, 0, 3, 8};
+    check_decode(&c, rows, "state_rows {7,-1,0,3,8}");
+    check_decode(&c, rows, "the same rows again (states advanced in place)");
+    check_decode(&c, NULL, "state_rows NULL (rows 0 .. B-1)");
+    /* every request padding: nothing at all changes */
+    const int64_t none[] = {-1, -5, -1, -2, -1};
+    check_decode(&c, none, "every request padding");
+    pool_free(&c);
+    /* N not a multiple of the vector width, one group */
+    pool_make(&c, 3, 40, 5, 1, 4, 12);
+    const int64_t rows2[] = {2, 0, 3};
+    check_decode(&c, rows2, "N = 5");
+    /* channel_first and x as a transposed [D,B] view: with T = 1 y is [B,D] either way */
+    float *x_view = tu_alloc((size_t)(c.B * c.D));
+    for (int64_t b = 0; b < c.B; b++)
+        for (int64_t d = 0; d < c.D; d++) x_view[d * c.B + b] = c.x[b * c.D + d];
+    c.p.channel_first = true;
+    c.p.x = x_view;
+    c.p.x_strides = (linseq_strides){1, 0, c.B, 0};
+    check_decode(&c, rows2, "channel_first, x a [D,B] view");
+    free(x_view);
+    pool_free(&c);
+}
+
+/* ---- validation --------------------------------------------------------------------- */
+
+static void expect_fail(pool_case *c, const linseq_ssm1_problem *p, int64_t n_rows,
+                        const int64_t *rows, float *state, float *y, linseq_status want,
+                        const char *needle)
+{
+    const size_t pool_floats = (size_t)c->n_rows * c->row_floats;
+    float *before = tu_alloc(pool_floats);
+    memcpy(before, c->pool, pool_floats * sizeof(float));
+    float *y_before = tu_alloc((size_t)(c->B * c->D));
+    if (y) memcpy(y_before, y, (size_t)(c->B * c->D) * sizeof(float));
+    const linseq_status st = linseq_ssm1_decode(p, NULL, state, n_rows, rows, y);
+    CHECK(st == want, "%s: got %s, expected %s (%s)", needle, linseq_status_string(st),
+          linseq_status_string(want), linseq_last_error());
+    CHECK(strstr(linseq_last_error(), needle) != NULL, "message '%s' does not name '%s'",
+          linseq_last_error(), needle);
+    CHECK(tu_same_bits(c->pool, before, pool_floats), "%s: the pool changed on error", needle);
+    CHECK(!y || tu_same_bits(y, y_before, (size_t)(c->B * c->D)), "%s: y changed on error", needle);
+    free(before), free(y_before);
+}
+
+static void test_bad_inputs(void)
+{
+    pool_case c;
+    pool_make(&c, 3, 16, 4, 1, 4, 13);
+    float *y = tu_alloc_poisoned((size_t)(3 * 16));
+    float *pool = c.pool;
+    const int64_t ok_rows[] = {0, 1, 2};
+    linseq_ssm1_problem q = c.p;
+    q.T = 2;
+    expect_fail(&c, &q, 4, ok_rows, pool, y, LINSEQ_ERR_INVALID_SIZE, "T = 2");
+    q = c.p;
+    q.h0 = pool;
+    expect_fail(&c, &q, 4, ok_rows, pool, y, LINSEQ_ERR_INVALID_VALUE, "h0");
+    const int64_t cu[] = {0, 1};
+    q = c.p;
+    q.B = 1, q.cu_seqlens = cu, q.n_seqs = 1;
+    expect_fail(&c, &q, 4, ok_rows, pool, y, LINSEQ_ERR_INVALID_VALUE, "cu_seqlens");
+    expect_fail(&c, &c.p, 0, ok_rows, pool, y, LINSEQ_ERR_INVALID_SIZE, "n_state_rows");
+    expect_fail(&c, &c.p, 2, NULL, pool, y, LINSEQ_ERR_SHAPE_MISMATCH, "n_state_rows = 2 < B");
+    const int64_t past[] = {0, 4, 1};
+    expect_fail(&c, &c.p, 4, past, pool, y, LINSEQ_ERR_INVALID_VALUE, "state_rows[1] = 4");
+    const int64_t twice[] = {2, 0, 2};
+    expect_fail(&c, &c.p, 4, twice, pool, y, LINSEQ_ERR_INVALID_VALUE, "names row 2 twice");
+    expect_fail(&c, &c.p, 4, ok_rows, NULL, y, LINSEQ_ERR_NULL_POINTER, "'state'");
+    expect_fail(&c, &c.p, 4, ok_rows, pool, NULL, LINSEQ_ERR_NULL_POINTER, "'y'");
+    /* the pool over an input, y over the pool, state_rows inside the pool */
+    q = c.p;
+    q.x = pool + 5;
+    expect_fail(&c, &q, 4, ok_rows, pool, y, LINSEQ_ERR_ALIASING, "'state' overlaps input 'x'");
+    expect_fail(&c, &c.p, 4, ok_rows, pool, pool + 8, LINSEQ_ERR_ALIASING, "overlaps output 'y'");
+    expect_fail(&c, &c.p, 4, (const int64_t *)(void *)pool, pool, y, LINSEQ_ERR_ALIASING,
+                "state_rows");
+    free(y);
+    pool_free(&c);
+}
+
+/* ---- conv1d decode ------------------------------------------------------------------- */
+
+typedef struct conv_pool {
+    linseq_conv1d_problem p; /* B requests, T new tokens, no conv_state */
+    float *x, *weight, *bias, *pool;
+    int64_t n_rows, L;
+} conv_pool;
+
+static void conv_pool_make(conv_pool *c, int64_t B, int64_t T, int64_t D, int64_t W, int64_t L,
+                           int64_t n_rows, uint64_t seed)
+{
+    tu_rng rng = {seed};
+    memset(c, 0, sizeof *c);
+    c->n_rows = n_rows, c->L = L;
+    c->x = tu_alloc((size_t)(B * T * D)), c->weight = tu_alloc((size_t)(D * W));
+    c->bias = tu_alloc((size_t)D), c->pool = tu_alloc((size_t)(n_rows * D * L));
+    tu_fill_normal(&rng, c->x, (size_t)(B * T * D), 1.0);
+    tu_fill_uniform(&rng, c->weight, (size_t)(D * W), -0.5, 0.5);
+    tu_fill_uniform(&rng, c->bias, (size_t)D, -0.5, 0.5);
+    tu_fill_normal(&rng, c->pool, (size_t)(n_rows * D * L), 1.0);
+    c->p = (linseq_conv1d_problem){.B = B,
+                                   .T = T,
+                                   .D = D,
+                                   .W = W,
+                                   .x = c->x,
+                                   .weight = c->weight,
+                                   .bias = c->bias,
+                                   .activation = LINSEQ_ACT_SILU};
+}
+
+static void conv_pool_free(conv_pool *c)
+{
+    free(c->x), free(c->weight), free(c->bias), free(c->pool);
+}
+
+/* One decode call against the double reference on a copy of the pool: y within float32
+ * rounding, the pool (copies only) bitwise; rows not named unchanged. */
+static void check_conv_decode(conv_pool *c, const int64_t *rows, const int64_t *cache,
+                              const char *what)
+{
+    const linseq_conv1d_problem *p = &c->p;
+    const int64_t B = p->B, T = p->T, D = p->D;
+    const size_t pool_floats = (size_t)(c->n_rows * D * c->L), n_y = (size_t)(B * T * D);
+    float *expect_pool = tu_alloc(pool_floats), *y = tu_alloc_poisoned(n_y);
+    float *y_tm = tu_alloc(n_y);
+    double *y_ref = malloc(n_y * sizeof *y_ref);
+    memcpy(expect_pool, c->pool, pool_floats * sizeof(float));
+    CHECK_OK(ls_conv1d_decode_reference(p, expect_pool, c->L, rows, cache, y_ref));
+    const linseq_exec ex = {.threads = 2};
+    CHECK_OK(ls_conv1d_decode_isa(p, &ex, c->pool, c->n_rows, c->L, rows, cache, y, test_isa));
+    /* y in the problem's layout -> token-major */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t d = 0; d < D; d++)
+                y_tm[(b * T + t) * D + d] =
+                    p->channel_first ? y[(b * D + d) * T + t] : y[(b * T + t) * D + d];
+    const double err = tu_rel_err_d(y_tm, y_ref, n_y);
+    CHECK(err < 2e-6, "%s conv %s: y vs the double reference %.2e", ls_isa_name(test_isa), what,
+          err);
+    CHECK(tu_same_bits(c->pool, expect_pool, pool_floats),
+          "%s conv %s: the pool differs from the reference's (rows named, shifted or written "
+          "circularly; the others untouched)",
+          ls_isa_name(test_isa), what);
+    free(expect_pool), free(y), free(y_tm), free(y_ref);
+}
+
+/* A shift-register step with state_len = W-1 is the forward from conv_state = the row: the
+ * same bits for y and for the new state (conv_state_out). */
+static void check_conv_decode_is_forward(conv_pool *c, const int64_t *rows)
+{
+    const linseq_conv1d_problem *p = &c->p;
+    const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
+    const size_t row_floats = (size_t)(D * (W - 1));
+    float *before = tu_alloc((size_t)c->n_rows * row_floats);
+    memcpy(before, c->pool, (size_t)c->n_rows * row_floats * sizeof(float));
+    float *y = tu_alloc_poisoned((size_t)(B * T * D));
+    CHECK_OK(ls_conv1d_decode_isa(p, NULL, c->pool, c->n_rows, W - 1, rows, NULL, y, test_isa));
+    float *y1 = tu_alloc((size_t)(T * D)), *s1 = tu_alloc(row_floats);
+    for (int64_t b = 0; b < B; b++) {
+        if (rows[b] < 0) continue;
+        linseq_conv1d_problem q = *p;
+        q.B = 1, q.x = c->x + b * T * D, q.conv_state = before + rows[b] * (int64_t)row_floats;
+        CHECK_OK(ls_conv1d_forward_isa(&q, NULL, y1, s1, test_isa));
+        CHECK(tu_same_bits(y1, y + b * T * D, (size_t)(T * D)) &&
+                  tu_same_bits(s1, c->pool + rows[b] * (int64_t)row_floats, row_floats),
+              "%s conv decode request %lld differs from the forward from its state",
+              ls_isa_name(test_isa), (long long)b);
+    }
+    free(before), free(y), free(y1), free(s1);
+}
+
+static void test_conv_pools(void)
+{
+    conv_pool c;
+    const int64_t rows[] = {4, -1, 0, 2};
+    /* state_len = W-1, one token and three tokens: the forward's bits */
+    conv_pool_make(&c, 4, 1, 80, 4, 3, 6, 21);
+    check_conv_decode_is_forward(&c, rows);
+    conv_pool_free(&c);
+    conv_pool_make(&c, 4, 3, 80, 4, 3, 6, 22);
+    check_conv_decode_is_forward(&c, rows);
+    conv_pool_free(&c);
+    /* longer states, shift register and circular buffer, against the reference */
+    conv_pool_make(&c, 4, 3, 70, 4, 7, 6, 23);
+    check_conv_decode(&c, rows, NULL, "shift register, state_len 7, T 3");
+    check_conv_decode(&c, NULL, NULL, "shift register, state_rows NULL");
+    const int64_t cache[] = {0, 5, 6, 7 * 5 + 2};
+    check_conv_decode(&c, rows, cache, "circular, cache_seqlens {0,5,6,37}");
+    const int64_t cache2[] = {1, 1, 3, 13};
+    check_conv_decode(&c, rows, cache2, "circular again");
+    const int64_t none[] = {-1, -1, -3, -1};
+    check_conv_decode(&c, none, cache, "every request padding");
+    conv_pool_free(&c);
+    /* more new tokens than the state holds */
+    conv_pool_make(&c, 4, 9, 40, 3, 4, 6, 24);
+    check_conv_decode(&c, rows, NULL, "shift register, T 9 > state_len 4");
+    check_conv_decode(&c, rows, cache, "circular, T 9 > state_len 4");
+    conv_pool_free(&c);
+    /* channel_first x and y, and x a strided view; W = 1 (no window) */
+    conv_pool_make(&c, 4, 2, 70, 4, 5, 6, 25);
+    float *x_cf = tu_alloc((size_t)(4 * 2 * 70));
+    for (int64_t b = 0; b < 4; b++)
+        for (int64_t t = 0; t < 2; t++)
+            for (int64_t d = 0; d < 70; d++) x_cf[(b * 70 + d) * 2 + t] = c.x[(b * 2 + t) * 70 + d];
+    c.p.x = x_cf, c.p.channel_first = true;
+    check_conv_decode(&c, rows, cache, "channel_first");
+    c.p.channel_first = false;
+    c.p.x_strides = (linseq_strides){70 * 2, 1, 2, 0};
+    check_conv_decode(&c, rows, NULL, "x a transposed view");
+    free(x_cf);
+    conv_pool_free(&c);
+    conv_pool_make(&c, 4, 2, 33, 1, 1, 6, 26);
+    check_conv_decode(&c, rows, cache, "W = 1");
+    conv_pool_free(&c);
+}
+
+static void conv_expect_fail(conv_pool *c, const linseq_conv1d_problem *p, float *state,
+                             int64_t n_rows, int64_t L, const int64_t *rows, const int64_t *cache,
+                             float *y, linseq_status want, const char *needle)
+{
+    const size_t pool_floats = (size_t)(c->n_rows * c->p.D * c->L);
+    float *before = tu_alloc(pool_floats);
+    memcpy(before, c->pool, pool_floats * sizeof(float));
+    const linseq_status st = linseq_conv1d_decode(p, NULL, state, n_rows, L, rows, cache, y);
+    CHECK(st == want, "conv %s: got %s, expected %s (%s)", needle, linseq_status_string(st),
+          linseq_status_string(want), linseq_last_error());
+    CHECK(strstr(linseq_last_error(), needle) != NULL, "conv: message '%s' does not name '%s'",
+          linseq_last_error(), needle);
+    CHECK(tu_same_bits(c->pool, before, pool_floats), "conv %s: the pool changed on error", needle);
+    free(before);
+}
+
+static void test_conv_bad_inputs(void)
+{
+    conv_pool c;
+    conv_pool_make(&c, 3, 2, 16, 4, 5, 4, 27);
+    float *y = tu_alloc((size_t)(3 * 2 * 16)), *pool = c.pool;
+    const int64_t rows[] = {0, 1, 2}, cache[] = {0, 4, 9};
+    conv_expect_fail(&c, &c.p, NULL, 4, 5, rows, cache, y, LINSEQ_ERR_NULL_POINTER, "'state'");
+    conv_expect_fail(&c, &c.p, pool, 4, 5, rows, cache, NULL, LINSEQ_ERR_NULL_POINTER, "'y'");
+    conv_expect_fail(&c, &c.p, pool, 4, 2, rows, cache, y, LINSEQ_ERR_INVALID_SIZE,
+                     "state_len = 2");
+    conv_expect_fail(&c, &c.p, pool, 0, 5, rows, cache, y, LINSEQ_ERR_INVALID_SIZE, "n_state_rows");
+    conv_expect_fail(&c, &c.p, pool, 2, 5, NULL, cache, y, LINSEQ_ERR_SHAPE_MISMATCH,
+                     "n_state_rows = 2 < B");
+    const int64_t past[] = {0, 4, 1}, twice[] = {1, 1, 0}, negative[] = {0, -2, 3};
+    conv_expect_fail(&c, &c.p, pool, 4, 5, past, cache, y, LINSEQ_ERR_INVALID_VALUE,
+                     "state_rows[1] = 4");
+    conv_expect_fail(&c, &c.p, pool, 4, 5, twice, cache, y, LINSEQ_ERR_INVALID_VALUE,
+                     "names row 1 twice");
+    conv_expect_fail(&c, &c.p, pool, 4, 5, rows, negative, y, LINSEQ_ERR_INVALID_VALUE,
+                     "cache_seqlens[1] = -2");
+    linseq_conv1d_problem q = c.p;
+    q.conv_state = pool;
+    conv_expect_fail(&c, &q, pool, 4, 5, rows, cache, y, LINSEQ_ERR_INVALID_VALUE, "conv_state");
+    q = c.p;
+    q.x = pool + 3;
+    conv_expect_fail(&c, &q, pool, 4, 5, rows, cache, y, LINSEQ_ERR_ALIASING,
+                     "'state' overlaps input 'x'");
+    conv_expect_fail(&c, &c.p, pool, 4, 5, rows, cache, pool + 10, LINSEQ_ERR_ALIASING,
+                     "overlaps output 'y'");
+    conv_expect_fail(&c, &c.p, pool, 4, 5, rows, (const int64_t *)(void *)(pool + 4), y,
+                     LINSEQ_ERR_ALIASING, "cache_seqlens");
+    q = c.p;
+    q.x_strides = (linseq_strides){32, 16, 1, 2};
+    conv_expect_fail(&c, &q, pool, 4, 5, rows, cache, y, LINSEQ_ERR_INVALID_VALUE,
+                     "x_strides.state");
+    free(y);
+    conv_pool_free(&c);
+}
+
+int main(void)
+{
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) {
+            printf("decode pools %s: not available on this CPU, skipped\n",
+                   ls_isa_name((ls_isa)isa));
+            continue;
+        }
+        test_isa = (ls_isa)isa;
+        const tu_mark mark = tu_mark_now();
+        test_pools();
+        test_conv_pools();
+        tu_mark tally = {0, 0};
+        tu_tally_add(&tally, mark);
+        char label[64];
+        snprintf(label, sizeof label, "ssm1 and conv1d decode pools %s", ls_isa_name(test_isa));
+        tu_report(label, tally, "vs one-token forwards and the double reference");
+    }
+    test_bad_inputs();
+    test_conv_bad_inputs();
+    return tu_finish("test_decode_pools");
+}
