@@ -88,6 +88,27 @@ def as_f32(value, name, shape=None, what=None):
     return arr
 
 
+def as_f32_strided(value, name, ndims, what):
+    """`value` as a float32 NumPy array the kernels can read through element strides, and
+    those strides: the caller's memory itself (no copy) when it already is float32 with
+    non-negative strides that are whole elements and a 4-byte aligned pointer (a transposed
+    or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy.
+    ndims: the accepted ranks; what describes them in the error message."""
+    arr = _to_numpy(value, name)
+    if arr.dtype.kind not in "fiu":
+        refuse_dtype(name, arr.dtype, arr.dtype.kind == "c")
+    if arr.ndim not in ndims:
+        raise ValueError(f"{name}: expected {what}, got shape {list(arr.shape)}")
+    if any(s == 0 for s in arr.shape):
+        raise ValueError(f"{name}: expected {what} with every size >= 1, got shape "
+                         f"{list(arr.shape)}")
+    itemsize = np.dtype(np.float32).itemsize
+    if (arr.dtype != np.float32 or arr.ctypes.data % itemsize
+            or any(s < 0 or s % itemsize for s in arr.strides)):
+        arr = np.ascontiguousarray(arr, dtype=np.float32)
+    return arr, tuple(s // itemsize for s in arr.strides)
+
+
 def as_f32_ndim(value, name, ndims, what):
     """as_f32 with a rank check only (ndims: the accepted ranks), for the array that fixes
     the sizes of a problem."""

@@ -48,9 +48,16 @@ def _library_path():
     return os.path.join(_HERE, "liblinseq.so")
 
 
+
+
+class Strides(ctypes.Structure):
+    """linseq_strides: element strides of a per-token input (all zero: dense)."""
+    _fields_ = [("batch", _i64), ("token", _i64), ("channel", _i64), ("state", _i64)]
+
+
 # The C types of linseq_op_table_json's "type" names.
 _CTYPES = {"int64": _i64, "float32": _f32, "bool": _bool, "enum": _int, "int": _int,
-           "pointer": _p}
+           "pointer": _p, "strides": Strides}
 
 
 def _class_name(c_type):
@@ -121,8 +128,11 @@ def _bind(lib):
         "linseq_kda_gate_backward": (_int, [P(KdaGateProblem), P(Exec), _p, P(KdaGateGrads)]),
         "linseq_ssm1_forward": (_int, [P(Ssm1Problem), P(Exec), _p, _p]),
         "linseq_ssm1_backward": (_int, [P(Ssm1Problem), P(Exec), _p, _p, P(Ssm1Grads)]),
+        "linseq_ssm1_decode": (_int, [P(Ssm1Problem), P(Exec), _p, _i64, _p, _p]),
         "linseq_conv1d_forward": (_int, [P(Conv1dProblem), P(Exec), _p, _p]),
         "linseq_conv1d_backward": (_int, [P(Conv1dProblem), P(Exec), _p, _p, P(Conv1dGrads)]),
+        "linseq_conv1d_decode": (_int, [P(Conv1dProblem), P(Exec), _p, _i64, _i64, _p, _p,
+                                        _p]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)
