@@ -1,0 +1,359 @@
+"""mamba-ssm's functions, names, argument order, defaults and return values, on linseq's
+SSM1 scan and causal conv1d kernels (PyTorch CPU tensors).
+
+    selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None,
+                      delta_softplus=False, return_last_state=False)
+    selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
+                           dt_softplus=False, state_batch_indices=None)
+    mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                   out_proj_weight, out_proj_bias, A, B=None, C=None, D=None,
+                   delta_bias=None, B_proj_bias=None, C_proj_bias=None, delta_softplus=True,
+                   checkpoint_lvl=1, b_rms_weight=None, c_rms_weight=None,
+                   dt_rms_weight=None, b_c_dt_rms_eps=1e-6)
+
+mamba-ssm's layout: u, delta, z [batch, dim, seqlen]; A [dim, dstate], real (a complex A
+is refused: linseq's SSM1 is the real-A scan); B and C each [batch, dstate, seqlen],
+grouped [batch, groups, dstate, seqlen] or constant [dim, dstate], with independent group
+counts. The scan runs in float32 whatever the input dtypes (as mamba-ssm accumulates); the
+output comes back in u's dtype, the last state in float32. selective_scan_fn and
+mamba_inner_fn are differentiable through linseq's C backward; delta_softplus runs inside
+the kernel, with delta_bias (without softplus the bias is added here). Unlike mamba-ssm, the
+gradient of the returned last state is honoured.
+
+The kernel calls sit in the private functions _scan and _scan_decode: the only places that
+change when linseq's C API takes mamba-ssm's strides and a decode over a pool of state rows
+directly.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .._backends import backend_for
+from ..api import Ssm1Options
+from .causal_conv1d import _conv
+
+
+# ------------------------------------------------------------------------------------------
+# The kernel seam
+# ------------------------------------------------------------------------------------------
+
+def _scan(x, dt, A, B, C, D=None, gate=None, dt_bias=None, dt_softplus=False, h0=None):
+    """linseq's SSM1 forward with autograd, in linseq's layout: x, dt, gate [b, l, d] float32
+    of any strides (today a transposed view is copied once on its way to the kernel);
+    A [d, N]; B, C each [b, l, N], [b, l, G, N] or constant [d, N], with group counts of
+    their own; D, dt_bias [d]; h0 [b, d, N]. The gate goes through silu in the kernel; the
+    step is softplus(dt + dt_bias) with dt_softplus (both in the kernel), dt + dt_bias
+    without. Returns (y [b, l, d], the last state [b, d, N]), float32."""
+    if dt_bias is not None and not dt_softplus:
+        dt = dt + dt_bias  # the kernel adds dt_bias only together with its softplus
+        dt_bias = None
+    B, C = _common_groups(B, C, *x.shape)
+    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, gate=gate, h0=h0, dt_bias=dt_bias)
+    opts = Ssm1Options(activation="silu", dt_softplus=bool(dt_softplus))
+    return backend_for((), "torch").ssm1(arrays, None, opts)
+
+
+def _common_groups(B, C, batch, seqlen, dim):
+    """B and C as [b, l, G, N] with one G for both (today's kernel takes one), G the least
+    common multiple of theirs: each group repeated for the groups it covers, a constant
+    [d, N] one materialised as one group per channel ([b, l] copies of it)."""
+    def groups(P):
+        return dim if P.dim() == 2 else 1 if P.dim() == 3 else P.shape[2]
+
+    G = math.lcm(groups(B), groups(C))
+
+    def expand(P):
+        if P.dim() == 2:
+            P = P[None, None].expand(batch, seqlen, -1, -1)
+        elif P.dim() == 3:
+            P = P[:, :, None]
+        if P.shape[2] != G:
+            P = P.repeat_interleave(G // P.shape[2], dim=2)
+        return P[:, :, 0] if G == 1 else P
+
+    return expand(B), expand(C)
+
+
+def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+    """One token per request against a pool of states, updated in place (no autograd).
+
+    state [R, H, P, N] (any dtype and strides: the caller's pool, d = H*P channels); rows
+    [b] int64, negative = a padding request (output 0, no row touched); x, dt, z [b, d];
+    B, C [b, G, N]; A [d, N]; D, dt_bias [d]. Returns y [b, d] float32. Today: the valid
+    rows are gathered, the scan runs one token from them, the new states are scattered back."""
+    batch, dim = x.shape
+    y = torch.zeros(batch, dim, dtype=torch.float32)
+    valid = rows >= 0
+    if not bool(valid.any()):
+        return y
+    vrows = rows[valid]
+
+    def token(t):  # [b, ...] -> [n, 1, ...] float32, the valid requests only
+        return None if t is None else t[valid].float()[:, None]
+
+    rows_shape = (vrows.shape[0],) + tuple(state.shape[1:])
+    h0 = state[vrows].reshape(vrows.shape[0], dim, state.shape[-1]).float()
+    yv, hT = _scan(token(x), token(dt), A.float(), token(B), token(C),
+                   None if D is None else D.float(), token(z),
+                   None if dt_bias is None else dt_bias.float(), dt_softplus, h0=h0)
+    y[valid] = yv[:, 0]
+    state[vrows] = hT.reshape(rows_shape).to(state.dtype)
+    return y
+
+
+# ------------------------------------------------------------------------------------------
+# selective_scan_fn
+# ------------------------------------------------------------------------------------------
+
+def _real_tensor(value, name):
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(value).__name__}")
+    if value.is_complex():
+        raise TypeError(f"{name}: complex {name} is not supported: linseq's SSM1 is the "
+                        "real-A selective scan (pass a real A and real B, C)")
+    return value
+
+
+def _groups(P, name, batch, dim, dstate, seqlen):
+    """B or C in mamba-ssm's layout, checked, as [b, G, N, l] or constant [d, N]."""
+    P = _real_tensor(P, name)
+    if P.dim() == 2:
+        if tuple(P.shape) != (dim, dstate):
+            raise ValueError(f"{name}: a constant {name} has shape [dim, dstate] = "
+                             f"[{dim}, {dstate}], got {list(P.shape)}")
+        return P
+    if P.dim() == 3:
+        P = P[:, None]
+    if P.dim() != 4 or P.shape[0] != batch or P.shape[2:] != (dstate, seqlen):
+        raise ValueError(f"{name}: expected [batch, dstate, seqlen] = [{batch}, {dstate}, "
+                         f"{seqlen}], [batch, groups, dstate, seqlen] or [dim, dstate] = "
+                         f"[{dim}, {dstate}], got {list(P.shape)}")
+    if dim % P.shape[1]:
+        raise ValueError(f"{name}: the groups ({P.shape[1]}) must divide dim = {dim}")
+    return P
+
+
+def _linseq_layout(P):
+    """B or C from _groups as _scan takes it: [b, G, N, l] -> [b, l, G, N] (a view; [b, l, N]
+    for one group), a constant [d, N] as it is."""
+    if P.dim() == 2:
+        return P
+    P = P.permute(0, 3, 1, 2)
+    return P[:, :, 0] if P.shape[2] == 1 else P
+
+
+def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
+    """selective_scan_fn's work in float32: (y [b, d, l] as a [b, l, d] tensor's transpose,
+    last state [b, d, N])."""
+    u, delta, A = _real_tensor(u, "u"), _real_tensor(delta, "delta"), _real_tensor(A, "A")
+    if u.dim() != 3:
+        raise ValueError(f"u: expected [batch, dim, seqlen], got {list(u.shape)}")
+    batch, dim, seqlen = u.shape
+    if A.dim() != 2 or A.shape[0] != dim:
+        raise ValueError(f"A: expected [dim, dstate] with dim = {dim}, got {list(A.shape)}")
+    dstate = A.shape[1]
+    for t, name in ((delta, "delta"), (z, "z")):
+        if t is not None and tuple(_real_tensor(t, name).shape) != tuple(u.shape):
+            raise ValueError(f"{name}: expected [batch, dim, seqlen] = {list(u.shape)} like "
+                             f"u, got {list(t.shape)}")
+    for t, name in ((D, "D"), (delta_bias, "delta_bias")):
+        if t is not None and tuple(_real_tensor(t, name).shape) != (dim,):
+            raise ValueError(f"{name}: expected [dim] = [{dim}], got {list(t.shape)}")
+    B = _linseq_layout(_groups(B, "B", batch, dim, dstate, seqlen).float())
+    C = _linseq_layout(_groups(C, "C", batch, dim, dstate, seqlen).float())
+    y, last = _scan(u.float().transpose(1, 2), delta.float().transpose(1, 2), A.float(), B, C,
+                    None if D is None else D.float(),
+                    None if z is None else z.float().transpose(1, 2),
+                    None if delta_bias is None else delta_bias.float(), delta_softplus)
+    return y.transpose(1, 2), last
+
+
+def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
+                      return_last_state=False):
+    """The Mamba1 selective scan, mamba-ssm's `selective_scan_fn`.
+
+    u, delta, z [batch, dim, seqlen]; A [dim, dstate] real; B, C [batch, dstate, seqlen],
+    [batch, groups, dstate, seqlen] or constant [dim, dstate]; D, delta_bias [dim]. Per
+    channel: delta' = softplus(delta + delta_bias) with delta_softplus (else delta +
+    delta_bias), h_t = exp(delta'_t A) h_{t-1} + delta'_t B_t u_t, y_t = C_t . h_t + D u_t,
+    out = y * silu(z). Returns out [batch, dim, seqlen] in u's dtype, or (out, last_state
+    [batch, dim, dstate] float32) with return_last_state.
+    """
+    y, last = _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    out = y.contiguous().to(u.dtype)
+    return (out, last) if return_last_state else out
+
+
+# ------------------------------------------------------------------------------------------
+# selective_state_update
+# ------------------------------------------------------------------------------------------
+
+def _checked(t, name, want, what):
+    """An optional tensor, real and of exactly the shape `want`."""
+    if t is None:
+        return None
+    t = _real_tensor(t, name)
+    if tuple(t.shape) != tuple(want):
+        raise ValueError(f"{name}: expected {what} = {list(want)}, got {list(t.shape)}")
+    return t
+
+
+def _with_heads(t, lacking_heads_ndim, axis):
+    """mamba-ssm's rule: a tensor given without the heads (or groups) axis gets one there."""
+    if isinstance(t, torch.Tensor) and t.dim() == lacking_heads_ndim:
+        return t.unsqueeze(axis)
+    return t
+
+
+def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
+                           dt_softplus=False, state_batch_indices=None):
+    """One decode step, mamba-ssm's `selective_state_update` (Mamba1 and Mamba2 shapes).
+
+    state [batch, dim, dstate] or [batch, nheads, dim, dstate], updated in place (with
+    state_batch_indices: a pool of any number of rows); x, dt, z [batch, (nheads,) dim];
+    A [(nheads,) dim, dstate]; B, C [batch, (ngroups,) dstate]; D, dt_bias [(nheads,) dim];
+    state_batch_indices [batch] int: the pool row of each request, a negative row marks a
+    padding request (output 0, no row touched). Per channel: dt' = softplus(dt + dt_bias)
+    with dt_softplus (else dt + dt_bias), state = exp(dt' A) state + dt' B x,
+    out = (C . state + D x) * silu(z). Returns out [batch, (nheads,) dim] in x's dtype.
+    No autograd (as in mamba-ssm).
+    """
+    state = _real_tensor(state, "state")
+    if state.dim() not in (3, 4):
+        raise ValueError(f"state: expected [batch, dim, dstate] or [batch, nheads, dim, "
+                         f"dstate], got {list(state.shape)}")
+    has_heads = state.dim() == 4
+    pool = state if has_heads else state.unsqueeze(1)     # a view: written in place
+    _, nheads, hdim, dstate = pool.shape
+    x = _with_heads(_real_tensor(x, "x"), 2, 1)
+    batch = x.shape[0]
+    per_token, token_what = (batch, nheads, hdim), "[batch, (nheads,) dim]"
+    per_channel, channel_what = (nheads, hdim), "[(nheads,) dim]"
+    x = _checked(x, "x", per_token, token_what)
+    dt = _checked(_with_heads(_real_tensor(dt, "dt"), 2, 1), "dt", per_token, token_what)
+    z = _checked(_with_heads(z, 2, 1), "z", per_token, token_what)
+    A = _checked(_with_heads(A, 2, 0), "A", (nheads, hdim, dstate), "[(nheads,) dim, dstate]")
+    D = _checked(_with_heads(D, 1, 0), "D", per_channel, channel_what)
+    dt_bias = _checked(_with_heads(dt_bias, 1, 0), "dt_bias", per_channel, channel_what)
+    B = _with_heads(_real_tensor(B, "B"), 2, 1)
+    ngroups = B.shape[1] if B.dim() == 3 else 0
+    if B.dim() != 3 or B.shape[0] != batch or B.shape[2] != dstate or nheads % ngroups:
+        raise ValueError(f"B: expected [batch, (ngroups,) dstate] = [{batch}, G, {dstate}] "
+                         f"with G dividing nheads = {nheads}, got {list(B.shape)}")
+    C = _checked(_with_heads(C, 2, 1), "C", B.shape, "[batch, (ngroups,) dstate] like B")
+    if state_batch_indices is None:
+        if pool.shape[0] != batch:
+            raise ValueError(f"state: expected {batch} rows (one per request) without "
+                             f"state_batch_indices, got {pool.shape[0]}")
+        rows = torch.arange(batch)
+    else:
+        rows = _row_indices(state_batch_indices, batch, pool.shape[0])
+    dim = nheads * hdim  # heads flattened into linseq's channels; head h reads group h//(H/G)
+
+    def flat(t, *shape):
+        return None if t is None else t.reshape(*shape)
+
+    with torch.no_grad():
+        y = _scan_decode(pool, rows, flat(x, batch, dim), flat(dt, batch, dim),
+                         flat(A, dim, dstate), B, C, flat(D, dim), flat(z, batch, dim),
+                         flat(dt_bias, dim), dt_softplus)
+    out = y.reshape(per_token).to(x.dtype)
+    return out if has_heads else out[:, 0]
+
+
+def _row_indices(rows, batch, entries):
+    if not isinstance(rows, torch.Tensor) or rows.is_floating_point() or rows.is_complex() \
+            or rows.dtype == torch.bool:
+        raise TypeError(f"state_batch_indices: expected an integer torch.Tensor [batch], got "
+                        f"{getattr(rows, 'dtype', type(rows).__name__)}")
+    if tuple(rows.shape) != (batch,):
+        raise ValueError(f"state_batch_indices: expected shape [batch] = [{batch}], got "
+                         f"{list(rows.shape)}")
+    rows = rows.to(torch.int64)
+    if bool((rows >= entries).any()):
+        raise ValueError(f"state_batch_indices: rows must be < the pool's {entries} rows "
+                         f"(negative = padding), got {int(rows.max())}")
+    return rows
+
+
+# ------------------------------------------------------------------------------------------
+# mamba_inner_fn
+# ------------------------------------------------------------------------------------------
+
+def _rms_norm(t, weight, eps):
+    """RMSNorm over the last axis, in float32, back in t's dtype (torch, differentiable)."""
+    tf = t.float()
+    return (tf * torch.rsqrt(tf.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(t.dtype)
+
+
+def _projected(x_dbl, lo, hi, bias, rms_weight, eps, batch, seqlen):
+    """B or C taken from the x projection ([b*l, r+2N] columns lo:hi) as [b, 1, N, l]."""
+    P = x_dbl[:, lo:hi]
+    if bias is not None:
+        P = P + bias.to(P.dtype)
+    if rms_weight is not None:
+        P = _rms_norm(P, rms_weight, eps)
+    return P.reshape(batch, seqlen, 1, -1).permute(0, 2, 3, 1)
+
+
+def _rms_norm_given(P, name, weight, weight_name, eps):
+    """A given variable B or C ([batch, (groups,) dstate, seqlen]) RMS-normed over dstate, as
+    mamba-ssm norms a given [batch, 1, dstate, seqlen] one; a constant one is refused."""
+    if not isinstance(P, torch.Tensor) or P.dim() not in (3, 4):
+        raise ValueError(f"{weight_name}: the RMS norm needs a variable {name} [batch, "
+                         f"(groups,) dstate, seqlen], got {name} of shape "
+                         f"{list(getattr(P, 'shape', []))}")
+    return _rms_norm(P.transpose(-1, -2), weight, eps).transpose(-1, -2)
+
+
+def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                   out_proj_weight, out_proj_bias, A, B=None, C=None, D=None, delta_bias=None,
+                   B_proj_bias=None, C_proj_bias=None, delta_softplus=True, checkpoint_lvl=1,
+                   b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
+                   b_c_dt_rms_eps=1e-6):
+    """The fused Mamba1 mixer, mamba-ssm's `mamba_inner_fn`: x, z = xz's halves along dim;
+    x <- silu(causal_conv1d(x)) (linseq); x_dbl = x W_x^T; delta = W_dt x_dbl[:, :rank];
+    B, C = the next dstate columns each (unless given) plus B_proj_bias / C_proj_bias, then
+    RMSNorm over dstate by b_rms_weight / c_rms_weight (a given variable B / C too; the
+    projection biases apply to the projected B / C only) and of delta by dt_rms_weight;
+    y = selective_scan(x, delta, A, B, C, D, z, delta_bias, delta_softplus) (linseq);
+    out = y^T W_out^T + out_proj_bias. torch does the matmuls and norms, linseq the conv and
+    the scan; autograd reaches every input (the norms' gradients included).
+    xz [batch, 2*dim, seqlen]; returns out [batch, seqlen, out_dim].
+    checkpoint_lvl (0 or 1) only chooses what mamba-ssm recomputes; it is checked, not used.
+    """
+    if checkpoint_lvl not in (0, 1):
+        raise ValueError(f"checkpoint_lvl: expected 0 or 1, got {checkpoint_lvl!r}")
+    A = _real_tensor(A, "A")
+    xz = _real_tensor(xz, "xz")
+    if xz.dim() != 3 or xz.shape[1] % 2:
+        raise ValueError(f"xz: expected [batch, 2*dim, seqlen], got {list(xz.shape)}")
+    batch, _, seqlen = xz.shape
+    x, z = xz.chunk(2, dim=1)
+    dim = x.shape[1]
+    rank = delta_proj_weight.shape[1]
+    dstate = A.shape[-1]
+    w = conv1d_weight.reshape(conv1d_weight.shape[0], conv1d_weight.shape[-1])
+    conv_out, _ = _conv(x.float().transpose(1, 2), w.float(),
+                        None if conv1d_bias is None else conv1d_bias.float(), None, "silu")
+    conv_out = conv_out.to(xz.dtype)                                   # [b, l, d]
+    x_dbl = F.linear(conv_out.reshape(batch * seqlen, dim), x_proj_weight)
+    delta = F.linear(x_dbl[:, :rank], delta_proj_weight)               # [(b l), d]
+    if dt_rms_weight is not None:
+        delta = _rms_norm(delta, dt_rms_weight, b_c_dt_rms_eps)
+    if B is None:
+        B = _projected(x_dbl, rank, rank + dstate, B_proj_bias, b_rms_weight, b_c_dt_rms_eps,
+                       batch, seqlen)
+    elif b_rms_weight is not None:
+        B = _rms_norm_given(B, "B", b_rms_weight, "b_rms_weight", b_c_dt_rms_eps)
+    if C is None:
+        C = _projected(x_dbl, x_dbl.shape[1] - dstate, x_dbl.shape[1], C_proj_bias,
+                       c_rms_weight, b_c_dt_rms_eps, batch, seqlen)
+    elif c_rms_weight is not None:
+        C = _rms_norm_given(C, "C", c_rms_weight, "c_rms_weight", b_c_dt_rms_eps)
+    u = conv_out.transpose(1, 2)
+    delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)
+    y, _ = _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    return F.linear(y.transpose(1, 2).to(xz.dtype), out_proj_weight, out_proj_bias)
