@@ -389,6 +389,8 @@ def _proj_layout(value, name, B, T, D, channel_first):
     if (arr.shape[b], arr.shape[t]) != (B, T):
         raise ValueError(f"{name}: expected shape {'[B,G,N,T]' if channel_first else '[B,T,G,N]'}"
                          f" with B = {B}, T = {T}, got {list(arr.shape)}")
+    if arr.shape[g] == 1:  # one group, read by all the problem's groups: a zero group stride
+        return arr, 1, arr.shape[n], lambda G: (st[b], st[t], 0, st[n]), "shared"
     return arr, arr.shape[g], arr.shape[n], lambda G: (st[b], st[t], st[g], st[n]), "grouped"
 
 
