@@ -154,6 +154,19 @@ def test_fn_widths_beyond_the_peers(width):
         assert _rel(y, y_def) <= 2e-5 and torch.equal(state.double(), rows_def)
 
 
+def test_update_width_one_keeps_no_state():
+    """Width 1 with an empty conv_state [entries, dim, 0]: out = bias + weight * x for the
+    named requests, 0 for padding ones, nothing to keep."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(3, 4, 2, generator=gen)
+    weight, bias = torch.randn(4, 1, generator=gen), torch.randn(4, generator=gen)
+    state = torch.zeros(5, 4, 0)
+    rows = torch.tensor([4, -1, 0], dtype=torch.int32)
+    out = cc.causal_conv1d_update(x, state, weight, bias, conv_state_indices=rows)
+    want = bias[:, None] + weight * x
+    assert _rel(out[[0, 2]], want[[0, 2]]) <= 2e-6 and torch.all(out[1] == 0)
+
+
 def test_fn_writes_final_states_out():
     gen = torch.Generator().manual_seed(1)
     x = _x(2, 4, 7, torch.float32, True, gen)
@@ -297,6 +310,9 @@ def test_update_refusals():
         cc.causal_conv1d_update(x, state, w, conv_state_indices=torch.zeros(2))
     with pytest.raises(ValueError, match="conv_state_indices"):
         cc.causal_conv1d_update(x, state, w, conv_state_indices=torch.tensor([0, 2]))
+    for pool in (state, state.to(torch.float16)):    # a row shared by two requests
+        with pytest.raises(ValueError, match="conv_state_indices: two requests"):
+            cc.causal_conv1d_update(x, pool, w, conv_state_indices=torch.tensor([1, 1]))
     with pytest.raises(ValueError, match="cache_seqlens"):
         cc.causal_conv1d_update(x, state, w, cache_seqlens=torch.tensor([1, 2, 3]))
     with pytest.raises(ValueError, match="weight"):
@@ -353,3 +369,104 @@ def test_varlen_states_refusals():
         cc.causal_conv1d_varlen_states(x, torch.tensor([0, 11]), 2)
     with pytest.raises(ValueError, match="state_len"):
         cc.causal_conv1d_varlen_states(x, torch.tensor([0, 10]), 0)
+
+
+# ------------------------------------------------------------------------------------------
+# The caller's memory: what the kernel reads and writes is the caller's tensors themselves
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Records every conv problem the drop-in builds, the arrays the kernel returns and the
+    pools it decodes into (by pointer)."""
+    from linseq import ops
+    seen = {"conv": [], "y": [], "grads": [], "pools": []}
+
+    def spy(name, record):
+        real = getattr(ops, name)
+
+        def call(*args, **kwargs):
+            result = real(*args, **kwargs)
+            record(args, result)
+            return result
+        monkeypatch.setattr(ops, name, call)
+
+    spy("Conv1dInputs", lambda args, inputs: seen["conv"].append(inputs))
+    spy("conv1d_forward", lambda args, out: seen["y"].append(out[0]))
+    spy("conv1d_backward", lambda args, grads: seen["grads"].append(grads))
+    spy("conv1d_decode", lambda args, y: seen["pools"].append(args[1].ctypes.data))
+    return seen
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "channel-last view", "xz half"])
+def test_fn_reads_and_writes_the_callers_memory(kernel_calls, layout):
+    """A float32 x, contiguous [b, d, l], a transposed [b, l, d] tensor or one half of
+    xz.chunk(2, dim=1), reaches the kernel as the caller's memory; out and dx are the
+    arrays the kernel wrote, in x's layout: nothing transposed or copied."""
+    gen = torch.Generator().manual_seed(6)
+    batch, dim, seqlen, width = 2, 6, 13, 4
+    if layout == "xz half":
+        xz = torch.randn(batch, 2 * dim, seqlen, generator=gen).requires_grad_()
+        x = xz.chunk(2, dim=1)[0]
+    else:
+        x = _x(batch, dim, seqlen, torch.float32, layout != "contiguous", gen).requires_grad_()
+    weight = torch.randn(dim, width, generator=gen)
+    bias = torch.randn(dim, generator=gen)
+    out = cc.causal_conv1d_fn(x, weight, bias, activation="silu")
+    d_out = torch.randn(out.shape, generator=gen)
+    (dx,) = torch.autograd.grad((out * d_out).sum(), (x,))
+
+    assert len(kernel_calls["conv"]) == 2            # the forward's problem, the backward's
+    for inputs in kernel_calls["conv"]:
+        assert inputs.problem.x == x.data_ptr()
+        assert inputs.channel_first == (layout != "channel-last view")
+    assert out.data_ptr() == kernel_calls["y"][0].ctypes.data
+    if layout == "channel-last view":   # x's layout, as causal-conv1d allocates
+        assert out.stride(1) == 1
+    else:
+        assert out.is_contiguous()
+    if layout != "xz half":
+        assert dx.data_ptr() == kernel_calls["grads"][0]["dx"].ctypes.data
+    assert _rel(out, conv_def(x, weight, bias, silu=True)[0]) <= 2e-5
+    assert torch.equal(cc.causal_conv1d_fn(x.detach().contiguous(), weight, bias,
+                                           activation="silu"), out.detach())
+
+
+@pytest.mark.parametrize("circular", [False, True])
+def test_update_decodes_in_the_callers_pool(kernel_calls, circular):
+    """A float32 C-contiguous conv_state is the pool the kernel updates (no gather, no
+    scatter; int32 rows and cache_seqlens passed on as int64) and x is read where it lies;
+    a transposed or half-precision pool goes through a float32 copy of the named rows."""
+    gen = torch.Generator().manual_seed(8)
+    batch, dim, width, state_len, entries = 3, 5, 4, 6, 7
+    x = torch.randn(batch, 2, dim, generator=gen).transpose(1, 2)
+    conv_state = torch.randn(entries, dim, state_len, generator=gen)
+    weight, bias = torch.randn(dim, width, generator=gen), torch.randn(dim, generator=gen)
+    rows = torch.tensor([4, -1, 1], dtype=torch.int32)
+    cache = torch.tensor([3, 0, 11], dtype=torch.int32) if circular else None
+    before = conv_state.clone()
+    out = cc.causal_conv1d_update(x, conv_state, weight, bias, "silu", cache, rows)
+    assert kernel_calls["pools"] == [conv_state.data_ptr()]
+    assert kernel_calls["conv"][0].problem.x == x.data_ptr()
+    live = rows >= 0
+    y_def, rows_def = update_def(x[live], before[rows[live].long()], weight, bias, True,
+                                 None if cache is None else cache[live])
+    assert _rel(out[live], y_def) <= 2e-5 and torch.all(out[~live] == 0)
+    assert torch.equal(conv_state[rows[live].long()].double(), rows_def)
+    for other in (before.transpose(1, 2).contiguous().transpose(1, 2),
+                  before.to(torch.float16)):
+        out_other = cc.causal_conv1d_update(x, other, weight, bias, "silu", cache, rows)
+        assert kernel_calls["pools"][-1] != other.data_ptr()
+        assert _rel(out_other, out) <= 2e-3 and _rel(other, conv_state) <= 2e-3
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_update_every_request_padding(dtype):
+    """Only padding requests: out is 0 and the pool is untouched, whatever its dtype."""
+    gen = torch.Generator().manual_seed(10)
+    state = torch.randn(3, 4, 5, generator=gen).to(dtype)
+    before = state.clone()
+    out = cc.causal_conv1d_update(torch.randn(2, 4, generator=gen), state,
+                                  torch.randn(4, 3, generator=gen),
+                                  conv_state_indices=torch.tensor([-1, -1]))
+    assert torch.all(out == 0) and torch.equal(state, before)

@@ -298,6 +298,9 @@ def test_state_update_refusals():
         ms.selective_state_update(state, **a, state_batch_indices=torch.zeros(3))
     with pytest.raises(ValueError, match="state_batch_indices"):
         ms.selective_state_update(state, **a, state_batch_indices=torch.tensor([0, 1, 3]))
+    for pool in (state, state.to(torch.bfloat16)):   # a row shared by two requests
+        with pytest.raises(ValueError, match="state_batch_indices: two requests"):
+            ms.selective_state_update(pool, **a, state_batch_indices=torch.tensor([2, -1, 2]))
     with pytest.raises(ValueError, match="state"):
         ms.selective_state_update(state[:2], **a)
     assert torch.equal(state, before)
@@ -414,3 +417,123 @@ def test_inner_fn_refusals():
     out0 = ms.mamba_inner_fn(**a, checkpoint_lvl=0)
     out1 = ms.mamba_inner_fn(**a, checkpoint_lvl=1)
     assert torch.equal(out0, out1)   # the level chooses mamba-ssm's recomputation only
+
+
+# ------------------------------------------------------------------------------------------
+# The caller's memory: what the kernels read and write is the caller's tensors themselves
+# ------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Records every SSM1 and conv problem the drop-in builds, the arrays the kernels return
+    and the pools they decode into (by pointer)."""
+    from linseq import ops
+    seen = {"ssm1": [], "conv": [], "y": [], "conv_y": [], "grads": [], "pools": []}
+
+    def spy(name, record):
+        real = getattr(ops, name)
+
+        def call(*args, **kwargs):
+            result = real(*args, **kwargs)
+            record(args, result)
+            return result
+        monkeypatch.setattr(ops, name, call)
+
+    spy("Ssm1Inputs", lambda args, inputs: seen["ssm1"].append(inputs))
+    spy("Conv1dInputs", lambda args, inputs: seen["conv"].append(inputs))
+    spy("ssm1_forward", lambda args, out: seen["y"].append(out[0]))
+    spy("conv1d_forward", lambda args, out: seen["conv_y"].append(out[0]))
+    spy("ssm1_backward", lambda args, grads: seen["grads"].append(grads))
+    spy("ssm1_decode", lambda args, y: seen["pools"].append(args[1].ctypes.data))
+    return seen
+
+
+@pytest.mark.parametrize("views", ["contiguous", "xz halves"])
+def test_scan_reads_and_writes_the_callers_memory(kernel_calls, views):
+    """Float32 u, delta, z in mamba's layout (contiguous, xz.chunk halves, a transposed
+    [b, l, d] delta) and a constant C reach the kernel as the caller's memory, and y and
+    the per-token gradients are the arrays the kernel wrote: nothing transposed or copied."""
+    gen = torch.Generator().manual_seed(2)
+    batch, dim, N, seqlen = 2, 8, 5, 21
+    if views == "contiguous":
+        u = torch.randn(batch, dim, seqlen, generator=gen).requires_grad_()
+        z = torch.randn(batch, dim, seqlen, generator=gen).requires_grad_()
+        grad_of = (u, z)
+    else:
+        xz = torch.randn(batch, 2 * dim, seqlen, generator=gen).requires_grad_()
+        u, z = xz.chunk(2, dim=1)
+        grad_of = (xz,)
+    delta = (0.5 * torch.rand(batch, seqlen, dim, generator=gen)).transpose(1, 2)
+    delta.requires_grad_()
+    A = (-0.2 - torch.rand(dim, N, generator=gen)).requires_grad_()
+    B = torch.randn(batch, N, seqlen, generator=gen).requires_grad_()
+    C = torch.randn(dim, N, generator=gen).requires_grad_()
+    D, bias = torch.randn(dim, generator=gen), torch.rand(dim, generator=gen)
+    out, last = ms.selective_scan_fn(u, delta, A, B, C, D, z, bias, True, True)
+    d_out = torch.randn(out.shape, generator=gen)
+    grads = torch.autograd.grad((out * d_out).sum() + last.sum(), (delta,) + grad_of)
+
+    assert len(kernel_calls["ssm1"]) == 2              # the forward's problem, the backward's
+    for inputs in kernel_calls["ssm1"]:
+        p = inputs.problem
+        assert inputs.channel_first
+        assert (p.x, p.dt, p.gate) == (u.data_ptr(), delta.data_ptr(), z.data_ptr())
+        assert (p.B_proj, p.C_proj) == (B.data_ptr(), C.data_ptr())  # C: [d, N] as given
+    assert out.data_ptr() == kernel_calls["y"][0].ctypes.data and out.is_contiguous()
+    kernel_grads = kernel_calls["grads"][0]
+    assert grads[0].data_ptr() == kernel_grads["ddt"].ctypes.data
+    if views == "contiguous":
+        assert grads[1].data_ptr() == kernel_grads["dx"].ctypes.data
+        assert grads[2].data_ptr() == kernel_grads["dgate"].ctypes.data
+    # the same numbers as from dense copies of the inputs
+    dense = [t.detach().contiguous() for t in (u, delta, A, B, C, D, z, bias)]
+    assert torch.equal(ms.selective_scan_fn(*dense, True), out.detach())
+    want = scan_def(u, delta, A, B, C, D, z, bias, softplus=True)[0]
+    assert _rel(out, want) <= TOL[torch.float32]
+
+
+def test_inner_fn_scan_reads_the_conv_output_and_xz(kernel_calls):
+    """In mamba_inner_fn the scan reads the conv's output, the delta projection and z (xz's
+    second half) where they lie, and the conv reads xz's first half."""
+    a = _inner_inputs(None, None, False, seed=5)
+    ms.mamba_inner_fn(**a)
+    x, z = a["xz"].chunk(2, dim=1)
+    assert kernel_calls["conv"][0].problem.x == x.data_ptr()
+    scan = kernel_calls["ssm1"][0]
+    assert scan.problem.x == kernel_calls["conv_y"][0].ctypes.data
+    assert scan.problem.gate == z.data_ptr()
+    # y is written token by token ([b, l, d]), the rows the out projection multiplies
+    assert not scan.channel_first and not kernel_calls["conv"][0].channel_first
+
+
+@pytest.mark.parametrize("heads", [False, True])
+def test_state_update_decodes_in_the_callers_pool(kernel_calls, heads):
+    """A float32 C-contiguous state is the pool the kernel updates (no gather, no scatter),
+    x read where it lies; other dtypes go through a float32 copy of the named rows."""
+    gen = torch.Generator().manual_seed(4)
+    a = _update_inputs(heads, 1, False, torch.float32, gen, 3, 7)
+    if not heads:
+        a = {n: (t[:, 0] if n in ("state", "x", "dt", "z", "B", "C") else t[0])
+             for n, t in a.items()}
+        a["state"] = a["state"].contiguous()
+    state = a.pop("state")
+    rows = torch.tensor([5, -1, 2], dtype=torch.int32)
+    before = state.clone()
+    out = ms.selective_state_update(state, **a, dt_softplus=True, state_batch_indices=rows)
+    assert kernel_calls["pools"] == [state.data_ptr()]
+    assert kernel_calls["ssm1"][0].problem.x == a["x"].data_ptr()
+    half = before.to(torch.bfloat16)
+    out_half = ms.selective_state_update(half, **a, dt_softplus=True, state_batch_indices=rows)
+    assert kernel_calls["pools"][1] != half.data_ptr()
+    assert _rel(half, state) <= 1e-2 and _rel(out_half, out) <= 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_state_update_every_request_padding(dtype):
+    """Only padding requests: out is 0 and the pool is untouched, whatever its dtype."""
+    gen = torch.Generator().manual_seed(12)
+    a = _update_inputs(True, 2, False, dtype, gen, 3, 4)
+    state = a.pop("state")
+    before = state.clone()
+    out = ms.selective_state_update(state, **a, state_batch_indices=torch.tensor([-1] * 3))
+    assert torch.all(out == 0) and torch.equal(state, before)

@@ -17,15 +17,17 @@ Where linseq is more permissive than causal-conv1d (documented, never silently d
 any width >= 1 (causal-conv1d: 2 to 4); initial_states, return_final_states and seq_idx with
 channel-first x too (causal-conv1d: channel-last only); conv_state and x of different dtypes.
 
-The kernel calls sit in the private functions _conv and _conv_decode: the only places that
-change when linseq's C API takes the [batch, dim, seqlen] strides and a decode over a pool of
-circular state rows directly.
+No copy on the way: a float32 x, channel-first or a transposed view, reaches the kernel as
+the caller's memory (linseq reads it through its strides) and the kernel writes the output
+in x's layout; causal_conv1d_update decodes in place on a float32 C-contiguous conv_state
+(another pool goes through a float32 copy of the rows it names). The kernel calls sit in the
+private functions _conv and _conv_decode.
 """
 
 import torch
+from torch.autograd.function import once_differentiable
 
-from .._backends import backend_for
-from ..api import ConvOptions
+from .. import ops
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -65,65 +67,107 @@ def _is_channel_last(x):
     return x.stride(1) < x.stride(2)
 
 
-def _in_layout_of(y_bld, like_bdl, dtype):
-    """y [b, l, d] as [b, d, l] in `like`'s memory layout (channel-last or -first) and dtype,
-    as causal-conv1d allocates its outputs (empty_like)."""
-    y = y_bld.transpose(1, 2)
-    if not _is_channel_last(like_bdl):
-        y = y.contiguous()
-    return y.to(dtype)
-
-
 # ------------------------------------------------------------------------------------------
 # The kernel seam
 # ------------------------------------------------------------------------------------------
 
-def _conv(x_bld, weight, bias, initial_states, activation, cu_seqlens=None):
-    """linseq's conv forward with autograd: x [b, l, d] float32 of any strides (a channel-last
-    view reaches the kernel as it is, a channel-first one is copied once), weight [d, W],
-    bias [d], initial_states [n, d, W-1] (oldest first). Returns (y [b, l, d], the final
-    states [n, d, W-1]), float32."""
-    arrays = dict(x=x_bld, weight=weight, bias=bias, conv_state=initial_states)
-    return backend_for((), "torch").conv1d(arrays, cu_seqlens,
-                                           ConvOptions(activation=activation))
+def _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens, channel_first):
+    """linseq's conv problem over the caller's memory: x [b, d, l] with channel_first, else
+    [b, l, d], float32 with any non-negative strides (no copy)."""
+    return ops.Conv1dInputs(x, weight, bias, conv_state=initial_states, cu_seqlens=cu_seqlens,
+                            activation=activation, channel_first=channel_first)
 
 
-def _conv_decode(x_bld, conv_state, weight, bias, activation, cache_seqlens, rows):
-    """One decode call against a pool of state rows, updated in place.
+_CONV_GRADS = ("dx", "dweight", "dbias", "dconv_state")
 
-    x [b, l, d]; conv_state [R, d, state_len] (state_len >= W-1), any dtype and strides;
+
+class _ConvFn(torch.autograd.Function):
+    """linseq's conv forward and backward as one autograd node: x float32 [b, d, l] with
+    channel_first (y [b, d, l]), else [b, l, d] (y [b, l, d]); weight [d, W]; bias [d];
+    initial_states [n, d, W-1]. Returns (y, the final states [n, d, W-1]), float32, both new
+    dense arrays the kernel wrote (no copy on the way out)."""
+
+    @staticmethod
+    def forward(ctx, channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
+        inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
+                              channel_first)
+        y, states = ops.conv1d_forward(inputs)
+        ctx.options = (activation, cu_seqlens, channel_first)
+        ctx.save_for_backward(x, weight, bias, initial_states)
+        return torch.from_numpy(y), torch.from_numpy(states)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_y, d_states):
+        x, weight, bias, initial_states = ctx.saved_tensors
+        activation, cu_seqlens, channel_first = ctx.options
+        inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
+                              channel_first)
+        needs = ctx.needs_input_grad[3:]
+        wanted = {g for g, need in zip(_CONV_GRADS, needs) if need}
+        grads = ops.conv1d_backward(inputs, d_y, d_states, wanted=wanted)
+        return (None, None, None) + tuple(torch.from_numpy(grads[g]) if need else None
+                                          for g, need in zip(_CONV_GRADS, needs))
+
+
+def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_major=None):
+    """The differentiable conv in causal-conv1d's layout: x [b, d, l] of any real dtype and
+    strides; weight [d, W]; bias [d]; initial_states [n, d, W-1] (oldest first). A float32 x
+    of any non-negative strides reaches the kernel as it is, and the kernel writes y
+    [b, d, l] float32 in x's memory layout (token_major None), or as a [b, l, d] tensor
+    (token_major True, y its transposed view) or a dense [b, d, l] one (False): no transpose.
+    Returns (y, the final states [n, d, W-1] float32)."""
+    x, weight = x.float(), weight.float()
+    bias = None if bias is None else bias.float()
+    initial_states = None if initial_states is None else initial_states.float()
+    if token_major is None:
+        token_major = _is_channel_last(x)
+    if token_major:  # the kernel reads and writes [b, l, d]
+        y, states = _ConvFn.apply(False, activation, cu_seqlens, x.transpose(1, 2), weight,
+                                  bias, initial_states)
+        return y.transpose(1, 2), states
+    return _ConvFn.apply(True, activation, cu_seqlens, x, weight, bias, initial_states)
+
+
+def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
+    """One decode call against a pool of state rows, updated in place (no autograd).
+
+    x [b, d, l] of any dtype and strides; conv_state [R, d, state_len] (state_len >= W-1);
     rows [b] int64 (negative: a padding request, output 0, no row touched); cache_seqlens
     None (each row holds the last state_len inputs, oldest first) or [b] int64 (each row is a
     circular buffer whose next write position is cache_seqlens % state_len). Returns
-    y [b, l, d] float32. Today: the window of each valid row is gathered here, the kernel
-    convolves, and the new inputs are scattered back."""
-    batch, seqlen, dim = x_bld.shape
-    width = weight.shape[1]
-    state_len = conv_state.shape[2]
-    y = torch.zeros(batch, seqlen, dim, dtype=torch.float32)
-    valid = rows >= 0
-    if not bool(valid.any()):
-        return y
-    vrows, xv = rows[valid], x_bld[valid]
-    rows_state = conv_state[vrows]                               # [n, d, state_len]
-    if state_len == 0:                                           # width 1: no history
-        window = updated = rows_state
-    elif cache_seqlens is None:
-        window = rows_state[:, :, state_len - (width - 1):]
-        updated = torch.cat([rows_state, xv.transpose(1, 2).to(conv_state.dtype)],
-                            dim=2)[:, :, -state_len:]
+    y [b, d, l] float32 in x's memory layout. A float32 C-contiguous pool is updated by the
+    kernel where it lies; another one through a float32 copy of the named rows."""
+    channel_first = not _is_channel_last(x)
+    xk = x.float() if channel_first else x.float().transpose(1, 2)
+    inputs = _conv_inputs(xk, weight.float(), None if bias is None else bias.float(), None,
+                          activation, None, channel_first)
+    if conv_state.shape[2] == 0:  # width 1: no history to read or keep
+        y = torch.from_numpy(ops.conv1d_forward(inputs, final_state=False)[0])
+        y[rows < 0] = 0
+    elif conv_state.dtype == torch.float32 and conv_state.is_contiguous():
+        y = torch.from_numpy(ops.conv1d_decode(inputs, conv_state.detach().numpy(), rows,
+                                               cache_seqlens))
     else:
-        start = cache_seqlens[valid][:, None]
-        read = torch.remainder(start - (width - 1) + torch.arange(width - 1), state_len)
-        window = rows_state.gather(2, read[:, None, :].expand(-1, dim, -1))
-        write = torch.remainder(start + torch.arange(seqlen), state_len)
-        updated = rows_state.scatter(2, write[:, None, :].expand(-1, dim, -1),
-                                     xv.transpose(1, 2).to(conv_state.dtype))
-    yv, _ = _conv(xv.float(), weight.float(), None if bias is None else bias.float(),
-                  window.float().contiguous(), activation)
-    y[valid] = yv
-    conv_state[vrows] = updated
-    return y
+        y = _through_float32_rows(conv_state, rows, lambda pool, local_rows: ops.conv1d_decode(
+            inputs, pool, local_rows, cache_seqlens))
+    return y if channel_first else y.transpose(1, 2)
+
+
+def _through_float32_rows(pool, rows, decode):
+    """decode(float32 C-contiguous pool, rows) on a copy of the rows `rows` names (negative:
+    padding), for a pool of another dtype or layout; the new rows are written back. Returns
+    decode's output as a tensor."""
+    valid = rows >= 0
+    named = rows[valid]
+    n = named.shape[0]
+    local = pool[named].to(torch.float32).contiguous() if n else \
+        torch.zeros((1,) + tuple(pool.shape[1:]))  # all padding: the kernel needs a row
+    local_rows = torch.full_like(rows, -1)
+    local_rows[valid] = torch.arange(n)
+    y = decode(local.numpy(), local_rows.numpy())
+    pool[named] = local[:n].to(pool.dtype)
+    return torch.from_numpy(y)
 
 
 # ------------------------------------------------------------------------------------------
@@ -205,16 +249,16 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
             raise ValueError(f"initial_states: expected shape [batch, dim, width-1] = "
                              f"[{batch}, {dim}, {width - 1}], got "
                              f"{list(initial_states.shape)}")
-        initial_states = initial_states.float()
-    x_bld = x.float().transpose(1, 2)
-    w, b = weight.float(), None if bias is None else bias.float()
     if seq_idx is None:
-        y, states = _conv(x_bld, w, b, initial_states, act)
-    else:
+        y, states = _conv(x, weight, bias, initial_states, act)
+    else:  # the batch rows as one packed sequence of [1, b*l, d] tokens
         offsets, keep = _seq_idx_offsets(seq_idx, batch, seqlen, width)
-        y, _ = _conv(x_bld.reshape(1, batch * seqlen, dim), w, b, None, act, offsets)
-        y = y.reshape(batch, seqlen, dim) * keep[..., None]
-    out = _in_layout_of(y, x, x.dtype)
+        packed = x.transpose(1, 2).reshape(1, batch * seqlen, dim).transpose(1, 2)
+        y, _ = _conv(packed, weight, bias, None, act, offsets)
+        y = (y.transpose(1, 2).reshape(batch, seqlen, dim) * keep[..., None]).transpose(1, 2)
+        if not _is_channel_last(x):
+            y = y.contiguous()
+    out = y.to(x.dtype)
     if not return_final_states:
         return out
     return out, _final_states(states, x, final_states_out)
@@ -237,6 +281,13 @@ def _int_vector(value, name, batch):
     return value.to(torch.int64)
 
 
+def _shares_a_row(rows):
+    """True when two requests (non-negative rows) name the same pool row: the kernel refuses
+    it, and the float32 copy of another pool's rows is refused the same way."""
+    named = rows[rows >= 0]
+    return torch.unique(named).shape[0] != named.shape[0]
+
+
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          cache_seqlens=None, conv_state_indices=None):
     """Decode: the next seqlen tokens of each request, causal-conv1d's `causal_conv1d_update`.
@@ -246,8 +297,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     [dim, width]; bias [dim]; cache_seqlens [batch] int: each state row is a circular buffer,
     the tokens are written from position cache_seqlens % state_len on; conv_state_indices
     [batch] int: the state row of each request, a negative row marks a padding request (its
-    output is 0 and no row changes). Returns out in x's shape and dtype. No autograd (as in
-    causal-conv1d).
+    output is 0 and no row changes); two requests may not share a row (ValueError). Returns
+    out in x's shape and dtype. No autograd (as in causal-conv1d).
     """
     act = _activation(activation)
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
@@ -273,14 +324,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
         raise ValueError(f"conv_state_indices: rows must be < entries = "
                          f"{conv_state.shape[0]} (negative = padding), got "
                          f"{int(rows.max())}")
+    elif _shares_a_row(rows):
+        raise ValueError("conv_state_indices: two requests name the same row; each needs "
+                         "its own")
     seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
     if seqlens is not None and bool((seqlens < 0).any()):
         raise ValueError("cache_seqlens: expected values >= 0")
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     with torch.no_grad():
-        y = _conv_decode(x3.transpose(1, 2), conv_state, weight, bias, act, seqlens, rows)
-        out = y.transpose(1, 2).to(x.dtype)
+        out = _conv_decode(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out
 
 

@@ -20,87 +20,135 @@ mamba_inner_fn are differentiable through linseq's C backward; delta_softplus ru
 the kernel, with delta_bias (without softplus the bias is added here). Unlike mamba-ssm, the
 gradient of the returned last state is honoured.
 
-The kernel calls sit in the private functions _scan and _scan_decode: the only places that
-change when linseq's C API takes mamba-ssm's strides and a decode over a pool of state rows
-directly.
+No copy on the way: float32 u, delta, z (contiguous, xz.chunk halves, transposed views) and
+B, C (a constant [dim, dstate] included) reach the kernel as the caller's memory, read
+through their strides, and the kernel writes out and the per-token gradients in mamba-ssm's
+layout. Only B and C with two different group counts, neither of them one, are repeated to a
+common count (a copy). selective_state_update decodes in place on a float32 C-contiguous
+state (another state goes through a float32 copy of the rows it names). The kernel calls sit
+in the private functions _scan and _scan_decode.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
-from .._backends import backend_for
-from ..api import Ssm1Options
-from .causal_conv1d import _conv
+from .. import ops
+from .causal_conv1d import _conv, _shares_a_row, _through_float32_rows
 
 
 # ------------------------------------------------------------------------------------------
 # The kernel seam
 # ------------------------------------------------------------------------------------------
 
-def _scan(x, dt, A, B, C, D=None, gate=None, dt_bias=None, dt_softplus=False, h0=None):
-    """linseq's SSM1 forward with autograd, in linseq's layout: x, dt, gate [b, l, d] float32
-    of any strides (today a transposed view is copied once on its way to the kernel);
-    A [d, N]; B, C each [b, l, N], [b, l, G, N] or constant [d, N], with group counts of
-    their own; D, dt_bias [d]; h0 [b, d, N]. The gate goes through silu in the kernel; the
-    step is softplus(dt + dt_bias) with dt_softplus (both in the kernel), dt + dt_bias
-    without. Returns (y [b, l, d], the last state [b, d, N]), float32."""
-    if dt_bias is not None and not dt_softplus:
-        dt = dt + dt_bias  # the kernel adds dt_bias only together with its softplus
-        dt_bias = None
-    B, C = _common_groups(B, C, *x.shape)
-    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, gate=gate, h0=h0, dt_bias=dt_bias)
-    opts = Ssm1Options(activation="silu", dt_softplus=bool(dt_softplus))
-    return backend_for((), "torch").ssm1(arrays, None, opts)
+_SCAN_GRADS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dgate", "ddt_bias")
 
 
-def _common_groups(B, C, batch, seqlen, dim):
-    """B and C as [b, l, G, N] with one G for both (today's kernel takes one), G the least
-    common multiple of theirs: each group repeated for the groups it covers, a constant
-    [d, N] one materialised as one group per channel ([b, l] copies of it)."""
+def _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
+    """linseq's SSM1 problem over the caller's memory (float32 views of any non-negative
+    strides are read where they lie)."""
+    return ops.Ssm1Inputs(u, delta, A, B, C, D, gate=z, dt_softplus=softplus,
+                          dt_bias=delta_bias, activation="silu", channel_first=channel_first)
+
+
+class _ScanFn(torch.autograd.Function):
+    """linseq's SSM1 forward and backward as one autograd node, all tensors float32: with
+    channel_first u, delta, z [b, d, l] and B, C [b, N, l], [b, G, N, l] or [d, N], y
+    [b, d, l]; else u, delta, z [b, l, d], B, C [b, l, N], [b, l, G, N] or [d, N], y
+    [b, l, d]. Returns (y, the last state [b, d, N]): new dense arrays the kernel wrote."""
+
+    @staticmethod
+    def forward(ctx, channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
+        inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
+        y, last = ops.ssm1_forward(inputs)
+        ctx.options = (channel_first, softplus)
+        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
+        return torch.from_numpy(y), torch.from_numpy(last)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_y, d_last):
+        inputs = _scan_inputs(*ctx.options, *ctx.saved_tensors)
+        needs = ctx.needs_input_grad[2:]
+        wanted = {g for g, need in zip(_SCAN_GRADS, needs) if need}
+        grads = ops.ssm1_backward(inputs, d_y, d_last, wanted=wanted)
+        return (None, None) + tuple(torch.from_numpy(grads[g]) if need else None
+                                    for g, need in zip(_SCAN_GRADS, needs))
+
+
+def _scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, softplus=False,
+          token_major=False):
+    """The differentiable scan in mamba-ssm's layout: u, delta, z [b, d, l] of any real dtype
+    and strides; A [d, N]; B, C [b, G, N, l] or constant [d, N] (from _groups); D,
+    delta_bias [d]. Float32 inputs reach the kernel as the caller's memory; y [b, d, l]
+    float32 is written by the kernel channel-first, or with token_major as [b, l, d] and
+    returned as its transposed view (for a caller that goes on token by token). Returns
+    (y, the last state [b, d, N] float32)."""
+    u, delta, A = u.float(), delta.float(), A.float()
+    z, D = (None if t is None else t.float() for t in (z, D))
+    if delta_bias is not None:
+        delta_bias = delta_bias.float()
+        if not softplus:  # the kernel adds dt_bias only together with its softplus
+            delta, delta_bias = delta + delta_bias[:, None], None
+    B, C = _common_groups(B.float(), C.float(), u.shape[1])
+    if not token_major:
+        return _ScanFn.apply(True, bool(softplus), u, delta, A, B, C, D, z, delta_bias)
+
+    def tokens(P):  # [b, G, N, l] -> [b, l, G, N], a view; constant [d, N] as it is
+        return P if P.dim() == 2 else P.permute(0, 3, 1, 2)
+
+    y, last = _ScanFn.apply(False, bool(softplus), u.transpose(1, 2), delta.transpose(1, 2),
+                            A, tokens(B), tokens(C), D,
+                            None if z is None else z.transpose(1, 2), delta_bias)
+    return y.transpose(1, 2), last
+
+
+def _common_groups(B, C, dim):
+    """B and C as the kernel takes them: as given when their group counts are equal or one
+    of them has a single group (a constant [d, N] counts as d groups); otherwise both
+    repeated to the least common multiple of the two (a copy, differentiable)."""
     def groups(P):
-        return dim if P.dim() == 2 else 1 if P.dim() == 3 else P.shape[2]
+        return dim if P.dim() == 2 else P.shape[1]
 
-    G = math.lcm(groups(B), groups(C))
+    gb, gc = groups(B), groups(C)
+    if gb == gc or 1 in (gb, gc):
+        return B, C
+    G = math.lcm(gb, gc)
 
-    def expand(P):
-        if P.dim() == 2:
-            P = P[None, None].expand(batch, seqlen, -1, -1)
-        elif P.dim() == 3:
-            P = P[:, :, None]
-        if P.shape[2] != G:
-            P = P.repeat_interleave(G // P.shape[2], dim=2)
-        return P[:, :, 0] if G == 1 else P
+    def repeat(P, g):  # a constant one has d = G groups already
+        return P if g == G else P.repeat_interleave(G // g, dim=1)
 
-    return expand(B), expand(C)
+    return repeat(B, gb), repeat(C, gc)
 
 
 def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     """One token per request against a pool of states, updated in place (no autograd).
 
-    state [R, H, P, N] (any dtype and strides: the caller's pool, d = H*P channels); rows
-    [b] int64, negative = a padding request (output 0, no row touched); x, dt, z [b, d];
-    B, C [b, G, N]; A [d, N]; D, dt_bias [d]. Returns y [b, d] float32. Today: the valid
-    rows are gathered, the scan runs one token from them, the new states are scattered back."""
-    batch, dim = x.shape
-    y = torch.zeros(batch, dim, dtype=torch.float32)
-    valid = rows >= 0
-    if not bool(valid.any()):
-        return y
-    vrows = rows[valid]
+    state [R, H, P, N] (any dtype and strides: the caller's pool, d = H*P channels); rows [b]
+    int64, negative = a padding request (output 0, no row touched); x, dt, z [b, d];
+    B, C [b, G, N]; A [d, N]; D, dt_bias [d]. Returns y [b, d] float32. A float32
+    C-contiguous pool is updated by the kernel where it lies; another one through a float32
+    copy of the rows named."""
+    dt = dt.float()
+    if dt_bias is not None and not dt_softplus:
+        dt, dt_bias = dt + dt_bias.float(), None  # the kernel adds dt_bias with softplus only
+    inputs = ops.Ssm1Inputs(
+        x.float()[:, None], dt[:, None], A.float(), B.float()[:, None], C.float()[:, None],
+        None if D is None else D.float(), gate=None if z is None else z.float()[:, None],
+        dt_softplus=bool(dt_softplus), dt_bias=None if dt_bias is None else dt_bias.float(),
+        activation="silu")
 
-    def token(t):  # [b, ...] -> [n, 1, ...] float32, the valid requests only
-        return None if t is None else t[valid].float()[:, None]
+    def decode(pool, pool_rows):  # pool: float32 C-contiguous [R, H, P, N], seen as [R, d, N]
+        return ops.ssm1_decode(inputs, pool.reshape(pool.shape[0], inputs.D, inputs.N),
+                               pool_rows)
 
-    rows_shape = (vrows.shape[0],) + tuple(state.shape[1:])
-    h0 = state[vrows].reshape(vrows.shape[0], dim, state.shape[-1]).float()
-    yv, hT = _scan(token(x), token(dt), A.float(), token(B), token(C),
-                   None if D is None else D.float(), token(z),
-                   None if dt_bias is None else dt_bias.float(), dt_softplus, h0=h0)
-    y[valid] = yv[:, 0]
-    state[vrows] = hT.reshape(rows_shape).to(state.dtype)
-    return y
+    if state.dtype == torch.float32 and state.is_contiguous():
+        y = torch.from_numpy(decode(state.detach().numpy(), rows))
+    else:
+        y = _through_float32_rows(state, rows, decode)
+    return y[:, 0]
 
 
 # ------------------------------------------------------------------------------------------
@@ -135,18 +183,9 @@ def _groups(P, name, batch, dim, dstate, seqlen):
     return P
 
 
-def _linseq_layout(P):
-    """B or C from _groups as _scan takes it: [b, G, N, l] -> [b, l, G, N] (a view; [b, l, N]
-    for one group), a constant [d, N] as it is."""
-    if P.dim() == 2:
-        return P
-    P = P.permute(0, 3, 1, 2)
-    return P[:, :, 0] if P.shape[2] == 1 else P
-
-
-def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
-    """selective_scan_fn's work in float32: (y [b, d, l] as a [b, l, d] tensor's transpose,
-    last state [b, d, N])."""
+def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus, token_major=False):
+    """selective_scan_fn's checks and work: (y [b, d, l] float32, dense, or with token_major
+    a dense [b, l, d] tensor's transposed view; last state [b, d, N])."""
     u, delta, A = _real_tensor(u, "u"), _real_tensor(delta, "delta"), _real_tensor(A, "A")
     if u.dim() != 3:
         raise ValueError(f"u: expected [batch, dim, seqlen], got {list(u.shape)}")
@@ -161,13 +200,9 @@ def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus):
     for t, name in ((D, "D"), (delta_bias, "delta_bias")):
         if t is not None and tuple(_real_tensor(t, name).shape) != (dim,):
             raise ValueError(f"{name}: expected [dim] = [{dim}], got {list(t.shape)}")
-    B = _linseq_layout(_groups(B, "B", batch, dim, dstate, seqlen).float())
-    C = _linseq_layout(_groups(C, "C", batch, dim, dstate, seqlen).float())
-    y, last = _scan(u.float().transpose(1, 2), delta.float().transpose(1, 2), A.float(), B, C,
-                    None if D is None else D.float(),
-                    None if z is None else z.float().transpose(1, 2),
-                    None if delta_bias is None else delta_bias.float(), delta_softplus)
-    return y.transpose(1, 2), last
+    B = _groups(B, "B", batch, dim, dstate, seqlen)
+    C = _groups(C, "C", batch, dim, dstate, seqlen)
+    return _scan(u, delta, A, B, C, D, z, delta_bias, delta_softplus, token_major)
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
@@ -182,7 +217,7 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     [batch, dim, dstate] float32) with return_last_state.
     """
     y, last = _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
-    out = y.contiguous().to(u.dtype)
+    out = y.to(u.dtype)  # y is the kernel's own [b, d, l] array: no copy for float32
     return (out, last) if return_last_state else out
 
 
@@ -215,7 +250,8 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     state_batch_indices: a pool of any number of rows); x, dt, z [batch, (nheads,) dim];
     A [(nheads,) dim, dstate]; B, C [batch, (ngroups,) dstate]; D, dt_bias [(nheads,) dim];
     state_batch_indices [batch] int: the pool row of each request, a negative row marks a
-    padding request (output 0, no row touched). Per channel: dt' = softplus(dt + dt_bias)
+    padding request (output 0, no row touched); two requests may not share a row
+    (ValueError). Per channel: dt' = softplus(dt + dt_bias)
     with dt_softplus (else dt + dt_bias), state = exp(dt' A) state + dt' B x,
     out = (C . state + D x) * silu(z). Returns out [batch, (nheads,) dim] in x's dtype.
     No autograd (as in mamba-ssm).
@@ -275,6 +311,9 @@ def _row_indices(rows, batch, entries):
     if bool((rows >= entries).any()):
         raise ValueError(f"state_batch_indices: rows must be < the pool's {entries} rows "
                          f"(negative = padding), got {int(rows.max())}")
+    if _shares_a_row(rows):
+        raise ValueError("state_batch_indices: two requests name the same row; each needs "
+                         "its own")
     return rows
 
 
@@ -336,10 +375,10 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
     rank = delta_proj_weight.shape[1]
     dstate = A.shape[-1]
     w = conv1d_weight.reshape(conv1d_weight.shape[0], conv1d_weight.shape[-1])
-    conv_out, _ = _conv(x.float().transpose(1, 2), w.float(),
-                        None if conv1d_bias is None else conv1d_bias.float(), None, "silu")
-    conv_out = conv_out.to(xz.dtype)                                   # [b, l, d]
-    x_dbl = F.linear(conv_out.reshape(batch * seqlen, dim), x_proj_weight)
+    # token-major outputs ([b, l, d] memory) where the projections read tokens as rows
+    conv_out, _ = _conv(x, w, conv1d_bias, None, "silu", token_major=True)
+    conv_out = conv_out.to(xz.dtype)                                   # [b, d, l] view
+    x_dbl = F.linear(conv_out.transpose(1, 2).reshape(batch * seqlen, dim), x_proj_weight)
     delta = F.linear(x_dbl[:, :rank], delta_proj_weight)               # [(b l), d]
     if dt_rms_weight is not None:
         delta = _rms_norm(delta, dt_rms_weight, b_c_dt_rms_eps)
@@ -353,7 +392,7 @@ def mamba_inner_fn(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_wei
                        c_rms_weight, b_c_dt_rms_eps, batch, seqlen)
     elif c_rms_weight is not None:
         C = _rms_norm_given(C, "C", c_rms_weight, "c_rms_weight", b_c_dt_rms_eps)
-    u = conv_out.transpose(1, 2)
     delta = delta.reshape(batch, seqlen, dim).transpose(1, 2)
-    y, _ = _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
+    y, _ = _scan_mamba_layout(conv_out, delta, A, B, C, D, z, delta_bias, delta_softplus,
+                              token_major=True)
     return F.linear(y.transpose(1, 2).to(xz.dtype), out_proj_weight, out_proj_bias)
