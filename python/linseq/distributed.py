@@ -1,0 +1,591 @@
+"""Context parallelism: one packed batch of sequences split along time across processes.
+
+Each rank of a torch.distributed process group holds a contiguous range of the packed tokens
+(B == 1, sequences given by the global `cu_seqlens`); build_context describes the split, and
+chunk_kda / chunk_gated_delta_rule, state_space_v1 and causal_conv1d here take the rank's
+tokens and the context. A rank's piece of a sequence maps the state it starts from affinely
+to the state it ends with, so ranks exchange states, never tokens:
+
+- KDA / Gated DeltaNet: S_end = P S_start + R per head, P [K,K], R [K,V]. The piece that
+  continues from the previous rank runs once with the values widened to V + K, v' = [v | 0]
+  and S'_0 = [0 | I]: the first V state columns evolve from 0 (R, and the outputs o_R), the
+  last K from the identity with no input (P, and o_P [T,K]), as every state column evolves
+  on its own. With the true start state, o = o_R + o_P S_start and S_end = P S_start + R: no
+  rerun, and no rank waits on another's kernel.
+- SSM1: h_end = P * h_start + R per (d, n), P = exp(A * sum of dt) over the piece; a rank
+  inside one sequence runs its piece from h0 = 0 for R, and reruns it from its true start.
+- causal conv1d: the state is the W-1 inputs before the piece, oldest first (from several
+  ranks when one holds fewer than W-1 tokens).
+
+The exchange is a chain along the ranks: rank r receives the state its first piece starts
+from and sends the state its last piece ends with (P S_start + R, or a final state computed
+without waiting), one state per boundary inside a sequence: HV*K*V floats for KDA, D*N for
+SSM1, D*(W-1) for the conv, whatever T is. The backward sends d(start state) back the same
+way: d_start = P^T d_end + (the local outputs' share), then every rank differentiates its
+own graph with the d_end it received. Each link of the chain costs a [K,K]x[K,V] product per
+head; the heavy work runs on all ranks at once before and after it. (A tree would instead
+send the maps, combining (P2, R2) o (P1, R1) = (P2 P1, P2 R1 + R2) in log2(ranks) rounds at
+O(K^3) per head each, worth it only for many ranks.)
+
+Every rank must call the same functions in the same order and backpropagate through what
+they return (they communicate, as collectives do). Float32 tensors on the CPU; the default
+[K, V] state layout.
+"""
+
+import dataclasses
+import itertools
+from typing import Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from . import torch as _lt
+
+
+# ------------------------------------------------------------------------------------------
+# the context: which tokens a rank holds
+# ------------------------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ContextParallel:
+    """Where this rank stands in the global split (built by build_context)."""
+    group: Optional[object]
+    rank: int
+    world: int
+    cu_seqlens: Tuple[int, ...]     # global offsets of the N sequences
+    bounds: Tuple[int, ...]         # world + 1 token offsets: rank r holds [bounds[r], bounds[r+1])
+    piece_seqs: Tuple[int, ...]     # the global sequence of each local piece, in order
+    local_offsets: Tuple[int, ...]  # local cu_seqlens of the pieces
+    receives: bool                  # the first piece continues a sequence from the previous rank
+    sends: bool                     # the last piece continues on the next rank
+    through: bool                   # the whole range lies inside one sequence (both of the above)
+
+    @property
+    def start(self):
+        return self.bounds[self.rank]
+
+    @property
+    def end(self):
+        return self.bounds[self.rank + 1]
+
+    @property
+    def num_seqs(self):
+        return len(self.cu_seqlens) - 1
+
+    @property
+    def local_cu_seqlens(self):
+        return torch.tensor(self.local_offsets, dtype=torch.int64)
+
+    @property
+    def ends_here(self):
+        """The global sequences whose last token this rank holds (their final state is
+        returned here)."""
+        last = len(self.piece_seqs) - (1 if self.sends else 0)
+        return self.piece_seqs[:max(last, 0)]
+
+    @property
+    def starts_here(self):
+        return self.piece_seqs[1:] if self.receives else self.piece_seqs
+
+    def local(self, tensor, dim=1):
+        """This rank's slice of a tensor over all packed tokens (dimension `dim`)."""
+        return tensor.narrow(dim, self.start, self.end - self.start)
+
+    def _peer(self, rank):
+        return rank if self.group is None else dist.get_global_rank(self.group, rank)
+
+
+def _inside(cu, pos):
+    """Whether token offset pos lies strictly inside a sequence (not at a boundary)."""
+    return 0 < pos < cu[-1] and pos not in cu
+
+
+def _check_offsets(name, values):
+    if values[0] != 0 or any(b < a for a, b in zip(values, values[1:])):
+        raise ValueError(f"{name}: expected non-decreasing offsets from 0, got {list(values)}")
+
+
+def build_context(cu_seqlens, group=None, lengths=None, *, rank=None, world=None):
+    """The context of this rank for the global packed sequences `cu_seqlens` (N+1 offsets,
+    int, each sequence at least one token) split over the ranks of `group` (default: the
+    world). lengths: the number of tokens each rank holds (any non-negative integers summing
+    to T, zeros allowed); default an even split, the first T % world ranks one token more.
+    rank and world default to the group's (given explicitly, no process group is needed:
+    the split alone is then described)."""
+    cu = tuple(int(c) for c in torch.as_tensor(cu_seqlens).reshape(-1).tolist())
+    if len(cu) < 2:
+        raise ValueError(f"cu_seqlens: expected N+1 >= 2 offsets, got {list(cu)}")
+    _check_offsets("cu_seqlens", cu)
+    if any(b == a for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens: every sequence needs at least one token, got {list(cu)}")
+    world = dist.get_world_size(group) if world is None else int(world)
+    rank = dist.get_rank(group) if rank is None else int(rank)
+    if not 0 <= rank < world:
+        raise ValueError(f"rank: expected 0 <= rank < {world}, got {rank}")
+    total = cu[-1]
+    if lengths is None:
+        lengths = [total // world + (1 if r < total % world else 0) for r in range(world)]
+    lengths = [int(n) for n in lengths]
+    if len(lengths) != world or any(n < 0 for n in lengths) or sum(lengths) != total:
+        raise ValueError(f"lengths: expected {world} non-negative token counts summing to "
+                         f"T = {total}, got {lengths}")
+    bounds = [0]
+    for n in lengths:
+        bounds.append(bounds[-1] + n)
+    lo, hi = bounds[rank], bounds[rank + 1]
+    seqs = [n for n in range(len(cu) - 1) if cu[n] < hi and cu[n + 1] > lo and lo < hi]
+    offsets = [0] + [min(cu[n + 1], hi) - lo for n in seqs]
+    receives, sends = _inside(cu, lo), _inside(cu, hi)
+    through = receives and sends and len(seqs) <= 1
+    return ContextParallel(group, rank, world, cu, tuple(bounds), tuple(seqs), tuple(offsets),
+                           receives, sends, through)
+
+
+# ------------------------------------------------------------------------------------------
+# the chain and the autograd function shared by the ops
+# ------------------------------------------------------------------------------------------
+
+# Every call gets its own message tags (the same on every rank, as the ranks make the same
+# calls in the same order): the states of two calls between the same two ranks never mix,
+# whatever order autograd runs their backwards in.
+_CALLS = itertools.count()
+
+
+def _send(cp, tensor, to_rank, tag):
+    dist.send(tensor.detach().contiguous(), dst=cp._peer(to_rank), group=cp.group, tag=tag)
+
+
+def _recv(cp, like, from_rank, tag):
+    buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
+    dist.recv(buffer, src=cp._peer(from_rank), group=cp.group, tag=tag)
+    return buffer
+
+
+def _leaf(t):
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().requires_grad_(t.requires_grad and t.is_floating_point())
+
+
+class _Segment(torch.autograd.Function):
+    """forward(runner, *inputs) -> runner's outputs. The runner (one per op) computes, with
+    autograd on copies of the inputs: summarize() before the exchange (what the next rank's
+    start state is made of), advance(summary, s_in) the state sent on, finish() the outputs
+    from the true start state. The backward differentiates those graphs, with the chain in
+    between: d(start state) goes back to the previous rank, d(sent state) comes from the next."""
+
+    @staticmethod
+    def forward(ctx, runner, *inputs):
+        cp = runner.cp
+        runner.tag = 2 * next(_CALLS) % (1 << 30)   # forward: tag, backward: tag + 1
+        build = runner.grad_enabled and any(isinstance(t, torch.Tensor) and t.requires_grad
+                                            for t in inputs)
+        leaves = [_leaf(t) for t in inputs]
+        with torch.set_grad_enabled(build):
+            summary = runner.summarize(leaves)
+            s_in = runner.zero_state()
+            if cp.receives:
+                s_in = _recv(cp, s_in, cp.rank - 1, runner.tag)
+            if cp.sends:
+                with torch.no_grad():
+                    _send(cp, runner.advance(summary, s_in), cp.rank + 1, runner.tag)
+            s_in = s_in.requires_grad_(build and cp.receives)
+            outputs = runner.finish(leaves, summary, s_in)
+        ctx.saved = (runner, leaves, summary, s_in, outputs) if build else None
+        return tuple(o.detach() for o in outputs)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, *upstream):
+        runner, leaves, summary, s_in, outputs = ctx.saved
+        ctx.saved = None
+        cp, tag = runner.cp, runner.tag + 1
+        local = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
+        wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
+        # the local outputs' gradients in full before the chain when the runner says that is
+        # cheaper than differentiating their graph twice; else only d(start state) first
+        early = wanted if runner.early_leaf_grads else []
+        starts = [s_in] if cp.receives else []
+        found = _grads(local, starts + early, retain=True)
+        d_in = found[0] if cp.receives else None
+        late = [] if early else local
+        if cp.sends:
+            with torch.enable_grad():
+                s_start = s_in.detach().requires_grad_()
+                s_out = runner.advance(summary, s_start)
+            if cp.receives and not runner.advance_uses_start:
+                _send(cp, d_in, cp.rank - 1, tag)   # nothing to wait for: unblock rank - 1
+            d_out = _recv(cp, s_out, cp.rank + 1, tag)
+            if s_out.requires_grad:
+                late = late + [(s_out, d_out)]
+                if cp.receives and runner.advance_uses_start:
+                    d_in = d_in + _grads([(s_out, d_out)], [s_start], retain=True)[0]
+            if cp.receives and runner.advance_uses_start:
+                _send(cp, d_in, cp.rank - 1, tag)
+        elif cp.receives:
+            _send(cp, d_in, cp.rank - 1, tag)
+        total = dict(zip(map(id, early), found[len(starts):]))
+        for t, g in zip(wanted, _grads(late, wanted, retain=False)):
+            total[id(t)] = g if id(t) not in total else total[id(t)] + g
+        return (None,) + tuple(total.get(id(t)) if isinstance(t, torch.Tensor) else None
+                               for t in leaves)
+
+
+def _grads(pairs, inputs, retain):
+    """The gradients of sum(<output, upstream>) over pairs w.r.t. inputs (zeros, not None,
+    where an input does not reach the outputs)."""
+    if not inputs:
+        return []
+    found = [None] * len(inputs)
+    if pairs:
+        outs, ups = zip(*pairs)
+        found = torch.autograd.grad(outs, inputs, ups, retain_graph=retain, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found)]
+
+
+def _final_states(cp, rows, shape, like):
+    """[N, *shape] with the rows of the sequences ending on this rank, zeros elsewhere."""
+    full = like.new_zeros((cp.num_seqs,) + tuple(shape))
+    if not rows:
+        return full
+    index = torch.tensor([n for n, _ in rows], dtype=torch.int64)
+    return full.index_copy(0, index, torch.stack([r for _, r in rows]))
+
+
+def _joined(pieces, empty):
+    """The pieces' outputs along time (no copy for one piece)."""
+    return empty if not pieces else pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
+
+
+def _rebased(offsets):
+    """cu_seqlens from 0 for local pieces; None for one piece (the plain B = 1 call)."""
+    if offsets is None or len(offsets) <= 2:
+        return None
+    return torch.tensor([o - offsets[0] for o in offsets], dtype=torch.int64)
+
+
+def _shape(value):
+    return f"shape {list(value.shape)}" if hasattr(value, "shape") else f"{type(value)}"
+
+
+def _check_local(cp, name, tensor, dim=1):
+    if not isinstance(cp, ContextParallel):
+        raise TypeError(f"cp_context: expected the result of build_context, got {type(cp)}")
+    if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.float32:
+        raise TypeError(f"{name}: expected a float32 torch tensor (context parallelism runs "
+                        f"in float32), got {getattr(tensor, 'dtype', type(tensor))}")
+    if tensor.dim() < 2 or tensor.shape[0] != 1 or tensor.shape[dim] != cp.end - cp.start:
+        raise ValueError(f"{name}: expected this rank's {cp.end - cp.start} tokens as "
+                         f"[1, {cp.end - cp.start}, ...], got {_shape(tensor)}")
+
+
+# ------------------------------------------------------------------------------------------
+# KDA / Gated DeltaNet
+# ------------------------------------------------------------------------------------------
+
+class _KdaRunner:
+    """State [HV, K, V]. A piece continuing from the previous rank runs before the exchange
+    with the widened values (its P, R, o_R, o_P): the exchange then waits on no rank's kernel,
+    and the outputs are o_R + o_P S_start. The other pieces start here and run plainly."""
+    names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+    early_leaf_grads = False   # d(start state) alone is cheap: o_P^T do, P^T d(final state)
+
+    def __init__(self, cp, shapes, options):
+        self.cp, self.options = cp, options
+        self.grad_enabled = torch.is_grad_enabled()
+        _, _, self.HV, self.V = shapes["v"]
+        self.K = shapes["q"][-1]
+        self.advance_uses_start = cp.through
+
+    def zero_state(self):
+        return torch.zeros(self.HV, self.K, self.V)
+
+    def _kda(self, a, lo, hi, h0, offsets=None):
+        cut = {n: (a[n][:, lo:hi] if n in ("q", "k", "v", "g", "beta") else a[n])
+               for n in self.names}
+        return _lt.chunk_kda(cut["q"], cut["k"], cut["v"], cut["g"], cut["beta"],
+                             initial_state=h0, output_final_state=True,
+                             cu_seqlens=_rebased(offsets),
+                             A_log=cut["A_log"], dt_bias=cut["dt_bias"], **self.options)
+
+    def _affine_head(self, a, T):
+        """(P, R) of the first T tokens from one run with v' = [v | 0], S'_0 = [0 | I]."""
+        if T == 0:
+            self.o_R = self.o_P = None
+            return torch.eye(self.K).expand(self.HV, -1, -1), self.zero_state()
+        v = a["v"][:, :T]
+        wide = dict(a, v=torch.cat([v, v.new_zeros(v.shape[:-1] + (self.K,))], -1))
+        h0 = torch.cat([torch.zeros(1, self.HV, self.K, self.V),
+                        torch.eye(self.K).expand(1, self.HV, -1, -1)], -1)
+        o, ht = self._kda(wide, 0, T, h0)
+        self.o_R, self.o_P = o[..., :self.V], o[..., self.V:]
+        return ht[0, :, :, self.V:], ht[0, :, :, :self.V]
+
+    def summarize(self, leaves):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        self.head = self.rest = None
+        if cp.receives:
+            self.head = self._affine_head(a, cp.local_offsets[1] if cp.piece_seqs else 0)
+        first = 1 if cp.receives else 0
+        offsets = cp.local_offsets[first:]
+        if len(offsets) > 1:
+            h0 = a["h0"]
+            if h0 is not None:
+                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
+            self.rest = self._kda(a, offsets[0], offsets[-1], h0, offsets)
+        if not cp.sends:
+            return ()
+        return self.head if cp.through else (self.rest[1][-1],)
+
+    def advance(self, summary, s_in):
+        if self.cp.through:
+            P, R = summary
+            return torch.matmul(P, s_in) + R
+        return summary[0]
+
+    def finish(self, leaves, summary, s_in):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        pieces, rows = [], []
+        if self.head is not None and self.o_P is not None:
+            pieces.append(_plus_state_term(self.o_R, self.o_P, s_in))
+            P, R = self.head
+            rows.append((cp.piece_seqs[0], torch.matmul(P, s_in) + R))
+        if self.rest is not None:
+            o_rest, ht_rest = self.rest
+            pieces.append(o_rest)
+            rows += list(zip(cp.piece_seqs[1 if cp.receives else 0:], ht_rest))
+        rows = [(n, r) for n, r in rows if n in cp.ends_here]
+        o = _joined(pieces, a["v"].new_zeros((1, 0, self.HV, self.V)))
+        return o, _final_states(cp, rows, (self.HV, self.K, self.V), s_in)
+
+
+def _plus_state_term(o_R, o_P, s_in):
+    """o_R + o_P S_start per head: [1,T,HV,V] + [1,T,HV,K] @ [HV,K,V] (one batched matmul
+    over heads; the result is a [1,T,HV,V] view of a head-major buffer)."""
+    by_head = torch.baddbmm(o_R[0].transpose(0, 1), o_P[0].transpose(0, 1), s_in)  # [HV,T,V]
+    return by_head.transpose(0, 1).unsqueeze(0)
+
+
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
+              dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False, *,
+              cp_context, chunk_size=64):
+    """KDA (per-channel decay g [1,T,HV,K]) or Gated DeltaNet (per-head g [1,T,HV]) over this
+    rank's tokens of the global packed batch: q, k [1,T_r,H,K], v [1,T_r,HV,V], beta
+    [1,T_r,HV], the other arguments as linseq.torch.chunk_kda. initial_state [N,HV,K,V] is
+    the global one (each row is read by the rank holding that sequence's first token; every
+    rank may pass the same tensor). Returns (o [1,T_r,HV,V], final_state [N,HV,K,V] or None):
+    the final state has the rows of the sequences ending on this rank, zeros elsewhere."""
+    cp = cp_context
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g)):
+        _check_local(cp, name, t)
+    if initial_state is not None and (not isinstance(initial_state, torch.Tensor)
+                                      or initial_state.dim() != 4
+                                      or initial_state.shape[0] != cp.num_seqs):
+        raise ValueError(f"initial_state: expected [{cp.num_seqs}, HV, K, V] (one row per "
+                         f"global sequence), got {_shape(initial_state)}")
+    options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+                   use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
+                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+                   chunk_size=chunk_size)
+    runner = _KdaRunner(cp, {"q": tuple(q.shape), "v": tuple(v.shape)}, options)
+    o, ht = _Segment.apply(runner, q, k, v, g, beta, initial_state, A_log, dt_bias)
+    return o, (ht if output_final_state else None)
+
+
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
+                           output_final_state=False, use_qk_l2norm_in_kernel=False, *,
+                           cp_context):
+    """Gated DeltaNet: chunk_kda with one log decay per head, g [1,T_r,HV]."""
+    return chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
+                     use_qk_l2norm_in_kernel, cp_context=cp_context)
+
+
+# ------------------------------------------------------------------------------------------
+# SSM1 (Mamba1 selective scan)
+# ------------------------------------------------------------------------------------------
+
+class _Ssm1Runner:
+    """State [D, N], diagonal map. A rank inside one sequence sends P * h_start + R, R from a
+    run from h0 = 0, P the product of its decays, then reruns its piece from the true start;
+    otherwise it sends the final state of its last piece and reruns only its first piece."""
+    names = ("x", "A", "B", "C", "D", "dt", "gate", "h0", "dt_bias")
+    per_token = ("x", "B", "C", "dt", "gate")
+
+    @property
+    def early_leaf_grads(self):
+        # the rerun piece's backward once, unless the pieces sent from would run twice instead
+        return self.cp.receives and (self.cp.through or not self.cp.sends)
+
+    def __init__(self, cp, D, N, options):
+        self.cp, self.D, self.N, self.options = cp, D, N, options
+        self.grad_enabled = torch.is_grad_enabled()
+        self.advance_uses_start = cp.through
+
+    def zero_state(self):
+        return torch.zeros(self.D, self.N)
+
+    def _scan(self, a, lo, hi, h0, offsets=None):
+        c = {n: (a[n][:, lo:hi] if n in self.per_token and a[n] is not None else a[n])
+             for n in self.names}
+        y, h, _ = _lt.state_space_v1(c["x"], c["A"], c["B"], c["C"], c["D"], c["dt"],
+                                     gate=c["gate"], initial_state=h0,
+                                     cu_seqlens=_rebased(offsets),
+                                     dt_bias=c["dt_bias"], **self.options)
+        return y, h
+
+    def _decay(self, a):
+        """P = exp(A * sum_t dt_t): the product of the per-token decays exp(dt_t A), formed
+        directly (O(T*D) next to the scan's O(T*D*N)) instead of by a run from h0 = 1."""
+        dt = a["dt"][0]
+        if self.options["dt_softplus"]:
+            bias = 0.0 if a["dt_bias"] is None else a["dt_bias"]
+            dt = torch.nn.functional.softplus(dt + bias)
+        return torch.exp(a["A"] * dt.sum(0)[:, None])
+
+    def summarize(self, leaves):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        T = cp.end - cp.start
+        if cp.through and T == 0:
+            return (torch.ones(self.D, self.N), self.zero_state())
+        if cp.through:
+            return (self._decay(a), self._scan(a, 0, T, None)[1][0])
+        first = 1 if cp.receives else 0
+        offsets = cp.local_offsets[first:]
+        self.rest = None
+        if len(offsets) > 1:
+            h0 = a["h0"]
+            if h0 is not None:
+                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
+            self.rest = self._scan(a, offsets[0], offsets[-1], h0, offsets)
+        return (self.rest[1][-1],) if cp.sends else ()
+
+    def advance(self, summary, s_in):
+        if self.cp.through:
+            P, R = summary
+            return P * s_in + R
+        return summary[0]
+
+    def finish(self, leaves, summary, s_in):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        T = cp.end - cp.start
+        empty = a["x"].new_zeros((1, 0, self.D))
+        if cp.through:
+            y = self._scan(a, 0, T, s_in[None])[0] if T else empty
+            return y, _final_states(cp, [], (self.D, self.N), s_in)
+        pieces, rows = [], []
+        if cp.receives:
+            y_head, h_head = self._scan(a, 0, cp.local_offsets[1], s_in[None])
+            pieces.append(y_head)
+            rows.append((cp.piece_seqs[0], h_head[0]))
+        if self.rest is not None:
+            pieces.append(self.rest[0])
+            first = 1 if cp.receives else 0
+            rows += list(zip(cp.piece_seqs[first:], self.rest[1]))
+        rows = [(n, r) for n, r in rows if n in cp.ends_here]
+        y = _joined(pieces, empty)
+        return y, _final_states(cp, rows, (self.D, self.N), s_in)
+
+
+def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None, act_fn=None,
+                   *, dt_softplus=False, dt_bias=None, cp_context):
+    """The Mamba1 selective scan over this rank's tokens: hidden_states, dt, gate [1,T_r,D];
+    B, C [1,T_r,N] (or [1,T_r,G,N]); A [D,N]; D [D] or None; initial_state [N_seq,D,N] the
+    global one; act_fn None (silu) or an in-kernel activation name. Returns (y [1,T_r,D],
+    final state [N_seq,D,N] with the rows of the sequences ending on this rank)."""
+    cp = cp_context
+    for name, t in (("hidden_states", hidden_states), ("dt", dt), ("B", B), ("C", C)):
+        _check_local(cp, name, t)
+    if gate is not None:
+        _check_local(cp, "gate", gate)
+    if act_fn is not None and not isinstance(act_fn, str):
+        raise TypeError(f"act_fn: expected None or an activation name, got {act_fn!r}")
+    if initial_state is not None and (not isinstance(initial_state, torch.Tensor)
+                                      or initial_state.dim() != 3
+                                      or initial_state.shape[0] != cp.num_seqs):
+        raise ValueError(f"initial_state: expected [{cp.num_seqs}, D, N] (one row per global "
+                         f"sequence), got {_shape(initial_state)}")
+    if not isinstance(A, torch.Tensor) or A.dim() != 2:
+        raise ValueError(f"A: expected a [D, N] tensor, got {_shape(A)}")
+    Dm, N = A.shape
+    runner = _Ssm1Runner(cp, Dm, N, dict(act_fn=act_fn, dt_softplus=dt_softplus))
+    return _Segment.apply(runner, hidden_states, A, B, C, D, dt, gate, initial_state,
+                          dt_bias)
+
+
+# ------------------------------------------------------------------------------------------
+# causal conv1d
+# ------------------------------------------------------------------------------------------
+
+class _ConvRunner:
+    """State: the W-1 inputs [D, W-1] before a piece, oldest first (zeros before a sequence's
+    first token, or the given conv_state). What is sent on is the last W-1 inputs of the last
+    piece, reaching back into the received ones when the rank holds fewer than W-1."""
+    names = ("x", "weight", "bias", "conv_state")
+    early_leaf_grads = True   # what is sent on is a slice of x: its backward is a copy
+
+    def __init__(self, cp, D, W, activation):
+        self.cp, self.D, self.W, self.activation = cp, D, W, activation
+        self.grad_enabled = torch.is_grad_enabled()
+        self.advance_uses_start = cp.through
+
+    def zero_state(self):
+        return torch.zeros(self.D, self.W - 1)
+
+    def _start_of(self, a, n):
+        state = a["conv_state"]
+        return self.zero_state() if state is None else state[n]
+
+    def summarize(self, leaves):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        if not cp.sends:
+            return ()
+        lo = cp.local_offsets[-2] if len(cp.local_offsets) > 1 else 0
+        tail = a["x"][0, lo:].transpose(0, 1)   # [D, tokens of the last piece]
+        if cp.through:
+            return (tail,)
+        return (torch.cat([self._start_of(a, cp.piece_seqs[-1]), tail], 1)[:, -(self.W - 1):],)
+
+    def advance(self, summary, s_in):
+        if self.cp.through:
+            return torch.cat([s_in, summary[0]], 1)[:, -(self.W - 1):]
+        return summary[0]
+
+    def finish(self, leaves, summary, s_in):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        if cp.end == cp.start:
+            return (a["x"].new_zeros((1, 0, self.D)),
+                    _final_states(cp, [], (self.D, self.W - 1), s_in))
+        starts = [s_in if (i == 0 and cp.receives) else self._start_of(a, n)
+                  for i, n in enumerate(cp.piece_seqs)]
+        y, ht = _lt.causal_conv1d(a["x"], a["weight"], a["bias"], self.activation,
+                                  torch.stack(starts), cu_seqlens=cp.local_cu_seqlens)
+        rows = [(n, h) for n, h in zip(cp.piece_seqs, ht) if n in cp.ends_here]
+        return y, _final_states(cp, rows, (self.D, self.W - 1), s_in)
+
+
+def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cp_context):
+    """Causal depthwise conv1d over this rank's tokens: x [1,T_r,D]; weight [D,W]; bias [D];
+    conv_state [N,D,W-1] the global inputs before each sequence (read by the rank holding its
+    first token). Returns (y [1,T_r,D], final conv state [N,D,W-1] with the rows of the
+    sequences ending on this rank)."""
+    cp = cp_context
+    _check_local(cp, "x", x)
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"weight: expected a [D, W] tensor, got {type(weight)}")
+    if weight.dim() == 3:
+        weight = weight.reshape(weight.shape[0], weight.shape[-1])
+    if weight.dim() != 2 or weight.shape[1] < 2:
+        raise ValueError(f"weight: expected [D, W] with W >= 2, got {list(weight.shape)}")
+    if conv_state is not None and (not isinstance(conv_state, torch.Tensor)
+                                   or conv_state.dim() != 3 or conv_state.shape[0] != cp.num_seqs):
+        raise ValueError(f"conv_state: expected [{cp.num_seqs}, D, W-1] (one row per global "
+                         f"sequence), got {_shape(conv_state)}")
+    runner = _ConvRunner(cp, x.shape[-1], weight.shape[1], activation)
+    return _Segment.apply(runner, x, weight, bias, conv_state)

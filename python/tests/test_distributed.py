@@ -1,0 +1,327 @@
+"""Context parallelism (linseq.distributed) and data parallelism over torch.distributed: 2, 3
+and 4 processes on this machine (gloo on 127.0.0.1) give the outputs, final states and every
+gradient of the single-process call on the whole packed batch.
+
+The splits cover: a sequence crossing one boundary, a boundary exactly between sequences, a
+sequence over 3 and 4 ranks, ranks holding fewer tokens than the conv window, a rank with no
+tokens (between two sequences and inside one), uneven splits, and initial / final states."""
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from conftest import require
+
+torch = require("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+import linseq.torch as lt  # noqa: E402
+from linseq import distributed as ld  # noqa: E402
+
+TOL = dict(rtol=3e-4, atol=3e-4)
+
+# world size -> [(global cu_seqlens, tokens per rank)]
+SPLITS = {
+    2: [([0, 13, 40], [20, 20]),            # sequence 1 crosses the boundary
+        ([0, 13, 40], [13, 27])],           # the boundary is a sequence boundary
+    3: [([0, 5, 37, 40], [10, 14, 16]),     # sequence 1 over 3 ranks, rank 1 inside it
+        ([0, 8, 40], [8, 0, 32]),           # empty rank between two sequences
+        ([0, 5, 40], [11, 0, 29])],         # empty rank inside a sequence
+    4: [([0, 3, 30, 31, 40], [6, 2, 1, 31]),  # ranks 1, 2 hold fewer than W-1 = 3 tokens
+        ([0, 40], [9, 11, 10, 10])],          # one sequence over every rank
+}
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(fn, world, *args):
+    """Runs fn(rank, world, *args) in `world` processes. A rank's failure closes its
+    connections, so the others fail too: each rank writes its own error to a file and the
+    first assertion among them is the one reported."""
+    with tempfile.TemporaryDirectory() as errors:
+        try:
+            mp.spawn(_entry, args=(world, _free_port(), errors, fn, args), nprocs=world,
+                     join=True)
+        except mp.ProcessRaisedException as e:
+            found = [open(os.path.join(errors, f)).read() for f in sorted(os.listdir(errors))]
+            first = next((m for m in found if m.startswith("AssertionError")),
+                         found[0] if found else str(e))
+            raise AssertionError(first) from None
+
+
+def _entry(rank, world, port, errors, fn, args):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        fn(rank, world, *args)
+    except BaseException as e:
+        with open(os.path.join(errors, f"rank{rank}"), "w") as f:
+            f.write(f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _randn(gen, *shape, scale=1.0):
+    return scale * torch.randn(*shape, generator=gen)
+
+
+def _check(name, got, want):
+    torch.testing.assert_close(got, want, **TOL, msg=lambda m: f"{name}: {m}")
+
+
+def _compare(cp, name, inputs, run_global, run_local, token_inputs, weights):
+    """Runs the op on the whole batch and on this rank's slice, with loss = sum(out * w)
+    over the outputs, and compares outputs, final states and every gradient (the gradients
+    of inputs not split over tokens are summed over the ranks)."""
+    ref_in = {n: t.clone().requires_grad_() for n, t in inputs.items() if t is not None}
+    loc_in = {n: (cp.local(t) if n in token_inputs else t).clone().requires_grad_()
+              for n, t in inputs.items() if t is not None}
+    full = lambda d: {n: d.get(n) for n in inputs}  # noqa: E731
+    out_ref, state_ref = run_global(full(ref_in))
+    out, state = run_local(full(loc_in))
+    w_out, w_state = weights
+    (out_ref * w_out).sum().add((state_ref * w_state).sum()).backward()
+    (out * cp.local(w_out)).sum().add((state * w_state).sum()).backward()
+    _check(f"{name} output", out.detach(), cp.local(out_ref.detach()))
+    mine = torch.zeros_like(state_ref)
+    rows = list(cp.ends_here)
+    mine[rows] = state.detach()[rows]
+    dist.all_reduce(mine)
+    _check(f"{name} final state", mine, state_ref.detach())
+    assert torch.all(state.detach()[[n for n in range(cp.num_seqs) if n not in rows]] == 0)
+    for n, t in loc_in.items():
+        grad = t.grad if t.grad is not None else torch.zeros_like(t)
+        if n in token_inputs:
+            _check(f"{name} d{n}", grad, cp.local(ref_in[n].grad))
+        else:
+            grad = grad.clone()
+            dist.all_reduce(grad)
+            _check(f"{name} d{n}", grad, ref_in[n].grad)
+
+
+def _kda_case(cp, gen, per_channel, gate_in_kernel, with_h0=True):
+    T, N = cp.cu_seqlens[-1], cp.num_seqs
+    H, HV, K, V = 2, 4, 6, 5
+    inputs = dict(q=_randn(gen, 1, T, H, K), k=_randn(gen, 1, T, H, K),
+                  v=_randn(gen, 1, T, HV, V), beta=torch.rand(1, T, HV, generator=gen),
+                  g=(_randn(gen, 1, T, HV, K) if per_channel else _randn(gen, 1, T, HV))
+                  if gate_in_kernel else
+                  -0.3 * torch.rand(*((1, T, HV, K) if per_channel else (1, T, HV)),
+                                    generator=gen),
+                  h0=_randn(gen, N, HV, K, V, scale=0.5))
+    if gate_in_kernel:
+        inputs["A_log"] = _randn(gen, HV, scale=0.3)
+        inputs["dt_bias"] = _randn(gen, HV * K if per_channel else HV, scale=0.3)
+    options = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=gate_in_kernel)
+    if not per_channel and gate_in_kernel:
+        options["lower_bound"] = -2.0  # per head with the gate: fla's sigmoid form
+        inputs.pop("A_log")
+    if not with_h0:
+        inputs.pop("h0")
+    weights = (_randn(gen, 1, T, HV, V), _randn(gen, N, HV, K, V))
+
+    def run_global(a):
+        return lt.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"],
+                           initial_state=a.get("h0"),
+                           output_final_state=True, cu_seqlens=torch.tensor(cp.cu_seqlens),
+                           A_log=a.get("A_log"), dt_bias=a.get("dt_bias"), **options)
+
+    def run_local(a):
+        return ld.chunk_kda(a["q"], a["k"], a["v"], a["g"], a["beta"],
+                           initial_state=a.get("h0"),
+                           output_final_state=True, A_log=a.get("A_log"),
+                           dt_bias=a.get("dt_bias"), cp_context=cp, **options)
+
+    name = f"kda(per_channel={per_channel}, gate_in_kernel={gate_in_kernel}, h0={with_h0})"
+    _compare(cp, name, inputs, run_global, run_local, ("q", "k", "v", "g", "beta"), weights)
+
+
+def _ssm1_case(cp, gen, full=True):
+    T, Ns = cp.cu_seqlens[-1], cp.num_seqs
+    D, N = 6, 4
+    inputs = dict(x=_randn(gen, 1, T, D), dt=_randn(gen, 1, T, D, scale=0.5),
+                  A=-torch.rand(D, N, generator=gen) - 0.1, B=_randn(gen, 1, T, N),
+                  C=_randn(gen, 1, T, N), D=_randn(gen, D), gate=_randn(gen, 1, T, D),
+                  h0=_randn(gen, Ns, D, N, scale=0.5), dt_bias=_randn(gen, D, scale=0.3))
+    if not full:   # no gate, no skip, no initial state; dt as given (no softplus, no bias)
+        inputs.update(D=None, gate=None, h0=None, dt_bias=None, dt=inputs["dt"].abs())
+    weights = (_randn(gen, 1, T, D), _randn(gen, Ns, D, N))
+
+    def run_global(a):
+        y, h, _ = lt.state_space_v1(a["x"], a["A"], a["B"], a["C"], a["D"], a["dt"],
+                                    gate=a["gate"], initial_state=a["h0"], dt_softplus=full,
+                                    dt_bias=a["dt_bias"],
+                                    cu_seqlens=torch.tensor(cp.cu_seqlens))
+        return y, h
+
+    def run_local(a):
+        return ld.state_space_v1(a["x"], a["A"], a["B"], a["C"], a["D"], a["dt"],
+                                 gate=a["gate"], initial_state=a["h0"], dt_softplus=full,
+                                 dt_bias=a["dt_bias"], cp_context=cp)
+
+    _compare(cp, f"ssm1(full={full})", inputs, run_global, run_local,
+             ("x", "dt", "B", "C", "gate"), weights)
+
+
+def _conv_case(cp, gen, full=True):
+    T, N = cp.cu_seqlens[-1], cp.num_seqs
+    D, W = 5, 4
+    inputs = dict(x=_randn(gen, 1, T, D), weight=_randn(gen, D, W), bias=_randn(gen, D),
+                  conv_state=_randn(gen, N, D, W - 1))
+    activation = "silu" if full else None
+    if not full:   # no bias, no initial conv state, no activation
+        inputs.update(bias=None, conv_state=None)
+    weights = (_randn(gen, 1, T, D), _randn(gen, N, D, W - 1))
+
+    def run_global(a):
+        return lt.causal_conv1d(a["x"], a["weight"], a["bias"], activation, a["conv_state"],
+                                cu_seqlens=torch.tensor(cp.cu_seqlens))
+
+    def run_local(a):
+        return ld.causal_conv1d(a["x"], a["weight"], a["bias"], activation, a["conv_state"],
+                                cp_context=cp)
+
+    _compare(cp, f"conv1d(full={full})", inputs, run_global, run_local, ("x",), weights)
+
+
+def _context_parallel_worker(rank, world):
+    for i, (cu, lengths) in enumerate(SPLITS[world]):
+        cp = ld.build_context(torch.tensor(cu), lengths=lengths)
+        gen = torch.Generator().manual_seed(100 * world + i)  # the same inputs on every rank
+        try:
+            _kda_case(cp, gen, per_channel=True, gate_in_kernel=False)
+            _kda_case(cp, gen, per_channel=False, gate_in_kernel=False)   # Gated DeltaNet
+            _kda_case(cp, gen, per_channel=True, gate_in_kernel=True, with_h0=False)
+            _kda_case(cp, gen, per_channel=False, gate_in_kernel=True)
+            _ssm1_case(cp, gen)
+            _ssm1_case(cp, gen, full=False)
+            _conv_case(cp, gen)
+            _conv_case(cp, gen, full=False)
+        except AssertionError as e:
+            raise AssertionError(f"rank {rank}/{world}, cu_seqlens {cu}, split {lengths}: "
+                                 f"{e}") from None
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_context_parallel_matches_one_process(world):
+    _spawn(_context_parallel_worker, world)
+
+
+def test_build_context_describes_the_split():
+    cu = [0, 3, 30, 31, 40]
+    ctxs = [ld.build_context(cu, lengths=[6, 2, 1, 31], rank=r, world=4) for r in range(4)]
+    assert [c.piece_seqs for c in ctxs] == [(0, 1), (1,), (1,), (1, 2, 3)]
+    assert [(c.receives, c.sends, c.through) for c in ctxs] == [
+        (False, True, False), (True, True, True), (True, True, True), (True, False, False)]
+    assert ctxs[3].local_offsets == (0, 21, 22, 31)
+    assert ctxs[0].ends_here == (0,) and ctxs[3].ends_here == (1, 2, 3)
+    even = [ld.build_context(cu, rank=r, world=3) for r in range(3)]
+    assert [c.end - c.start for c in even] == [14, 13, 13]
+    empty = ld.build_context([0, 5, 40], lengths=[11, 0, 29], rank=1, world=3)
+    assert empty.through and empty.piece_seqs == () and empty.ends_here == ()
+    with pytest.raises(ValueError, match="lengths"):
+        ld.build_context(cu, lengths=[20, 19], rank=0, world=2)
+    with pytest.raises(ValueError, match="cu_seqlens"):
+        ld.build_context([0, 5, 5, 9], rank=0, world=2)
+
+
+def test_example_runs_under_torchrun():
+    """examples/context_parallel.py, as its docstring says to run it, checks itself against
+    the single-process run and exits 0 only when everything matches."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([os.path.join(root, "python"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+                          "2", "--master-port", str(_free_port()),
+                          os.path.join(root, "examples", "context_parallel.py")],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "2 ranks: outputs, final states and gradients match" \
+        in run.stdout, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_bad_inputs_are_refused_before_any_exchange():
+    """No process group is needed: the checks run before anything is sent."""
+    cp = ld.build_context([0, 10, 40], lengths=[25, 15], rank=1, world=2)
+    x = torch.zeros(1, 15, 2, 4)
+    beta = torch.zeros(1, 15, 2)
+    with pytest.raises(ValueError, match=r"q: expected this rank's 15 tokens"):
+        ld.chunk_kda(torch.zeros(1, 16, 2, 4), x, x, x, beta, cp_context=cp)
+    with pytest.raises(ValueError, match=r"initial_state: expected \[2, HV, K, V\]"):
+        ld.chunk_kda(x, x, x, x, beta, initial_state=torch.zeros(1, 2, 4, 4), cp_context=cp)
+    with pytest.raises(TypeError, match="k: expected a float32 torch tensor"):
+        ld.chunk_kda(x, x.double(), x, x, beta, cp_context=cp)
+    with pytest.raises(TypeError, match="cp_context"):
+        ld.causal_conv1d(torch.zeros(1, 15, 3), torch.zeros(3, 4), cp_context=None)
+    with pytest.raises(ValueError, match="conv_state"):
+        ld.causal_conv1d(torch.zeros(1, 15, 3), torch.zeros(3, 4),
+                         conv_state=torch.zeros(3, 3, 3), cp_context=cp)
+    with pytest.raises(ValueError, match="hidden_states"):
+        ld.state_space_v1(torch.zeros(1, 14, 3), torch.zeros(3, 2), beta, beta, None,
+                          torch.zeros(1, 15, 3), cp_context=cp)
+
+
+# ------------------------------------------------------------------------------------------
+# data parallelism: DistributedDataParallel over the autograd functions
+# ------------------------------------------------------------------------------------------
+
+class _Block(torch.nn.Module):
+    """A KDA mixer then a Mamba1 scan, with the parameters a training step updates."""
+
+    def __init__(self, D=8, H=2, K=4, N=4):
+        super().__init__()
+        gen = torch.Generator().manual_seed(7)
+        self.H, self.K = H, K
+        self.qkv = torch.nn.Parameter(0.3 * torch.randn(D, 3 * H * K, generator=gen))
+        self.gate = torch.nn.Parameter(0.3 * torch.randn(D, H * K, generator=gen))
+        self.A_log = torch.nn.Parameter(0.3 * torch.randn(H, generator=gen))
+        self.dt_bias = torch.nn.Parameter(0.3 * torch.randn(H * K, generator=gen))
+        self.beta = torch.nn.Parameter(0.3 * torch.randn(D, H, generator=gen))
+        self.A = torch.nn.Parameter(-torch.rand(H * K, N, generator=gen) - 0.2)
+        self.BC = torch.nn.Parameter(0.3 * torch.randn(D, 2 * N, generator=gen))
+        self.dt = torch.nn.Parameter(0.3 * torch.randn(D, H * K, generator=gen))
+        self.Dskip = torch.nn.Parameter(torch.randn(H * K, generator=gen))
+
+    def forward(self, x):
+        Bsz, T, _ = x.shape
+        q, k, v = (x @ self.qkv).view(Bsz, T, 3, self.H, self.K).unbind(2)
+        g = (x @ self.gate).view(Bsz, T, self.H, self.K)
+        o, _ = lt.chunk_kda(q, k, v, g, torch.sigmoid(x @ self.beta),
+                           use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True,
+                           A_log=self.A_log, dt_bias=self.dt_bias)
+        u = o.reshape(Bsz, T, self.H * self.K)
+        Bm, Cm = (x @ self.BC).chunk(2, -1)
+        y, _, _ = lt.state_space_v1(u, self.A, Bm, Cm, self.Dskip, x @ self.dt,
+                                    dt_softplus=True)
+        return y
+
+
+def _ddp_worker(rank, world, batch, target):
+    model = _Block()
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    per = batch.shape[0] // world
+    x, t = batch[rank * per:(rank + 1) * per], target[rank * per:(rank + 1) * per]
+    # the mean over this rank's samples; DDP averages the gradients over the ranks
+    ((ddp(x) - t) ** 2).mean().backward()
+    reference = _Block()
+    ((reference(batch) - target) ** 2).mean().backward()
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        _check(f"rank {rank} DDP d{name}", p.grad, q.grad)
+
+
+def test_ddp_training_step_matches_one_process():
+    gen = torch.Generator().manual_seed(3)
+    batch = torch.randn(4, 19, 8, generator=gen)
+    target = torch.randn(4, 19, 8, generator=gen)
+    _spawn(_ddp_worker, 2, batch, target)
