@@ -2,6 +2,7 @@
 #include "core/validate.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -228,4 +229,33 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
                        "exec->dtype = LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only; the "
                        "CPU kernels take float32");
     return LINSEQ_OK;
+}
+
+static int compare_i64(const void *x, const void *y)
+{
+    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+linseq_status ls_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
+                                  int64_t n_state_rows)
+{
+    for (int64_t b = 0; b < B; b++)
+        if (rows[b] >= n_state_rows)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
+                           "(negative = padding request)",
+                           (long long)b, (long long)rows[b], (long long)n_state_rows);
+    int64_t *sorted = malloc((size_t)B * sizeof *sorted);
+    if (!sorted) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot check state_rows");
+    memcpy(sorted, rows, (size_t)B * sizeof *sorted);
+    qsort(sorted, (size_t)B, sizeof *sorted, compare_i64);
+    linseq_status st = LINSEQ_OK;
+    for (int64_t b = 1; b < B && !st; b++)
+        if (sorted[b] >= 0 && sorted[b] == sorted[b - 1])
+            st = ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                         "state_rows names row %lld twice; each request needs its own row",
+                         (long long)sorted[b]);
+    free(sorted);
+    return st;
 }

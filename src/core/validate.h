@@ -67,6 +67,11 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *exec);
 linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,
                                   int64_t T);
 
+/* A decode call's map from requests to pool rows: every row < n_state_rows (negative = a
+ * padding request) and no row named twice. */
+linseq_status ls_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
+                                  int64_t n_state_rows);
+
 /* The longest of the packed sequences (T without cu_seqlens); cu_seqlens already checked. */
 int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T);
 

@@ -534,35 +534,6 @@ static void decode_item(void *ctx, int64_t item, int thread)
         c->kern->recurrent_item(pl, b, 1, hv, slot, c->o, scratch, 0, p->V);
 }
 
-static int compare_i64(const void *x, const void *y)
-{
-    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
-}
-
-linseq_status kda_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
-                                   int64_t n_state_rows)
-{
-    for (int64_t b = 0; b < B; b++)
-        if (rows[b] >= n_state_rows)
-            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                           "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
-                           "(negative = padding request)",
-                           (long long)b, (long long)rows[b], (long long)n_state_rows);
-    int64_t *sorted = malloc((size_t)B * sizeof *sorted);
-    if (!sorted) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot check state_rows");
-    memcpy(sorted, rows, (size_t)B * sizeof *sorted);
-    qsort(sorted, (size_t)B, sizeof *sorted, compare_i64);
-    linseq_status st = LINSEQ_OK;
-    for (int64_t b = 1; b < B && !st; b++)
-        if (sorted[b] >= 0 && sorted[b] == sorted[b - 1])
-            st = ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                         "state_rows names row %lld twice; each request needs its own row",
-                         (long long)sorted[b]);
-    free(sorted);
-    return st;
-}
-
 /* Decode on CUDA: state_rows is device memory, so a host copy of it is checked here with the
  * CPU path's rules before the backend touches the pool. */
 static linseq_status decode_on_cuda(const char *fn, const kda_plan *pl, const linseq_exec *exec,
@@ -573,7 +544,7 @@ static linseq_status decode_on_cuda(const char *fn, const kda_plan *pl, const li
     if (state_rows) {
         int64_t *rows = NULL;
         linseq_status st = ls_cuda_entry_copy_i64(fn, exec, "state_rows", state_rows, B, &rows);
-        if (!st) st = kda_check_state_rows(fn, rows, B, n_state_rows);
+        if (!st) st = ls_check_state_rows(fn, rows, B, n_state_rows);
         free(rows);
         if (st) return st;
     }
@@ -620,7 +591,7 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
         (st = ls_args_validate(&a)))
         return st;
     if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
-    if (state_rows && (st = kda_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
+    if (state_rows && (st = ls_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
      * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
     ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;

@@ -38,11 +38,6 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
 struct ls_args;
 void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T, size_t token_bytes);
 
-/* Decode's state_rows (host memory): each < n_state_rows, no row named twice (negative rows
- * are padding). */
-linseq_status kda_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
-                                   int64_t n_state_rows);
-
 /* "N,HV,K,V" or "N,HV,V,K" (rows "N"), or with "n_state_rows" (rows "n"). */
 const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
 

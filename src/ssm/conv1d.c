@@ -250,7 +250,7 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
     if (ls_on_cuda(exec))
         return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->device is CUDA; linseq_conv1d_decode runs on the CPU only");
-    if ((state_rows && (st = ssm_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) ||
+    if ((state_rows && (st = ls_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) ||
         (st = check_cache_seqlens(a.fn, cache_seqlens, p->B)))
         return st;
 

@@ -221,7 +221,7 @@ linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec
         return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->device is CUDA; linseq_ssm1_decode runs on the CPU only (on CUDA, "
                        "run linseq_ssm1_forward with h0 == hT on consecutive rows)");
-    if (state_rows && (st = ssm_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) return st;
+    if (state_rows && (st = ls_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) return st;
     st = ls_ssm1_scan_pool(p, exec, ls_ssm_kernels(isa), y, state, state_rows);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",

@@ -127,11 +127,6 @@ ls_tensor *ssm_arg_dense(ls_args *a, const char *name, const float *ptr, bool re
                          ls_role role, bool channel_first, size_t elem, int64_t B, int64_t T,
                          int64_t C, int64_t S);
 
-/* Decode's state_rows (already checked to be the size of B): every row < n_state_rows, no row
- * named twice (negative rows are padding). */
-linseq_status ssm_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
-                                   int64_t n_state_rows);
-
 static inline linseq_activation ssm1_gate_activation(const linseq_ssm1_problem *p)
 {
     return p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;

@@ -1,9 +1,6 @@
 /* The argument-table rows of SSM1's and conv1d's per-token tensors in any layout: strided
  * inputs are checked as the span of memory their strides reach, so that the aliasing check
- * sees every byte a kernel may read; and decode's map from requests to state rows. */
-#include <stdlib.h>
-#include <string.h>
-
+ * sees every byte a kernel may read. */
 #include "core/status.h"
 #include "ssm/ssm_internal.h"
 
@@ -60,33 +57,4 @@ ls_tensor *ssm_arg_dense(ls_args *a, const char *name, const float *ptr, bool re
     }
     if (channel_first) return ls_arg(a, name, "B,D,T", ptr, required, role, elem, 3, B, C, T);
     return ls_arg(a, name, "B,T,D", ptr, required, role, elem, 3, B, T, C);
-}
-
-static int compare_i64(const void *x, const void *y)
-{
-    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
-    return (a > b) - (a < b);
-}
-
-linseq_status ssm_check_state_rows(const char *fn, const int64_t *rows, int64_t B,
-                                   int64_t n_state_rows)
-{
-    for (int64_t b = 0; b < B; b++)
-        if (rows[b] >= n_state_rows)
-            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                           "state_rows[%lld] = %lld; expected < n_state_rows = %lld "
-                           "(negative = padding request)",
-                           (long long)b, (long long)rows[b], (long long)n_state_rows);
-    int64_t *sorted = malloc((size_t)B * sizeof *sorted);
-    if (!sorted) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "cannot check state_rows");
-    memcpy(sorted, rows, (size_t)B * sizeof *sorted);
-    qsort(sorted, (size_t)B, sizeof *sorted, compare_i64);
-    linseq_status st = LINSEQ_OK;
-    for (int64_t b = 1; b < B && !st; b++)
-        if (sorted[b] >= 0 && sorted[b] == sorted[b - 1])
-            st = ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                         "state_rows names row %lld twice; each request needs its own row",
-                         (long long)sorted[b]);
-    free(sorted);
-    return st;
 }
