@@ -92,3 +92,33 @@ class Case:
         cos = float((cand * ref).sum() / (np.linalg.norm(cand) * np.linalg.norm(ref)))
         assert rel <= tol["max_rel_err"] * scale, f"{self.name}/{key}: max_rel_err {rel:.3g}"
         assert cos >= 1 - (1 - tol["min_cos"]) * scale, f"{self.name}/{key}: cos {cos}"
+
+
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """Records what linseq.ops hands the kernels, by ops function name: the problems built
+    (Ssm1Inputs, Conv1dInputs), the output arrays the forwards return (first output), the
+    gradient dicts of the backwards, and the address of every pool a decode updates."""
+    from linseq import ops
+    record = {"Ssm1Inputs": lambda args, result: result,
+              "Conv1dInputs": lambda args, result: result,
+              "ssm1_forward": lambda args, result: result[0],
+              "conv1d_forward": lambda args, result: result[0],
+              "ssm1_backward": lambda args, result: result,
+              "conv1d_backward": lambda args, result: result,
+              "ssm1_decode": lambda args, result: args[1].ctypes.data,
+              "conv1d_decode": lambda args, result: args[1].ctypes.data}
+    seen = {name: [] for name in record}
+
+    def spy(name):
+        real = getattr(ops, name)
+
+        def call(*args, **kwargs):
+            result = real(*args, **kwargs)
+            seen[name].append(record[name](args, result))
+            return result
+        monkeypatch.setattr(ops, name, call)
+
+    for name in record:
+        spy(name)
+    return seen

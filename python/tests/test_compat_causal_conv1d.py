@@ -375,29 +375,6 @@ def test_varlen_states_refusals():
 # The caller's memory: what the kernel reads and writes is the caller's tensors themselves
 # ------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Records every conv problem the drop-in builds, the arrays the kernel returns and the
-    pools it decodes into (by pointer)."""
-    from linseq import ops
-    seen = {"conv": [], "y": [], "grads": [], "pools": []}
-
-    def spy(name, record):
-        real = getattr(ops, name)
-
-        def call(*args, **kwargs):
-            result = real(*args, **kwargs)
-            record(args, result)
-            return result
-        monkeypatch.setattr(ops, name, call)
-
-    spy("Conv1dInputs", lambda args, inputs: seen["conv"].append(inputs))
-    spy("conv1d_forward", lambda args, out: seen["y"].append(out[0]))
-    spy("conv1d_backward", lambda args, grads: seen["grads"].append(grads))
-    spy("conv1d_decode", lambda args, y: seen["pools"].append(args[1].ctypes.data))
-    return seen
-
-
 @pytest.mark.parametrize("layout", ["contiguous", "channel-last view", "xz half"])
 def test_fn_reads_and_writes_the_callers_memory(kernel_calls, layout):
     """A float32 x, contiguous [b, d, l], a transposed [b, l, d] tensor or one half of
@@ -416,17 +393,17 @@ def test_fn_reads_and_writes_the_callers_memory(kernel_calls, layout):
     d_out = torch.randn(out.shape, generator=gen)
     (dx,) = torch.autograd.grad((out * d_out).sum(), (x,))
 
-    assert len(kernel_calls["conv"]) == 2            # the forward's problem, the backward's
-    for inputs in kernel_calls["conv"]:
+    assert len(kernel_calls["Conv1dInputs"]) == 2  # the forward's problem, the backward's
+    for inputs in kernel_calls["Conv1dInputs"]:
         assert inputs.problem.x == x.data_ptr()
         assert inputs.channel_first == (layout != "channel-last view")
-    assert out.data_ptr() == kernel_calls["y"][0].ctypes.data
+    assert out.data_ptr() == kernel_calls["conv1d_forward"][0].ctypes.data
     if layout == "channel-last view":   # x's layout, as causal-conv1d allocates
         assert out.stride(1) == 1
     else:
         assert out.is_contiguous()
     if layout != "xz half":
-        assert dx.data_ptr() == kernel_calls["grads"][0]["dx"].ctypes.data
+        assert dx.data_ptr() == kernel_calls["conv1d_backward"][0]["dx"].ctypes.data
     assert _rel(out, conv_def(x, weight, bias, silu=True)[0]) <= 2e-5
     assert torch.equal(cc.causal_conv1d_fn(x.detach().contiguous(), weight, bias,
                                            activation="silu"), out.detach())
@@ -446,8 +423,8 @@ def test_update_decodes_in_the_callers_pool(kernel_calls, circular):
     cache = torch.tensor([3, 0, 11], dtype=torch.int32) if circular else None
     before = conv_state.clone()
     out = cc.causal_conv1d_update(x, conv_state, weight, bias, "silu", cache, rows)
-    assert kernel_calls["pools"] == [conv_state.data_ptr()]
-    assert kernel_calls["conv"][0].problem.x == x.data_ptr()
+    assert kernel_calls["conv1d_decode"] == [conv_state.data_ptr()]
+    assert kernel_calls["Conv1dInputs"][0].problem.x == x.data_ptr()
     live = rows >= 0
     y_def, rows_def = update_def(x[live], before[rows[live].long()], weight, bias, True,
                                  None if cache is None else cache[live])
@@ -456,7 +433,7 @@ def test_update_decodes_in_the_callers_pool(kernel_calls, circular):
     for other in (before.transpose(1, 2).contiguous().transpose(1, 2),
                   before.to(torch.float16)):
         out_other = cc.causal_conv1d_update(x, other, weight, bias, "silu", cache, rows)
-        assert kernel_calls["pools"][-1] != other.data_ptr()
+        assert kernel_calls["conv1d_decode"][-1] != other.data_ptr()
         assert _rel(out_other, out) <= 2e-3 and _rel(other, conv_state) <= 2e-3
 
 

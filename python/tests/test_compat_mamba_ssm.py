@@ -423,31 +423,6 @@ def test_inner_fn_refusals():
 # The caller's memory: what the kernels read and write is the caller's tensors themselves
 # ------------------------------------------------------------------------------------------
 
-@pytest.fixture
-def kernel_calls(monkeypatch):
-    """Records every SSM1 and conv problem the drop-in builds, the arrays the kernels return
-    and the pools they decode into (by pointer)."""
-    from linseq import ops
-    seen = {"ssm1": [], "conv": [], "y": [], "conv_y": [], "grads": [], "pools": []}
-
-    def spy(name, record):
-        real = getattr(ops, name)
-
-        def call(*args, **kwargs):
-            result = real(*args, **kwargs)
-            record(args, result)
-            return result
-        monkeypatch.setattr(ops, name, call)
-
-    spy("Ssm1Inputs", lambda args, inputs: seen["ssm1"].append(inputs))
-    spy("Conv1dInputs", lambda args, inputs: seen["conv"].append(inputs))
-    spy("ssm1_forward", lambda args, out: seen["y"].append(out[0]))
-    spy("conv1d_forward", lambda args, out: seen["conv_y"].append(out[0]))
-    spy("ssm1_backward", lambda args, grads: seen["grads"].append(grads))
-    spy("ssm1_decode", lambda args, y: seen["pools"].append(args[1].ctypes.data))
-    return seen
-
-
 @pytest.mark.parametrize("views", ["contiguous", "xz halves"])
 def test_scan_reads_and_writes_the_callers_memory(kernel_calls, views):
     """Float32 u, delta, z in mamba's layout (contiguous, xz.chunk halves, a transposed
@@ -473,14 +448,14 @@ def test_scan_reads_and_writes_the_callers_memory(kernel_calls, views):
     d_out = torch.randn(out.shape, generator=gen)
     grads = torch.autograd.grad((out * d_out).sum() + last.sum(), (delta,) + grad_of)
 
-    assert len(kernel_calls["ssm1"]) == 2              # the forward's problem, the backward's
-    for inputs in kernel_calls["ssm1"]:
+    assert len(kernel_calls["Ssm1Inputs"]) == 2  # the forward's problem, the backward's
+    for inputs in kernel_calls["Ssm1Inputs"]:
         p = inputs.problem
         assert inputs.channel_first
         assert (p.x, p.dt, p.gate) == (u.data_ptr(), delta.data_ptr(), z.data_ptr())
         assert (p.B_proj, p.C_proj) == (B.data_ptr(), C.data_ptr())  # C: [d, N] as given
-    assert out.data_ptr() == kernel_calls["y"][0].ctypes.data and out.is_contiguous()
-    kernel_grads = kernel_calls["grads"][0]
+    assert out.data_ptr() == kernel_calls["ssm1_forward"][0].ctypes.data and out.is_contiguous()
+    kernel_grads = kernel_calls["ssm1_backward"][0]
     assert grads[0].data_ptr() == kernel_grads["ddt"].ctypes.data
     if views == "contiguous":
         assert grads[1].data_ptr() == kernel_grads["dx"].ctypes.data
@@ -498,12 +473,12 @@ def test_inner_fn_scan_reads_the_conv_output_and_xz(kernel_calls):
     a = _inner_inputs(None, None, False, seed=5)
     ms.mamba_inner_fn(**a)
     x, z = a["xz"].chunk(2, dim=1)
-    assert kernel_calls["conv"][0].problem.x == x.data_ptr()
-    scan = kernel_calls["ssm1"][0]
-    assert scan.problem.x == kernel_calls["conv_y"][0].ctypes.data
+    assert kernel_calls["Conv1dInputs"][0].problem.x == x.data_ptr()
+    scan = kernel_calls["Ssm1Inputs"][0]
+    assert scan.problem.x == kernel_calls["conv1d_forward"][0].ctypes.data
     assert scan.problem.gate == z.data_ptr()
     # y is written token by token ([b, l, d]), the rows the out projection multiplies
-    assert not scan.channel_first and not kernel_calls["conv"][0].channel_first
+    assert not scan.channel_first and not kernel_calls["Conv1dInputs"][0].channel_first
 
 
 @pytest.mark.parametrize("heads", [False, True])
@@ -520,11 +495,11 @@ def test_state_update_decodes_in_the_callers_pool(kernel_calls, heads):
     rows = torch.tensor([5, -1, 2], dtype=torch.int32)
     before = state.clone()
     out = ms.selective_state_update(state, **a, dt_softplus=True, state_batch_indices=rows)
-    assert kernel_calls["pools"] == [state.data_ptr()]
-    assert kernel_calls["ssm1"][0].problem.x == a["x"].data_ptr()
+    assert kernel_calls["ssm1_decode"] == [state.data_ptr()]
+    assert kernel_calls["Ssm1Inputs"][0].problem.x == a["x"].data_ptr()
     half = before.to(torch.bfloat16)
     out_half = ms.selective_state_update(half, **a, dt_softplus=True, state_batch_indices=rows)
-    assert kernel_calls["pools"][1] != half.data_ptr()
+    assert kernel_calls["ssm1_decode"][1] != half.data_ptr()
     assert _rel(half, state) <= 1e-2 and _rel(out_half, out) <= 1e-2
 
 
