@@ -28,8 +28,11 @@ send the maps, combining (P2, R2) o (P1, R1) = (P2 P1, P2 R1 + R2) in log2(ranks
 O(K^3) per head each, worth it only for many ranks.)
 
 Every rank must call the same functions in the same order and backpropagate through what
-they return (they communicate, as collectives do). Float32 tensors on the CPU; the default
-[K, V] state layout.
+they return (they communicate, as collectives do). The drop-ins take the same context as
+cp_context=: linseq.compat.fla's chunk_kda and chunk_gated_delta_rule (fla's arguments, any
+float dtype), mamba_ssm.selective_scan_fn and causal_conv1d.causal_conv1d_fn (their
+[1, dim, seqlen] layout). Float32 tensors on the CPU here; a KDA state
+[V, K] (state_v_first) is transposed to [K, V] on the way in and back on the way out.
 """
 
 import dataclasses
@@ -371,36 +374,43 @@ def _plus_state_term(o_R, o_P, s_in):
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
               dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False, *,
-              cp_context, chunk_size=64):
+              cp_context, chunk_size=64, state_v_first=False):
     """KDA (per-channel decay g [1,T,HV,K]) or Gated DeltaNet (per-head g [1,T,HV]) over this
     rank's tokens of the global packed batch: q, k [1,T_r,H,K], v [1,T_r,HV,V], beta
     [1,T_r,HV], the other arguments as linseq.torch.chunk_kda. initial_state [N,HV,K,V] is
     the global one (each row is read by the rank holding that sequence's first token; every
     rank may pass the same tensor). Returns (o [1,T_r,HV,V], final_state [N,HV,K,V] or None):
-    the final state has the rows of the sequences ending on this rank, zeros elsewhere."""
+    the final state has the rows of the sequences ending on this rank, zeros elsewhere.
+    state_v_first: both states are [N,HV,V,K] instead."""
     cp = cp_context
     for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta), ("g", g)):
         _check_local(cp, name, t)
     if initial_state is not None and (not isinstance(initial_state, torch.Tensor)
                                       or initial_state.dim() != 4
                                       or initial_state.shape[0] != cp.num_seqs):
-        raise ValueError(f"initial_state: expected [{cp.num_seqs}, HV, K, V] (one row per "
+        layout = "HV, V, K" if state_v_first else "HV, K, V"
+        raise ValueError(f"initial_state: expected [{cp.num_seqs}, {layout}] (one row per "
                          f"global sequence), got {_shape(initial_state)}")
     options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
                    use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
                    use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
                    chunk_size=chunk_size)
+    if initial_state is not None and state_v_first:
+        initial_state = initial_state.transpose(-1, -2)
     runner = _KdaRunner(cp, {"q": tuple(q.shape), "v": tuple(v.shape)}, options)
     o, ht = _Segment.apply(runner, q, k, v, g, beta, initial_state, A_log, dt_bias)
-    return o, (ht if output_final_state else None)
+    if not output_final_state:
+        return o, None
+    return o, (ht.transpose(-1, -2) if state_v_first else ht)
 
 
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False, *,
-                           cp_context):
+                           cp_context, state_v_first=False):
     """Gated DeltaNet: chunk_kda with one log decay per head, g [1,T_r,HV]."""
     return chunk_kda(q, k, v, g, beta, scale, initial_state, output_final_state,
-                     use_qk_l2norm_in_kernel, cp_context=cp_context)
+                     use_qk_l2norm_in_kernel, cp_context=cp_context,
+                     state_v_first=state_v_first)
 
 
 # ------------------------------------------------------------------------------------------
@@ -546,7 +556,8 @@ class _ConvRunner:
         if not cp.sends:
             return ()
         lo = cp.local_offsets[-2] if len(cp.local_offsets) > 1 else 0
-        tail = a["x"][0, lo:].transpose(0, 1)   # [D, tokens of the last piece]
+        lo = max(lo, cp.end - cp.start - (self.W - 1))   # no more than the state reads
+        tail = a["x"][0, lo:].transpose(0, 1)   # [D, last W-1 tokens of the last piece]
         if cp.through:
             return (tail,)
         return (torch.cat([self._start_of(a, cp.piece_seqs[-1]), tail], 1)[:, -(self.W - 1):],)

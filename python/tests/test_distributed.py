@@ -22,6 +22,9 @@ import torch.multiprocessing as mp  # noqa: E402
 
 import linseq.torch as lt  # noqa: E402
 from linseq import distributed as ld  # noqa: E402
+from linseq.compat import causal_conv1d as compat_conv  # noqa: E402
+from linseq.compat import fla as compat_fla  # noqa: E402
+from linseq.compat import mamba_ssm as compat_mamba  # noqa: E402
 
 TOL = dict(rtol=3e-4, atol=3e-4)
 
@@ -195,6 +198,95 @@ def _conv_case(cp, gen, full=True):
     _compare(cp, f"conv1d(full={full})", inputs, run_global, run_local, ("x",), weights)
 
 
+# ------------------------------------------------------------------------------------------
+# the drop-in surfaces with cp_context: equal to the same surface's single-process call
+# ------------------------------------------------------------------------------------------
+
+def _compat_fla_case(cp, gen, kda):
+    """fla's chunk_kda (per channel decay, in-kernel gate with fla's A_log [1,1,HV,1] and
+    dt_bias [HV,K]) or chunk_gated_delta_rule (beta logits, allow_neg_eigval, state_v_first),
+    against the single-process call with the global cu_seqlens."""
+    T, N = cp.cu_seqlens[-1], cp.num_seqs
+    H, HV, K, V = 2, 4, 6, 5
+    inputs = dict(q=_randn(gen, 1, T, H, K), k=_randn(gen, 1, T, H, K),
+                  v=_randn(gen, 1, T, HV, V), beta=_randn(gen, 1, T, HV),
+                  g=_randn(gen, 1, T, HV, K) if kda else -0.3 * torch.rand(1, T, HV,
+                                                                            generator=gen),
+                  h0=_randn(gen, N, HV, K, V, scale=0.5))
+    if kda:
+        inputs.update(beta=torch.rand(1, T, HV, generator=gen),
+                      A_log=_randn(gen, 1, 1, HV, 1, scale=0.3),
+                      dt_bias=_randn(gen, HV, K, scale=0.3))
+        fn = compat_fla.chunk_kda
+        options = dict(use_qk_l2norm_in_kernel=True, use_gate_in_kernel=True)
+        state_shape = (N, HV, K, V)
+    else:
+        fn = compat_fla.chunk_gated_delta_rule
+        options = dict(use_qk_l2norm_in_kernel=True, use_beta_sigmoid_in_kernel=True,
+                       allow_neg_eigval=True, state_v_first=True)
+        inputs["h0"] = inputs["h0"].transpose(-1, -2).contiguous()
+        state_shape = (N, HV, V, K)
+    weights = (_randn(gen, 1, T, HV, V), _randn(gen, *state_shape))
+    gate = {n: None for n in ("A_log", "dt_bias")}
+
+    def call(a, **where):
+        extra = {n: a[n] for n in gate if a.get(n) is not None}
+        return fn(a["q"], a["k"], a["v"], a["g"], a["beta"], initial_state=a["h0"],
+                  output_final_state=True, **options, **extra, **where)
+
+    _compare(cp, f"compat.fla.{fn.__name__}", inputs,
+             lambda a: call(a, cu_seqlens=torch.tensor(cp.cu_seqlens)),
+             lambda a: call(a, cp_context=cp), ("q", "k", "v", "g", "beta"), weights)
+
+
+def _compat_mamba_case(cp, gen):
+    """mamba-ssm's selective_scan_fn on [1, d, l] transposed views (one sequence: the
+    single-process call has no cu_seqlens), B with groups, C without."""
+    T = cp.cu_seqlens[-1]
+    D, N = 6, 4
+    inputs = dict(u=_randn(gen, 1, T, D), delta=_randn(gen, 1, T, D, scale=0.5),
+                  A=-torch.rand(D, N, generator=gen) - 0.1, B=_randn(gen, 1, T, 1, N),
+                  C=_randn(gen, 1, T, N), D=_randn(gen, D), z=_randn(gen, 1, T, D),
+                  delta_bias=_randn(gen, D, scale=0.3))
+    weights = (_randn(gen, 1, T, D), _randn(gen, 1, D, N))
+
+    def call(a, **where):
+        cl = lambda t: t.movedim(1, -1)  # noqa: E731   [1, l, ...] -> [1, ..., l], a view
+        out, last = compat_mamba.selective_scan_fn(
+            cl(a["u"]), cl(a["delta"]), a["A"], cl(a["B"]), cl(a["C"]), a["D"], cl(a["z"]),
+            a["delta_bias"], delta_softplus=True, return_last_state=True, **where)
+        return out.transpose(1, 2), last
+
+    _compare(cp, "compat.mamba_ssm.selective_scan_fn", inputs, call,
+             lambda a: call(a, cp_context=cp), ("u", "delta", "B", "C", "z"), weights)
+
+
+def _compat_conv_case(cp, gen):
+    """causal-conv1d's causal_conv1d_fn, x channel-first [1, d, l] (one sequence)."""
+    T = cp.cu_seqlens[-1]
+    D, W = 5, 4
+    inputs = dict(x=_randn(gen, 1, T, D), weight=_randn(gen, D, W), bias=_randn(gen, D),
+                  h0=_randn(gen, 1, D, W - 1))
+    weights = (_randn(gen, 1, T, D), _randn(gen, 1, D, W - 1))
+
+    def call(a, **where):
+        out, states = compat_conv.causal_conv1d_fn(
+            a["x"].transpose(1, 2).contiguous(), a["weight"], a["bias"],
+            initial_states=a["h0"], return_final_states=True, activation="swish", **where)
+        return out.transpose(1, 2), states
+
+    _compare(cp, "compat.causal_conv1d.causal_conv1d_fn", inputs, call,
+             lambda a: call(a, cp_context=cp), ("x",), weights)
+
+
+def _compat_cases(cp, lengths, gen):
+    _compat_fla_case(cp, gen, kda=True)
+    _compat_fla_case(cp, gen, kda=False)
+    one = ld.build_context(torch.tensor([0, cp.cu_seqlens[-1]]), lengths=lengths)
+    _compat_mamba_case(one, gen)
+    _compat_conv_case(one, gen)
+
+
 def _context_parallel_worker(rank, world):
     for i, (cu, lengths) in enumerate(SPLITS[world]):
         cp = ld.build_context(torch.tensor(cu), lengths=lengths)
@@ -208,6 +300,8 @@ def _context_parallel_worker(rank, world):
             _ssm1_case(cp, gen, full=False)
             _conv_case(cp, gen)
             _conv_case(cp, gen, full=False)
+            if world == 2:
+                _compat_cases(cp, lengths, gen)
         except AssertionError as e:
             raise AssertionError(f"rank {rank}/{world}, cu_seqlens {cu}, split {lengths}: "
                                  f"{e}") from None
@@ -270,6 +364,61 @@ def test_bad_inputs_are_refused_before_any_exchange():
     with pytest.raises(ValueError, match="hidden_states"):
         ld.state_space_v1(torch.zeros(1, 14, 3), torch.zeros(3, 2), beta, beta, None,
                           torch.zeros(1, 15, 3), cp_context=cp)
+
+
+def test_compat_one_rank_context_is_the_plain_call():
+    """A one-rank context exchanges nothing (no process group needed): fla's GDN without a
+    decay (g=None) and in bfloat16 gives the plain call's output, dtype included."""
+    gen = torch.Generator().manual_seed(5)
+    cu = [0, 7, 20]
+    cp = ld.build_context(cu, rank=0, world=1)
+    q, k = _randn(gen, 1, 20, 2, 4), _randn(gen, 1, 20, 2, 4)
+    v, beta = _randn(gen, 1, 20, 2, 3), torch.rand(1, 20, 2, generator=gen)
+    h0 = _randn(gen, 2, 2, 4, 3)
+    for dtype in (torch.float32, torch.bfloat16):
+        args = [t.to(dtype) for t in (q, k, v)]
+        want, want_ht = compat_fla.chunk_gated_delta_rule(
+            *args, None, beta, initial_state=h0, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=torch.tensor(cu))
+        got, got_ht = compat_fla.chunk_gated_delta_rule(
+            *args, None, beta, initial_state=h0, output_final_state=True,
+            use_qk_l2norm_in_kernel=True, cp_context=cp)
+        assert got.dtype == want.dtype == dtype
+        _check(f"gdn g=None {dtype} output", got.float(), want.float())
+        _check(f"gdn g=None {dtype} final state", got_ht, want_ht)
+
+
+def test_compat_surfaces_refuse_what_context_parallelism_lacks():
+    """The drop-ins with cp_context name the argument they cannot take there, before any
+    exchange (no process group needed)."""
+    cp = ld.build_context([0, 10, 40], lengths=[25, 15], rank=1, world=2)
+    q, v, beta = torch.zeros(1, 15, 2, 4), torch.zeros(1, 15, 2, 3), torch.zeros(1, 15, 2)
+    kda = lambda **kw: compat_fla.chunk_kda(q, q, v, q, beta, **kw)  # noqa: E731
+    with pytest.raises(NotImplementedError, match="cp_context: expected linseq"):
+        kda(cp_context=object())   # fla's own FLACPContext drives fla's kernels only
+    with pytest.raises(ValueError, match="return_intermediate_states"):
+        kda(cp_context=cp, return_intermediate_states=True)
+    with pytest.raises(ValueError, match=r"beta: per value channel"):
+        compat_fla.chunk_kda(q, q, v, q, torch.zeros(1, 15, 2, 3), cp_context=cp)
+    with pytest.raises(ValueError, match="cu_seqlens: with cp_context"):
+        kda(cp_context=cp, cu_seqlens=torch.tensor([0, 7, 15]))
+    with pytest.raises(TypeError, match="q: expected a torch.Tensor"):
+        compat_fla.chunk_kda(q.numpy(), q, v, q, beta, cp_context=cp)
+    with pytest.raises(NotImplementedError, match="cp_context"):
+        compat_fla.fused_recurrent_kda(q, q, v, q, beta, cp_context=cp)
+    x = torch.zeros(1, 3, 15)
+    with pytest.raises(ValueError, match="seq_idx: must be None with cp_context"):
+        compat_conv.causal_conv1d_fn(x, torch.zeros(3, 4), seq_idx=torch.zeros(1, 15,
+                                     dtype=torch.int64), cp_context=cp)
+    with pytest.raises(TypeError, match="cp_context"):
+        compat_conv.causal_conv1d_fn(x, torch.zeros(3, 4), cp_context="ranks")
+    with pytest.raises(ValueError, match="B: expected .*a constant"):
+        compat_mamba.selective_scan_fn(x, x, torch.zeros(3, 2), torch.zeros(3, 2),
+                                       torch.zeros(1, 2, 15), cp_context=cp)
+    with pytest.raises(ValueError, match="u: expected this rank's tokens"):
+        compat_mamba.selective_scan_fn(torch.zeros(2, 3, 15), x, torch.zeros(3, 2),
+                                       torch.zeros(1, 2, 15), torch.zeros(1, 2, 15),
+                                       cp_context=cp)
 
 
 # ------------------------------------------------------------------------------------------

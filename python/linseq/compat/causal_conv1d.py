@@ -219,7 +219,8 @@ def _final_states(states, x, final_states_out):
 
 
 def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
-                     return_final_states=False, final_states_out=None, activation=None):
+                     return_final_states=False, final_states_out=None, activation=None, *,
+                     cp_context=None):
     """Causal depthwise conv1d, causal-conv1d's `causal_conv1d_fn`.
 
     x [batch, dim, seqlen] (channel-first or channel-last strides); weight [dim, width];
@@ -230,8 +231,16 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     written to; activation None, "silu" or "swish".
     Returns out [batch, dim, seqlen] in x's dtype and layout, or (out, final_states) with
     return_final_states (final_states in x's dtype).
+
+    cp_context (linseq's own, not in causal-conv1d): a linseq.distributed.build_context
+    context; x is then this rank's tokens [1, dim, seqlen_r] of the context's packed
+    sequences, initial_states [N, dim, width-1] one row per global sequence, and the final
+    states [N, dim, width-1] have the rows of the sequences ending on this rank.
     """
     act = _activation(activation)
+    if cp_context is not None:
+        return _context_parallel_conv(cp_context, x, weight, bias, seq_idx, initial_states,
+                                      return_final_states, final_states_out, act)
     x = _tensor(x, "x", 3, "[batch, dim, seqlen]")
     batch, dim, seqlen = x.shape
     weight = _weight(weight, dim)
@@ -262,6 +271,35 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     if not return_final_states:
         return out
     return out, _final_states(states, x, final_states_out)
+
+
+def _context_parallel_conv(cp, x, weight, bias, seq_idx, initial_states, return_final_states,
+                           final_states_out, act):
+    """causal_conv1d_fn over this rank's tokens through linseq.distributed.causal_conv1d, x
+    [1, d, l] seen as [1, l, d] (a transposed view, differentiable)."""
+    from .. import distributed
+    if not isinstance(cp, distributed.ContextParallel):
+        raise TypeError(f"cp_context: expected linseq.distributed.build_context(...)'s "
+                        f"context, got {type(cp).__name__}")
+    if seq_idx is not None:
+        raise ValueError("seq_idx: must be None with cp_context (the context's cu_seqlens "
+                         "give the sequences)")
+    if final_states_out is not None:
+        raise ValueError("final_states_out: not available with cp_context (the final states "
+                         "are returned)")
+    x = _tensor(x, "x", 3, "this rank's tokens [1, dim, seqlen]")
+    weight = _weight(weight, x.shape[1])
+    if bias is not None:
+        bias = _tensor(bias, "bias", 1, f"[dim] = [{x.shape[1]}]")
+    if initial_states is not None:
+        initial_states = _tensor(initial_states, "initial_states", 3,
+                                 "[N, dim, width-1] (one row per global sequence)").float()
+    y, states = distributed.causal_conv1d(
+        x.float().transpose(1, 2), weight.float(), None if bias is None else bias.float(),
+        act, initial_states, cp_context=cp)
+    out = y.transpose(1, 2)
+    out = (out if _is_channel_last(x) else out.contiguous()).to(x.dtype)
+    return (out, states.to(x.dtype)) if return_final_states else out
 
 
 # ------------------------------------------------------------------------------------------

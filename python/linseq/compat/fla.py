@@ -61,8 +61,14 @@ ARGUMENTS = {
         "checks of lower_bound with it are kept), disable_recompute (linseq's backward keeps "
         "the chunk states of the forward anyway), cu_seqlens_cpu and chunk_indices (derived "
         "from cu_seqlens), cp_context=None"),
+    "context parallel": (
+        "cp_context (chunk_kda, chunk_gated_delta_rule): a linseq.distributed.build_context "
+        "context, with this rank's tokens [1,T_r,...] as torch tensors; initial_state "
+        "[N,...] global, the final state has the rows of the sequences ending on this rank; "
+        "per value channel beta and return_intermediate_states are refused there, and "
+        "fla's FLACPContext is refused (it drives fla's kernels)"),
     "refused": (
-        "cp_context other than None (context parallelism is not implemented), head_first "
+        "cp_context in the recurrent functions, head_first "
         "(removed from fla too), and any other keyword, by name"),
 }
 
@@ -93,12 +99,24 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     k's dtype: the state at the start of each chunk of chunk_size tokens (B = 1 and the
     chunks of every sequence in turn with cu_seqlens), without gradient. fla allows it only
     under torch.inference_mode(); here o and final_state keep their gradients.
+    cp_context: a linseq.distributed.build_context context: q..beta are then this rank's
+    tokens [1,T_r,...] of the context's packed sequences (see linseq.distributed.chunk_kda).
     """
     extra = _keywords("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size",
                                             "chunk_indices"))
     state_v_first = _state_layout(state_v_first, kwargs)
-    _check_common(cp_context, allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _kda_gate(use_gate_in_kernel, extra, lower_bound, safe_gate)
+    if cp_context is not None:
+        if return_intermediate_states:
+            raise ValueError("return_intermediate_states: not available with cp_context "
+                             "(the chunk states of a rank depend on the ranks before it)")
+        return _context_parallel(
+            cp_context, q, k, v, g, beta, gate=gate, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
+            beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
+            state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            chunk_size=extra.get("chunk_size", 64))
     return _delta_rule(
         "chunked", extra.get("chunk_size", 64), extra.get("_framework"), q, k, v, beta, g=g,
         gate=gate, scale=scale, initial_state=initial_state,
@@ -148,9 +166,16 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                       ("use_gate_in_kernel", "A_log", "dt_bias", "chunk_size",
                        "safe_gate", "disable_recompute"))
     state_v_first = _state_layout(state_v_first, kwargs)
-    _check_common(cp_context, allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _gdn_gate(extra.get("use_gate_in_kernel", False), extra.get("A_log"),
                      extra.get("dt_bias"), g)
+    if cp_context is not None:
+        return _context_parallel(
+            cp_context, q, k, v, g, beta, gate=gate, scale=scale, initial_state=initial_state,
+            output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
+            beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
+            state_v_first=state_v_first, cu_seqlens=cu_seqlens,
+            chunk_size=extra.get("chunk_size", 64))
     return _delta_rule(
         "chunked", extra.get("chunk_size", 64), extra.get("_framework"), q, k, v, beta, g=g,
         gate=gate, scale=scale, initial_state=initial_state,
@@ -269,8 +294,8 @@ def _state_layout(state_v_first, kwargs):
 
 def _check_common(cp_context, allow_neg_eigval, use_beta_sigmoid_in_kernel):
     if cp_context is not None:
-        raise NotImplementedError("cp_context: context parallelism is not implemented in "
-                                  "linseq; pass cp_context=None")
+        raise NotImplementedError("cp_context: the recurrent functions have no context "
+                                  "parallel path (fla's neither); use the chunked ones")
     if allow_neg_eigval and not use_beta_sigmoid_in_kernel:
         raise ValueError("allow_neg_eigval=True needs use_beta_sigmoid_in_kernel=True "
                          "(beta is then 2 * sigmoid(logit), in (0, 2))")
@@ -305,6 +330,66 @@ def _gdn_gate(use_gate_in_kernel, A_log, dt_bias, g):
     if g is None:
         raise ValueError("g: the raw gate input is required with use_gate_in_kernel=True")
     return A_log, dt_bias, None
+
+
+# ------------------------------------------------------------------------------------------
+# Context parallelism: linseq.distributed with fla's arguments
+# ------------------------------------------------------------------------------------------
+
+def _context_parallel(cp, q, k, v, g, beta, *, gate, scale, initial_state, output_final_state,
+                      qk_l2norm, beta_logit, neg_eigval, state_v_first, cu_seqlens,
+                      chunk_size):
+    """This rank's tokens through linseq.distributed.chunk_kda (torch tensors, B == 1, the
+    sequences from the context): o in q's dtype, the final state [N,HV,K,V] float32 with the
+    rows of the sequences ending on this rank ([N,HV,V,K] with state_v_first) or None."""
+    import torch
+    from .. import distributed
+    if not isinstance(cp, distributed.ContextParallel):
+        # NotImplementedError, as before linseq had context parallelism: fla's own context
+        # (FLACPContext) describes fla's kernels' split, which linseq does not run
+        raise NotImplementedError(f"cp_context: expected linseq.distributed.build_context"
+                                  f"(...)'s context, got {type(cp).__name__}")
+    arrays = dict(q=q, k=k, v=v, g=g, beta=beta, initial_state=initial_state)
+    for name, x in arrays.items():
+        if x is not None and not isinstance(x, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor with cp_context (context "
+                            f"parallelism runs over torch.distributed), got "
+                            f"{type(x).__name__}")
+    _check_context_seqlens(cp, cu_seqlens, torch)
+    T = q.shape[1] if q.dim() == 4 else None
+    HV = v.shape[2] if v.dim() == 4 else None
+    if beta is not None and beta.dim() == 4:
+        raise ValueError("beta: per value channel beta [B,T,HV,V] is not available with "
+                         "cp_context; pass [B,T,HV]")
+    if beta is None:
+        beta = torch.ones(v.shape[:3])
+    beta = beta.float()
+    if neg_eigval:
+        beta, beta_logit = 2.0 * torch.sigmoid(beta), False
+    if g is None:   # Gated DeltaNet without decay
+        g = torch.zeros(1, T if T is not None else 0, HV if HV is not None else 0)
+    A_log, dt_bias, lower_bound = gate if gate is not None else (None, None, None)
+    A_log = _heads_vector(A_log, HV) if HV is not None else A_log
+    if dt_bias is not None:
+        dt_bias = dt_bias.reshape(-1)
+    h0 = None if initial_state is None else initial_state.float()
+    o, ht = distributed.chunk_kda(
+        q.float(), k.float(), v.float(), g.float(), beta, scale, h0, output_final_state,
+        qk_l2norm, gate is not None, A_log, dt_bias, lower_bound, beta_logit,
+        cp_context=cp, chunk_size=chunk_size, state_v_first=state_v_first)
+    return o.to(q.dtype), ht
+
+
+def _check_context_seqlens(cp, cu_seqlens, torch):
+    """fla takes the rank's cu_seqlens from the context; one given as well must be the
+    context's (global or this rank's), not another split."""
+    if cu_seqlens is None:
+        return
+    given = [int(c) for c in torch.as_tensor(cu_seqlens).reshape(-1).tolist()]
+    if given not in (list(cp.cu_seqlens), list(cp.local_offsets)):
+        raise ValueError(f"cu_seqlens: with cp_context the sequences come from the context "
+                         f"(global {list(cp.cu_seqlens)}, this rank's "
+                         f"{list(cp.local_offsets)}); pass cu_seqlens=None, got {given}")
 
 
 # ------------------------------------------------------------------------------------------

@@ -206,7 +206,7 @@ def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus, toke
 
 
 def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
-                      return_last_state=False):
+                      return_last_state=False, *, cp_context=None):
     """The Mamba1 selective scan, mamba-ssm's `selective_scan_fn`.
 
     u, delta, z [batch, dim, seqlen]; A [dim, dstate] real; B, C [batch, dstate, seqlen],
@@ -215,10 +215,49 @@ def selective_scan_fn(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_
     delta_bias), h_t = exp(delta'_t A) h_{t-1} + delta'_t B_t u_t, y_t = C_t . h_t + D u_t,
     out = y * silu(z). Returns out [batch, dim, seqlen] in u's dtype, or (out, last_state
     [batch, dim, dstate] float32) with return_last_state.
+
+    cp_context (linseq's own, not in mamba-ssm): a linseq.distributed.build_context context;
+    u, delta, z, B, C are then this rank's tokens [1, ..., seqlen_r] of the context's packed
+    sequences, and the last state is [N, dim, dstate] with the rows of the sequences ending
+    on this rank (zeros elsewhere).
     """
+    if cp_context is not None:
+        out, last = _context_parallel_scan(cp_context, u, delta, A, B, C, D, z, delta_bias,
+                                           delta_softplus)
+        return (out, last) if return_last_state else out
     y, last = _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus)
     out = y.to(u.dtype)  # y is the kernel's own [b, d, l] array: no copy for float32
     return (out, last) if return_last_state else out
+
+
+def _context_parallel_scan(cp, u, delta, A, B, C, D, z, delta_bias, delta_softplus):
+    """selective_scan_fn over this rank's tokens through linseq.distributed.state_space_v1,
+    the [1, d, l] tensors seen as [1, l, d] (transposed views, differentiable)."""
+    from .. import distributed
+    if not isinstance(cp, distributed.ContextParallel):
+        raise TypeError(f"cp_context: expected linseq.distributed.build_context(...)'s "
+                        f"context, got {type(cp).__name__}")
+    u, delta, A = _real_tensor(u, "u"), _real_tensor(delta, "delta"), _real_tensor(A, "A")
+    for t, name in ((D, "D"), (z, "z"), (delta_bias, "delta_bias")):
+        if t is not None:
+            _real_tensor(t, name)
+    if u.dim() != 3 or u.shape[0] != 1:
+        raise ValueError(f"u: expected this rank's tokens [1, dim, seqlen], got "
+                         f"{list(u.shape)}")
+    for P, name in ((B, "B"), (C, "C")):
+        if not isinstance(P, torch.Tensor) or P.dim() not in (3, 4):
+            raise ValueError(f"{name}: expected [1, dstate, seqlen] or [1, groups, dstate, "
+                             f"seqlen] with cp_context (a constant [dim, dstate] is not "
+                             f"taken there), got {list(getattr(P, 'shape', []))}")
+
+    def tokens(t):   # [1, ..., l] -> [1, l, ...]
+        return None if t is None else t.float().movedim(-1, 1)
+
+    y, last = distributed.state_space_v1(
+        tokens(u), A.float(), tokens(B), tokens(C), None if D is None else D.float(),
+        tokens(delta), gate=tokens(z), dt_softplus=delta_softplus,
+        dt_bias=None if delta_bias is None else delta_bias.float(), cp_context=cp)
+    return y.transpose(1, 2).to(u.dtype), last
 
 
 # ------------------------------------------------------------------------------------------
