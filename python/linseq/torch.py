@@ -1,17 +1,23 @@
-"""PyTorch front end: the public functions with torch.autograd support.
+"""PyTorch front end: the public functions with torch.autograd and torch.compile support.
 
-Every op is one torch.autograd.Function over the C forward and backward: `loss.backward()`
-fills the gradients of every tensor that requires them, through linseq's backward (KDA keeps
-the chunk states of its forward, so the backward does not run the forward again). Tensors
-must be on the CPU; contiguous float32 tensors reach the kernels without a copy, others are
-converted once. Outputs share their memory with the NumPy arrays the kernels wrote.
+Every op is a torch.library custom op (linseq::kda, kda_gate, ssm1, conv1d, their _backward,
+and kda_decode; see _torch_ops) with a fake implementation and its autograd registered:
+`loss.backward()` fills the gradients of every tensor that requires them, through linseq's
+backward (KDA keeps the chunk states of its forward, so the backward does not run the
+forward again), and torch.compile(fullgraph=True) traces the public functions without a
+graph break. With a PyTorch that lacks torch.library.custom_op (before 2.4) the same ops run
+as one torch.autograd.Function each, eagerly. Tensors must be on the CPU; contiguous float32
+tensors reach the kernels without a copy, others are converted once. Outputs share their
+memory with the NumPy arrays the kernels wrote.
 """
+
+import functools
 
 import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _opspec, api
+from . import _opspec, _torch_ops, api
 from ._backends import bind_framework
 
 
@@ -50,7 +56,28 @@ class _LinseqOp(torch.autograd.Function):
 def _run(spec, arrays, cu_seqlens, opts):
     tensors = [arrays[n] for n in spec.arrays]
     train = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)
+    cu = _index_tensor(cu_seqlens)
+    if _torch_ops.AVAILABLE and all(_is_tensor_or_none(t) for t in tensors + [cu]):
+        return _torch_ops.OPS[spec](arrays, cu, opts, train)
+    # without torch.library.custom_op (PyTorch < 2.4), or with an argument that is no
+    # tensor (refused by name by the checks of ops): the eager autograd.Function
     return _LinseqOp.apply(spec, opts, train, cu_seqlens, *tensors)
+
+
+def _is_tensor_or_none(value):
+    return value is None or isinstance(value, torch.Tensor)
+
+
+def _index_tensor(value):
+    """cu_seqlens / state rows as a tensor (the custom ops take tensors); values that are not
+    integer arrays are passed on for the checks of ops to refuse by name."""
+    if value is None or isinstance(value, torch.Tensor):
+        return value
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError):
+        return value
+    return torch.from_numpy(np.ascontiguousarray(arr)) if arr.dtype.kind in "iu" else value
 
 
 def _float_tensor(value):
@@ -96,6 +123,16 @@ class TorchBackend:
                                 f"(got {state.dtype}, contiguous={state.is_contiguous()}); "
                                 "pass inplace=False for a new pool")
             _check_inplace(state)
+        rows = _index_tensor(state_rows)
+        if (_torch_ops.AVAILABLE and state.is_floating_point() and state.device.type == "cpu"
+                and all(_is_tensor_or_none(t) for t in list(arrays.values()) + [rows])):
+            pool = state if inplace else _new_pool(state)
+            # decode has no backward: its output carries no graph, as on the path below
+            given = {n: (a.detach() if isinstance(a, torch.Tensor) else a)
+                     for n, a in arrays.items()}
+            # the custom op declares the pool as mutated: torch bumps its version itself
+            return _torch_ops.kda_decode(given, pool, rows, opts), pool
+        if inplace:
             pool = state.detach().numpy()
         else:
             pool = np.array(ops.as_f32(state, "state"), copy=True)
@@ -114,6 +151,12 @@ class TorchBackend:
         return value.to(like.dtype)
 
 
+def _new_pool(state):
+    """A float32 C-contiguous copy of a floating CPU pool, for inplace=False."""
+    pool = torch.empty(state.shape, dtype=torch.float32)
+    return pool.copy_(state.detach())
+
+
 def _check_inplace(state):
     """Decode has no backward, so with grad mode on a pool that requires grad is refused (as
     torch refuses an in-place op on a leaf that requires grad); under torch.no_grad() it is
@@ -123,11 +166,46 @@ def _check_inplace(state):
                            "no backward: run it under torch.no_grad() or pass a detached pool")
 
 
-kda = bind_framework("torch", api.kda)
-kernel_delta_attention = bind_framework("torch", api.kernel_delta_attention)
-kda_decay = bind_framework("torch", api.kda_decay)
-chunk_kda = bind_framework("torch", api.chunk_kda)
-fused_recurrent_kda = bind_framework("torch", api.fused_recurrent_kda)
-kda_decode = bind_framework("torch", api.kda_decode)
-state_space_v1 = bind_framework("torch", api.state_space_v1)
-causal_conv1d = bind_framework("torch", api.causal_conv1d)
+_NONSTRICT_TRACE = (getattr(getattr(torch, "compiler", None), "nonstrict_trace", None)
+                    or getattr(getattr(torch, "_dynamo", None), "nonstrict_trace", None))
+
+
+def _public(fn):
+    """A public function of api bound to this backend. Under torch.compile, Dynamo does not
+    trace its Python (the checks of the options build ctypes structs, the backend is
+    imported by name): it runs as a non-strict traced block, where the custom ops are what
+    lands in the graph, so there is no graph break."""
+    bound = bind_framework("torch", fn)
+    return _NONSTRICT_TRACE(bound) if _NONSTRICT_TRACE and _torch_ops.AVAILABLE else bound
+
+
+kda = _public(api.kda)
+kernel_delta_attention = _public(api.kernel_delta_attention)
+kda_decay = _public(api.kda_decay)
+chunk_kda = _public(api.chunk_kda)
+fused_recurrent_kda = _public(api.fused_recurrent_kda)
+kda_decode = _public(api.kda_decode)
+causal_conv1d = _public(api.causal_conv1d)
+_state_space_v1 = _public(api.state_space_v1)
+
+
+@functools.wraps(api.state_space_v1)
+def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
+                   conv_state=None, act_fn=None, **kwargs):
+    args = (hidden_states, A, B, C, D, dt)
+    if act_fn is None or isinstance(act_fn, str) or not _compiling():
+        return _state_space_v1(*args, gate, initial_state, conv_state, act_fn, **kwargs)
+    # under torch.compile a callable cannot enter the non-strict block: a function the
+    # kernel knows goes in by its name, any other is applied here, in the traced graph
+    # (without a gate act_fn is not used)
+    name = api._known_activation(act_fn) if gate is not None else "silu"
+    if name is not None:
+        return _state_space_v1(*args, gate, initial_state, conv_state, name, **kwargs)
+    y, h, conv_state = _state_space_v1(*args, None, initial_state, conv_state, None, **kwargs)
+    y = y * act_fn(gate)
+    return TorchBackend.cast(y, hidden_states), h, conv_state
+
+
+def _compiling():
+    compiler = getattr(torch, "compiler", None)
+    return bool(compiler and hasattr(compiler, "is_compiling") and compiler.is_compiling())

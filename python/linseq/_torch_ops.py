@@ -1,0 +1,290 @@
+"""linseq's PyTorch entries as torch.library custom ops, so torch.compile traces them.
+
+One forward op and one backward op per differentiable op spec (linseq::kda, kda_backward,
+kda_gate, ssm1, conv1d and their _backward), and linseq::kda_decode, which updates its
+state pool in place (declared as a mutated argument). Every op has a fake implementation
+that gives its outputs' shapes from the input shapes alone (the specs' out_shapes), and the
+forward ops have their autograd registered to call the backward op: torch.compile(...,
+fullgraph=True) and AOT autograd see two opaque ops instead of a Python function they
+cannot trace.
+
+The options become op arguments of schema types (bool, int, str, float?, str?); every array
+is a `Tensor?` (the checks of ops refuse a missing required one by its name), and so is
+cu_seqlens. KDA's forward for training keeps its chunk states for the backward: here they
+are a third output of linseq::kda, a float32 tensor (empty unless `train`) that the
+backward op takes back.
+
+Needs torch.library.custom_op (PyTorch 2.4 and later); AVAILABLE says whether it is there.
+"""
+
+import ctypes
+import dataclasses
+import typing
+
+import numpy as np
+import torch
+
+from . import _lib, _opspec, api, ops
+from ._arrays import ptr
+
+AVAILABLE = all(hasattr(torch.library, n)
+                for n in ("custom_op", "register_fake", "register_autograd"))
+
+NAMESPACE = "linseq"
+
+# Per spec: the options it takes, and how many outputs its forward returns
+_OPTIONS = {_opspec.KDA: api.KdaOptions, _opspec.KDA_GATE: api.GateOptions,
+            _opspec.SSM1: api.Ssm1Options, _opspec.CONV1D: api.ConvOptions}
+_N_OUTPUTS = {_opspec.KDA: 2, _opspec.KDA_GATE: 1, _opspec.SSM1: 2, _opspec.CONV1D: 2}
+_SCHEMA_TYPES = {bool: "bool", int: "int", str: "str", typing.Optional[float]: "float?",
+                 typing.Optional[str]: "str?"}
+
+_SAVED_HEADER_BYTES = 64  # the header of the saved block (include/linseq.h describes it)
+
+
+def _option_fields(options_class):
+    return [f.name for f in dataclasses.fields(options_class)]
+
+
+# Names torch's own dispatch wrappers take as keywords (a `mode` argument clashes with the
+# dispatch mode of functionalization): renamed in the schemas. The ops take their arguments
+# by position, so a schema name is a label only.
+_SCHEMA_NAMES = {"mode": "exec_mode"}
+
+
+def _option_schema(options_class):
+    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {_SCHEMA_NAMES.get(f.name, f.name)}"
+                     for f in dataclasses.fields(options_class))
+
+
+def kda_saved_floats(shapes, n_seqs, opts):
+    """Floats of the tensor that keeps KDA's chunk states between the forward and backward,
+    from the shapes alone (a fake tensor has no data). The layout of include/linseq.h: a
+    64-byte header, then per sequence and value head ceil(L/C) K V floats (plus L V in
+    chunked mode) rounded up to 16 floats. Without cu_seqlens that is the exact size; with
+    it, where the lengths are data, a bound: sum ceil(L/C) <= T // C + N, and each block's
+    rounding adds at most 15 floats."""
+    B, T, _, K = shapes["q"]
+    HV, V = shapes["v"][2], shapes["v"][3]
+    C = opts.chunk_size
+    deltas = V if opts.mode != "recurrent" else 0
+    if n_seqs is None:
+        per_item = (((T + C - 1) // C) * K * V + T * deltas + 15) // 16 * 16
+        items = per_item * HV * B
+    else:
+        tokens = B * T
+        items = HV * ((tokens // C + n_seqs) * K * V + tokens * deltas + 15 * n_seqs)
+    return _SAVED_HEADER_BYTES // 4 + items
+
+
+def _kda_forward_train(inputs, opts, n_floats):
+    """ops.kda_forward_train with the saved block in an array of n_floats (the size the fake
+    implementation announced: the library's size, or a bound of it with cu_seqlens, which
+    the backward accepts). Zero-filled: the layout rounds every block up and never writes
+    the rounding, and an op's outputs must be a function of its inputs."""
+    ex = ops.make_exec(opts.mode, opts.chunk_size)
+    need = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.linseq_kda_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                              ctypes.byref(need)))
+    saved = np.zeros(n_floats, np.float32)
+    if need.value > saved.nbytes:
+        raise RuntimeError(f"linseq::kda: the saved block needs {need.value} bytes, more than "
+                           f"the {saved.nbytes} announced from the shapes")
+    o, ht = (np.empty(_lib.tensor_shape("kda", t["name"], inputs.problem), np.float32)
+             for t in _lib.op_tensors("kda", "output"))
+    _lib.check(_lib.lib.linseq_kda_forward_train(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), _pointer(o), _pointer(ht), ptr(saved),
+        saved.nbytes))
+    return [o, ht], saved
+
+
+def _pointer(arr):
+    return ptr(arr) if arr.size else None  # an empty state: NULL, as ops passes it
+
+
+class _Layout:
+    """Packs and unpacks the arguments of one spec's ops: the arrays in spec order,
+    cu_seqlens, the option fields, then per op its own tail."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.options_class = _OPTIONS[spec]
+        self.fields = _option_fields(self.options_class)
+        self.n_arrays = len(spec.arrays)
+        self.n_outputs = _N_OUTPUTS[spec]
+        self.has_saved = spec is _opspec.KDA
+        self.head = self.n_arrays + 1 + len(self.fields)
+
+    def schema_head(self):
+        arrays = ", ".join(f"Tensor? {n}" for n in self.spec.arrays)
+        return f"{arrays}, Tensor? cu_seqlens, {_option_schema(self.options_class)}"
+
+    def pack(self, arrays, cu_seqlens, opts):
+        return ([arrays.get(n) for n in self.spec.arrays] + [cu_seqlens]
+                + [getattr(opts, f) for f in self.fields])
+
+    def unpack(self, args):
+        arrays = dict(zip(self.spec.arrays, args[:self.n_arrays]))
+        cu = args[self.n_arrays]
+        opts = self.options_class(**dict(zip(self.fields, args[self.n_arrays + 1:self.head])))
+        return arrays, cu, opts, args[self.head:]
+
+    def shapes(self, arrays, cu):
+        shapes = {n: (None if a is None else tuple(a.shape)) for n, a in arrays.items()}
+        return shapes, (None if cu is None else cu.shape[0] - 1)
+
+    def first(self, arrays):
+        return arrays[self.spec.arrays[0]]
+
+
+def _define_forward(layout):
+    spec = layout.spec
+    outs = ", ".join(["Tensor"] * (layout.n_outputs + layout.has_saved))
+    schema = f"({layout.schema_head()}, bool train) -> ({outs})"
+
+    def forward(*args):
+        arrays, cu, opts, (train,) = layout.unpack(args)
+        inputs = spec.inputs(arrays, cu, opts)
+        if layout.has_saved and train:
+            n_floats = kda_saved_floats(*layout.shapes(arrays, cu), opts)
+            outputs, saved = _kda_forward_train(inputs, opts, n_floats)
+        else:
+            outputs, _ = spec.forward(inputs, opts, False)
+            saved = np.zeros(0, np.float32)
+        result = [torch.from_numpy(o) for o in outputs]
+        if layout.has_saved:
+            result.append(torch.from_numpy(saved))
+        return tuple(result) if len(result) > 1 else result[0]
+
+    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}", forward, mutates_args=(),
+                                 schema=schema)
+
+    @op.register_fake
+    def _(*args):
+        arrays, cu, opts, (train,) = layout.unpack(args)
+        shapes, n_seqs = layout.shapes(arrays, cu)
+        like = layout.first(arrays)
+        result = [like.new_empty(s, dtype=torch.float32)
+                  for s in spec.out_shapes(shapes, n_seqs, opts)]
+        if layout.has_saved:
+            n = kda_saved_floats(shapes, n_seqs, opts) if train else 0
+            result.append(like.new_empty((n,), dtype=torch.float32))
+        return tuple(result) if len(result) > 1 else result[0]
+
+    return op
+
+
+def _define_backward(layout):
+    """(arrays, cu_seqlens, options, one upstream gradient per output, [saved], wanted: one
+    bool per array) -> one gradient per array, an empty tensor where not wanted."""
+    spec = layout.spec
+    upstream = ", ".join(f"Tensor? d_out{i}" for i in range(layout.n_outputs))
+    saved = ", Tensor? saved" if layout.has_saved else ""
+    schema = f"({layout.schema_head()}, {upstream}{saved}, bool[] wanted) -> Tensor[]"
+
+    def split(tail):
+        up = list(tail[:layout.n_outputs])
+        saved = tail[layout.n_outputs] if layout.has_saved else None
+        return up, saved, tail[-1]
+
+    def backward(*args):
+        arrays, cu, opts, tail = layout.unpack(args)
+        up, saved, wanted = split(tail)
+        keys = {spec.grad_of[n] for n, w in zip(spec.arrays, wanted) if w}
+        block = saved.detach().numpy() if saved is not None and saved.numel() else None
+        grads = spec.backward(spec.inputs(arrays, cu, opts), opts, up, block, keys)
+        return [torch.from_numpy(grads[spec.grad_of[n]]) if w else torch.empty(0)
+                for n, w in zip(spec.arrays, wanted)]
+
+    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}_backward", backward,
+                                 mutates_args=(), schema=schema)
+
+    @op.register_fake
+    def _(*args):
+        arrays, _, _, tail = layout.unpack(args)
+        wanted = tail[-1]
+        like = layout.first(arrays)
+        return [like.new_empty(a.shape if w else (0,), dtype=torch.float32)
+                for a, w in zip(arrays.values(), wanted)]
+
+    return op
+
+
+def _register_autograd(layout, forward_op, backward_op):
+    def setup_context(ctx, inputs, output):
+        arrays = inputs[:layout.n_arrays + 1]
+        saved = output[-1] if layout.has_saved else None
+        ctx.save_for_backward(*arrays, saved)
+        ctx.rest = inputs[layout.n_arrays + 1:layout.head]
+
+    def backward(ctx, *grads):
+        tensors = ctx.saved_tensors
+        arrays, saved = tensors[:layout.n_arrays + 1], tensors[-1]
+        needs = ctx.needs_input_grad[:layout.n_arrays]
+        wanted = [bool(need and a is not None) for need, a in zip(needs, arrays)]
+        tail = list(grads[:layout.n_outputs]) + ([saved] if layout.has_saved else [])
+        result = backward_op(*arrays, *ctx.rest, *tail, wanted)
+        n_args = layout.head + 1  # + train
+        out = [g if w else None for g, w in zip(result, wanted)]
+        return tuple(out + [None] * (n_args - len(out)))
+
+    forward_op.register_autograd(backward, setup_context=setup_context)
+
+
+class _DifferentiableOp:
+    """One spec's forward op with its autograd, and how TorchBackend calls it."""
+
+    def __init__(self, spec):
+        self.layout = _Layout(spec)
+        self.forward = _define_forward(self.layout)
+        self.backward = _define_backward(self.layout)
+        _register_autograd(self.layout, self.forward, self.backward)
+
+    def __call__(self, arrays, cu_seqlens, opts, train):
+        result = self.forward(*self.layout.pack(arrays, cu_seqlens, opts), train)
+        if not isinstance(result, tuple):
+            result = (result,)
+        return result[:self.layout.n_outputs]
+
+
+def _define_decode():
+    """linseq::kda_decode(KDA's arrays, state (updated in place), state_rows, KDA's options)
+    -> o [B,1,HV,V]."""
+    layout = _Layout(_opspec.KDA)
+    arrays = ", ".join(f"Tensor? {n}" for n in layout.spec.arrays)
+    schema = (f"({arrays}, Tensor(a!) state, Tensor? state_rows, "
+              f"{_option_schema(layout.options_class)}) -> Tensor")
+    n = layout.n_arrays
+
+    def unpack(args):
+        given = dict(zip(layout.spec.arrays, args[:n]))
+        opts = layout.options_class(**dict(zip(layout.fields, args[n + 2:])))
+        return given, args[n], args[n + 1], opts
+
+    def decode(*args):
+        given, state, rows, opts = unpack(args)
+        # detach: a view of the same memory, for a pool that requires grad (under no_grad)
+        o = ops.kda_decode(opts.inputs(given, None), state.detach().numpy(), rows)
+        return torch.from_numpy(o)
+
+    op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
+                                 schema=schema)
+
+    @op.register_fake
+    def _(*args):
+        given, _, _, _ = unpack(args)
+        q, v = given["q"], given["v"]
+        return q.new_empty((q.shape[0], 1, v.shape[2], v.shape[3]), dtype=torch.float32)
+
+    def call(arrays, state, state_rows, opts):
+        return op(*[arrays.get(k) for k in layout.spec.arrays], state, state_rows,
+                  *[getattr(opts, f) for f in layout.fields])
+
+    return call
+
+
+if AVAILABLE:
+    OPS = {spec: _DifferentiableOp(spec) for spec in _OPTIONS}
+    kda_decode = _define_decode()
+else:
+    OPS, kda_decode = {}, None
