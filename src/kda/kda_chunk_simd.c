@@ -45,6 +45,39 @@ static inline void vfill(int64_t n, float value, float *y)
     if (i < n) vf_store_n(y + i, v, n - i);
 }
 
+/* y = x * s over n floats, s one scalar */
+static inline void vmul_scalar(int64_t n, const float *x, float s, float *y)
+{
+    const vf sv = vf_set1(s);
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) vf_store(y + i, vf_mul(vf_load(x + i), sv));
+    if (i < n) vf_store_n(y + i, vf_mul(vf_load_n(x + i, n - i), sv), n - i);
+}
+
+/* One token's rows of q, k (head h), v and o (head hv) lie H*K or HV*V floats apart from the
+ * next token's: a stride of pages that the hardware prefetchers do not follow, so each load
+ * of a chunk would wait for memory. The chunked item requests the next chunk's rows while
+ * the current one's products run; a chunk's own loads request theirs this many tokens ahead
+ * (the threads that share an item prepare chunks apart). */
+enum { KDA_PREFETCH_AHEAD = 4 };
+
+/* Requests the n floats at row, by 64-byte lines, for reading (rw 0) or writing (rw 1),
+ * into every cache level (locality 3) or L2 and beyond (1). A macro, not a function: GCC 12
+ * deems a function that only prefetches free of side effects and drops its calls. */
+#define KDA_PREFETCH_ROW(row, n, rw, locality)                                                     \
+    for (int64_t pf_i_ = 0; pf_i_ < (n); pf_i_ += 16)                                              \
+    __builtin_prefetch((row) + pf_i_, rw, locality)
+
+/* The rows of token tok that a chunk reads: q and k (K floats each), v (V floats). */
+#define KDA_PREFETCH_TOKEN(pl, tok, hv, locality)                                                  \
+    do {                                                                                           \
+        const linseq_kda_problem *pf_p_ = (pl)->p;                                                 \
+        const int64_t pf_h_ = (hv) / (pl)->group;                                                  \
+        KDA_PREFETCH_ROW(pf_p_->q + ((tok)*pf_p_->H + pf_h_) * pf_p_->K, pf_p_->K, 0, locality);   \
+        KDA_PREFETCH_ROW(pf_p_->k + ((tok)*pf_p_->H + pf_h_) * pf_p_->K, pf_p_->K, 0, locality);   \
+        KDA_PREFETCH_ROW(pf_p_->v + ((tok) * (pl)->HV + (hv)) * pf_p_->V, pf_p_->V, 0, locality);  \
+    } while (0)
+
 /* Lane sums of 16 vectors into out[16], VW vectors per reduction. */
 static inline void reduce16(const vf *acc, float *out)
 {
@@ -172,20 +205,30 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
         diagonal_block_per_channel(w, n, Lc - n < S ? Lc - n : S, K, C);
 }
 
-/* With one decay per token e^{G_r - G_c} is a scalar: the plain products Qs K^T and K K^T,
- * weighted by a running product along each row. */
+/* With one decay per token the mask e^{G_r - G_c} = a_{c+1} ... a_r is a scalar per (r, c):
+ * Aqk = (Qs K^T) o M and Akk = (K K^T) o M need no rescaled rows, only the plain products
+ * over the lower triangle of 16-row blocks (the blocks above the diagonal are never read).
+ * Row r of M is row r - 1 times a_r, one vector multiply per row; the solve's factor
+ * Mneg = -beta_r Akk is formed in the same pass. */
 static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
 {
+    const int64_t S = KDA_SUB_CHUNK;
     ls_transpose(Lc, K, w->ks, K, w->yt, C);
-    ls_gemm(Lc, Lc, K, w->qs, K, 1, w->yt, C, w->Aqk, C, false);
-    ls_gemm(Lc, Lc, K, w->ks, K, 1, w->yt, C, w->Akk, C, false);
-    for (int64_t r = 0; r < Lc; r++) {
-        float e = 1.0f;
-        for (int64_t c = r; c >= 0; c--) {
-            w->Aqk[r * C + c] *= e;
-            w->Akk[r * C + c] = c < r ? w->Akk[r * C + c] * e : 0.0f;
-            e *= w->a[c];
-        }
+    for (int64_t n = 0; n < Lc; n += S) {
+        const int64_t m = Lc - n < S ? Lc - n : S;
+        ls_gemm(m, n + m, K, w->qs + n * K, K, 1, w->yt, C, w->Aqk + n * C, C, false);
+        ls_gemm(m, n + m, K, w->ks + n * K, K, 1, w->yt, C, w->Akk + n * C, C, false);
+    }
+    float *mask = w->sc; /* [C]: row r of M left of the diagonal */
+    w->Akk[0] = 0.0f;
+    for (int64_t r = 1; r < Lc; r++) {
+        vmul_scalar(r - 1, mask, w->a[r], mask);
+        mask[r - 1] = w->a[r];
+        float *aqk = w->Aqk + r * C, *akk = w->Akk + r * C;
+        vmul3(r, aqk, mask, aqk);
+        vmul3(r, akk, mask, akk);
+        akk[r] = 0.0f;
+        vmul_scalar(r, akk, -w->beta[r], w->Mneg + r * C);
     }
 }
 
@@ -196,6 +239,8 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
     const bool per_channel = pl->p->decay == LINSEQ_DECAY_PER_CHANNEL;
 
     for (int64_t r = 0; r < Lc; r++) {
+        if (r + KDA_PREFETCH_AHEAD < Lc)
+            KDA_PREFETCH_TOKEN(pl, first + r + KDA_PREFETCH_AHEAD, hv, 3);
         kda_load_token_v(pl, first + r, hv, w->qs + r * K, w->ks + r * K, &w->beta[r],
                          w->g + r * gK);
         kda_decay_row(gK, w->g + r * gK, KDA_LOG_DECAY_FLOOR, w->a + r * gK);
@@ -216,22 +261,20 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
             ls_vscale(K, w->beta[r], kbg);
             vmul3(K, k, w->eL + r * K, kd);
         } else {
-            const float e = w->eG[r], el = w->eL[r];
-            for (int64_t i = 0; i < K; i++) {
-                qg[i] = q[i] * e;
-                kbg[i] = w->beta[r] * (k[i] * e);
-                kd[i] = k[i] * el;
-            }
+            vmul_scalar(K, q, w->eG[r], qg);
+            vmul_scalar(K, k, w->eG[r], kbg);
+            ls_vscale(K, w->beta[r], kbg);
+            vmul_scalar(K, k, w->eL[r], kd);
         }
     }
     for (int64_t i = 0; i < K; i++) w->decay_last[i] = w->eG[(Lc - 1) * gK + (per_channel ? i : 0)];
 
-    if (per_channel)
-        scores_per_channel(w, Lc, K, C);
-    else
+    if (!per_channel) {
         scores_per_head(w, Lc, K, C);
-    for (int64_t r = 1; r < Lc; r++)
-        for (int64_t c = 0; c < r; c++) w->Mneg[r * C + c] = -(w->beta[r] * w->Akk[r * C + c]);
+        return;
+    }
+    scores_per_channel(w, Lc, K, C);
+    for (int64_t r = 1; r < Lc; r++) vmul_scalar(r, w->Akk + r * C, -w->beta[r], w->Mneg + r * C);
 }
 
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
@@ -304,6 +347,11 @@ void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, in
             w.vnew = save_deltas + c0 * V; /* the deltas land in the saved block directly */
         }
         LS_ISA_FN(kda_chunk_prepare)(pl, &w, first, Lc, hv);
+        /* the next chunk's rows into L2 while this one's products run */
+        for (int64_t t = first + Lc; t < tok0 + len && t < first + Lc + C; t++) {
+            KDA_PREFETCH_TOKEN(pl, t, hv, 1);
+            if (o) KDA_PREFETCH_ROW(o + (t * pl->HV + hv) * V, V, 1, 1);
+        }
         LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv, 0, V);
         if (o) LS_ISA_FN(kda_chunk_output)(pl, &w, S, first, Lc, hv, o, 0, V);
         LS_ISA_FN(kda_chunk_advance)(pl, &w, S, Lc, 0, V);
