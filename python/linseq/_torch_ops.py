@@ -288,3 +288,51 @@ if AVAILABLE:
     kda_decode = _define_decode()
 else:
     OPS, kda_decode = {}, None
+
+
+def scan_like_op(name, head, tensors, forward, fake, backward):
+    """A custom op for the drop-ins' kernel seams (compat.mamba_ssm's scan, compat.
+    causal_conv1d's conv), with its backward op and autograd. `head`: the schema of the
+    leading arguments that get no gradient (flags, index tensors), e.g. "bool channel_first";
+    `tensors`: those that may, e.g. ["Tensor u", "Tensor? D"]. forward(*head, *tensors) ->
+    (y, state); fake(*head, *tensors) -> the same shapes; backward(*head, *tensors, d_y,
+    d_state, wanted) -> one gradient per tensor (an empty tensor where not wanted)."""
+    n_head = head.count(",") + 1
+    args = f"{head}, {', '.join(tensors)}"
+    forward_op = torch.library.custom_op(f"{NAMESPACE}::{name}", forward, mutates_args=(),
+                                         schema=f"({args}) -> (Tensor, Tensor)")
+    forward_op.register_fake(fake)
+    backward_op = torch.library.custom_op(
+        f"{NAMESPACE}::{name}_backward", backward, mutates_args=(),
+        schema=f"({args}, Tensor? d_y, Tensor? d_state, bool[] wanted) -> Tensor[]")
+
+    @backward_op.register_fake
+    def _(*args):
+        given, wanted = args[n_head:-3], args[-1]
+        like = next(t for t in given if t is not None)
+        return [like.new_empty(t.shape if w else (0,), dtype=torch.float32)
+                for t, w in zip(given, wanted)]
+
+    def setup_context(ctx, inputs, output):
+        ctx.head = inputs[:n_head]
+        ctx.save_for_backward(*inputs[n_head:])
+
+    def grad(ctx, d_y, d_state):
+        given = ctx.saved_tensors
+        wanted = [bool(need and t is not None)
+                  for need, t in zip(ctx.needs_input_grad[n_head:], given)]
+        grads = backward_op(*ctx.head, *given, d_y, d_state, wanted)
+        return (None,) * n_head + tuple(g if w else None for g, w in zip(grads, wanted))
+
+    forward_op.register_autograd(grad, setup_context=setup_context)
+    return forward_op
+
+
+def pool_update_op(name, schema, decode, fake):
+    """A custom op for a drop-in's decode step that updates its state pool in place: the
+    schema names the pool `Tensor(a!) state` (declared mutated, so torch.compile keeps the
+    write, as eager does); no autograd."""
+    op = torch.library.custom_op(f"{NAMESPACE}::{name}", decode, mutates_args=("state",),
+                                 schema=schema)
+    op.register_fake(fake)
+    return op

@@ -12,6 +12,7 @@ memory with the NumPy arrays the kernels wrote.
 """
 
 import functools
+import sys
 
 import numpy as np
 import torch
@@ -209,3 +210,9 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
 def _compiling():
     compiler = getattr(torch, "compiler", None)
     return bool(compiler and hasattr(compiler, "is_compiling") and compiler.is_compiling())
+
+
+# linseq.compat.fla's functions (linseq.chunk_kda, ... too) take arrays of any framework:
+# imported before torch, they become compilable blocks here (or at their first call)
+if "linseq.compat.fla" in sys.modules and not sys.modules["linseq.compat.fla"]._TORCH_BLOCKS:
+    sys.modules["linseq.compat.fla"]._bind_torch(torch)

@@ -2,8 +2,9 @@
 with a fake implementation and registered autograd, so torch.compile(fullgraph=True) traces
 chunk_kda, kda_decay, state_space_v1, causal_conv1d and kda_decode without a graph break
 (fullgraph raises on one) and gives what the eager autograd.Function path gives, forward and
-gradients. torch.library.opcheck checks each op's schema, fake implementation and autograd
-registration."""
+gradients. The same for the drop-ins of linseq.compat (fla's functions, mamba-ssm's and
+causal-conv1d's), their in-place decodes included. torch.library.opcheck checks each op's
+schema, fake implementation and autograd registration."""
 
 import numpy as np
 import pytest
@@ -452,3 +453,179 @@ def test_without_custom_ops_the_autograd_function_gives_the_same(monkeypatch):
     got_o, _ = lt.kda_decode(**a, state=pool, state_indices=rows, inplace=True)
     torch.testing.assert_close(got_o, want_o, rtol=0, atol=0)
     assert pool._version > version
+
+
+# ------------------------------------------------------------------------------------------
+# The drop-ins (linseq.compat): fla's functions run as non-strict blocks, mamba-ssm's and
+# causal-conv1d's kernel seams are custom ops (linseq::mamba_scan, causal_conv and the
+# in-place mamba_state_update, conv_state_update)
+# ------------------------------------------------------------------------------------------
+
+def _compare_with_eager(fn, args):
+    """fn compiled with fullgraph=True against fn run eagerly, forward and backward."""
+    _compare_compiled(fn, args, fn)
+
+
+@pytest.mark.parametrize("name", ["chunk_kda", "chunk_gated_delta_rule",
+                                  "fused_recurrent_gated_delta_rule"])
+def test_compat_fla_compiles(name):
+    from linseq.compat import fla
+    gated_delta = name != "chunk_kda"
+    args = _kda_args(B=1, per_channel=not gated_delta, seed=40)
+    kwargs = dict(output_final_state=True, use_qk_l2norm_in_kernel=True,
+                  cu_seqlens=torch.tensor([0, 9, 21]))
+    if not gated_delta:  # fla's in-kernel gate, with its lower bound
+        args["A_log"] = _randn(4, seed=41, scale=0.5)
+        args["dt_bias"] = _randn(4 * 8, seed=42, scale=0.5)
+        kwargs.update(use_gate_in_kernel=True, lower_bound=-5.0)
+
+    def fn(**a):
+        return getattr(fla, name)(**a, **kwargs)
+
+    _compare_with_eager(fn, args)
+
+
+def test_compat_mamba_selective_scan_fn_compiles():
+    from linseq.compat import mamba_ssm
+    b, d, l, N = 2, 6, 13, 4
+    args = dict(u=_randn(b, d, l, seed=50), delta=_randn(b, d, l, seed=51, scale=0.5),
+                A=_log_decay(d, N, seed=52), B=_randn(b, 2, N, l, seed=53),
+                C=_randn(b, N, l, seed=54), D=_randn(d, seed=55), z=_randn(b, d, l, seed=56),
+                delta_bias=_randn(d, seed=57, scale=0.5))
+
+    def fn(**a):
+        return mamba_ssm.selective_scan_fn(**a, delta_softplus=True, return_last_state=True)
+
+    _compare_with_eager(fn, args)
+
+
+def test_compat_mamba_inner_fn_compiles():
+    from linseq.compat import mamba_ssm
+    b, d, l, N, rank, W = 2, 4, 11, 3, 2, 4
+    args = dict(xz=_randn(b, 2 * d, l, seed=60), conv1d_weight=_randn(d, 1, W, seed=61),
+                conv1d_bias=_randn(d, seed=62), x_proj_weight=_randn(rank + 2 * N, d, seed=63),
+                delta_proj_weight=_randn(d, rank, seed=64),
+                out_proj_weight=_randn(5, d, seed=65), out_proj_bias=_randn(5, seed=66),
+                A=_log_decay(d, N, seed=67), D=_randn(d, seed=68),
+                delta_bias=_randn(d, seed=69, scale=0.5))
+
+    def fn(**a):
+        return (mamba_ssm.mamba_inner_fn(**a),)
+
+    _compare_with_eager(fn, args)
+
+
+def test_compat_causal_conv1d_fn_compiles():
+    from linseq.compat import causal_conv1d
+    b, d, l, W = 2, 5, 12, 4
+    args = dict(x=_randn(b, d, l, seed=70), weight=_randn(d, W, seed=71),
+                bias=_randn(d, seed=72), initial_states=_randn(b, d, W - 1, seed=73))
+
+    def fn(**a):
+        return causal_conv1d.causal_conv1d_fn(**a, return_final_states=True,
+                                              activation="silu")
+
+    _compare_with_eager(fn, args)
+
+
+def _update_in_place(update, pool, args):
+    """update(pool, *args) eagerly on one copy of the pool and compiled on another: the
+    same outputs, the same new pools, and the pool changed."""
+    torch._dynamo.reset()
+    eager_pool, compiled_pool = pool.clone(), pool.clone()
+    want = update(eager_pool, *args)
+    got = torch.compile(update, fullgraph=True, backend="aot_eager")(compiled_pool, *args)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(compiled_pool, eager_pool, rtol=0, atol=0)
+    assert (eager_pool != pool).any()
+
+
+def test_compat_causal_conv1d_update_in_place_under_compile():
+    from linseq.compat import causal_conv1d
+    b, d, W = 3, 5, 4
+    weight, bias = _randn(d, W, seed=80, grad=False), _randn(d, seed=81, grad=False)
+
+    rows, seqlens = torch.tensor([3, -1, 0]), torch.tensor([5, 0, 1])  # -1: padding
+
+    def update(pool, x):
+        return causal_conv1d.causal_conv1d_update(x, pool, weight, bias, "silu",
+                                                  cache_seqlens=seqlens,
+                                                  conv_state_indices=rows)
+
+    _update_in_place(update, _randn(4, d, W, seed=82, grad=False),
+                     (_randn(b, d, 2, seed=83, grad=False),))
+
+
+def test_compat_selective_state_update_in_place_under_compile():
+    from linseq.compat import mamba_ssm
+    b, H, P, N = 2, 3, 4, 5
+    A = _log_decay(H, P, N, seed=90, grad=False)
+    D, dt_bias = _randn(H, P, seed=91, grad=False), _randn(H, P, seed=92, grad=False)
+
+    def update(pool, x, dt, B, C, z):
+        return mamba_ssm.selective_state_update(pool, x, dt, A, B, C, D, z, dt_bias,
+                                                dt_softplus=True,
+                                                state_batch_indices=torch.tensor([2, 0]))
+
+    _update_in_place(update, _randn(b + 1, H, P, N, seed=93, grad=False),
+                     tuple(_randn(*s, seed=94 + i, grad=False) for i, s in enumerate(
+                         [(b, H, P), (b, H, P), (b, 1, N), (b, 1, N), (b, H, P)])))
+
+
+def test_compat_custom_ops_give_what_the_autograd_functions_give(monkeypatch):
+    """mamba-ssm's scan and causal-conv1d's conv as custom ops and as the autograd.Functions
+    kept for PyTorch before 2.4: the same outputs and gradients."""
+    from linseq.compat import causal_conv1d, mamba_ssm
+    b, d, l, N = 2, 4, 9, 3
+    args = dict(u=_randn(b, d, l, seed=100), delta=_randn(b, d, l, seed=101, scale=0.5),
+                A=_log_decay(d, N, seed=102), B=_randn(b, N, l, seed=103),
+                C=_randn(b, N, l, seed=104), z=_randn(b, d, l, seed=105),
+                delta_bias=_randn(d, seed=106))
+
+    def fn(u, delta, A, B, C, z, delta_bias):
+        y, _ = causal_conv1d._conv(u, delta[0, :, :4], None, None, "silu")
+        return mamba_ssm.selective_scan_fn(y, delta, A, B, C, None, z, delta_bias, True, True)
+
+    weights = _weights(fn(**args))
+    want_out, want_grad = _step(fn, args, weights)
+    monkeypatch.setattr(mamba_ssm, "_SCAN", mamba_ssm._ScanFn.apply)
+    monkeypatch.setattr(causal_conv1d, "_CONV", causal_conv1d._ConvFn.apply)
+    got_out, got_grad = _step(fn, args, weights)
+    _assert_same(got_out, want_out)
+    _assert_same(got_grad, want_grad)
+
+
+def test_opcheck_compat_ops():
+    """Schema, fake implementation (shapes and strides of the channel-first and token-major
+    calls) and autograd registration of the drop-ins' custom ops."""
+    from linseq.compat import causal_conv1d, mamba_ssm  # noqa: F401  (defines the ops)
+    b, d, l, N = 2, 4, 7, 3
+    A = _log_decay(d, N, seed=110)
+    linseq = torch.ops.linseq
+    calls = [
+        (linseq.mamba_scan, (True, True, _randn(b, d, l, seed=111), _randn(b, d, l, seed=112),
+                             A, _randn(b, 2, N, l, seed=113), _randn(b, 1, N, l, seed=114),
+                             _randn(d, seed=115), _randn(b, d, l, seed=116),
+                             _randn(d, seed=117))),
+        (linseq.mamba_scan, (False, False, _randn(b, l, d, seed=118),
+                             _randn(b, l, d, seed=119), A, _randn(d, N, seed=120),
+                             _randn(b, l, 1, N, seed=121), None, None, None)),
+        (linseq.causal_conv, (True, "silu", None, _randn(b, d, l, seed=122),
+                              _randn(d, 4, seed=123), _randn(d, seed=124),
+                              _randn(b, d, 3, seed=125))),
+        (linseq.causal_conv, (False, None, torch.tensor([0, 3, 7]), _randn(1, l, d, seed=126),
+                              _randn(d, 4, seed=127), None, None)),
+        (linseq.conv_state_update, (_randn(b, d, l, seed=128, grad=False).transpose(1, 2)
+                                    .contiguous().transpose(1, 2),
+                                    _randn(b, d, 3, seed=129, grad=False),
+                                    _randn(d, 4, seed=130, grad=False), None, "silu", None,
+                                    torch.arange(b))),
+        (linseq.mamba_state_update, (_randn(b + 1, d, N, seed=131, grad=False),
+                                     torch.tensor([2, -1]),
+                                     *[_randn(b, d, seed=132 + i, grad=False) for i in (0, 1)],
+                                     A.detach(), _randn(b, 1, N, seed=134, grad=False),
+                                     _randn(b, 1, N, seed=135, grad=False), None, None, None,
+                                     False)),
+    ]
+    for op, args in calls:
+        torch.library.opcheck(op.default, args)

@@ -21,13 +21,15 @@ No copy on the way: a float32 x, channel-first or a transposed view, reaches the
 the caller's memory (linseq reads it through its strides) and the kernel writes the output
 in x's layout; causal_conv1d_update decodes in place on a float32 C-contiguous conv_state
 (another pool goes through a float32 copy of the rows it names). The kernel calls sit in the
-private functions _conv and _conv_decode.
+private functions _conv and _conv_decode, as torch.library custom ops (linseq::causal_conv
+with its backward, linseq::conv_state_update writing the pool): torch.compile(fullgraph=True)
+traces the functions, the in-place update included.
 """
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import ops
+from .. import _torch_ops, ops
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -81,33 +83,57 @@ def _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens, channe
 _CONV_GRADS = ("dx", "dweight", "dbias", "dconv_state")
 
 
+def _conv_forward(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
+    """linseq's conv forward: x float32 [b, d, l] with channel_first (y [b, d, l]), else
+    [b, l, d] (y [b, l, d]); weight [d, W]; bias [d]; initial_states [n, d, W-1]. Returns
+    (y, the final states [n, d, W-1]), float32, both new dense arrays the kernel wrote (no
+    copy on the way out)."""
+    inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
+                          channel_first)
+    y, states = ops.conv1d_forward(inputs)
+    return torch.from_numpy(y), torch.from_numpy(states)
+
+
+def _conv_fake(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
+    n = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
+    return (x.new_empty(x.shape, dtype=torch.float32),
+            x.new_empty((n, weight.shape[0], weight.shape[1] - 1), dtype=torch.float32))
+
+
+def _conv_backward(channel_first, activation, cu_seqlens, x, weight, bias, initial_states,
+                   d_y, d_states, wanted):
+    """One gradient per tensor argument of _conv_forward (an empty one where not wanted)."""
+    inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
+                          channel_first)
+    keys = {g for g, w in zip(_CONV_GRADS, wanted) if w}
+    grads = ops.conv1d_backward(inputs, d_y, d_states, wanted=keys)
+    return [torch.from_numpy(grads[g]) if w else torch.empty(0)
+            for g, w in zip(_CONV_GRADS, wanted)]
+
+
 class _ConvFn(torch.autograd.Function):
-    """linseq's conv forward and backward as one autograd node: x float32 [b, d, l] with
-    channel_first (y [b, d, l]), else [b, l, d] (y [b, l, d]); weight [d, W]; bias [d];
-    initial_states [n, d, W-1]. Returns (y, the final states [n, d, W-1]), float32, both new
-    dense arrays the kernel wrote (no copy on the way out)."""
+    """_conv_forward and _conv_backward as one autograd node, for a PyTorch without
+    torch.library.custom_op (before 2.4); with it they are the custom op linseq::
+    causal_conv, which torch.compile traces."""
 
     @staticmethod
-    def forward(ctx, channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
-        inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
-                              channel_first)
-        y, states = ops.conv1d_forward(inputs)
-        ctx.options = (activation, cu_seqlens, channel_first)
-        ctx.save_for_backward(x, weight, bias, initial_states)
-        return torch.from_numpy(y), torch.from_numpy(states)
+    def forward(ctx, channel_first, activation, cu_seqlens, *tensors):
+        ctx.options = (channel_first, activation, cu_seqlens)
+        ctx.save_for_backward(*tensors)
+        return _conv_forward(channel_first, activation, cu_seqlens, *tensors)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_y, d_states):
-        x, weight, bias, initial_states = ctx.saved_tensors
-        activation, cu_seqlens, channel_first = ctx.options
-        inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
-                              channel_first)
         needs = ctx.needs_input_grad[3:]
-        wanted = {g for g, need in zip(_CONV_GRADS, needs) if need}
-        grads = ops.conv1d_backward(inputs, d_y, d_states, wanted=wanted)
-        return (None, None, None) + tuple(torch.from_numpy(grads[g]) if need else None
-                                          for g, need in zip(_CONV_GRADS, needs))
+        grads = _conv_backward(*ctx.options, *ctx.saved_tensors, d_y, d_states, needs)
+        return (None,) * 3 + tuple(g if need else None for g, need in zip(grads, needs))
+
+
+_CONV = _ConvFn.apply if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
+    "causal_conv", "bool channel_first, str? activation, Tensor? cu_seqlens",
+    ["Tensor x", "Tensor weight", "Tensor? bias", "Tensor? initial_states"], _conv_forward,
+    _conv_fake, _conv_backward)
 
 
 def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_major=None):
@@ -123,10 +149,28 @@ def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_ma
     if token_major is None:
         token_major = _is_channel_last(x)
     if token_major:  # the kernel reads and writes [b, l, d]
-        y, states = _ConvFn.apply(False, activation, cu_seqlens, x.transpose(1, 2), weight,
-                                  bias, initial_states)
+        y, states = _CONV(False, activation, cu_seqlens, x.transpose(1, 2), weight, bias,
+                          initial_states)
         return y.transpose(1, 2), states
-    return _ConvFn.apply(True, activation, cu_seqlens, x, weight, bias, initial_states)
+    return _CONV(True, activation, cu_seqlens, x, weight, bias, initial_states)
+
+
+def _shares_a_row(rows):
+    """True when two requests (non-negative rows) name the same pool row: the kernel refuses
+    it, and the float32 copy of another pool's rows is refused the same way."""
+    named = rows[rows >= 0]
+    return torch.unique(named).shape[0] != named.shape[0]
+
+
+def _check_rows(rows, entries, name):
+    """The checks of a decode's pool rows [b] int64 that read their values: made inside the
+    decode op, where the values are known under torch.compile too, before anything is
+    written."""
+    if bool((rows >= entries).any()):
+        raise ValueError(f"{name}: rows must be < the pool's {entries} rows (negative = "
+                         f"padding), got {int(rows.max())}")
+    if _shares_a_row(rows):
+        raise ValueError(f"{name}: two requests name the same row; each needs its own")
 
 
 def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
@@ -138,6 +182,9 @@ def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
     circular buffer whose next write position is cache_seqlens % state_len). Returns
     y [b, d, l] float32 in x's memory layout. A float32 C-contiguous pool is updated by the
     kernel where it lies; another one through a float32 copy of the named rows."""
+    _check_rows(rows, conv_state.shape[0], "conv_state_indices")
+    if cache_seqlens is not None and bool((cache_seqlens < 0).any()):
+        raise ValueError("cache_seqlens: expected values >= 0")
     channel_first = not _is_channel_last(x)
     xk = x.float() if channel_first else x.float().transpose(1, 2)
     inputs = _conv_inputs(xk, weight.float(), None if bias is None else bias.float(), None,
@@ -152,6 +199,20 @@ def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
         y = _through_float32_rows(conv_state, rows, lambda pool, local_rows: ops.conv1d_decode(
             inputs, pool, local_rows, cache_seqlens))
     return y if channel_first else y.transpose(1, 2)
+
+
+def _conv_decode_fake(x, conv_state, weight, bias, activation, cache_seqlens, rows):
+    if not _is_channel_last(x):
+        return x.new_empty(x.shape, dtype=torch.float32)
+    return x.new_empty((x.shape[0], x.shape[2], x.shape[1]), dtype=torch.float32).transpose(1, 2)
+
+
+# with torch.library: linseq::conv_state_update, declared to write the pool, so that
+# torch.compile keeps the in-place update
+_CONV_DECODE = _conv_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_update_op(
+    "conv_state_update", "(Tensor x, Tensor(a!) state, Tensor weight, Tensor? bias, "
+    "str? activation, Tensor? cache_seqlens, Tensor rows) -> Tensor", _conv_decode,
+    _conv_decode_fake)
 
 
 def _through_float32_rows(pool, rows, decode):
@@ -319,11 +380,6 @@ def _int_vector(value, name, batch):
     return value.to(torch.int64)
 
 
-def _shares_a_row(rows):
-    """True when two requests (non-negative rows) name the same pool row: the kernel refuses
-    it, and the float32 copy of another pool's rows is refused the same way."""
-    named = rows[rows >= 0]
-    return torch.unique(named).shape[0] != named.shape[0]
 
 
 def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
@@ -358,20 +414,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
             raise ValueError(f"conv_state: expected {batch} rows (one per request) without "
                              f"conv_state_indices, got {conv_state.shape[0]}")
         rows = torch.arange(batch)
-    elif bool((rows >= conv_state.shape[0]).any()):
-        raise ValueError(f"conv_state_indices: rows must be < entries = "
-                         f"{conv_state.shape[0]} (negative = padding), got "
-                         f"{int(rows.max())}")
-    elif _shares_a_row(rows):
-        raise ValueError("conv_state_indices: two requests name the same row; each needs "
-                         "its own")
     seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
-    if seqlens is not None and bool((seqlens < 0).any()):
-        raise ValueError("cache_seqlens: expected values >= 0")
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     with torch.no_grad():
-        out = _conv_decode(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
+        out = _CONV_DECODE(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out
 
 

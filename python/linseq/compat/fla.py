@@ -33,6 +33,8 @@ kernels have and linseq's C kernel lacks are reached:
 """
 
 import contextlib
+import functools
+import sys
 import warnings
 
 import numpy as np
@@ -74,9 +76,44 @@ ARGUMENTS = {
 
 
 # ------------------------------------------------------------------------------------------
+# torch.compile: each public function as one non-strict traced block
+# ------------------------------------------------------------------------------------------
+
+# name -> the function as written; name -> the same as a non-strict traced block
+_ENTRIES, _TORCH_BLOCKS = {}, {}
+
+
+def _compilable(fn):
+    """fn, which under torch.compile runs as a non-strict traced block (where linseq's
+    custom ops land in the graph: Dynamo cannot trace the checks of api, which build ctypes
+    structs). The blocks are made once torch is loaded: when this module is imported after
+    torch, or at the first call, or when linseq.torch is imported, so importing this module
+    never imports torch. (Compiled before any of these, fn is traced by Dynamo itself,
+    which breaks the graph.)"""
+    _ENTRIES[fn.__name__] = fn
+
+    @functools.wraps(fn)
+    def entry(*args, **kwargs):
+        if not _TORCH_BLOCKS and "torch" in sys.modules:
+            _bind_torch(sys.modules["torch"])
+        return _TORCH_BLOCKS.get(fn.__name__, fn)(*args, **kwargs)
+    return entry
+
+
+def _bind_torch(torch):
+    """The non-strict blocks, where torch has nonstrict_trace and torch.library.custom_op
+    (2.4 and later: linseq's custom ops), else none (fn runs as it is)."""
+    trace = (getattr(getattr(torch, "compiler", None), "nonstrict_trace", None)
+             or getattr(getattr(torch, "_dynamo", None), "nonstrict_trace", None))
+    if trace is not None and hasattr(torch.library, "custom_op"):
+        _TORCH_BLOCKS.update({name: trace(fn) for name, fn in _ENTRIES.items()})
+
+
+# ------------------------------------------------------------------------------------------
 # The four functions
 # ------------------------------------------------------------------------------------------
 
+@_compilable
 def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
               use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
               use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False, safe_gate=False,
@@ -126,6 +163,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         intermediate=return_intermediate_states)
 
 
+@_compilable
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None,
                         initial_state=None, output_final_state=False,
                         use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
@@ -149,6 +187,7 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None,
         out_like=v)
 
 
+@_compilable
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False,
                            use_beta_sigmoid_in_kernel=False, allow_neg_eigval=False,
@@ -184,6 +223,7 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
         state_v_first=state_v_first, cu_seqlens=cu_seqlens, out_like=q)
 
 
+@_compilable
 def fused_recurrent_gated_delta_rule(q, k, v, g=None, gk=None, gv=None, beta=None, scale=None,
                                      initial_state=None, output_final_state=False,
                                      use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False,
@@ -214,6 +254,7 @@ chunk_gdn = chunk_gated_delta_rule
 fused_recurrent_gdn = fused_recurrent_gated_delta_rule
 
 
+@_compilable
 def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=None):
     """fla's KDA gate helper (fla.ops.kda.gate.fused_kda_gate) on linseq's gate op:
     -exp(A_log) * softplus(g + dt_bias), or lower_bound * sigmoid(exp(A_log) * (g + dt_bias))
@@ -229,6 +270,7 @@ def fused_kda_gate(g, A_log=None, dt_bias=None, lower_bound=None, output_dtype=N
                  output_dtype)
 
 
+@_compilable
 def fused_gdn_gate(g, A_log, dt_bias=None, output_dtype=None):
     """fla's Gated DeltaNet gate helper (fla.ops.gated_delta_rule.gate.fused_gdn_gate) on
     linseq's gate op: -exp(A_log) * softplus(g + dt_bias). g [..., HV]; A_log and dt_bias HV
@@ -604,3 +646,7 @@ def _chunk_start_states(frame, backend, arrays, opts, cu_seqlens, chunk_size):
             _, state = backend.kda(piece, None, opts)
         out.append(frame.stack(starts, 1) if starts else frame.zeros((n, 0) + per_state))
     return out[0] if cu_seqlens is None else frame.concat(out, 1)
+
+
+if "torch" in sys.modules:
+    _bind_torch(sys.modules["torch"])

@@ -26,7 +26,9 @@ through their strides, and the kernel writes out and the per-token gradients in 
 layout. Only B and C with two different group counts, neither of them one, are repeated to a
 common count (a copy). selective_state_update decodes in place on a float32 C-contiguous
 state (another state goes through a float32 copy of the rows it names). The kernel calls sit
-in the private functions _scan and _scan_decode.
+in the private functions _scan and _scan_decode, as torch.library custom ops (linseq::
+mamba_scan with its backward, linseq::mamba_state_update writing the pool): torch.compile(
+fullgraph=True) traces the functions, the in-place update included.
 """
 
 import math
@@ -35,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .. import ops
-from .causal_conv1d import _conv, _shares_a_row, _through_float32_rows
+from .. import _torch_ops, ops
+from .causal_conv1d import _check_rows, _conv, _through_float32_rows
 
 
 # ------------------------------------------------------------------------------------------
@@ -53,29 +55,54 @@ def _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
                           dt_bias=delta_bias, activation="silu", channel_first=channel_first)
 
 
+def _scan_forward(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
+    """linseq's SSM1 forward, all tensors float32: with channel_first u, delta, z [b, d, l]
+    and B, C [b, N, l], [b, G, N, l] or [d, N], y [b, d, l]; else u, delta, z [b, l, d],
+    B, C [b, l, N], [b, l, G, N] or [d, N], y [b, l, d]. Returns (y, the last state
+    [b, d, N]): new dense arrays the kernel wrote."""
+    inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
+    y, last = ops.ssm1_forward(inputs)
+    return torch.from_numpy(y), torch.from_numpy(last)
+
+
+def _scan_fake(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
+    return (u.new_empty(u.shape, dtype=torch.float32),
+            u.new_empty((u.shape[0], A.shape[0], A.shape[1]), dtype=torch.float32))
+
+
+def _scan_backward(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias, d_y, d_last,
+                   wanted):
+    """One gradient per tensor argument of _scan_forward (an empty one where not wanted)."""
+    inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
+    keys = {g for g, w in zip(_SCAN_GRADS, wanted) if w}
+    grads = ops.ssm1_backward(inputs, d_y, d_last, wanted=keys)
+    return [torch.from_numpy(grads[g]) if w else torch.empty(0)
+            for g, w in zip(_SCAN_GRADS, wanted)]
+
+
 class _ScanFn(torch.autograd.Function):
-    """linseq's SSM1 forward and backward as one autograd node, all tensors float32: with
-    channel_first u, delta, z [b, d, l] and B, C [b, N, l], [b, G, N, l] or [d, N], y
-    [b, d, l]; else u, delta, z [b, l, d], B, C [b, l, N], [b, l, G, N] or [d, N], y
-    [b, l, d]. Returns (y, the last state [b, d, N]): new dense arrays the kernel wrote."""
+    """_scan_forward and _scan_backward as one autograd node, for a PyTorch without
+    torch.library.custom_op (before 2.4); with it they are the custom op linseq::
+    mamba_scan, which torch.compile traces."""
 
     @staticmethod
-    def forward(ctx, channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
-        inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
-        y, last = ops.ssm1_forward(inputs)
+    def forward(ctx, channel_first, softplus, *tensors):
         ctx.options = (channel_first, softplus)
-        ctx.save_for_backward(u, delta, A, B, C, D, z, delta_bias)
-        return torch.from_numpy(y), torch.from_numpy(last)
+        ctx.save_for_backward(*tensors)
+        return _scan_forward(channel_first, softplus, *tensors)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_y, d_last):
-        inputs = _scan_inputs(*ctx.options, *ctx.saved_tensors)
         needs = ctx.needs_input_grad[2:]
-        wanted = {g for g, need in zip(_SCAN_GRADS, needs) if need}
-        grads = ops.ssm1_backward(inputs, d_y, d_last, wanted=wanted)
-        return (None, None) + tuple(torch.from_numpy(grads[g]) if need else None
-                                    for g, need in zip(_SCAN_GRADS, needs))
+        grads = _scan_backward(*ctx.options, *ctx.saved_tensors, d_y, d_last, needs)
+        return (None, None) + tuple(g if need else None for g, need in zip(grads, needs))
+
+
+_SCAN = _ScanFn.apply if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
+    "mamba_scan", "bool channel_first, bool softplus",
+    ["Tensor u", "Tensor delta", "Tensor A", "Tensor B", "Tensor C", "Tensor? D", "Tensor? z",
+     "Tensor? delta_bias"], _scan_forward, _scan_fake, _scan_backward)
 
 
 def _scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, softplus=False,
@@ -94,14 +121,14 @@ def _scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, softplus=False,
             delta, delta_bias = delta + delta_bias[:, None], None
     B, C = _common_groups(B.float(), C.float(), u.shape[1])
     if not token_major:
-        return _ScanFn.apply(True, bool(softplus), u, delta, A, B, C, D, z, delta_bias)
+        return _SCAN(True, bool(softplus), u, delta, A, B, C, D, z, delta_bias)
 
     def tokens(P):  # [b, G, N, l] -> [b, l, G, N], a view; constant [d, N] as it is
         return P if P.dim() == 2 else P.permute(0, 3, 1, 2)
 
-    y, last = _ScanFn.apply(False, bool(softplus), u.transpose(1, 2), delta.transpose(1, 2),
-                            A, tokens(B), tokens(C), D,
-                            None if z is None else z.transpose(1, 2), delta_bias)
+    y, last = _SCAN(False, bool(softplus), u.transpose(1, 2), delta.transpose(1, 2), A,
+                    tokens(B), tokens(C), D, None if z is None else z.transpose(1, 2),
+                    delta_bias)
     return y.transpose(1, 2), last
 
 
@@ -131,6 +158,7 @@ def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     B, C [b, G, N]; A [d, N]; D, dt_bias [d]. Returns y [b, d] float32. A float32
     C-contiguous pool is updated by the kernel where it lies; another one through a float32
     copy of the rows named."""
+    _check_rows(rows, state.shape[0], "state_batch_indices")
     dt = dt.float()
     if dt_bias is not None and not dt_softplus:
         dt, dt_bias = dt + dt_bias.float(), None  # the kernel adds dt_bias with softplus only
@@ -149,6 +177,18 @@ def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     else:
         y = _through_float32_rows(state, rows, decode)
     return y[:, 0]
+
+
+def _scan_decode_fake(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
+    return x.new_empty(x.shape, dtype=torch.float32)
+
+
+# with torch.library: linseq::mamba_state_update, declared to write the pool, so that
+# torch.compile keeps the in-place update
+_SCAN_DECODE = _scan_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_update_op(
+    "mamba_state_update", "(Tensor(a!) state, Tensor rows, Tensor x, Tensor dt, Tensor A, "
+    "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus) -> Tensor",
+    _scan_decode, _scan_decode_fake)
 
 
 # ------------------------------------------------------------------------------------------
@@ -324,21 +364,21 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
                              f"state_batch_indices, got {pool.shape[0]}")
         rows = torch.arange(batch)
     else:
-        rows = _row_indices(state_batch_indices, batch, pool.shape[0])
+        rows = _row_indices(state_batch_indices, batch)
     dim = nheads * hdim  # heads flattened into linseq's channels; head h reads group h//(H/G)
 
     def flat(t, *shape):
         return None if t is None else t.reshape(*shape)
 
     with torch.no_grad():
-        y = _scan_decode(pool, rows, flat(x, batch, dim), flat(dt, batch, dim),
+        y = _SCAN_DECODE(pool, rows, flat(x, batch, dim), flat(dt, batch, dim),
                          flat(A, dim, dstate), B, C, flat(D, dim), flat(z, batch, dim),
-                         flat(dt_bias, dim), dt_softplus)
+                         flat(dt_bias, dim), bool(dt_softplus))
     out = y.reshape(per_token).to(x.dtype)
     return out if has_heads else out[:, 0]
 
 
-def _row_indices(rows, batch, entries):
+def _row_indices(rows, batch):
     if not isinstance(rows, torch.Tensor) or rows.is_floating_point() or rows.is_complex() \
             or rows.dtype == torch.bool:
         raise TypeError(f"state_batch_indices: expected an integer torch.Tensor [batch], got "
@@ -346,14 +386,7 @@ def _row_indices(rows, batch, entries):
     if tuple(rows.shape) != (batch,):
         raise ValueError(f"state_batch_indices: expected shape [batch] = [{batch}], got "
                          f"{list(rows.shape)}")
-    rows = rows.to(torch.int64)
-    if bool((rows >= entries).any()):
-        raise ValueError(f"state_batch_indices: rows must be < the pool's {entries} rows "
-                         f"(negative = padding), got {int(rows.max())}")
-    if _shares_a_row(rows):
-        raise ValueError("state_batch_indices: two requests name the same row; each needs "
-                         "its own")
-    return rows
+    return rows.to(torch.int64)  # their values: checked by _scan_decode
 
 
 # ------------------------------------------------------------------------------------------
