@@ -334,9 +334,11 @@ def test_example_runs_under_torchrun():
     """examples/context_parallel.py, as its docstring says to run it, checks itself against
     the single-process run and exits 0 only when everything matches."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # the ranks import the linseq this test imported (installed, or the source folder with
+    # LINSEQ_LIBRARY), not the source folder beside the example, which holds no library
+    package_dir = os.path.dirname(os.path.dirname(os.path.abspath(lt.__file__)))
     env = dict(os.environ, OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([os.path.join(root, "python"),
-                                           os.environ.get("PYTHONPATH", "")]))
+               PYTHONPATH=os.pathsep.join([package_dir, os.environ.get("PYTHONPATH", "")]))
     run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
                           "2", "--master-port", str(_free_port()),
                           os.path.join(root, "examples", "context_parallel.py")],
