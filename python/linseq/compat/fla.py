@@ -144,24 +144,26 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     state_v_first = _state_layout(state_v_first, kwargs)
     _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _kda_gate(use_gate_in_kernel, extra, lower_bound, safe_gate)
-    if cp_context is not None:
-        if return_intermediate_states:
-            raise ValueError("return_intermediate_states: not available with cp_context "
-                             "(the chunk states of a rank depend on the ranks before it)")
-        return _context_parallel(
-            cp_context, q, k, v, g, beta, gate=gate, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
-            beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
-            state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-            chunk_size=extra.get("chunk_size", 64))
-    return _delta_rule(
-        "chunked", extra.get("chunk_size", 64), extra.get("_framework"), q, k, v, beta, g=g,
-        gate=gate, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
-        beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first, cu_seqlens=cu_seqlens, out_like=q,
-        intermediate=return_intermediate_states)
+    if cp_context is not None and return_intermediate_states:
+        raise ValueError("return_intermediate_states: not available with cp_context "
+                         "(the chunk states of a rank depend on the ranks before it)")
+    return _chunked(cp_context, extra, q, k, v, g, beta, gate=gate, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state,
+                    qk_l2norm=use_qk_l2norm_in_kernel, beta_logit=use_beta_sigmoid_in_kernel,
+                    neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                    cu_seqlens=cu_seqlens, intermediate=return_intermediate_states)
 
+
+
+def _chunked(cp_context, extra, q, k, v, g, beta, *, intermediate=False, **options):
+    """The chunked functions' run: across the ranks of a linseq context, or here. options:
+    gate, scale, initial_state, output_final_state, qk_l2norm, beta_logit, neg_eigval,
+    state_v_first, cu_seqlens; the output in q's dtype."""
+    chunk_size = extra.get("chunk_size", 64)
+    if cp_context is not None:
+        return _context_parallel(cp_context, q, k, v, g, beta, chunk_size=chunk_size, **options)
+    return _delta_rule("chunked", chunk_size, extra.get("_framework"), q, k, v, beta, g=g,
+                       out_like=q, intermediate=intermediate, **options)
 
 @_compilable
 def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None,
@@ -208,19 +210,11 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _gdn_gate(extra.get("use_gate_in_kernel", False), extra.get("A_log"),
                      extra.get("dt_bias"), g)
-    if cp_context is not None:
-        return _context_parallel(
-            cp_context, q, k, v, g, beta, gate=gate, scale=scale, initial_state=initial_state,
-            output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
-            beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
-            state_v_first=state_v_first, cu_seqlens=cu_seqlens,
-            chunk_size=extra.get("chunk_size", 64))
-    return _delta_rule(
-        "chunked", extra.get("chunk_size", 64), extra.get("_framework"), q, k, v, beta, g=g,
-        gate=gate, scale=scale, initial_state=initial_state,
-        output_final_state=output_final_state, qk_l2norm=use_qk_l2norm_in_kernel,
-        beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
-        state_v_first=state_v_first, cu_seqlens=cu_seqlens, out_like=q)
+    return _chunked(cp_context, extra, q, k, v, g, beta, gate=gate, scale=scale,
+                    initial_state=initial_state, output_final_state=output_final_state,
+                    qk_l2norm=use_qk_l2norm_in_kernel, beta_logit=use_beta_sigmoid_in_kernel,
+                    neg_eigval=allow_neg_eigval, state_v_first=state_v_first,
+                    cu_seqlens=cu_seqlens)
 
 
 @_compilable
