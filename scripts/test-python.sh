@@ -20,6 +20,10 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 # PyTorch's Linux wheels on PyPI are the CUDA builds; the CPU code paths are what run here.
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check numpy pytest torch jax
+# The model libraries linseq plugs into, at the versions its integration tests were written
+# against (newer releases move the modeling code those tests call).
+"$VENV/bin/python" -m pip install -q --disable-pip-version-check \
+    "transformers==5.24.0" "kernels==0.17.2" "fla-core==0.6.0"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check .
 "$VENV/bin/python" tests/refgen/gen.py build/refcases
 CASES=$(pwd)/build/refcases

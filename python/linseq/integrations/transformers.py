@@ -1,0 +1,346 @@
+"""Hugging Face transformers' linear-attention, scan and conv kernels on linseq (CPU).
+
+    import linseq.integrations.transformers as linseq_hf
+    linseq_hf.enable()        # every supported model module now calls linseq
+    model = AutoModelForCausalLM.from_pretrained(...)   # before or after: both work
+    linseq_hf.disable()       # back to what transformers had chosen
+
+    with linseq_hf.routing("torch"):   # transformers' own PyTorch functions (a reference)
+        ...
+
+Which functions: the module-level kernel functions of Kimi Linear (KDA), Qwen3-Next,
+Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet), Mamba and FalconMamba (Mamba1), all listed in
+ROUTES. Each adapter takes exactly the arguments the transformers function takes and calls
+linseq's drop-ins (linseq.compat.fla, .mamba_ssm, .causal_conv1d); the [B,D,T] conv and scan
+tensors reach them as the model's views, and the conv and SSM cache states are updated in
+place as transformers' functions update them. Packed sequences: the flash-style
+`cu_seq_lens_q` keyword the models pass through (and the `cu_seqlens` the Qwen layers derive
+from it) keeps the sequences apart in the conv and in the delta rule, where transformers'
+PyTorch path refuses or ignores them. A call with tensors off the CPU goes where
+transformers would have sent it; a CPU call linseq does not run goes to transformers'
+PyTorch function: float64 tensors (linseq computes in float32; a float64 model keeps its
+float64 path) and a conv activation other than silu.
+
+Why the module globals are rebound here: transformers 5.2x resolves these functions once, at
+import, with `use_kernel_func_from_hub_with_fallback` (the `kernels` hub, else the original
+package, else the PyTorch path), and the layers call the module globals. Its public hooks
+for replacing them (`KernelConfig`, `use_kernelized_func`, `kernels.kernelize`) need
+`kernels` >= 0.18.2, which this combination lacks (the newest on the index is 0.17.2, so
+transformers treats `kernels` as unavailable); for fla's names, fla's own backend dispatch
+is the other route. So this module, and only this module, assigns the globals (and puts
+back the originals). With a `kernels` that transformers accepts, a kernel mapping of these
+names to a `kernels`-format build of linseq (`KernelConfig`) would do the same without
+touching module globals.
+"""
+
+import contextlib
+import functools
+import importlib
+import inspect
+import itertools
+import logging
+
+__all__ = ["enable", "disable", "routing", "ROUTES"]
+
+_log = logging.getLogger(__name__)
+
+
+class _NotOnLinseq(Exception):
+    """Raised by an adapter for a call linseq does not run: the call goes to the function
+    transformers had resolved."""
+
+
+# ------------------------------------------------------------------------------------------
+# The drop-ins, looked up at call time (so a test can count the calls)
+# ------------------------------------------------------------------------------------------
+
+_DROP_INS = {}   # "fla" -> linseq.compat.fla, ...: imported with the first route made
+
+
+def _compat(name):
+    """The drop-in module, looked up in a dict (which torch.compile traces, unlike an
+    import)."""
+    return _DROP_INS[name]
+
+
+_CHUNK_SIZES = (16, 32, 64, 128)
+_CONV_ACTIVATIONS = (None, "silu", "swish")
+
+
+def _chunk_size(chunk_size):
+    """The chunk size changes only the order of linseq's sums, not the result: one it lacks
+    runs as 64."""
+    return chunk_size if chunk_size in _CHUNK_SIZES else 64
+
+
+def _packed_offsets(kwargs):
+    """cu_seqlens of packed sequences: the delta rule's own keyword (the Qwen layers pass
+    cu_seqlens=kwargs.pop("cu_seq_lens_q")) or the flash-style keyword the model forwards
+    (Kimi passes its keywords through as they are)."""
+    cu = kwargs.get("cu_seqlens")
+    return kwargs.get("cu_seq_lens_q") if cu is None else cu
+
+
+def _seq_idx(kwargs, x):
+    """causal-conv1d's seq_idx [1, T] from the model's keywords: seq_idx as given, else one
+    index per packed sequence of cu_seq_lens_q (which covers x's one row of T tokens)."""
+    seq_idx = kwargs.get("seq_idx")
+    cu = kwargs.get("cu_seq_lens_q")
+    if seq_idx is not None or cu is None:
+        return seq_idx
+    import torch
+    cu = cu.to(torch.int64).reshape(-1)
+    batch, _, seqlen = x.shape
+    if batch != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != seqlen:
+        raise ValueError(f"cu_seq_lens_q: expected offsets 0..{seqlen} of the packed sequences "
+                         f"of one row (hidden_states [1, dim, seqlen]), got {cu.tolist()} "
+                         f"with hidden_states {list(x.shape)}")
+    lengths = cu[1:] - cu[:-1]
+    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths)[None]
+
+
+# ------------------------------------------------------------------------------------------
+# Adapters: the transformers functions' signatures, linseq's drop-ins
+# ------------------------------------------------------------------------------------------
+
+def _conv_fn(hidden_states, weight, bias=None, activation=None, **kwargs):
+    """causal_conv1d_fn: hidden_states [B,D,T] (a transposed [B,T,D] projection in these
+    models, read in place); weight [D,W]; returns [B,D,T] in hidden_states' dtype."""
+    if activation not in _CONV_ACTIVATIONS:
+        raise _NotOnLinseq
+    return _compat("causal_conv1d").causal_conv1d_fn(
+        hidden_states, weight, bias, seq_idx=_seq_idx(kwargs, hidden_states),
+        activation=activation)
+
+
+def _conv_update(hidden_states, conv_state, weight, bias=None, activation=None):
+    """causal_conv1d_update: hidden_states [B,D,T]; conv_state [B,D,W] shifted in place."""
+    if activation not in _CONV_ACTIVATIONS:
+        raise _NotOnLinseq
+    return _compat("causal_conv1d").causal_conv1d_update(
+        hidden_states, conv_state, weight, bias, activation)
+
+
+def _kda_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
+               output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+    """Kimi's chunk_kimi_delta_attention: q, k, v [B,T,H,D]; g [B,T,H,K] log decay; beta
+    [B,T,H]; initial_state [N,H,K,V]. Returns (o in q's dtype, final state float32 or None)."""
+    o, state = _compat("fla").chunk_kda(
+        query, key, value, g, beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=_packed_offsets(kwargs), chunk_size=_chunk_size(chunk_size))
+    return o.to(query.dtype), state
+
+
+def _kda_recurrent(query, key, value, g, beta, initial_state, output_final_state,
+                   use_qk_l2norm_in_kernel=False, **kwargs):
+    """Kimi's recurrent_kimi_delta_attention (decode): as _kda_chunk, token by token."""
+    o, state = _compat("fla").fused_recurrent_kda(
+        query, key, value, g, beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=_packed_offsets(kwargs))
+    return o.to(query.dtype), state
+
+
+def _gdn_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
+               output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs):
+    """Qwen's torch_chunk_gated_delta_rule: q, k [B,T,H,K]; v [B,T,HV,V] (HV a multiple of
+    H); g, beta [B,T,HV]. Returns (o in q's dtype, final state float32 or None)."""
+    o, state = _compat("fla").chunk_gated_delta_rule(
+        query, key, value, g, beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=_packed_offsets(kwargs), chunk_size=_chunk_size(chunk_size))
+    return o.to(query.dtype), state
+
+
+def _gdn_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                   use_qk_l2norm_in_kernel=False, **kwargs):
+    """Qwen's torch_recurrent_gated_delta_rule (decode): as _gdn_chunk, token by token."""
+    o, state = _compat("fla").fused_recurrent_gated_delta_rule(
+        query, key, value, g=g, beta=beta, initial_state=initial_state,
+        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
+        cu_seqlens=_packed_offsets(kwargs))
+    return o.to(query.dtype), state
+
+
+def _mamba_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
+                delta_softplus=False, return_last_state=False, use_mambapy=False,
+                use_associative_scan=False, **kwargs):
+    """Mamba's mamba_selective_scan: hidden_states, dt, z [B,D,T]; B, C [B,N,T] views.
+    use_mambapy / use_associative_scan choose among transformers' PyTorch scans: unused."""
+    return _compat("mamba_ssm").selective_scan_fn(
+        hidden_states, dt, A, B, C, D, z, delta_bias, delta_softplus, return_last_state)
+
+
+def _mamba_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None,
+                        dt_softplus=False, z=None, **kwargs):
+    """Mamba's mamba_selective_state_update (its order: D, dt_bias, dt_softplus, z, unlike
+    mamba-ssm's): state [B,D,N] updated in place; returns [B,D]."""
+    return _compat("mamba_ssm").selective_state_update(
+        state, hidden_states, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+
+
+def _mamba_inner(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight,
+                 out_proj_weight, out_proj_bias, A, B=None, C=None, D=None, delta_bias=None,
+                 delta_softplus=True, b_rms_weight=None, c_rms_weight=None, dt_rms_weight=None,
+                 b_c_dt_rms_eps=1e-6, **kwargs):
+    """Mamba's mamba_inner_fn, the fused training-time mixer (transformers' own returns None
+    and the layer runs unfused): xz [B,2D,T]; returns [B,T,hidden]."""
+    return _compat("mamba_ssm").mamba_inner_fn(
+        xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weight, out_proj_weight,
+        out_proj_bias, A, B, C, D, delta_bias=delta_bias, delta_softplus=delta_softplus,
+        b_rms_weight=b_rms_weight, c_rms_weight=c_rms_weight, dt_rms_weight=dt_rms_weight,
+        b_c_dt_rms_eps=b_c_dt_rms_eps)
+
+
+_CONV = {"causal_conv1d_fn": _conv_fn, "causal_conv1d_update": _conv_update}
+_KDA = {"chunk_kimi_delta_attention": _kda_chunk,
+        "recurrent_kimi_delta_attention": _kda_recurrent}
+_GDN = {"torch_chunk_gated_delta_rule": _gdn_chunk,
+        "torch_recurrent_gated_delta_rule": _gdn_recurrent}
+_MAMBA1 = {"mamba_selective_scan": _mamba_scan,
+           "mamba_selective_state_update": _mamba_state_update}
+
+# model module -> transformers function name -> linseq adapter
+ROUTES = {
+    "transformers.models.kimi_linear.modeling_kimi_linear": {**_CONV, **_KDA},
+    "transformers.models.qwen3_next.modeling_qwen3_next": {**_CONV, **_GDN},
+    "transformers.models.qwen3_5.modeling_qwen3_5": {**_CONV, **_GDN},
+    "transformers.models.qwen3_5_moe.modeling_qwen3_5_moe": {**_CONV, **_GDN},
+    "transformers.models.mamba.modeling_mamba": {**_CONV, **_MAMBA1,
+                                                 "mamba_inner_fn": _mamba_inner},
+    # Not FalconMamba's mamba_inner_fn: mamba-ssm's fused mixer (and linseq's) RMS-norms
+    # delta after its projection (over dim), transformers' unfused FalconMamba layer before
+    # it (over the projection rank), so routing it would make training differ from
+    # transformers' own path and from inference; the unfused layer runs on linseq's scan
+    # and conv instead.
+    "transformers.models.falcon_mamba.modeling_falcon_mamba": {**_CONV, **_MAMBA1},
+}
+
+
+# ------------------------------------------------------------------------------------------
+# Rebinding
+# ------------------------------------------------------------------------------------------
+
+_resolved = {}       # (module, name) -> transformers' function, as found before any rebinding
+_linseq_fns = {}     # (module, name) -> the routed function installed by "linseq"
+_before_enable = {}  # (module, name) -> what enable() replaced
+
+
+def _tensors(args, kwargs):
+    import torch
+    return [t for t in itertools.chain(args, kwargs.values()) if isinstance(t, torch.Tensor)]
+
+
+def _routed(adapter, resolved, qualified):
+    """The function installed for "linseq": the adapter; a call with tensors off the CPU goes
+    to the function transformers had resolved (fla / mamba-ssm / causal-conv1d where
+    installed), a CPU call linseq declines (float64 or complex tensors: linseq computes in
+    float32; an activation it lacks) to transformers' PyTorch function."""
+    import torch
+    for name in ("fla", "mamba_ssm", "causal_conv1d"):
+        _DROP_INS.setdefault(name, importlib.import_module(f"linseq.compat.{name}"))
+    torch_function = inspect.unwrap(resolved)
+    declined = (torch.float64, torch.complex64, torch.complex128)
+
+    @functools.wraps(resolved)
+    def routed(*args, **kwargs):
+        tensors = _tensors(args, kwargs)
+        if any(t.device.type != "cpu" for t in tensors):
+            return resolved(*args, **kwargs)
+        if not any(t.dtype in declined for t in tensors):
+            try:
+                return adapter(*args, **kwargs)
+            except _NotOnLinseq:
+                pass
+        return torch_function(*args, **kwargs)
+    routed.linseq_route = qualified
+    return routed
+
+
+def _same_parameters(adapter, reference):
+    """True when the adapter takes the reference's parameters, by name, order and kind (a
+    transformers release that changed a signature is skipped, not miscalled)."""
+    def named(fn):
+        return [(p.name, p.kind) for p in inspect.signature(fn).parameters.values()
+                if p.kind is not inspect.Parameter.VAR_KEYWORD]
+    return named(adapter) == named(reference)
+
+
+def _available():
+    """{(module name, function name): adapter} for the routes the installed transformers
+    has, each function's original recorded; what is missing is logged (debug) and skipped."""
+    found = {}
+    for module_name, functions in ROUTES.items():
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as exc:  # not in this transformers, or transformers missing
+            _log.debug("linseq: %s skipped: %s", module_name, exc)
+            continue
+        for name, adapter in functions.items():
+            key = (module_name, name)
+            if key not in _resolved:
+                current = getattr(module, name, None)
+                if current is None:
+                    _log.debug("linseq: %s.%s skipped: not defined", module_name, name)
+                    continue
+                _resolved[key] = current
+            if not _same_parameters(adapter, inspect.unwrap(_resolved[key])):
+                _log.debug("linseq: %s.%s skipped: its signature changed", module_name, name)
+                continue
+            found[key] = adapter
+    return found
+
+
+def _function_for(kind, key, adapter):
+    if kind == "torch":   # transformers' own PyTorch function, under its decorator
+        return inspect.unwrap(_resolved[key])
+    if key not in _linseq_fns:
+        _linseq_fns[key] = _routed(adapter, _resolved[key], ".".join(key))
+    return _linseq_fns[key]
+
+
+def _install(kind, routes):
+    if kind not in ("linseq", "torch"):
+        raise ValueError(f"kind: expected 'linseq' or 'torch', got {kind!r}")
+    for key, adapter in routes.items():
+        setattr(importlib.import_module(key[0]), key[1], _function_for(kind, key, adapter))
+
+
+def enable():
+    """Route every supported transformers kernel function to linseq (idempotent). Imports
+    the model modules of ROUTES that the installed transformers has; a missing one is
+    skipped (logged at debug level). Returns the "module.function" names routed."""
+    routes = _available()
+    for key in routes:
+        current = getattr(importlib.import_module(key[0]), key[1])
+        if current is not _linseq_fns.get(key):
+            _before_enable.setdefault(key, current)
+    _install("linseq", routes)
+    return tuple(".".join(key) for key in routes)
+
+
+def disable():
+    """Put back what enable() replaced. Returns the "module.function" names restored."""
+    restored = tuple(".".join(key) for key in _before_enable)
+    for (module_name, name), fn in _before_enable.items():
+        setattr(importlib.import_module(module_name), name, fn)
+    _before_enable.clear()
+    return restored
+
+
+@contextlib.contextmanager
+def routing(kind):
+    """Within the block, the supported functions are linseq's ("linseq", as enable()) or
+    transformers' own PyTorch functions ("torch", also where fla or mamba-ssm are installed:
+    the reference for tests and benchmarks); on exit what was there before is restored."""
+    if kind not in ("linseq", "torch"):
+        raise ValueError(f"kind: expected 'linseq' or 'torch', got {kind!r}")
+    routes = _available()
+    saved = {key: getattr(importlib.import_module(key[0]), key[1]) for key in routes}
+    try:
+        _install(kind, routes)
+        yield tuple(".".join(key) for key in routes)
+    finally:
+        for (module_name, name), fn in saved.items():
+            setattr(importlib.import_module(module_name), name, fn)
