@@ -198,6 +198,16 @@ test-valgrind:
 test-python:
 	sh scripts/test-python.sh $(REFDATA)
 
+# linseq as a Hugging Face `kernels` repository (tools/kernels/build.py): a CPU build variant
+# for the PyTorch that KERNELS_PYTHON imports (or TORCH_VERSION=MAJOR.MINOR), with the Python
+# package and this build's shared library inside, in $(BUILD)/kernels/linseq. KERNELS_PYTHON
+# defaults to the test environment's Python (make test-python makes it), which has torch.
+KERNELS_PYTHON ?= $(if $(wildcard build/venv/bin/python),build/venv/bin/python,python3)
+.PHONY: kernels-build
+kernels-build: lib
+	$(KERNELS_PYTHON) tools/kernels/build.py --library $(SHARED) --out $(BUILD)/kernels/linseq \
+	  $(if $(TORCH_VERSION),--torch-version $(TORCH_VERSION))
+
 # The CUDA tests (tests/cuda/test_*.c, make CUDA=1): each compares one op family's CUDA
 # kernels with the CPU path; each skips itself on a machine without a GPU.
 CUDA_TEST_SRC := $(sort $(wildcard tests/cuda/test_*.c))
