@@ -28,9 +28,10 @@ for replacing them (`KernelConfig`, `use_kernelized_func`, `kernels.kernelize`) 
 `kernels` >= 0.18.2, which this combination lacks (the newest on the index is 0.17.2, so
 transformers treats `kernels` as unavailable); for fla's names, fla's own backend dispatch
 is the other route. So this module, and only this module, assigns the globals (and puts
-back the originals). With a `kernels` that transformers accepts, a kernel mapping of these
-names to a `kernels`-format build of linseq (`KernelConfig`) would do the same without
-touching module globals.
+back the originals). A newer `kernels` alone would not change that for the CPU:
+transformers 5.24's `KernelConfig` takes no "cpu" device, and `kernels.kernelize` replaces
+layer classes (`kernel.layers.<name>`) rather than these functions; a mapping registered
+with `kernels.register_kernel_mapping` for the "cpu" device is the closest public route.
 """
 
 import contextlib
