@@ -2,13 +2,15 @@
 
 The wheel carries liblinseq.so next to the Python modules (loaded with ctypes), so the only
 runtime dependency is NumPy; building needs a C compiler and make, as the C library
-does.
+does. Where jax's XLA FFI header is found it also carries liblinseq_xla_ffi.so, through which
+linseq.jax calls the library as XLA custom calls (scripts/build-xla-ffi.sh).
 """
 
 import os
 import re
 import shutil
 import subprocess
+import sys
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
@@ -36,6 +38,19 @@ class BuildWithLibrary(build_py):
         target = os.path.join(self.build_lib, "linseq", "liblinseq.so")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(build_dir, f"liblinseq.so.{library_version()}"), target)
+        self.build_xla_ffi(os.path.join(os.path.dirname(target), "liblinseq_xla_ffi.so"))
+
+    @staticmethod
+    def build_xla_ffi(target):
+        """linseq.jax's XLA FFI handlers, where jax's FFI header is found: in
+        $LINSEQ_XLA_FFI_INCLUDE, or from a jax this Python imports (pip's isolated build
+        environment has none: pass the folder, see scripts/test-python.sh). Without them
+        linseq.jax runs its kernels through jax.pure_callback."""
+        env = dict(os.environ, PYTHON=sys.executable)
+        script = os.path.join(ROOT, "scripts", "build-xla-ffi.sh")
+        status = subprocess.call(["sh", script, target], env=env)
+        if status not in (0, 3):  # 3: no header, nothing built (the script says so)
+            raise subprocess.CalledProcessError(status, ["sh", script, target])
 
 
 class BinaryDistribution(Distribution):
