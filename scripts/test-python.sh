@@ -24,7 +24,10 @@ fi
 # against (newer releases move the modeling code those tests call).
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check \
     "transformers==5.24.0" "kernels==0.17.2" "fla-core==0.6.0"
-"$VENV/bin/python" -m pip install -q --disable-pip-version-check .
+# jax's XLA FFI header, for linseq.jax's custom calls: pip builds in an isolated environment
+# without jax, so setup.py is told where the header is
+LINSEQ_XLA_FFI_INCLUDE=$(cd / && "$VENV/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir())') \
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check .
 "$VENV/bin/python" tests/refgen/gen.py build/refcases
 CASES=$(pwd)/build/refcases
 if [ -d "$REFDATA" ]; then
@@ -34,4 +37,5 @@ else
 fi
 # From build/: the installed package is imported, not the source folder
 cd build
-LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests
+# LINSEQ_JAX_CALLS=ffi: the JAX tests run the XLA custom calls, never the host callbacks quietly
+LINSEQ_JAX_CALLS=ffi LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests

@@ -7,7 +7,8 @@
 Each function takes NumPy arrays, PyTorch CPU tensors or JAX arrays and answers in the same
 framework: NumPy runs the kernels directly, PyTorch goes through torch.autograd.Function
 (linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
-jax.pure_callback (linseq.jax), usable under jit and grad. The work is described once here
+XLA FFI custom calls (linseq.jax; jax.pure_callback where the handlers were not built),
+usable under jit, grad and vmap. The work is described once here
 as arrays plus frozen options; each framework's backend runs it.
 """
 

@@ -1,0 +1,163 @@
+"""The kernels as XLA FFI custom calls: the handlers of _xla_ffi.c, loaded and registered once,
+and the description of one call, built while tracing from the linseq.ops objects that validate
+the NumPy calls (so a shape or option is decided in one place).
+
+A call's description is the op's problem struct and the linseq_exec as bytes (every pointer
+zero), and per operand the problem field it fills and how (see _xla_ffi.c). XLA's buffers are
+passed to the library where they lie: nothing is copied on the way in or out.
+
+The handler library is looked for in $LINSEQ_XLA_FFI_LIBRARY, else beside this module (where
+`pip install .` puts it when jax's FFI header was found: scripts/build-xla-ffi.sh), else beside
+the liblinseq the package loaded. LINSEQ_JAX_CALLS chooses the path: "ffi" (require the custom
+calls: a missing handler library is an ImportError), "callback" (jax.pure_callback), or unset
+(the custom calls when the library is found, else the callbacks).
+"""
+
+import ctypes
+import os
+
+import jax
+import numpy as np
+
+from . import _lib, ops
+
+LIBRARY_NAME = "liblinseq_xla_ffi.so"
+
+# The handlers' entry points, and for each differentiable op its forward and backward target.
+TARGETS = ("kda_forward", "kda_backward", "kda_decode", "kda_gate_forward",
+           "kda_gate_backward", "ssm1_forward", "ssm1_backward", "conv1d_forward",
+           "conv1d_backward")
+OP_TARGETS = {"kda": ("kda_forward", "kda_backward"),
+              "kda_gate": ("kda_gate_forward", "kda_gate_backward"),
+              "ssm1": ("ssm1_forward", "ssm1_backward"),
+              "causal_conv1d": ("conv1d_forward", "conv1d_backward")}
+
+# How an operand reaches the entry point (_xla_ffi.c's enum bind_kind).
+F32_POINTER, F32_VALUE, I64_POINTER, ENTRY_ARG = 0, 1, 2, 3
+
+
+def _candidates():
+    override = os.environ.get("LINSEQ_XLA_FFI_LIBRARY")
+    if override:
+        return [override]
+    here = os.path.dirname(os.path.abspath(__file__))
+    return [os.path.join(here, LIBRARY_NAME),
+            os.path.join(os.path.dirname(os.path.abspath(_lib._library_path())), LIBRARY_NAME)]
+
+
+def _bind_and_register(path):
+    handlers = ctypes.CDLL(path)
+    handlers.linseq_xla_ffi_bind.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
+    handlers.linseq_xla_ffi_bind.restype = ctypes.c_int
+    handlers.linseq_xla_ffi_entry_name.argtypes = [ctypes.c_int]
+    handlers.linseq_xla_ffi_entry_name.restype = ctypes.c_char_p
+    index = 0
+    while (name := handlers.linseq_xla_ffi_entry_name(index)) is not None:
+        address = ctypes.cast(getattr(_lib.lib, "linseq_" + name.decode()), ctypes.c_void_p)
+        if handlers.linseq_xla_ffi_bind(name, address.value) != 0:
+            raise ImportError(f"linseq: {path} refused the entry point {name.decode()}")
+        index += 1
+    for target in TARGETS:
+        jax.ffi.register_ffi_target("linseq_" + target,
+                                    jax.ffi.pycapsule(getattr(handlers, "linseq_xla_" + target)),
+                                    platform="cpu")
+    return handlers
+
+
+def _load():
+    """(the handler library or None, why it is not used)."""
+    mode = os.environ.get("LINSEQ_JAX_CALLS", "")
+    if mode not in ("", "ffi", "callback"):
+        raise ImportError(f"LINSEQ_JAX_CALLS: expected 'ffi', 'callback' or unset, got {mode!r}")
+    if mode == "callback":
+        return None, "LINSEQ_JAX_CALLS=callback"
+    path = next((p for p in _candidates() if os.path.exists(p)), None)
+    why = None
+    if not hasattr(jax, "ffi") or not hasattr(jax.ffi, "ffi_call"):
+        why = f"jax {jax.__version__} has no jax.ffi"
+    elif path is None:
+        why = f"no {LIBRARY_NAME} (looked in {', '.join(_candidates())})"
+    else:
+        try:
+            return _bind_and_register(path), None
+        except (OSError, AttributeError) as exc:
+            why = f"{path}: {exc}"
+    if mode == "ffi":
+        raise ImportError(f"linseq.jax: LINSEQ_JAX_CALLS=ffi, but {why}")
+    return None, why
+
+
+_handlers, WHY_NOT = _load()
+AVAILABLE = _handlers is not None
+
+
+def _words(struct, desc, cleared=()):
+    """A ctypes struct as int64 words, with every pointer and the fields `cleared` zero (the
+    handler fills them from the operands)."""
+    copy = type(struct).from_buffer_copy(struct)
+    for f in desc["fields"]:
+        if f["type"] == "pointer":
+            setattr(copy, f["name"], None)
+        elif f["name"] in cleared:
+            setattr(copy, f["name"], 0)
+    raw = bytes(copy)
+    return np.frombuffer(raw + bytes(-len(raw) % 8), dtype=np.int64).copy()
+
+
+class Call:
+    """The description of one custom call over `inputs` (an ops.*Inputs of the call's shapes
+    and options), its operands added in order."""
+
+    def __init__(self, op_name, inputs, exec_):
+        self.op_name, self.inputs, self.exec = op_name, inputs, exec_
+        desc = _lib.op_desc(op_name)
+        self._problem = desc["problem"]
+        self._offsets = {f["name"]: f["offset"] for f in desc["problem"]["fields"]}
+        self._grad_offsets = {f["name"]: f["offset"] for f in desc["grads"]["fields"]}
+        self._fields = {t["name"]: t["field"] for t in desc["tensors"] if t.get("field")}
+        self.fields, self.kinds, self._cleared = [], [], []
+
+    def _add(self, offset, kind):
+        self.fields.append(offset)
+        self.kinds.append(kind)
+
+    def array(self, tensor):
+        """A float32 input of the table's name `tensor`."""
+        self._add(self._offsets[self._fields[tensor]], F32_POINTER)
+
+    def offsets(self, field="cu_seqlens"):
+        self._add(self._offsets[field], I64_POINTER)
+
+    def value(self, field):
+        """A float32 scalar option (scale, lower_bound): an operand, so that a new value is
+        not a new compiled function."""
+        self._add(self._offsets[field], F32_VALUE)
+        self._cleared.append(field)
+
+    def entry_arg(self):
+        self._add(-1, ENTRY_ARG)
+
+    def attributes(self, grads=()):
+        """The ffi_call keyword attributes; `grads`: the results' gradient names (backward)."""
+        attrs = dict(problem=_words(self.inputs.problem, self._problem, self._cleared),
+                     exec=_words(self.exec, _lib.op_table["exec"]),
+                     fields=np.asarray(self.fields, np.int64),
+                     kinds=np.asarray(self.kinds, np.int64))
+        if grads:
+            attrs["grads"] = np.asarray([self._grad_offsets[self._fields[g]] for g in grads],
+                                        np.int64)
+        return attrs
+
+    def grad_shape(self, grad):
+        """The shape the library writes the gradient `grad` in under this problem."""
+        return _lib.tensor_shape(self.op_name, grad, self.inputs.problem)
+
+
+def ffi_call(target, result_shapes, operands, attrs, aliases=None):
+    return jax.ffi.ffi_call("linseq_" + target, result_shapes,
+                            input_output_aliases=aliases)(*operands, **attrs)
+
+
+def exec_of(opts):
+    """The linseq_exec of an option set (KDA's mode and chunk size; the default otherwise)."""
+    return ops.make_exec(**(opts.run() if hasattr(opts, "run") else {}))
