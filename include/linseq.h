@@ -130,7 +130,8 @@ typedef enum linseq_device {
 
 typedef enum linseq_dtype {
     LINSEQ_DTYPE_F32 = 0, /* every tensor float32 */
-    LINSEQ_DTYPE_BF16 = 1 /* per-token tensors bfloat16 (CUDA only); see below */
+    LINSEQ_DTYPE_BF16 = 1 /* per-token tensors bfloat16 (CUDA; on the CPU the KDA forward and
+                           * decode); see below */
 } linseq_dtype;
 
 typedef struct linseq_exec {
@@ -153,7 +154,11 @@ typedef struct linseq_exec {
     /* BF16: the per-token tensors (KDA q, k, v, beta, g, o; SSM1 x, dt, B_proj, C_proj, gate,
      * y; conv x, y; the standalone gate's g_raw and g; and the gradients of all of these) are
      * bfloat16; states, parameters and their gradients stay float32, and all arithmetic
-     * accumulates in float32. The pointers keep their float types in the structs. */
+     * accumulates in float32. The pointers keep their float types in the structs.
+     * On LINSEQ_DEVICE_CPU only linseq_kda_forward and linseq_kda_decode take BF16 (any
+     * other call returns LINSEQ_ERR_UNSUPPORTED naming itself and the dtype): their results
+     * are those of the float32 call on the same values widened to float32, bit for bit, with
+     * o rounded once to nearest even; the state is float32 as always. */
     linseq_dtype dtype;
 } linseq_exec;
 

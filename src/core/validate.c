@@ -191,7 +191,7 @@ linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_s
 }
 
 /* Every op validates the whole exec: an unknown mode is an error even where it is unused. */
-linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
+static linseq_status check_exec(const char *fn, const linseq_exec *ex, bool cpu_bf16)
 {
     if (!ex) return LINSEQ_OK;
     if ((unsigned)ex->mode > (unsigned)LINSEQ_MODE_CHUNKED)
@@ -224,11 +224,22 @@ linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "exec->device_index = %d; expected a CUDA device ordinal >= 0",
                        ex->device_index);
-    if (ex->dtype == LINSEQ_DTYPE_BF16 && ex->device != LINSEQ_DEVICE_CUDA)
+    if (ex->dtype == LINSEQ_DTYPE_BF16 && ex->device != LINSEQ_DEVICE_CUDA && !cpu_bf16)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
-                       "exec->dtype = LINSEQ_DTYPE_BF16 runs on LINSEQ_DEVICE_CUDA only; the "
-                       "CPU kernels take float32");
+                       "exec->dtype = LINSEQ_DTYPE_BF16, but on LINSEQ_DEVICE_CPU this call "
+                       "takes float32 tensors (bf16 on the CPU: linseq_kda_forward and "
+                       "linseq_kda_decode; every op on LINSEQ_DEVICE_CUDA)");
     return LINSEQ_OK;
+}
+
+linseq_status ls_check_exec(const char *fn, const linseq_exec *ex)
+{
+    return check_exec(fn, ex, false);
+}
+
+linseq_status ls_check_exec_bf16(const char *fn, const linseq_exec *ex)
+{
+    return check_exec(fn, ex, true);
 }
 
 static int compare_i64(const void *x, const void *y)

@@ -60,8 +60,11 @@ void ls_shape_text(const ls_tensor *t, char *buf, size_t n);
 /* size < min -> LINSEQ_ERR_INVALID_SIZE naming the size. */
 linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min);
 
-/* exec (may be NULL): mode, chunk size, thread count. */
+/* exec (may be NULL): mode, chunk size, thread count, device and dtype. On the CPU,
+ * LINSEQ_DTYPE_BF16 is refused (naming fn and the dtype) unless through ls_check_exec_bf16,
+ * which the entry points whose CPU kernels read and write bf16 per-token tensors call. */
 linseq_status ls_check_exec(const char *fn, const linseq_exec *exec);
+linseq_status ls_check_exec_bf16(const char *fn, const linseq_exec *exec);
 
 /* Offsets of n_seqs packed sequences in a time axis of T tokens (B must be 1). */
 linseq_status ls_check_cu_seqlens(const char *fn, const int64_t *cu, int64_t n_seqs, int64_t B,

@@ -51,6 +51,7 @@ void kda_exec_plan(kda_plan *pl, const linseq_exec *exec)
     const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
     pl->chunk = mode != LINSEQ_MODE_RECURRENT ? chunk : 0;
     pl->segment = chunk;
+    pl->bf16 = ls_token_bytes(exec) == 2;
 }
 
 /* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
@@ -104,6 +105,7 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
     pl->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->K));
     pl->chunk = 0;
     pl->segment = 64;
+    pl->bf16 = false;
     return LINSEQ_OK;
 }
 
@@ -377,7 +379,11 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    /* the CPU kernels read and write bf16 per-token tensors, but the training forward's
+     * saved block feeds a backward that takes float32 */
+    if ((st = kda_check_problem(fn, problem, &pl)) ||
+        (st = saved ? ls_check_exec(fn, exec) : ls_check_exec_bf16(fn, exec)))
+        return st;
     const linseq_kda_problem *p = problem;
 
     if (saved && ls_on_cuda(exec))
@@ -521,8 +527,10 @@ static void decode_item(void *ctx, int64_t item, int thread)
     const linseq_kda_problem *p = pl->p;
     const int64_t b = item / pl->HV, hv = item % pl->HV, KV = p->K * p->V;
     const int64_t row = c->rows ? c->rows[b] : b;
-    if (row < 0) {
-        memset(c->o + (b * pl->HV + hv) * p->V, 0, (size_t)p->V * sizeof(float));
+    if (row < 0) { /* zero bits are +0 in float32 and in bf16 */
+        const size_t te = kda_token_bytes(pl);
+        memset((unsigned char *)c->o + (size_t)((b * pl->HV + hv) * p->V) * te, 0,
+               (size_t)p->V * te);
         return;
     }
     float *slot = c->state + (row * pl->HV + hv) * KV;
@@ -560,7 +568,9 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec_bf16(fn, exec)))
+        return st;
+    pl.bf16 = ls_token_bytes(exec) == 2; /* decode is recurrent: only the dtype of exec applies */
     const linseq_kda_problem *p = problem;
     if (p->T != 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,

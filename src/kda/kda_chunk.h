@@ -37,6 +37,8 @@ typedef struct kda_chunk_ws {
     float *sc;              /* [2*16,C] one row block's scores */
     float *w, *fr, *dscale; /* [K] running products */
     float *tot;             /* [C/16,K] each sub-chunk's total decay */
+    float *tile;            /* [C,V], bf16 only: the chunk's outputs before they are rounded
+                             * (none for float32, whose outputs are summed where they lie) */
 } kda_chunk_ws;
 
 static inline size_t kda_align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -75,6 +77,7 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     TAKE(fr, K);
     TAKE(dscale, K);
     TAKE(tot, (C / S + 1) * K);
+    TAKE(tile, pl->bf16 ? C * V : 0);
 #undef TAKE
     return off;
 }

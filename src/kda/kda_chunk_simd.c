@@ -61,21 +61,26 @@ static inline void vmul_scalar(int64_t n, const float *x, float s, float *y)
  * (the threads that share an item prepare chunks apart). */
 enum { KDA_PREFETCH_AHEAD = 4 };
 
-/* Requests the n floats at row, by 64-byte lines, for reading (rw 0) or writing (rw 1),
- * into every cache level (locality 3) or L2 and beyond (1). A macro, not a function: GCC 12
- * deems a function that only prefetches free of side effects and drops its calls. */
-#define KDA_PREFETCH_ROW(row, n, rw, locality)                                                     \
-    for (int64_t pf_i_ = 0; pf_i_ < (n); pf_i_ += 16)                                              \
-    __builtin_prefetch((row) + pf_i_, rw, locality)
+/* Requests row `row` (n elements each) of the per-token tensor at base, by 64-byte lines,
+ * for reading (rw 0) or writing (rw 1), into every cache level (locality 3) or L2 and beyond
+ * (1). A macro, not a function: GCC 12 deems a function that only prefetches free of side
+ * effects and drops its calls. */
+#define KDA_PREFETCH_ROW(pl, base, row, n, rw, locality)                                           \
+    for (int64_t pf_i_ = 0, pf_es_ = (int64_t)kda_token_bytes(pl); pf_i_ < (n)*pf_es_;             \
+         pf_i_ += 64)                                                                              \
+    __builtin_prefetch((const char *)(base) + (row) * (n)*pf_es_ + pf_i_, rw, locality)
 
-/* The rows of token tok that a chunk reads: q and k (K floats each), v (V floats). */
+/* The rows of token tok that a chunk reads: q and k (K elements each), v (V elements) and
+ * g (gK elements). */
 #define KDA_PREFETCH_TOKEN(pl, tok, hv, locality)                                                  \
     do {                                                                                           \
         const linseq_kda_problem *pf_p_ = (pl)->p;                                                 \
         const int64_t pf_h_ = (hv) / (pl)->group;                                                  \
-        KDA_PREFETCH_ROW(pf_p_->q + ((tok)*pf_p_->H + pf_h_) * pf_p_->K, pf_p_->K, 0, locality);   \
-        KDA_PREFETCH_ROW(pf_p_->k + ((tok)*pf_p_->H + pf_h_) * pf_p_->K, pf_p_->K, 0, locality);   \
-        KDA_PREFETCH_ROW(pf_p_->v + ((tok) * (pl)->HV + (hv)) * pf_p_->V, pf_p_->V, 0, locality);  \
+        KDA_PREFETCH_ROW(pl, pf_p_->q, (tok)*pf_p_->H + pf_h_, pf_p_->K, 0, locality);             \
+        KDA_PREFETCH_ROW(pl, pf_p_->k, (tok)*pf_p_->H + pf_h_, pf_p_->K, 0, locality);             \
+        KDA_PREFETCH_ROW(pl, pf_p_->v, (tok) * (pl)->HV + (hv), pf_p_->V, 0, locality);            \
+        if (pf_p_->g)                                                                              \
+            KDA_PREFETCH_ROW(pl, pf_p_->g, (tok) * (pl)->HV + (hv), (pl)->gK, 0, locality);        \
     } while (0)
 
 /* Lane sums of 16 vectors into out[16], VW vectors per reduction. */
@@ -285,15 +290,16 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
     float *vnew = w->vnew + j0;
     ls_gemm(Lc, n, K, w->kbg, K, 1, S0 + j0, V, vnew, V, false);
     for (int64_t r = 0; r < Lc; r++) {
-        const float *v = pl->p->v + ((first + r) * HV + hv) * V + j0;
+        const int64_t v_at = ((first + r) * HV + hv) * V + j0;
         float *vn = vnew + r * V;
         const vf beta = vf_set1(w->beta[r]);
         int64_t j = 0;
         for (; j + VW <= n; j += VW)
-            vf_store(vn + j, vf_fmadd(beta, vf_load(v + j), vf_sub(vf_zero(), vf_load(vn + j))));
+            vf_store(vn + j, vf_fmadd(beta, kda_token_vec(pl, pl->p->v, v_at + j, VW),
+                                      vf_sub(vf_zero(), vf_load(vn + j))));
         if (j < n)
             vf_store_n(vn + j,
-                       vf_fmadd(beta, vf_load_n(v + j, n - j),
+                       vf_fmadd(beta, kda_token_vec(pl, pl->p->v, v_at + j, n - j),
                                 vf_sub(vf_zero(), vf_load_n(vn + j, n - j))),
                        n - j);
     }
@@ -312,16 +318,21 @@ void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, cons
 {
     const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, SC = KDA_SUB_CHUNK;
     const int64_t n = j1 - j0;
-    /* the decayed chunk-start state read by q, then the in-chunk part by row blocks */
-    float *out = o + (first * HV + hv) * V + j0;
-    ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, HV * V, false);
+    /* the decayed chunk-start state read by q, then the in-chunk part by row blocks; bf16
+     * outputs are summed in the float tile (the same products: no result depends on where
+     * it is stored) and rounded once */
+    const int64_t at = (first * HV + hv) * V + j0;
+    float *out = pl->bf16 ? w->tile + j0 : o + at;
+    const int64_t ld = pl->bf16 ? V : HV * V;
+    ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, ld, false);
     for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
         const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
         if (r0 > 0)
-            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * HV * V, HV * V,
-                    true);
-        kda_triangle_rows(out, HV * V, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
+            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * ld, ld, true);
+        kda_triangle_rows(out, ld, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
     }
+    if (pl->bf16)
+        for (int64_t r = 0; r < Lc; r++) kda_token_store_bf16(o, at + r * HV * V, n, out + r * V);
 }
 
 void LS_ISA_FN(kda_chunk_advance)(const kda_plan *pl, const kda_chunk_ws *w, float *S, int64_t Lc,
@@ -350,7 +361,7 @@ void LS_ISA_FN(kda_chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, in
         /* the next chunk's rows into L2 while this one's products run */
         for (int64_t t = first + Lc; t < tok0 + len && t < first + Lc + C; t++) {
             KDA_PREFETCH_TOKEN(pl, t, hv, 1);
-            if (o) KDA_PREFETCH_ROW(o + (t * pl->HV + hv) * V, V, 1, 1);
+            if (o) KDA_PREFETCH_ROW(pl, o, t * pl->HV + hv, V, 1, 1);
         }
         LS_ISA_FN(kda_chunk_solve)(pl, &w, S, first, Lc, hv, 0, V);
         if (o) LS_ISA_FN(kda_chunk_output)(pl, &w, S, first, Lc, hv, o, 0, V);

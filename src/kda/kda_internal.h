@@ -25,16 +25,21 @@ typedef struct kda_plan {
     float scale;
     int chunk;   /* chunk size (chunked mode), 0 in recurrent mode */
     int segment; /* recurrent mode: tokens between saved states */
+    bool bf16;   /* the per-token tensors (q, k, v, beta, g, o) are bfloat16: the kernels
+                  * widen them as they load them and round o once as they store it */
 } kda_plan;
 
-/* The mode and chunk size of exec (NULL: defaults) into the plan. */
+/* Bytes per element of the per-token tensors. */
+static inline size_t kda_token_bytes(const kda_plan *pl) { return pl->bf16 ? 2 : 4; }
+
+/* The mode, chunk size and dtype of exec (NULL: defaults) into the plan. */
 void kda_exec_plan(kda_plan *pl, const linseq_exec *exec);
 
 /* Validates everything but the tensor pointers and fills the plan (chunk = 0). */
 linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl);
 
 /* The input tensors of a validated problem (T tokens per batch row) for ls_args_validate;
- * token_bytes is the element size of the per-token tensors (2 for bf16 on CUDA, else 4). */
+ * token_bytes is the element size of the per-token tensors (2 for bf16, else 4). */
 struct ls_args;
 void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T, size_t token_bytes);
 
@@ -78,10 +83,11 @@ void kda_state_store(const kda_plan *pl, const float *S, float *dst);
 /* Recurrent mode: advances S over tokens [tok0, tok0+len) of value head hv and writes their
  * outputs (none when o is NULL), for the columns [j0, j1) of S and o only: columns are
  * independent in the recurrence, so threads may split one item's columns. scratch holds
- * kda_recurrent_scratch_floats(pl) floats. */
+ * kda_recurrent_scratch_floats(pl) floats: six K-rows of token factors, then (bf16) the
+ * token's v row widened and its o row before rounding. */
 static inline size_t kda_recurrent_scratch_floats(const kda_plan *pl)
 {
-    return (size_t)(6 * pl->p->K + 64);
+    return (size_t)(6 * pl->p->K + 2 * pl->p->V + 64);
 }
 LS_ISA_DECLARE(void, kda_recurrent_item,
                (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,

@@ -6,7 +6,9 @@
  *     S <- diag(a) S + k u^T
  * Every column j of S, u and o depends on column j only, so the state is walked in column
  * blocks of four vectors: the two products read the block, then the update rewrites it while
- * it is still in L1. One read and one write of the state per token. */
+ * it is still in L1. One read and one write of the state per token. With bf16 per-token
+ * tensors the token's v row is widened into scratch and its o row summed there and rounded
+ * once: the arithmetic is the float32 path's on the widened values. */
 #include <string.h>
 
 #include "kda/kda_simd.h"
@@ -96,12 +98,15 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
     const float *ks = scratch + K, *a = scratch + 3 * K, *ak = a + K, *aq = ak + K;
+    float *v_row = scratch + 6 * K, *o_row = v_row + V; /* bf16: [V] each, columns [j0, j1) */
 
     for (int64_t tok = tok0; tok < tok0 + len; tok++) {
         float beta, qk;
         token_factors(pl, tok, hv, scratch, &beta, &qk);
-        const float *v = p->v + (tok * HV + hv) * V;
-        float *out = o ? o + (tok * HV + hv) * V : NULL;
+        const int64_t at = (tok * HV + hv) * V;
+        /* column_block indexes v and out by column: a widened span stands at v_row + j0 */
+        const float *v = kda_token_span(pl, p->v, at + j0, j1 - j0, v_row + j0) - j0;
+        float *out = !o ? NULL : pl->bf16 ? o_row : o + at;
         const int64_t block = COLS * VW;
         for (int64_t jb = j0; jb < j1; jb += block) {
             const int64_t w = j1 - jb < block ? j1 - jb : block;
@@ -113,6 +118,7 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
                              v, out);
             }
         }
+        if (o && pl->bf16) kda_token_store_bf16(o, at + j0, j1 - j0, o_row + j0);
     }
 }
 
@@ -125,10 +131,12 @@ void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, 
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV;
     const float *ks = scratch + K, *a = scratch + 3 * K, *ak = a + K, *aq = ak + K;
+    float *v_row = scratch + 6 * K, *o_row = v_row + V; /* bf16 only */
     float beta, qk;
     token_factors(pl, tok, hv, scratch, &beta, &qk);
-    const float *v = p->v + (tok * HV + hv) * V;
-    float *out = o + (tok * HV + hv) * V;
+    const int64_t at = (tok * HV + hv) * V;
+    const float *v = kda_token_span(pl, p->v, at, V, v_row);
+    float *out = pl->bf16 ? o_row : o + at;
     for (int64_t j0 = 0; j0 < V; j0 += VW) {
         const int64_t rows = V - j0 < VW ? V - j0 : VW;
         vf acc_p[VW], acc_o[VW];
@@ -171,4 +179,5 @@ void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, 
                            K - i);
         }
     }
+    if (pl->bf16) kda_token_store_bf16(o, at, V, o_row);
 }

@@ -1,5 +1,7 @@
 /* Internal: per-ISA inline helpers of the KDA kernels (include from *_simd.c files after
- * simd/vec.h): the in-kernel gate and the loading of one token with its in-kernel options. */
+ * simd/vec.h): the in-kernel gate, the loading of one token with its in-kernel options, and
+ * the access to per-token tensors in either storage type (float32, or bf16 widened on load
+ * and rounded on store: simd/bf16.h). */
 #ifndef LS_KDA_SIMD_H
 #define LS_KDA_SIMD_H
 
@@ -8,8 +10,43 @@
 
 #include "core/kda_math.h"
 #include "kda/kda_internal.h"
+#include "simd/bf16.h"
 #include "simd/gemm.h"
 #include "simd/vec.h"
+
+/* The n values at element offset `at` of a per-token tensor as floats: in place for float32;
+ * widened (exactly) into tmp for bf16, so the arithmetic that follows sees the same floats
+ * as the float32 path run on the widened values. */
+static inline const float *kda_token_span(const kda_plan *pl, const float *base, int64_t at,
+                                          int64_t n, float *tmp)
+{
+    if (!pl->bf16) return base + at;
+    ls_widen_bf16(n, (const uint16_t *)(const void *)base + at, tmp);
+    return tmp;
+}
+
+/* The w <= VW values at element offset `at` of a per-token tensor as one vector (widened
+ * from bf16 in the register). */
+static inline vf kda_token_vec(const kda_plan *pl, const float *base, int64_t at, int64_t w)
+{
+    if (pl->bf16) {
+        const uint16_t *h = (const uint16_t *)(const void *)base + at;
+        return w == VW ? vf_load_bf16(h) : vf_load_bf16_n(h, w);
+    }
+    return w == VW ? vf_load(base + at) : vf_load_n(base + at, w);
+}
+
+static inline float kda_token_value(const kda_plan *pl, const float *base, int64_t at)
+{
+    return pl->bf16 ? ls_bf16_to_f32(((const uint16_t *)(const void *)base)[at]) : base[at];
+}
+
+/* The n floats of src, rounded once, into a bf16 per-token output at element offset `at`
+ * (float32 outputs are written where they lie and never pass through here). */
+static inline void kda_token_store_bf16(float *base, int64_t at, int64_t n, const float *src)
+{
+    ls_round_bf16(n, src, (uint16_t *)(void *)base + at);
+}
 
 /* ls_kda_gatef (core/kda_math.h) on one vector, in the same order of operations:
  * -exp(A_log) softplus(raw + bias), or lower_bound sigmoid(exp(A_log) (raw + bias)). The
@@ -85,18 +122,20 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
 {
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, H = p->H, HV = pl->HV, h = hv / pl->group;
-    kda_norm_scale(K, p->q + (tok * H + h) * K, p->qk_l2norm, pl->scale, qs);
-    kda_norm_scale(K, p->k + (tok * H + h) * K, p->qk_l2norm, 1.0f, ks);
-    const float b = p->beta[tok * HV + hv];
+    /* bf16 rows are widened into the outputs and scaled there in place */
+    kda_norm_scale(K, kda_token_span(pl, p->q, (tok * H + h) * K, K, qs), p->qk_l2norm, pl->scale,
+                   qs);
+    kda_norm_scale(K, kda_token_span(pl, p->k, (tok * H + h) * K, K, ks), p->qk_l2norm, 1.0f, ks);
+    const float b = kda_token_value(pl, p->beta, tok * HV + hv);
     *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
     if (p->decay == LINSEQ_DECAY_NONE) {
         g[0] = 0.0f;
         return;
     }
     const int64_t gK = pl->gK;
-    const float *graw = p->g + (tok * HV + hv) * gK;
+    const float *graw = kda_token_span(pl, p->g, (tok * HV + hv) * gK, gK, g);
     if (!p->gate_in_kernel) {
-        memcpy(g, graw, (size_t)gK * sizeof *g);
+        if (graw != g) memcpy(g, graw, (size_t)gK * sizeof *g);
         return;
     }
     kda_gate_row(gK, graw, p->dt_bias ? p->dt_bias + hv * gK : NULL, p->A_log ? p->A_log[hv] : 0.0f,
