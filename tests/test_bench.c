@@ -258,6 +258,29 @@ static void test_ops(void)
         outcome_free(&o);
     }
 
+    {
+        /* --dtype bf16: the per-token tensors count 2 bytes an element, the states 4 */
+        const double st = 2.0 * 2 * 16 * 8; /* ht: B H K V */
+        w = kda_want("kda", CHUNKED, 2, 40, 2, 16, 8, 16, true);
+        w.bytes = (w.bytes - 4.0 * st) / 2.0 + 4.0 * st;
+        check_op("kda chunked bf16", &w,
+                 ARGS("kda", "--B", "2", "--T", "40", "--H", "2", "--K", "16", "--V", "8",
+                      "--chunk-size", "16", "--dtype", "bf16", TIMING, "--no-peak"));
+        const double pool = 3.0 * 2 * 16 * 16; /* read and written */
+        w = kda_want("kda-decode", DECODE, 3, 1, 2, 16, 16, 64, true);
+        w.bytes = (w.bytes - 8.0 * pool) / 2.0 + 8.0 * pool;
+        check_op("kda-decode bf16", &w,
+                 ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V", "16", "--dtype",
+                      "bf16", TIMING, "--no-peak"));
+        /* an op whose CPU kernels take float32 only: the library's refusal, exit 1 */
+        outcome o = run_bench(true, ARGS("ssm1", "--T", "8", "--D", "8", "--N", "4", "--dtype",
+                                         "bf16", TIMING, "--no-peak"));
+        CHECK(o.status == 1 && strstr(o.err, "linseq_ssm1_forward") &&
+                  strstr(o.err, "LINSEQ_DTYPE_BF16"),
+              "ssm1 --dtype bf16: exit %d, stderr '%s'", o.status, o.err);
+        outcome_free(&o);
+    }
+
     w = (want){"gate", 2, 32, 2.0 * 32 * 2 * 8, 4.0 * (2.0 * 32 * 2 * 8 + 2 + 2 * 8)};
     check_op("gate", &w,
              ARGS("gate", "--B", "2", "--T", "16", "--H", "2", "--K", "8", TIMING, "--no-peak"));
@@ -478,6 +501,8 @@ static void test_errors(void)
     check_usage_error(ARGS("kda", "--mode", "sideways"));
     check_usage_error(ARGS("kda", "--chunk-size", "48"));
     check_usage_error(ARGS("kda", "--decay", "none"));
+    check_usage_error(ARGS("kda", "--dtype", "fp8"));
+    check_usage_error(ARGS("peak", "--dtype", "bf16"));
     check_usage_error(ARGS("kda", "--threads", "0"));
     check_usage_error(ARGS("kda", "--repeats", "0"));
     check_usage_error(ARGS("kda", "--D", "64"));

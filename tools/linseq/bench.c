@@ -52,6 +52,8 @@ const char ls_bench_usage[] =
     "bench options:\n"
     "  --B --T --H --K --V --D --N --W  sizes (>= 1; kda-decode and ssm1-decode run T=1)\n"
     "  --mode recurrent|chunked, --chunk-size 16|32|64|128, --decay channel|head\n"
+    "  --dtype f32|bf16  the per-token tensors' type (default f32); bf16 where the op takes\n"
+    "                 it on the CPU (kda, kda-decode); bytes count 2 per bf16 element\n"
     "  --threads N    threads per call (default: all processors)\n"
     "  --repeats N    timed calls (default: enough for about 1 s, at least 10);\n"
     "                 for peak: trials per figure, the best kept (default 5)\n"
@@ -147,8 +149,9 @@ typedef struct spec {
     int64_t size[LS_OP_MAX_FIELDS]; /* of cmd->op->sizes[i]; 0: the struct's default */
     linseq_mode mode;               /* ops with modes, but decode: RECURRENT or CHUNKED */
     int chunk;
-    int decay;   /* LINSEQ_DECAY_*, or -1: as the op's bench options */
-    int threads; /* > 0 */
+    int decay;          /* LINSEQ_DECAY_*, or -1: as the op's bench options */
+    int threads;        /* > 0 */
+    linseq_dtype dtype; /* of the per-token tensors (--dtype) */
 } spec;
 
 typedef struct settings {
@@ -279,13 +282,50 @@ static void *buffer(job *j, double n_bytes)
     return x;
 }
 
+/* The per-token tensors, whose type exec->dtype sets (linseq.h): those shaped [B,T,...]. */
+static bool per_token(const ls_tensor_desc *t)
+{
+    return t->dims && strncmp(t->dims, "[B,T", 4) == 0; /* decode's pool has no dims text */
+}
+
+/* Bytes per element of t in the job. */
+static double element_bytes(const job *j, const ls_tensor_desc *t)
+{
+    return j->s.dtype == LINSEQ_DTYPE_BF16 && per_token(t) ? 2.0 : 4.0;
+}
+
+/* x rounded to the nearest bf16 (ties to even; NaN stays NaN). */
+static uint16_t to_bf16(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
 /* A tensor of n values of t's distribution (zeros for LS_DIST_ZERO), dims its shape (for
- * the distributions that depend on the position); NULL in the dry pass. */
+ * the distributions that depend on the position); NULL in the dry pass. A bf16 tensor holds
+ * the float32 draws rounded to nearest even. */
 static float *tensor(job *j, const ls_tensor_desc *t, int64_t n, const int64_t *dims, int nd)
 {
     j->n_tensors++;
-    float *x = buffer(j, (double)n * sizeof(float));
-    if (x && t->dist != LS_DIST_ZERO) ls_op_fill(t, x, n, dims, nd, SEED ^ (j->n_tensors << 40));
+    const bool bf16 = element_bytes(j, t) == 2.0;
+    void *x = buffer(j, (double)n * element_bytes(j, t));
+    if (!x || t->dist == LS_DIST_ZERO) return x;
+    const uint64_t seed = SEED ^ (j->n_tensors << 40);
+    if (!bf16) {
+        ls_op_fill(t, x, n, dims, nd, seed);
+        return x;
+    }
+    float *draws = malloc((size_t)n * sizeof *draws);
+    if (!draws) {
+        j->failed = true;
+        return x;
+    }
+    ls_op_fill(t, draws, n, dims, nd, seed);
+    uint16_t *h = x;
+    for (int64_t i = 0; i < n; i++) h[i] = to_bf16(draws[i]);
+    free(draws);
     return x;
 }
 
@@ -327,8 +367,8 @@ static bool output_used(const job *j, const ls_tensor_desc *t)
 }
 
 /* Allocates (or counts) every tensor of role the run uses, in the table's order; returns
- * their elements. Gradients are those of the inputs used; upstream gradients those of
- * the outputs used. */
+ * their bytes. Gradients are those of the inputs used; upstream gradients those of the
+ * outputs used. */
 static double setup_role(job *j, ls_op_role role)
 {
     const ls_op *op = j->s.cmd->op;
@@ -346,7 +386,7 @@ static double setup_role(job *j, ls_op_role role)
         const int64_t n = used ? elements(j, t, dims, &nd) : 0;
         if (n == 0) continue;
         float *x = tensor(j, t, n, dims, nd);
-        total += (double)n;
+        total += (double)n * element_bytes(j, t);
         if (role == LS_ROLE_INPUT) ls_tensor_set(t, j->problem, x);
         if (role == LS_ROLE_GRAD) ls_tensor_set(t, j->grads, x);
         if (role == LS_ROLE_OUTPUT && t->offset < LS_OP_MAX_OUT) j->out[t->offset] = x;
@@ -410,7 +450,7 @@ static void job_setup(job *j)
     memset(j->upstream, 0, sizeof j->upstream);
     memset(j->grads, 0, sizeof j->grads);
     spec_problem(&j->s, j->problem);
-    j->ex = (linseq_exec){.threads = j->s.threads};
+    j->ex = (linseq_exec){.threads = j->s.threads, .dtype = j->s.dtype};
     if (has_modes(&j->s)) {
         j->ex.mode = j->s.mode;
         j->ex.chunk_size = j->s.chunk;
@@ -418,12 +458,12 @@ static void job_setup(job *j)
     const double in = setup_role(j, LS_ROLE_INPUT), out = setup_role(j, LS_ROLE_OUTPUT);
     j->tokens = (double)spec_size(&j->s, "B") * (double)(spec_size(&j->s, "T"));
     j->flops = op->flops(j->problem, &j->ex);
-    j->bytes = 4.0 * (in + out);
+    j->bytes = in + out;
     if (kind == RUN_FWDBWD) {
         setup_role(j, LS_ROLE_UPSTREAM);
         setup_role(j, LS_ROLE_GRAD);
         j->flops *= 3.0;
-        j->bytes = 4.0 * (3.0 * in + 2.0 * out);
+        j->bytes = 3.0 * in + 2.0 * out;
         if (op->saved_size && op->saved_size(j->problem, &j->ex, &j->saved_bytes) != LINSEQ_OK)
             j->failed = true;
         else if (op->saved_size)
@@ -764,7 +804,8 @@ static void label_text(const result *r, char *buf, size_t n)
     else if (mode_name(s))
         snprintf(mode, sizeof mode, " recurrent");
     if (r->decay) snprintf(decay, sizeof decay, " per-%s", r->decay);
-    snprintf(buf, n, "%s%s %s%s", s->cmd->name, mode, shape, decay);
+    snprintf(buf, n, "%s%s %s%s%s", s->cmd->name, mode, shape, decay,
+             s->dtype == LINSEQ_DTYPE_BF16 ? " bf16" : "");
 }
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
@@ -804,6 +845,7 @@ static void json_result(const result *r, const char *case_name)
         printf(", \"decay\": \"%s\"", r->decay);
     else
         printf(", \"decay\": null");
+    printf(", \"dtype\": \"%s\"", s->dtype == LINSEQ_DTYPE_BF16 ? "bf16" : "f32");
     printf(", \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, \"warmup\": %d", s->threads,
            linseq_isa(), r->tm.repeats, r->tm.warmup);
     printf(", \"median_s\": %.9g, \"min_s\": %.9g, \"max_s\": %.9g", r->tm.median, r->tm.min,
@@ -947,7 +989,8 @@ typedef enum opt_id {
     O_JSON,
     O_NO_PEAK,
     O_COLD,
-    O_CONTEND
+    O_CONTEND,
+    O_DTYPE
 } opt_id;
 
 typedef struct option_def {
@@ -970,6 +1013,7 @@ static const option_def options[] = {
     {"--no-peak", O_NO_PEAK, FOR_OP | FOR_SUITE, true},
     {"--cold", O_COLD, FOR_OP, true},
     {"--contend", O_CONTEND, FOR_ALL, false},
+    {"--dtype", O_DTYPE, FOR_OP, false},
 };
 
 /* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
@@ -1083,6 +1127,14 @@ static int set_value(const option_def *o, const char *size, const char *v, spec 
         if (!parse_i64(v, 0, CONTEND_MAX, &x))
             return usage_fail("--contend: '%s' is not a count from 0 to %d", v, CONTEND_MAX);
         set->contend = (int)x;
+        return LS_EXIT_OK;
+    case O_DTYPE:
+        if (strcmp(v, "f32") == 0 || strcmp(v, "float32") == 0)
+            s->dtype = LINSEQ_DTYPE_F32;
+        else if (strcmp(v, "bf16") == 0 || strcmp(v, "bfloat16") == 0)
+            s->dtype = LINSEQ_DTYPE_BF16;
+        else
+            return usage_fail("--dtype: '%s' is not f32 or bf16", v);
         return LS_EXIT_OK;
     default: return LS_EXIT_OK;
     }
