@@ -301,6 +301,28 @@ LINSEQ_API linseq_status linseq_kda_backward_saved(const linseq_kda_problem *pro
                                                    const float *d_ht,
                                                    const linseq_kda_grads *grads);
 
+/* Segment summary, for splitting one sequence across processes (context parallelism): a
+ * segment of tokens maps the state it starts from affinely, S_end = P S_start + R, per
+ * (sequence, value head), with
+ *     P = (I - b_L k_L k_L^T) D_L ... (I - b_1 k_1 k_1^T) D_1    [K,K], D_t = diag(exp(g_t))
+ *     R = the end state from zeros                              (the state layout)
+ * (k, b = beta and g after the in-kernel options). K-major: S_end[i,:] = sum_j P[i,j]
+ * S_start[j,:]; V-first states: S_end = S_start P^T. P is [N,HV,K,K]; R may be NULL (not
+ * written). The problem is the forward's with h0 NULL; the chunked form runs whatever
+ * exec->mode (chunk_size applies), exact for every g <= 0 as the forward. CPU, float32 only.
+ * Conv1d needs no summary (a piece's end state is its last W-1 inputs). */
+LINSEQ_API linseq_status linseq_kda_segment_forward(const linseq_kda_problem *problem,
+                                                    const linseq_exec *exec, float *P, float *R);
+
+/* The gradients of L = sum(P * d_P) + sum(R * d_R) (d_P, d_R: NULL = zeros). dq is zero (q
+ * does not enter); grads->dh0 must be NULL. Runs the KDA backward once over V+K value
+ * columns (values [v | 0] from the state [0 | I]): about (V+K)/V of linseq_kda_backward, with
+ * three [B,T,HV,V+K] buffers allocated for the call. */
+LINSEQ_API linseq_status linseq_kda_segment_backward(const linseq_kda_problem *problem,
+                                                     const linseq_exec *exec, const float *d_P,
+                                                     const float *d_R,
+                                                     const linseq_kda_grads *grads);
+
 /* ------------------------------------------------------------------------------------ */
 /* KDA gate (standalone): the decay of a KDA layer from its raw gate input               */
 /* ------------------------------------------------------------------------------------ */
@@ -420,6 +442,22 @@ LINSEQ_API linseq_status linseq_ssm1_decode(const linseq_ssm1_problem *problem,
                                             const linseq_exec *exec, float *state,
                                             int64_t n_state_rows, const int64_t *state_rows,
                                             float *y);
+
+/* Segment summary (context parallelism, as linseq_kda_segment_forward): the map is diagonal,
+ * h_end = P * h_start + R elementwise, per sequence, channel d and state n:
+ *     P = exp(A[d,n] * sum_t dt_t[d])   (dt after softplus(dt + dt_bias) with dt_softplus)
+ *     R = the end state from zeros
+ * P, R [N_seq,D,N]; R may be NULL. The problem is the forward's with h0 NULL (the gate, D_skip
+ * and C_proj do not enter). CPU, float32 only. */
+LINSEQ_API linseq_status linseq_ssm1_segment_forward(const linseq_ssm1_problem *problem,
+                                                     const linseq_exec *exec, float *P, float *R);
+
+/* The gradients of L = sum(P * d_P) + sum(R * d_R) (d_P, d_R [N_seq,D,N]: NULL = zeros); dC_proj,
+ * dD_skip and dgate are zero, grads->dh0 must be NULL. */
+LINSEQ_API linseq_status linseq_ssm1_segment_backward(const linseq_ssm1_problem *problem,
+                                                      const linseq_exec *exec, const float *d_P,
+                                                      const float *d_R,
+                                                      const linseq_ssm1_grads *grads);
 
 /* ------------------------------------------------------------------------------------ */
 /* Causal depthwise conv1d (Mamba's short conv)                                           */

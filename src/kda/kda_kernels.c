@@ -11,7 +11,7 @@
         .recurrent_bwd_item = kda_recurrent_bwd_item_##sfx,                                        \
         .chunk_bwd_ws_bytes = kda_chunk_bwd_ws_bytes_##sfx,                                        \
         .chunk_bwd_item = kda_chunk_bwd_item_##sfx, .bwd_chain_qk = kda_bwd_chain_qk_##sfx,        \
-        .gate_rows = kda_gate_rows_##sfx,                                                          \
+        .segment_item = kda_segment_item_##sfx, .gate_rows = kda_gate_rows_##sfx,                  \
     }
 
 /* Indexed by ls_isa; other targets compile the portable kernels only. */

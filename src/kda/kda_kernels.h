@@ -13,6 +13,7 @@
 #include "kda/kda_backward.h"
 #include "kda/kda_chunk.h"
 #include "kda/kda_internal.h"
+#include "kda/kda_segment.h"
 #include "simd/isa.h"
 
 typedef struct kda_kernels {
@@ -41,6 +42,9 @@ typedef struct kda_kernels {
     void (*chunk_bwd_item)(const kda_bwd *b, int64_t n, int64_t hv, int64_t tok0, int64_t len,
                            void *ws, double *item_partials);
     void (*bwd_chain_qk)(const kda_bwd *b, int64_t tok0, int64_t len, int64_t h);
+    /* the segment summary (kda_segment.h) */
+    void (*segment_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *P,
+                         float *R, void *ws);
     /* the standalone gate (kda_internal.h) */
     void (*gate_rows)(const linseq_kda_gate_problem *p, int64_t gK, int64_t r0, int64_t r1,
                       float *g);
@@ -68,6 +72,12 @@ linseq_status ls_kda_backward_saved_isa(const linseq_kda_problem *problem, const
                                         const void *saved, size_t saved_bytes, const float *d_o,
                                         const float *d_ht, const linseq_kda_grads *grads,
                                         ls_isa isa);
+linseq_status ls_kda_segment_forward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                         float *P, float *R, ls_isa isa);
+linseq_status ls_kda_segment_backward_isa(const linseq_kda_problem *problem,
+                                          const linseq_exec *exec, const float *d_P,
+                                          const float *d_R, const linseq_kda_grads *grads,
+                                          ls_isa isa);
 linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const linseq_exec *exec,
                                       float *g, ls_isa isa);
 

@@ -237,3 +237,8 @@ linseq_status linseq_ssm1_decode(const linseq_ssm1_problem *p, const linseq_exec
     linseq_status st = ls_isa_resolve("linseq_ssm1_decode", &isa);
     return st ? st : ls_ssm1_decode_isa(p, exec, state, n_state_rows, state_rows, y, isa);
 }
+
+linseq_status ssm1_check_problem(ls_args *a, const linseq_ssm1_problem *p, const linseq_exec *exec)
+{
+    return check_problem(a, p, exec);
+}

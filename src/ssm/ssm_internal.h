@@ -159,6 +159,16 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
                                      const float *d_y, const float *d_conv_state_out,
                                      const linseq_conv1d_grads *grads, ls_isa isa);
 
+/* SSM1's checks of sizes, options and exec, with its input tensors appended to `a` (ssm1.c):
+ * what every entry point that takes a linseq_ssm1_problem runs first. */
+linseq_status ssm1_check_problem(ls_args *a, const linseq_ssm1_problem *p, const linseq_exec *exec);
+/* The segment summary (ssm1_segment.c) with the scan's ISA as an argument. */
+linseq_status ls_ssm1_segment_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                          float *P, float *R, ls_isa isa);
+linseq_status ls_ssm1_segment_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                           const float *d_P, const float *d_R,
+                                           const linseq_ssm1_grads *grads, ls_isa isa);
+
 /* The kernels of one ISA (ssm_kernels.h), which the drivers below run. */
 struct ssm_kernels;
 
