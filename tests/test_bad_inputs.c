@@ -989,9 +989,10 @@ static void gt_fixture_make(gt_fixture *f, const ls_op *op, bool varlen)
     f->op = op;
     f->varlen = varlen;
     CHECK(op->problem_size <= GT_PROBLEM_BYTES, "%s: problem struct too large", op->name);
-    const size_t stem = strlen(op->problem_type) - strlen("_problem");
-    snprintf(f->fn[0], sizeof f->fn[0], "%.*s_forward", (int)stem, op->problem_type);
-    snprintf(f->fn[1], sizeof f->fn[1], "%.*s_backward", (int)stem, op->problem_type);
+    const char *entry = op->entry_stem ? op->entry_stem : op->problem_type;
+    const size_t stem = op->entry_stem ? strlen(entry) : strlen(entry) - strlen("_problem");
+    snprintf(f->fn[0], sizeof f->fn[0], "%.*s_forward", (int)stem, entry);
+    snprintf(f->fn[1], sizeof f->fn[1], "%.*s_backward", (int)stem, entry);
     for (int s = 0; s < op->n_sizes; s++) {
         const int64_t d = op->sizes[s].bench_default;
         ls_size_set(&op->sizes[s], f->problem, d < GT_SIZE_CAP ? d : GT_SIZE_CAP);

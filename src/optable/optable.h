@@ -127,6 +127,8 @@ typedef struct ls_tensor_desc {
 typedef struct ls_op {
     const char *name;         /* meta.json's "op": "kda", "kda_gate", "ssm1", ... */
     const char *problem_type; /* "linseq_kda_problem" */
+    const char *entry_stem;   /* the entry points' stem when it is not the problem type's
+                               * ("linseq_kda_segment": _forward, _backward); NULL: that */
     const char *grads_type;   /* "linseq_kda_grads" */
     size_t problem_size, grads_size;
     const ls_size_desc *sizes;
