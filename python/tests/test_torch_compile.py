@@ -528,6 +528,30 @@ def test_compat_causal_conv1d_fn_compiles():
     _compare_with_eager(fn, args)
 
 
+@pytest.mark.parametrize("channel_last", [False, True])
+def test_compat_causal_conv1d_fn_with_seq_idx_compiles(channel_last, monkeypatch):
+    """Packed sequences by seq_idx (runs of equal indices, -1 padding): the offsets read
+    seq_idx's values, inside linseq::causal_conv_seq_idx, so the graph does not break; the
+    same outputs and gradients as the path kept for PyTorch without custom ops."""
+    from linseq.compat import causal_conv1d
+    b, d, l, W = 2, 5, 12, 4
+    x = (_randn(b, l, d, seed=74, grad=False).transpose(1, 2).requires_grad_()
+         if channel_last else _randn(b, d, l, seed=74))
+    args = dict(x=x, weight=_randn(d, W, seed=75), bias=_randn(d, seed=76))
+    seq_idx = torch.tensor([[0] * 5 + [1] * 6 + [-1], [2] * 3 + [3] * 9], dtype=torch.int32)
+
+    def fn(**a):
+        return (causal_conv1d.causal_conv1d_fn(**a, seq_idx=seq_idx, activation="silu"),)
+
+    _compare_with_eager(fn, args)
+    weights = _weights(fn(**args))
+    want_out, want_grad = _step(fn, args, weights)
+    monkeypatch.setattr(causal_conv1d, "_PACKED_CONV", None)
+    got_out, got_grad = _step(fn, args, weights)
+    _assert_same(got_out, want_out)
+    _assert_same(got_grad, want_grad)
+
+
 def _update_in_place(update, pool, args):
     """update(pool, *args) eagerly on one copy of the pool and compiled on another: the
     same outputs, the same new pools, and the pool changed."""
@@ -615,6 +639,9 @@ def test_opcheck_compat_ops():
                               _randn(b, d, 3, seed=125))),
         (linseq.causal_conv, (False, None, torch.tensor([0, 3, 7]), _randn(1, l, d, seed=126),
                               _randn(d, 4, seed=127), None, None)),
+        (linseq.causal_conv_seq_idx, ("silu", torch.tensor([[0, 0, 1, 1, 1, 2, -1]] * b),
+                                      _randn(b, l, d, seed=136), _randn(d, 4, seed=137),
+                                      _randn(d, seed=138))),
         (linseq.conv_state_update, (_randn(b, d, l, seed=128, grad=False).transpose(1, 2)
                                     .contiguous().transpose(1, 2),
                                     _randn(b, d, 3, seed=129, grad=False),

@@ -21,9 +21,11 @@ No copy on the way: a float32 x, channel-first or a transposed view, reaches the
 the caller's memory (linseq reads it through its strides) and the kernel writes the output
 in x's layout; causal_conv1d_update decodes in place on a float32 C-contiguous conv_state
 (another pool goes through a float32 copy of the rows it names). The kernel calls sit in the
-private functions _conv and _conv_decode, as torch.library custom ops (linseq::causal_conv
-with its backward, linseq::conv_state_update writing the pool): torch.compile(fullgraph=True)
-traces the functions, the in-place update included.
+private functions _conv, _packed_conv and _conv_decode, as torch.library custom ops
+(linseq::causal_conv and linseq::causal_conv_seq_idx with their backwards, linseq::
+conv_state_update writing the pool): torch.compile(fullgraph=True) traces the functions, the
+in-place update and seq_idx's packed sequences (whose offsets are read inside the op)
+included.
 """
 
 import torch
@@ -155,6 +157,57 @@ def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_ma
     return _CONV(True, activation, cu_seqlens, x, weight, bias, initial_states)
 
 
+def _packed_conv_forward(activation, seq_idx, x, weight, bias):
+    """The conv of the packed sequences seq_idx [b, l] names (see _seq_idx_offsets): x float32
+    [b, l, d], its rows read as one packed sequence of b*l tokens. Returns (y [b, l, d]
+    float32, 0 where seq_idx < 0; an empty tensor: no final states with seq_idx). The
+    offsets read seq_idx's values, so they are made here, inside the op, where the values
+    are known under torch.compile too."""
+    batch, seqlen, dim = x.shape
+    offsets, keep = _seq_idx_offsets(seq_idx, batch, seqlen, weight.shape[1])
+    y, _ = _conv_forward(False, activation, offsets, x.reshape(1, batch * seqlen, dim),
+                         weight, bias, None)
+    return y.reshape(batch, seqlen, dim) * keep[..., None], x.new_empty(0)
+
+
+def _packed_conv_fake(activation, seq_idx, x, weight, bias):
+    return x.new_empty(x.shape, dtype=torch.float32), x.new_empty(0, dtype=torch.float32)
+
+
+def _packed_conv_backward(activation, seq_idx, x, weight, bias, d_y, d_states, wanted):
+    """One gradient per tensor argument of _packed_conv_forward (empty where not wanted)."""
+    batch, seqlen, dim = x.shape
+    offsets, keep = _seq_idx_offsets(seq_idx, batch, seqlen, weight.shape[1])
+    d_y = torch.zeros_like(x) if d_y is None else d_y * keep[..., None]
+    grads = _conv_backward(False, activation, offsets, x.reshape(1, batch * seqlen, dim),
+                           weight, bias, None, d_y.reshape(1, batch * seqlen, dim), None,
+                           list(wanted) + [False])
+    return [grads[0].reshape(x.shape) if wanted[0] else grads[0]] + grads[1:3]
+
+
+# with torch.library: linseq::causal_conv_seq_idx with its backward
+_PACKED_CONV = None if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
+    "causal_conv_seq_idx", "str? activation, Tensor seq_idx",
+    ["Tensor x", "Tensor weight", "Tensor? bias"], _packed_conv_forward, _packed_conv_fake,
+    _packed_conv_backward)
+
+
+def _packed_conv(x, weight, bias, seq_idx, activation):
+    """The differentiable conv of causal_conv1d_fn's seq_idx: x [b, d, l] any real dtype and
+    strides, seq_idx [b, l] checked by _check_seq_idx. Returns y [b, d, l] float32 (a
+    transposed [b, l, d] tensor)."""
+    x, weight = x.float(), weight.float()
+    bias = None if bias is None else bias.float()
+    if _PACKED_CONV is None:  # PyTorch before 2.4: the offsets outside the autograd node
+        batch, dim, seqlen = x.shape
+        offsets, keep = _seq_idx_offsets(seq_idx, batch, seqlen, weight.shape[1])
+        packed = x.transpose(1, 2).reshape(1, batch * seqlen, dim).transpose(1, 2)
+        y, _ = _conv(packed, weight, bias, None, activation, offsets)
+        return (y.transpose(1, 2).reshape(batch, seqlen, dim) * keep[..., None]).transpose(1, 2)
+    y, _ = _PACKED_CONV(activation, seq_idx, x.transpose(1, 2), weight, bias)
+    return y.transpose(1, 2)
+
+
 def _shares_a_row(rows):
     """True when two requests (non-negative rows) name the same pool row: the kernel refuses
     it, and the float32 copy of another pool's rows is refused the same way."""
@@ -235,6 +288,16 @@ def _through_float32_rows(pool, rows, decode):
 # causal_conv1d_fn
 # ------------------------------------------------------------------------------------------
 
+def _check_seq_idx(seq_idx, batch, seqlen):
+    """The checks of seq_idx that need no values (made before the packed conv op)."""
+    if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() or \
+            seq_idx.is_complex() or seq_idx.dtype == torch.bool:
+        raise TypeError("seq_idx: expected an integer torch.Tensor [batch, seqlen]")
+    if tuple(seq_idx.shape) != (batch, seqlen):
+        raise ValueError(f"seq_idx: expected shape [batch, seqlen] = [{batch}, {seqlen}], got "
+                         f"{list(seq_idx.shape)}")
+
+
 def _seq_idx_offsets(seq_idx, batch, seqlen, width):
     """The packed-sequence offsets over the flattened [batch * seqlen] tokens that give
     causal-conv1d's seq_idx rule (a tap reads a token only when both carry the same seq_idx),
@@ -242,12 +305,7 @@ def _seq_idx_offsets(seq_idx, batch, seqlen, width):
 
     Each run of equal seq_idx in a row becomes one sequence; refused (ValueError) is the one
     case a run cannot express: an index that reappears within width-1 tokens after another."""
-    if not isinstance(seq_idx, torch.Tensor) or seq_idx.is_floating_point() or \
-            seq_idx.is_complex() or seq_idx.dtype == torch.bool:
-        raise TypeError("seq_idx: expected an integer torch.Tensor [batch, seqlen]")
-    if tuple(seq_idx.shape) != (batch, seqlen):
-        raise ValueError(f"seq_idx: expected shape [batch, seqlen] = [{batch}, {seqlen}], got "
-                         f"{list(seq_idx.shape)}")
+    _check_seq_idx(seq_idx, batch, seqlen)
     s = seq_idx.to(torch.int64)
     starts = torch.ones(batch, seqlen, dtype=torch.bool)
     starts[:, 1:] = s[:, 1:] != s[:, :-1]
@@ -321,11 +379,9 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
                              f"{list(initial_states.shape)}")
     if seq_idx is None:
         y, states = _conv(x, weight, bias, initial_states, act)
-    else:  # the batch rows as one packed sequence of [1, b*l, d] tokens
-        offsets, keep = _seq_idx_offsets(seq_idx, batch, seqlen, width)
-        packed = x.transpose(1, 2).reshape(1, batch * seqlen, dim).transpose(1, 2)
-        y, _ = _conv(packed, weight, bias, None, act, offsets)
-        y = (y.transpose(1, 2).reshape(batch, seqlen, dim) * keep[..., None]).transpose(1, 2)
+    else:
+        _check_seq_idx(seq_idx, batch, seqlen)
+        y = _packed_conv(x, weight, bias, seq_idx, act)
         if not _is_channel_last(x):
             y = y.contiguous()
     out = y.to(x.dtype)
