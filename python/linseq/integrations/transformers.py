@@ -92,12 +92,16 @@ def _seq_idx(kwargs, x):
     import torch
     cu = cu.to(torch.int64).reshape(-1)
     batch, _, seqlen = x.shape
-    if batch != 1 or cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != seqlen:
+    # the offsets' values are checked eagerly only: under torch.compile reading them would
+    # break the graph
+    if batch != 1 or cu.numel() < 2 or (not torch.compiler.is_compiling() and (
+            int(cu[0]) != 0 or int(cu[-1]) != seqlen)):
         raise ValueError(f"cu_seq_lens_q: expected offsets 0..{seqlen} of the packed sequences "
                          f"of one row (hidden_states [1, dim, seqlen]), got {cu.tolist()} "
                          f"with hidden_states {list(x.shape)}")
-    lengths = cu[1:] - cu[:-1]
-    return torch.repeat_interleave(torch.arange(lengths.numel()), lengths)[None]
+    # token t is in sequence i where cu[i] <= t < cu[i+1]: a [1, seqlen] result whose shape
+    # does not depend on the offsets' values (repeat_interleave's does)
+    return torch.searchsorted(cu[1:], torch.arange(seqlen, device=cu.device), right=True)[None]
 
 
 # ------------------------------------------------------------------------------------------
