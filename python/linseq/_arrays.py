@@ -5,9 +5,11 @@ are, PyTorch CPU tensors and JAX CPU arrays through DLPack); anything else real-
 converted once to C-contiguous float32. The dtype policy is the same for NumPy, PyTorch and
 JAX: real floating-point (float16, bfloat16, float32, float64) and integer arrays are taken
 (converted to float32); complex, boolean and non-numeric data are refused (TypeError), as
-are arrays on another device. Offsets and state rows take integer dtypes only. Shapes are
-checked here, before any pointer reaches C: the library trusts the sizes in its problem
-structs, so an array of the wrong shape must never get there.
+are arrays on another device. Offsets and state rows take integer dtypes only. The
+exception: the KDA forward for inference and decode keep bfloat16 storage as it is (as_bf16,
+see ops.KdaInputs), since the library reads it on the CPU. Shapes are checked here, before
+any pointer reaches C: the library trusts the sizes in its problem structs, so an array of
+the wrong shape must never get there.
 """
 
 import math
@@ -65,6 +67,12 @@ def _to_numpy(value, name):
                         f"__dlpack__ / __array__), got {type(value).__name__}") from exc
 
 
+def _is_real(arr):
+    """Real floating-point or integer values: NumPy's kinds, and ml_dtypes' bfloat16 (a
+    dtype of kind "V" that converts to float32 exactly)."""
+    return arr.dtype.kind in "fiu" or arr.dtype.name == "bfloat16"
+
+
 def refuse_dtype(name, dtype, is_complex):
     """The TypeError of every front end for a dtype outside the policy above."""
     raise TypeError(f"{name}: {'complex ' if is_complex else ''}dtype {dtype} is not "
@@ -78,7 +86,7 @@ def as_f32(value, name, shape=None, what=None):
     `shape` is the expected shape (a tuple); `what` describes it in the error message.
     """
     arr = _to_numpy(value, name)
-    if arr.dtype.kind not in "fiu":
+    if not _is_real(arr):
         refuse_dtype(name, arr.dtype, arr.dtype.kind == "c")
     if shape is not None and tuple(arr.shape) != tuple(shape):
         raise ValueError(f"{name}: expected shape {what or list(shape)} = {list(shape)}, "
@@ -88,6 +96,57 @@ def as_f32(value, name, shape=None, what=None):
     return arr
 
 
+def is_bf16(value):
+    """Whether `value` holds bfloat16 storage: a PyTorch tensor of torch.bfloat16 (a fake
+    tensor too, under torch.compile) or an array whose dtype is ml_dtypes' bfloat16 (NumPy,
+    and JAX on the CPU)."""
+    dtype = getattr(value, "dtype", None)
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return dtype == torch.bfloat16
+    return isinstance(dtype, np.dtype) and dtype.name == "bfloat16"
+
+
+def as_bf16(value, name, shape=None, what=None):
+    """bfloat16 storage (is_bf16) as a C-contiguous uint16 NumPy array of its bits: a view of
+    the caller's memory when it is C-contiguous, else one contiguous copy (still bfloat16,
+    no rounding). Shapes are checked as by as_f32."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        if value.device.type != "cpu":
+            raise ValueError(f"{name}: a tensor on {value.device} was given; linseq's "
+                             "Python functions run on the CPU (move it with .cpu())")
+        # NumPy has no bfloat16 of its own: the same bytes as int16 go through DLPack
+        arr = np.from_dlpack(value.detach().contiguous().view(torch.int16))
+    else:
+        arr = np.ascontiguousarray(np.asarray(value))
+    if shape is not None and tuple(arr.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {what or list(shape)} = {list(shape)}, "
+                         f"got {list(arr.shape)}")
+    return arr.view(np.uint16)
+
+
+def as_bf16_ndim(value, name, ndims, what):
+    """as_bf16 with the rank check of as_f32_ndim."""
+    arr = as_bf16(value, name)
+    if arr.ndim not in ndims:
+        raise ValueError(f"{name}: expected {what}, got shape {list(arr.shape)}")
+    if any(s == 0 for s in arr.shape):
+        raise ValueError(f"{name}: expected {what} with every size >= 1, got shape "
+                         f"{list(arr.shape)}")
+    return arr
+
+
+def bf16_result(bits):
+    """A uint16 array of bfloat16 bits the kernels wrote, as ml_dtypes' bfloat16 (a view)
+    when ml_dtypes is installed, else as the uint16 bits themselves."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return bits
+    return bits.view(ml_dtypes.bfloat16)
+
+
 def as_f32_strided(value, name, ndims, what):
     """`value` as a float32 NumPy array the kernels can read through element strides, and
     those strides: the caller's memory itself (no copy) when it already is float32 with
@@ -95,7 +154,7 @@ def as_f32_strided(value, name, ndims, what):
     or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy.
     ndims: the accepted ranks; what describes them in the error message."""
     arr = _to_numpy(value, name)
-    if arr.dtype.kind not in "fiu":
+    if not _is_real(arr):
         refuse_dtype(name, arr.dtype, arr.dtype.kind == "c")
     if arr.ndim not in ndims:
         raise ValueError(f"{name}: expected {what}, got shape {list(arr.shape)}")

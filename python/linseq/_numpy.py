@@ -12,7 +12,8 @@ class NumpyBackend:
 
     @staticmethod
     def kda(arrays, cu_seqlens, opts):
-        return ops.kda_forward(opts.inputs(arrays, cu_seqlens), **opts.run())
+        # NumPy has no autodiff: bfloat16 storage always stays bfloat16 (ops.kda_bf16_storage)
+        return ops.kda_forward(opts.inputs(arrays, cu_seqlens, bf16=True), **opts.run())
 
     @staticmethod
     def kda_gate(arrays, opts):
@@ -33,7 +34,7 @@ class NumpyBackend:
         elif not isinstance(state, np.ndarray):
             raise TypeError("state: inplace=True needs the pool as a NumPy array, PyTorch "
                             "tensor (float32, C-contiguous) it can write")
-        o = ops.kda_decode(opts.inputs(arrays, None), state, state_rows)
+        o = ops.kda_decode(opts.inputs(arrays, None, bf16=True), state, state_rows)
         return o, state
 
     @staticmethod

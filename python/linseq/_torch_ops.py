@@ -14,6 +14,11 @@ cu_seqlens. KDA's forward for training keeps its chunk states for the backward: 
 are a third output of linseq::kda, a float32 tensor (empty unless `train`) that the
 backward op takes back.
 
+KDA's forward without `train` and kda_decode keep bfloat16 inputs as bfloat16 (the rule of
+ops.kda_bf16_storage) and return o as torch.bfloat16; the fake implementations declare the
+same dtype from the same rule. With `train` the forward runs in float32, as the backward
+needs.
+
 Needs torch.library.custom_op (PyTorch 2.4 and later); AVAILABLE says whether it is there.
 """
 
@@ -102,6 +107,29 @@ def _pointer(arr):
     return ptr(arr) if arr.size else None  # an empty state: NULL, as ops passes it
 
 
+def tensor_of(arr):
+    """A NumPy result as a tensor sharing its memory: bfloat16 results (ml_dtypes' bfloat16,
+    or the uint16 bits ops hands back without ml_dtypes; no result is an integer array)
+    become torch.bfloat16 through an int16 view, as torch.from_numpy knows neither."""
+    if arr.dtype == np.uint16 or arr.dtype.name == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def kda_output_dtype(arrays, train):
+    """The dtype of KDA's o, from the inputs' dtypes alone (fake tensors have no data)."""
+    keep = not train and ops.kda_bf16_storage(*(arrays.get(n)
+                                                for n in ("q", "k", "v", "beta", "g")))
+    return torch.bfloat16 if keep else torch.float32
+
+
+def kda_inputs(spec, arrays, cu, opts, train):
+    """spec.inputs, with KDA's bfloat16 storage kept where the forward is not for training."""
+    if spec is _opspec.KDA:
+        return opts.inputs(arrays, cu, bf16=not train)
+    return spec.inputs(arrays, cu, opts)
+
+
 class _Layout:
     """Packs and unpacks the arguments of one spec's ops: the arrays in spec order,
     cu_seqlens, the option fields, then per op its own tail."""
@@ -144,14 +172,14 @@ def _define_forward(layout):
 
     def forward(*args):
         arrays, cu, opts, (train,) = layout.unpack(args)
-        inputs = spec.inputs(arrays, cu, opts)
+        inputs = kda_inputs(spec, arrays, cu, opts, train)
         if layout.has_saved and train:
             n_floats = kda_saved_floats(*layout.shapes(arrays, cu), opts)
             outputs, saved = _kda_forward_train(inputs, opts, n_floats)
         else:
             outputs, _ = spec.forward(inputs, opts, False)
             saved = np.zeros(0, np.float32)
-        result = [torch.from_numpy(o) for o in outputs]
+        result = [tensor_of(o) for o in outputs]
         if layout.has_saved:
             result.append(torch.from_numpy(saved))
         return tuple(result) if len(result) > 1 else result[0]
@@ -164,8 +192,9 @@ def _define_forward(layout):
         arrays, cu, opts, (train,) = layout.unpack(args)
         shapes, n_seqs = layout.shapes(arrays, cu)
         like = layout.first(arrays)
-        result = [like.new_empty(s, dtype=torch.float32)
-                  for s in spec.out_shapes(shapes, n_seqs, opts)]
+        first = kda_output_dtype(arrays, train) if spec is _opspec.KDA else torch.float32
+        result = [like.new_empty(s, dtype=first if i == 0 else torch.float32)
+                  for i, s in enumerate(spec.out_shapes(shapes, n_seqs, opts))]
         if layout.has_saved:
             n = kda_saved_floats(shapes, n_seqs, opts) if train else 0
             result.append(like.new_empty((n,), dtype=torch.float32))
@@ -264,8 +293,8 @@ def _define_decode():
     def decode(*args):
         given, state, rows, opts = unpack(args)
         # detach: a view of the same memory, for a pool that requires grad (under no_grad)
-        o = ops.kda_decode(opts.inputs(given, None), state.detach().numpy(), rows)
-        return torch.from_numpy(o)
+        o = ops.kda_decode(opts.inputs(given, None, bf16=True), state.detach().numpy(), rows)
+        return tensor_of(o)
 
     op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
                                  schema=schema)
@@ -274,7 +303,8 @@ def _define_decode():
     def _(*args):
         given, _, _, _ = unpack(args)
         q, v = given["q"], given["v"]
-        return q.new_empty((q.shape[0], 1, v.shape[2], v.shape[3]), dtype=torch.float32)
+        return q.new_empty((q.shape[0], 1, v.shape[2], v.shape[3]),
+                           dtype=kda_output_dtype(given, train=False))
 
     def call(arrays, state, state_rows, opts):
         return op(*[arrays.get(k) for k in layout.spec.arrays], state, state_rows,

@@ -39,14 +39,16 @@ class KdaOptions:
         object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
         ops.make_exec(self.mode, self.chunk_size)
 
-    def inputs(self, arrays, cu_seqlens):
-        """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names)."""
+    def inputs(self, arrays, cu_seqlens, bf16=False):
+        """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names).
+        bf16=True (the inference forward and decode) keeps bfloat16 storage when
+        ops.kda_bf16_storage says so."""
         a = arrays
         return ops.KdaInputs(a["q"], a["k"], a["v"], a["beta"], a["g"], h0=a["h0"],
                              cu_seqlens=cu_seqlens, scale=self.scale, qk_l2norm=self.qk_l2norm,
                              beta_is_logit=self.beta_is_logit, state_v_first=self.state_v_first,
                              gate_in_kernel=self.gate_in_kernel, A_log=a["A_log"],
-                             dt_bias=a["dt_bias"], lower_bound=self.lower_bound)
+                             dt_bias=a["dt_bias"], lower_bound=self.lower_bound, bf16=bf16)
 
     def run(self):
         return {"mode": self.mode, "chunk_size": self.chunk_size}
@@ -143,6 +145,16 @@ def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scal
     ejkernel; it picks the tile (the largest of 16, 32, 64, 128 not above it), not the
     result.
     Returns (output [B,T,HV,V] float32, final_state [B,HV,K,V] float32).
+
+    bfloat16 (NumPy and PyTorch): when query, key, value, beta and decay (if given) are all
+    bfloat16 (torch.bfloat16 tensors, NumPy arrays of ml_dtypes.bfloat16) and no gradient is
+    needed, the kernels read them where they lie (no copy) and the output is bfloat16: the
+    float32 result on the same values, rounded once to nearest even. The final state stays
+    float32 (initial_state is read as float32). When a gradient is needed (PyTorch: grad
+    mode on and some input requires_grad) the float32 path runs, because the backward takes
+    float32; so does any other mix of dtypes (no input is rounded to bfloat16 on the way
+    in), and the output is then float32. The same holds for chunk_kda, fused_recurrent_kda
+    and kda_decode (which answer in the caller's dtype as fla does).
     """
     return _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
                          _ejkernel_chunk_tile(chunk_size), use_qk_l2norm, use_chunked,
@@ -203,7 +215,9 @@ def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
     whose output is 0. With inplace=True the pool is updated where it is (a float32
     C-contiguous NumPy array or PyTorch tensor) and returned; otherwise a new pool is
     returned and the given one is untouched (JAX arrays are immutable: inplace=False only).
-    Returns (o [B,1,HV,V] float32, state).
+    Returns (o [B,1,HV,V] float32, state). With q, k, v, g and beta all bfloat16 (NumPy and
+    PyTorch; decode has no backward) they are read without a copy and o is bfloat16, the
+    float32 result rounded once; the pool is float32 either way (see kda).
     """
     def token(x):
         shape = np.shape(x)

@@ -2,8 +2,9 @@
 
 These are what the framework front ends (linseq.torch, linseq.jax and the seed-style
 functions in linseq.api) call. Inputs may be any array (see _arrays); outputs are new
-float32 NumPy arrays. Every shape is checked against the sizes the first array fixes before
-a pointer reaches the library.
+float32 NumPy arrays (KDA's o is bfloat16 where KdaInputs keeps bfloat16 storage). Every
+shape is checked against the sizes the first array fixes before a pointer reaches the
+library.
 
 Modes: "chunked" (the default for KDA) or "recurrent"; chunk_size 16, 32, 64 or 128;
 threads 0 = the library's default thread count.
@@ -19,8 +20,9 @@ import ctypes
 import numpy as np
 
 from . import _lib
-from ._arrays import (as_c_int, as_cu_seqlens, as_f32, as_f32_ndim, as_f32_strided,
-                      as_float32_option, as_row_indices, ptr)
+from ._arrays import (as_bf16, as_bf16_ndim, as_c_int, as_cu_seqlens, as_f32, as_f32_ndim,
+                      as_f32_strided, as_float32_option, as_row_indices, bf16_result, is_bf16,
+                      ptr)
 
 _MODES = {"chunked": _lib.MODE_CHUNKED, "recurrent": _lib.MODE_RECURRENT,
           "default": _lib.MODE_DEFAULT}
@@ -33,12 +35,18 @@ ACTIVATIONS = {
 }
 
 
-def make_exec(mode="chunked", chunk_size=64, threads=0):
+# linseq_dtype: what the per-token tensors of a call are stored as (include/linseq.h)
+DTYPE_F32, DTYPE_BF16 = 0, 1
+
+
+def make_exec(mode="chunked", chunk_size=64, threads=0, bf16=False):
     if mode not in _MODES:
         raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
     if chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"chunk_size: expected 16, 32, 64 or 128, got {chunk_size!r}")
-    return _lib.Exec(_MODES[mode], int(chunk_size), as_c_int(threads, "threads"))
+    ex = _lib.Exec(_MODES[mode], int(chunk_size), as_c_int(threads, "threads"))
+    ex.dtype = DTYPE_BF16 if bf16 else DTYPE_F32
+    return ex
 
 
 def scale_option(scale):
@@ -127,13 +135,17 @@ def _check_inputs(op, inputs, strided=()):
                              f"{list(arr.shape)}")
 
 
-def _outputs(op, inputs, final_state):
+def _outputs(op, inputs, final_state, first_bf16=False):
     """New arrays for the forward's outputs (the first always, the state with final_state:
-    None otherwise), and the pointers to pass."""
+    None otherwise), and the pointers to pass. first_bf16: the first output (the per-token
+    one) is bfloat16 storage, a uint16 array of its bits."""
     arrays = []
     for i, t in enumerate(_lib.op_tensors(op, "output")):
         shape = _lib.tensor_shape(op, t["name"], inputs.problem)
-        arrays.append(_empty(shape) if shape is not None and (i == 0 or final_state) else None)
+        if shape is None or not (i == 0 or final_state):
+            arrays.append(None)
+        else:
+            arrays.append(np.empty(shape, np.uint16) if i == 0 and first_bf16 else _empty(shape))
     return arrays, [_pointer(a) for a in arrays]
 
 
@@ -164,6 +176,14 @@ def _grads(op, inputs, wanted):
 # KDA
 # ------------------------------------------------------------------------------------------
 
+def kda_bf16_storage(q, k, v, beta, g):
+    """Whether a KDA call keeps bfloat16 storage: q, k, v, beta and g (when given) are all
+    bfloat16 (is_bf16). Any other mix of dtypes runs in float32, every input converted once,
+    as with float16 or float64: an input is never rounded to bfloat16. The state, h0, A_log
+    and dt_bias are float32 on either path (converted when given otherwise)."""
+    return all(is_bf16(x) for x in (q, k, v, beta)) and (g is None or is_bf16(g))
+
+
 class KdaInputs:
     """One KDA problem: the converted arrays (kept alive here) and the C struct over them.
 
@@ -171,15 +191,22 @@ class KdaInputs:
     (per head) or None (no decay); h0 [N,HV,K,V] ([N,HV,V,K] with state_v_first), N = B or
     the number of sequences with cu_seqlens; A_log [HV]; dt_bias [HV*K] (or [HV,K]) per
     channel, [HV] per head.
+
+    bf16=True allows bfloat16 storage (kda_bf16_storage decides; self.bf16 says what was
+    chosen): the per-token arrays are then kept as uint16 views of the caller's bfloat16
+    memory, for kda_forward and kda_decode only (the library's training forward and
+    backward take float32). Default False: everything float32.
     """
 
     def __init__(self, q, k, v, beta, g=None, *, h0=None, cu_seqlens=None, scale=None,
                  qk_l2norm=False, beta_is_logit=False, state_v_first=False,
-                 gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None):
-        self.q = as_f32_ndim(q, "q", (4,), "q of shape [B,T,H,K]")
+                 gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, bf16=False):
+        self.bf16 = bool(bf16) and kda_bf16_storage(q, k, v, beta, g)
+        token, token_ndim = (as_bf16, as_bf16_ndim) if self.bf16 else (as_f32, as_f32_ndim)
+        self.q = token_ndim(q, "q", (4,), "q of shape [B,T,H,K]")
         B, T, H, K = self.q.shape
-        self.k = as_f32(k, "k", (B, T, H, K), "[B,T,H,K] like q")
-        vv = as_f32_ndim(v, "v", (4,), "v of shape [B,T,HV,V]")
+        self.k = token(k, "k", (B, T, H, K), "[B,T,H,K] like q")
+        vv = token_ndim(v, "v", (4,), "v of shape [B,T,HV,V]")
         HV, V = vv.shape[2], vv.shape[3]
         if vv.shape[:2] != (B, T):
             raise ValueError(f"v: expected shape [B,T,HV,V] with B,T = {B},{T} (from q), got "
@@ -188,14 +215,14 @@ class KdaInputs:
             raise ValueError(f"v: the value heads HV = {HV} must be a multiple of the query "
                              f"heads H = {H}")
         self.v = vv
-        self.beta = as_f32(beta, "beta", (B, T, HV), "[B,T,HV]")
+        self.beta = token(beta, "beta", (B, T, HV), "[B,T,HV]")
         decay = _lib.DECAY_NONE
         self.g = None
         if g is not None:
-            ga = as_f32_ndim(g, "g", (3, 4), "g of shape [B,T,HV,K] or [B,T,HV]")
+            ga = token_ndim(g, "g", (3, 4), "g of shape [B,T,HV,K] or [B,T,HV]")
             decay = _lib.DECAY_PER_CHANNEL if ga.ndim == 4 else _lib.DECAY_PER_HEAD
             want = (B, T, HV, K) if ga.ndim == 4 else (B, T, HV)
-            self.g = as_f32(ga, "g", want, "[B,T,HV,K]" if ga.ndim == 4 else "[B,T,HV]")
+            self.g = token(ga, "g", want, "[B,T,HV,K]" if ga.ndim == 4 else "[B,T,HV]")
         self.cu_seqlens, N = _sequences(cu_seqlens, B, T)
         self.state_shape = (N, HV, V, K) if state_v_first else (N, HV, K, V)
         state_what = "[N,HV,V,K]" if state_v_first else "[N,HV,K,V]"
@@ -228,15 +255,25 @@ class KdaInputs:
 
 
 def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
-    """(o [B,T,HV,V], ht or None)."""
-    ex = make_exec(mode, chunk_size, threads)
-    (o, ht), out = _outputs("kda", inputs, final_state)
+    """(o [B,T,HV,V], ht or None). o is bfloat16 when the inputs are (KdaInputs.bf16; see
+    bf16_result), float32 otherwise; ht is float32."""
+    ex = make_exec(mode, chunk_size, threads, bf16=inputs.bf16)
+    (o, ht), out = _outputs("kda", inputs, final_state, first_bf16=inputs.bf16)
     _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(inputs.problem), ctypes.byref(ex), *out))
-    return o, ht
+    return (bf16_result(o) if inputs.bf16 else o), ht
+
+
+def _float32_only(inputs, what):
+    """The library's training forward and backward read float32: bfloat16 storage must not
+    reach them as if it were."""
+    if inputs.bf16:
+        raise ValueError(f"{what}: takes float32 inputs; build KdaInputs with bf16=False "
+                         "(bfloat16 storage is for the inference forward and decode)")
 
 
 def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
     """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs."""
+    _float32_only(inputs, "kda_forward_train")
     ex = make_exec(mode, chunk_size, threads)
     size = ctypes.c_size_t(0)
     _lib.check(_lib.lib.linseq_kda_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
@@ -254,6 +291,7 @@ def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threa
     """The gradients of sum(o * d_o) + sum(ht * d_ht), as a dict: dq, dk, dv, dbeta, dg,
     dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
     `saved` is the block kda_forward_train returned for the same inputs and settings."""
+    _float32_only(inputs, "kda_backward")
     ex = make_exec(mode, chunk_size, threads)
     d_o, d_ht = _upstream("kda", inputs, (d_o, d_ht))
     out, grads = _grads("kda", inputs, wanted)
@@ -274,13 +312,14 @@ def kda_decode(inputs, state, state_rows=None, *, threads=0):
     """One token for B requests: q etc. hold [B,1,...]; `state` is the pool
     [R,HV,K,V] (or [R,HV,V,K] with state_v_first), a C-contiguous float32 NumPy array that is
     updated in place. state_rows (int [B], optional) maps request b to its pool row; a
-    negative row is a padding request (its output row is 0). Returns o [B,1,HV,V]."""
+    negative row is a padding request (its output row is 0). Returns o [B,1,HV,V], bfloat16
+    when the inputs are (KdaInputs.bf16), else float32."""
     rows = check_decode(inputs, state, state_rows)
-    ex = make_exec("recurrent", 64, threads)
-    (o, _), _ = _outputs("kda", inputs, final_state=False)
+    ex = make_exec("recurrent", 64, threads, bf16=inputs.bf16)
+    (o, _), _ = _outputs("kda", inputs, final_state=False, first_bf16=inputs.bf16)
     _lib.check(_lib.lib.linseq_kda_decode(ctypes.byref(inputs.problem), ctypes.byref(ex),
                                           ptr(state), state.shape[0], ptr(rows), ptr(o)))
-    return o
+    return bf16_result(o) if inputs.bf16 else o
 
 
 def check_decode(inputs, state, state_rows):

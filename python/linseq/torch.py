@@ -7,8 +7,9 @@ backward (KDA keeps the chunk states of its forward, so the backward does not ru
 forward again), and torch.compile(fullgraph=True) traces the public functions without a
 graph break. With a PyTorch that lacks torch.library.custom_op (before 2.4) the same ops run
 as one torch.autograd.Function each, eagerly. Tensors must be on the CPU; contiguous float32
-tensors reach the kernels without a copy, others are converted once. Outputs share their
-memory with the NumPy arrays the kernels wrote.
+tensors reach the kernels without a copy, others are converted once. bfloat16 tensors reach
+KDA's forward and decode without a copy when no gradient is needed (see api.kda). Outputs
+share their memory with the NumPy arrays the kernels wrote.
 """
 
 import functools
@@ -31,11 +32,11 @@ class _LinseqOp(torch.autograd.Function):
     def forward(ctx, spec, opts, train, cu_seqlens, *tensors):
         ctx.set_materialize_grads(False)
         arrays = dict(zip(spec.arrays, tensors))
-        inputs = spec.inputs(arrays, cu_seqlens, opts)
+        inputs = _torch_ops.kda_inputs(spec, arrays, cu_seqlens, opts, train)
         outputs, saved = spec.forward(inputs, opts, train)
         ctx.spec, ctx.opts, ctx.cu_seqlens, ctx.saved_block = spec, opts, cu_seqlens, saved
         ctx.save_for_backward(*tensors)
-        return tuple(torch.from_numpy(o) for o in outputs)
+        return tuple(_torch_ops.tensor_of(o) for o in outputs)
 
     @staticmethod
     @once_differentiable
@@ -137,13 +138,13 @@ class TorchBackend:
             pool = state.detach().numpy()
         else:
             pool = np.array(ops.as_f32(state, "state"), copy=True)
-        inputs = opts.inputs(arrays, None)
+        inputs = opts.inputs(arrays, None, bf16=True)
         o = ops.kda_decode(inputs, pool, state_rows)
         if inplace:
             # written through a NumPy view: tell autograd, as a torch in-place op would, so a
             # backward that saved the old pool is refused instead of using the new values
             torch.autograd.graph.increment_version(state)
-        return torch.from_numpy(o), (state if inplace else torch.from_numpy(pool))
+        return _torch_ops.tensor_of(o), (state if inplace else torch.from_numpy(pool))
 
     @staticmethod
     def cast(value, like):
