@@ -1,61 +1,62 @@
-/* The KDA op (linseq_kda_problem) in the op table: see optable.h. */
-#include "optable/op_shapes.h"
+/* The KDA op (linseq_kda_problem) in the op table: see optable.h. What other ops on the same
+ * problem reuse of it is declared in op_kda.h. */
+#include "optable/op_kda.h"
 
 #include <string.h>
 
+#include "optable/op_shapes.h"
+
 typedef linseq_kda_problem P;
 
-static const P *kda(const void *p) { return p; }
-static int64_t value_heads(const P *p) { return p->HV ? p->HV : p->H; }
-static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
-
-static int shape_qk(const void *v, int64_t *d)
+int ls_op_kda_shape_qk(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
+    const P *p = v;
     return ls_dims(d, 4, p->B, p->T, p->H, p->K);
 }
 
-static int shape_token_value(const void *v, int64_t *d)
+int ls_op_kda_shape_token_value(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
-    return ls_dims(d, 4, p->B, p->T, value_heads(p), p->V);
+    const P *p = v;
+    return ls_dims(d, 4, p->B, p->T, ls_op_kda_value_heads(p), p->V);
 }
 
-static int shape_beta(const void *v, int64_t *d)
+int ls_op_kda_shape_beta(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
-    return ls_dims(d, 3, p->B, p->T, value_heads(p));
+    const P *p = v;
+    return ls_dims(d, 3, p->B, p->T, ls_op_kda_value_heads(p));
 }
 
 /* [B,T,HV,K] per channel, [B,T,HV] per head, none without decay. */
-static int shape_g(const void *v, int64_t *d)
+int ls_op_kda_shape_g(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
+    const P *p = v;
     if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        return ls_dims(d, 4, p->B, p->T, value_heads(p), p->K);
-    if (p->decay == LINSEQ_DECAY_PER_HEAD) return ls_dims(d, 3, p->B, p->T, value_heads(p));
+        return ls_dims(d, 4, p->B, p->T, ls_op_kda_value_heads(p), p->K);
+    if (p->decay == LINSEQ_DECAY_PER_HEAD)
+        return ls_dims(d, 3, p->B, p->T, ls_op_kda_value_heads(p));
     return 0;
 }
 
-static int shape_state(const void *v, int64_t *d)
+int ls_op_kda_shape_state(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
-    return p->state_v_first ? ls_dims(d, 4, state_rows(p), value_heads(p), p->V, p->K)
-                            : ls_dims(d, 4, state_rows(p), value_heads(p), p->K, p->V);
+    const P *p = v;
+    const int64_t rows = ls_op_kda_state_rows(p), HV = ls_op_kda_value_heads(p);
+    return p->state_v_first ? ls_dims(d, 4, rows, HV, p->V, p->K)
+                            : ls_dims(d, 4, rows, HV, p->K, p->V);
 }
 
-static int shape_a_log(const void *v, int64_t *d)
+int ls_op_kda_shape_a_log(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
-    return p->gate_in_kernel ? ls_dims(d, 1, value_heads(p)) : 0;
+    const P *p = v;
+    return p->gate_in_kernel ? ls_dims(d, 1, ls_op_kda_value_heads(p)) : 0;
 }
 
-static int shape_dt_bias(const void *v, int64_t *d)
+int ls_op_kda_shape_dt_bias(const void *v, int64_t *d)
 {
-    const P *p = kda(v);
+    const P *p = v;
     if (!p->gate_in_kernel) return 0;
-    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    return ls_dims(d, 1, per_channel ? ls_mul_sat(value_heads(p), p->K) : value_heads(p));
+    const int64_t HV = ls_op_kda_value_heads(p);
+    return ls_dims(d, 1, p->decay == LINSEQ_DECAY_PER_CHANNEL ? ls_mul_sat(HV, p->K) : HV);
 }
 
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
@@ -101,23 +102,23 @@ static linseq_status decode(const void *p, const linseq_exec *exec, float *pool,
  * C = min(chunk, T), also at T = 1. */
 static double flops(const void *v, const linseq_exec *exec)
 {
-    const P *p = kda(v);
+    const P *p = v;
     const double K = (double)p->K, V = (double)p->V;
-    const double tokens_heads = (double)p->B * (double)p->T * (double)value_heads(p);
+    const double tokens_heads = (double)p->B * (double)p->T * (double)ls_op_kda_value_heads(p);
     if (exec && exec->mode == LINSEQ_MODE_RECURRENT) return tokens_heads * 7.0 * K * V;
     const int chunk = exec && exec->chunk_size ? exec->chunk_size : 64;
     const double C = (double)(chunk < p->T ? chunk : p->T);
     return tokens_heads * (6.0 * K * V + 2.0 * C * K + 2.0 * C * V);
 }
 
-static void bench_options(void *v)
+void ls_op_kda_bench_options(void *v)
 {
     P *p = v;
     p->decay = LINSEQ_DECAY_PER_CHANNEL;
     p->qk_l2norm = true;
 }
 
-static const ls_size_desc sizes[] = {
+const ls_size_desc ls_op_kda_sizes[LS_OP_KDA_N_SIZES] = {
     {"B", offsetof(P, B), true, 1},   {"T", offsetof(P, T), true, 2048},
     {"H", offsetof(P, H), true, 16},  {"HV", offsetof(P, HV), false, 0},
     {"K", offsetof(P, K), true, 128}, {"V", offsetof(P, V), true, 128},
@@ -128,7 +129,7 @@ static const ls_enum_name decay_names[] = {{"none", LINSEQ_DECAY_NONE},
                                            {"per_channel", LINSEQ_DECAY_PER_CHANNEL},
                                            {NULL, 0}};
 
-static const ls_option_desc options[] = {
+const ls_option_desc ls_op_kda_options[LS_OP_KDA_N_OPTIONS] = {
     {"decay", "decay", LS_CTYPE_ENUM, offsetof(P, decay), decay_names, LINSEQ_DECAY_NONE},
     {"scale", "scale", LS_CTYPE_F32, offsetof(P, scale), NULL, 0},
     {"use_qk_l2norm", "qk_l2norm", LS_CTYPE_BOOL, offsetof(P, qk_l2norm), NULL, 0},
@@ -150,44 +151,44 @@ static const ls_option_desc options[] = {
     }
 
 static const ls_tensor_desc tensors[] = {
-    IN("q", q, true, "[B,T,H,K]", shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("k", k, true, "[B,T,H,K]", shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("v", v, true, "[B,T,HV,V]", shape_token_value, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("beta", beta, true, "[B,T,HV]", shape_beta, NULL, LS_DIST_SIGMOID, 0, 0),
-    IN("g", g, true, "[B,T,HV,K] per channel, [B,T,HV] per head", shape_g, NULL, LS_DIST_LOGSIGMOID,
-       0, 0),
-    IN("h0", h0, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state, "has_h0", LS_DIST_NORMAL,
-       0.5, 0),
-    IN("A_log", A_log, false, "[HV]", shape_a_log, NULL, LS_DIST_LOG_OF_UNIFORM, 1, 16),
-    IN("dt_bias", dt_bias, false, "[HV*K] per channel, [HV] per head", shape_dt_bias, NULL,
+    IN("q", q, true, "[B,T,H,K]", ls_op_kda_shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
+    IN("k", k, true, "[B,T,H,K]", ls_op_kda_shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
+    IN("v", v, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, LS_DIST_NORMAL, 1, 0),
+    IN("beta", beta, true, "[B,T,HV]", ls_op_kda_shape_beta, NULL, LS_DIST_SIGMOID, 0, 0),
+    IN("g", g, true, LS_OP_KDA_G_DIMS, ls_op_kda_shape_g, NULL, LS_DIST_LOGSIGMOID, 0, 0),
+    IN("h0", h0, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state, "has_h0", LS_DIST_NORMAL, 0.5,
+       0),
+    IN("A_log", A_log, false, "[HV]", ls_op_kda_shape_a_log, NULL, LS_DIST_LOG_OF_UNIFORM, 1, 16),
+    IN("dt_bias", dt_bias, false, LS_OP_KDA_DT_BIAS_DIMS, ls_op_kda_shape_dt_bias, NULL,
        LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1),
-    {"o", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,HV,V]", shape_token_value, NULL, NULL, LS_DIST_ZERO,
-     0, 0, false},
-    {"ht", LS_ROLE_OUTPUT, NULL, 1, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state, NULL,
-     NULL, LS_DIST_ZERO, 0, 0, false},
-    {"d_o", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,HV,V]", shape_token_value, NULL, "o",
+    {"o", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, NULL,
+     LS_DIST_ZERO, 0, 0, false},
+    {"ht", LS_ROLE_OUTPUT, NULL, 1, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state, NULL, NULL,
+     LS_DIST_ZERO, 0, 0, false},
+    {"d_o", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, "o",
      LS_DIST_NORMAL, 1, 0, false},
-    {"d_ht", LS_ROLE_UPSTREAM, NULL, 1, false, "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state,
+    {"d_ht", LS_ROLE_UPSTREAM, NULL, 1, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state,
      "has_dht", "ht", LS_DIST_NORMAL, 1, 0, false},
-    GRAD("dq", dq, "q", "[B,T,H,K]", shape_qk),
-    GRAD("dk", dk, "k", "[B,T,H,K]", shape_qk),
-    GRAD("dv", dv, "v", "[B,T,HV,V]", shape_token_value),
-    GRAD("dbeta", dbeta, "beta", "[B,T,HV]", shape_beta),
-    GRAD("dg", dg, "g", "[B,T,HV,K] per channel, [B,T,HV] per head", shape_g),
-    GRAD("dh0", dh0, "h0", "[N,HV,K,V] ([N,HV,V,K] V-first)", shape_state),
-    GRAD("dA_log", dA_log, "A_log", "[HV]", shape_a_log),
-    GRAD("ddt_bias", ddt_bias, "dt_bias", "[HV*K] per channel, [HV] per head", shape_dt_bias),
+    GRAD("dq", dq, "q", "[B,T,H,K]", ls_op_kda_shape_qk),
+    GRAD("dk", dk, "k", "[B,T,H,K]", ls_op_kda_shape_qk),
+    GRAD("dv", dv, "v", "[B,T,HV,V]", ls_op_kda_shape_token_value),
+    GRAD("dbeta", dbeta, "beta", "[B,T,HV]", ls_op_kda_shape_beta),
+    GRAD("dg", dg, "g", LS_OP_KDA_G_DIMS, ls_op_kda_shape_g),
+    GRAD("dh0", dh0, "h0", LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state),
+    GRAD("dA_log", dA_log, "A_log", "[HV]", ls_op_kda_shape_a_log),
+    GRAD("ddt_bias", ddt_bias, "dt_bias", LS_OP_KDA_DT_BIAS_DIMS, ls_op_kda_shape_dt_bias),
 };
 
 const ls_op ls_op_kda = {
-    LS_OP_STRUCTS(linseq_kda_problem, linseq_kda_grads),
+    LS_OP_STRUCTS_OF(linseq_kda_problem, linseq_kda_grads, ls_op_kda_sizes, ls_op_kda_options,
+                     tensors),
     LS_OP_VARLEN(linseq_kda_problem),
     .name = "kda",
     .has_modes = true,
     .forward = forward,
     .backward = backward,
     .flops = flops,
-    .bench_options = bench_options,
+    .bench_options = ls_op_kda_bench_options,
     .bench_fwdbwd = true,
     .saved_size = saved_size,
     .forward_train = forward_train,

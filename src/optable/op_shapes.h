@@ -30,12 +30,23 @@ static inline int64_t ls_mul_sat(int64_t a, int64_t b)
 /* The names of linseq_activation as meta.json spells them (SSM1's gate, conv's output). */
 extern const ls_enum_name ls_activation_names[];
 
+/* The shape of a tensor an op does not have (a segment summary's h0): none. */
+static inline int ls_shape_none(const void *p, int64_t *dims)
+{
+    (void)p, (void)dims;
+    return 0;
+}
+
 /* The fields of an ls_op that every description fills the same way: from its two struct
  * types and the file's `sizes`, `options` and `tensors` arrays. */
-#define LS_OP_STRUCTS(problem, grads)                                                              \
+#define LS_OP_STRUCTS(problem, grads) LS_OP_STRUCTS_OF(problem, grads, sizes, options, tensors)
+/* The same with the arrays named: an op that shares another's sizes or options (arrays
+ * declared with their lengths). */
+#define LS_OP_STRUCTS_OF(problem, grads, sizes_, options_, tensors_)                               \
     .problem_type = #problem, .grads_type = #grads, .problem_size = sizeof(problem),               \
-    .grads_size = sizeof(grads), .sizes = sizes, .n_sizes = LS_COUNT(sizes), .options = options,   \
-    .n_options = LS_COUNT(options), .tensors = tensors, .n_tensors = LS_COUNT(tensors)
+    .grads_size = sizeof(grads), .sizes = sizes_, .n_sizes = LS_COUNT(sizes_),                     \
+    .options = options_, .n_options = LS_COUNT(options_), .tensors = tensors_,                     \
+    .n_tensors = LS_COUNT(tensors_)
 
 /* An op with packed sequences: its problem's cu_seqlens and n_seqs. */
 #define LS_OP_VARLEN(problem)                                                                      \

@@ -1,9 +1,11 @@
-/* The Mamba1 selective scan (linseq_ssm1_problem) in the op table: see optable.h. */
-#include "optable/op_shapes.h"
+/* The Mamba1 selective scan (linseq_ssm1_problem) in the op table: see optable.h. What other
+ * ops on the same problem reuse of it is declared in op_ssm1.h. */
+#include "optable/op_ssm1.h"
 
 #include <string.h>
 
 #include "core/status.h"
+#include "optable/op_shapes.h"
 
 typedef linseq_ssm1_problem P;
 
@@ -12,18 +14,18 @@ static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B;
 
 /* [B,T,D], or [B,D,T] with channel_first (the dense layout; strided inputs are described by
  * their strides fields, not by these shapes). */
-static int shape_token(const void *v, int64_t *d)
+int ls_op_ssm1_shape_token(const void *v, int64_t *d)
 {
     const P *p = ssm(v);
     return p->channel_first ? ls_dims(d, 3, p->B, p->D, p->T) : ls_dims(d, 3, p->B, p->T, p->D);
 }
 
-static int shape_a(const void *v, int64_t *d) { return ls_dims(d, 2, ssm(v)->D, ssm(v)->N); }
-static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, ssm(v)->D); }
+int ls_op_ssm1_shape_a(const void *v, int64_t *d) { return ls_dims(d, 2, ssm(v)->D, ssm(v)->N); }
+int ls_op_ssm1_shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, ssm(v)->D); }
 
 /* [B,T,G,N]; G == 0 means one group, and then the files are [B,T,N] as in the reference
  * data (the memory is the same). channel_first: [B,G,N,T] (or [B,N,T]). */
-static int shape_bc(const void *v, int64_t *d)
+int ls_op_ssm1_shape_bc(const void *v, int64_t *d)
 {
     const P *p = ssm(v);
     if (p->channel_first)
@@ -31,24 +33,24 @@ static int shape_bc(const void *v, int64_t *d)
     return p->G ? ls_dims(d, 4, p->B, p->T, p->G, p->N) : ls_dims(d, 3, p->B, p->T, p->N);
 }
 
-static int shape_state(const void *v, int64_t *d)
+int ls_op_ssm1_shape_state(const void *v, int64_t *d)
 {
     const P *p = ssm(v);
     return ls_dims(d, 3, state_rows(p), p->D, p->N);
 }
 
 /* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
-static int shape_d_skip_grad(const void *v, int64_t *d)
+int ls_op_ssm1_shape_d_skip_grad(const void *v, int64_t *d)
 {
-    return ssm(v)->D_skip ? shape_channels(v, d) : 0;
+    return ssm(v)->D_skip ? ls_op_ssm1_shape_channels(v, d) : 0;
 }
-static int shape_gate_grad(const void *v, int64_t *d)
+int ls_op_ssm1_shape_gate_grad(const void *v, int64_t *d)
 {
-    return ssm(v)->gate ? shape_token(v, d) : 0;
+    return ssm(v)->gate ? ls_op_ssm1_shape_token(v, d) : 0;
 }
-static int shape_dt_bias(const void *v, int64_t *d)
+int ls_op_ssm1_shape_dt_bias(const void *v, int64_t *d)
 {
-    return ssm(v)->dt_softplus ? shape_channels(v, d) : 0;
+    return ssm(v)->dt_softplus ? ls_op_ssm1_shape_channels(v, d) : 0;
 }
 
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
@@ -70,8 +72,7 @@ static linseq_status decode(const void *v, const linseq_exec *exec, float *pool,
     return linseq_ssm1_decode(v, exec, pool, n_rows, rows, out[0]);
 }
 
-/* README "Benchmarks": 6 per token, channel and state. */
-static double flops(const void *v, const linseq_exec *exec)
+double ls_op_ssm1_flops(const void *v, const linseq_exec *exec)
 {
     (void)exec;
     const P *p = ssm(v);
@@ -85,7 +86,7 @@ static void bench_options(void *v)
     p->gate_activation = LINSEQ_ACT_SILU;
 }
 
-static const ls_size_desc sizes[] = {
+const ls_size_desc ls_op_ssm1_sizes[LS_OP_SSM1_N_SIZES] = {
     {"B", offsetof(P, B), true, 1},    {"T", offsetof(P, T), true, 2048},
     {"D", offsetof(P, D), true, 1536}, {"N", offsetof(P, N), true, 16},
     {"G", offsetof(P, G), false, 0},
@@ -93,7 +94,7 @@ static const ls_size_desc sizes[] = {
 
 /* The reference data names the gate's activation "activation"; "gate_activation" (the
  * field's name) wins when both are given. */
-static const ls_option_desc options[] = {
+const ls_option_desc ls_op_ssm1_options[LS_OP_SSM1_N_OPTIONS] = {
     {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
     {"activation", "gate_activation", LS_CTYPE_ENUM, offsetof(P, gate_activation),
      ls_activation_names, LINSEQ_ACT_DEFAULT},
@@ -102,7 +103,7 @@ static const ls_option_desc options[] = {
     {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
 };
 
-static const ls_strides_desc strides[] = {
+const ls_strides_desc ls_op_ssm1_strides[LS_OP_SSM1_N_STRIDES] = {
     {"x_strides", "x", offsetof(P, x_strides)},
     {"dt_strides", "dt", offsetof(P, dt_strides)},
     {"gate_strides", "gate", offsetof(P, gate_strides)},
@@ -120,47 +121,52 @@ static const ls_strides_desc strides[] = {
         name, LS_ROLE_GRAD, #field, offsetof(linseq_ssm1_grads, field), false, dims, shape, NULL,  \
             of, LS_DIST_ZERO, 0, 0, false                                                          \
     }
-#define BC_DIMS "[B,T,G,N] ([B,T,N] without G)"
 
 static const ls_tensor_desc tensors[] = {
-    IN("x", x, true, "[B,T,D]", shape_token, NULL, LS_DIST_NORMAL, 1, 0, false),
-    IN("dt", dt, true, "[B,T,D]", shape_token, NULL, LS_DIST_LOG_UNIFORM, 1e-3, 1e-1, false),
-    IN("A", A, true, "[D,N]", shape_a, NULL, LS_DIST_S4D_REAL, 0, 0, false),
-    IN("B", B_proj, true, BC_DIMS, shape_bc, NULL, LS_DIST_NORMAL, 1, 0, false),
-    IN("C", C_proj, true, BC_DIMS, shape_bc, NULL, LS_DIST_NORMAL, 1, 0, false),
-    IN("D", D_skip, false, "[D]", shape_channels, NULL, LS_DIST_UNIFORM, 1, 1, true),
-    IN("gate", gate, false, "[B,T,D]", shape_token, "has_gate", LS_DIST_NORMAL, 1, 0, true),
-    IN("h0", h0, false, "[N_seq,D,N]", shape_state, "has_h0", LS_DIST_NORMAL, 0.5, 0, false),
-    IN("dt_bias", dt_bias, false, "[D]", shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1,
+    IN("x", x, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, LS_DIST_NORMAL, 1, 0, false),
+    IN("dt", dt, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, LS_DIST_LOG_UNIFORM, 1e-3, 1e-1,
        false),
-    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0, 0,
-     false},
-    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", shape_state, NULL, NULL, LS_DIST_ZERO, 0,
-     0, false},
-    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL, 1,
-     0, false},
-    {"d_hT", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,N]", shape_state, "has_dhT", "hT",
+    IN("A", A, true, "[D,N]", ls_op_ssm1_shape_a, NULL, LS_DIST_S4D_REAL, 0, 0, false),
+    IN("B", B_proj, true, LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc, NULL, LS_DIST_NORMAL, 1, 0,
+       false),
+    IN("C", C_proj, true, LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc, NULL, LS_DIST_NORMAL, 1, 0,
+       false),
+    IN("D", D_skip, false, "[D]", ls_op_ssm1_shape_channels, NULL, LS_DIST_UNIFORM, 1, 1, true),
+    IN("gate", gate, false, "[B,T,D]", ls_op_ssm1_shape_token, "has_gate", LS_DIST_NORMAL, 1, 0,
+       true),
+    IN("h0", h0, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, "has_h0", LS_DIST_NORMAL, 0.5, 0,
+       false),
+    IN("dt_bias", dt_bias, false, "[D]", ls_op_ssm1_shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT,
+       1e-3, 1e-1, false),
+    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, NULL,
+     LS_DIST_ZERO, 0, 0, false},
+    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, NULL, NULL,
+     LS_DIST_ZERO, 0, 0, false},
+    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, "y",
      LS_DIST_NORMAL, 1, 0, false},
-    GRAD("dx", dx, "x", "[B,T,D]", shape_token),
-    GRAD("ddt", ddt, "dt", "[B,T,D]", shape_token),
-    GRAD("dA", dA, "A", "[D,N]", shape_a),
-    GRAD("dB", dB_proj, "B", BC_DIMS, shape_bc),
-    GRAD("dC", dC_proj, "C", BC_DIMS, shape_bc),
-    GRAD("dD", dD_skip, "D", "[D]", shape_d_skip_grad),
-    GRAD("dgate", dgate, "gate", "[B,T,D]", shape_gate_grad),
-    GRAD("dh0", dh0, "h0", "[N_seq,D,N]", shape_state),
-    GRAD("ddt_bias", ddt_bias, "dt_bias", "[D]", shape_dt_bias),
+    {"d_hT", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, "has_dhT",
+     "hT", LS_DIST_NORMAL, 1, 0, false},
+    GRAD("dx", dx, "x", "[B,T,D]", ls_op_ssm1_shape_token),
+    GRAD("ddt", ddt, "dt", "[B,T,D]", ls_op_ssm1_shape_token),
+    GRAD("dA", dA, "A", "[D,N]", ls_op_ssm1_shape_a),
+    GRAD("dB", dB_proj, "B", LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc),
+    GRAD("dC", dC_proj, "C", LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc),
+    GRAD("dD", dD_skip, "D", "[D]", ls_op_ssm1_shape_d_skip_grad),
+    GRAD("dgate", dgate, "gate", "[B,T,D]", ls_op_ssm1_shape_gate_grad),
+    GRAD("dh0", dh0, "h0", "[N_seq,D,N]", ls_op_ssm1_shape_state),
+    GRAD("ddt_bias", ddt_bias, "dt_bias", "[D]", ls_op_ssm1_shape_dt_bias),
 };
 
 const ls_op ls_op_ssm1 = {
-    LS_OP_STRUCTS(linseq_ssm1_problem, linseq_ssm1_grads),
+    LS_OP_STRUCTS_OF(linseq_ssm1_problem, linseq_ssm1_grads, ls_op_ssm1_sizes, ls_op_ssm1_options,
+                     tensors),
     LS_OP_VARLEN(linseq_ssm1_problem),
-    .strides = strides,
-    .n_strides = LS_COUNT(strides),
+    .strides = ls_op_ssm1_strides,
+    .n_strides = LS_COUNT(ls_op_ssm1_strides),
     .name = "ssm1",
     .forward = forward,
     .backward = backward,
-    .flops = flops,
+    .flops = ls_op_ssm1_flops,
     .bench_options = bench_options,
     .bench_fwdbwd = true,
     .decode = decode,
