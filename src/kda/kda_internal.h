@@ -37,11 +37,18 @@ void kda_exec_plan(kda_plan *pl, const linseq_exec *exec);
 
 /* Validates everything but the tensor pointers and fills the plan (chunk = 0). */
 linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl);
+/* A backward's rules for the grads that exist only with some options: no dg without decay,
+ * no dA_log or ddt_bias without gate_in_kernel (kda_backward.c). */
+linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p,
+                                     const linseq_kda_grads *gr);
 
 /* The input tensors of a validated problem (T tokens per batch row) for ls_args_validate;
  * token_bytes is the element size of the per-token tensors (2 for bf16, else 4). */
 struct ls_args;
 void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T, size_t token_bytes);
+/* The gradient outputs of a backward (kda_backward.c), with the same token_bytes. */
+void kda_add_grads(struct ls_args *a, const kda_plan *pl, const linseq_kda_grads *gr,
+                   size_t token_bytes);
 
 /* "N,HV,K,V" or "N,HV,V,K" (rows "N"), or with "n_state_rows" (rows "n"). */
 const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);

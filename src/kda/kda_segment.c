@@ -195,7 +195,7 @@ static void widened_states(const kda_plan *pl, const float *d_P, const float *d_
     }
 }
 
-/* The backward's own rules for the grads that exist only with some options. */
+/* The backward's rules for the grads, with no dh0. */
 static linseq_status check_grads(const char *fn, const linseq_kda_problem *p,
                                  const linseq_kda_grads *gr)
 {
@@ -203,31 +203,7 @@ static linseq_status check_grads(const char *fn, const linseq_kda_problem *p,
     if (gr->dh0)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "grads->dh0 must be NULL: the summary does not depend on a start state");
-    if (p->decay == LINSEQ_DECAY_NONE && gr->dg)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "grads->dg is given but decay is LINSEQ_DECAY_NONE (there is no g)");
-    if (!p->gate_in_kernel && (gr->dA_log || gr->ddt_bias))
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "grads->%s is given but gate_in_kernel is false",
-                       gr->dA_log ? "dA_log" : "ddt_bias");
-    return LINSEQ_OK;
-}
-
-static void add_grads(ls_args *a, const kda_plan *pl, const linseq_kda_grads *gr)
-{
-    const linseq_kda_problem *p = pl->p;
-    const int64_t B = p->B, T = p->T, H = p->H, HV = pl->HV, K = p->K, gK = pl->gK;
-    ls_arg(a, "dq", "B,T,H,K", gr->dq, false, LS_OUT, 4, 4, B, T, H, K);
-    ls_arg(a, "dk", "B,T,H,K", gr->dk, false, LS_OUT, 4, 4, B, T, H, K);
-    ls_arg(a, "dv", "B,T,HV,V", gr->dv, false, LS_OUT, 4, 4, B, T, HV, p->V);
-    ls_arg(a, "dbeta", "B,T,HV", gr->dbeta, false, LS_OUT, 4, 3, B, T, HV);
-    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        ls_arg(a, "dg", "B,T,HV,K", gr->dg, false, LS_OUT, 4, 4, B, T, HV, K);
-    else
-        ls_arg(a, "dg", "B,T,HV", gr->dg, false, LS_OUT, 4, 3, B, T, HV);
-    ls_arg(a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
-    ls_arg(a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1,
-           ls_mul_sat(HV, gK));
+    return kda_check_option_grads(fn, p, gr);
 }
 
 /* The widened backward over the validated call; q gets no gradient (it does not enter). */
@@ -281,7 +257,7 @@ linseq_status ls_kda_segment_backward_isa(const linseq_kda_problem *problem,
     ls_args a = {.fn = fn};
     kda_add_inputs(&a, &pl, p->T, 4);
     add_summary(&a, &pl, d_P, d_R, LS_IN);
-    add_grads(&a, &pl, grads);
+    kda_add_grads(&a, &pl, grads, 4); /* dh0 is NULL: checked */
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     int64_t wide_row, kpv;
     if (__builtin_add_overflow(p->K, p->V, &kpv) ||

@@ -131,6 +131,45 @@ linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exe
     return st;
 }
 
+/* A gradient of an input the problem does not have would be silently meaningless. dh0 and
+ * ddt_bias are the exceptions: an absent h0 or dt_bias is a zero tensor, whose gradient is
+ * well defined (but dt_bias exists only inside the softplus). */
+linseq_status ssm1_check_option_grads(const char *fn, const linseq_ssm1_problem *p,
+                                      const linseq_ssm1_grads *g)
+{
+    if (g->dgate && !p->gate)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "dgate is given but gate is NULL: there is no gate to differentiate; "
+                       "pass dgate = NULL");
+    if (g->dD_skip && !p->D_skip)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "dD_skip is given but D_skip is NULL: there is no skip term to "
+                       "differentiate; pass dD_skip = NULL");
+    if (g->ddt_bias && !p->dt_softplus)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "ddt_bias is given but dt_softplus is false: dt_bias only exists inside "
+                       "softplus(dt + dt_bias); pass ddt_bias = NULL");
+    return LINSEQ_OK;
+}
+
+void ssm1_add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_grads *g,
+                    size_t token_bytes)
+{
+    const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
+    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
+    const size_t te = token_bytes;
+    const bool cf = p->channel_first;
+    ssm_arg_dense(a, "dx", g->dx, false, LS_OUT, cf, te, B, T, D, 0);
+    ssm_arg_dense(a, "ddt", g->ddt, false, LS_OUT, cf, te, B, T, D, 0);
+    ls_arg(a, "dA", "D,N", g->dA, false, LS_OUT, sizeof(float), 2, D, N);
+    ssm_arg_dense(a, "dB_proj", g->dB_proj, false, LS_OUT, cf, te, B, T, G, N);
+    ssm_arg_dense(a, "dC_proj", g->dC_proj, false, LS_OUT, cf, te, B, T, G, N);
+    ls_arg(a, "dD_skip", "D", g->dD_skip, false, LS_OUT, sizeof(float), 1, D);
+    ssm_arg_dense(a, "dgate", g->dgate, false, LS_OUT, cf, te, B, T, D, 0);
+    ls_arg(a, "dh0", "N_seq,D,N", g->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
+    ls_arg(a, "ddt_bias", "D", g->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
+}
+
 linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                    const float *d_y, const float *d_hT,
                                    const linseq_ssm1_grads *grads, ls_isa isa)
@@ -142,37 +181,14 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
     if (!grads)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
                        "grads is NULL; expected a linseq_ssm1_grads (NULL members are skipped)");
-    /* A gradient of an input the problem does not have would be silently meaningless. dh0 and
-     * ddt_bias are the exceptions: an absent h0 or dt_bias is a zero tensor, whose gradient is
-     * well defined. */
-    if (grads->dgate && !p->gate)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
-                       "dgate is given but gate is NULL: there is no gate to differentiate; "
-                       "pass dgate = NULL");
-    if (grads->dD_skip && !p->D_skip)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
-                       "dD_skip is given but D_skip is NULL: there is no skip term to "
-                       "differentiate; pass dD_skip = NULL");
-    if (grads->ddt_bias && !p->dt_softplus)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
-                       "ddt_bias is given but dt_softplus is false: dt_bias only exists inside "
-                       "softplus(dt + dt_bias); pass ddt_bias = NULL");
+    if ((st = ssm1_check_option_grads(a.fn, p, grads))) return st;
 
-    const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
+    const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
     const size_t te = ls_token_bytes(exec);
-    const bool cf = p->channel_first;
-    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, cf, te, B, T, D, 0);
+    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, p->channel_first, te, B, T, D, 0);
     ls_arg(&a, "d_hT", "N_seq,D,N", d_hT, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ssm_arg_dense(&a, "dx", grads->dx, false, LS_OUT, cf, te, B, T, D, 0);
-    ssm_arg_dense(&a, "ddt", grads->ddt, false, LS_OUT, cf, te, B, T, D, 0);
-    ls_arg(&a, "dA", "D,N", grads->dA, false, LS_OUT, sizeof(float), 2, D, N);
-    ssm_arg_dense(&a, "dB_proj", grads->dB_proj, false, LS_OUT, cf, te, B, T, G, N);
-    ssm_arg_dense(&a, "dC_proj", grads->dC_proj, false, LS_OUT, cf, te, B, T, G, N);
-    ls_arg(&a, "dD_skip", "D", grads->dD_skip, false, LS_OUT, sizeof(float), 1, D);
-    ssm_arg_dense(&a, "dgate", grads->dgate, false, LS_OUT, cf, te, B, T, D, 0);
-    ls_arg(&a, "dh0", "N_seq,D,N", grads->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(&a, "ddt_bias", "D", grads->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
+    ssm1_add_grads(&a, p, grads, te);
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))

@@ -144,29 +144,7 @@ static linseq_status check_grads(const char *fn, const linseq_ssm1_problem *p,
     if (g->dh0)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "grads->dh0 must be NULL: the summary does not depend on a start state");
-    if (g->dgate && !p->gate)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "dgate is given but gate is NULL");
-    if (g->dD_skip && !p->D_skip)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "dD_skip is given but D_skip is NULL");
-    if (g->ddt_bias && !p->dt_softplus)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "ddt_bias is given but dt_softplus is false: dt_bias only exists inside "
-                       "softplus(dt + dt_bias)");
-    return LINSEQ_OK;
-}
-
-static void add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_grads *g)
-{
-    const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
-    const bool cf = p->channel_first;
-    ssm_arg_dense(a, "dx", g->dx, false, LS_OUT, cf, 4, B, T, D, 0);
-    ssm_arg_dense(a, "ddt", g->ddt, false, LS_OUT, cf, 4, B, T, D, 0);
-    ls_arg(a, "dA", "D,N", g->dA, false, LS_OUT, sizeof(float), 2, D, N);
-    ssm_arg_dense(a, "dB_proj", g->dB_proj, false, LS_OUT, cf, 4, B, T, G, N);
-    ssm_arg_dense(a, "dC_proj", g->dC_proj, false, LS_OUT, cf, 4, B, T, G, N);
-    ls_arg(a, "dD_skip", "D", g->dD_skip, false, LS_OUT, sizeof(float), 1, D);
-    ssm_arg_dense(a, "dgate", g->dgate, false, LS_OUT, cf, 4, B, T, D, 0);
-    ls_arg(a, "ddt_bias", "D", g->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
+    return ssm1_check_option_grads(fn, p, g);
 }
 
 /* P's share of the gradients, added to what the scan's backward wrote (or to zeros): with
@@ -228,7 +206,7 @@ linseq_status ls_ssm1_segment_backward_isa(const linseq_ssm1_problem *p, const l
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), D = p->D, N = p->N;
     ls_arg(&a, "d_P", "N_seq,D,N", d_P, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
     ls_arg(&a, "d_R", "N_seq,D,N", d_R, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    add_grads(&a, p, grads);
+    ssm1_add_grads(&a, p, grads, sizeof(float)); /* dh0 is NULL: checked */
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     /* R's share: the scan's backward with no gradient on y, so without gate and skip */

@@ -162,6 +162,14 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
 /* SSM1's checks of sizes, options and exec, with its input tensors appended to `a` (ssm1.c):
  * what every entry point that takes a linseq_ssm1_problem runs first. */
 linseq_status ssm1_check_problem(ls_args *a, const linseq_ssm1_problem *p, const linseq_exec *exec);
+/* A backward's rules for the grads of optional inputs (ssm1.c): no dgate without a gate, no
+ * dD_skip without D_skip, no ddt_bias without dt_softplus. */
+linseq_status ssm1_check_option_grads(const char *fn, const linseq_ssm1_problem *p,
+                                      const linseq_ssm1_grads *g);
+/* The gradient outputs of a backward (ssm1.c); token_bytes: the per-token tensors' element
+ * size (ls_token_bytes). */
+void ssm1_add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_grads *g,
+                    size_t token_bytes);
 /* The segment summary (ssm1_segment.c) with the scan's ISA as an argument. */
 linseq_status ls_ssm1_segment_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                           float *P, float *R, ls_isa isa);
