@@ -139,8 +139,12 @@ static void run_share(job *j, int t)
 /* ---------------------------------------------------------------------------------------- */
 
 /* How long an idle thread polls before it sleeps: longer than the gap between the calls of
- * a decode loop, far shorter than a scheduler tick. */
-#define SPIN_NS 50000
+ * a decode loop, far shorter than a scheduler tick. A build may set it (-DLS_SPIN_NS=0: sleep
+ * at once) to measure what the polling costs a framework that shares the cores. */
+#ifndef LS_SPIN_NS
+#define LS_SPIN_NS 50000
+#endif
+#define SPIN_NS ((int64_t)LS_SPIN_NS)
 
 static struct {
     pthread_mutex_t lock;
@@ -198,9 +202,19 @@ static job *open_job(void)
     return NULL;
 }
 
+/* A name that `top -H` and /proc/<pid>/task/<tid>/comm show, so that the CPU time of the
+ * pool's threads can be told apart from the host framework's threads. */
+static void name_this_worker(void)
+{
+#if defined(__GLIBC__)
+    pthread_setname_np(pthread_self(), "linseq-worker");
+#endif
+}
+
 static void *worker_main(void *arg)
 {
     const int w = (int)(intptr_t)arg;
+    name_this_worker();
     pthread_mutex_lock(&pool.lock);
     for (;;) {
         job *j = open_job();
