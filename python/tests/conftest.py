@@ -121,4 +121,29 @@ def kernel_calls(monkeypatch):
 
     for name in record:
         spy(name)
+    _spy_direct_decodes(monkeypatch, seen)
     return seen
+
+
+def _spy_direct_decodes(monkeypatch, seen):
+    """The decodes that go from torch tensors straight into the kernels (linseq's
+    _torch_decode), recorded under the same names: their problem (as .problem) and pool."""
+    import types
+
+    from linseq import _torch_decode
+
+    def spy(name, key, record):
+        real = getattr(_torch_decode, name)
+
+        def call(*args):
+            result = real(*args)
+            if result is not None:
+                seen[key].append(record(args, result))
+            return result
+        monkeypatch.setattr(_torch_decode, name, call)
+
+    spy("ssm1_problem", "Ssm1Inputs", lambda args, result: types.SimpleNamespace(problem=result))
+    spy("conv1d_problem", "Conv1dInputs",
+        lambda args, result: types.SimpleNamespace(problem=result))
+    spy("ssm1_decode", "ssm1_decode", lambda args, result: args[0].data_ptr())
+    spy("conv1d_decode", "conv1d_decode", lambda args, result: args[1].data_ptr())

@@ -31,7 +31,7 @@ included.
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import _torch_ops, ops
+from .. import _torch_decode, _torch_ops, ops
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -215,14 +215,22 @@ def _shares_a_row(rows):
     return torch.unique(named).shape[0] != named.shape[0]
 
 
+_FEW_ROWS = 64
+
+
 def _check_rows(rows, entries, name):
     """The checks of a decode's pool rows [b] int64 that read their values: made inside the
     decode op, where the values are known under torch.compile too, before anything is
     written."""
-    if bool((rows >= entries).any()):
+    if rows.shape[0] <= _FEW_ROWS:  # a decode batch: Python's ints beat torch's reductions
+        named = [r for r in rows.tolist() if r >= 0]
+        beyond, shared = max(named, default=-1) >= entries, len(set(named)) != len(named)
+    else:
+        beyond, shared = bool((rows >= entries).any()), None
+    if beyond:
         raise ValueError(f"{name}: rows must be < the pool's {entries} rows (negative = "
                          f"padding), got {int(rows.max())}")
-    if _shares_a_row(rows):
+    if shared or (shared is None and _shares_a_row(rows)):
         raise ValueError(f"{name}: two requests name the same row; each needs its own")
 
 
@@ -238,6 +246,10 @@ def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
     _check_rows(rows, conv_state.shape[0], "conv_state_indices")
     if cache_seqlens is not None and bool((cache_seqlens < 0).any()):
         raise ValueError("cache_seqlens: expected values >= 0")
+    y = _torch_decode.conv1d_decode(x, conv_state, weight, bias, activation, cache_seqlens,
+                                    rows)
+    if y is not None:  # the common form, straight into the kernel
+        return y
     channel_first = not _is_channel_last(x)
     xk = x.float() if channel_first else x.float().transpose(1, 2)
     inputs = _conv_inputs(xk, weight.float(), None if bias is None else bias.float(), None,
@@ -473,8 +485,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
+    # eager on plain tensors: the op's body without torch.library's dispatch (same result)
+    update = _conv_decode if _torch_decode.direct_call(x3, conv_state, weight, bias, seqlens,
+                                                       rows) else _CONV_DECODE
     with torch.no_grad():
-        out = _CONV_DECODE(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
+        out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out
 
 

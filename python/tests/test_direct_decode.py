@@ -1,0 +1,92 @@
+"""The decode calls that go from torch tensors straight into the kernels (linseq._torch_decode)
+give exactly what the general path (NumPy views, ops' checks) gives, outputs and updated
+pools, and are taken only where an op's dispatch would change nothing."""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from linseq import _torch_decode  # noqa: E402
+from linseq.compat import causal_conv1d as cc  # noqa: E402
+from linseq.compat import fla  # noqa: E402
+from linseq.compat import mamba_ssm as ms  # noqa: E402
+
+_DIRECT = ("ssm1_decode", "conv1d_decode", "kda_forward")
+
+
+def _random(gen, *shape):
+    return torch.randn(*shape, generator=gen)
+
+
+def _mamba_update(gen, batch):
+    d, n = 12, 5
+    state = _random(gen, batch, d, n)
+    args = dict(x=_random(gen, batch, d), dt=_random(gen, batch, d) * 0.3,
+                A=-torch.rand(d, n, generator=gen), B=_random(gen, batch, n),
+                C=_random(gen, batch, n), D=_random(gen, d), z=_random(gen, batch, d),
+                dt_bias=_random(gen, d) * 0.1)
+    return state, lambda s: ms.selective_state_update(s, **args, dt_softplus=True)
+
+
+def _conv_update(gen, batch):
+    d, width = 10, 4
+    state = _random(gen, batch, d, width)
+    x = _random(gen, batch, 2 * d, 1)[:, :d]  # a slice of a projection, read where it lies
+    weight, bias = _random(gen, d, width), _random(gen, d)
+    return state, lambda s: cc.causal_conv1d_update(x, s, weight, bias, activation="silu")
+
+
+def _kda_step(gen, batch):
+    h, k, v = 2, 6, 5
+    state = _random(gen, batch, h, k, v) * 0.2
+    q, kk, vv = (_random(gen, batch, 1, h, k), _random(gen, batch, 1, h, k),
+                 _random(gen, batch, 1, h, v))
+    g, beta = -torch.rand(batch, 1, h, k, generator=gen), torch.rand(batch, 1, h, generator=gen)
+
+    def step(s):
+        o, ht = fla.fused_recurrent_kda(q, kk, vv, g, beta, initial_state=s,
+                                        output_final_state=True, use_qk_l2norm_in_kernel=True)
+        s.copy_(ht)
+        return o
+    return state, step
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("make", [_mamba_update, _conv_update, _kda_step])
+def test_direct_equals_general_path(monkeypatch, make, batch):
+    taken = []
+    for name in _DIRECT:
+        real = getattr(_torch_decode, name)
+
+        def spy(*args, real=real):
+            result = real(*args)
+            taken.append(result is not None)
+            return result
+        monkeypatch.setattr(_torch_decode, name, spy)
+    state, step = make(torch.Generator().manual_seed(7), batch)
+    general_state = state.clone()
+    with torch.no_grad():
+        out = [step(state) for _ in range(3)]
+    assert any(taken), "the direct path was not taken"
+    for name in _DIRECT:
+        monkeypatch.setattr(_torch_decode, name, lambda *args: None)
+    with torch.no_grad():
+        general = [step(general_state) for _ in range(3)]
+    assert all(torch.equal(a, b) for a, b in zip(out, general))
+    assert torch.equal(state, general_state)
+
+
+def test_direct_call_only_for_plain_eager_tensors():
+    plain = torch.zeros(2)
+    assert _torch_decode.direct_call(plain, None, torch.nn.Parameter(torch.zeros(1)))
+    with torch.device("meta"):  # a function mode: the op (and its fake) must see the call
+        assert not _torch_decode.direct_call(plain)
+    assert not _torch_decode.direct_call(torch.zeros(2, device="meta"))
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    with Passthrough():
+        assert not _torch_decode.direct_call(plain)
