@@ -1,0 +1,120 @@
+"""Per-call time of the decode entries: linseq (through the transformers adapters) vs
+transformers' own PyTorch fallback for the same call, side by side in one process.
+
+A decode step of Mamba makes one causal_conv1d_update and one selective state update per
+layer, Kimi Linear and Qwen3-Next one causal_conv1d_update and one recurrent delta rule
+(T = 1) per linear-attention layer; at batch 1 these calls are short enough that their
+Python cost decides whether linseq's step is faster than the fallback's. Each row is the
+median over --repeat timed calls (after warm-up) of the same call, in microseconds.
+
+    python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300]
+"""
+
+import argparse
+import inspect
+import statistics
+import time
+
+import torch
+
+import linseq
+from linseq.integrations import transformers as linseq_hf
+
+
+def _median_us(fn, repeat):
+    for _ in range(max(10, repeat // 10)):
+        fn()
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter_ns()
+        fn()
+        times.append(time.perf_counter_ns() - start)
+    return statistics.median(times) / 1e3
+
+
+def _fallback(module_name, function_name):
+    """transformers' PyTorch function itself, whatever is routed now."""
+    module = __import__(module_name, fromlist=[function_name])
+    fn = linseq_hf._resolved.get((module_name, function_name), getattr(module, function_name))
+    return inspect.unwrap(fn)
+
+
+def _mamba_calls(b, dim=2048, dstate=16, width=4):
+    """Mamba at hidden 1024 (intermediate 2048, state 16, conv width 4), as the layer calls."""
+    module = "transformers.models.mamba.modeling_mamba"
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    state = r(b, dim, dstate) * 0.1
+    x, dt, z = r(b, dim), r(b, dim) * 0.1, r(b, dim)
+    A = -torch.rand(dim, dstate, generator=g)
+    Bp, Cp, D, dt_bias = r(b, dstate), r(b, dstate), r(dim), r(dim) * 0.1
+    conv_state, xc = r(b, dim, width), r(b, dim, 1)
+    weight, bias = r(dim, width), r(dim)
+
+    def ssm(fn):
+        return lambda: fn(state, x, dt, A, Bp, Cp, D, dt_bias=dt_bias, dt_softplus=True, z=z)
+
+    def conv(fn):
+        return lambda: fn(xc, conv_state, weight, bias, activation="silu")
+
+    return [("mamba selective_state_update", ssm(linseq_hf._mamba_state_update),
+             ssm(_fallback(module, "mamba_selective_state_update"))),
+            ("mamba causal_conv1d_update", conv(linseq_hf._conv_update),
+             conv(_fallback(module, "causal_conv1d_update")))]
+
+
+def _delta_calls(b, name, module, function, adapter, heads, value_heads, dk, dv, per_channel):
+    g = torch.Generator().manual_seed(1)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    q, k = r(b, 1, heads, dk), r(b, 1, heads, dk)
+    v = r(b, 1, value_heads, dv)
+    decay = -torch.rand(b, 1, value_heads, *((dk,) if per_channel else ()), generator=g)
+    beta = torch.rand(b, 1, value_heads, generator=g)
+    state = r(b, value_heads, dk, dv) * 0.1
+
+    def call(fn):
+        return lambda: fn(q, k, v, g=decay, beta=beta, initial_state=state,
+                          output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+    conv_dim = 2 * heads * dk + value_heads * dv
+    conv_state, xc = r(b, conv_dim, 4), r(b, conv_dim, 1)
+    weight = r(conv_dim, 4)
+
+    def conv(fn):
+        return lambda: fn(xc, conv_state, weight, None, activation="silu")
+
+    return [(f"{name} {function}", call(adapter), call(_fallback(module, function))),
+            (f"{name} causal_conv1d_update", conv(linseq_hf._conv_update),
+             conv(_fallback(module, "causal_conv1d_update")))]
+
+
+def calls(b):
+    return (_mamba_calls(b)
+            + _delta_calls(b, "kimi", "transformers.models.kimi_linear.modeling_kimi_linear",
+                           "recurrent_kimi_delta_attention", linseq_hf._kda_recurrent,
+                           16, 16, 64, 64, per_channel=True)
+            + _delta_calls(b, "qwen3-next", "transformers.models.qwen3_next.modeling_qwen3_next",
+                           "torch_recurrent_gated_delta_rule", linseq_hf._gdn_recurrent,
+                           8, 16, 128, 128, per_channel=False))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=300)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    linseq_hf.enable()  # imports the drop-ins the adapters call; the fallbacks are unwrapped
+    linseq.set_num_threads(args.threads)
+    print(f"batch {args.batch}, {args.threads} threads, median of {args.repeat} calls, "
+          f"microseconds per call")
+    print(f"{'call':46s} {'linseq':>9s} {'fallback':>9s} {'speedup':>8s}")
+    with torch.no_grad():
+        for label, ours, theirs in calls(args.batch):
+            t_ours, t_theirs = _median_us(ours, args.repeat), _median_us(theirs, args.repeat)
+            print(f"{label:46s} {t_ours:9.1f} {t_theirs:9.1f} {t_theirs / t_ours:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
