@@ -26,8 +26,10 @@ fi
     "transformers==5.24.0" "kernels==0.17.2" "fla-core==0.6.0"
 # jax's XLA FFI header, for linseq.jax's custom calls: pip builds in an isolated environment
 # without jax, so setup.py is told where the header is
-LINSEQ_XLA_FFI_INCLUDE=$(cd / && "$VENV/bin/python" -c 'import jax.ffi; print(jax.ffi.include_dir())') \
-    "$VENV/bin/python" -m pip install -q --disable-pip-version-check .
+# (asked from / so that no folder of this tree can shadow the jax package; a failure stops here)
+VENV_PYTHON=$(pwd)/$VENV/bin/python
+XLA_FFI_INCLUDE=$(cd / && "$VENV_PYTHON" -c 'import jax.ffi; print(jax.ffi.include_dir())')
+LINSEQ_XLA_FFI_INCLUDE=$XLA_FFI_INCLUDE "$VENV_PYTHON" -m pip install -q --disable-pip-version-check .
 "$VENV/bin/python" tests/refgen/gen.py build/refcases
 CASES=$(pwd)/build/refcases
 if [ -d "$REFDATA" ]; then
