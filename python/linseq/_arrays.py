@@ -128,13 +128,7 @@ def as_bf16(value, name, shape=None, what=None):
 
 def as_bf16_ndim(value, name, ndims, what):
     """as_bf16 with the rank check of as_f32_ndim."""
-    arr = as_bf16(value, name)
-    if arr.ndim not in ndims:
-        raise ValueError(f"{name}: expected {what}, got shape {list(arr.shape)}")
-    if any(s == 0 for s in arr.shape):
-        raise ValueError(f"{name}: expected {what} with every size >= 1, got shape "
-                         f"{list(arr.shape)}")
-    return arr
+    return _check_rank(as_bf16(value, name), name, ndims, what)
 
 
 def bf16_result(bits):
@@ -171,13 +165,18 @@ def as_f32_strided(value, name, ndims, what):
 def as_f32_ndim(value, name, ndims, what):
     """as_f32 with a rank check only (ndims: the accepted ranks), for the array that fixes
     the sizes of a problem."""
-    arr = _to_numpy(value, name)
+    return as_f32(_check_rank(_to_numpy(value, name), name, ndims, what), name)
+
+
+def _check_rank(arr, name, ndims, what):
+    """arr, if its rank is one of ndims and no size is 0 (the array that fixes a problem's
+    sizes); else a ValueError naming it."""
     if arr.ndim not in ndims:
         raise ValueError(f"{name}: expected {what}, got shape {list(arr.shape)}")
     if any(s == 0 for s in arr.shape):
         raise ValueError(f"{name}: expected {what} with every size >= 1, got shape "
                          f"{list(arr.shape)}")
-    return as_f32(arr, name)
+    return arr
 
 
 def as_cu_seqlens(value, n_tokens, name="cu_seqlens"):

@@ -47,6 +47,13 @@ _SCHEMA_TYPES = {bool: "bool", int: "int", str: "str", typing.Optional[float]: "
 _SAVED_HEADER_BYTES = 64  # the header of the saved block (include/linseq.h describes it)
 
 
+def wanted_grads(names, wanted, backward):
+    """The gradients a backward op returns: backward(set of the wanted names) gives NumPy
+    arrays by name; one tensor per name, an empty one where not wanted (the ops' schema)."""
+    grads = backward({g for g, w in zip(names, wanted) if w})
+    return [torch.from_numpy(grads[g]) if w else torch.empty(0) for g, w in zip(names, wanted)]
+
+
 def _option_fields(options_class):
     return [f.name for f in dataclasses.fields(options_class)]
 
@@ -224,11 +231,10 @@ def _define_backward(layout):
     def backward(*args):
         arrays, cu, opts, tail = layout.unpack(args)
         up, saved, wanted = split(tail)
-        keys = {spec.grad_of[n] for n, w in zip(spec.arrays, wanted) if w}
         block = saved.detach().numpy() if saved is not None and saved.numel() else None
-        grads = spec.backward(spec.inputs(arrays, cu, opts), opts, up, block, keys)
-        return [torch.from_numpy(grads[spec.grad_of[n]]) if w else torch.empty(0)
-                for n, w in zip(spec.arrays, wanted)]
+        return wanted_grads([spec.grad_of[n] for n in spec.arrays], wanted,
+                            lambda keys: spec.backward(spec.inputs(arrays, cu, opts), opts,
+                                                       up, block, keys))
 
     op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}_backward", backward,
                                  mutates_args=(), schema=schema)

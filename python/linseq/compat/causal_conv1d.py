@@ -107,10 +107,8 @@ def _conv_backward(channel_first, activation, cu_seqlens, x, weight, bias, initi
     """One gradient per tensor argument of _conv_forward (an empty one where not wanted)."""
     inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
                           channel_first)
-    keys = {g for g, w in zip(_CONV_GRADS, wanted) if w}
-    grads = ops.conv1d_backward(inputs, d_y, d_states, wanted=keys)
-    return [torch.from_numpy(grads[g]) if w else torch.empty(0)
-            for g, w in zip(_CONV_GRADS, wanted)]
+    return _torch_ops.wanted_grads(_CONV_GRADS, wanted,
+                                   lambda keys: ops.conv1d_backward(inputs, d_y, d_states, wanted=keys))
 
 
 class _ConvFn(torch.autograd.Function):

@@ -74,10 +74,8 @@ def _scan_backward(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias,
                    wanted):
     """One gradient per tensor argument of _scan_forward (an empty one where not wanted)."""
     inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
-    keys = {g for g, w in zip(_SCAN_GRADS, wanted) if w}
-    grads = ops.ssm1_backward(inputs, d_y, d_last, wanted=keys)
-    return [torch.from_numpy(grads[g]) if w else torch.empty(0)
-            for g, w in zip(_SCAN_GRADS, wanted)]
+    return _torch_ops.wanted_grads(_SCAN_GRADS, wanted,
+                                   lambda keys: ops.ssm1_backward(inputs, d_y, d_last, wanted=keys))
 
 
 class _ScanFn(torch.autograd.Function):
