@@ -14,12 +14,11 @@ import datetime
 import json
 import os
 import platform
-import re
 import subprocess
 import sys
 
-BEGIN = "<!-- suite-table:begin -->"
-END = "<!-- suite-table:end -->"
+from doc_block import replace_block
+
 
 
 def run_suite(cli, extra):
@@ -135,16 +134,7 @@ def main():
     if not args.write:
         sys.stdout.write(md)
         return
-    with open(args.write) as f:
-        doc = f.read()
-    pattern = re.compile(re.escape(BEGIN) + r"\n.*?" + re.escape(END), re.S)
-    if not pattern.search(doc):
-        sys.exit(f"suite_table: {args.write} has no '{BEGIN}' ... '{END}' block")
-    doc = pattern.sub(lambda _: f"{BEGIN}\n{md}{END}", doc, count=1)
-    with open(args.write, "w") as f:
-        f.write(doc)
-    print(f"wrote the table into {args.write}", file=sys.stderr)
-
+    replace_block(args.write, "suite-table", md, "suite_table")
 
 if __name__ == "__main__":
     main()
