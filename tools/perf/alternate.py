@@ -11,7 +11,9 @@ Needs python3 only; not run by make or CI.
         "kda --H 32 --T 512" "kda --H 32 --T 512 --dtype bf16"
 
 Each line gets `--json --no-peak` appended, unless it asks for the peak fractions with
---peak (then the medians of the FMA and bandwidth fractions are shown too).
+--peak (then the medians of the FMA and bandwidth fractions are shown too). To compare two
+builds (before and after a change), give --cli several binaries, comma-separated: every line
+then runs on each of them in turn.
 """
 import argparse
 import json
@@ -34,6 +36,7 @@ def fmt_ms(s):
 
 
 def table(lines, results, base, peak):
+    """lines: the row labels; results: per line, its bench results over the rounds."""
     head = "| `linseq bench ...` | median ms | range ms | / line " + str(base + 1) + " |"
     rule = "|---|---|---|---|"
     if peak:
@@ -56,30 +59,35 @@ def table(lines, results, base, peak):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cli", default="build/linseq", help="the linseq binary")
+    ap.add_argument("--cli", default="build/linseq",
+                    help="the linseq binary, or several comma-separated (each line runs on each)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--base", type=int, default=0, help="the line the ratios divide by (0-based)")
     ap.add_argument("--peak", action="store_true", help="measure the peak in each run too")
     ap.add_argument("--save-json", help="also write every bench result to this file")
     ap.add_argument("lines", nargs="+", help="`linseq bench` arguments, one string per line")
     args = ap.parse_args()
-    if not os.access(args.cli, os.X_OK):
-        sys.exit(f"alternate: no executable '{args.cli}' (run make first)")
-    if not 0 <= args.base < len(args.lines):
-        sys.exit(f"alternate: --base must name one of the {len(args.lines)} lines (0-based)")
-    results = [[] for _ in args.lines]
+    clis = args.cli.split(",")
+    for cli in clis:
+        if not os.access(cli, os.X_OK):
+            sys.exit(f"alternate: no executable '{cli}' (run make first)")
+    runs = [(cli, line) for line in args.lines for cli in clis]
+    labels = [line if len(clis) == 1 else f"{line}` on `{cli}" for cli, line in runs]
+    if not 0 <= args.base < len(runs):
+        sys.exit(f"alternate: --base must name one of the {len(runs)} rows (0-based)")
+    results = [[] for _ in runs]
     for rnd in range(args.rounds):
-        for i, line in enumerate(args.lines):
-            r = run(args.cli, line, args.peak)
-            r["line"] = line
+        for i, (cli, line) in enumerate(runs):
+            r = run(cli, line, args.peak)
+            r["line"], r["cli"] = line, cli
             results[i].append(r)
-            print(f"  round {rnd + 1}: {line}: {r['median_s'] * 1e3:.3f} ms", file=sys.stderr,
-                  flush=True)
+            print(f"  round {rnd + 1}: {labels[i]}: {r['median_s'] * 1e3:.3f} ms",
+                  file=sys.stderr, flush=True)
     if args.save_json:
         with open(args.save_json, "w") as f:
             for rs in results:
                 f.writelines(json.dumps(r) + "\n" for r in rs)
-    sys.stdout.write(table(args.lines, results, args.base, args.peak))
+    sys.stdout.write(table(labels, results, args.base, args.peak))
     print(f"\nMedians of {args.rounds} alternating rounds; load average after: "
           f"{os.getloadavg()[0]:.1f}.")
 
