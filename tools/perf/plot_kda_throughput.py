@@ -36,12 +36,9 @@ def config_label(r):
 
 
 def run_point(cli, options, t, extra):
-    # The wait policy is set here so that bench need not run itself again for each point.
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "active")
     cmd = [cli, "bench", "kda", *SHAPE, "--T", str(t), *options, "--no-peak", "--json",
            *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"plot_kda_throughput: {' '.join(cmd)} failed ({proc.returncode}): "
                  f"{proc.stderr.strip()}")

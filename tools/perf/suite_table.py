@@ -22,12 +22,10 @@ from doc_block import replace_block
 
 
 def run_suite(cli, extra):
-    env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "active")
     cmd = [cli, "bench", "suite", "--json", *extra]
     lines = []
     # Streamed, so that a run of several minutes shows its progress on stderr.
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env) as proc:
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True) as proc:
         for line in proc.stdout:
             if line.strip():
                 lines.append(line)
