@@ -430,6 +430,27 @@ LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem
                                               const linseq_exec *exec, const float *d_y,
                                               const float *d_hT, const linseq_ssm1_grads *grads);
 
+/* Training without the checkpoint pass, as linseq_kda_forward_train: linseq_ssm1_backward
+ * first runs the recurrence again to get the state before every 64-token segment; a training
+ * step that calls forward and backward can instead keep those from its forward.
+ * linseq_ssm1_forward_train is linseq_ssm1_forward (the same y and hT) that also writes `saved`
+ * (per sequence of L tokens ceil(L/64) D N floats, never one state per token, plus a small
+ * header), and linseq_ssm1_backward_saved reads it: the gradients of linseq_ssm1_backward,
+ * bit for bit. Pass the same problem, inputs and exec to the three calls; a header in `saved`
+ * checks the sizes and options it was written for. h0 is not read again, so hT may overwrite it
+ * in between. linseq_ssm1_saved_size reads only the sizes and cu_seqlens of the problem. CPU
+ * only (a CUDA exec returns LINSEQ_ERR_UNSUPPORTED). */
+LINSEQ_API linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *problem,
+                                                const linseq_exec *exec, size_t *bytes);
+LINSEQ_API linseq_status linseq_ssm1_forward_train(const linseq_ssm1_problem *problem,
+                                                   const linseq_exec *exec, float *y, float *hT,
+                                                   void *saved, size_t saved_bytes);
+LINSEQ_API linseq_status linseq_ssm1_backward_saved(const linseq_ssm1_problem *problem,
+                                                    const linseq_exec *exec, const void *saved,
+                                                    size_t saved_bytes, const float *d_y,
+                                                    const float *d_hT,
+                                                    const linseq_ssm1_grads *grads);
+
 /* Single-step decode for a batch of requests, as linseq_kda_decode: T must be 1, B is the
  * number of requests, and request b's state is row state_rows[b] (int64 [B]; NULL: row b, then
  * n_state_rows >= B) of a pool [n_state_rows,D,N], updated in place. A negative row marks a

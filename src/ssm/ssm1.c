@@ -1,6 +1,9 @@
-/* linseq_ssm1_forward and linseq_ssm1_backward: one validation of the problem for both, then
+/* linseq_ssm1_forward and linseq_ssm1_backward (and their training forms, which keep and
+ * read the backward's checkpoints: ssm1_saved.c): one validation of the problem for all, then
  * the fast scan (ssm1_scan.c) or its backward (ssm1_scan_bwd.c) with the active ISA's
  * kernels. */
+#include <stdlib.h>
+
 #include "core/activation.h"
 #include "core/status.h"
 #include "core/validate.h"
@@ -106,29 +109,94 @@ linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *p, const linseq_ex
     return st ? st : ls_ssm1_backward_isa(p, exec, d_y, d_hT, grads, isa);
 }
 
-linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
-                                  float *hT, ls_isa isa)
+/* The saved training block lives in host memory and feeds the CPU backward. */
+static linseq_status check_saved_exec(const char *fn, const linseq_exec *exec)
+{
+    if (!ls_on_cuda(exec)) return LINSEQ_OK;
+    return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                   "the saved training block is CPU-only; on CUDA call linseq_ssm1_forward and "
+                   "linseq_ssm1_backward");
+}
+
+/* The forward, and with saved != NULL the training forward that also fills saved. */
+static linseq_status forward_impl(const char *fn, const linseq_ssm1_problem *p,
+                                  const linseq_exec *exec, float *y, float *hT, void *saved,
+                                  size_t saved_bytes, ls_isa isa)
 {
     ls_clear_error();
-    ls_args a = {.fn = "linseq_ssm1_forward"};
+    ls_args a = {.fn = fn};
     linseq_status st = check_problem(&a, p, exec);
-    if (st) return st;
+    if (st || (saved && (st = check_saved_exec(fn, exec)))) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const size_t te = ls_token_bytes(exec);
     ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
     ls_arg(&a, "hT", "N_seq,D,N", hT, false, LS_OUT, sizeof(float), 3, n_seqs, p->D, p->N)
         ->may_alias = p->h0;
+    /* a byte buffer that holds floats after its header */
+    if (saved)
+        ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes)->align =
+            sizeof(float);
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
         return (st = check_cuda_layout(a.fn, p)) ? st
                                                  : ls_cuda_entry_ssm1_forward(a.fn, p, exec, y, hT);
 
-    st = ls_ssm1_scan(p, exec, ls_ssm_kernels(isa), y, hT);
+    int64_t *first = NULL;
+    if (saved && (st = ls_ssm1_saved_layout(fn, p, NULL, saved_bytes, &first))) return st;
+    float *states =
+        saved ? (float *)(void *)((unsigned char *)saved + SSM1_SAVED_HEADER_BYTES) : NULL;
+    st = ls_ssm1_scan_train(p, exec, ls_ssm_kernels(isa), y, hT, states, first);
+    free(first);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",
                        (long long)p->N);
+    if (!st && saved) ls_ssm1_saved_write_header(p, saved);
     return st;
+}
+
+linseq_status ls_ssm1_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec, float *y,
+                                  float *hT, ls_isa isa)
+{
+    return forward_impl("linseq_ssm1_forward", p, exec, y, hT, NULL, 0, isa);
+}
+
+linseq_status ls_ssm1_forward_train_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                        float *y, float *hT, void *saved, size_t saved_bytes,
+                                        ls_isa isa)
+{
+    static const char fn[] = "linseq_ssm1_forward_train";
+    if (!saved) {
+        ls_clear_error();
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "argument 'saved' is NULL; expected linseq_ssm1_saved_size bytes");
+    }
+    return forward_impl(fn, p, exec, y, hT, saved, saved_bytes, isa);
+}
+
+linseq_status linseq_ssm1_forward_train(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                        float *y, float *hT, void *saved, size_t saved_bytes)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssm1_forward_train", &isa);
+    return st ? st : ls_ssm1_forward_train_isa(p, exec, y, hT, saved, saved_bytes, isa);
+}
+
+linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                     size_t *bytes)
+{
+    ls_clear_error();
+    /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
+    ls_args sizes = {.fn = "linseq_ssm1_saved_size"};
+    linseq_status st = check_problem(&sizes, p, exec);
+    if (st || (st = check_saved_exec(sizes.fn, exec))) return st;
+    if (!bytes) return ls_fail(sizes.fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
+    ls_args a = {.fn = sizes.fn};
+    if (p->cu_seqlens)
+        ls_arg(&a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, true, LS_IN, sizeof(int64_t), 1,
+               ssm_cu_entries(p->cu_seqlens, p->n_seqs));
+    if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
+    return ls_ssm1_saved_size_of(a.fn, p, bytes);
 }
 
 /* A gradient of an input the problem does not have would be silently meaningless. dh0 and
@@ -170,14 +238,16 @@ void ssm1_add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_
     ls_arg(a, "ddt_bias", "D", g->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
 }
 
-linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+/* The backward; with saved (from linseq_ssm1_forward_train) it skips the checkpoint pass. */
+static linseq_status backward_impl(const char *fn, const linseq_ssm1_problem *p,
+                                   const linseq_exec *exec, const void *saved, size_t saved_bytes,
                                    const float *d_y, const float *d_hT,
                                    const linseq_ssm1_grads *grads, ls_isa isa)
 {
     ls_clear_error();
-    ls_args a = {.fn = "linseq_ssm1_backward"};
+    ls_args a = {.fn = fn};
     linseq_status st = check_problem(&a, p, exec);
-    if (st) return st;
+    if (st || (saved && (st = check_saved_exec(fn, exec)))) return st;
     if (!grads)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
                        "grads is NULL; expected a linseq_ssm1_grads (NULL members are skipped)");
@@ -189,6 +259,10 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
     ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, p->channel_first, te, B, T, D, 0);
     ls_arg(&a, "d_hT", "N_seq,D,N", d_hT, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
     ssm1_add_grads(&a, p, grads, te);
+    /* a byte buffer that holds floats after its header */
+    if (saved)
+        ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes)->align =
+            sizeof(float);
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
@@ -196,13 +270,53 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
                    ? st
                    : ls_cuda_entry_ssm1_backward(a.fn, p, exec, d_y, d_hT, grads);
 
-    st = ls_ssm1_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, d_hT, grads);
+    if (saved) {
+        int64_t *first;
+        if ((st = ls_ssm1_saved_layout(fn, p, saved, saved_bytes, &first))) return st;
+        const float *states =
+            (const float *)(const void *)((const unsigned char *)saved + SSM1_SAVED_HEADER_BYTES);
+        st = ls_ssm1_scan_backward_saved(p, exec, ls_ssm_kernels(isa), states, first, d_y, d_hT,
+                                         grads);
+        free(first);
+    } else {
+        st = ls_ssm1_scan_backward(p, exec, ls_ssm_kernels(isa), d_y, d_hT, grads);
+    }
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st,
                        "could not allocate the backward workspace (checkpoints every %d tokens "
                        "and the dB_proj/dC_proj partial sums; T = %lld, N = %lld)",
                        SSM_BWD_SEGMENT, (long long)T, (long long)N);
     return st;
+}
+
+linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                   const float *d_y, const float *d_hT,
+                                   const linseq_ssm1_grads *grads, ls_isa isa)
+{
+    return backward_impl("linseq_ssm1_backward", p, exec, NULL, 0, d_y, d_hT, grads, isa);
+}
+
+linseq_status ls_ssm1_backward_saved_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                         const void *saved, size_t saved_bytes, const float *d_y,
+                                         const float *d_hT, const linseq_ssm1_grads *grads,
+                                         ls_isa isa)
+{
+    static const char fn[] = "linseq_ssm1_backward_saved";
+    if (!saved) {
+        ls_clear_error();
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "argument 'saved' is NULL; expected what linseq_ssm1_forward_train wrote");
+    }
+    return backward_impl(fn, p, exec, saved, saved_bytes, d_y, d_hT, grads, isa);
+}
+
+linseq_status linseq_ssm1_backward_saved(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                         const void *saved, size_t saved_bytes, const float *d_y,
+                                         const float *d_hT, const linseq_ssm1_grads *grads)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssm1_backward_saved", &isa);
+    return st ? st : ls_ssm1_backward_saved_isa(p, exec, saved, saved_bytes, d_y, d_hT, grads, isa);
 }
 
 linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,

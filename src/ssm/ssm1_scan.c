@@ -75,6 +75,14 @@ linseq_status ls_ssm1_scan(const linseq_ssm1_problem *p, const linseq_exec *exec
     return scan((ssm1_scan_plan){.p = p, .y = y, .hT = hT}, exec, kern);
 }
 
+linseq_status ls_ssm1_scan_train(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                 const ssm_kernels *kern, float *y, float *hT, float *saved,
+                                 const int64_t *first)
+{
+    return scan((ssm1_scan_plan){.p = p, .y = y, .hT = hT, .saved = saved, .saved_first = first},
+                exec, kern);
+}
+
 linseq_status ls_ssm1_scan_pool(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                 const ssm_kernels *kern, float *y, float *pool, const int64_t *rows)
 {

@@ -39,7 +39,12 @@
  *                                 states and decays (about 4.7 MB per thread at L = 64k,
  *                                 N = 16), plus O(SSM_LANES * (N + SEGMENT)) small buffers.
  * Keeping the decays costs one extra segment buffer and saves recomputing one exp per state
- * update in the reverse walk, the dominant cost. */
+ * update in the reverse walk, the dominant cost.
+ *
+ * Training (linseq_ssm1_forward_train, then linseq_ssm1_backward_saved): the forward writes
+ * the checkpoints as it passes them (ssm1_saved.c), with the same arithmetic, so the backward
+ * reads them instead of running its checkpoint pass (one exp per token, channel and state)
+ * and keeps a single checkpoint tile per thread. */
 #include <stdbool.h>
 #include <stdlib.h>
 
@@ -67,11 +72,15 @@ static bool thread_floats_of(int64_t N, int64_t max_segments, int64_t *floats)
     return true;
 }
 
-linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
-                                    const ssm_kernels *kern, const float *d_y, const float *d_hT,
-                                    const linseq_ssm1_grads *grads)
+/* The backward; with saved (the forward's checkpoints, laid out by `first`) it skips the
+ * checkpoint pass and keeps one checkpoint tile per thread. */
+static linseq_status scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                   const ssm_kernels *kern, const float *saved,
+                                   const int64_t *first, const float *d_y, const float *d_hT,
+                                   const linseq_ssm1_grads *grads)
 {
-    ssm1_bwd_plan pl = {.p = p, .d_y = d_y, .d_hT = d_hT, .grads = grads};
+    ssm1_bwd_plan pl = {
+        .p = p, .d_y = d_y, .d_hT = d_hT, .grads = grads, .saved = saved, .saved_first = first};
     pl.G = p->G ? p->G : 1;
     pl.channels_per_group = p->D / pl.G;
     pl.blocks_per_group = (pl.channels_per_group + SSM_LANES - 1) / SSM_LANES;
@@ -87,7 +96,7 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     pl.dy = ssm_view_of(d_y, (linseq_strides){0}, cf, p->T, p->D, 1);
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
-    pl.max_segments = longest > 0 ? (longest + SSM_BWD_SEGMENT - 1) / SSM_BWD_SEGMENT : 1;
+    pl.max_segments = longest > 0 && !saved ? (longest + SSM_BWD_SEGMENT - 1) / SSM_BWD_SEGMENT : 1;
 
     const int n_threads = ls_resolve_threads(
         exec, pl.n_blocks, 40.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->N);
@@ -128,4 +137,19 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
     free(pl.dB_partial);
     free(pl.dC_partial);
     return LINSEQ_OK;
+}
+
+linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                    const ssm_kernels *kern, const float *d_y, const float *d_hT,
+                                    const linseq_ssm1_grads *grads)
+{
+    return scan_backward(p, exec, kern, NULL, NULL, d_y, d_hT, grads);
+}
+
+linseq_status ls_ssm1_scan_backward_saved(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                          const ssm_kernels *kern, const float *saved,
+                                          const int64_t *first, const float *d_y, const float *d_hT,
+                                          const linseq_ssm1_grads *grads)
+{
+    return scan_backward(p, exec, kern, saved, first, d_y, d_hT, grads);
 }

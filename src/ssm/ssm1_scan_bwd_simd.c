@@ -314,9 +314,10 @@ static inline void add_and_clear(int64_t n, float *restrict sum, float *restrict
     }
 }
 
-/* Sequence seq for one block: checkpoints, then the segments in reverse. */
-static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
-                              int64_t seq)
+/* The checkpoints of sequence seq for one block: the state before every segment (the last
+ * segment is recomputed by the reverse walk anyway: no checkpoint after it). */
+static void checkpoint_pass(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
+                            int64_t seq, int64_t start, int64_t len)
 {
     const linseq_ssm1_problem *p = pl->p;
     const int64_t D = p->D, N = p->N, lanes = bk->lanes, d0 = bk->d0;
@@ -325,13 +326,7 @@ static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const
     if (!p->h0 || lanes < SSM_LANES) memset(tl->checkpoints, 0, rows * sizeof(float));
     if (p->h0)
         ls_transpose_copy(tl->checkpoints, SSM_LANES, p->h0 + (seq * D + d0) * N, N, lanes, N);
-    if (!pl->d_hT || lanes < SSM_LANES) memset(tl->dh, 0, rows * sizeof(float));
-    if (pl->d_hT) ls_transpose_copy(tl->dh, SSM_LANES, pl->d_hT + (seq * D + d0) * N, N, lanes, N);
-
-    int64_t start, len;
-    ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
     const int64_t n_segments = (len + SEGMENT - 1) / SEGMENT;
-    /* The last segment is recomputed by the reverse walk anyway: no checkpoint after it. */
     for (int64_t k = 0; k + 1 < n_segments; k++) {
         const int64_t seg_start = start + k * SEGMENT;
         float *h = tl->checkpoints + (size_t)(k + 1) * rows;
@@ -345,11 +340,45 @@ static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const
             h_prev = h;
         }
     }
+}
+
+/* Checkpoint k of sequence seq from the forward's saved block ([N][D] rows, ssm_internal.h)
+ * into the thread's one checkpoint tile; lanes past a ragged block are zero. */
+static const float *saved_checkpoint(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
+                                     int64_t seq, int64_t k)
+{
+    const int64_t N = pl->p->N, D = pl->p->D, lanes = bk->lanes;
+    const int64_t c = pl->saved_first[seq] + k;
+    const float *src = pl->saved + (size_t)c * (size_t)N * (size_t)D + (size_t)bk->d0;
+    for (int64_t n = 0; n < N; n++) {
+        float *row = tl->checkpoints + n * SSM_LANES;
+        memcpy(row, src + (size_t)n * (size_t)D, (size_t)lanes * sizeof(float));
+        if (lanes < SSM_LANES) memset(row + lanes, 0, (size_t)(SSM_LANES - lanes) * sizeof(float));
+    }
+    return tl->checkpoints;
+}
+
+/* Sequence seq for one block: checkpoints (computed, or the forward's), then the segments in
+ * reverse. */
+static void backward_sequence(const ssm1_bwd_plan *pl, const bwd_tile *tl, const block *bk,
+                              int64_t seq)
+{
+    const linseq_ssm1_problem *p = pl->p;
+    const int64_t D = p->D, N = p->N, lanes = bk->lanes, d0 = bk->d0;
+    const size_t rows = (size_t)N * SSM_LANES;
+    if (!pl->d_hT || lanes < SSM_LANES) memset(tl->dh, 0, rows * sizeof(float));
+    if (pl->d_hT) ls_transpose_copy(tl->dh, SSM_LANES, pl->d_hT + (seq * D + d0) * N, N, lanes, N);
+
+    int64_t start, len;
+    ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
+    const int64_t n_segments = (len + SEGMENT - 1) / SEGMENT;
+    if (!pl->saved) checkpoint_pass(pl, tl, bk, seq, start, len);
 
     for (int64_t k = n_segments - 1; k >= 0; k--) {
         const int64_t seg_start = start + k * SEGMENT;
         const int64_t seg_len = len - k * SEGMENT < SEGMENT ? len - k * SEGMENT : SEGMENT;
-        const float *prev = tl->checkpoints + (size_t)k * rows;
+        const float *prev =
+            pl->saved ? saved_checkpoint(pl, tl, bk, seq, k) : tl->checkpoints + (size_t)k * rows;
         /* the reverse walk's next segment is the one before */
         const ssm_prefetch behind = {-SEGMENT, k > 0 ? SEGMENT : 0};
         const seg_rows sr = seg_rows_of(pl, tl, bk, seg_start, seg_len, true, behind);

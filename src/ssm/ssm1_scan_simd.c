@@ -275,6 +275,21 @@ static void zero_output(const ssm1_scan_plan *pl, float *tiles, int64_t tok, int
     ssm_rows_flush(&y, (ssm_prefetch){0, 0});
 }
 
+/* Training: the state before token `done` of sequence seq (a multiple of SSM_BWD_SEGMENT),
+ * the tile h, into its checkpoint of the saved block: row n of the tile to row n of the
+ * state-major [N][D] checkpoint, this block's lanes. */
+_Static_assert(SSM_BWD_SEGMENT % SSM1_SCAN_CHUNK == 0 && SSM1_SCAN_PACK % SSM1_SCAN_CHUNK == 0,
+               "checkpoints fall on the first token of a chunk");
+static void save_checkpoint(const ssm1_scan_plan *pl, int64_t seq, int64_t done, int64_t d0,
+                            int64_t lanes, const float *h)
+{
+    const int64_t N = pl->p->N, D = pl->p->D;
+    const int64_t c = pl->saved_first[seq] + done / SSM_BWD_SEGMENT;
+    float *dst = pl->saved + (size_t)c * (size_t)N * (size_t)D + (size_t)d0;
+    for (int64_t n = 0; n < N; n++)
+        memcpy(dst + (size_t)n * (size_t)D, h + n * SSM_LANES, (size_t)lanes * sizeof(float));
+}
+
 /* Sequence seq, the block of channels from d0. */
 static void scan_block(const ssm1_scan_plan *pl, int64_t seq, int64_t d0, int thread)
 {
@@ -302,7 +317,8 @@ static void scan_block(const ssm1_scan_plan *pl, int64_t seq, int64_t d0, int th
         zero_output(pl, tiles, start, d0, lanes);
         return;
     }
-    if (len == 1) {
+    /* (training runs the general path, whose first checkpoint is the tile h0 fills) */
+    if (len == 1 && !pl->saved) {
         chunk_rows cr = chunk_rows_of(pl, tiles, start, 1, (ssm_prefetch){0, 0}, d0, lanes);
         scan_inputs(pl, &cr, 1, 1, d0, lanes, dt_rows, dtx_rows, gact_rows);
         scan_single_token(pl, &cr, d0, lanes, group, h0_rows, hT_rows ? hT_rows : rate, h, B_lanes,
@@ -325,6 +341,8 @@ static void scan_block(const ssm1_scan_plan *pl, int64_t seq, int64_t d0, int th
         for (int64_t k0 = 0; k0 < packed; k0 += SSM1_SCAN_CHUNK) {
             const int64_t count = packed - k0 < SSM1_SCAN_CHUNK ? packed - k0 : SSM1_SCAN_CHUNK;
             const chunk_rows cr = chunk_rows_from(&pack, k0);
+            if (pl->saved && (p0 - start + k0) % SSM_BWD_SEGMENT == 0)
+                save_checkpoint(pl, seq, p0 - start + k0, d0, lanes, h);
             scan_inputs(pl, &cr, count, start + len - p0 - k0, d0, lanes, dt_rows, dtx_rows,
                         gact_rows);
             for (int64_t k = 0; k < count; k++)

@@ -205,6 +205,44 @@ linseq_status ls_ssm1_scan_backward(const linseq_ssm1_problem *p, const linseq_e
                                     const struct ssm_kernels *kern, const float *d_y,
                                     const float *d_hT, const linseq_ssm1_grads *grads);
 
+/* ---- training without the checkpoint pass (ssm1_saved.c) -------------------------------- */
+
+/* The saved block of linseq_ssm1_forward_train: a header of this many bytes, then the state
+ * before every SSM_BWD_SEGMENT-token segment of every sequence (ceil(L / SSM_BWD_SEGMENT) per
+ * sequence of L tokens, sequence after sequence), each state-major [N][D]: state n of channel
+ * d of checkpoint c (counted over all sequences) is float (c*N + n)*D + d after the header. */
+#define SSM1_SAVED_HEADER_BYTES 128
+
+/* The byte size of the saved block of a problem whose sizes (and cu_seqlens) are valid;
+ * LINSEQ_ERR_SIZE_OVERFLOW, naming fn, when it cannot be represented. */
+linseq_status ls_ssm1_saved_size_of(const char *fn, const linseq_ssm1_problem *p, size_t *bytes);
+/* The checks of a saved block of saved_bytes bytes for the validated problem p: its size, and
+ * with saved != NULL (a backward) its header; then *first (malloc'ed, n_seqs + 1 entries) is
+ * each sequence's first checkpoint. Failures name fn and write nothing. */
+linseq_status ls_ssm1_saved_layout(const char *fn, const linseq_ssm1_problem *p, const void *saved,
+                                   size_t saved_bytes, int64_t **first);
+/* The header of p's block, written once the states are. */
+void ls_ssm1_saved_write_header(const linseq_ssm1_problem *p, void *saved);
+
+/* ls_ssm1_scan that also writes the checkpoints `saved` (after the header) of the layout
+ * `first`, and ls_ssm1_scan_backward that reads them instead of recomputing them. */
+linseq_status ls_ssm1_scan_train(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                 const struct ssm_kernels *kern, float *y, float *hT, float *saved,
+                                 const int64_t *first);
+linseq_status ls_ssm1_scan_backward_saved(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                          const struct ssm_kernels *kern, const float *saved,
+                                          const int64_t *first, const float *d_y, const float *d_hT,
+                                          const linseq_ssm1_grads *grads);
+
+/* linseq_ssm1_forward_train / _backward_saved with the kernels' ISA as an argument. */
+linseq_status ls_ssm1_forward_train_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                        float *y, float *hT, void *saved, size_t saved_bytes,
+                                        ls_isa isa);
+linseq_status ls_ssm1_backward_saved_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
+                                         const void *saved, size_t saved_bytes, const float *d_y,
+                                         const float *d_hT, const linseq_ssm1_grads *grads,
+                                         ls_isa isa);
+
 /* The fast float32 conv1d forward and backward of a validated problem (arguments as in
  * linseq_conv1d_forward / _backward; with W == 1 the state arguments must be NULL). Return
  * LINSEQ_ERR_OUT_OF_MEMORY, having written nothing, when their workspace cannot be

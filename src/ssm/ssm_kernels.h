@@ -30,6 +30,10 @@ typedef struct ssm1_scan_plan {
     const int64_t *pool_rows;
     float *workspace;     /* per thread: thread_floats, 64-byte aligned */
     size_t thread_floats; /* SSM1_SCAN_FLOATS(N, bc_groups) */
+    /* Training: the checkpoints of the saved block (ssm_internal.h), written at every
+     * SSM_BWD_SEGMENT-th token; saved_first[seq] is sequence seq's first. NULL: none. */
+    float *saved;
+    const int64_t *saved_first;
 } ssm1_scan_plan;
 
 /* Tokens whose step inputs (dt after softplus, dt x, act(gate)) are computed in one pass
@@ -63,6 +67,10 @@ typedef struct ssm1_bwd_plan {
     linseq_activation gate_act;
     ssm_view x, dt, gate, B, C, dy; /* the per-token inputs and d_y in their layouts */
     float *dB_partial, *dC_partial; /* [n_blocks][n_tokens][N], or NULL (written directly) */
+    /* The forward's checkpoints (ssm1_scan_plan.saved), read instead of recomputed; then
+     * max_segments is 1 (one checkpoint tile per thread). NULL: the checkpoint pass runs. */
+    const float *saved;
+    const int64_t *saved_first;
     float *workspace;
     size_t thread_floats; /* the layout below */
 } ssm1_bwd_plan;
