@@ -1,7 +1,8 @@
 /* The job catalog: each op of the op table forward and backward, in the configurations whose
  * thread splits differ (several items, one wide KDA item whose state columns are split, GVA,
- * packed sequences, sums over the batch), plus KDA's decode and training calls, which the
- * table's forward and backward do not reach.
+ * packed sequences, sums over the batch), plus KDA's decode and the training calls of the ops
+ * that have them (forward_train, then backward_saved), which forward and backward do not
+ * reach.
  *
  * A job is built from its op's table entry: the sizes and options of its spec (by the
  * table's names), realistic inputs and upstream gradients drawn by ls_op_fill for every
@@ -15,7 +16,7 @@
 #include "optable/optable.h"
 #include "testutil.h"
 
-typedef enum { J_FORWARD, J_BACKWARD, J_KDA_DECODE, J_KDA_TRAINING } job_kind;
+typedef enum { J_FORWARD, J_BACKWARD, J_KDA_DECODE, J_TRAINING } job_kind;
 
 enum { JOB_MAX_OWNED = 24, JOB_PROBLEM_BYTES = 512 };
 
@@ -71,9 +72,8 @@ static const job_spec specs[] = {
      3},
     {"kda", "decode (pool of 5, a padding request)", J_KDA_DECODE,
      "B=3 T=1 H=2 HV=4 K=16 V=24 decay=per_channel use_qk_l2norm=1", REC, 0, NULL, 0},
-    {"kda", "training chunked 32 (gate in kernel)", J_KDA_TRAINING, KDA_GATED, CHUNKED, 32, NULL,
-     0},
-    {"kda", "training recurrent (varlen)", J_KDA_TRAINING, KDA_VARLEN, REC, 16, CU3, 3},
+    {"kda", "training chunked 32 (gate in kernel)", J_TRAINING, KDA_GATED, CHUNKED, 32, NULL, 0},
+    {"kda", "training recurrent (varlen)", J_TRAINING, KDA_VARLEN, REC, 16, CU3, 3},
     {"kda_gate", "forward (per channel)", J_FORWARD, "B=2 T=33 H=4 K=64 decay=per_channel", 0, 0,
      NULL, 0},
     {"kda_gate", "backward (per head, lower bound)", J_BACKWARD,
@@ -82,6 +82,8 @@ static const job_spec specs[] = {
      0, CU_SSM, 3},
     {"ssm1", "backward (batch of 2, 70 tokens)", J_BACKWARD, "B=2 T=70 D=130 N=8 G=2 dt_softplus=1",
      0, 0, NULL, 0},
+    {"ssm1", "training (3 packed sequences)", J_TRAINING, "B=1 T=90 D=200 N=8 G=2 dt_softplus=1",
+     0, 0, CU_SSM, 3},
     {"causal_conv1d", "forward (batch of 2)", J_FORWARD, "B=2 T=100 D=300 W=4 activation=silu", 0,
      0, NULL, 0},
     {"causal_conv1d", "backward (3 packed sequences)", J_BACKWARD,
@@ -215,8 +217,9 @@ static void job_make(job *j, const job_spec *s, uint64_t seed)
     if (s->cu) ls_op_set_varlen(j->op, j->problem, s->cu, s->n_seqs);
     fill_role(j, LS_ROLE_INPUT, seed);
     if (s->kind != J_FORWARD && s->kind != J_KDA_DECODE) fill_role(j, LS_ROLE_UPSTREAM, seed + 100);
-    if (s->kind == J_FORWARD || s->kind == J_KDA_TRAINING) add_outputs(j, LS_ROLE_OUTPUT);
-    if (s->kind == J_BACKWARD || s->kind == J_KDA_TRAINING) add_outputs(j, LS_ROLE_GRAD);
+    if (s->kind == J_TRAINING && !j->op->forward_train) spec_error(s, "the op has no training");
+    if (s->kind == J_FORWARD || s->kind == J_TRAINING) add_outputs(j, LS_ROLE_OUTPUT);
+    if (s->kind == J_BACKWARD || s->kind == J_TRAINING) add_outputs(j, LS_ROLE_GRAD);
     if (s->kind == J_KDA_DECODE) {
         tu_rng r = {seed};
         decode_setup(j, &r);
@@ -257,21 +260,22 @@ static void sort_outputs(const job *j, float *const *out, float **out_args, floa
     }
 }
 
-/* forward_train, then backward_saved from what it saved. */
+/* forward_train, then backward_saved from what it saved (the op's table entries). */
 static linseq_status run_training(const job *j, const linseq_exec *ex, float *const *out_args,
                                   float *const *grads)
 {
-    const linseq_kda_problem *p = (const linseq_kda_problem *)(const void *)j->problem;
-    linseq_kda_grads gr = {0};
-    for (int g = 0; ls_op_tensor(j->op, LS_ROLE_GRAD, g); g++)
-        ls_tensor_set(ls_op_tensor(j->op, LS_ROLE_GRAD, g), &gr, grads[g]);
+    const ls_op *op = j->op;
+    _Alignas(void *) unsigned char gr[LS_OP_GRADS_BYTES] = {0};
+    if (op->grads_size > sizeof gr) abort();
+    for (int g = 0; ls_op_tensor(op, LS_ROLE_GRAD, g); g++)
+        ls_tensor_set(ls_op_tensor(op, LS_ROLE_GRAD, g), gr, grads[g]);
     size_t bytes;
-    linseq_status st = linseq_kda_saved_size(p, ex, &bytes);
+    linseq_status st = op->saved_size(j->problem, ex, &bytes);
     if (st) return st;
     void *saved = malloc(bytes);
     if (!saved) return LINSEQ_ERR_OUT_OF_MEMORY;
-    st = linseq_kda_forward_train(p, ex, out_args[0], out_args[1], saved, bytes);
-    if (!st) st = linseq_kda_backward_saved(p, ex, saved, bytes, j->up[0], j->up[1], &gr);
+    st = op->forward_train(j->problem, ex, out_args, saved, bytes);
+    if (!st) st = op->backward_saved(j->problem, ex, saved, bytes, j->up, gr);
     free(saved);
     return st;
 }
@@ -285,7 +289,7 @@ linseq_status job_run(const job *j, int threads, float *const *out)
     switch (j->kind) {
     case J_FORWARD: return j->op->forward(j->problem, &ex, out_args);
     case J_BACKWARD: return ls_op_backward(j->op, j->problem, &ex, j->up, grads);
-    case J_KDA_TRAINING: return run_training(j, &ex, out_args, grads);
+    case J_TRAINING: return run_training(j, &ex, out_args, grads);
     case J_KDA_DECODE:
         memcpy(out[0], j->pool0, j->out_len[0] * sizeof(float));
         return linseq_kda_decode((const linseq_kda_problem *)(const void *)j->problem, &ex, out[0],

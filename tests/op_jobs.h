@@ -9,7 +9,7 @@
 
 #include "linseq.h"
 
-enum { JOB_MAX_OUT = 10 };
+enum { JOB_MAX_OUT = 12 };
 
 typedef struct job job;
 

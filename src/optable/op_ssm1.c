@@ -66,6 +66,25 @@ static linseq_status backward(const void *p, const linseq_exec *exec, const floa
     return linseq_ssm1_backward(p, exec, up[0], up[1], &g);
 }
 
+static linseq_status saved_size(const void *p, const linseq_exec *exec, size_t *bytes)
+{
+    return linseq_ssm1_saved_size(p, exec, bytes);
+}
+
+static linseq_status forward_train(const void *p, const linseq_exec *exec, float *const *out,
+                                   void *saved, size_t saved_bytes)
+{
+    return linseq_ssm1_forward_train(p, exec, out[0], out[1], saved, saved_bytes);
+}
+
+static linseq_status backward_saved(const void *p, const linseq_exec *exec, const void *saved,
+                                    size_t saved_bytes, const float *const *up, const void *grads)
+{
+    linseq_ssm1_grads g;
+    memcpy(&g, grads, sizeof g);
+    return linseq_ssm1_backward_saved(p, exec, saved, saved_bytes, up[0], up[1], &g);
+}
+
 static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
                             const int64_t *rows, float *const *out)
 {
@@ -169,6 +188,9 @@ const ls_op ls_op_ssm1 = {
     .flops = ls_op_ssm1_flops,
     .bench_options = bench_options,
     .bench_fwdbwd = true,
+    .saved_size = saved_size,
+    .forward_train = forward_train,
+    .backward_saved = backward_saved,
     .decode = decode,
     .decode_state = "h0",
     .decode_state_out = "hT",
