@@ -94,12 +94,15 @@ def _ssm1_out_shapes(shapes, n_seqs, opts):
 
 
 def _ssm1_forward(inputs, opts, train):
+    if train:
+        y, hT, saved = ops.ssm1_forward_train(inputs)
+        return [y, hT], saved
     return list(ops.ssm1_forward(inputs)), None
 
 
 def _ssm1_backward(inputs, opts, upstream, saved, wanted):
     d_y = _zeros_if_none(upstream[0], inputs.x.shape)
-    return ops.ssm1_backward(inputs, d_y, upstream[1], wanted=wanted)
+    return ops.ssm1_backward(inputs, d_y, upstream[1], wanted=wanted, saved=saved)
 
 
 SSM1 = OpSpec("ssm1", *_table_arrays("ssm1"), _ssm1_out_shapes, _ssm1_forward, _ssm1_backward)

@@ -89,6 +89,44 @@ def kda_saved_floats(shapes, n_seqs, opts):
     return _SAVED_HEADER_BYTES // 4 + items
 
 
+_SSM1_SAVED_HEADER_BYTES = 128  # SSM1's saved block: its header, then [N][D] states
+_SSM1_SEGMENT = 64              # tokens per saved state (linseq_ssm1_saved_size)
+
+
+def ssm1_saved_floats(shapes, n_seqs, opts):
+    """Floats of the tensor that keeps SSM1's segment states between the forward and the
+    backward, from the shapes alone: the header, then ceil(L/64) D N floats per sequence.
+    Exact without cu_seqlens; with it a bound (sum ceil(L/64) <= T // 64 + N), which the
+    backward accepts."""
+    B, T, D = shapes["x"]
+    N = shapes["A"][1]
+    states = B * -(-T // _SSM1_SEGMENT) if n_seqs is None else B * T // _SSM1_SEGMENT + n_seqs
+    return _SSM1_SAVED_HEADER_BYTES // 4 + states * D * N
+
+
+def _saved_floats(spec, shapes, n_seqs, opts):
+    return (kda_saved_floats if spec is _opspec.KDA else ssm1_saved_floats)(shapes, n_seqs, opts)
+
+
+def _ssm1_forward_train(inputs, opts, n_floats):
+    """ops.ssm1_forward_train with the saved block in an array of n_floats (zero-filled, as
+    _kda_forward_train's)."""
+    ex = ops.make_exec()
+    need = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.linseq_ssm1_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                               ctypes.byref(need)))
+    saved = np.zeros(n_floats, np.float32)
+    if need.value > saved.nbytes:
+        raise RuntimeError(f"linseq::ssm1: the saved block needs {need.value} bytes, more than "
+                           f"the {saved.nbytes} announced from the shapes")
+    y, hT = (np.empty(_lib.tensor_shape("ssm1", t["name"], inputs.problem), np.float32)
+             for t in _lib.op_tensors("ssm1", "output"))
+    _lib.check(_lib.lib.linseq_ssm1_forward_train(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), _pointer(y), _pointer(hT), ptr(saved),
+        saved.nbytes))
+    return [y, hT], saved
+
+
 def _kda_forward_train(inputs, opts, n_floats):
     """ops.kda_forward_train with the saved block in an array of n_floats (the size the fake
     implementation announced: the library's size, or a bound of it with cu_seqlens, which
@@ -147,7 +185,7 @@ class _Layout:
         self.fields = _option_fields(self.options_class)
         self.n_arrays = len(spec.arrays)
         self.n_outputs = _N_OUTPUTS[spec]
-        self.has_saved = spec is _opspec.KDA
+        self.has_saved = spec in (_opspec.KDA, _opspec.SSM1)
         self.head = self.n_arrays + 1 + len(self.fields)
 
     def schema_head(self):
@@ -185,8 +223,9 @@ def _define_forward(layout):
                 return direct + (torch.zeros(0),)
         inputs = kda_inputs(spec, arrays, cu, opts, train)
         if layout.has_saved and train:
-            n_floats = kda_saved_floats(*layout.shapes(arrays, cu), opts)
-            outputs, saved = _kda_forward_train(inputs, opts, n_floats)
+            n_floats = _saved_floats(spec, *layout.shapes(arrays, cu), opts)
+            train_fn = _kda_forward_train if spec is _opspec.KDA else _ssm1_forward_train
+            outputs, saved = train_fn(inputs, opts, n_floats)
         else:
             outputs, _ = spec.forward(inputs, opts, False)
             saved = np.zeros(0, np.float32)
@@ -208,7 +247,7 @@ def _define_forward(layout):
         result = [like.new_empty(s, dtype=first if i == 0 else torch.float32)
                   for i, s in enumerate(spec.out_shapes(shapes, n_seqs, opts))]
         if layout.has_saved:
-            n = kda_saved_floats(shapes, n_seqs, opts) if train else 0
+            n = _saved_floats(spec, shapes, n_seqs, opts) if train else 0
             result.append(like.new_empty((n,), dtype=torch.float32))
         return tuple(result) if len(result) > 1 else result[0]
 

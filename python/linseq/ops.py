@@ -538,14 +538,37 @@ def ssm1_forward(inputs, *, threads=0, final_state=True):
     return y, hT
 
 
-def ssm1_backward(inputs, d_y, d_hT=None, *, threads=0, wanted=None):
+def ssm1_forward_train(inputs, *, threads=0, final_state=True):
+    """(y, hT or None, saved): the forward plus the states ssm1_backward(saved=...) starts its
+    segments from, so that it need not run the recurrence again."""
+    ex = make_exec(threads=threads)
+    size = ctypes.c_size_t(0)
+    _lib.check(_lib.lib.linseq_ssm1_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                               ctypes.byref(size)))
+    # float32 storage keeps the block aligned for the floats the library writes into it
+    saved = np.empty((size.value + 3) // 4, dtype=np.float32)
+    (y, hT), out = _outputs("ssm1", inputs, final_state)
+    _lib.check(_lib.lib.linseq_ssm1_forward_train(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), *out, ptr(saved), size.value))
+    return y, hT, saved
+
+
+def ssm1_backward(inputs, d_y, d_hT=None, *, threads=0, wanted=None, saved=None):
     """dict of dx, ddt, dA, dB, dC, dD, dgate, dh0, ddt_bias (those that exist); d_y and the
-    per-token gradients in the problem's layout, dB and dC in the shapes B and C were given."""
+    per-token gradients in the problem's layout, dB and dC in the shapes B and C were given.
+    `saved` is the block ssm1_forward_train returned for the same inputs (the same
+    gradients, bit for bit, without recomputing the checkpoints)."""
     ex = make_exec(threads=threads)
     d_y, d_hT = _upstream("ssm1", inputs, (d_y, d_hT))
     out, grads = _grads("ssm1", inputs, wanted)
-    _lib.check(_lib.lib.linseq_ssm1_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                             ptr(d_y), ptr(d_hT), ctypes.byref(grads)))
+    if saved is None:
+        status = _lib.lib.linseq_ssm1_backward(ctypes.byref(inputs.problem), ctypes.byref(ex),
+                                               ptr(d_y), ptr(d_hT), ctypes.byref(grads))
+    else:
+        status = _lib.lib.linseq_ssm1_backward_saved(
+            ctypes.byref(inputs.problem), ctypes.byref(ex), ptr(saved), saved.nbytes,
+            ptr(d_y), ptr(d_hT), ctypes.byref(grads))
+    _lib.check(status)
     for key, form, arr in (("dB", inputs.B_form, inputs.B_proj),
                            ("dC", inputs.C_form, inputs.C_proj)):
         if key in out:
