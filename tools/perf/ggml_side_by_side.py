@@ -58,6 +58,7 @@ import subprocess
 import sys
 import time
 
+from doc_block import replace_block
 from suite_table import cpu_model
 
 KDA_SHAPE = "--H 32 --K 128 --V 128"
@@ -308,29 +309,36 @@ def measure(args, cases):
 
 
 def shown_argv(ggml):
-    """The command line with the ggml checkout written GGML_DIR: where it lies is this
-    machine's business, not the table's."""
+    """The command line with the ggml checkout written GGML_DIR and without --json-out: where
+    those lie is this machine's business, not the table's."""
     suffix = os.path.join("build", "bin", "test-backend-ops")
     root = os.path.abspath(ggml)[:-len(suffix)] if ggml.endswith(suffix) else None
-    return [a.replace(root, "GGML_DIR/") if root and a.startswith(root) else a
-            for a in sys.argv[1:]]
+    shown, skip = [], False
+    for a in sys.argv[1:]:
+        if skip or a.startswith("--json-out"):
+            skip = a == "--json-out"
+            continue
+        shown.append(a.replace(root, "GGML_DIR/") if root and a.startswith(root) else a)
+    return shown
 
 
 def report(args, results, load_before, load_after):
+    """The markdown of the run: what was compared, the table, the command line."""
     cmd = "python3 tools/perf/ggml_side_by_side.py " + shlex.join(shown_argv(args.ggml))
-    print(f"ggml {ggml_commit(args.ggml)} (test-backend-ops perf -b CPU) against linseq bench, "
-          f"{args.threads} threads each, {args.rounds} alternating round(s), "
-          f"{datetime.date.today().isoformat()}, {cpu_model()}; load average "
-          f"{load_before} before, {load_after} after; ggml with "
-          f"{'OMP_WAIT_POLICY=active' if not args.no_omp_active else 'the default OpenMP wait'}."
-          f" Times: medians over the rounds; ratio: the range of the per-round ratios.\n")
-    print(table(results, args.rounds))
+    out = [f"ggml {ggml_commit(args.ggml)} (test-backend-ops perf -b CPU) against linseq bench, "
+           f"{args.threads} threads each, {args.rounds} alternating round(s), "
+           f"{datetime.date.today().isoformat()}, {cpu_model()}; load average "
+           f"{load_before} before, {load_after} after; ggml with "
+           f"{'OMP_WAIT_POLICY=active' if not args.no_omp_active else 'the default OpenMP wait'}."
+           f" Times: medians over the rounds; ratio: the range of the per-round ratios.\n",
+           table(results, args.rounds)]
     busy = [f"{c[0]} round {r['round']}" for c, rows in results for r in rows
             if r["linseq"]["contended"]]
     if busy:
-        print(f"\nlinseq bench saw other work on the processors (cpus_busy under 85% of the "
-              f"threads) in: {', '.join(busy)}.")
-    print(f"\n`{cmd}`")
+        out.append(f"\nlinseq bench saw other work on the processors (cpus_busy under 85% of "
+                   f"the threads) in: {', '.join(busy)}.")
+    out.append(f"\n`{cmd}`")
+    return "\n".join(out) + "\n"
 
 
 def parse_args():
@@ -342,6 +350,8 @@ def parse_args():
     p.add_argument("--cases", help="comma-separated substrings of case keys to run "
                    "(keys: " + ", ".join(c[0] for c in CASES) + ")")
     p.add_argument("--json-out", help="write every measurement to this JSON file")
+    p.add_argument("--write", metavar="FILE",
+                   help="put the result between the ggml-table markers of FILE")
     p.add_argument("--no-omp-active", action="store_true",
                    help="do not set OMP_WAIT_POLICY=active for ggml")
     p.add_argument("--prepare-ggml", metavar="DIR",
@@ -371,7 +381,11 @@ def main():
     load_before = loadavg()
     results = measure(args, cases)
     load_after = loadavg()
-    report(args, results, load_before, load_after)
+    md = report(args, results, load_before, load_after)
+    if args.write:
+        replace_block(args.write, "ggml-table", md, "ggml_side_by_side")
+    else:
+        sys.stdout.write(md)
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": sys.argv, "threads": args.threads, "rounds": args.rounds,
