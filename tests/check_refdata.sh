@@ -6,10 +6,12 @@
 # judge. With --skip-if-absent a missing REFDATA prints one line saying so and passes.
 #
 # Every reference case through the CLI, outputs and gradients: `CLI check` in recurrent mode
-# and in chunked mode with each chunk size, then, as a cross-check that does not trust the
-# CLI's own comparison, `CLI run` of every case (recurrent and chunked-64) judged by the
-# independent Python script on every output and gradient file. Prints one summary line per
-# pass; the full output only when a pass fails.
+# and in chunked mode with each chunk size, and with the kernels of every instruction set the
+# CPU runs (LINSEQ_ISA); then, as a cross-check that does not trust the CLI's own comparison,
+# `CLI run` of every case (recurrent and chunked-64) on one thread judged by the independent
+# Python script on every output and gradient file, and the same runs on 2 and 3 threads
+# compared with it byte for byte. Prints one summary line per pass; the full output only when
+# a pass fails.
 set -e
 
 SKIP_IF_ABSENT=0
@@ -65,11 +67,10 @@ check() {
     fi
 }
 
-# judge LABEL MODE-OPTIONS...: `run` every case into a fresh folder, then the judge.
-judge() {
-    label=$1
+# run_all OUT MODE-OPTIONS...: `run` every case into OUT/<case>.
+run_all() {
+    out=$1
     shift
-    out=$WORK/$label
     mkdir "$out"
     for case_dir in "$REFDATA"/*/; do
         [ -f "$case_dir/meta.json" ] || continue
@@ -80,11 +81,58 @@ judge() {
             exit 1
         fi
     done
-    if "$PYTHON" "$JUDGE" "$REFDATA" "$out" >"$LOG" 2>&1; then
+}
+
+# judge LABEL MODE-OPTIONS...: `run` every case on one thread into a fresh folder, then the
+# judge; then the same on 2 and 3 threads must give the same bytes.
+judge() {
+    label=$1
+    shift
+    run_all "$WORK/$label" --threads 1 "$@"
+    if "$PYTHON" "$JUDGE" "$REFDATA" "$WORK/$label" >"$LOG" 2>&1; then
         echo "ok    judge on linseq run $* : $(tail -n 1 "$LOG")"
     else
         cat "$LOG"
         echo "check_refdata.sh: FAILED: the judge rejects the files of '$CLI run $*'" >&2
+        exit 1
+    fi
+    same_bits "$label" 2 "$@"
+    same_bits "$label" 3 "$@"
+    rm -rf "${WORK:?}/$label"
+}
+
+# isa_check ISA: the CLI's comparison with the kernels of one instruction set (each is
+# compiled separately), recurrent and chunked; an ISA this CPU lacks is skipped, saying so.
+isa_check() {
+    for mode in "--mode recurrent" "--mode chunked --chunk-size 64"; do
+        # shellcheck disable=SC2086 # mode holds two or four words
+        if LINSEQ_ISA=$1 "$CLI" check $mode "$REFDATA" >"$LOG" 2>&1 &&
+            tail -n 1 "$LOG" | grep -q ' 0 skipped$'; then
+            echo "ok    LINSEQ_ISA=$1 linseq check $mode : $(tail -n 1 "$LOG")"
+        elif head -n 1 "$LOG" | grep -q 'LINSEQ_ISA'; then
+            echo "skip  LINSEQ_ISA=$1: $(head -n 1 "$LOG")"
+            return 0
+        else
+            cat "$LOG"
+            echo "check_refdata.sh: FAILED: LINSEQ_ISA=$1 $CLI check $mode $REFDATA" >&2
+            exit 1
+        fi
+    done
+}
+
+# same_bits LABEL THREADS MODE-OPTIONS...: `run` every case with THREADS threads and compare
+# every output and gradient file byte for byte with the 1-thread run in $WORK/LABEL.
+same_bits() {
+    label=$1
+    threads=$2
+    shift 2
+    out=$WORK/$label-t$threads
+    run_all "$out" --threads "$threads" "$@"
+    if diff -r "$WORK/$label" "$out" >"$LOG" 2>&1; then
+        echo "ok    linseq run $* : $threads threads give the bits of 1"
+    else
+        cat "$LOG"
+        echo "check_refdata.sh: FAILED: $threads threads change the results of '$CLI run $*'" >&2
         exit 1
     fi
     rm -rf "$out"
@@ -94,6 +142,9 @@ check --mode recurrent
 for cs in 16 32 64 128; do
     check --mode chunked --chunk-size "$cs"
 done
+for isa in scalar avx2 avx512; do
+    isa_check "$isa"
+done
 judge recurrent --mode recurrent
 judge chunked64 --mode chunked --chunk-size 64
-echo "check_refdata.sh: every case of $REFDATA passes (CLI check and the independent judge)"
+echo "check_refdata.sh: every case of $REFDATA passes (CLI check on every ISA, the independent judge, the same bits on 1-3 threads)"
