@@ -22,7 +22,6 @@ needs.
 Needs torch.library.custom_op (PyTorch 2.4 and later); AVAILABLE says whether it is there.
 """
 
-import ctypes
 import dataclasses
 import typing
 
@@ -30,7 +29,6 @@ import numpy as np
 import torch
 
 from . import _lib, _opspec, _torch_decode, api, ops
-from ._arrays import ptr
 
 AVAILABLE = all(hasattr(torch.library, n)
                 for n in ("custom_op", "register_fake", "register_autograd"))
@@ -108,48 +106,9 @@ def _saved_floats(spec, shapes, n_seqs, opts):
     return (kda_saved_floats if spec is _opspec.KDA else ssm1_saved_floats)(shapes, n_seqs, opts)
 
 
-def _ssm1_forward_train(inputs, opts, n_floats):
-    """ops.ssm1_forward_train with the saved block in an array of n_floats (zero-filled, as
-    _kda_forward_train's)."""
-    ex = ops.make_exec()
-    need = ctypes.c_size_t(0)
-    _lib.check(_lib.lib.linseq_ssm1_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                               ctypes.byref(need)))
-    saved = np.zeros(n_floats, np.float32)
-    if need.value > saved.nbytes:
-        raise RuntimeError(f"linseq::ssm1: the saved block needs {need.value} bytes, more than "
-                           f"the {saved.nbytes} announced from the shapes")
-    y, hT = (np.empty(_lib.tensor_shape("ssm1", t["name"], inputs.problem), np.float32)
-             for t in _lib.op_tensors("ssm1", "output"))
-    _lib.check(_lib.lib.linseq_ssm1_forward_train(
-        ctypes.byref(inputs.problem), ctypes.byref(ex), _pointer(y), _pointer(hT), ptr(saved),
-        saved.nbytes))
-    return [y, hT], saved
-
-
-def _kda_forward_train(inputs, opts, n_floats):
-    """ops.kda_forward_train with the saved block in an array of n_floats (the size the fake
-    implementation announced: the library's size, or a bound of it with cu_seqlens, which
-    the backward accepts). Zero-filled: the layout rounds every block up and never writes
-    the rounding, and an op's outputs must be a function of its inputs."""
-    ex = ops.make_exec(opts.mode, opts.chunk_size)
-    need = ctypes.c_size_t(0)
-    _lib.check(_lib.lib.linseq_kda_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                              ctypes.byref(need)))
-    saved = np.zeros(n_floats, np.float32)
-    if need.value > saved.nbytes:
-        raise RuntimeError(f"linseq::kda: the saved block needs {need.value} bytes, more than "
-                           f"the {saved.nbytes} announced from the shapes")
-    o, ht = (np.empty(_lib.tensor_shape("kda", t["name"], inputs.problem), np.float32)
-             for t in _lib.op_tensors("kda", "output"))
-    _lib.check(_lib.lib.linseq_kda_forward_train(
-        ctypes.byref(inputs.problem), ctypes.byref(ex), _pointer(o), _pointer(ht), ptr(saved),
-        saved.nbytes))
-    return [o, ht], saved
-
-
-def _pointer(arr):
-    return ptr(arr) if arr.size else None  # an empty state: NULL, as ops passes it
+def _train_exec(spec, opts):
+    """The exec of a training forward and its backward: KDA's carries its mode and chunk."""
+    return ops.make_exec(opts.mode, opts.chunk_size) if spec is _opspec.KDA else ops.make_exec()
 
 
 def tensor_of(arr):
@@ -224,8 +183,8 @@ def _define_forward(layout):
         inputs = kda_inputs(spec, arrays, cu, opts, train)
         if layout.has_saved and train:
             n_floats = _saved_floats(spec, *layout.shapes(arrays, cu), opts)
-            train_fn = _kda_forward_train if spec is _opspec.KDA else _ssm1_forward_train
-            outputs, saved = train_fn(inputs, opts, n_floats)
+            outputs, saved = ops.forward_train(spec.name, inputs, _train_exec(spec, opts),
+                                               n_floats=n_floats)
         else:
             outputs, _ = spec.forward(inputs, opts, False)
             saved = np.zeros(0, np.float32)

@@ -271,18 +271,34 @@ def _float32_only(inputs, what):
                          "(bfloat16 storage is for the inference forward and decode)")
 
 
+def forward_train(name, inputs, ex, final_state=True, n_floats=None):
+    """(outputs, saved) of linseq_<name>_forward_train ("kda", "ssm1"): the forward plus the
+    block its backward_saved reads. The block is exactly the library's size, or with n_floats
+    an array of that many floats (a size announced before the call, e.g. from the shapes alone:
+    at least the library's), zero-filled, since the layout may leave bytes it never writes and
+    an op's outputs must be a function of its inputs."""
+    size = ctypes.c_size_t(0)
+    _lib.check(getattr(_lib.lib, f"linseq_{name}_saved_size")(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), ctypes.byref(size)))
+    # float32 storage keeps the block aligned for the floats the library writes into it
+    if n_floats is None:
+        saved = np.empty((size.value + 3) // 4, dtype=np.float32)
+    else:
+        saved = np.zeros(n_floats, np.float32)
+        if size.value > saved.nbytes:
+            raise RuntimeError(f"linseq::{name}: the saved block needs {size.value} bytes, more "
+                               f"than the {saved.nbytes} announced from the shapes")
+    outputs, out = _outputs(name, inputs, final_state)
+    _lib.check(getattr(_lib.lib, f"linseq_{name}_forward_train")(
+        ctypes.byref(inputs.problem), ctypes.byref(ex), *out, ptr(saved), saved.nbytes))
+    return list(outputs), saved
+
+
 def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
     """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs."""
     _float32_only(inputs, "kda_forward_train")
-    ex = make_exec(mode, chunk_size, threads)
-    size = ctypes.c_size_t(0)
-    _lib.check(_lib.lib.linseq_kda_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                              ctypes.byref(size)))
-    # float32 storage keeps the block aligned for the floats the library writes into it
-    saved = np.empty((size.value + 3) // 4, dtype=np.float32)
-    (o, ht), out = _outputs("kda", inputs, final_state)
-    _lib.check(_lib.lib.linseq_kda_forward_train(
-        ctypes.byref(inputs.problem), ctypes.byref(ex), *out, ptr(saved), size.value))
+    (o, ht), saved = forward_train("kda", inputs, make_exec(mode, chunk_size, threads),
+                                   final_state)
     return o, ht, saved
 
 
@@ -541,15 +557,7 @@ def ssm1_forward(inputs, *, threads=0, final_state=True):
 def ssm1_forward_train(inputs, *, threads=0, final_state=True):
     """(y, hT or None, saved): the forward plus the states ssm1_backward(saved=...) starts its
     segments from, so that it need not run the recurrence again."""
-    ex = make_exec(threads=threads)
-    size = ctypes.c_size_t(0)
-    _lib.check(_lib.lib.linseq_ssm1_saved_size(ctypes.byref(inputs.problem), ctypes.byref(ex),
-                                               ctypes.byref(size)))
-    # float32 storage keeps the block aligned for the floats the library writes into it
-    saved = np.empty((size.value + 3) // 4, dtype=np.float32)
-    (y, hT), out = _outputs("ssm1", inputs, final_state)
-    _lib.check(_lib.lib.linseq_ssm1_forward_train(
-        ctypes.byref(inputs.problem), ctypes.byref(ex), *out, ptr(saved), size.value))
+    (y, hT), saved = forward_train("ssm1", inputs, make_exec(threads=threads), final_state)
     return y, hT, saved
 
 
