@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "core/parallel.h"
+#include "core/scratch.h"
 #include "core/validate.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
@@ -57,7 +58,7 @@ static linseq_status scan(ssm1_scan_plan pl, const linseq_exec *exec, const ssm_
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;
-    pl.workspace = aligned_alloc(64, (size_t)total_bytes);
+    pl.workspace = ls_scratch_alloc((size_t)total_bytes);
     if (!pl.workspace) return LINSEQ_ERR_OUT_OF_MEMORY;
 
     /* decode: the same channels on the same core every call, so the state stays in its cache */
@@ -65,7 +66,7 @@ static linseq_status scan(ssm1_scan_plan pl, const linseq_exec *exec, const ssm_
         ls_parallel_for_static(n_items, n_threads, kern->ssm1_scan_item, &pl);
     else
         ls_parallel_for(n_items, n_threads, kern->ssm1_scan_item, &pl);
-    free(pl.workspace);
+    ls_scratch_free(pl.workspace); /* kept for the next call (core/scratch.h) */
     return LINSEQ_OK;
 }
 

@@ -49,6 +49,7 @@
 #include <stdlib.h>
 
 #include "core/parallel.h"
+#include "core/scratch.h"
 #include "core/validate.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
@@ -115,14 +116,14 @@ static linseq_status scan_backward(const linseq_ssm1_problem *p, const linseq_ex
         return LINSEQ_ERR_OUT_OF_MEMORY;
 
     pl.thread_floats = (size_t)thread_floats;
-    pl.workspace = aligned_alloc(64, (size_t)total_bytes);
-    if (partials && grads->dB_proj) pl.dB_partial = malloc((size_t)partial_bytes);
-    if (partials && grads->dC_proj) pl.dC_partial = malloc((size_t)partial_bytes);
+    pl.workspace = ls_scratch_alloc((size_t)total_bytes);
+    if (partials && grads->dB_proj) pl.dB_partial = ls_scratch_alloc((size_t)partial_bytes);
+    if (partials && grads->dC_proj) pl.dC_partial = ls_scratch_alloc((size_t)partial_bytes);
     if (!pl.workspace || (partials && grads->dB_proj && !pl.dB_partial) ||
         (partials && grads->dC_proj && !pl.dC_partial)) {
-        free(pl.workspace);
-        free(pl.dB_partial);
-        free(pl.dC_partial);
+        ls_scratch_free(pl.workspace);
+        ls_scratch_free(pl.dB_partial);
+        ls_scratch_free(pl.dC_partial);
         return LINSEQ_ERR_OUT_OF_MEMORY;
     }
 
@@ -133,9 +134,10 @@ static linseq_status scan_backward(const linseq_ssm1_problem *p, const linseq_ex
             exec, n_chunks, 2.0 * (double)pl.n_tokens * (double)p->D / SSM_LANES * p->N);
         ls_parallel_for(n_chunks, reduce_threads, kern->ssm1_bwd_reduce_item, &pl);
     }
-    free(pl.workspace);
-    free(pl.dB_partial);
-    free(pl.dC_partial);
+    /* kept for the next call: a training step's backward follows the last one's */
+    ls_scratch_free(pl.workspace);
+    ls_scratch_free(pl.dB_partial);
+    ls_scratch_free(pl.dC_partial);
     return LINSEQ_OK;
 }
 
