@@ -112,6 +112,16 @@ LINSEQ_API const char *linseq_op_table_json(void);
 LINSEQ_API int linseq_op_tensor_shape(const char *op_name, const char *tensor, const void *problem,
                                       int64_t dims[LINSEQ_OP_MAX_DIMS]);
 
+/* Every tensor's shape under `problem` in one call, in the order of the op's "tensors" list in
+ * linseq_op_table_json: ranks[i] as linseq_op_tensor_shape returns it (0: the tensor does not
+ * exist with these options, -1: its element count overflows) and its dims in
+ * dims[i * LINSEQ_OP_MAX_DIMS ...]. `capacity` is the length of ranks (dims holds capacity *
+ * LINSEQ_OP_MAX_DIMS). Returns the op's tensor count (nothing written when it exceeds
+ * capacity), or -1 for an unknown op or a NULL argument. What a binding calls once per call
+ * instead of once per tensor. */
+LINSEQ_API int linseq_op_shapes(const char *op_name, const void *problem, int capacity, int *ranks,
+                                int64_t *dims);
+
 /* ------------------------------------------------------------------------------------ */
 /* Execution settings (how to run, never what to compute)                               */
 /* ------------------------------------------------------------------------------------ */

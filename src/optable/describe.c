@@ -153,6 +153,8 @@ static void put_tensors(text *t, const ls_op *op)
             d->name, role_name[d->role], d->dims, d->required ? "true" : "false");
         if (d->field) put(t, ",\"field\":\"%s\"", d->field);
         if (d->grad_of) put(t, ",\"grad_of\":\"%s\"", d->grad_of);
+        if (d->alias_of) put(t, ",\"alias_of\":\"%s\"", d->alias_of);
+        put(t, ",\"token\":%s", d->token ? "true" : "false");
         for (int k = 0; k < op->n_strides; k++)
             if (d->role == LS_ROLE_INPUT && strcmp(op->strides[k].tensor, d->name) == 0)
                 put(t, ",\"strides\":\"%s\"", op->strides[k].field);
@@ -167,9 +169,21 @@ static void put_op(text *t, const ls_op *op)
     put(t, "{\"name\":\"%s\",\"varlen\":%s,\"problem\":{\"type\":\"%s\",\"size\":%zu,\"fields\":",
         op->name, op->varlen ? "true" : "false", op->problem_type, op->problem_size);
     put_fields(t, f, ls_op_fields(op, false, f));
-    put(t, "},\"grads\":{\"type\":\"%s\",\"size\":%zu,\"fields\":", op->grads_type, op->grads_size);
-    put_fields(t, f, ls_op_fields(op, true, f));
-    put(t, "},\"sizes\":[");
+    put(t, "},\"grads\":");
+    if (op->backward) { /* a forward-only op has no grads struct: null */
+        put(t, "{\"type\":\"%s\",\"size\":%zu,\"fields\":", op->grads_type, op->grads_size);
+        put_fields(t, f, ls_op_fields(op, true, f));
+        put(t, "}");
+    } else {
+        put(t, "null");
+    }
+    put(t, ",\"backward\":%s,\"training\":%s,\"decode\":", op->backward ? "true" : "false",
+        op->forward_train ? "true" : "false");
+    if (op->decode)
+        put(t, "{\"state\":\"%s\",\"state_out\":\"%s\"}", op->decode_state, op->decode_state_out);
+    else
+        put(t, "null");
+    put(t, ",\"sizes\":[");
     for (int i = 0; i < op->n_sizes; i++)
         put(t, "%s{\"name\":\"%s\",\"required\":%s}", i ? "," : "", op->sizes[i].name,
             op->sizes[i].required ? "true" : "false");
@@ -218,6 +232,21 @@ int linseq_op_tensor_shape(const char *op_name, const char *tensor, const void *
         return t->shape(problem, dims);
     }
     return -1;
+}
+
+int linseq_op_shapes(const char *op_name, const void *problem, int capacity, int *ranks,
+                     int64_t *dims)
+{
+    const ls_op *op = op_name ? ls_op_find(op_name) : NULL;
+    if (!op || !problem || !ranks || !dims || capacity < 0) return -1;
+    if (op->n_tensors > capacity) return op->n_tensors;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        int64_t count;
+        ranks[i] = ls_tensor_count(t, problem, &count) ? t->shape(problem, dims + i * LS_OP_MAX_DIMS)
+                                                       : -1;
+    }
+    return op->n_tensors;
 }
 
 const char *linseq_op_table_json(void)

@@ -122,6 +122,11 @@ typedef struct ls_tensor_desc {
     ls_dist dist;          /* realistic values (inputs and upstream gradients) */
     double a, b;
     bool bench; /* an optional INPUT the benchmark passes */
+    /* A per-token tensor, whose element type follows exec->dtype (float32 or bf16); every
+     * other tensor is float32 whatever the dtype. */
+    bool token;
+    /* OUTPUT: the INPUT it may be exactly (the same buffer, updated in place), or NULL. */
+    const char *alias_of;
 } ls_tensor_desc;
 
 typedef struct ls_op {
