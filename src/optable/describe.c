@@ -243,8 +243,8 @@ int linseq_op_shapes(const char *op_name, const void *problem, int capacity, int
     for (int i = 0; i < op->n_tensors; i++) {
         const ls_tensor_desc *t = &op->tensors[i];
         int64_t count;
-        ranks[i] = ls_tensor_count(t, problem, &count) ? t->shape(problem, dims + i * LS_OP_MAX_DIMS)
-                                                       : -1;
+        ranks[i] =
+            ls_tensor_count(t, problem, &count) ? t->shape(problem, dims + i * LS_OP_MAX_DIMS) : -1;
     }
     return op->n_tensors;
 }

@@ -75,35 +75,30 @@ static const ls_strides_desc strides[] = {
     {"x_strides", "x", offsetof(P, x_strides)},
 };
 
-#define GRAD(name, field, of, dims, shape)                                                         \
-    {                                                                                              \
-        name, LS_ROLE_GRAD, #field, offsetof(linseq_conv1d_grads, field), false, dims, shape,      \
-            NULL, of, LS_DIST_ZERO, 0, 0, false                                                    \
-    }
-
 /* The weight and bias as torch initialises a conv: U(-1/sqrt(W), 1/sqrt(W)); the benchmark
  * draws them at W = 4. */
+typedef linseq_conv1d_grads G;
 static const ls_tensor_desc tensors[] = {
-    {"x", LS_ROLE_INPUT, "x", offsetof(P, x), true, "[B,T,D]", shape_token, NULL, NULL,
-     LS_DIST_NORMAL, 1, 0, false},
-    {"weight", LS_ROLE_INPUT, "weight", offsetof(P, weight), true, "[D,W]", shape_weight, NULL,
-     NULL, LS_DIST_UNIFORM, -0.5, 0.5, false},
-    {"bias", LS_ROLE_INPUT, "bias", offsetof(P, bias), false, "[D]", shape_channels, "has_bias",
-     NULL, LS_DIST_UNIFORM, -0.5, 0.5, true},
-    {"conv_state", LS_ROLE_INPUT, "conv_state", offsetof(P, conv_state), false, "[N_seq,D,W-1]",
-     shape_state, "has_state", NULL, LS_DIST_NORMAL, 1, 0, false},
-    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", shape_token, NULL, NULL, LS_DIST_ZERO, 0, 0,
-     false},
-    {"conv_state_out", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
-    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", shape_token, NULL, "y", LS_DIST_NORMAL, 1,
-     0, false},
-    {"d_conv_state_out", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,W-1]", shape_state, NULL,
-     "conv_state_out", LS_DIST_NORMAL, 1, 0, false},
-    GRAD("dx", dx, "x", "[B,T,D]", shape_token),
-    GRAD("dweight", dweight, "weight", "[D,W]", shape_weight),
-    GRAD("dbias", dbias, "bias", "[D]", shape_bias_grad),
-    GRAD("dconv_state", dconv_state, "conv_state", "[N_seq,D,W-1]", shape_state),
+    LS_INPUT("x", x, .required = true, .dims = "[B,T,D]", .shape = shape_token,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("weight", weight, .required = true, .dims = "[D,W]", .shape = shape_weight,
+             .dist = LS_DIST_UNIFORM, .a = -0.5, .b = 0.5),
+    LS_INPUT("bias", bias, .dims = "[D]", .shape = shape_channels, .case_flag = "has_bias",
+             .dist = LS_DIST_UNIFORM, .a = -0.5, .b = 0.5, .bench = true),
+    LS_INPUT("conv_state", conv_state, .dims = "[N_seq,D,W-1]", .shape = shape_state,
+             .case_flag = "has_state", .dist = LS_DIST_NORMAL, .a = 1),
+    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,D]", .shape = shape_token, .token = true),
+    LS_OUTPUT("conv_state_out", 1, .dims = "[N_seq,D,W-1]", .shape = shape_state,
+              .alias_of = "conv_state"),
+    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,D]", .shape = shape_token,
+                .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_UPSTREAM("d_conv_state_out", 1, "conv_state_out", .dims = "[N_seq,D,W-1]",
+                .shape = shape_state, .dist = LS_DIST_NORMAL, .a = 1),
+    LS_GRAD("dx", dx, "x", .dims = "[B,T,D]", .shape = shape_token, .token = true),
+    LS_GRAD("dweight", dweight, "weight", .dims = "[D,W]", .shape = shape_weight),
+    LS_GRAD("dbias", dbias, "bias", .dims = "[D]", .shape = shape_bias_grad),
+    LS_GRAD("dconv_state", dconv_state, "conv_state", .dims = "[N_seq,D,W-1]",
+            .shape = shape_state),
 };
 
 const ls_op ls_op_conv1d = {

@@ -139,44 +139,44 @@ const ls_option_desc ls_op_kda_options[LS_OP_KDA_N_OPTIONS] = {
     {"lower_bound", "lower_bound", LS_CTYPE_F32, offsetof(P, lower_bound), NULL, 0},
 };
 
-#define IN(name, field, req, dims, shape, flag, dist, a, b)                                        \
-    {                                                                                              \
-        name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
-            false                                                                                  \
-    }
-#define GRAD(name, field, of, dims, shape)                                                         \
-    {                                                                                              \
-        name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_grads, field), false, dims, shape, NULL,   \
-            of, LS_DIST_ZERO, 0, 0, false                                                          \
-    }
-
+typedef linseq_kda_grads G;
 static const ls_tensor_desc tensors[] = {
-    IN("q", q, true, "[B,T,H,K]", ls_op_kda_shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("k", k, true, "[B,T,H,K]", ls_op_kda_shape_qk, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("v", v, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, LS_DIST_NORMAL, 1, 0),
-    IN("beta", beta, true, "[B,T,HV]", ls_op_kda_shape_beta, NULL, LS_DIST_SIGMOID, 0, 0),
-    IN("g", g, true, LS_OP_KDA_G_DIMS, ls_op_kda_shape_g, NULL, LS_DIST_LOGSIGMOID, 0, 0),
-    IN("h0", h0, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state, "has_h0", LS_DIST_NORMAL, 0.5,
-       0),
-    IN("A_log", A_log, false, "[HV]", ls_op_kda_shape_a_log, NULL, LS_DIST_LOG_OF_UNIFORM, 1, 16),
-    IN("dt_bias", dt_bias, false, LS_OP_KDA_DT_BIAS_DIMS, ls_op_kda_shape_dt_bias, NULL,
-       LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1),
-    {"o", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
-    {"ht", LS_ROLE_OUTPUT, NULL, 1, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
-    {"d_o", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,HV,V]", ls_op_kda_shape_token_value, NULL, "o",
-     LS_DIST_NORMAL, 1, 0, false},
-    {"d_ht", LS_ROLE_UPSTREAM, NULL, 1, false, LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state,
-     "has_dht", "ht", LS_DIST_NORMAL, 1, 0, false},
-    GRAD("dq", dq, "q", "[B,T,H,K]", ls_op_kda_shape_qk),
-    GRAD("dk", dk, "k", "[B,T,H,K]", ls_op_kda_shape_qk),
-    GRAD("dv", dv, "v", "[B,T,HV,V]", ls_op_kda_shape_token_value),
-    GRAD("dbeta", dbeta, "beta", "[B,T,HV]", ls_op_kda_shape_beta),
-    GRAD("dg", dg, "g", LS_OP_KDA_G_DIMS, ls_op_kda_shape_g),
-    GRAD("dh0", dh0, "h0", LS_OP_KDA_STATE_DIMS, ls_op_kda_shape_state),
-    GRAD("dA_log", dA_log, "A_log", "[HV]", ls_op_kda_shape_a_log),
-    GRAD("ddt_bias", ddt_bias, "dt_bias", LS_OP_KDA_DT_BIAS_DIMS, ls_op_kda_shape_dt_bias),
+    LS_INPUT("q", q, .required = true, .dims = "[B,T,H,K]", .shape = ls_op_kda_shape_qk,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("k", k, .required = true, .dims = "[B,T,H,K]", .shape = ls_op_kda_shape_qk,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("v", v, .required = true, .dims = "[B,T,HV,V]", .shape = ls_op_kda_shape_token_value,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("beta", beta, .required = true, .dims = "[B,T,HV]", .shape = ls_op_kda_shape_beta,
+             .dist = LS_DIST_SIGMOID, .token = true),
+    LS_INPUT("g", g, .required = true, .dims = LS_OP_KDA_G_DIMS, .shape = ls_op_kda_shape_g,
+             .dist = LS_DIST_LOGSIGMOID, .token = true),
+    LS_INPUT("h0", h0, .dims = LS_OP_KDA_STATE_DIMS, .shape = ls_op_kda_shape_state,
+             .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
+    LS_INPUT("A_log", A_log, .dims = "[HV]", .shape = ls_op_kda_shape_a_log,
+             .dist = LS_DIST_LOG_OF_UNIFORM, .a = 1, .b = 16),
+    LS_INPUT("dt_bias", dt_bias, .dims = LS_OP_KDA_DT_BIAS_DIMS, .shape = ls_op_kda_shape_dt_bias,
+             .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
+    LS_OUTPUT("o", 0, .required = true, .dims = "[B,T,HV,V]", .shape = ls_op_kda_shape_token_value,
+              .token = true),
+    LS_OUTPUT("ht", 1, .dims = LS_OP_KDA_STATE_DIMS, .shape = ls_op_kda_shape_state,
+              .alias_of = "h0"),
+    LS_UPSTREAM("d_o", 0, "o", .required = true, .dims = "[B,T,HV,V]",
+                .shape = ls_op_kda_shape_token_value, .dist = LS_DIST_NORMAL, .a = 1,
+                .token = true),
+    LS_UPSTREAM("d_ht", 1, "ht", .dims = LS_OP_KDA_STATE_DIMS, .shape = ls_op_kda_shape_state,
+                .case_flag = "has_dht", .dist = LS_DIST_NORMAL, .a = 1),
+    LS_GRAD("dq", dq, "q", .dims = "[B,T,H,K]", .shape = ls_op_kda_shape_qk, .token = true),
+    LS_GRAD("dk", dk, "k", .dims = "[B,T,H,K]", .shape = ls_op_kda_shape_qk, .token = true),
+    LS_GRAD("dv", dv, "v", .dims = "[B,T,HV,V]", .shape = ls_op_kda_shape_token_value,
+            .token = true),
+    LS_GRAD("dbeta", dbeta, "beta", .dims = "[B,T,HV]", .shape = ls_op_kda_shape_beta,
+            .token = true),
+    LS_GRAD("dg", dg, "g", .dims = LS_OP_KDA_G_DIMS, .shape = ls_op_kda_shape_g, .token = true),
+    LS_GRAD("dh0", dh0, "h0", .dims = LS_OP_KDA_STATE_DIMS, .shape = ls_op_kda_shape_state),
+    LS_GRAD("dA_log", dA_log, "A_log", .dims = "[HV]", .shape = ls_op_kda_shape_a_log),
+    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = LS_OP_KDA_DT_BIAS_DIMS,
+            .shape = ls_op_kda_shape_dt_bias),
 };
 
 const ls_op ls_op_kda = {

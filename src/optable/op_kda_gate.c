@@ -69,27 +69,23 @@ static const ls_option_desc options[] = {
     {"lower_bound", "lower_bound", LS_CTYPE_F32, offsetof(P, lower_bound), NULL, 0},
 };
 
-#define GRAD(name, field, of, dims, shape)                                                         \
-    {                                                                                              \
-        name, LS_ROLE_GRAD, #field, offsetof(linseq_kda_gate_grads, field), false, dims, shape,    \
-            NULL, of, LS_DIST_ZERO, 0, 0, false                                                    \
-    }
 #define G_DIMS "[B,T,H,K] per channel, [B,T,H] per head"
 #define BIAS_DIMS "[H*K] per channel, [H] per head"
 
+typedef linseq_kda_gate_grads G;
 static const ls_tensor_desc tensors[] = {
-    {"g_raw", LS_ROLE_INPUT, "g_raw", offsetof(P, g_raw), true, G_DIMS, shape_g, NULL, NULL,
-     LS_DIST_NORMAL, 1, 0, false},
-    {"A_log", LS_ROLE_INPUT, "A_log", offsetof(P, A_log), false, "[H]", shape_heads, NULL, NULL,
-     LS_DIST_LOG_OF_UNIFORM, 1, 16, true},
-    {"dt_bias", LS_ROLE_INPUT, "dt_bias", offsetof(P, dt_bias), false, BIAS_DIMS, shape_dt_bias,
-     NULL, NULL, LS_DIST_INV_SOFTPLUS_DT, 1e-3, 1e-1, true},
-    {"g", LS_ROLE_OUTPUT, NULL, 0, true, G_DIMS, shape_g, NULL, NULL, LS_DIST_ZERO, 0, 0, false},
-    {"d_g", LS_ROLE_UPSTREAM, NULL, 0, true, G_DIMS, shape_g, NULL, "g", LS_DIST_NORMAL, 1, 0,
-     false},
-    GRAD("dg_raw", dg_raw, "g_raw", G_DIMS, shape_g),
-    GRAD("dA_log", dA_log, "A_log", "[H]", shape_heads),
-    GRAD("ddt_bias", ddt_bias, "dt_bias", BIAS_DIMS, shape_dt_bias),
+    LS_INPUT("g_raw", g_raw, .required = true, .dims = G_DIMS, .shape = shape_g,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("A_log", A_log, .dims = "[H]", .shape = shape_heads, .dist = LS_DIST_LOG_OF_UNIFORM,
+             .a = 1, .b = 16, .bench = true),
+    LS_INPUT("dt_bias", dt_bias, .dims = BIAS_DIMS, .shape = shape_dt_bias,
+             .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1, .bench = true),
+    LS_OUTPUT("g", 0, .required = true, .dims = G_DIMS, .shape = shape_g, .token = true),
+    LS_UPSTREAM("d_g", 0, "g", .required = true, .dims = G_DIMS, .shape = shape_g,
+                .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_GRAD("dg_raw", dg_raw, "g_raw", .dims = G_DIMS, .shape = shape_g, .token = true),
+    LS_GRAD("dA_log", dA_log, "A_log", .dims = "[H]", .shape = shape_heads),
+    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = BIAS_DIMS, .shape = shape_dt_bias),
 };
 
 const ls_op ls_op_kda_gate = {

@@ -48,6 +48,29 @@ static inline int ls_shape_none(const void *p, int64_t *dims)
     .options = options_, .n_options = LS_COUNT(options_), .tensors = tensors_,                     \
     .n_tensors = LS_COUNT(tensors_)
 
+/* One tensor of an op file's `tensors` list, the rest of its description (ls_tensor_desc)
+ * given by designated initializers. The file names its problem struct P and its grads struct
+ * G (typedefs). INPUT and GRAD tensors are fields of those; an OUTPUT or UPSTREAM tensor is
+ * the index-th of its role in the call's arguments. */
+#define LS_INPUT(name_, field_, ...)                                                               \
+    {                                                                                              \
+        .name = name_, .role = LS_ROLE_INPUT, .field = #field_, .offset = offsetof(P, field_),     \
+        __VA_ARGS__                                                                                \
+    }
+#define LS_OUTPUT(name_, index, ...)                                                               \
+    {                                                                                              \
+        .name = name_, .role = LS_ROLE_OUTPUT, .offset = index, __VA_ARGS__                        \
+    }
+#define LS_UPSTREAM(name_, index, output, ...)                                                     \
+    {                                                                                              \
+        .name = name_, .role = LS_ROLE_UPSTREAM, .offset = index, .grad_of = output, __VA_ARGS__   \
+    }
+#define LS_GRAD(name_, field_, input, ...)                                                         \
+    {                                                                                              \
+        .name = name_, .role = LS_ROLE_GRAD, .field = #field_, .offset = offsetof(G, field_),      \
+        .grad_of = input, __VA_ARGS__                                                              \
+    }
+
 /* An op with packed sequences: its problem's cu_seqlens and n_seqs. */
 #define LS_OP_VARLEN(problem)                                                                      \
     .varlen = true, .cu_seqlens_offset = offsetof(problem, cu_seqlens),                            \

@@ -130,50 +130,45 @@ const ls_strides_desc ls_op_ssm1_strides[LS_OP_SSM1_N_STRIDES] = {
     {"C_strides", "C", offsetof(P, C_strides)},
 };
 
-#define IN(name, field, req, dims, shape, flag, dist, a, b, bench)                                 \
-    {                                                                                              \
-        name, LS_ROLE_INPUT, #field, offsetof(P, field), req, dims, shape, flag, NULL, dist, a, b, \
-            bench                                                                                  \
-    }
-#define GRAD(name, field, of, dims, shape)                                                         \
-    {                                                                                              \
-        name, LS_ROLE_GRAD, #field, offsetof(linseq_ssm1_grads, field), false, dims, shape, NULL,  \
-            of, LS_DIST_ZERO, 0, 0, false                                                          \
-    }
-
+typedef linseq_ssm1_grads G;
 static const ls_tensor_desc tensors[] = {
-    IN("x", x, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, LS_DIST_NORMAL, 1, 0, false),
-    IN("dt", dt, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, LS_DIST_LOG_UNIFORM, 1e-3, 1e-1,
-       false),
-    IN("A", A, true, "[D,N]", ls_op_ssm1_shape_a, NULL, LS_DIST_S4D_REAL, 0, 0, false),
-    IN("B", B_proj, true, LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc, NULL, LS_DIST_NORMAL, 1, 0,
-       false),
-    IN("C", C_proj, true, LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc, NULL, LS_DIST_NORMAL, 1, 0,
-       false),
-    IN("D", D_skip, false, "[D]", ls_op_ssm1_shape_channels, NULL, LS_DIST_UNIFORM, 1, 1, true),
-    IN("gate", gate, false, "[B,T,D]", ls_op_ssm1_shape_token, "has_gate", LS_DIST_NORMAL, 1, 0,
-       true),
-    IN("h0", h0, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, "has_h0", LS_DIST_NORMAL, 0.5, 0,
-       false),
-    IN("dt_bias", dt_bias, false, "[D]", ls_op_ssm1_shape_dt_bias, NULL, LS_DIST_INV_SOFTPLUS_DT,
-       1e-3, 1e-1, false),
-    {"y", LS_ROLE_OUTPUT, NULL, 0, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
-    {"hT", LS_ROLE_OUTPUT, NULL, 1, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, NULL, NULL,
-     LS_DIST_ZERO, 0, 0, false},
-    {"d_y", LS_ROLE_UPSTREAM, NULL, 0, true, "[B,T,D]", ls_op_ssm1_shape_token, NULL, "y",
-     LS_DIST_NORMAL, 1, 0, false},
-    {"d_hT", LS_ROLE_UPSTREAM, NULL, 1, false, "[N_seq,D,N]", ls_op_ssm1_shape_state, "has_dhT",
-     "hT", LS_DIST_NORMAL, 1, 0, false},
-    GRAD("dx", dx, "x", "[B,T,D]", ls_op_ssm1_shape_token),
-    GRAD("ddt", ddt, "dt", "[B,T,D]", ls_op_ssm1_shape_token),
-    GRAD("dA", dA, "A", "[D,N]", ls_op_ssm1_shape_a),
-    GRAD("dB", dB_proj, "B", LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc),
-    GRAD("dC", dC_proj, "C", LS_OP_SSM1_BC_DIMS, ls_op_ssm1_shape_bc),
-    GRAD("dD", dD_skip, "D", "[D]", ls_op_ssm1_shape_d_skip_grad),
-    GRAD("dgate", dgate, "gate", "[B,T,D]", ls_op_ssm1_shape_gate_grad),
-    GRAD("dh0", dh0, "h0", "[N_seq,D,N]", ls_op_ssm1_shape_state),
-    GRAD("ddt_bias", ddt_bias, "dt_bias", "[D]", ls_op_ssm1_shape_dt_bias),
+    LS_INPUT("x", x, .required = true, .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token,
+             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("dt", dt, .required = true, .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token,
+             .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
+    LS_INPUT("A", A, .required = true, .dims = "[D,N]", .shape = ls_op_ssm1_shape_a,
+             .dist = LS_DIST_S4D_REAL),
+    LS_INPUT("B", B_proj, .required = true, .dims = LS_OP_SSM1_BC_DIMS,
+             .shape = ls_op_ssm1_shape_bc, .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("C", C_proj, .required = true, .dims = LS_OP_SSM1_BC_DIMS,
+             .shape = ls_op_ssm1_shape_bc, .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_INPUT("D", D_skip, .dims = "[D]", .shape = ls_op_ssm1_shape_channels,
+             .dist = LS_DIST_UNIFORM, .a = 1, .b = 1, .bench = true),
+    LS_INPUT("gate", gate, .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token,
+             .case_flag = "has_gate", .dist = LS_DIST_NORMAL, .a = 1, .bench = true, .token = true),
+    LS_INPUT("h0", h0, .dims = "[N_seq,D,N]", .shape = ls_op_ssm1_shape_state,
+             .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
+    LS_INPUT("dt_bias", dt_bias, .dims = "[D]", .shape = ls_op_ssm1_shape_dt_bias,
+             .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
+    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token,
+              .token = true),
+    LS_OUTPUT("hT", 1, .dims = "[N_seq,D,N]", .shape = ls_op_ssm1_shape_state, .alias_of = "h0"),
+    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token,
+                .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,D,N]", .shape = ls_op_ssm1_shape_state,
+                .case_flag = "has_dhT", .dist = LS_DIST_NORMAL, .a = 1),
+    LS_GRAD("dx", dx, "x", .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token, .token = true),
+    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_token, .token = true),
+    LS_GRAD("dA", dA, "A", .dims = "[D,N]", .shape = ls_op_ssm1_shape_a),
+    LS_GRAD("dB", dB_proj, "B", .dims = LS_OP_SSM1_BC_DIMS, .shape = ls_op_ssm1_shape_bc,
+            .token = true),
+    LS_GRAD("dC", dC_proj, "C", .dims = LS_OP_SSM1_BC_DIMS, .shape = ls_op_ssm1_shape_bc,
+            .token = true),
+    LS_GRAD("dD", dD_skip, "D", .dims = "[D]", .shape = ls_op_ssm1_shape_d_skip_grad),
+    LS_GRAD("dgate", dgate, "gate", .dims = "[B,T,D]", .shape = ls_op_ssm1_shape_gate_grad,
+            .token = true),
+    LS_GRAD("dh0", dh0, "h0", .dims = "[N_seq,D,N]", .shape = ls_op_ssm1_shape_state),
+    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[D]", .shape = ls_op_ssm1_shape_dt_bias),
 };
 
 const ls_op ls_op_ssm1 = {
