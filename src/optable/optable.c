@@ -113,6 +113,7 @@ linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *
 {
     /* The grads struct's bytes; the op's backward copies them into its typed struct. */
     _Alignas(void *) unsigned char strct[LS_OP_GRADS_BYTES] = {0};
+    if (!op->backward) return LINSEQ_ERR_UNSUPPORTED; /* a forward-only op */
     if (op->grads_size > sizeof strct) return LINSEQ_ERR_UNSUPPORTED; /* a test keeps it so */
     for (int i = 0; i < ls_op_count(op, LS_ROLE_GRAD); i++)
         ls_tensor_set(ls_op_tensor(op, LS_ROLE_GRAD, i), strct, grads[i]);

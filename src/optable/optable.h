@@ -134,7 +134,7 @@ typedef struct ls_op {
     const char *problem_type; /* "linseq_kda_problem" */
     const char *entry_stem;   /* the entry points' stem when it is not the problem type's
                                * ("linseq_kda_segment": _forward, _backward); NULL: that */
-    const char *grads_type;   /* "linseq_kda_grads" */
+    const char *grads_type;   /* "linseq_kda_grads"; NULL for a forward-only op */
     size_t problem_size, grads_size;
     const ls_size_desc *sizes;
     int n_sizes;
@@ -155,7 +155,10 @@ typedef struct ls_op {
     /* out[i]: the i-th OUTPUT tensor of the table (NULL allowed where the API allows). */
     linseq_status (*forward)(const void *p, const linseq_exec *exec, float *const *out);
     /* upstream[i]: the i-th UPSTREAM tensor; grads: the bytes of the op's grads struct
-     * (ls_op_backward fills them from an array; the op copies them into its typed struct). */
+     * (ls_op_backward fills them from an array; the op copies them into its typed struct).
+     * NULL for a forward-only op, which then has no UPSTREAM or GRAD tensors, no grads struct
+     * (grads_type NULL, grads_size 0) and no training step; every generic consumer skips what
+     * an op does not have, as it does for decode == NULL. */
     linseq_status (*backward)(const void *p, const linseq_exec *exec, const float *const *upstream,
                               const void *grads);
     /* FLOPs of one forward call (README "Benchmarks"); exec picks KDA's mode and chunk. */
