@@ -35,7 +35,9 @@ ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *pt
 
 void ls_shape_text(const ls_tensor *t, char *buf, size_t n)
 {
-    int w = snprintf(buf, n, "[%s] = [", t->dims);
+    /* the op table writes dims with their brackets ("[B,T,D]"), an entry point's own rows
+     * without ("B,T,D") */
+    int w = snprintf(buf, n, t->dims[0] == '[' ? "%s = [" : "[%s] = [", t->dims);
     for (int i = 0; i < t->ndim && w > 0 && (size_t)w < n; i++)
         w += snprintf(buf + w, n - (size_t)w, "%s%lld", i ? "," : "", (long long)t->shape[i]);
     if (w > 0 && (size_t)w < n) snprintf(buf + w, n - (size_t)w, "]");
@@ -80,6 +82,45 @@ static bool overlap(const ls_tensor *x, const ls_tensor *y)
     uintptr_t a0 = (uintptr_t)x->ptr, a1 = a0 + x->bytes;
     uintptr_t b0 = (uintptr_t)y->ptr, b1 = b0 + y->bytes;
     return a0 < b1 && b0 < a1;
+}
+
+/* acc += (n - 1) * stride, false on overflow past PTRDIFF_MAX elements. */
+static bool add_reach(int64_t *acc, int64_t n, int64_t stride)
+{
+    int64_t step;
+    if (__builtin_mul_overflow(n - 1, stride, &step) || __builtin_add_overflow(*acc, step, acc))
+        return false;
+    return *acc <= (int64_t)PTRDIFF_MAX;
+}
+
+linseq_status ls_arg_strided(ls_args *a, const char *name, const char *strides_name,
+                             const void *ptr, bool required, linseq_strides s, size_t elem,
+                             int n_axes, const int64_t *sizes)
+{
+    if (s.batch < 0 || s.token < 0 || s.channel < 0 || s.state < 0)
+        return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
+                       "%s = {batch %lld, token %lld, channel %lld, state %lld}; expected "
+                       "strides >= 0 (in elements; 0 repeats the same elements)",
+                       strides_name, (long long)s.batch, (long long)s.token, (long long)s.channel,
+                       (long long)s.state);
+    if (n_axes < 4 && s.state)
+        return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
+                       "%s.state = %lld; expected 0 ('%s' has no state axis)", strides_name,
+                       (long long)s.state, name);
+    /* The last element any index reaches, plus one: the span the caller's memory must hold. */
+    const int64_t stride[4] = {s.batch, s.token, s.channel, s.state};
+    int64_t span = 1;
+    bool ok = true;
+    for (int i = 0; i < n_axes && ok; i++) ok = add_reach(&span, sizes[i], stride[i]);
+    if (!ok || span > (int64_t)(PTRDIFF_MAX / (int64_t)elem))
+        return ls_fail(a->fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                       "%s = {batch %lld, token %lld, channel %lld, state %lld} reach past "
+                       "PTRDIFF_MAX bytes from '%s'; expected strides whose span (B-1)*batch + "
+                       "(T-1)*token + ... fits in memory",
+                       strides_name, (long long)s.batch, (long long)s.token, (long long)s.channel,
+                       (long long)s.state, name);
+    ls_arg(a, name, strides_name, ptr, required, LS_IN, elem, 1, span);
+    return LINSEQ_OK;
 }
 
 void ls_arg_structs(ls_args *a, const void *problem, size_t problem_bytes, const void *grads,

@@ -45,6 +45,15 @@ typedef struct ls_args {
 ls_tensor *ls_arg(ls_args *a, const char *name, const char *dims, const void *ptr, bool required,
                   ls_role role, size_t elem_size, int ndim, ...);
 
+/* A strided input, added as the span of elements its strides reach (so that the aliasing
+ * check sees every byte a kernel may read): n_axes sizes in the order of linseq_strides
+ * (batch, token, channel[, state]; 3 = no state axis). Checks that every stride is >= 0,
+ * that s.state is 0 without a state axis, and that the span fits in ptrdiff_t; failures name
+ * strides_name. All-zero strides are the caller's business (they mean "dense"). */
+linseq_status ls_arg_strided(ls_args *a, const char *name, const char *strides_name,
+                             const void *ptr, bool required, linseq_strides s, size_t elem,
+                             int n_axes, const int64_t *sizes);
+
 /* The call's structs (problem; grads and exec where not NULL) as inputs of their own size: an
  * output that overlaps one is refused like an output over a tensor, since the kernels read
  * the structs' fields while they write the outputs. */

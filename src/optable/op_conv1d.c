@@ -23,7 +23,7 @@ static int shape_bias_grad(const void *v, int64_t *d)
     return conv(v)->bias ? shape_channels(v, d) : 0;
 }
 
-/* The window of the last W-1 inputs; none for W = 1. */
+/* The window of the last W-1 inputs; empty (zero-sized) for W = 1. */
 static int shape_state(const void *v, int64_t *d)
 {
     const P *p = conv(v);
@@ -71,8 +71,14 @@ static const ls_option_desc options[] = {
     {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
 };
 
+/* x_strides step over (batch, token, channel). */
+static int axes_x(const void *v, int64_t *d)
+{
+    return ls_dims(d, 3, conv(v)->B, conv(v)->T, conv(v)->D);
+}
+
 static const ls_strides_desc strides[] = {
-    {"x_strides", "x", offsetof(P, x_strides)},
+    {"x_strides", "x", offsetof(P, x_strides), axes_x},
 };
 
 /* The weight and bias as torch initialises a conv: U(-1/sqrt(W), 1/sqrt(W)); the benchmark

@@ -122,12 +122,24 @@ const ls_option_desc ls_op_ssm1_options[LS_OP_SSM1_N_OPTIONS] = {
     {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
 };
 
+/* What the strides of x, dt and gate step over: (batch, token, channel); of B and C: (batch,
+ * token, group, state), one group when G is 0. */
+static int axes_token(const void *v, int64_t *d)
+{
+    return ls_dims(d, 3, ssm(v)->B, ssm(v)->T, ssm(v)->D);
+}
+static int axes_bc(const void *v, int64_t *d)
+{
+    const P *p = ssm(v);
+    return ls_dims(d, 4, p->B, p->T, p->G ? p->G : (int64_t)1, p->N);
+}
+
 const ls_strides_desc ls_op_ssm1_strides[LS_OP_SSM1_N_STRIDES] = {
-    {"x_strides", "x", offsetof(P, x_strides)},
-    {"dt_strides", "dt", offsetof(P, dt_strides)},
-    {"gate_strides", "gate", offsetof(P, gate_strides)},
-    {"B_strides", "B", offsetof(P, B_strides)},
-    {"C_strides", "C", offsetof(P, C_strides)},
+    {"x_strides", "x", offsetof(P, x_strides), axes_token},
+    {"dt_strides", "dt", offsetof(P, dt_strides), axes_token},
+    {"gate_strides", "gate", offsetof(P, gate_strides), axes_token},
+    {"B_strides", "B", offsetof(P, B_strides), axes_bc},
+    {"C_strides", "C", offsetof(P, C_strides), axes_bc},
 };
 
 typedef linseq_ssm1_grads G;

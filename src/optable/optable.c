@@ -4,20 +4,15 @@
 #include <math.h>
 #include <string.h>
 
-extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kda_segment,
-    ls_op_ssm1_segment;
-
 /* Adding an op: one line here. */
 static const ls_op *const all_ops[] = {&ls_op_kda,    &ls_op_kda_gate,    &ls_op_ssm1,
                                        &ls_op_conv1d, &ls_op_kda_segment, &ls_op_ssm1_segment};
 
-const ls_enum_name ls_activation_names[] = {{"silu", LINSEQ_ACT_SILU},
-                                            {"sigmoid", LINSEQ_ACT_SIGMOID},
-                                            {"gelu_tanh", LINSEQ_ACT_GELU_TANH},
-                                            {"relu", LINSEQ_ACT_RELU},
-                                            {"identity", LINSEQ_ACT_IDENTITY},
-                                            {"none", LINSEQ_ACT_IDENTITY},
-                                            {NULL, 0}};
+const ls_enum_name ls_activation_names[] = {
+    {"silu", LINSEQ_ACT_SILU},           {"sigmoid", LINSEQ_ACT_SIGMOID},
+    {"gelu_tanh", LINSEQ_ACT_GELU_TANH}, {"relu", LINSEQ_ACT_RELU},
+    {"identity", LINSEQ_ACT_IDENTITY},   {"none", LINSEQ_ACT_IDENTITY},
+    {"default", LINSEQ_ACT_DEFAULT},     {NULL, 0}};
 
 const ls_op *const *ls_ops(int *count)
 {
@@ -113,7 +108,7 @@ linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *
 {
     /* The grads struct's bytes; the op's backward copies them into its typed struct. */
     _Alignas(void *) unsigned char strct[LS_OP_GRADS_BYTES] = {0};
-    if (!op->backward) return LINSEQ_ERR_UNSUPPORTED; /* a forward-only op */
+    if (!op->backward) return LINSEQ_ERR_UNSUPPORTED;                 /* a forward-only op */
     if (op->grads_size > sizeof strct) return LINSEQ_ERR_UNSUPPORTED; /* a test keeps it so */
     for (int i = 0; i < ls_op_count(op, LS_ROLE_GRAD); i++)
         ls_tensor_set(ls_op_tensor(op, LS_ROLE_GRAD, i), strct, grads[i]);

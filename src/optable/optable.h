@@ -82,6 +82,9 @@ typedef struct ls_strides_desc {
     const char *field;  /* the C field name: "x_strides" */
     const char *tensor; /* the table's name of the INPUT it describes: "x" */
     size_t offset;
+    /* The sizes its strides step over, in the order of linseq_strides (batch, token,
+     * channel[, state]): returns 3 (no state axis) or 4. */
+    int (*axes)(const void *p, int64_t *sizes);
 } ls_strides_desc;
 
 typedef enum ls_op_role {
@@ -189,6 +192,10 @@ typedef struct ls_op {
                             const int64_t *rows, float *const *out);
     const char *decode_state, *decode_state_out;
 } ls_op;
+
+/* The descriptions, for the entry points that validate through them (check.h). */
+extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kda_segment,
+    ls_op_ssm1_segment;
 
 /* Every op, in a fixed order; *count receives their number. */
 const ls_op *const *ls_ops(int *count);

@@ -11,6 +11,7 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
+#include "optable/check.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 
@@ -48,42 +49,14 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     return LINSEQ_OK;
 }
 
-/* The sizes, options and exec of a problem, then its input tensors appended to the argument
- * table `a` (whose fn names the entry point). Run first by both entry points, so the backward
- * accepts exactly the problems the forward accepts. */
+/* The problem (its description's checks, then conv's own) and its input tensors appended to
+ * the argument table `a` (whose fn names the entry point). Run first by every entry point, so
+ * the backward and decode accept exactly the problems the forward accepts. */
 static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
                                    const linseq_exec *exec)
 {
-    const char *fn = a->fn;
-    if (!p)
-        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
-                       "problem is NULL; expected a linseq_conv1d_problem");
-    linseq_status st;
-    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
-        (st = ls_check_min(fn, "D", p->D, 1)) || (st = ls_check_min(fn, "W", p->W, 1)))
-        return st;
-    if ((st = ssm_check_common(fn, exec, p->cu_seqlens, p->n_seqs))) return st;
-    if (!ls_activation_valid(p->activation))
-        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
-                       "activation = %d; expected a linseq_activation (LINSEQ_ACT_DEFAULT .. "
-                       "LINSEQ_ACT_RELU)",
-                       (int)p->activation);
-
-    const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    const size_t te = ls_token_bytes(exec);
-    if ((st = ssm_arg_strided(a, "x", "x_strides", p->x, true, p->x_strides, p->channel_first, te,
-                              B, T, D, 0)))
-        return st;
-    ls_arg(a, "weight", "D,W", p->weight, true, LS_IN, sizeof(float), 2, D, W);
-    ls_arg(a, "bias", "D", p->bias, false, LS_IN, sizeof(float), 1, D);
-    ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
-           ssm_cu_entries(p->cu_seqlens, p->n_seqs));
-    /* With W == 1 there is no state: the state pointers are neither read nor written. */
-    if (W > 1)
-        ls_arg(a, "conv_state", "N_seq,D,W-1", p->conv_state, false, LS_IN, sizeof(float), 3,
-               n_seqs, D, W - 1);
-    return LINSEQ_OK;
+    linseq_status st = ls_op_check_problem(a->fn, &ls_op_conv1d, p, exec, false);
+    return st ? st : ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
 }
 
 /* The CUDA kernels read and write the token-major layout only. */
@@ -124,13 +97,10 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
     ls_args a = {.fn = "linseq_conv1d_forward"};
     linseq_status st = check_problem(&a, p, exec);
     if (st) return st;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), W = p->W;
-    const size_t te = ls_token_bytes(exec);
-    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
-    if (W > 1)
-        ls_arg(&a, "conv_state_out", "N_seq,D,W-1", conv_state_out, false, LS_OUT, sizeof(float), 3,
-               n_seqs, p->D, W - 1)
-            ->may_alias = p->conv_state;
+    const int64_t W = p->W;
+    float *const out[] = {y, conv_state_out};
+    if ((st = ls_op_add_tensors(&a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
@@ -162,19 +132,12 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
                        "dbias is given but bias is NULL: there is no bias to differentiate; "
                        "pass dbias = NULL");
 
-    const int64_t B = p->B, T = p->T, D = p->D, W = p->W;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
+    const int64_t W = p->W;
     const size_t te = ls_token_bytes(exec);
-    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, p->channel_first, te, B, T, D, 0);
-    if (W > 1)
-        ls_arg(&a, "d_conv_state_out", "N_seq,D,W-1", d_conv_state_out, false, LS_IN, sizeof(float),
-               3, n_seqs, D, W - 1);
-    ssm_arg_dense(&a, "dx", grads->dx, false, LS_OUT, p->channel_first, te, B, T, D, 0);
-    ls_arg(&a, "dweight", "D,W", grads->dweight, false, LS_OUT, sizeof(float), 2, D, W);
-    ls_arg(&a, "dbias", "D", grads->dbias, false, LS_OUT, sizeof(float), 1, D);
-    if (W > 1)
-        ls_arg(&a, "dconv_state", "N_seq,D,W-1", grads->dconv_state, false, LS_OUT, sizeof(float),
-               3, n_seqs, D, W - 1);
+    const float *const up[] = {d_y, d_conv_state_out};
+    if ((st = ls_op_add_tensors(&a, &ls_op_conv1d, p, LS_ROLE_UPSTREAM, up, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_conv1d, p, LS_ROLE_GRAD, grads, te)))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
 
@@ -217,8 +180,8 @@ static linseq_status check_decode(ls_args *a, const linseq_conv1d_problem *p, fl
     ls_arg(a, "cache_seqlens", "B", cache_seqlens, false, LS_IN, sizeof(int64_t), 1, p->B);
     ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
            n_state_rows, p->D, state_len);
-    ssm_arg_dense(a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
-    return LINSEQ_OK;
+    float *const out[] = {y, NULL}; /* the state is the pool's */
+    return ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, te);
 }
 
 static linseq_status check_cache_seqlens(const char *fn, const int64_t *cache_seqlens, int64_t B)

@@ -8,68 +8,32 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
+#include "optable/check.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 
-/* The sizes, options and exec of a problem, then its input tensors appended to the argument
- * table `a` (whose fn names the entry point). Run first by both entry points, so the backward
- * accepts exactly the problems the forward accepts. */
-static linseq_status check_problem(ls_args *a, const linseq_ssm1_problem *p,
+/* The problem as op (SSM1's scan or its segment summary) describes it, then SSM1's own rules,
+ * then its input tensors appended to the argument table `a` (whose fn names the entry point).
+ * Run first by every entry point, so the backward accepts exactly the problems the forward
+ * accepts. */
+static linseq_status check_problem(ls_args *a, const ls_op *op, const linseq_ssm1_problem *p,
                                    const linseq_exec *exec)
 {
     const char *fn = a->fn;
-    if (!p)
-        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
-                       "problem is NULL; expected a linseq_ssm1_problem");
-    linseq_status st;
-    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
-        (st = ls_check_min(fn, "D", p->D, 1)) || (st = ls_check_min(fn, "N", p->N, 1)))
-        return st;
-    if (p->G < 0)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
-                       "size G = %lld; expected G >= 1 (or 0, meaning one group)", (long long)p->G);
+    linseq_status st = ls_op_check_problem(fn, op, p, exec, false);
+    if (st) return st;
     const int64_t G = p->G ? p->G : 1;
     if (p->D % G)
         return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
                        "G = %lld does not divide D = %lld; channel d reads group d / (D/G)",
                        (long long)G, (long long)p->D);
-    if ((st = ssm_check_common(fn, exec, p->cu_seqlens, p->n_seqs))) return st;
-    if (!ls_activation_valid(p->gate_activation))
-        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
-                       "gate_activation = %d; expected a linseq_activation (LINSEQ_ACT_DEFAULT .. "
-                       "LINSEQ_ACT_RELU)",
-                       (int)p->gate_activation);
     /* mamba's selective_scan adds delta_bias even without softplus; here dt_bias only exists
      * inside softplus(dt + dt_bias), so a bias without softplus would be silently dropped. */
     if (p->dt_bias && !p->dt_softplus)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "dt_bias is given but dt_softplus is false; dt_bias is only applied as "
                        "softplus(dt + dt_bias): set dt_softplus or pass dt_bias = NULL");
-
-    const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    const size_t te = ls_token_bytes(exec);
-    const bool cf = p->channel_first;
-    if ((st = ssm_arg_strided(a, "x", "x_strides", p->x, true, p->x_strides, cf, te, B, T, D, 0)) ||
-        (st = ssm_arg_strided(a, "dt", "dt_strides", p->dt, true, p->dt_strides, cf, te, B, T, D,
-                              0)))
-        return st;
-    ls_arg(a, "A", "D,N", p->A, true, LS_IN, sizeof(float), 2, D, N);
-    if ((st = ssm_arg_strided(a, "B_proj", "B_strides", p->B_proj, true, p->B_strides, cf, te, B, T,
-                              G, N)) ||
-        (st = ssm_arg_strided(a, "C_proj", "C_strides", p->C_proj, true, p->C_strides, cf, te, B, T,
-                              G, N)))
-        return st;
-    ls_arg(a, "D_skip", "D", p->D_skip, false, LS_IN, sizeof(float), 1, D);
-    if ((st = ssm_arg_strided(a, "gate", "gate_strides", p->gate, false, p->gate_strides, cf, te, B,
-                              T, D, 0)))
-        return st;
-    ls_arg(a, "dt_bias", "D", p->dt_bias, false, LS_IN, sizeof(float), 1, D);
-    /* cu_seqlens before h0: an absurd n_seqs is reported as such, not as h0's size */
-    ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, false, LS_IN, sizeof(int64_t), 1,
-           ssm_cu_entries(p->cu_seqlens, p->n_seqs));
-    ls_arg(a, "h0", "N_seq,D,N", p->h0, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    return LINSEQ_OK;
+    return ls_op_add_tensors(a, op, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
 }
 
 /* The CUDA kernels read and write the token-major layout only. */
@@ -125,13 +89,11 @@ static linseq_status forward_impl(const char *fn, const linseq_ssm1_problem *p,
 {
     ls_clear_error();
     ls_args a = {.fn = fn};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, &ls_op_ssm1, p, exec);
     if (st || (saved && (st = check_saved_exec(fn, exec)))) return st;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
-    const size_t te = ls_token_bytes(exec);
-    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, te, p->B, p->T, p->D, 0);
-    ls_arg(&a, "hT", "N_seq,D,N", hT, false, LS_OUT, sizeof(float), 3, n_seqs, p->D, p->N)
-        ->may_alias = p->h0;
+    float *const out[] = {y, hT};
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+        return st;
     /* a byte buffer that holds floats after its header */
     if (saved)
         ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes)->align =
@@ -188,7 +150,7 @@ linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *p, const linseq_
     ls_clear_error();
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
     ls_args sizes = {.fn = "linseq_ssm1_saved_size"};
-    linseq_status st = check_problem(&sizes, p, exec);
+    linseq_status st = check_problem(&sizes, &ls_op_ssm1, p, exec);
     if (st || (st = check_saved_exec(sizes.fn, exec))) return st;
     if (!bytes) return ls_fail(sizes.fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     ls_args a = {.fn = sizes.fn};
@@ -220,24 +182,6 @@ linseq_status ssm1_check_option_grads(const char *fn, const linseq_ssm1_problem 
     return LINSEQ_OK;
 }
 
-void ssm1_add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_grads *g,
-                    size_t token_bytes)
-{
-    const int64_t B = p->B, T = p->T, D = p->D, N = p->N, G = p->G ? p->G : 1;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
-    const size_t te = token_bytes;
-    const bool cf = p->channel_first;
-    ssm_arg_dense(a, "dx", g->dx, false, LS_OUT, cf, te, B, T, D, 0);
-    ssm_arg_dense(a, "ddt", g->ddt, false, LS_OUT, cf, te, B, T, D, 0);
-    ls_arg(a, "dA", "D,N", g->dA, false, LS_OUT, sizeof(float), 2, D, N);
-    ssm_arg_dense(a, "dB_proj", g->dB_proj, false, LS_OUT, cf, te, B, T, G, N);
-    ssm_arg_dense(a, "dC_proj", g->dC_proj, false, LS_OUT, cf, te, B, T, G, N);
-    ls_arg(a, "dD_skip", "D", g->dD_skip, false, LS_OUT, sizeof(float), 1, D);
-    ssm_arg_dense(a, "dgate", g->dgate, false, LS_OUT, cf, te, B, T, D, 0);
-    ls_arg(a, "dh0", "N_seq,D,N", g->dh0, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(a, "ddt_bias", "D", g->ddt_bias, false, LS_OUT, sizeof(float), 1, D);
-}
-
 /* The backward; with saved (from linseq_ssm1_forward_train) it skips the checkpoint pass. */
 static linseq_status backward_impl(const char *fn, const linseq_ssm1_problem *p,
                                    const linseq_exec *exec, const void *saved, size_t saved_bytes,
@@ -246,19 +190,19 @@ static linseq_status backward_impl(const char *fn, const linseq_ssm1_problem *p,
 {
     ls_clear_error();
     ls_args a = {.fn = fn};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, &ls_op_ssm1, p, exec);
     if (st || (saved && (st = check_saved_exec(fn, exec)))) return st;
     if (!grads)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
                        "grads is NULL; expected a linseq_ssm1_grads (NULL members are skipped)");
     if ((st = ssm1_check_option_grads(a.fn, p, grads))) return st;
 
-    const int64_t B = p->B, T = p->T, D = p->D, N = p->N;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, B);
+    const int64_t T = p->T, N = p->N;
     const size_t te = ls_token_bytes(exec);
-    ssm_arg_dense(&a, "d_y", d_y, true, LS_IN, p->channel_first, te, B, T, D, 0);
-    ls_arg(&a, "d_hT", "N_seq,D,N", d_hT, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ssm1_add_grads(&a, p, grads, te);
+    const float *const up[] = {d_y, d_hT};
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1, p, LS_ROLE_UPSTREAM, up, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_ssm1, p, LS_ROLE_GRAD, grads, te)))
+        return st;
     /* a byte buffer that holds floats after its header */
     if (saved)
         ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes)->align =
@@ -325,7 +269,7 @@ linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssm1_decode"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, &ls_op_ssm1, p, exec);
     if (st) return st;
     if (p->T != 1)
         return ls_fail(a.fn, LINSEQ_ERR_INVALID_SIZE,
@@ -341,10 +285,10 @@ linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec
                        "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
                        (long long)n_state_rows, (long long)p->B);
     ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
-    ls_arg(&a, "state", "n_state_rows,D,N", state, true, LS_OUT, sizeof(float), 3, n_state_rows,
-           p->D, p->N);
-    ssm_arg_dense(&a, "y", y, true, LS_OUT, p->channel_first, ls_token_bytes(exec), p->B, p->T,
-                  p->D, 0);
+    ls_op_add_pool(&a, &ls_op_ssm1, p, state, n_state_rows);
+    float *const out[] = {y, NULL}; /* the state is the pool's */
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, NULL, 0, p->B, p->T))) return st;
     if (ls_on_cuda(exec))
@@ -368,7 +312,8 @@ linseq_status linseq_ssm1_decode(const linseq_ssm1_problem *p, const linseq_exec
     return st ? st : ls_ssm1_decode_isa(p, exec, state, n_state_rows, state_rows, y, isa);
 }
 
-linseq_status ssm1_check_problem(ls_args *a, const linseq_ssm1_problem *p, const linseq_exec *exec)
+linseq_status ssm1_check_problem(ls_args *a, const ls_op *op, const linseq_ssm1_problem *p,
+                                 const linseq_exec *exec)
 {
-    return check_problem(a, p, exec);
+    return check_problem(a, op, p, exec);
 }

@@ -13,6 +13,7 @@
 
 #include "core/activation.h"
 #include "core/parallel.h"
+#include "optable/check.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 
@@ -20,7 +21,7 @@
 static linseq_status check_segment(ls_args *a, const linseq_ssm1_problem *p,
                                    const linseq_exec *exec)
 {
-    linseq_status st = ssm1_check_problem(a, p, exec);
+    linseq_status st = ssm1_check_problem(a, &ls_op_ssm1_segment, p, exec);
     if (st) return st;
     if (p->h0)
         return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
@@ -83,8 +84,9 @@ linseq_status ls_ssm1_segment_forward_isa(const linseq_ssm1_problem *p, const li
     linseq_status st = check_segment(&a, p, exec);
     if (st) return st;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), D = p->D, N = p->N;
-    ls_arg(&a, "P", "N_seq,D,N", P, true, LS_OUT, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(&a, "R", "N_seq,D,N", R, false, LS_OUT, sizeof(float), 3, n_seqs, D, N);
+    float *const out[] = {P, R};
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1_segment, p, LS_ROLE_OUTPUT, out, sizeof(float))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     /* per sequence: the D sums in double, and one row of D steps */
@@ -203,10 +205,11 @@ linseq_status ls_ssm1_segment_backward_isa(const linseq_ssm1_problem *p, const l
     ls_args a = {.fn = "linseq_ssm1_segment_backward"};
     linseq_status st = check_segment(&a, p, exec);
     if (st || (st = check_grads(a.fn, p, grads))) return st;
-    const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B), D = p->D, N = p->N;
-    ls_arg(&a, "d_P", "N_seq,D,N", d_P, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ls_arg(&a, "d_R", "N_seq,D,N", d_R, false, LS_IN, sizeof(float), 3, n_seqs, D, N);
-    ssm1_add_grads(&a, p, grads, sizeof(float)); /* dh0 is NULL: checked */
+    const int64_t D = p->D;
+    const float *const up[] = {d_P, d_R};
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1_segment, p, LS_ROLE_UPSTREAM, up, sizeof(float))) ||
+        (st = ls_op_add_tensors(&a, &ls_op_ssm1_segment, p, LS_ROLE_GRAD, grads, sizeof(float))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     /* R's share: the scan's backward with no gradient on y, so without gate and skip */

@@ -46,18 +46,6 @@ static inline int64_t ssm_seq_count(const int64_t *cu_seqlens, int64_t n_seqs, i
     return cu_seqlens ? n_seqs : B;
 }
 
-/* The checks both entry points make before building their argument table: the exec, and
- * n_seqs when cu_seqlens is given (n_seqs is ignored without it). cu_seqlens itself is read
- * only after its byte size has been validated, by ls_check_cu_seqlens. */
-static inline linseq_status ssm_check_common(const char *fn, const linseq_exec *exec,
-                                             const int64_t *cu_seqlens, int64_t n_seqs)
-{
-    linseq_status st = ls_check_exec(fn, exec);
-    if (st) return st;
-    if (cu_seqlens) return ls_check_min(fn, "n_seqs", n_seqs, 1);
-    return LINSEQ_OK;
-}
-
 /* The checks both entry points of both ops make once their argument table is complete:
  * pointers, sizes and aliasing, then the offsets in cu_seqlens, read only once its size is
  * known to be valid. */
@@ -112,21 +100,6 @@ static inline ssm_view ssm_view_of(const float *ptr, linseq_strides s, bool chan
     return (ssm_view){ptr, s.batch, s.token, s.channel, s.state};
 }
 
-/* Adds a per-token input to the argument table: dense (all strides zero) as the shape `dims`
- * ([B,T,C] or [B,T,C,S]; [B,C,T] or [B,C,S,T] with channel_first), else as the span of
- * elements its strides reach, checked here: strides >= 0, `state` 0 when S == 0 (a tensor
- * without a state axis), and a span whose byte size fits in ptrdiff_t. S == 0 means no state
- * axis. strides_name names the field in messages ("x_strides"). */
-linseq_status ssm_arg_strided(ls_args *a, const char *name, const char *strides_name,
-                              const float *ptr, bool required, linseq_strides s, bool channel_first,
-                              size_t elem, int64_t B, int64_t T, int64_t C, int64_t S);
-
-/* The per-token outputs and upstream gradients: dense [B,T,C(,S)], or [B,C(,S),T] with
- * channel_first. S == 0: no state axis. */
-ls_tensor *ssm_arg_dense(ls_args *a, const char *name, const float *ptr, bool required,
-                         ls_role role, bool channel_first, size_t elem, int64_t B, int64_t T,
-                         int64_t C, int64_t S);
-
 static inline linseq_activation ssm1_gate_activation(const linseq_ssm1_problem *p)
 {
     return p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;
@@ -159,17 +132,16 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
                                      const float *d_y, const float *d_conv_state_out,
                                      const linseq_conv1d_grads *grads, ls_isa isa);
 
-/* SSM1's checks of sizes, options and exec, with its input tensors appended to `a` (ssm1.c):
- * what every entry point that takes a linseq_ssm1_problem runs first. */
-linseq_status ssm1_check_problem(ls_args *a, const linseq_ssm1_problem *p, const linseq_exec *exec);
+/* SSM1's checks of sizes, options and exec as `op` (the scan's description or the segment
+ * summary's) describes them, with its input tensors appended to `a` (ssm1.c): what every entry
+ * point that takes a linseq_ssm1_problem runs first. */
+struct ls_op;
+linseq_status ssm1_check_problem(ls_args *a, const struct ls_op *op, const linseq_ssm1_problem *p,
+                                 const linseq_exec *exec);
 /* A backward's rules for the grads of optional inputs (ssm1.c): no dgate without a gate, no
  * dD_skip without D_skip, no ddt_bias without dt_softplus. */
 linseq_status ssm1_check_option_grads(const char *fn, const linseq_ssm1_problem *p,
                                       const linseq_ssm1_grads *g);
-/* The gradient outputs of a backward (ssm1.c); token_bytes: the per-token tensors' element
- * size (ls_token_bytes). */
-void ssm1_add_grads(ls_args *a, const linseq_ssm1_problem *p, const linseq_ssm1_grads *g,
-                    size_t token_bytes);
 /* The segment summary (ssm1_segment.c) with the scan's ISA as an argument. */
 linseq_status ls_ssm1_segment_forward_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                           float *P, float *R, ls_isa isa);

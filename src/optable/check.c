@@ -1,0 +1,156 @@
+/* The validation of a call from its op's description (check.h). */
+#include "optable/check.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "core/device.h"
+#include "core/status.h"
+
+static int enum_get(const ls_option_desc *o, const void *p)
+{
+    int v;
+    memcpy(&v, (const char *)p + o->offset, sizeof v);
+    return v;
+}
+
+/* "none, per_head, per_channel" */
+static void enum_names(const ls_option_desc *o, char *buf, size_t n)
+{
+    size_t w = 0;
+    buf[0] = '\0';
+    for (const ls_enum_name *e = o->names; e->name && w < n; e++) {
+        const int k = snprintf(buf + w, n - w, "%s%s (%d)", w ? ", " : "", e->name, e->value);
+        if (k < 0) break;
+        w += (size_t)k;
+    }
+}
+
+static linseq_status check_enum(const char *fn, const ls_option_desc *o, const void *p)
+{
+    const int v = enum_get(o, p);
+    for (const ls_enum_name *e = o->names; e->name; e++)
+        if (e->value == v) return LINSEQ_OK;
+    char names[256];
+    enum_names(o, names, sizeof names);
+    return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM, "%s = %d; expected one of: %s", o->field, v, names);
+}
+
+static linseq_status check_sizes(const char *fn, const ls_op *op, const void *p)
+{
+    linseq_status st;
+    for (int i = 0; i < op->n_sizes; i++) {
+        const ls_size_desc *s = &op->sizes[i];
+        if ((st = ls_check_min(fn, s->name, ls_size_get(s, p), s->required ? 1 : 0))) return st;
+    }
+    return LINSEQ_OK;
+}
+
+static linseq_status check_n_seqs(const char *fn, const ls_op *op, const void *p)
+{
+    if (!ls_op_cu_seqlens(op, p)) return LINSEQ_OK; /* n_seqs is ignored without cu_seqlens */
+    int64_t n_seqs;
+    memcpy(&n_seqs, (const char *)p + op->n_seqs_offset, sizeof n_seqs);
+    linseq_status st = ls_check_min(fn, "n_seqs", n_seqs, 1);
+    if (!st && n_seqs == INT64_MAX)
+        st = ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs + 1 overflows int64");
+    return st;
+}
+
+linseq_status ls_op_check_problem(const char *fn, const ls_op *op, const void *p,
+                                  const linseq_exec *exec, bool cpu_bf16)
+{
+    if (!p)
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL; expected a %s",
+                       op->problem_type);
+    linseq_status st;
+    if ((st = check_sizes(fn, op, p))) return st;
+    for (int i = 0; i < op->n_options; i++)
+        if (op->options[i].type == LS_CTYPE_ENUM && (st = check_enum(fn, &op->options[i], p)))
+            return st;
+    if ((st = check_n_seqs(fn, op, p))) return st;
+    return cpu_bf16 ? ls_check_exec_bf16(fn, exec) : ls_check_exec(fn, exec);
+}
+
+/* The strides field describing input t, or NULL. */
+static const ls_strides_desc *strides_of(const ls_op *op, const ls_tensor_desc *t)
+{
+    for (int i = 0; i < op->n_strides; i++)
+        if (strcmp(op->strides[i].tensor, t->name) == 0) return &op->strides[i];
+    return NULL;
+}
+
+static bool strides_zero(linseq_strides s)
+{
+    return !s.batch && !s.token && !s.channel && !s.state;
+}
+
+/* cu_seqlens: n_seqs + 1 entries, saturated so that an absurd n_seqs is a size overflow. */
+static void add_cu_seqlens(ls_args *a, const ls_op *op, const void *p)
+{
+    const int64_t *cu = ls_op_cu_seqlens(op, p);
+    if (!cu) return;
+    int64_t n_seqs;
+    memcpy(&n_seqs, (const char *)p + op->n_seqs_offset, sizeof n_seqs);
+    ls_arg(a, "cu_seqlens", "n_seqs+1", cu, true, LS_IN, sizeof(int64_t), 1,
+           n_seqs < INT64_MAX ? n_seqs + 1 : INT64_MAX);
+}
+
+/* The pointer of the i-th tensor of its role: from the struct (INPUT, GRAD) or the array. */
+static const void *pointer_of(const ls_tensor_desc *t, const void *src)
+{
+    if (t->role == LS_ROLE_INPUT || t->role == LS_ROLE_GRAD) return ls_tensor_get(t, src);
+    return ((const void *const *)src)[t->offset];
+}
+
+static linseq_status add_tensor(ls_args *a, const ls_op *op, const void *p, const ls_tensor_desc *t,
+                                const void *ptr, size_t elem)
+{
+    /* messages name an argument as a C caller knows it: the struct field (B_proj), else the
+     * call argument (o) */
+    const char *name = t->field ? t->field : t->name;
+    const ls_strides_desc *sd = t->role == LS_ROLE_INPUT ? strides_of(op, t) : NULL;
+    if (sd) {
+        linseq_strides s;
+        memcpy(&s, (const char *)p + sd->offset, sizeof s);
+        if (!strides_zero(s)) {
+            int64_t sizes[LS_OP_MAX_DIMS];
+            const int n = sd->axes(p, sizes);
+            return ls_arg_strided(a, name, sd->field, ptr, t->required, s, elem, n, sizes);
+        }
+    }
+    int64_t d[LS_OP_MAX_DIMS];
+    const int nd = t->shape(p, d);
+    if (nd <= 0) return LINSEQ_OK; /* the tensor does not exist with these options */
+    const bool out = t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD;
+    ls_tensor *row = ls_arg(a, name, t->dims, ptr, t->required, out ? LS_OUT : LS_IN, elem, nd,
+                            d[0], nd > 1 ? d[1] : 0, nd > 2 ? d[2] : 0, nd > 3 ? d[3] : 0);
+    if (t->alias_of) {
+        const ls_tensor_desc *in = ls_op_tensor_named(op, LS_ROLE_INPUT, t->alias_of);
+        row->may_alias = in ? ls_tensor_get(in, p) : NULL;
+    }
+    return LINSEQ_OK;
+}
+
+linseq_status ls_op_add_tensors(ls_args *a, const ls_op *op, const void *p, ls_op_role role,
+                                const void *src, size_t token_bytes)
+{
+    if (role == LS_ROLE_INPUT) add_cu_seqlens(a, op, p);
+    linseq_status st;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role != role) continue;
+        const void *ptr = src ? pointer_of(t, src) : NULL;
+        if ((st = add_tensor(a, op, p, t, ptr, t->token ? token_bytes : sizeof(float)))) return st;
+    }
+    return LINSEQ_OK;
+}
+
+void ls_op_add_pool(ls_args *a, const ls_op *op, const void *p, const float *pool, int64_t n_rows)
+{
+    const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t d[LS_OP_MAX_DIMS];
+    const int nd = t->shape(p, d);
+    ls_arg(a, "state", "n_state_rows rows, each one request's state", pool, true, LS_OUT,
+           sizeof(float), nd, n_rows, nd > 1 ? d[1] : 0, nd > 2 ? d[2] : 0, nd > 3 ? d[3] : 0);
+}
