@@ -12,6 +12,7 @@
 #include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
 #include "kda/kda_kernels.h"
+#include "optable/check.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Per-token inputs and states, shared by both kernels                                        */
@@ -54,25 +55,19 @@ void kda_exec_plan(kda_plan *pl, const linseq_exec *exec)
     pl->bf16 = ls_token_bytes(exec) == 2;
 }
 
-/* Everything but the tensors' pointers: sizes, enums, scalar options, and the plan. */
-linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl)
+/* Everything but the tensors' pointers: the problem as op describes it (sizes, enums, n_seqs,
+ * the exec), KDA's own rules on its options, and the plan. */
+linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kda_problem *p,
+                                const linseq_exec *exec, bool cpu_bf16, kda_plan *pl)
 {
     linseq_status st;
-    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
-    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
-        (st = ls_check_min(fn, "H", p->H, 1)) || (st = ls_check_min(fn, "HV", p->HV, 0)) ||
-        (st = ls_check_min(fn, "K", p->K, 1)) || (st = ls_check_min(fn, "V", p->V, 1)))
-        return st;
+    if ((st = ls_op_check_problem(fn, op, p, exec, cpu_bf16))) return st;
     const int64_t HV = p->HV ? p->HV : p->H;
     if (HV % p->H != 0)
         return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
                        "HV = %lld is not a multiple of H = %lld (value head hv reads qk head "
                        "hv / (HV/H))",
                        (long long)HV, (long long)p->H);
-    if ((unsigned)p->decay > (unsigned)LINSEQ_DECAY_PER_CHANNEL)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
-                       "decay = %d; expected LINSEQ_DECAY_NONE, _PER_HEAD or _PER_CHANNEL",
-                       (int)p->decay);
     if (p->decay == LINSEQ_DECAY_NONE && p->g)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "'g' is given but decay is LINSEQ_DECAY_NONE; set decay to PER_HEAD "
@@ -90,13 +85,7 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
     if (!isfinite(p->scale))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "scale = %g; expected a finite value (0 = K^-0.5)", (double)p->scale);
-    int64_t n_seqs = p->B;
-    if (p->cu_seqlens) {
-        if ((st = ls_check_min(fn, "n_seqs", p->n_seqs, 1))) return st;
-        if (p->n_seqs == INT64_MAX)
-            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs + 1 overflows int64");
-        n_seqs = p->n_seqs;
-    }
+    const int64_t n_seqs = p->cu_seqlens ? p->n_seqs : p->B;
     pl->p = p;
     pl->HV = HV;
     pl->group = HV / p->H;
@@ -107,36 +96,6 @@ linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda
     pl->segment = 64;
     pl->bf16 = false;
     return LINSEQ_OK;
-}
-
-/* The tensor table shared by forward and decode: inputs only. */
-void kda_add_inputs(ls_args *a, const kda_plan *pl, int64_t T, size_t te)
-{
-    const linseq_kda_problem *p = pl->p;
-    const int64_t B = p->B, H = p->H, HV = pl->HV, K = p->K, V = p->V;
-    ls_arg(a, "q", "B,T,H,K", p->q, true, LS_IN, te, 4, B, T, H, K);
-    ls_arg(a, "k", "B,T,H,K", p->k, true, LS_IN, te, 4, B, T, H, K);
-    ls_arg(a, "v", "B,T,HV,V", p->v, true, LS_IN, te, 4, B, T, HV, V);
-    ls_arg(a, "beta", "B,T,HV", p->beta, true, LS_IN, te, 3, B, T, HV);
-    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        ls_arg(a, "g", "B,T,HV,K", p->g, true, LS_IN, te, 4, B, T, HV, K);
-    else if (p->decay == LINSEQ_DECAY_PER_HEAD)
-        ls_arg(a, "g", "B,T,HV", p->g, true, LS_IN, te, 3, B, T, HV);
-    if (p->gate_in_kernel) {
-        ls_arg(a, "A_log", "HV", p->A_log, false, LS_IN, 4, 1, HV);
-        if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-            ls_arg(a, "dt_bias", "HV*K", p->dt_bias, false, LS_IN, 4, 1, ls_mul_sat(HV, K));
-        else
-            ls_arg(a, "dt_bias", "HV", p->dt_bias, false, LS_IN, 4, 1, HV);
-    }
-    if (p->cu_seqlens)
-        ls_arg(a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, true, LS_IN, 8, 1, p->n_seqs + 1);
-}
-
-const char *kda_state_dims(const linseq_kda_problem *p, const char *rows)
-{
-    if (rows[0] == 'N') return p->state_v_first ? "N,HV,V,K" : "N,HV,K,V";
-    return p->state_v_first ? "n_state_rows,HV,V,K" : "n_state_rows,HV,K,V";
 }
 
 /* Sizes of the per-thread working set, checked so that no allocation size can wrap. */
@@ -381,9 +340,7 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     linseq_status st;
     /* the CPU kernels read and write bf16 per-token tensors, but the training forward's
      * saved block feeds a backward that takes float32 */
-    if ((st = kda_check_problem(fn, problem, &pl)) ||
-        (st = saved ? ls_check_exec(fn, exec) : ls_check_exec_bf16(fn, exec)))
-        return st;
+    if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, !saved, &pl))) return st;
     const linseq_kda_problem *p = problem;
 
     if (saved && ls_on_cuda(exec))
@@ -392,13 +349,10 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
                        "and linseq_kda_backward");
     const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, p->T, te);
-    const char *sd = kda_state_dims(p, "N");
-    const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
-    ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, pl.HV, d2, d3);
-    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, p->T, pl.HV, p->V);
-    ls_tensor *t_ht = ls_arg(&a, "ht", sd, ht, false, LS_OUT, 4, 4, pl.n_seqs, pl.HV, d2, d3);
-    t_ht->may_alias = p->h0;
+    float *const out[] = {o, ht};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_OUTPUT, out, te)))
+        return st;
     /* a byte buffer that holds floats after its header */
     if (saved)
         ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes)->align =
@@ -492,7 +446,7 @@ linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const lin
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, false, &pl))) return st;
     if (!bytes) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
     ls_args a = {.fn = fn};
@@ -568,8 +522,7 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec_bf16(fn, exec)))
-        return st;
+    if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, true, &pl))) return st;
     pl.bf16 = ls_token_bytes(exec) == 2; /* decode is recurrent: only the dtype of exec applies */
     const linseq_kda_problem *p = problem;
     if (p->T != 1)
@@ -588,12 +541,11 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
 
     const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, 1, te);
+    float *const out[] = {o, NULL}; /* the state is the pool's */
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te))) return st;
     ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, 8, 1, p->B);
-    const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
-    ls_arg(&a, "state", kda_state_dims(p, "n"), state, true, LS_OUT, 4, 4, n_state_rows, pl.HV, d2,
-           d3);
-    ls_arg(&a, "o", "B,T,HV,V", o, true, LS_OUT, te, 4, p->B, (int64_t)1, pl.HV, p->V);
+    ls_op_add_pool(&a, &ls_op_kda, p, state, n_state_rows);
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_OUTPUT, out, te))) return st;
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = check_workspace(fn, &pl, &ws_stride)) ||

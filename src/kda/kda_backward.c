@@ -13,6 +13,7 @@
 #include "cuda/cuda_entry.h"
 #include "kda/kda_backward.h"
 #include "kda/kda_kernels.h"
+#include "optable/check.h"
 
 void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,
                   const float *dv, float dbeta, const float *dg, double *item_partials)
@@ -122,26 +123,6 @@ linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p
     return LINSEQ_OK;
 }
 
-void kda_add_grads(ls_args *a, const kda_plan *pl, const linseq_kda_grads *gr, size_t token_bytes)
-{
-    const linseq_kda_problem *p = pl->p;
-    const int64_t B = p->B, T = p->T, H = p->H, HV = pl->HV, K = p->K, V = p->V, gK = pl->gK;
-    const size_t te = token_bytes;
-    ls_arg(a, "dq", "B,T,H,K", gr->dq, false, LS_OUT, te, 4, B, T, H, K);
-    ls_arg(a, "dk", "B,T,H,K", gr->dk, false, LS_OUT, te, 4, B, T, H, K);
-    ls_arg(a, "dv", "B,T,HV,V", gr->dv, false, LS_OUT, te, 4, B, T, HV, V);
-    ls_arg(a, "dbeta", "B,T,HV", gr->dbeta, false, LS_OUT, te, 3, B, T, HV);
-    if (p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        ls_arg(a, "dg", "B,T,HV,K", gr->dg, false, LS_OUT, te, 4, B, T, HV, K);
-    else
-        ls_arg(a, "dg", "B,T,HV", gr->dg, false, LS_OUT, te, 3, B, T, HV);
-    const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
-    ls_arg(a, "dh0", kda_state_dims(p, "N"), gr->dh0, false, LS_OUT, 4, 4, pl->n_seqs, HV, d2, d3);
-    ls_arg(a, "dA_log", "HV", gr->dA_log, false, LS_OUT, 4, 1, HV);
-    ls_arg(a, "ddt_bias", gK == 1 ? "HV" : "HV*K", gr->ddt_bias, false, LS_OUT, 4, 1,
-           ls_mul_sat(HV, gK));
-}
-
 /* The backward; with saved (from linseq_kda_forward_train) it skips the forward pass. */
 static linseq_status backward_impl(const char *fn, const linseq_kda_problem *problem,
                                    const linseq_exec *exec, const void *saved, size_t saved_bytes,
@@ -151,7 +132,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     ls_clear_error();
     kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, problem, &pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, false, &pl))) return st;
     if (!grads) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'grads' is NULL");
     const linseq_kda_problem *p = problem;
     const linseq_kda_grads *gr = grads;
@@ -164,13 +145,11 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     const int64_t B = p->B, T = p->T, H = p->H, HV = pl.HV, K = p->K, V = p->V, gK = pl.gK;
     const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, T, te);
-    const char *sd = kda_state_dims(p, "N");
-    const int64_t d2 = p->state_v_first ? V : K, d3 = p->state_v_first ? K : V;
-    ls_arg(&a, "h0", sd, p->h0, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
-    ls_arg(&a, "d_o", "B,T,HV,V", d_o, true, LS_IN, te, 4, B, T, HV, V);
-    ls_arg(&a, "d_ht", sd, d_ht, false, LS_IN, 4, 4, pl.n_seqs, HV, d2, d3);
-    kda_add_grads(&a, &pl, gr, te);
+    const float *const up[] = {d_o, d_ht};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_UPSTREAM, up, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_GRAD, gr, te)))
+        return st;
     /* a byte buffer that holds floats after its header */
     if (saved)
         ls_arg(&a, "saved", "saved_bytes", saved, true, LS_IN, 1, 1, (int64_t)saved_bytes)->align =

@@ -9,6 +9,7 @@
 #include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
 #include "kda/kda_kernels.h"
+#include "optable/check.h"
 
 typedef struct {
     const linseq_kda_gate_problem *p;
@@ -27,37 +28,21 @@ static void gate_item(void *ctx, int64_t item, int thread)
     c->kern->gate_rows(p, c->gK, r0, r1, c->g);
 }
 
-/* Sizes, enums and options, then the gate's input tensors into a (shared by forward and
- * backward, which add their own tensors before validating the table). */
+/* The problem as the gate's description says (sizes, decay, exec), its own rules, then its
+ * input tensors into a (shared by forward and backward, which add their own tensors before
+ * validating the table). */
 static linseq_status check_gate_problem(const char *fn, const linseq_kda_gate_problem *p,
                                         const linseq_exec *exec, ls_args *a)
 {
     linseq_status st;
-    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
-    if (p->decay != LINSEQ_DECAY_PER_HEAD && p->decay != LINSEQ_DECAY_PER_CHANNEL)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
-                       "decay = %d; expected LINSEQ_DECAY_PER_HEAD or LINSEQ_DECAY_PER_CHANNEL",
-                       (int)p->decay);
-    const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
-    if ((st = ls_check_min(fn, "B", p->B, 1)) || (st = ls_check_min(fn, "T", p->T, 1)) ||
-        (st = ls_check_min(fn, "H", p->H, 1)) ||
-        (per_channel && (st = ls_check_min(fn, "K", p->K, 1))))
-        return st;
-    if ((st = ls_check_exec(fn, exec))) return st;
+    if ((st = ls_op_check_problem(fn, &ls_op_kda_gate, p, exec, false))) return st;
+    /* K is ignored per head; per channel it is the channel count */
+    if (p->decay == LINSEQ_DECAY_PER_CHANNEL && (st = ls_check_min(fn, "K", p->K, 1))) return st;
     if (!(p->lower_bound <= 0.0f) || isinf(p->lower_bound))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
                        (double)p->lower_bound);
-    const size_t te = ls_token_bytes(exec);
-    if (per_channel) {
-        ls_arg(a, "g_raw", "B,T,H,K", p->g_raw, true, LS_IN, te, 4, p->B, p->T, p->H, p->K);
-        ls_arg(a, "dt_bias", "H*K", p->dt_bias, false, LS_IN, 4, 1, ls_mul_sat(p->H, p->K));
-    } else {
-        ls_arg(a, "g_raw", "B,T,H", p->g_raw, true, LS_IN, te, 3, p->B, p->T, p->H);
-        ls_arg(a, "dt_bias", "H", p->dt_bias, false, LS_IN, 4, 1, p->H);
-    }
-    ls_arg(a, "A_log", "H", p->A_log, false, LS_IN, 4, 1, p->H);
-    return LINSEQ_OK;
+    return ls_op_add_tensors(a, &ls_op_kda_gate, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
 }
 
 linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const linseq_exec *exec,
@@ -69,11 +54,9 @@ linseq_status ls_kda_gate_forward_isa(const linseq_kda_gate_problem *p, const li
     ls_args a = {.fn = fn};
     if ((st = check_gate_problem(fn, p, exec, &a))) return st;
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
-    const size_t te = ls_token_bytes(exec);
-    if (gK == 1)
-        ls_arg(&a, "g", "B,T,H", g, true, LS_OUT, te, 3, p->B, p->T, p->H);
-    else
-        ls_arg(&a, "g", "B,T,H,K", g, true, LS_OUT, te, 4, p->B, p->T, p->H, p->K);
+    float *const out[] = {g};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda_gate, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_forward(fn, p, exec, g);
@@ -141,17 +124,10 @@ linseq_status linseq_kda_gate_backward(const linseq_kda_gate_problem *p, const l
     const bool per_channel = p->decay == LINSEQ_DECAY_PER_CHANNEL;
     const int64_t gK = per_channel ? p->K : 1;
     const size_t te = ls_token_bytes(exec);
-    if (per_channel) {
-        ls_arg(&a, "d_g", "B,T,H,K", d_g, true, LS_IN, te, 4, p->B, p->T, p->H, p->K);
-        ls_arg(&a, "dg_raw", "B,T,H,K", grads->dg_raw, false, LS_OUT, te, 4, p->B, p->T, p->H,
-               p->K);
-        ls_arg(&a, "ddt_bias", "H*K", grads->ddt_bias, false, LS_OUT, 4, 1, ls_mul_sat(p->H, p->K));
-    } else {
-        ls_arg(&a, "d_g", "B,T,H", d_g, true, LS_IN, te, 3, p->B, p->T, p->H);
-        ls_arg(&a, "dg_raw", "B,T,H", grads->dg_raw, false, LS_OUT, te, 3, p->B, p->T, p->H);
-        ls_arg(&a, "ddt_bias", "H", grads->ddt_bias, false, LS_OUT, 4, 1, p->H);
-    }
-    ls_arg(&a, "dA_log", "H", grads->dA_log, false, LS_OUT, 4, 1, p->H);
+    const float *const up[] = {d_g};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda_gate, p, LS_ROLE_UPSTREAM, up, te)) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda_gate, p, LS_ROLE_GRAD, grads, te)))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ls_args_validate(&a))) return st;
     if (ls_on_cuda(exec)) return ls_cuda_entry_kda_gate_backward(fn, p, exec, d_g, grads);

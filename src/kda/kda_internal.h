@@ -35,23 +35,16 @@ static inline size_t kda_token_bytes(const kda_plan *pl) { return pl->bf16 ? 2 :
 /* The mode, chunk size and dtype of exec (NULL: defaults) into the plan. */
 void kda_exec_plan(kda_plan *pl, const linseq_exec *exec);
 
-/* Validates everything but the tensor pointers and fills the plan (chunk = 0). */
-linseq_status kda_check_problem(const char *fn, const linseq_kda_problem *p, kda_plan *pl);
+/* Validates everything but the tensor pointers, as op (KDA's or its segment summary's
+ * description) and KDA's own rules say, with the exec (bf16 on the CPU only with cpu_bf16),
+ * and fills the plan (chunk = 0). */
+struct ls_op;
+linseq_status kda_check_problem(const char *fn, const struct ls_op *op, const linseq_kda_problem *p,
+                                const linseq_exec *exec, bool cpu_bf16, kda_plan *pl);
 /* A backward's rules for the grads that exist only with some options: no dg without decay,
  * no dA_log or ddt_bias without gate_in_kernel (kda_backward.c). */
 linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p,
                                      const linseq_kda_grads *gr);
-
-/* The input tensors of a validated problem (T tokens per batch row) for ls_args_validate;
- * token_bytes is the element size of the per-token tensors (2 for bf16, else 4). */
-struct ls_args;
-void kda_add_inputs(struct ls_args *a, const kda_plan *pl, int64_t T, size_t token_bytes);
-/* The gradient outputs of a backward (kda_backward.c), with the same token_bytes. */
-void kda_add_grads(struct ls_args *a, const kda_plan *pl, const linseq_kda_grads *gr,
-                   size_t token_bytes);
-
-/* "N,HV,K,V" or "N,HV,V,K" (rows "N"), or with "n_state_rows" (rows "n"). */
-const char *kda_state_dims(const linseq_kda_problem *p, const char *rows);
 
 /* The saved forward of training (kda_saved.c): a header, then per item (n*HV + hv) a block at
  * offsets[item] floats after it: the states before each chunk or segment, then (chunked)

@@ -14,6 +14,7 @@
 #include "core/validate.h"
 #include "kda/kda_kernels.h"
 #include "kda/kda_segment.h"
+#include "optable/check.h"
 
 /* The problem as linseq_kda_forward checks it, with h0 absent, on the CPU; pl gets the
  * chunked form at exec's chunk size whatever exec->mode says. */
@@ -21,7 +22,7 @@ static linseq_status check_segment(const char *fn, const linseq_kda_problem *p,
                                    const linseq_exec *exec, kda_plan *pl)
 {
     linseq_status st;
-    if ((st = kda_check_problem(fn, p, pl)) || (st = ls_check_exec(fn, exec))) return st;
+    if ((st = kda_check_problem(fn, &ls_op_kda_segment, p, exec, false, pl))) return st;
     if (p->h0)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "problem->h0 must be NULL: R is the end state from zeros (the end state "
@@ -37,19 +38,6 @@ static linseq_status check_segment(const char *fn, const linseq_kda_problem *p,
     kda_exec_plan(pl, exec);
     pl->chunk = pl->segment;
     return LINSEQ_OK;
-}
-
-/* P [N,HV,K,K] and R (state layout, optional) as outputs, or their upstream gradients
- * (both optional) as inputs, of the call's table. */
-static void add_summary(ls_args *a, const kda_plan *pl, const float *P, const float *R,
-                        ls_role role)
-{
-    const linseq_kda_problem *p = pl->p;
-    const int64_t d2 = p->state_v_first ? p->V : p->K, d3 = p->state_v_first ? p->K : p->V;
-    const bool out = role == LS_OUT;
-    ls_arg(a, out ? "P" : "d_P", "N,HV,K,K", P, out, role, 4, 4, pl->n_seqs, pl->HV, p->K, p->K);
-    ls_arg(a, out ? "R" : "d_R", kda_state_dims(p, "N"), R, false, role, 4, 4, pl->n_seqs, pl->HV,
-           d2, d3);
 }
 
 /* ---------------------------------------------------------------------------------------- */
@@ -105,8 +93,10 @@ linseq_status ls_kda_segment_forward_isa(const linseq_kda_problem *problem, cons
     if ((st = check_segment(fn, problem, exec, &pl))) return st;
     const linseq_kda_problem *p = problem;
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, p->T, 4);
-    add_summary(&a, &pl, P, R, LS_OUT);
+    float *const out[] = {P, R};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda_segment, p, LS_ROLE_INPUT, p, sizeof(float))) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda_segment, p, LS_ROLE_OUTPUT, out, sizeof(float))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     size_t r_bytes = 0, stride = 0;
     if ((st = forward_workspace(fn, &pl, &r_bytes, &stride)) || (st = ls_args_validate(&a)))
@@ -255,9 +245,11 @@ linseq_status ls_kda_segment_backward_isa(const linseq_kda_problem *problem,
         return st;
     const linseq_kda_problem *p = problem;
     ls_args a = {.fn = fn};
-    kda_add_inputs(&a, &pl, p->T, 4);
-    add_summary(&a, &pl, d_P, d_R, LS_IN);
-    kda_add_grads(&a, &pl, grads, 4); /* dh0 is NULL: checked */
+    const float *const up[] = {d_P, d_R};
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda_segment, p, LS_ROLE_INPUT, p, sizeof(float))) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda_segment, p, LS_ROLE_UPSTREAM, up, sizeof(float))) ||
+        (st = ls_op_add_tensors(&a, &ls_op_kda_segment, p, LS_ROLE_GRAD, grads, sizeof(float))))
+        return st;
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     int64_t wide_row, kpv;
     if (__builtin_add_overflow(p->K, p->V, &kpv) ||

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/validate.h" /* ls_mul_sat: a product that saturates, which the count refuses */
 #include "optable/optable.h"
 
 #define LS_COUNT(a) ((int)(sizeof(a) / sizeof((a)[0])))
@@ -18,13 +19,6 @@ static inline int ls_dims(int64_t *d, int ndim, ...)
     for (int i = 0; i < ndim; i++) d[i] = va_arg(ap, int64_t);
     va_end(ap);
     return ndim;
-}
-
-/* a * b, or INT64_MAX when it overflows (the count check then refuses the shape). */
-static inline int64_t ls_mul_sat(int64_t a, int64_t b)
-{
-    int64_t r;
-    return __builtin_mul_overflow(a, b, &r) ? INT64_MAX : r;
 }
 
 /* The names of linseq_activation as meta.json spells them (SSM1's gate, conv's output). */
