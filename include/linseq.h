@@ -18,10 +18,13 @@
  *     linseq_last_error() describes the argument at fault and what was expected.
  *   - Zero-initialise a problem struct (`linseq_kda_problem p = {0};`) and set what you need:
  *     every zero field means "absent" or "the default" as documented beside it.
- *   - Workspace is allocated internally (malloc) for the duration of a call and freed before
- *     it returns; allocation failure returns LINSEQ_ERR_OUT_OF_MEMORY before any output is
- *     written. No call keeps state between calls; all entry points are thread-safe and
- *     reentrant. The only global setting is the default thread count.
+ *   - Workspace is allocated internally (malloc) for a call; allocation failure returns
+ *     LINSEQ_ERR_OUT_OF_MEMORY before any output is written. Most of it is freed before the
+ *     call returns; the SSM1 forward and backward give their large blocks to a process-wide
+ *     cache instead (at most 8 blocks, 256 MiB in all), which the next call reuses rather than
+ *     fault the pages in again. No result carries over from one call to another (a reused
+ *     block is written before it is read); all entry points are thread-safe and reentrant.
+ *     The only global setting is the default thread count.
  *   - Outputs must not overlap inputs or each other, except where an argument says it may be
  *     the same pointer as an input (in-place state update).
  *   - The structs themselves (problem, grads, exec) must not lie inside an output buffer either
@@ -133,7 +136,7 @@ typedef enum linseq_mode {
 } linseq_mode;
 
 typedef enum linseq_device {
-    LINSEQ_DEVICE_CPU = 0, /* host pointers, OpenMP threads */
+    LINSEQ_DEVICE_CPU = 0, /* host pointers, the library's own thread pool (pthreads) */
     LINSEQ_DEVICE_CUDA = 1 /* device pointers of exec->device_index, on exec->stream.
                             * Experimental: compiled, not yet run on a GPU (README) */
 } linseq_device;
@@ -176,7 +179,8 @@ typedef struct linseq_exec {
 LINSEQ_API int linseq_cuda_device_count(void);
 
 /* Default thread count for calls whose linseq_exec is NULL or has threads == 0.
- * n == 0 restores the default (the number of processors OpenMP reports). n < 0 is rejected;
+ * n == 0 restores the default (the number of processors the process may run on, from its
+ * CPU affinity mask). n < 0 is rejected;
  * a call never starts more than 1024 threads, whatever n is.
  * Results are bitwise identical for every thread count. */
 LINSEQ_API linseq_status linseq_set_num_threads(int n);

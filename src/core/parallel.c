@@ -35,7 +35,7 @@ linseq_status linseq_set_num_threads(int n)
     return LINSEQ_OK;
 }
 
-/* The processors this process may run on (its affinity mask), as OpenMP counted them. */
+/* The processors this process may run on (its affinity mask). */
 static int processor_count(void)
 {
     cpu_set_t set;

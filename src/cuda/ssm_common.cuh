@@ -10,7 +10,6 @@
 #include "cuda/cuda_common.cuh"
 
 // The CPU's formulas (core/activation.h), under the names the SSM kernels use.
-__device__ __forceinline__ float ls_dev_sigmoid(float z) { return ls_sigmoidf(z); }
 __device__ __forceinline__ float ls_dev_softplus(float x) { return ls_softplusf(x); }
 __device__ __forceinline__ float ls_dev_softplus_grad(float x) { return ls_softplus_gradf(x); }
 

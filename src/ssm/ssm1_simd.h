@@ -37,26 +37,4 @@ LS_INLINE vf ssm1_skip(vf out, const float *D_skip, vf x, int64_t valid)
     return D_skip ? vf_fmadd(vf_load_part(D_skip, valid), x, out) : out;
 }
 
-/* B_lanes[n][l], C_lanes[n][l] <- B_t, C_t of the group of channel d0 + l, for a block whose
- * channels span groups; lanes past the block stay as they are (zero). */
-static inline void ssm1_spread_groups(const linseq_ssm1_problem *p, int64_t G, int64_t cpg,
-                                      int64_t tok, int64_t d0, int64_t lanes, float *B_lanes,
-                                      float *C_lanes)
-{
-    const int64_t N = p->N;
-    for (int64_t l = 0; l < lanes;) {
-        const int64_t g = (d0 + l) / cpg;
-        const int64_t end = (g + 1) * cpg - d0 < lanes ? (g + 1) * cpg - d0 : lanes;
-        const float *B_g = p->B_proj + (tok * G + g) * N;
-        const float *C_g = p->C_proj + (tok * G + g) * N;
-        for (int64_t n = 0; n < N; n++) {
-            for (int64_t k = l; k < end; k++) {
-                B_lanes[n * SSM_LANES + k] = B_g[n];
-                C_lanes[n * SSM_LANES + k] = C_g[n];
-            }
-        }
-        l = end;
-    }
-}
-
 #endif
