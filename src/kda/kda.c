@@ -12,6 +12,7 @@
 #include "cuda/cuda_entry.h"
 #include "kda/kda_internal.h"
 #include "kda/kda_kernels.h"
+#include "kda/kda_op.h"
 #include "optable/check.h"
 
 /* ---------------------------------------------------------------------------------------- */

@@ -13,6 +13,7 @@
 #include "cuda/cuda_entry.h"
 #include "kda/kda_backward.h"
 #include "kda/kda_kernels.h"
+#include "kda/kda_op.h"
 #include "optable/check.h"
 
 void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,

@@ -14,6 +14,7 @@
 #include "core/validate.h"
 #include "kda/kda_kernels.h"
 #include "kda/kda_segment.h"
+#include "kda/kda_op.h"
 #include "optable/check.h"
 
 /* The problem as linseq_kda_forward checks it, with h0 absent, on the CPU; pl gets the

@@ -5,7 +5,7 @@
  * with ls_op_add_tensors, one role at a time, plus any argument of its own (a decode pool, a
  * saved block), and validates the list once (ls_args_validate: NULLs, alignment, byte sizes,
  * aliasing). Shapes, dims texts, element types and the aliasing each output may do come from
- * the description alone, so they are written once, in the op's op_*.c. */
+ * the description alone, so they are written once, in the op's <op>_op.c. */
 #ifndef LS_OPTABLE_CHECK_H
 #define LS_OPTABLE_CHECK_H
 

@@ -1,4 +1,4 @@
-/* Internal: what the op descriptions (op_*.c) share to write their shape functions. */
+/* Internal: what the op descriptions (each family's <op>_op.c) share to write them. */
 #ifndef LS_OPTABLE_OP_SHAPES_H
 #define LS_OPTABLE_OP_SHAPES_H
 

@@ -4,7 +4,11 @@
 #include <math.h>
 #include <string.h>
 
-/* Adding an op: one line here. */
+/* The descriptions, each defined in its family's folder. Adding an op: its name here and in
+ * the list below. */
+extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kda_segment,
+    ls_op_ssm1_segment;
+
 static const ls_op *const all_ops[] = {&ls_op_kda,    &ls_op_kda_gate,    &ls_op_ssm1,
                                        &ls_op_conv1d, &ls_op_kda_segment, &ls_op_ssm1_segment};
 

@@ -14,8 +14,10 @@
  *     grads) over arrays in the table's order, so a caller never switches on the op;
  *   - the work per call: FLOPs as README "Benchmarks" defines them (the bytes follow from
  *     the tensors), the benchmark's default sizes and the options a benchmark runs with.
- * Adding an op: its kernels and reference, one ls_op in its own op_*.c here, one line in
- * optable.c's list, and its own test; docs/developer-guide.md walks through it. */
+ * Each op's description is an ls_op in its family's folder, beside its entry points
+ * (src/<family>/<op>_op.c), which validate through it (check.h); this folder holds what is
+ * generic. Adding an op: its description, one line in optable.c's list, its entry points,
+ * kernels and test; docs/developer-guide.md walks through it. */
 #ifndef LS_OPTABLE_H
 #define LS_OPTABLE_H
 
@@ -192,10 +194,6 @@ typedef struct ls_op {
                             const int64_t *rows, float *const *out);
     const char *decode_state, *decode_state_out;
 } ls_op;
-
-/* The descriptions, for the entry points that validate through them (check.h). */
-extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kda_segment,
-    ls_op_ssm1_segment;
 
 /* Every op, in a fixed order; *count receives their number. */
 const ls_op *const *ls_ops(int *count);

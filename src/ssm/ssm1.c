@@ -9,6 +9,7 @@
 #include "core/validate.h"
 #include "cuda/cuda_entry.h"
 #include "optable/check.h"
+#include "ssm/ssm1_op.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 

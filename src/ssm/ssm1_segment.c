@@ -14,6 +14,7 @@
 #include "core/activation.h"
 #include "core/parallel.h"
 #include "optable/check.h"
+#include "ssm/ssm1_op.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
 

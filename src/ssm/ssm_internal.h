@@ -100,6 +100,10 @@ static inline ssm_view ssm_view_of(const float *ptr, linseq_strides s, bool chan
     return (ssm_view){ptr, s.batch, s.token, s.channel, s.state};
 }
 
+/* The conv's description (conv1d_op.c), which its entry points validate through. */
+struct ls_op;
+extern const struct ls_op ls_op_conv1d;
+
 static inline linseq_activation ssm1_gate_activation(const linseq_ssm1_problem *p)
 {
     return p->gate_activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_SILU : p->gate_activation;

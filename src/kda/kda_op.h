@@ -1,12 +1,15 @@
-/* Internal: what op_kda.c shares of KDA's description with the other ops on a
- * linseq_kda_problem (op_kda_segment.c): the shapes of its tensors, its sizes and options, and
+/* Internal: what kda_op.c shares of KDA's description with the other ops on a
+ * linseq_kda_problem (kda_segment_op.c): the shapes of its tensors, its sizes and options, and
  * the options a benchmark runs with. */
-#ifndef LS_OPTABLE_OP_KDA_H
-#define LS_OPTABLE_OP_KDA_H
+#ifndef LS_KDA_KDA_OP_H
+#define LS_KDA_KDA_OP_H
 
 #include <stdint.h>
 
 #include "optable/optable.h"
+
+/* The descriptions of the ops on KDA's problems, which their entry points validate through. */
+extern const ls_op ls_op_kda, ls_op_kda_segment, ls_op_kda_gate;
 
 /* The value heads: HV, or H when HV is 0. */
 static inline int64_t ls_op_kda_value_heads(const linseq_kda_problem *p)
@@ -34,7 +37,7 @@ int ls_op_kda_shape_dt_bias(const void *p, int64_t *d);     /* LS_OP_KDA_DT_BIAS
 #define LS_OP_KDA_DT_BIAS_DIMS "[HV*K] per channel, [HV] per head"
 
 /* The sizes and options of linseq_kda_problem, declared with their lengths so that LS_COUNT
- * sees them (op_kda.c defines them with the same: a row too many draws a warning). */
+ * sees them (kda_op.c defines them with the same: a row too many draws a warning). */
 #define LS_OP_KDA_N_SIZES 6
 #define LS_OP_KDA_N_OPTIONS 7
 extern const ls_size_desc ls_op_kda_sizes[LS_OP_KDA_N_SIZES];

@@ -1,5 +1,6 @@
 /* The causal depthwise conv1d (linseq_conv1d_problem) in the op table: see optable.h. */
 #include "optable/op_shapes.h"
+#include "ssm/ssm_internal.h"
 
 #include <string.h>
 

@@ -1,10 +1,10 @@
 /* The KDA segment summary (linseq_kda_segment_forward / _backward) in the op table: see
  * optable.h. The problem and grads structs are KDA's, and so are the shapes, sizes and options
- * (op_kda.h); h0 and dh0 do not exist here (the summary starts from zeros), so their shapes
+ * (kda_op.h); h0 and dh0 do not exist here (the summary starts from zeros), so their shapes
  * are empty, and the outputs are the summary's P and R. */
 #include <string.h>
 
-#include "optable/op_kda.h"
+#include "kda/kda_op.h"
 #include "optable/op_shapes.h"
 
 typedef linseq_kda_problem P;

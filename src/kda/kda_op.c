@@ -1,6 +1,6 @@
 /* The KDA op (linseq_kda_problem) in the op table: see optable.h. What other ops on the same
- * problem reuse of it is declared in op_kda.h. */
-#include "optable/op_kda.h"
+ * problem reuse of it is declared in kda_op.h. */
+#include "kda/kda_op.h"
 
 #include <string.h>
 

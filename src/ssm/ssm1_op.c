@@ -1,6 +1,6 @@
 /* The Mamba1 selective scan (linseq_ssm1_problem) in the op table: see optable.h. What other
- * ops on the same problem reuse of it is declared in op_ssm1.h. */
-#include "optable/op_ssm1.h"
+ * ops on the same problem reuse of it is declared in ssm1_op.h. */
+#include "ssm/ssm1_op.h"
 
 #include <string.h>
 

@@ -1,4 +1,5 @@
 /* The standalone KDA gate (linseq_kda_gate_problem) in the op table: see optable.h. */
+#include "kda/kda_op.h"
 #include "optable/op_shapes.h"
 
 #include <string.h>

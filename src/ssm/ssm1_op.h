@@ -1,14 +1,17 @@
-/* Internal: what op_ssm1.c shares of SSM1's description with the other ops on a
- * linseq_ssm1_problem (op_ssm1_segment.c): the shapes of its tensors, its sizes, options and
+/* Internal: what ssm1_op.c shares of SSM1's description with the other ops on a
+ * linseq_ssm1_problem (ssm1_segment_op.c): the shapes of its tensors, its sizes, options and
  * strides fields, and its FLOP count. */
-#ifndef LS_OPTABLE_OP_SSM1_H
-#define LS_OPTABLE_OP_SSM1_H
+#ifndef LS_SSM_SSM1_OP_H
+#define LS_SSM_SSM1_OP_H
 
 #include <stdint.h>
 
 #include "optable/optable.h"
 
 /* Shape functions (ls_shape_fn) of the problem's tensors, with their dims for messages. */
+/* The descriptions of the ops on SSM1's problem, which their entry points validate through. */
+extern const ls_op ls_op_ssm1, ls_op_ssm1_segment;
+
 int ls_op_ssm1_shape_token(const void *p, int64_t *d);    /* x, dt, gate, y: "[B,T,D]" */
 int ls_op_ssm1_shape_a(const void *p, int64_t *d);        /* "[D,N]" */
 int ls_op_ssm1_shape_channels(const void *p, int64_t *d); /* D_skip: "[D]" */
@@ -22,7 +25,7 @@ int ls_op_ssm1_shape_dt_bias(const void *p, int64_t *d);     /* "[D]", with dt_s
 #define LS_OP_SSM1_BC_DIMS "[B,T,G,N] ([B,T,N] without G)"
 
 /* The sizes, options and strides fields of linseq_ssm1_problem, declared with their lengths
- * so that LS_COUNT sees them (op_ssm1.c defines them with the same: a row too many draws a
+ * so that LS_COUNT sees them (ssm1_op.c defines them with the same: a row too many draws a
  * warning). */
 #define LS_OP_SSM1_N_SIZES 5
 #define LS_OP_SSM1_N_OPTIONS 4

@@ -1,11 +1,11 @@
 /* The SSM1 segment summary (linseq_ssm1_segment_forward / _backward) in the op table: see
  * optable.h. The problem and grads structs are SSM1's, and so are the shapes, sizes, options
- * and strides fields (op_ssm1.h); h0 and dh0 do not exist here (the summary starts from
+ * and strides fields (ssm1_op.h); h0 and dh0 do not exist here (the summary starts from
  * zeros), so their shapes are empty, and the outputs are the summary's P and R. */
 #include <string.h>
 
 #include "optable/op_shapes.h"
-#include "optable/op_ssm1.h"
+#include "ssm/ssm1_op.h"
 
 typedef linseq_ssm1_problem P;
 
