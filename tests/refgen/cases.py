@@ -1,5 +1,5 @@
-"""The generated reference cases: every op and every option the case loader accepts, at
-sizes small enough that generating them takes seconds and the C tests stay fast.
+"""The generated reference cases: every op (defs.py) and every option the case loader
+accepts, at sizes small enough that generating them takes seconds and the C tests stay fast.
 
 A case is its meta.json options plus: name, seed, and how to draw inputs (draw.py: g_style
 and g_mag for KDA decays, over_threshold and has_params for the gate, dt_max and has_D for

@@ -145,5 +145,3 @@ def causal_conv1d(x, m):
     y = stack([stack([y_rows[(b, t)] for t in range(T)]) for b in range(B)])
     return {'y': y, 'conv_state_out': stack(finals)}
 
-
-OPS = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d}
