@@ -128,4 +128,12 @@ OPS = {
                   _ssm1_options),
     'causal_conv1d': OpDef(draw.causal_conv1d, ops.causal_conv1d, ('y', 'conv_state_out'),
                            _conv_optional, _conv_grads, _conv_options),
+    # The summaries start from zeros: no h0 and no dh0 (the case has none to list).
+    'kda_segment': OpDef(draw.kda, ops.kda_segment, ('P', 'R'), _kda_optional,
+                         lambda c, inputs: _kda_grads(c, inputs, with_h0=False),
+                         lambda c, arrays: _kda_options(c, arrays, with_state=False),
+                         _kda_prepare),
+    'ssm1_segment': OpDef(draw.ssm1, ops.ssm1_segment, ('P', 'R'), _ssm1_optional,
+                          lambda c, inputs: _ssm1_grads(c, inputs, with_h0=False),
+                          lambda c, arrays: _ssm1_options(c, arrays, with_state=False)),
 }
