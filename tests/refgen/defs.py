@@ -3,7 +3,9 @@
 zeros when absent, the gradient files a case lists, and its meta.json options.
 
 The other modules reach an op only through op_def(name), which raises for an op with no
-entry: an op missing here is an error that names it, never another op's branch.
+entry: an op missing here is an error that names it, never another op's branch. The C test
+test_op_coverage checks that every op of the library's op table has generated cases, so a
+new op of the table fails there, named, until its entry and cases are written here.
 """
 from dataclasses import dataclass
 from typing import Callable, Optional
