@@ -23,7 +23,8 @@ class OpDef:
     outputs: tuple        # the outputs' file names; d_<first> is always given upstream,
     #                       d_<second> (the state's) with the case's 'd_state'
     optional: Callable    # case -> {optional differentiable input: shape}: zeros when absent
-    grads: Callable       # (case, inputs) -> the inputs whose gradient files the case lists
+    grads: Optional[Callable]  # (case, inputs) -> the inputs whose gradient files the case
+    #                            lists; None for a forward-only op (no upstream, no gradients)
     options: Callable     # (case, arrays) -> meta.json's options and presence flags
     prepare: Optional[Callable] = None  # case -> case with derived options (KDA's scale)
 

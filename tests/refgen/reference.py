@@ -27,14 +27,22 @@ def loss_of(outputs, upstream):
 
 
 def upstream_names(c):
-    """The upstream gradients a case gives: its first output's, and its state's on request."""
-    return ['d_' + n for n in defs.op_def(c['op']).outputs[:1 + bool(c.get('d_state'))]]
+    """The upstream gradients a case gives: its first output's, and its state's on request;
+    none for a forward-only op."""
+    op = defs.op_def(c['op'])
+    return ['d_' + n for n in op.outputs[:1 + bool(c.get('d_state'))]] if op.grads else []
+
+
+def grad_names(c, arrays):
+    """The inputs whose gradient files a case lists (none for a forward-only op)."""
+    op = defs.op_def(c['op'])
+    return op.grads(c, arrays) if op.grads else []
 
 
 def evaluate(c, arrays, upstream):
     """({output: float64 array}, {grad file: float64 array}) of one case."""
     outputs, values = forward(c, arrays)
-    names = defs.op_def(c['op']).grads(c, arrays)
-    grads = grad(loss_of(outputs, upstream), [values[n] for n in names])
+    names = grad_names(c, arrays)
+    grads = grad(loss_of(outputs, upstream), [values[n] for n in names]) if names else []
     return ({n: outputs[n].data for n in defs.op_def(c['op']).outputs},
             {'d' + n: g for n, g in zip(names, grads)})
