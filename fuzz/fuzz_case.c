@@ -3,8 +3,8 @@
  *
  * Input: one options byte, then records, each a tag byte, a 16-bit little-endian length and
  * that many payload bytes (the last record may be cut short by the end of the input):
- *   tag & 0x7f  the file: 0 is meta.json, the others the tensor names of the four ops
- *               (file_names below) with ".npy"
+ *   tag & 0x7f  the file: 0 is meta.json, the others the tensor names of the ops with
+ *               ".npy" (case_files.h: every file a case of the op table can read)
  *   tag & 0x80  0: the payload is the file's content, as is;
  *               1: a well-formed .npy file is made from it: payload[0] bit 0 picks int64
  *                  (else float32), payload[1] % 9 the rank, the next bytes the dimensions;
@@ -23,18 +23,12 @@
 #include <unistd.h>
 
 #include "case.h"
+#include "case_files.h"
 #include "optable/optable.h"
 #include "commands.h"
 #include "npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
-
-static const char *const file_names[] = {
-    "meta.json",  "q",    "k",      "v",     "beta",       "g",     "h0",
-    "cu_seqlens", "d_o",  "d_ht",   "A_log", "dt_bias",    "g_raw", "d_g",
-    "x",          "dt",   "A",      "B",     "C",          "D",     "gate",
-    "d_y",        "d_hT", "weight", "bias",  "conv_state", "ht",    "o"};
-#define N_FILES (sizeof file_names / sizeof file_names[0])
 
 /* Outputs and gradients in floats, and the op's work, above which a loaded case is not run. */
 #define CASE_MAX_FLOATS (1 << 21)
@@ -199,7 +193,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         size_t len = (size_t)data[at + 1] | (size_t)data[at + 2] << 8;
         at += 3;
         if (len > size - at) len = size - at;
-        const char *name = file_names[(tag & 0x7f) % N_FILES];
+        const char *name = fz_case_file(tag);
         if (tag & 0x80 && strcmp(name, "meta.json") != 0) {
             size_t n;
             unsigned char *img = synth_npy(data + at, len, &n);

@@ -13,6 +13,7 @@ seeds the fuzzer found itself (regress-* and the merged ones) are not written he
 """
 import json
 import os
+import re
 import struct
 import sys
 
@@ -120,11 +121,19 @@ def f32(values):
     return struct.pack('<%df' % len(values), *values)
 
 
+def case_files():
+    """fuzz_case.c's record names, in tag order: the list of case_files.h."""
+    with open(os.path.join(HERE, 'case_files.h')) as f:
+        text = f.read()
+    body = text[text.index('fz_case_files[] = {'):text.index('};')]
+    return re.findall(r'"([^"]+)"', body)
+
+
+CASE_FILES = case_files()
+
+
 def record(name, payload, synth=False):
-    names = ['meta.json', 'q', 'k', 'v', 'beta', 'g', 'h0', 'cu_seqlens', 'd_o', 'd_ht',
-             'A_log', 'dt_bias', 'g_raw', 'd_g', 'x', 'dt', 'A', 'B', 'C', 'D', 'gate', 'd_y',
-             'd_hT', 'weight', 'bias', 'conv_state', 'ht', 'o']
-    tag = names.index(name) | (0x80 if synth else 0)
+    tag = CASE_FILES.index(name) | (0x80 if synth else 0)
     return bytes([tag]) + struct.pack('<H', len(payload)) + payload
 
 
@@ -189,8 +198,9 @@ def main():
     write('npy', 'v3-fortran-1d', npy('<f4', (2,), f32([1, 2]), major=3, fortran=True))
     write('npy', 'f4-4d', npy('<f4', (1, 2, 1, 2), f32([1, 2, 3, 4])))
 
-    # cases: one small folder per op, from .npy files made by the target (synth records),
-    # plus one with its files given byte for byte.
+    # cases: one small folder per op of the op table (tests/test_op_coverage.c checks that
+    # each has one), from .npy files made by the target (synth records), plus one with its
+    # files given byte for byte.
     conv_meta = {'op': 'causal_conv1d', 'B': 1, 'T': 3, 'D': 2, 'W': 4, 'activation': 'silu',
                  'has_bias': True, 'has_state': True,
                  'inputs': ['x', 'weight', 'bias', 'conv_state'], 'upstream_grads': ['d_y'],
@@ -199,6 +209,10 @@ def main():
     write('case', 'conv', case(conv_meta, shape_rec('x', 1, 3, 2), shape_rec('weight', 2, 4),
                                shape_rec('bias', 2), shape_rec('conv_state', 1, 2, 3),
                                shape_rec('d_y', 1, 3, 2)))
+    write('case', 'conv-dstate', case(
+        dict(conv_meta, upstream_grads=['d_y', 'd_conv_state_out']), shape_rec('x', 1, 3, 2),
+        shape_rec('weight', 2, 4), shape_rec('bias', 2), shape_rec('conv_state', 1, 2, 3),
+        shape_rec('d_y', 1, 3, 2), shape_rec('d_conv_state_out', 1, 2, 3)))
     conv_raw = dict(conv_meta, inputs=['x', 'weight'], grads=['dx', 'dweight'],
                     has_bias=False, has_state=False, activation=None)
     write('case', 'conv-raw', case(conv_raw, record('x', npy('<f4', (1, 3, 2), f32(range(6)))),
@@ -244,6 +258,27 @@ def main():
                                shape_rec('gate', 2, 3, 4), shape_rec('h0', 2, 4, 2),
                                shape_rec('dt_bias', 4), shape_rec('d_y', 2, 3, 4),
                                shape_rec('d_hT', 2, 4, 2)))
+
+    # the segment summaries: every input they take, q (KDA) and C, D and the gate (SSM1)
+    # included although they do not enter, and both upstream gradients
+    kseg_meta = {'op': 'kda_segment', 'B': 1, 'T': 5, 'H': 2, 'K': 4, 'V': 3,
+                 'decay': 'per_channel', 'use_qk_l2norm': True,
+                 'inputs': ['q', 'k', 'v', 'beta', 'g'], 'upstream_grads': ['d_P', 'd_R'],
+                 'outputs': ['P', 'R'], 'grads': ['dq', 'dk', 'dv', 'dbeta', 'dg']}
+    write('case', 'kda-segment', case(
+        kseg_meta, shape_rec('q', 1, 5, 2, 4), shape_rec('k', 1, 5, 2, 4),
+        shape_rec('v', 1, 5, 2, 3), shape_rec('beta', 1, 5, 2), shape_rec('g', 1, 5, 2, 4),
+        shape_rec('d_P', 1, 2, 4, 4), shape_rec('d_R', 1, 2, 4, 3)))
+    sseg_meta = {'op': 'ssm1_segment', 'B': 2, 'T': 3, 'D': 4, 'N': 2, 'G': 2,
+                 'dt_softplus': True,
+                 'inputs': ['x', 'dt', 'A', 'B', 'C', 'D', 'gate', 'dt_bias'],
+                 'upstream_grads': ['d_P', 'd_R'], 'outputs': ['P', 'R'],
+                 'grads': ['dx', 'ddt', 'dA', 'dB', 'dC', 'dD', 'dgate', 'ddt_bias']}
+    write('case', 'ssm1-segment', case(
+        sseg_meta, shape_rec('x', 2, 3, 4), shape_rec('dt', 2, 3, 4), shape_rec('A', 4, 2),
+        shape_rec('B', 2, 3, 2, 2), shape_rec('C', 2, 3, 2, 2), shape_rec('D', 4),
+        shape_rec('gate', 2, 3, 4), shape_rec('dt_bias', 4), shape_rec('d_P', 2, 4, 2),
+        shape_rec('d_R', 2, 4, 2)))
 
     # two small reference cases exactly as stored (meta.json as written by the generator);
     # both the generated set (tests/refgen) and the outside one have them under these names

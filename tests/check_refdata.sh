@@ -56,7 +56,8 @@ trap 'exit 143' TERM
 LOG=$WORK/log
 
 # check MODE-OPTIONS...: the CLI's own comparison over every case. A skipped file fails the
-# pass too: every case has a backward, so a skip means the gradients went unchecked.
+# pass too: without --fwd-only nothing is skipped (a forward-only op's case lists no
+# gradients), so a skip means gradients went unchecked.
 check() {
     if "$CLI" check "$@" "$REFDATA" >"$LOG" 2>&1 && tail -n 1 "$LOG" | grep -q ' 0 skipped$'; then
         echo "ok    linseq check $* : $(tail -n 1 "$LOG")"

@@ -1,5 +1,5 @@
-"""The generated reference cases: every op and every option the case loader accepts, at
-sizes small enough that generating them takes seconds and the C tests stay fast.
+"""The generated reference cases: every op (defs.py) and every option the case loader
+accepts, at sizes small enough that generating them takes seconds and the C tests stay fast.
 
 A case is its meta.json options plus: name, seed, and how to draw inputs (draw.py: g_style
 and g_mag for KDA decays, over_threshold and has_params for the gate, dt_max and has_D for
@@ -26,6 +26,17 @@ def ssm1(name, seed, B, T, D, N, gate=True, h0=True, d_state=True, act='silu', *
              d_state=d_state, gate_activation=act if gate else None)
     c.update(more)
     return c
+
+
+def kda_segment(name, seed, B, T, H, K, V, decay, l2=True, d_state=True, **more):
+    """The summary starts from zeros (no h0); d_state: the upstream gradient of R too."""
+    return dict(kda(name, seed, B, T, H, K, V, decay, l2=l2, h0=False, d_state=d_state, **more),
+                op='kda_segment')
+
+
+def ssm1_segment(name, seed, B, T, D, N, gate=True, d_state=True, act='silu', **more):
+    return dict(ssm1(name, seed, B, T, D, N, gate=gate, h0=False, d_state=d_state, act=act,
+                     **more), op='ssm1_segment')
 
 
 def conv(name, seed, B, T, D, W, act, bias=True, state=True, d_state=False, **more):
@@ -108,6 +119,22 @@ CASES = [
     conv('conv_B1_T6_D3_W3_relu_bias_nostate', 1309, 1, 6, 3, 3, 'relu', state=False),
     conv('conv_B1_T4_D3_W2_identity_nobias_nostate', 1310, 1, 4, 3, 2, 'identity', bias=False,
          state=False),
+    # The segment summaries (context parallelism): P and R of every sequence, T across chunk
+    # boundaries; q (KDA) and C, D and the gate (SSM1) are given although they do not enter,
+    # so their gradients must come out zero.
+    kda_segment('kda_segment_pc_B2_T37_H2_K8_V8_g0.05_l2', 1401, 2, 37, 2, 8, 8, 'per_channel',
+                g_mag=0.05),
+    kda_segment('kda_segment_varlen3_ph_B1_T70_H1_HV2_K8_V4_g0.05_vfirst_logit_nol2', 1402, 1,
+                70, 1, 8, 4, 'per_head', cu=[0, 25, 45, 70], N=3, HV=2, g_mag=0.05,
+                state_v_first=True, beta_is_logit=True, l2=False),
+    kda_segment('kda_segment_none_varlen2_B1_T20_H1_K4_V8_empty_nodR', 1403, 1, 20, 1, 4, 8,
+                'none', cu=[0, 0, 20], N=2, d_state=False),
+    kda_segment('kda_segment_gik_pc_lb-3_B2_T10_H1_K8_V8', 1404, 2, 10, 1, 8, 8, 'per_channel',
+                gate_in_kernel=True, lower_bound=-3.0),
+    ssm1_segment('ssm1_segment_B2_T20_D8_N4_G2_sigmoid_softplus', 1501, 2, 20, 8, 4, G=2,
+                 act='sigmoid', dt_softplus=True),
+    ssm1_segment('ssm1_segment_varlen3_B1_T17_D6_N3_nogate_noD_nodR', 1502, 1, 17, 6, 3,
+                 gate=False, has_D=False, d_state=False, cu=[0, 5, 5, 17]),
 ]
 
 # Tiny versions of every option for the gradient self-check (finite differences).
@@ -131,4 +158,9 @@ CHECKS = [
     conv('conv_short_nostate', 14, 2, 1, 2, 4, 'gelu_tanh', state=False, dstate_at_zero=True,
          d_state=True),
     conv('conv_varlen_sigmoid', 15, 1, 4, 2, 2, 'sigmoid', cu=[0, 3, 3, 4], d_state=True),
+    kda_segment('kda_segment_pc', 16, 1, 3, 1, 3, 2, 'per_channel'),
+    kda_segment('kda_segment_gik_vfirst_varlen', 17, 1, 4, 1, 2, 2, 'per_head', HV=2,
+                gate_in_kernel=True, state_v_first=True, cu=[0, 1, 1, 4]),
+    ssm1_segment('ssm1_segment_groups_softplus', 18, 1, 3, 4, 2, G=2, dt_softplus=True),
+    ssm1_segment('ssm1_segment_varlen_noD', 19, 1, 4, 2, 2, has_D=False, cu=[0, 1, 1, 4]),
 ]

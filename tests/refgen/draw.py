@@ -107,12 +107,10 @@ def causal_conv1d(rng, c):
     return x
 
 
-DRAW = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d}
-
-
-def inputs(c, rng):
-    """The case's input files as float32 arrays (cu_seqlens added as int64)."""
-    x = {name: f32(a) for name, a in DRAW[c['op']](rng, c).items()}
+def inputs(c, rng, draw_op):
+    """The case's input files as float32 arrays (cu_seqlens added as int64): draw_op is its
+    op's draw function (defs.py)."""
+    x = {name: f32(a) for name, a in draw_op(rng, c).items()}
     if 'cu' in c:
         x['cu_seqlens'] = np.asarray(c['cu'], dtype=np.int64)
     return x

@@ -7,7 +7,7 @@ sequence, with the heads or channels of that token as array axes.
 """
 import numpy as np
 
-from tape import concat, einsum, exp, relu, sigmoid, softplus, sqrt, stack, tanh
+from tape import Value, concat, einsum, exp, relu, sigmoid, softplus, sqrt, stack, tanh
 
 L2NORM_EPS = 1e-6
 GELU_C = np.sqrt(2.0 / np.pi)
@@ -146,4 +146,26 @@ def causal_conv1d(x, m):
     return {'y': y, 'conv_state_out': stack(finals)}
 
 
-OPS = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d}
+def kda_segment(x, m):
+    """KDA's segment summary: S_end = P S_start + R per (sequence, value head). R is the end
+    state from zeros; P [K,K] the product of the tokens' (I - beta k k^T) diag(exp g), which is
+    the end state of the same recurrence run from the identity with v = 0 (K-major whatever
+    the state layout). q enters neither."""
+    B, T, K = m['B'], m['T'], m['K']
+    HV = m.get('HV') or m['H']
+    rows = len(m['cu']) - 1 if 'cu' in m else B
+    R = kda(x, m)['ht']
+    eye = Value(np.broadcast_to(np.eye(K), (rows, HV, K, K)).copy())
+    to_P = dict(x, v=Value(np.zeros((B, T, HV, K))), h0=eye)
+    P = kda(to_P, dict(m, V=K, state_v_first=False))['ht']
+    return {'P': P, 'R': R}
+
+
+def ssm1_segment(x, m):
+    """SSM1's segment summary: h_end = P * h_start + R elementwise. R is the end state from
+    zeros; P = exp(A sum_t dt_t), the end state of the recurrence from ones with x = 0. C_proj,
+    D_skip and the gate enter neither."""
+    rows = len(m['cu']) - 1 if 'cu' in m else m['B']
+    R = ssm1(x, m)['hT']
+    to_P = dict(x, x=Value(np.zeros(x['x'].shape)), h0=Value(np.ones((rows, m['D'], m['N']))))
+    return {'P': ssm1(to_P, m)['hT'], 'R': R}

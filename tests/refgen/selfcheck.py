@@ -3,6 +3,7 @@ of every differentiable input, element by element, against central finite differ
 the float64 loss. A mismatch raises, so a wrong definition or tape rule stops generation."""
 import numpy as np
 
+import defs
 import draw
 import reference
 from tape import grad
@@ -19,12 +20,13 @@ def _loss(c, arrays, upstream):
 def check_case(c):
     """Returns the largest relative mismatch over the case's gradients; raises on failure."""
     rng = np.random.default_rng(c['seed'])
-    c = dict(c, scale=c.get('scale') or c['K'] ** -0.5) if c['op'] == 'kda' else c
+    op = defs.op_def(c['op'])
+    c = op.prepare(dict(c, given=set(c))) if op.prepare else c
     arrays = {n: a.astype(np.float64) if a.dtype == np.float32 else a
-              for n, a in draw.inputs(c, rng).items()}
+              for n, a in draw.inputs(c, rng, op.draw).items()}
     outputs, values = reference.forward(c, arrays)
-    upstream = {'d_' + n: rng.standard_normal(outputs[n].shape)
-                for n in reference.OUTPUTS[c['op']][:1 + bool(c.get('d_state'))]}
+    upstream = {u: rng.standard_normal(outputs[u[2:]].shape)
+                for u in reference.upstream_names(c)}
     names = reference.grad_names(c, arrays)
     tape_grads = grad(reference.loss_of(outputs, upstream), [values[n] for n in names])
     worst = 0.0
