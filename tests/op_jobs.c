@@ -1,13 +1,18 @@
-/* The job catalog: each op of the op table forward and backward, in the configurations whose
- * thread splits differ (several items, one wide KDA item whose state columns are split, GVA,
- * packed sequences, sums over the batch), plus KDA's decode and the training calls of the ops
- * that have them (forward_train, then backward_saved), which forward and backward do not
- * reach.
+/* The job catalog: every call of every op of the op table, and some calls again in the
+ * configurations whose thread splits differ.
+ *
+ * From the table alone, each op gets a job per call it offers: the forward, the backward, the
+ * training step (forward_train, then backward_saved) and one decode step, each on the
+ * benchmark's options at small sizes; a new op, forward-only or without decode included,
+ * is in the catalog with no line here. The hand-written specs add the configurations that
+ * matter to the thread splits (several items, one wide KDA item whose state columns are
+ * split, GVA, packed sequences, sums over the batch, a decode pool with a padding request);
+ * each must name an op of the table and a call it offers.
  *
  * A job is built from its op's table entry: the sizes and options of its spec (by the
  * table's names), realistic inputs and upstream gradients drawn by ls_op_fill for every
  * tensor the problem has, and as outputs every output (forward) or gradient (backward) the
- * table lists. A new op gets its jobs from two lines in `specs`. */
+ * table lists. */
 #include "op_jobs.h"
 
 #include <stdlib.h>
@@ -16,14 +21,17 @@
 #include "optable/optable.h"
 #include "testutil.h"
 
-typedef enum { J_FORWARD, J_BACKWARD, J_KDA_DECODE, J_TRAINING } job_kind;
+typedef enum { J_FORWARD, J_BACKWARD, J_TRAINING, J_DECODE, J_KINDS } job_kind;
+static const char *const kind_name[J_KINDS] = {"forward", "backward", "training", "decode"};
 
 enum { JOB_MAX_OWNED = 24, JOB_PROBLEM_BYTES = 512 };
 
 typedef struct job_spec {
     const char *op, *label;
     job_kind kind;
-    const char *setup; /* "B=2 T=37 decay=per_channel ...": the table's size and option names */
+    /* "B=2 T=37 decay=per_channel ...": the table's size and option names; NULL: the
+     * benchmark's options at small sizes (small_problem) */
+    const char *setup;
     linseq_mode mode;
     int chunk;
     const int64_t *cu; /* packed sequences, or NULL */
@@ -70,7 +78,7 @@ static const job_spec specs[] = {
     {"kda", "backward chunked 16 (gate in kernel)", J_BACKWARD, KDA_GATED, CHUNKED, 16, NULL, 0},
     {"kda", "backward recurrent (varlen, per head, V-first)", J_BACKWARD, KDA_VARLEN, REC, 16, CU3,
      3},
-    {"kda", "decode (pool of 5, a padding request)", J_KDA_DECODE,
+    {"kda", "decode (pool of 5, a padding request)", J_DECODE,
      "B=3 T=1 H=2 HV=4 K=16 V=24 decay=per_channel use_qk_l2norm=1", REC, 0, NULL, 0},
     {"kda", "training chunked 32 (gate in kernel)", J_TRAINING, KDA_GATED, CHUNKED, 32, NULL, 0},
     {"kda", "training recurrent (varlen)", J_TRAINING, KDA_VARLEN, REC, 16, CU3, 3},
@@ -152,6 +160,9 @@ static int fill_role(job *j, ls_op_role role, uint64_t seed)
     int n = 0;
     for (int i = 0; ls_op_tensor(j->op, role, i); i++) {
         const ls_tensor_desc *t = ls_op_tensor(j->op, role, i);
+        if (j->kind == J_DECODE && t->role == LS_ROLE_INPUT &&
+            !strcmp(t->name, j->op->decode_state))
+            continue; /* in the pool */
         int64_t dims[LS_OP_MAX_DIMS], count;
         const int nd = t->shape(j->problem, dims);
         if (!ls_tensor_count(t, j->problem, &count)) abort();
@@ -180,28 +191,76 @@ static void add_outputs(job *j, ls_op_role role)
     }
 }
 
-/* Decode: a pool of 5 state rows updated in place, one request padding (row -1). */
-static void decode_setup(job *j, tu_rng *r)
+static const ls_size_desc *size_named(const ls_op *op, const char *name)
 {
-    static const int64_t rows[3] = {4, -1, 1};
-    linseq_kda_problem *p = (linseq_kda_problem *)(void *)j->problem;
-    p->h0 = NULL;
-    j->pool_rows = 5;
+    for (int i = 0; i < op->n_sizes; i++)
+        if (strcmp(op->sizes[i].name, name) == 0) return &op->sizes[i];
+    return NULL;
+}
+
+/* The benchmark's options at small sizes (as test_optable and test_bench make them). */
+static void small_problem(job *j)
+{
+    for (int i = 0; i < j->op->n_sizes; i++) {
+        const int64_t d = j->op->sizes[i].bench_default;
+        ls_size_set(&j->op->sizes[i], j->problem, d > 64 ? 8 + d % 23 : d);
+    }
+    j->op->bench_options(j->problem);
+}
+
+/* Decode (optable.h): B requests, one token each (T = 1), their states rows of a pool shaped
+ * like the input decode_state at B = 1, updated in place; the state input and cu_seqlens are
+ * not given. The pool has B + 2 rows, request b on row B + 1 - b; a hand-written spec makes
+ * request 1 a padding request (row -1: KDA's and SSM1's convention, which the table does not
+ * state, so its own decode jobs have none). out[0] is the pool after the step, then every
+ * output but the state. */
+static void decode_setup(const job_spec *s, job *j, tu_rng *r)
+{
+    const ls_op *op = j->op;
+    const ls_size_desc *B = size_named(op, "B"), *T = size_named(op, "T");
+    const ls_tensor_desc *state = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    if (!B || !T || !state) spec_error(s, "decode needs sizes B and T and its state input");
+    ls_size_set(T, j->problem, 1);
+    ls_tensor_set(state, j->problem, NULL);
+    if (op->varlen) ls_op_set_varlen(op, j->problem, NULL, 0);
+    const int64_t requests = ls_size_get(B, j->problem);
+    j->pool_rows = requests + 2;
+    int64_t *rows = own(j, malloc((size_t)requests * sizeof *rows));
+    for (int64_t b = 0; b < requests; b++) rows[b] = s->setup && b == 1 ? -1 : requests + 1 - b;
     j->rows = rows;
-    linseq_kda_problem pool_shape = *p;
-    pool_shape.B = j->pool_rows;
+    unsigned char pool_shape[JOB_PROBLEM_BYTES];
+    memcpy(pool_shape, j->problem, sizeof pool_shape);
+    ls_size_set(B, pool_shape, j->pool_rows);
     int64_t n;
-    if (!ls_tensor_count(ls_op_tensor_named(j->op, LS_ROLE_INPUT, "h0"), &pool_shape, &n)) abort();
+    if (!ls_tensor_count(state, pool_shape, &n) || n == 0) spec_error(s, "no decode state");
     float *pool = own(j, tu_alloc((size_t)n));
     tu_fill_uniform(r, pool, (size_t)n, -0.5, 0.5);
     j->pool0 = pool;
     j->out_name[0] = "state";
     j->out_len[0] = (size_t)n;
-    j->out_name[1] = "o";
-    j->out_desc[1] = ls_op_tensor_named(j->op, LS_ROLE_OUTPUT, "o");
-    if (!ls_tensor_count(j->out_desc[1], p, &n)) abort();
-    j->out_len[1] = (size_t)n;
-    j->n_out = 2;
+    j->n_out = 1;
+    for (int i = 0; ls_op_tensor(op, LS_ROLE_OUTPUT, i); i++) {
+        const ls_tensor_desc *t = ls_op_tensor(op, LS_ROLE_OUTPUT, i);
+        if (strcmp(t->name, op->decode_state_out) == 0) continue;
+        if (!ls_tensor_count(t, j->problem, &n)) abort();
+        if (n == 0) continue;
+        if (j->n_out == JOB_MAX_OUT) abort();
+        j->out_name[j->n_out] = t->name;
+        j->out_desc[j->n_out] = t;
+        j->out_len[j->n_out++] = (size_t)n;
+    }
+}
+
+/* Whether the op offers the call of that kind. */
+static bool offers(const ls_op *op, job_kind kind)
+{
+    switch (kind) {
+    case J_FORWARD: return true;
+    case J_BACKWARD: return op->backward != NULL;
+    case J_TRAINING: return op->forward_train != NULL;
+    case J_DECODE: return op->decode != NULL;
+    default: return false;
+    }
 }
 
 static void job_make(job *j, const job_spec *s, uint64_t seed)
@@ -209,30 +268,57 @@ static void job_make(job *j, const job_spec *s, uint64_t seed)
     memset(j, 0, sizeof *j);
     j->op = ls_op_find(s->op);
     if (!j->op) spec_error(s, "no such op in the op table");
+    if (!offers(j->op, s->kind)) spec_error(s, "the op does not offer that call");
     if (j->op->problem_size > sizeof j->problem) spec_error(s, "problem struct too large");
     snprintf(j->name, sizeof j->name, "%s %s", s->op, s->label);
     j->kind = s->kind;
     j->exec = (linseq_exec){.mode = s->mode, .chunk_size = s->chunk};
-    parse_setup(s, j);
+    if (s->setup)
+        parse_setup(s, j);
+    else
+        small_problem(j);
     if (s->cu) ls_op_set_varlen(j->op, j->problem, s->cu, s->n_seqs);
+    if (s->kind == J_DECODE) { /* T = 1 before the inputs take their shapes */
+        tu_rng r = {seed};
+        decode_setup(s, j, &r);
+    }
     fill_role(j, LS_ROLE_INPUT, seed);
-    if (s->kind != J_FORWARD && s->kind != J_KDA_DECODE) fill_role(j, LS_ROLE_UPSTREAM, seed + 100);
-    if (s->kind == J_TRAINING && !j->op->forward_train) spec_error(s, "the op has no training");
+    if (s->kind == J_BACKWARD || s->kind == J_TRAINING) fill_role(j, LS_ROLE_UPSTREAM, seed + 100);
     if (s->kind == J_FORWARD || s->kind == J_TRAINING) add_outputs(j, LS_ROLE_OUTPUT);
     if (s->kind == J_BACKWARD || s->kind == J_TRAINING) add_outputs(j, LS_ROLE_GRAD);
-    if (s->kind == J_KDA_DECODE) {
-        tu_rng r = {seed};
-        decode_setup(j, &r);
-    }
+}
+
+/* The jobs from the table alone: each call of each op on its small problem; false when n is
+ * past the last. */
+static bool table_spec(int n, job_spec *s, char *label, size_t label_size)
+{
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++)
+        for (int k = 0; k < J_KINDS; k++) {
+            if (!offers(ops[i], (job_kind)k) || n-- > 0) continue;
+            snprintf(label, label_size, "%s (the table's small problem)", kind_name[k]);
+            *s = (job_spec){.op = ops[i]->name, .label = label, .kind = (job_kind)k};
+            return true;
+        }
+    return false;
 }
 
 int jobs_make(job **list)
 {
-    job *j = calloc(N_SPECS, sizeof *j);
+    job_spec s;
+    char label[64];
+    int n_table = 0;
+    while (table_spec(n_table, &s, label, sizeof label)) n_table++;
+    job *j = calloc((size_t)(n_table + N_SPECS), sizeof *j);
     if (!j) abort();
-    for (int i = 0; i < N_SPECS; i++) job_make(&j[i], &specs[i], 71u + 10u * (uint64_t)i);
+    for (int i = 0; i < n_table; i++) {
+        table_spec(i, &s, label, sizeof label);
+        job_make(&j[i], &s, 31u + 10u * (uint64_t)i);
+    }
+    for (int i = 0; i < N_SPECS; i++) job_make(&j[n_table + i], &specs[i], 71u + 10u * (uint64_t)i);
     *list = j;
-    return N_SPECS;
+    return n_table + N_SPECS;
 }
 
 void jobs_free(job *list, int n)
@@ -290,10 +376,10 @@ linseq_status job_run(const job *j, int threads, float *const *out)
     case J_FORWARD: return j->op->forward(j->problem, &ex, out_args);
     case J_BACKWARD: return ls_op_backward(j->op, j->problem, &ex, j->up, grads);
     case J_TRAINING: return run_training(j, &ex, out_args, grads);
-    case J_KDA_DECODE:
+    case J_DECODE:
         memcpy(out[0], j->pool0, j->out_len[0] * sizeof(float));
-        return linseq_kda_decode((const linseq_kda_problem *)(const void *)j->problem, &ex, out[0],
-                                 j->pool_rows, j->rows, out[1]);
+        return j->op->decode(j->problem, &ex, out[0], j->pool_rows, j->rows, out_args);
+    default: break;
     }
     return LINSEQ_ERR_UNSUPPORTED;
 }

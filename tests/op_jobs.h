@@ -1,7 +1,7 @@
 /* Every public op as a runnable "job": a small problem with its own inputs, run into output
  * buffers the caller owns, with a thread count the caller picks. The determinism and
- * concurrency tests run the same catalog; its jobs are built from the op table, so a new op
- * is two lines of op_jobs.c (a forward and a backward configuration). */
+ * concurrency tests run the same catalog, built from the op table: every call of every op
+ * (a new op needs no line), and some again in chosen configurations (op_jobs.c). */
 #ifndef LS_TEST_OP_JOBS_H
 #define LS_TEST_OP_JOBS_H
 

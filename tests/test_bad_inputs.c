@@ -969,14 +969,20 @@ static void gt_fixture_alloc(gt_fixture *f)
     memcpy(f->pristine, f->mem, f->bytes);
 }
 
-/* Both calls of the fixture are valid (on one thread: each parallel region costs much more
+/* The calls of the op: the forward, and the backward unless the op is forward-only. */
+static int gt_n_calls(const ls_op *op) { return op->backward ? 2 : 1; }
+
+/* Every call of the fixture is valid (on one thread: each parallel region costs much more
  * than these small calls when the machine is busy). */
 static bool gt_fixture_valid(const gt_fixture *f, bool report)
 {
-    gt_call fwd = gt_valid(f, false), bwd = gt_valid(f, true);
-    fwd.exec.threads = bwd.exec.threads = 1;
-    const bool fwd_ok = gt_accept(&fwd, "the valid call", report);
-    return gt_accept(&bwd, "the valid call", report) && fwd_ok;
+    bool ok = true;
+    for (int backward = 0; backward < gt_n_calls(f->op); backward++) {
+        gt_call c = gt_valid(f, backward);
+        c.exec.threads = 1;
+        ok = gt_accept(&c, "the valid call", report) && ok;
+    }
+    return ok;
 }
 
 /* A valid problem of op with every tensor it can have: the benchmark's options and small
@@ -1212,11 +1218,23 @@ static void gt_accepted_calls(const gt_fixture *f, bool backward)
         if (t->role == LS_ROLE_GRAD) gt_set(&all, t, NULL);
     }
     if (backward) gt_accept(&all, "every gradient NULL", true);
+    /* an output the table says may be its input's buffer: exactly that buffer, in place */
+    for (int i = 0; !backward && i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        const ls_tensor_desc *in =
+            t->alias_of ? ls_op_tensor_named(op, LS_ROLE_INPUT, t->alias_of) : NULL;
+        if (!in || !f->buf[i] || !f->buf[in - op->tensors]) continue;
+        gt_call c = gt_valid(f, false);
+        c.exec.threads = 1;
+        gt_set(&c, t, f->buf[in - op->tensors]);
+        snprintf(label, sizeof label, "%s = %s (in place)", gt_name(t), gt_name(in));
+        gt_accept(&c, label, true);
+    }
 }
 
 static void gt_op_rows(const gt_fixture *f)
 {
-    for (int backward = 0; backward < 2; backward++) {
+    for (int backward = 0; backward < gt_n_calls(f->op); backward++) {
         gt_accepted_calls(f, backward);
         gt_call c = gt_valid(f, backward);
         c.no_problem = true;

@@ -468,6 +468,32 @@ static void test_no_reexec(void)
     outcome_free(&o);
 }
 
+/* --help lists every command of the op table (its forward, and its training and decode
+ * steps where it has them) at the start of a line, with the options that apply to it. */
+static void test_help(void)
+{
+    outcome o = run_bench(true, ARGS("--help"));
+    CHECK(o.status == 0 && strstr(o.out, "Threads:"), "bench --help: exit %d", o.status);
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; o.status == 0 && i < n_ops; i++) {
+        const char *base = ops[i]->bench_name ? ops[i]->bench_name : ops[i]->name;
+        static const char *const suffix[3] = {"", "-fwdbwd", "-decode"};
+        const bool offered[3] = {true, ops[i]->bench_fwdbwd, ops[i]->decode != NULL};
+        for (int k = 0; k < 3; k++) {
+            char line[96];
+            snprintf(line, sizeof line, "\n        %s%s ", base, suffix[k]);
+            const char *at = strstr(o.out, line);
+            CHECK(!offered[k] || (at && strstr(at, " --B")),
+                  "bench --help: no line for %s%s (op %s) with its options", base, suffix[k],
+                  ops[i]->name);
+            CHECK(offered[k] || !at, "bench --help: %s%s, which op %s does not offer", base,
+                  suffix[k], ops[i]->name);
+        }
+    }
+    outcome_free(&o);
+}
+
 static void check_usage_error(const char *const *args)
 {
     char what[256] = "bench";
@@ -516,10 +542,7 @@ static void test_errors(void)
     check_usage_error(ARGS("kda", "--B", "2147483648", "--T", "2147483648", "--no-peak"));
     check_usage_error(ARGS("ssm1", "--B", "100000", "--T", "100000", "--no-peak"));
 
-    outcome o = run_bench(true, ARGS("--help"));
-    CHECK(o.status == 0 && strstr(o.out, "Threads:") && strstr(o.out, "kda-fwdbwd"),
-          "bench --help: exit %d", o.status);
-    outcome_free(&o);
+    test_help();
 }
 
 int main(int argc, char **argv)

@@ -2,14 +2,20 @@
  * the outputs that depend on that position. Every other output element must be bitwise the
  * clean run's: tokens before it (forward) or after it (an upstream gradient, backward), the
  * other sequences of a packed row or batch, the other heads and channels; and a NaN must show
- * in some output that depends on it. Every op, forward and backward, KDA in both modes; never
- * a crash, and never a hang (an alarm ends the test).
+ * in some output that depends on it. Every op of the op table, its forward and (unless it is
+ * forward-only) its backward, KDA in both modes; never a crash, and never a hang (an alarm
+ * ends the test).
  *
  * The dependency rule is written per tensor, not per op: each element has a sequence (or none,
  * for parameters), a token (or none, for states and parameters) and a set of "units" (the
  * value heads of KDA, the channels of SSM1 and conv1d, the (head, channel) pairs of the gate),
  * and an output element may change iff it shares the poisoned element's sequence and a unit,
- * and its token is not on the far side of the poisoned token. */
+ * and its token is not on the far side of the poisoned token. An input that does not enter
+ * an op (q of KDA's segment summary) has no unit: nothing may change.
+ *
+ * The tensors, their shapes and roles and the calls come from the op table; the units cannot,
+ * so each op has a row in `rows` (bottom) with its problems and unit rules, and every op of
+ * the table must have one: a new op fails this test, named, until its row is written. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +46,7 @@ enum { MAX_IN = 12, MAX_OUT = 10 };
 
 typedef struct op_case {
     char name[96];
+    const char *const *unused; /* the inputs that do not enter the op (NULL-terminated) */
     bool backward;
     bool elementwise; /* an output token depends on its own token only (the gate) */
     int n_in, n_out;
@@ -137,9 +144,10 @@ static void poison_run(op_case *oc, int i, size_t idx, float value)
           leak_out >= 0 ? (double)oc->out[leak_out].data[first_leak] : 0.0,
           leak_out >= 0 ? (double)clean_out[leak_out][first_leak] : 0.0);
     /* A NaN must show: an output that silently absorbed it would hide the bad input. (An
-     * Inf may legitimately vanish: a sigmoid of it, or e^-inf = 0 as a decay.) */
-    CHECK(!isnan(value) || nonfinite > 0, "%s: NaN in %s[%zu] left every output finite", oc->name,
-          t->name, idx);
+     * Inf may legitimately vanish: a sigmoid of it, or e^-inf = 0 as a decay.) An input that
+     * does not enter the op (no units) must change nothing, which the leak check saw. */
+    CHECK(!isnan(value) || t->span == 0 || nonfinite > 0,
+          "%s: NaN in %s[%zu] left every output finite", oc->name, t->name, idx);
 }
 
 /* Two positions per input: one in each sequence (the middle of the first, a token in the
@@ -194,8 +202,8 @@ static void run_case(op_case *oc)
  * passed by the table's calls. What the table does not know is the dependency rule: which
  * units an element belongs to. Each op lists it per input and output by name (a gradient
  * has its input's units, an upstream gradient its output's), with the range its values are
- * drawn from; the layout follows from the tensor's dims ([B,T,...] a token, [N...] a state,
- * anything else a parameter). */
+ * drawn from; the layout follows from the table (a per-token tensor, a state whose dims
+ * start [N..., anything else a parameter). */
 
 typedef struct unit_rule {
     const char *name; /* an input or output in the op table */
@@ -222,8 +230,15 @@ static linseq_status run(const op_case *oc)
 
 static layout layout_of(const ls_tensor_desc *t)
 {
-    if (strncmp(t->dims, "[B,T", 4) == 0) return L_TOKEN;
+    if (t->token) return L_TOKEN;
     return strncmp(t->dims, "[N", 2) == 0 ? L_STATE : L_PARAM;
+}
+
+static bool enters(const op_case *oc, const char *input)
+{
+    for (const char *const *u = oc->unused; u && *u; u++)
+        if (strcmp(*u, input) == 0) return false;
+    return true;
 }
 
 static void free_case(op_case *oc)
@@ -263,7 +278,7 @@ static void build_and_run(op_case *oc, void *problem, const unit_rule *rules, in
                       .lay = layout_of(t),
                       .heads = u->heads,
                       .inner = u->inner,
-                      .span = u->span,
+                      .span = enters(oc, rule_name) ? u->span : 0,
                       .upstream = t->role == LS_ROLE_UPSTREAM};
         CHECK((int64_t)count(oc, x) == n,
               "%s: %s has %lld elements in the op table, %zu by its "
@@ -285,65 +300,88 @@ static void build_and_run(op_case *oc, void *problem, const unit_rule *rules, in
 
 static const int64_t CU[3] = {0, 19, 40};
 
-/* KDA: two layouts of the same 40 tokens (a packed row of 19 + 21, or a batch of 2 x 20),
- * in two flavours (per-channel decay with the gate in the kernel, l2norm and beta logits; or
- * per-head decay, raw g and V-first states). Units: the value heads; a qk head belongs to
- * the KG value heads of its group. */
+/* One row per op of the table: the problems it runs (a function of the op and the row) and
+ * the inputs that do not enter its forward and its backward (NULL-terminated lists). */
+typedef struct op_row {
+    const char *op;
+    void (*cases)(const ls_op *op, const struct op_row *row);
+    const char *const unused_forward[4], *const unused_backward[4];
+} op_row;
+
+/* The calls a case runs: the forward, and the backward where the op has one. */
+static int n_calls(const ls_op *op) { return op->backward ? 2 : 1; }
+
+static op_case case_of(const ls_op *op, const op_row *row, bool varlen, bool backward)
+{
+    return (op_case){.op = op,
+                     .unused = backward ? row->unused_backward : row->unused_forward,
+                     .cu = varlen ? CU : NULL,
+                     .B = varlen ? 1 : 2,
+                     .T = varlen ? 40 : 20,
+                     .backward = backward};
+}
+
+/* KDA and its segment summary: two layouts of the same 40 tokens (a packed row of 19 + 21, or
+ * a batch of 2 x 20), in two flavours (per-channel decay with the gate in the kernel, l2norm
+ * and beta logits; or per-head decay, raw g and V-first states). Units: the value heads; a qk
+ * head belongs to the KG value heads of its group. The summary's P and R are states. */
 enum { KH = 2, KHV = 4, KK = 8, KV = 8, KG = KHV / KH };
 
-static void kda_cases(void)
+static void kda_case(const ls_op *op, const op_row *row, int flavour, int varlen, int mode,
+                     int backward)
+{
+    const bool gate = flavour == 0;
+    const int64_t gK = gate ? KK : 1;
+    op_case oc = case_of(op, row, varlen, backward);
+    oc.exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
+    snprintf(oc.name, sizeof oc.name, "%s %s %s %s %s", op->name,
+             gate ? "per-channel gate" : "per-head", varlen ? "varlen" : "batch",
+             mode == LINSEQ_MODE_RECURRENT ? "recurrent" : "chunked",
+             backward ? "backward" : "forward");
+    tu_rng r = {1000u + (uint64_t)(flavour * 8 + varlen * 4 + mode * 2 + backward)};
+    const unit_rule rules[] = {
+        {"q", KH, KK, KG, -1, 1},
+        {"k", KH, KK, KG, gate ? -1 : -0.3, gate ? 1 : 0.3},
+        {"v", KHV, KV, 1, -1, 1},
+        {"beta", KHV, 1, 1, gate ? -2 : 0.1, gate ? 2 : 0.9},
+        {"g", KHV, gK, 1, gate ? -3 : -1, gate ? 1 : 0},
+        {"h0", KHV, KK * KV, 1, -0.5, 0.5},
+        {"A_log", KHV, 1, 1, -1, 0.5},
+        {"dt_bias", KHV, KK, 1, -1, 1},
+        {"o", KHV, KV, 1, 0, 0},
+        {"ht", KHV, KK * KV, 1, 0, 0},
+        {"P", KHV, KK * KK, 1, 0, 0},
+        {"R", KHV, KK * KV, 1, 0, 0},
+    };
+    linseq_kda_problem p = {.B = oc.B,
+                            .T = oc.T,
+                            .H = KH,
+                            .HV = KHV,
+                            .K = KK,
+                            .V = KV,
+                            .cu_seqlens = oc.cu,
+                            .n_seqs = varlen ? 2 : 0,
+                            .decay = gate ? LINSEQ_DECAY_PER_CHANNEL : LINSEQ_DECAY_PER_HEAD,
+                            .qk_l2norm = gate,
+                            .beta_is_logit = gate,
+                            .gate_in_kernel = gate,
+                            .state_v_first = !gate};
+    build_and_run(&oc, &p, rules, N_RULES(rules), &r);
+}
+
+static void kda_cases(const ls_op *op, const op_row *row)
 {
     for (int flavour = 0; flavour < 2; flavour++)
         for (int varlen = 0; varlen < 2; varlen++)
             for (int mode = LINSEQ_MODE_RECURRENT; mode <= LINSEQ_MODE_CHUNKED; mode++)
-                for (int backward = 0; backward < 2; backward++) {
-                    const bool gate = flavour == 0;
-                    const int64_t gK = gate ? KK : 1;
-                    op_case oc = {.op = ls_op_find("kda"),
-                                  .cu = varlen ? CU : NULL,
-                                  .B = varlen ? 1 : 2,
-                                  .T = varlen ? 40 : 20,
-                                  .backward = backward};
-                    oc.exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
-                    snprintf(oc.name, sizeof oc.name, "kda %s %s %s %s",
-                             gate ? "per-channel gate" : "per-head", varlen ? "varlen" : "batch",
-                             mode == LINSEQ_MODE_RECURRENT ? "recurrent" : "chunked",
-                             backward ? "backward" : "forward");
-                    tu_rng r = {1000u + (uint64_t)(flavour * 8 + varlen * 4 + mode * 2 + backward)};
-                    const unit_rule rules[] = {
-                        {"q", KH, KK, KG, -1, 1},
-                        {"k", KH, KK, KG, gate ? -1 : -0.3, gate ? 1 : 0.3},
-                        {"v", KHV, KV, 1, -1, 1},
-                        {"beta", KHV, 1, 1, gate ? -2 : 0.1, gate ? 2 : 0.9},
-                        {"g", KHV, gK, 1, gate ? -3 : -1, gate ? 1 : 0},
-                        {"h0", KHV, KK * KV, 1, -0.5, 0.5},
-                        {"A_log", KHV, 1, 1, -1, 0.5},
-                        {"dt_bias", KHV, KK, 1, -1, 1},
-                        {"o", KHV, KV, 1, 0, 0},
-                        {"ht", KHV, KK * KV, 1, 0, 0},
-                    };
-                    linseq_kda_problem p = {.B = oc.B,
-                                            .T = oc.T,
-                                            .H = KH,
-                                            .HV = KHV,
-                                            .K = KK,
-                                            .V = KV,
-                                            .cu_seqlens = oc.cu,
-                                            .n_seqs = varlen ? 2 : 0,
-                                            .decay = gate ? LINSEQ_DECAY_PER_CHANNEL
-                                                          : LINSEQ_DECAY_PER_HEAD,
-                                            .qk_l2norm = gate,
-                                            .beta_is_logit = gate,
-                                            .gate_in_kernel = gate,
-                                            .state_v_first = !gate};
-                    build_and_run(&oc, &p, rules, N_RULES(rules), &r);
-                }
+                for (int backward = 0; backward < n_calls(op); backward++)
+                    kda_case(op, row, flavour, varlen, mode, backward);
 }
 
 /* The standalone gate: elementwise, per (head, channel) unit; the batch is its "sequences". */
 enum { GB = 2, GT = 6, GH = 2, GK = 8 };
 
-static void gate_cases(void)
+static void gate_cases(const ls_op *op, const op_row *row)
 {
     static const unit_rule rules[] = {
         {"g_raw", GH * GK, 1, 1, -3, 3},
@@ -352,14 +390,15 @@ static void gate_cases(void)
         {"g", GH * GK, 1, 1, 0, 0},
     };
     for (int lower = 0; lower < 2; lower++)
-        for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("kda_gate"),
+        for (int backward = 0; backward < n_calls(op); backward++) {
+            op_case oc = {.op = op,
+                          .unused = backward ? row->unused_backward : row->unused_forward,
                           .B = GB,
                           .T = GT,
                           .backward = backward,
                           .elementwise = true};
-            snprintf(oc.name, sizeof oc.name, "kda gate %s %s", lower ? "lower-bound" : "default",
-                     backward ? "backward" : "forward");
+            snprintf(oc.name, sizeof oc.name, "%s %s %s", op->name,
+                     lower ? "lower-bound" : "default", backward ? "backward" : "forward");
             tu_rng r = {2000u + (uint64_t)(lower * 2 + backward)};
             linseq_kda_gate_problem p = {.B = GB,
                                          .T = GT,
@@ -371,25 +410,23 @@ static void gate_cases(void)
         }
 }
 
-/* SSM1: D channels in G groups; B_proj and C_proj belong to every channel of their group. */
+/* SSM1 and its segment summary: D channels in G groups; B_proj and C_proj belong to every
+ * channel of their group. The summary's P and R are states. */
 enum { SD = 8, SN = 4, SG = 2 };
 
-static void ssm1_cases(void)
+static void ssm1_cases(const ls_op *op, const op_row *row)
 {
     static const unit_rule rules[] = {
         {"x", SD, 1, 1, -1, 1},        {"dt", SD, 1, 1, -2, 1},       {"A", SD, SN, 1, -2, -0.1},
         {"B", SG, SN, SD / SG, -1, 1}, {"C", SG, SN, SD / SG, -1, 1}, {"D", SD, 1, 1, -1, 1},
         {"gate", SD, 1, 1, -2, 2},     {"dt_bias", SD, 1, 1, -1, 1},  {"h0", SD, SN, 1, -1, 1},
-        {"y", SD, 1, 1, 0, 0},         {"hT", SD, SN, 1, 0, 0},
+        {"y", SD, 1, 1, 0, 0},         {"hT", SD, SN, 1, 0, 0},       {"P", SD, SN, 1, 0, 0},
+        {"R", SD, SN, 1, 0, 0},
     };
     for (int varlen = 0; varlen < 2; varlen++)
-        for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("ssm1"),
-                          .cu = varlen ? CU : NULL,
-                          .B = varlen ? 1 : 2,
-                          .T = varlen ? 40 : 20,
-                          .backward = backward};
-            snprintf(oc.name, sizeof oc.name, "ssm1 %s %s", varlen ? "varlen" : "batch",
+        for (int backward = 0; backward < n_calls(op); backward++) {
+            op_case oc = case_of(op, row, varlen, backward);
+            snprintf(oc.name, sizeof oc.name, "%s %s %s", op->name, varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {3000u + (uint64_t)(varlen * 2 + backward)};
             linseq_ssm1_problem p = {.B = oc.B,
@@ -407,7 +444,7 @@ static void ssm1_cases(void)
 /* Causal conv1d: one unit per channel. */
 enum { CD = 8, CW = 4 };
 
-static void conv_cases(void)
+static void conv_cases(const ls_op *op, const op_row *row)
 {
     static const unit_rule rules[] = {
         {"x", CD, 1, 1, -1, 1},    {"weight", CD, CW, 1, -1, 1},
@@ -415,13 +452,9 @@ static void conv_cases(void)
         {"y", CD, 1, 1, 0, 0},     {"conv_state_out", CD, CW - 1, 1, 0, 0},
     };
     for (int varlen = 0; varlen < 2; varlen++)
-        for (int backward = 0; backward < 2; backward++) {
-            op_case oc = {.op = ls_op_find("causal_conv1d"),
-                          .cu = varlen ? CU : NULL,
-                          .B = varlen ? 1 : 2,
-                          .T = varlen ? 40 : 20,
-                          .backward = backward};
-            snprintf(oc.name, sizeof oc.name, "conv1d %s %s", varlen ? "varlen" : "batch",
+        for (int backward = 0; backward < n_calls(op); backward++) {
+            op_case oc = case_of(op, row, varlen, backward);
+            snprintf(oc.name, sizeof oc.name, "%s %s %s", op->name, varlen ? "varlen" : "batch",
                      backward ? "backward" : "forward");
             tu_rng r = {4000u + (uint64_t)(varlen * 2 + backward)};
             linseq_conv1d_problem p = {.B = oc.B,
@@ -435,14 +468,38 @@ static void conv_cases(void)
         }
 }
 
+/* Every op of the table, by name. What does not enter a segment summary: linseq.h (q of KDA's;
+ * C_proj, D_skip and the gate of SSM1's). Their backwards, though, pass a NaN or Inf in q or
+ * C on to the other gradients (as 0 * inf would): they are held to the rule of an input that
+ * enters, which they meet. */
+static const op_row rows[] = {
+    {"kda", kda_cases, {NULL}, {NULL}},
+    {"kda_gate", gate_cases, {NULL}, {NULL}},
+    {"ssm1", ssm1_cases, {NULL}, {NULL}},
+    {"causal_conv1d", conv_cases, {NULL}, {NULL}},
+    {"kda_segment", kda_cases, {"q", NULL}, {NULL}},
+    {"ssm1_segment", ssm1_cases, {"C", "D", "gate", NULL}, {"D", "gate", NULL}},
+};
+#define N_ROWS ((int)(sizeof rows / sizeof rows[0]))
+
 int main(void)
 {
     /* a hang is a failure too: the default action of SIGALRM ends the process */
     alarm(600);
-    kda_cases();
-    gate_cases();
-    ssm1_cases();
-    conv_cases();
-    printf("  %d poisoned runs\n", runs);
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        const op_row *row = NULL;
+        for (int k = 0; k < N_ROWS; k++)
+            if (strcmp(rows[k].op, ops[i]->name) == 0) row = &rows[k];
+        CHECK(row != NULL,
+              "op %s has no row in test_nonfinite.c's rows (its problems and the units of its "
+              "tensors): every op of the table needs one",
+              ops[i]->name);
+        if (row) row->cases(ops[i], row);
+    }
+    for (int k = 0; k < N_ROWS; k++)
+        CHECK(ls_op_find(rows[k].op) != NULL, "row %s names no op of the table", rows[k].op);
+    printf("  %d poisoned runs over %d ops\n", runs, n_ops);
     return tu_finish("test_nonfinite");
 }

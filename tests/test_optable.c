@@ -50,9 +50,52 @@ static void check_layouts(const ls_op *op)
 {
     ls_field f[LS_OP_MAX_FIELDS];
     check_tiling(op->problem_type, f, ls_op_fields(op, false, f), op->problem_size);
+    if (!op->backward) { /* a forward-only op has no grads struct (check_offers) */
+        CHECK(ls_op_fields(op, true, f) == 0, "%s: grads fields without a backward", op->name);
+        return;
+    }
     check_tiling(op->grads_type, f, ls_op_fields(op, true, f), op->grads_size);
     CHECK(op->grads_size <= LS_OP_GRADS_BYTES, "%s: %zu bytes, LS_OP_GRADS_BYTES is %zu",
           op->grads_type, op->grads_size, (size_t)LS_OP_GRADS_BYTES);
+}
+
+/* What an op offers hangs together, so that a consumer may test one field for each: a
+ * backward has a grads struct and gradient tensors, and a forward-only op has neither, nor a
+ * training step; a training step is its three calls; decode names its state, an input, and
+ * the output that is that state (which may alias it). */
+static void check_offers(const ls_op *op)
+{
+    const bool bwd = op->backward != NULL;
+    CHECK(bwd == (op->grads_type != NULL) && bwd == (op->grads_size > 0),
+          "%s: backward %s, grads_type %s, grads_size %zu disagree", op->name, bwd ? "set" : "NULL",
+          op->grads_type ? op->grads_type : "NULL", op->grads_size);
+    CHECK(bwd == (ls_op_count(op, LS_ROLE_GRAD) > 0) &&
+              bwd == (ls_op_count(op, LS_ROLE_UPSTREAM) > 0),
+          "%s: backward %s, but %d gradient and %d upstream tensors", op->name,
+          bwd ? "set" : "NULL", ls_op_count(op, LS_ROLE_GRAD), ls_op_count(op, LS_ROLE_UPSTREAM));
+    const bool train = op->forward_train != NULL;
+    CHECK(train == (op->backward_saved != NULL) && train == (op->saved_size != NULL),
+          "%s: a training step needs saved_size, forward_train and backward_saved", op->name);
+    CHECK(bwd || (!train && !op->bench_fwdbwd), "%s: a training step without a backward", op->name);
+    CHECK(ls_op_count(op, LS_ROLE_OUTPUT) >= 1, "%s: no output", op->name);
+    const bool decode = op->decode != NULL;
+    CHECK(decode == (op->decode_state != NULL) && decode == (op->decode_state_out != NULL),
+          "%s: decode needs decode_state and decode_state_out", op->name);
+    if (decode) {
+        const ls_tensor_desc *in = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+        const ls_tensor_desc *out = ls_op_tensor_named(op, LS_ROLE_OUTPUT, op->decode_state_out);
+        CHECK(in && out, "%s: decode's state %s / %s is not an input / an output", op->name,
+              op->decode_state, op->decode_state_out);
+        CHECK(!out || !out->alias_of || strcmp(out->alias_of, op->decode_state) == 0,
+              "%s: decode's state %s aliases %s", op->name, op->decode_state_out, out->alias_of);
+    }
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (!t->alias_of) continue;
+        CHECK(t->role == LS_ROLE_OUTPUT && ls_op_tensor_named(op, LS_ROLE_INPUT, t->alias_of),
+              "%s: %s aliases %s, which is not an input (or %s is no output)", op->name, t->name,
+              t->alias_of, t->name);
+    }
 }
 
 static void check_tensors(const ls_op *op)
@@ -82,6 +125,32 @@ static void check_tensors(const ls_op *op)
 static const cJSON *item(const cJSON *o, const char *key)
 {
     return cJSON_GetObjectItemCaseSensitive(o, key);
+}
+
+/* What the JSON says an op offers (a binding skips what it lacks) and its tensors' flags. */
+static void check_json_offers(const ls_op *op, const cJSON *jop)
+{
+    const cJSON *grads = item(jop, "grads"), *decode = item(jop, "decode");
+    CHECK(cJSON_IsNull(grads) == !op->backward && cJSON_IsBool(item(jop, "backward")) &&
+              cJSON_IsTrue(item(jop, "backward")) == (op->backward != NULL),
+          "%s: JSON backward / grads", op->name);
+    CHECK(cJSON_IsBool(item(jop, "training")) &&
+              cJSON_IsTrue(item(jop, "training")) == (op->forward_train != NULL),
+          "%s: JSON training", op->name);
+    CHECK(cJSON_IsNull(decode) == !op->decode, "%s: JSON decode", op->name);
+    if (op->decode && cJSON_IsObject(decode))
+        CHECK(strcmp(cJSON_GetStringValue(item(decode, "state")), op->decode_state) == 0 &&
+                  strcmp(cJSON_GetStringValue(item(decode, "state_out")), op->decode_state_out) ==
+                      0,
+              "%s: JSON decode state", op->name);
+    for (int t = 0; t < op->n_tensors && t < cJSON_GetArraySize(item(jop, "tensors")); t++) {
+        const cJSON *jt = cJSON_GetArrayItem(item(jop, "tensors"), t);
+        const char *alias = cJSON_GetStringValue(item(jt, "alias_of"));
+        const ls_tensor_desc *d = &op->tensors[t];
+        CHECK(cJSON_IsTrue(item(jt, "token")) == d->token &&
+                  (alias && d->alias_of ? strcmp(alias, d->alias_of) == 0 : !alias == !d->alias_of),
+              "%s.%s: JSON token / alias_of", op->name, d->name);
+    }
 }
 
 /* The JSON a binding reads names the same fields at the same offsets. */
@@ -116,6 +185,7 @@ static void check_json(void)
         }
         CHECK(cJSON_GetArraySize(item(jop, "tensors")) == ops[i]->n_tensors, "%s tensors",
               ops[i]->name);
+        check_json_offers(ops[i], jop);
     }
     cJSON_Delete(root);
 }
@@ -157,15 +227,36 @@ static void check_struct_inside_output(const ls_op *op, const void *problem, flo
 /* Realistic inputs at the benchmark's options and small sizes, through the table's calls:
  * every output and gradient the table declares is written (each is NaN before the call and
  * finite after), so no argument of an adapter is dropped or swapped with an absent one. */
-static void check_calls(const ls_op *op)
+enum { PROBLEM_BYTES = 512 };
+
+/* The benchmark's options at small sizes: the problem every call below runs. */
+static void small_problem(const ls_op *op, void *problem)
 {
-    _Alignas(max_align_t) unsigned char problem[512] = {0};
-    CHECK(op->problem_size <= sizeof problem, "%s: problem struct too large", op->name);
+    CHECK(op->problem_size <= PROBLEM_BYTES, "%s: problem struct too large", op->name);
     for (int i = 0; i < op->n_sizes; i++) {
         const int64_t d = op->sizes[i].bench_default;
         ls_size_set(&op->sizes[i], problem, d > 64 ? 8 + d % 23 : d);
     }
     op->bench_options(problem);
+}
+
+/* An output that may be its input's buffer has that input's shape. */
+static void check_alias_shape(const ls_op *op, const void *problem, const ls_tensor_desc *t)
+{
+    const ls_tensor_desc *in =
+        t->alias_of ? ls_op_tensor_named(op, LS_ROLE_INPUT, t->alias_of) : NULL;
+    if (!in) return;
+    int64_t a[LS_OP_MAX_DIMS], b[LS_OP_MAX_DIMS];
+    const int na = t->shape(problem, a), nb = in->shape(problem, b);
+    bool same = na == nb;
+    for (int d = 0; same && d < na; d++) same = a[d] == b[d];
+    CHECK(same, "%s: %s may be %s's buffer but has another shape", op->name, t->name, in->name);
+}
+
+static void check_calls(const ls_op *op)
+{
+    _Alignas(max_align_t) unsigned char problem[PROBLEM_BYTES] = {0};
+    small_problem(op, problem);
     float *bufs[LS_OP_MAX_TENSORS] = {0};
     float *out[LS_OP_MAX_OUT] = {0}, *up[LS_OP_MAX_OUT] = {0}, *grads[LS_OP_MAX_GRADS] = {0};
     int64_t count[LS_OP_MAX_TENSORS] = {0};
@@ -180,6 +271,7 @@ static void check_calls(const ls_op *op)
         bool same = pub_nd == nd;
         for (int d = 0; same && d < nd; d++) same = pub[d] == dims[d];
         CHECK(same, "%s.%s: linseq_op_tensor_shape disagrees with the table", op->name, t->name);
+        check_alias_shape(op, problem, t);
         const bool present = nd > 0 && (t->role != LS_ROLE_INPUT || t->required || t->bench);
         bufs[i] = present ? tu_alloc((size_t)count[i]) : NULL;
         const bool written = t->role == LS_ROLE_OUTPUT || t->role == LS_ROLE_GRAD;
@@ -192,7 +284,12 @@ static void check_calls(const ls_op *op)
     }
     const linseq_exec ex = {.threads = 1};
     CHECK_OK(op->forward(problem, &ex, out));
-    CHECK_OK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads));
+    if (op->backward)
+        CHECK_OK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads));
+    else
+        CHECK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads) ==
+                  LINSEQ_ERR_UNSUPPORTED,
+              "%s: forward-only, but ls_op_backward does not refuse", op->name);
     check_struct_inside_output(op, problem, out[0], ls_op_tensor(op, LS_ROLE_OUTPUT, 0), out, up,
                                grads, false);
     check_struct_inside_output(op, problem, grads[0], ls_op_tensor(op, LS_ROLE_GRAD, 0), out, up,
@@ -205,6 +302,69 @@ static void check_calls(const ls_op *op)
               t->name);
         free(bufs[i]);
     }
+}
+
+/* Realistic values for an input of the problem that exists and that a benchmark passes, set
+ * into the problem; NULL (and unset) otherwise. The caller frees it. */
+static float *given_input(const ls_tensor_desc *t, void *problem, uint64_t seed)
+{
+    int64_t dims[LS_OP_MAX_DIMS], n = 0;
+    const int nd = t->shape(problem, dims);
+    if (!nd || !(t->required || t->bench) || !ls_tensor_count(t, problem, &n)) return NULL;
+    float *x = tu_alloc((size_t)n);
+    ls_op_fill(t, x, n, dims, nd, seed);
+    ls_tensor_set(t, problem, x);
+    return x;
+}
+
+static bool all_finite(const float *x, int64_t n)
+{
+    for (int64_t k = 0; k < n; k++)
+        if (!isfinite(x[k])) return false;
+    return true;
+}
+
+/* One decode step through the table: B requests on rows 0 .. B-1 of a pool shaped like the
+ * decode state (rows NULL); every output but the state is written, and the pool stays finite. */
+static void check_decode(const ls_op *op)
+{
+    if (!op->decode) return;
+    _Alignas(max_align_t) unsigned char problem[PROBLEM_BYTES] = {0};
+    small_problem(op, problem);
+    const ls_size_desc *T = NULL;
+    for (int i = 0; i < op->n_sizes; i++)
+        if (strcmp(op->sizes[i].name, "T") == 0) T = &op->sizes[i];
+    CHECK(T != NULL, "%s: decode, but no size T to set to 1", op->name);
+    if (T) ls_size_set(T, problem, 1);
+    const ls_tensor_desc *state = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t dims[LS_OP_MAX_DIMS], n_pool = 0, n_rows = 0, count[LS_OP_MAX_TENSORS] = {0};
+    const int nd = state ? state->shape(problem, dims) : 0;
+    CHECK(nd > 0 && ls_tensor_count(state, problem, &n_pool), "%s: decode state", op->name);
+    for (int i = 0; i < op->n_sizes; i++)
+        if (strcmp(op->sizes[i].name, "B") == 0) n_rows = ls_size_get(&op->sizes[i], problem);
+    float *bufs[LS_OP_MAX_TENSORS] = {0}, *out[LS_OP_MAX_OUT] = {0};
+    float *pool = tu_alloc((size_t)n_pool);
+    if (nd > 0) ls_op_fill(state, pool, n_pool, dims, nd, 77);
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        if (t->role == LS_ROLE_INPUT && t != state)
+            bufs[i] = given_input(t, problem, 2000u + (uint64_t)i);
+        if (t->role != LS_ROLE_OUTPUT || strcmp(t->name, op->decode_state_out) == 0 ||
+            !ls_tensor_count(t, problem, &count[i]) || count[i] == 0)
+            continue;
+        bufs[i] = out[t->offset] = tu_alloc((size_t)count[i]);
+        for (int64_t k = 0; k < count[i]; k++) bufs[i][k] = NAN;
+    }
+    const linseq_exec ex = {.threads = 1};
+    CHECK_OK(op->decode(problem, &ex, pool, n_rows, NULL, out));
+    for (int i = 0; i < op->n_tensors; i++) {
+        if (op->tensors[i].role == LS_ROLE_OUTPUT)
+            CHECK(!bufs[i] || all_finite(bufs[i], count[i]), "%s decode: %s not written", op->name,
+                  op->tensors[i].name);
+        free(bufs[i]);
+    }
+    CHECK(all_finite(pool, n_pool), "%s decode: the state pool is not finite", op->name);
+    free(pool);
 }
 
 /* Every size at the ends of its range: each shape function and ls_tensor_count must answer
@@ -238,6 +398,41 @@ static void check_extreme_sizes(const ls_op *op)
     free(problem);
 }
 
+static void check_op(const ls_op *op)
+{
+    check_layouts(op);
+    check_offers(op);
+    check_tensors(op);
+    check_calls(op);
+    check_decode(op);
+    check_extreme_sizes(op);
+}
+
+/* A forward-only op with a decode step, as the table may hold: SSM1 without its backward, its
+ * gradient tensors or its training step. The checks above must take it as they take every op
+ * (until the table holds such an op, this is what runs their forward-only branches). */
+static void check_forward_only_twin(void)
+{
+    const ls_op *ssm1 = ls_op_find("ssm1");
+    CHECK(ssm1 && ssm1->decode, "no SSM1 with a decode step to make the twin of");
+    if (!ssm1 || !ssm1->decode) return;
+    static ls_tensor_desc tensors[LS_OP_MAX_TENSORS];
+    ls_op twin = *ssm1;
+    twin.n_tensors = 0;
+    for (int i = 0; i < ssm1->n_tensors; i++)
+        if (ssm1->tensors[i].role == LS_ROLE_INPUT || ssm1->tensors[i].role == LS_ROLE_OUTPUT)
+            tensors[twin.n_tensors++] = ssm1->tensors[i];
+    twin.tensors = tensors;
+    twin.backward = NULL;
+    twin.grads_type = NULL;
+    twin.grads_size = 0;
+    twin.saved_size = NULL;
+    twin.forward_train = NULL;
+    twin.backward_saved = NULL;
+    twin.bench_fwdbwd = false;
+    check_op(&twin);
+}
+
 int main(void)
 {
     int n_ops, n_exec;
@@ -245,12 +440,10 @@ int main(void)
     const ls_field *ef = ls_exec_fields(&n_exec);
     check_tiling("linseq_exec", ef, n_exec, sizeof(linseq_exec));
     for (int i = 0; i < n_ops; i++) {
-        check_layouts(ops[i]);
-        check_tensors(ops[i]);
-        check_calls(ops[i]);
-        check_extreme_sizes(ops[i]);
+        check_op(ops[i]);
         CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);
     }
+    check_forward_only_twin();
     check_json();
     int64_t dims[LINSEQ_OP_MAX_DIMS];
     linseq_kda_problem kp = {.B = 1, .T = 1, .H = 1, .K = 1, .V = 1};

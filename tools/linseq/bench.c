@@ -27,25 +27,17 @@
 #include "simd/isa.h"
 #include "simd/peak.h"
 
-const char ls_bench_usage[] =
+/* The bench part of `linseq --help`: the fixed text around the op commands, which
+ * ls_bench_usage lists from the op table. */
+static const char usage_head[] =
     "bench:\n"
     "  linseq bench OP [shape] [--threads N] [--repeats N] [--warmup N] [--json]\n"
     "               [--no-peak] [--mib N]\n"
-    "      time one op at one shape; OP is one of\n"
-    "        kda          KDA forward (o and the final state)  --B --T --H --K --V --mode\n"
-    "                                                          --chunk-size --decay\n"
-    "        kda-fwdbwd   KDA forward then backward            same options as kda\n"
-    "        kda-decode   linseq_kda_decode, 1 token for B requests  --B --H --K --V --decay\n"
-    "        gate         KDA gate forward                     --B --T --H --K --decay\n"
-    "        ssm1         Mamba1 scan forward (y, final state) --B --T --D --N\n"
-    "        ssm1-fwdbwd  SSM1 forward then backward           --B --T --D --N\n"
-    "        ssm1-decode  SSM1 T=1 forward, state in place     --B --D --N\n"
-    "        conv         causal conv1d forward, bias + silu   --B --T --D --W\n"
-    "        kda_segment  KDA segment summary (P, R)           same options as kda\n"
-    "        ssm1_segment SSM1 segment summary (P, R)          --B --T --D --N\n"
-    "                     (and -fwdbwd of each: forward then backward)\n"
-    "      defaults: B=1 T=2048; H=16 K=V=128, chunked, chunk 64, per-channel decay (KDA);\n"
-    "      D=1536 N=16 (ssm1); D=4096 W=4 (conv)\n"
+    "      time one op at one shape; OP is an op of the table as its forward, and its\n"
+    "      training step (-fwdbwd: forward, then backward) and decode step (-decode: one\n"
+    "      token for each of B requests, their states in place) where it has them:\n";
+
+static const char usage_tail[] =
     "  linseq bench peak [--threads N] [--repeats N] [--mib N] [--json]\n"
     "      fp32 FMA GFLOP/s on 1 thread and on N (default all processors), and the triad\n"
     "      bandwidth (a = b + s c over 3 arrays of --mib MiB) on both\n"
@@ -53,10 +45,10 @@ const char ls_bench_usage[] =
     "      the standard shapes (docs/performance.md) in one table\n"
     "\n"
     "bench options:\n"
-    "  --B --T --H --K --V --D --N --W  sizes (>= 1; kda-decode and ssm1-decode run T=1)\n"
+    "  --B --T --H ...  the op's sizes (>= 1; a decode step runs T=1)\n"
     "  --mode recurrent|chunked, --chunk-size 16|32|64|128, --decay channel|head\n"
     "  --dtype f32|bf16  the per-token tensors' type (default f32); bf16 where the op takes\n"
-    "                 it on the CPU (kda, kda-decode); bytes count 2 per bf16 element\n"
+    "                 it on the CPU (the others refuse it); bytes count 2 per bf16 element\n"
     "  --threads N    threads per call (default: all processors)\n"
     "  --repeats N    timed calls (default: enough for about 1 s, at least 10);\n"
     "                 for peak: trials per figure, the best kept (default 5)\n"
@@ -285,16 +277,11 @@ static void *buffer(job *j, double n_bytes)
     return x;
 }
 
-/* The per-token tensors, whose type exec->dtype sets (linseq.h): those shaped [B,T,...]. */
-static bool per_token(const ls_tensor_desc *t)
-{
-    return t->dims && strncmp(t->dims, "[B,T", 4) == 0; /* decode's pool has no dims text */
-}
-
-/* Bytes per element of t in the job. */
+/* Bytes per element of t in the job: exec->dtype sets the type of the table's per-token
+ * tensors (linseq.h); the others, decode's pool of states too, are float32. */
 static double element_bytes(const job *j, const ls_tensor_desc *t)
 {
-    return j->s.dtype == LINSEQ_DTYPE_BF16 && per_token(t) ? 2.0 : 4.0;
+    return j->s.dtype == LINSEQ_DTYPE_BF16 && t->token ? 2.0 : 4.0;
 }
 
 /* x rounded to the nearest bf16 (ties to even; NaN stays NaN). */
@@ -1367,6 +1354,88 @@ static int cmd_suite(const settings *set)
     return LS_EXIT_OK;
 }
 
+/* ---------------------------------------------------------------------------------- */
+/* Usage                                                                              */
+/* ---------------------------------------------------------------------------------- */
+
+#define USAGE_WIDTH 92 /* columns of a usage line */
+
+/* Writes word after *col columns of the current line, wrapping to column `indent`. */
+static void usage_word(FILE *f, int *col, int indent, const char *word)
+{
+    const int len = (int)strlen(word);
+    if (*col > indent && *col + 1 + len > USAGE_WIDTH) {
+        *col = fprintf(f, "\n%*s", indent, "") - 1;
+    } else if (*col > indent) {
+        *col += fprintf(f, " ");
+    }
+    *col += fprintf(f, "%s", word);
+}
+
+/* "gate (kda_gate)": the command, and its op where the names differ. */
+static void usage_name(const command *c, char *buf, size_t n)
+{
+    const char *base = c->op->bench_name ? c->op->bench_name : c->op->name;
+    if (strcmp(base, c->op->name) != 0)
+        snprintf(buf, n, "%s (%s)", c->name, c->op->name);
+    else
+        snprintf(buf, n, "%s", c->name);
+}
+
+/* "  kda-decode        --B --H --K --V --decay --cold": the options that apply to the
+ * command, as option_applies decides; `width`: the widest name's columns. */
+static void usage_command(FILE *f, const command *c, int width)
+{
+    char name[96], flag[64];
+    usage_name(c, name, sizeof name);
+    int col = fprintf(f, "        %-*s ", width, name);
+    const int indent = col;
+    for (int k = 0; k < c->op->n_sizes; k++) {
+        snprintf(flag, sizeof flag, "--%s", c->op->sizes[k].name);
+        if (bench_size(c, k)) usage_word(f, &col, indent, flag);
+    }
+    if (c->op->has_modes && c->kind != RUN_DECODE) {
+        usage_word(f, &col, indent, "--mode");
+        usage_word(f, &col, indent, "--chunk-size");
+    }
+    if (decay_option(c->op)) usage_word(f, &col, indent, "--decay");
+    if (c->kind == RUN_DECODE) usage_word(f, &col, indent, "--cold");
+    fputc('\n', f);
+}
+
+/* "  kda        B=1 T=2048 H=16 K=128 V=128, chunked, chunk 64, per-channel decay" */
+static void usage_defaults(FILE *f, const command *c, int width)
+{
+    const spec s = default_spec(c);
+    char name[96], shape[256], mode[32] = "", decay[48] = "";
+    void *p = calloc(1, c->op->problem_size);
+    if (!p) return;
+    spec_problem(&s, p);
+    usage_name(c, name, sizeof name);
+    shape_text(&s, shape, sizeof shape);
+    if (has_modes(&s)) snprintf(mode, sizeof mode, ", chunked, chunk %d", s.chunk);
+    if (decay_text(&s, p)) snprintf(decay, sizeof decay, ", per-%s decay", decay_text(&s, p));
+    fprintf(f, "        %-*s %s%s%s\n", width, name, shape, mode, decay);
+    free(p);
+}
+
+void ls_bench_usage(FILE *f)
+{
+    int n, width = 0;
+    const command *c = commands(&n);
+    for (int i = 0; i < n; i++) {
+        char name[96];
+        usage_name(&c[i], name, sizeof name);
+        if ((int)strlen(name) > width) width = (int)strlen(name);
+    }
+    fputs(usage_head, f);
+    for (int i = 0; i < n; i++) usage_command(f, &c[i], width + 1);
+    fputs("      defaults (the benchmark's, from the op table):\n", f);
+    for (int i = 0; i < n; i++)
+        if (c[i].kind == RUN_FORWARD) usage_defaults(f, &c[i], width + 1);
+    fputs(usage_tail, f);
+}
+
 /* "kda, kda-fwdbwd, ..., conv, peak or suite" */
 static void command_list(char *buf, size_t n)
 {
@@ -1385,7 +1454,7 @@ int cmd_bench(int argc, char **argv)
     command_list(list, sizeof list);
     if (argc < 3) return usage_fail("needs an op: %s", list);
     if (strcmp(argv[2], "--help") == 0 || strcmp(argv[2], "-h") == 0) {
-        fputs(ls_bench_usage, stdout);
+        ls_bench_usage(stdout);
         return LS_EXIT_OK;
     }
     const command *cmd = find_command(argv[2]);
@@ -1399,7 +1468,7 @@ int cmd_bench(int argc, char **argv)
     settings set = {.threads = 0, .repeats = 0, .warmup = -1, .mib = 256};
     const int parsed = parse_options(argc - 3, argv + 3, argv[2], target, &s, &set);
     if (parsed == PARSED_HELP) {
-        fputs(ls_bench_usage, stdout);
+        ls_bench_usage(stdout);
         return LS_EXIT_OK;
     }
     if (parsed != LS_EXIT_OK) return parsed;

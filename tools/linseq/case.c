@@ -73,15 +73,24 @@ char *case_path(const char *dir, const char *name, const char *ext)
     return p;
 }
 
+void case_mode_text(const linseq_exec *exec, char *buf, size_t n)
+{
+    const linseq_exec ex = exec ? *exec : (linseq_exec){0};
+    if (ex.mode == LINSEQ_MODE_RECURRENT)
+        snprintf(buf, n, "recurrent");
+    else
+        snprintf(buf, n, "chunked, chunk %d", ex.chunk_size ? ex.chunk_size : 64);
+}
+
 void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n)
 {
     linseq_exec ex = exec ? *exec : (linseq_exec){0};
     int threads = ex.threads > 0 ? ex.threads : linseq_get_num_threads();
     char mode[48] = "";
-    if (with_mode && ex.mode == LINSEQ_MODE_RECURRENT)
-        snprintf(mode, sizeof mode, "recurrent, ");
-    else if (with_mode)
-        snprintf(mode, sizeof mode, "chunked, chunk %d, ", ex.chunk_size ? ex.chunk_size : 64);
+    if (with_mode) {
+        case_mode_text(exec, mode, sizeof mode - 2);
+        strcat(mode, ", ");
+    }
     if (ex.device == LINSEQ_DEVICE_CUDA)
         snprintf(buf, n, "%sCUDA device %d", mode, ex.device_index);
     else
@@ -323,24 +332,27 @@ static bool declare_grad(loader *L, int slot, const char *name, const char *dims
 }
 
 /* After the op's setup: the upstream gradients, with the shapes of their outputs. The
- * backward cannot run without the first one's, so it is required with "grads". */
+ * backward cannot run without those the table marks required, so they are with "grads". */
 static bool load_upstream(loader *L)
 {
     ls_case *c = L->c;
     bool need = L->grads && cJSON_GetArraySize(L->grads) > 0;
-    for (int i = 0; ls_op_tensor(c->op, LS_ROLE_UPSTREAM, i) && i < 2; i++) {
+    for (int i = 0; ls_op_tensor(c->op, LS_ROLE_UPSTREAM, i); i++) {
         const ls_tensor_desc *t = ls_op_tensor(c->op, LS_ROLE_UPSTREAM, i);
         int64_t dims[LS_OP_MAX_DIMS];
         const int ndim = t->shape(c->problem, dims);
-        if (i == 0 && need && list_index(L->read[LIST_UPSTREAM], t->name) < 0)
+        if ((size_t)t->offset >= CASE_MAX_TENSORS)
+            return meta_fail(L, "op %s has more upstream gradients than the loader holds",
+                             c->op_name);
+        if (t->required && need && list_index(L->read[LIST_UPSTREAM], t->name) < 0)
             return meta_fail(L,
                              "\"grads\" is not empty but \"upstream_grads\" lacks \"%s\", "
                              "the gradient of %s that the backward needs",
                              t->name, t->grad_of);
         char dims_text[64];
         snprintf(dims_text, sizeof dims_text, "%s's shape %s", t->grad_of, t->dims);
-        if (ndim &&
-            !listed_f32(L, LIST_UPSTREAM, t->name, false, dims_text, ndim, dims, &c->upstream[i]))
+        if (ndim && !listed_f32(L, LIST_UPSTREAM, t->name, false, dims_text, ndim, dims,
+                                &c->upstream[t->offset]))
             return false;
     }
     return true;
@@ -354,7 +366,11 @@ static bool finish_lists(loader *L)
     for (int list = 0; list < N_READ_LISTS; list++) {
         int i = 0;
         cJSON_ArrayForEach(a, L->read[list]) {
-            if (!L->used[list][i++])
+            const bool used = L->used[list][i++];
+            if (!used && list == LIST_UPSTREAM && !c->op->backward)
+                return meta_fail(L, "\"%s\" lists \"%s\", but op %s is forward-only",
+                                 list_key[list], a->valuestring, c->op_name);
+            if (!used)
                 return meta_fail(L,
                                  "\"%s\" lists \"%s\", which op %s does not take with these "
                                  "options",
@@ -372,6 +388,9 @@ static bool finish_lists(loader *L)
     cJSON_ArrayForEach(a, L->grads) {
         int k = 0;
         while (k < c->n_computable && strcmp(c->computable[k].name, a->valuestring) != 0) k++;
+        if (k == c->n_computable && !c->op->backward)
+            return meta_fail(L, "\"grads\" lists \"%s\", but op %s is forward-only", a->valuestring,
+                             c->op_name);
         if (k == c->n_computable)
             return meta_fail(L,
                              "\"grads\" lists \"%s\", which op %s does not compute with "
@@ -518,9 +537,26 @@ static linseq_status call_backward(const ls_case *c, const linseq_exec *exec, fl
 
 bool case_has_mode(const ls_case *c) { return c->op->has_modes; }
 
+const char *case_ops_with_mode(void)
+{
+    static char names[512];
+    int n, n_modes = 0, seen = 0;
+    const ls_op *const *ops = ls_ops(&n);
+    for (int i = 0; i < n; i++) n_modes += ops[i]->has_modes;
+    if (!names[0])
+        for (int i = 0; i < n; i++)
+            if (ops[i]->has_modes)
+                snprintf(names + strlen(names), sizeof names - strlen(names), "%s%s",
+                         seen++ == 0      ? ""
+                         : seen < n_modes ? ", "
+                                          : " and ",
+                         ops[i]->name);
+    return names;
+}
+
 static const char *op_names(void)
 {
-    static char names[256];
+    static char names[1024];
     int n;
     const ls_op *const *ops = ls_ops(&n);
     if (!names[0])

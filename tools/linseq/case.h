@@ -46,10 +46,10 @@ typedef struct ls_case {
     case_output produced[CASE_MAX_TENSORS];
     int n_outputs; /* meta.json "outputs", in its order: indices into produced[] */
     int outputs[CASE_MAX_TENSORS];
-    /* The gradients of the op's outputs, from meta.json "upstream_grads": [0] of the
-     * first output (d_o, d_g, d_y), [1] of the state (d_ht, d_hT, d_conv_state_out); NULL
-     * when not given. [0] is always given when "grads" lists anything. */
-    const float *upstream[2];
+    /* The gradients of the op's outputs, from meta.json "upstream_grads", by the backward's
+     * argument (the table's upstream tensors in order: d_o then d_ht, ...); NULL when not
+     * given. Those the table marks required are given when "grads" lists anything. */
+    const float *upstream[CASE_MAX_TENSORS];
     int n_computable; /* every gradient the backward computes with these options */
     case_output computable[CASE_MAX_TENSORS];
     int n_grads; /* meta.json "grads", in its order: indices into computable[] */
@@ -100,6 +100,11 @@ bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_
 /* What an exec resolves to, for messages: "chunked, chunk 64, 2 threads", or only
  * "2 threads" when the mode does not apply (with_mode false). */
 void case_exec_text(const linseq_exec *exec, bool with_mode, char *buf, size_t n);
+/* Its mode alone: "recurrent" or "chunked, chunk 64". */
+void case_mode_text(const linseq_exec *exec, char *buf, size_t n);
+/* The ops of the table whose cases the mode and chunk size apply to: "kda and kda_segment";
+ * "" when none. */
+const char *case_ops_with_mode(void);
 
 /* Whether the exec's mode and chunk size mean anything to the case's op (KDA). */
 bool case_has_mode(const ls_case *c);

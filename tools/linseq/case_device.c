@@ -71,7 +71,7 @@ linseq_status case_call_on_device(const ls_case *c, case_call fn, const linseq_e
         const void *cu = moved(&m, ls_op_cu_seqlens(c->op, dc.problem));
         memcpy((char *)dc.problem + c->op->cu_seqlens_offset, &cu, sizeof cu);
     }
-    MOVE(dc.upstream[0]), MOVE(dc.upstream[1]);
+    for (int i = 0; i < CASE_MAX_TENSORS; i++) MOVE(dc.upstream[i]);
     for (int i = 0; i < n; i++) {
         if (!bufs[i]) continue;
         DEV_TRY(cudaMalloc((void **)&dbufs[i], counts[i] ? counts[i] * 4 : 1));

@@ -4,6 +4,7 @@
 #define LS_TOOLS_COMMANDS_H
 
 #include <stdbool.h>
+#include <stdio.h>
 
 #include "linseq.h"
 
@@ -22,12 +23,11 @@ int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_o
 /* linseq demo: a KDA layer and a Mamba block at realistic sizes, timed and cross-checked. */
 int cmd_demo(const linseq_exec *exec);
 
-/* linseq bench OP|peak|suite [options]: argv is main's, whole (argv[1] is "bench"), because
- * bench may exec itself again with the same arguments (see ls_bench_usage). Parses its own
- * options. */
+/* linseq bench OP|peak|suite [options]: argv is main's, whole (argv[1] is "bench"). Parses
+ * its own options. */
 int cmd_bench(int argc, char **argv);
 
-/* The bench part of `linseq --help`. */
-extern const char ls_bench_usage[];
+/* The bench part of `linseq --help`, its op commands listed from the op table. */
+void ls_bench_usage(FILE *f);
 
 #endif

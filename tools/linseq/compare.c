@@ -308,9 +308,15 @@ static bool list_cases(const char *dir, char ***out, int *n_out, char *err, size
 int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_only)
 {
     tally t = {0};
-    char how[96];
-    case_exec_text(exec, true, how, sizeof how);
-    printf("linseq check (KDA %s%s)\n", how, fwd_only ? "; forward only" : "");
+    char threads[96], mode[48];
+    case_exec_text(exec, false, threads, sizeof threads);
+    case_mode_text(exec, mode, sizeof mode);
+    /* the mode and chunk size apply to the ops the table gives modes (KDA's), no other */
+    if (case_ops_with_mode()[0])
+        printf("linseq check (%s; %s for %s%s)\n", threads, mode, case_ops_with_mode(),
+               fwd_only ? "; forward only" : "");
+    else
+        printf("linseq check (%s%s)\n", threads, fwd_only ? "; forward only" : "");
     for (int i = 0; i < n_dirs; i++) {
         if (is_case_dir(dirs[i])) {
             check_case(dirs[i], exec, fwd_only, &t);

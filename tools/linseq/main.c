@@ -44,7 +44,7 @@ static const char usage_tail[] =
 static void print_usage(FILE *f)
 {
     fputs(usage_text, f);
-    fputs(ls_bench_usage, f);
+    ls_bench_usage(f);
     fputs(usage_tail, f);
 }
 
