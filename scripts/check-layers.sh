@@ -12,6 +12,7 @@ allowed() { # folder -> the folders its sources may include from
     simd) echo "core simd" ;;
     kda) echo "core simd optable kda cuda/cuda_entry.h" ;;
     ssm) echo "core simd optable ssm cuda/cuda_entry.h" ;;
+    ema) echo "core simd optable ema" ;;
     optable) echo "core optable" ;;
     cuda) echo "core cuda" ;;
     *) echo "" ;;

@@ -195,7 +195,7 @@ typedef struct ls_op {
 
 /* The descriptions, for the entry points that validate through them (check.h). */
 extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kda_segment,
-    ls_op_ssm1_segment;
+    ls_op_ssm1_segment, ls_op_ema;
 
 /* Every op, in a fixed order; *count receives their number. */
 const ls_op *const *ls_ops(int *count);
