@@ -107,7 +107,19 @@ def causal_conv1d(rng, c):
     return x
 
 
-DRAW = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d}
+def ema(rng, c):
+    """a in [0, 1] with both ends present (D >= 2), as the op allows."""
+    B, T, D = (c[n] for n in 'BTD')
+    a = rng.uniform(0, 1, (D,))
+    a[0], a[-1] = 0.0, 1.0
+    x = {'x': rng.standard_normal((B, T, D)), 'a': a}
+    if c.get('has_h0'):
+        x['h0'] = rng.standard_normal((B, D))
+    return x
+
+
+DRAW = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d,
+        'ema': ema}
 
 
 def inputs(c, rng):

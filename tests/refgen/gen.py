@@ -47,6 +47,8 @@ def options_meta(c, arrays):
                  has_dht=bool(c['d_state']), g_style=c.get('g_style', 'rand'))
     elif op == 'kda_gate':
         m.update(decay=c['decay'], lower_bound=c.get('lower_bound'))
+    elif op == 'ema':
+        m.update(has_h0='h0' in arrays)
     elif op == 'ssm1':
         m.update(dt_softplus=bool(c.get('dt_softplus')), gate_activation=c['gate_activation'],
                  has_gate='gate' in arrays, has_h0='h0' in arrays, has_dhT=bool(c['d_state']),
@@ -68,10 +70,11 @@ def build(c):
     arrays = draw.inputs(c, rng)
     outputs, values = reference.forward(c, arrays)
     out_names = reference.OUTPUTS[c['op']]
-    up_names = ['d_' + n for n in out_names[:1 + bool(c.get('d_state'))]]
+    up_names = ([] if c['op'] in reference.FORWARD_ONLY else
+                ['d_' + n for n in out_names[:1 + bool(c.get('d_state'))]])
     upstream = {u: draw.f32(rng.standard_normal(outputs[u[2:]].shape)) for u in up_names}
     names = reference.grad_names(c, arrays)
-    grads = grad(reference.loss_of(outputs, upstream), [values[n] for n in names])
+    grads = grad(reference.loss_of(outputs, upstream), [values[n] for n in names]) if names else []
     files = dict(arrays, **upstream)
     files.update({n: outputs[n].data for n in out_names})
     files.update({'d' + n: g for n, g in zip(names, grads)})

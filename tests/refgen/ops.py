@@ -146,4 +146,19 @@ def causal_conv1d(x, m):
     return {'y': y, 'conv_state_out': stack(finals)}
 
 
-OPS = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d}
+def ema(x, m):
+    """Per channel: s = a s + (1 - a) x_t, y_t = s, from s = h0 (zeros when absent)."""
+    B, T = m['B'], m['T']
+    ys, finals = [], []
+    for b in range(B):
+        s, rows = x['h0'][b], []
+        for t in range(T):
+            s = x['a'] * s + (1.0 - x['a']) * x['x'][b, t]
+            rows.append(s)
+        ys.append(stack(rows))
+        finals.append(s)
+    return {'y': stack(ys), 'hT': stack(finals)}
+
+
+OPS = {'kda': kda, 'kda_gate': kda_gate, 'ssm1': ssm1, 'causal_conv1d': causal_conv1d,
+       'ema': ema}

@@ -22,17 +22,23 @@ def _optional_zeros(c):
     if op == 'ssm1':
         rows = len(c['cu']) - 1 if 'cu' in c else c['B']
         return {'h0': (rows, c['D'], c['N']), 'D': (c['D'],), 'dt_bias': (c['D'],)}
+    if op == 'ema':
+        return {'h0': (c['B'], c['D'])}
     rows = len(c['cu']) - 1 if 'cu' in c else c['B']
     return {'bias': (c['D'],), 'conv_state': (rows, c['D'], c['W'] - 1)}
 
 
 OUTPUTS = {'kda': ['o', 'ht'], 'kda_gate': ['g'], 'ssm1': ['y', 'hT'],
-           'causal_conv1d': ['y', 'conv_state_out']}
+           'causal_conv1d': ['y', 'conv_state_out'], 'ema': ['y', 'hT']}
+# Ops without a backward: their cases have no upstream gradients and no gradients.
+FORWARD_ONLY = {'ema'}
 
 
 def grad_names(c, inputs):
     """The gradient files of the case: those the options make computable, as 'd' + input."""
     op = c['op']
+    if op in FORWARD_ONLY:
+        return []
     if op == 'kda':
         names = ['q', 'k', 'v', 'beta'] + (['g'] if (c.get('decay') or 'none') != 'none' else [])
         names += ['h0'] if 'h0' in inputs or c.get('dstate_at_zero') else []
