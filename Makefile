@@ -96,7 +96,8 @@ deps:
 	  { echo "cJSON (cjson/cJSON.h) is missing: the CLI needs it." \
 	    "Install the build's dependencies with: sh scripts/install-deps.sh" >&2; exit 1; }
 
-$(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h)
+$(BUILD)/obj/%.o: %.c include/linseq.h $(wildcard src/*/*.h) $(wildcard tools/linseq/*.h) $(wildcard tests/*.h) \
+                 $(wildcard fuzz/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 

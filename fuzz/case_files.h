@@ -3,8 +3,8 @@
  * the order never changes: a name is appended, never inserted, and fuzz/make_seeds.py reads
  * this list to write its seeds. Tags past the list wrap onto its first FZ_CASE_CORPUS_FILES
  * names, as every tag did when the corpus was made; appending names changes only tags
- * FZ_CASE_CORPUS_FILES .. (count - 1), which no committed input used when the last three
- * names were appended.
+ * FZ_CASE_CORPUS_FILES .. (count - 1), which no committed input used when the names after
+ * "o" were appended.
  *
  * Every file a case of an op of the table can read (its inputs and upstream gradients, and
  * cu_seqlens) must be here, or the fuzzer could never write it: tests/test_op_coverage.c
@@ -20,7 +20,9 @@ static const char *const fz_case_files[] = {
     "g_raw", "d_g", "x", "dt", "A", "B", "C", "D", "gate", "d_y", "d_hT", "weight", "bias",
     "conv_state", "ht", "o",
     /* appended: the upstream gradients of the conv's state and of the segment summaries */
-    "d_conv_state_out", "d_P", "d_R"};
+    "d_conv_state_out", "d_P", "d_R",
+    /* appended: the EMA's decay */
+    "a"};
 
 #define FZ_CASE_FILES (sizeof fz_case_files / sizeof fz_case_files[0])
 #define FZ_CASE_CORPUS_FILES 28 /* the list when fuzz/corpus/case was made */

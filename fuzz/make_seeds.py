@@ -280,6 +280,12 @@ def main():
         shape_rec('gate', 2, 3, 4), shape_rec('dt_bias', 4), shape_rec('d_P', 2, 4, 2),
         shape_rec('d_R', 2, 4, 2)))
 
+    # the EMA (forward-only, a decode step): every input, no upstream gradients
+    ema_meta = {'op': 'ema', 'B': 2, 'T': 3, 'D': 4, 'inputs': ['x', 'a', 'h0'],
+                'upstream_grads': [], 'outputs': ['y', 'hT'], 'grads': []}
+    write('case', 'ema', case(ema_meta, shape_rec('x', 2, 3, 4), shape_rec('a', 4),
+                              shape_rec('h0', 2, 4)))
+
     # two small reference cases exactly as stored (meta.json as written by the generator);
     # both the generated set (tests/refgen) and the outside one have them under these names
     if len(sys.argv) > 1:

@@ -563,6 +563,36 @@ LINSEQ_API linseq_status linseq_conv1d_decode(const linseq_conv1d_problem *probl
                                               const int64_t *state_rows,
                                               const int64_t *cache_seqlens, float *y);
 
+/* ------------------------------------------------------------------------------------ */
+/* EMA: per-channel exponential moving average (the template op: forward and decode)      */
+/* ------------------------------------------------------------------------------------ */
+
+/* Per sequence b and channel d, from s = h0[b,d] (0 without h0), for t = 0 .. T-1:
+ *     s = a[d] * s + (1 - a[d]) * x[b,t,d],    y[b,t,d] = s
+ * a [D] is a decay in [0, 1] (a value outside it or NaN is LINSEQ_ERR_INVALID_VALUE, naming
+ * the index). x and y dense [B,T,D]; float32 only on the CPU (the CPU is its only device). */
+typedef struct linseq_ema_problem {
+    int64_t B, T, D;
+    const float *x;  /* [B,T,D] */
+    const float *a;  /* [D], each in [0, 1] */
+    const float *h0; /* [B,D]; NULL: zeros */
+} linseq_ema_problem;
+
+/* y [B,T,D] (required); hT NULL or [B,D], the state after the last token, may be the same
+ * pointer as h0 (updated in place). No backward. */
+LINSEQ_API linseq_status linseq_ema_forward(const linseq_ema_problem *problem,
+                                            const linseq_exec *exec, float *y, float *hT);
+
+/* One token for each of B requests, as linseq_ssm1_decode: T must be 1 and h0 NULL; request
+ * b's state is row state_rows[b] (int64 [B]; NULL: row b, then n_state_rows >= B) of a pool
+ * [n_state_rows, D], updated in place. A negative row is a padding request: its y row is set
+ * to 0 and no state is touched. Two requests may not share a row; rows not named are never
+ * read or written. Each request gets the bits of a one-token linseq_ema_forward from its row. */
+LINSEQ_API linseq_status linseq_ema_decode(const linseq_ema_problem *problem,
+                                           const linseq_exec *exec, float *state,
+                                           int64_t n_state_rows, const int64_t *state_rows,
+                                           float *y);
+
 #ifdef __cplusplus
 }
 #endif

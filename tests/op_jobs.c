@@ -205,7 +205,7 @@ static void small_problem(job *j)
         const int64_t d = j->op->sizes[i].bench_default;
         ls_size_set(&j->op->sizes[i], j->problem, d > 64 ? 8 + d % 23 : d);
     }
-    j->op->bench_options(j->problem);
+    if (j->op->bench_options) j->op->bench_options(j->problem);
 }
 
 /* Decode (optable.h): B requests, one token each (T = 1), their states rows of a pool shaped

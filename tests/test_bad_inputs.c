@@ -1003,7 +1003,7 @@ static void gt_fixture_make(gt_fixture *f, const ls_op *op, bool varlen)
         const int64_t d = op->sizes[s].bench_default;
         ls_size_set(&op->sizes[s], f->problem, d < GT_SIZE_CAP ? d : GT_SIZE_CAP);
     }
-    op->bench_options(f->problem);
+    if (op->bench_options) op->bench_options(f->problem);
     for (int o = 0; o < op->n_options; o++) {
         const ls_option_desc *opt = &op->options[o];
         if (opt->type != LS_CTYPE_BOOL) continue;

@@ -237,7 +237,7 @@ static void small_problem(const ls_op *op, void *problem)
         const int64_t d = op->sizes[i].bench_default;
         ls_size_set(&op->sizes[i], problem, d > 64 ? 8 + d % 23 : d);
     }
-    op->bench_options(problem);
+    if (op->bench_options) op->bench_options(problem);
 }
 
 /* An output that may be its input's buffer has that input's shape. */

@@ -34,11 +34,12 @@ static inline int ls_shape_none(const void *p, int64_t *dims)
 /* The fields of an ls_op that every description fills the same way: from its two struct
  * types and the file's `sizes`, `options` and `tensors` arrays. */
 #define LS_OP_STRUCTS(problem, grads) LS_OP_STRUCTS_OF(problem, grads, sizes, options, tensors)
-/* A forward-only op (no backward, no grads struct): its problem type and the file's arrays. */
+/* A forward-only op (no backward, no grads struct): its problem type and the file's `sizes`
+ * and `tensors` arrays; an op with options adds LS_OP_OPTIONS(options). */
 #define LS_OP_STRUCTS_FORWARD_ONLY(problem)                                                        \
     .problem_type = #problem, .problem_size = sizeof(problem), .sizes = sizes,                     \
-    .n_sizes = LS_COUNT(sizes), .options = options, .n_options = LS_COUNT(options),                \
-    .tensors = tensors, .n_tensors = LS_COUNT(tensors)
+    .n_sizes = LS_COUNT(sizes), .tensors = tensors, .n_tensors = LS_COUNT(tensors)
+#define LS_OP_OPTIONS(options_) .options = options_, .n_options = LS_COUNT(options_)
 /* The same with the arrays named: an op that shares another's sizes or options (arrays
  * declared with their lengths). */
 #define LS_OP_STRUCTS_OF(problem, grads, sizes_, options_, tensors_)                               \

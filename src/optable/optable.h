@@ -169,7 +169,7 @@ typedef struct ls_op {
     /* FLOPs of one forward call (README "Benchmarks"); exec picks KDA's mode and chunk. */
     double (*flops)(const void *p, const linseq_exec *exec);
     /* The options a benchmark runs with (l2norm on, a gate, a bias...), set on a problem
-     * whose sizes are already filled. */
+     * whose sizes are already filled; NULL: the problem's defaults. */
     void (*bench_options)(void *p);
 
     /* The benchmark's commands (tools/linseq/bench.c): the forward as bench_name (NULL:

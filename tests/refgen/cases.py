@@ -46,6 +46,10 @@ def conv(name, seed, B, T, D, W, act, bias=True, state=True, d_state=False, **mo
     return c
 
 
+def ema(name, seed, B, T, D, h0=True):
+    return dict(op='ema', name=name, seed=seed, B=B, T=T, D=D, has_h0=h0)
+
+
 CASES = [
     # KDA. The first one is small on purpose: tests/check_cli_errors.sh edits copies of it.
     kda('kda_pc_B1_T1_H1_K16_V16_g0.3_l2_h0', 1001, 1, 1, 1, 16, 16, 'per_channel'),
@@ -135,6 +139,10 @@ CASES = [
                  act='sigmoid', dt_softplus=True),
     ssm1_segment('ssm1_segment_varlen3_B1_T17_D6_N3_nogate_noD_nodR', 1502, 1, 17, 6, 3,
                  gate=False, has_D=False, d_state=False, cu=[0, 5, 5, 17]),
+    # EMA (forward-only): D past one 64-channel block, and without h0.
+    ema('ema_B2_T9_D70_h0', 1401, 2, 9, 70),
+    ema('ema_B1_T1_D3_noh0', 1402, 1, 1, 3, h0=False),
+    ema('ema_B3_T33_D5_h0', 1403, 3, 33, 5),
 ]
 
 # Tiny versions of every option for the gradient self-check (finite differences).

@@ -121,6 +121,12 @@ def _conv_options(c, arrays):
                 has_state='conv_state' in arrays, varlen='cu' in c)
 
 
+# The EMA, the template op (forward-only) --------------------------------------------------
+
+def _ema_options(c, arrays):
+    return dict(has_h0='h0' in arrays)
+
+
 OPS = {
     'kda': OpDef(draw.kda, ops.kda, ('o', 'ht'), _kda_optional, _kda_grads, _kda_options,
                  _kda_prepare),
@@ -139,4 +145,6 @@ OPS = {
     'ssm1_segment': OpDef(draw.ssm1, ops.ssm1_segment, ('P', 'R'), _ssm1_optional,
                           lambda c, inputs: _ssm1_grads(c, inputs, with_h0=False),
                           lambda c, arrays: _ssm1_options(c, arrays, with_state=False)),
+    'ema': OpDef(draw.ema, ops.ema, ('y', 'hT'), lambda c: {'h0': (c['B'], c['D'])}, None,
+                 _ema_options),
 }

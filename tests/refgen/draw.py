@@ -114,3 +114,14 @@ def inputs(c, rng, draw_op):
     if 'cu' in c:
         x['cu_seqlens'] = np.asarray(c['cu'], dtype=np.int64)
     return x
+
+
+def ema(rng, c):
+    """a in [0, 1] with both ends present (D >= 2), as the op allows."""
+    B, T, D = (c[n] for n in 'BTD')
+    a = rng.uniform(0, 1, (D,))
+    a[0], a[-1] = 0.0, 1.0
+    x = {'x': rng.standard_normal((B, T, D)), 'a': a}
+    if c.get('has_h0'):
+        x['h0'] = rng.standard_normal((B, D))
+    return x

@@ -169,3 +169,17 @@ def ssm1_segment(x, m):
     R = ssm1(x, m)['hT']
     to_P = dict(x, x=Value(np.zeros(x['x'].shape)), h0=Value(np.ones((rows, m['D'], m['N']))))
     return {'P': ssm1(to_P, m)['hT'], 'R': R}
+
+
+def ema(x, m):
+    """Per channel: s = a s + (1 - a) x_t, y_t = s, from s = h0 (zeros when absent)."""
+    B, T = m['B'], m['T']
+    ys, finals = [], []
+    for b in range(B):
+        s, rows = x['h0'][b], []
+        for t in range(T):
+            s = x['a'] * s + (1.0 - x['a']) * x['x'][b, t]
+            rows.append(s)
+        ys.append(stack(rows))
+        finals.append(s)
+    return {'y': stack(ys), 'hT': stack(finals)}

@@ -182,7 +182,7 @@ static void spec_problem(const spec *s, void *p)
     const ls_op *op = s->cmd->op;
     for (int i = 0; i < op->n_sizes; i++)
         if (s->size[i] > 0) ls_size_set(&op->sizes[i], p, s->size[i]);
-    op->bench_options(p);
+    if (op->bench_options) op->bench_options(p);
     const ls_option_desc *decay = decay_option(op);
     if (decay && s->decay >= 0) memcpy((char *)p + decay->offset, &s->decay, sizeof s->decay);
 }
