@@ -17,18 +17,15 @@ static linseq_status check_problem(ls_args *a, const linseq_ema_problem *p, cons
     return st ? st : ls_op_add_tensors(a, &ls_op_ema, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
 }
 
-/* After the table is validated (so a is readable): the CPU only, every decay in [0, 1]. */
+/* After the table is validated (so a is readable): the CPU only, every decay in [0, 1] (the
+ * description's LS_VALUES_IN). */
 static linseq_status check_values(const char *fn, const linseq_ema_problem *p,
                                   const linseq_exec *exec)
 {
     if (ls_on_cuda(exec))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "exec->device is CUDA; %s runs on the CPU only",
                        fn);
-    for (int64_t d = 0; d < p->D; d++)
-        if (!(p->a[d] >= 0.0f && p->a[d] <= 1.0f))
-            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "a[%lld] = %g; expected a decay in [0, 1]",
-                           (long long)d, (double)p->a[d]);
-    return LINSEQ_OK;
+    return ls_op_check_values(fn, &ls_op_ema, p, exec);
 }
 
 static void run(ema_plan *pl, const linseq_ema_problem *p, const linseq_exec *exec, ls_isa isa,
@@ -72,26 +69,13 @@ linseq_status ls_ema_decode_isa(const linseq_ema_problem *p, const linseq_exec *
     ls_args a = {.fn = "linseq_ema_decode"};
     linseq_status st = check_problem(&a, p, exec);
     if (st) return st;
-    if (p->T != 1)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_SIZE,
-                       "T = %lld; decode takes exactly one token per request (T = 1)",
-                       (long long)p->T);
-    if (p->h0)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
-                       "problem->h0 must be NULL: decode reads and writes the 'state' pool");
-    if ((st = ls_check_min(a.fn, "n_state_rows", n_state_rows, 1))) return st;
-    if (!state_rows && n_state_rows < p->B)
-        return ls_fail(a.fn, LINSEQ_ERR_SHAPE_MISMATCH,
-                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
-                       (long long)n_state_rows, (long long)p->B);
-    ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
-    ls_op_add_pool(&a, &ls_op_ema, p, state, n_state_rows);
     float *const out[] = {y, NULL}; /* the state is the pool's */
-    if ((st = ls_op_add_tensors(&a, &ls_op_ema, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+    if ((st = ls_op_add_decode(&a, &ls_op_ema, p, state, n_state_rows, state_rows, out,
+                               ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
-    if (state_rows && (st = ls_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) return st;
+    if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ema, p, n_state_rows, state_rows))) return st;
     ema_plan pl = {.y = y, .s0 = state, .sT = state, .rows = state_rows};
     run(&pl, p, exec, isa, true);
     return LINSEQ_OK;

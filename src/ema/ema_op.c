@@ -44,7 +44,7 @@ static const ls_tensor_desc tensors[] = {
     LS_INPUT("x", x, .required = true, .dims = "[B,T,D]", .shape = shape_token,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_INPUT("a", a, .required = true, .dims = "[D]", .shape = shape_channels,
-             .dist = LS_DIST_UNIFORM, .a = 0.5, .b = 0.99),
+             .dist = LS_DIST_UNIFORM, .a = 0.5, .b = 0.99, LS_VALUES_IN(0, 1)),
     LS_INPUT("h0", h0, .dims = "[B,D]", .shape = shape_state, .case_flag = "has_h0",
              .dist = LS_DIST_NORMAL, .a = 1),
     LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,D]", .shape = shape_token, .token = true),

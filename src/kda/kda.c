@@ -526,27 +526,12 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, true, &pl))) return st;
     pl.bf16 = ls_token_bytes(exec) == 2; /* decode is recurrent: only the dtype of exec applies */
     const linseq_kda_problem *p = problem;
-    if (p->T != 1)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
-                       "T = %lld; decode takes exactly one token per request (T = 1)",
-                       (long long)p->T);
-    if (p->h0 || p->cu_seqlens)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
-                       p->h0 ? "h0" : "cu_seqlens");
-    if ((st = ls_check_min(fn, "n_state_rows", n_state_rows, 1))) return st;
-    if (!state_rows && n_state_rows < p->B)
-        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
-                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
-                       (long long)n_state_rows, (long long)p->B);
-
     const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
     float *const out[] = {o, NULL}; /* the state is the pool's */
-    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te))) return st;
-    ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, 8, 1, p->B);
-    ls_op_add_pool(&a, &ls_op_kda, p, state, n_state_rows);
-    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_OUTPUT, out, te))) return st;
+    if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te)) ||
+        (st = ls_op_add_decode(&a, &ls_op_kda, p, state, n_state_rows, state_rows, out, te)))
+        return st;
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = check_workspace(fn, &pl, &ws_stride)) ||
@@ -554,7 +539,7 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
         (st = ls_args_validate(&a)))
         return st;
     if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
-    if (state_rows && (st = ls_check_state_rows(fn, state_rows, p->B, n_state_rows))) return st;
+    if ((st = ls_op_check_decode_rows(fn, &ls_op_kda, p, n_state_rows, state_rows))) return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
      * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
     ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;

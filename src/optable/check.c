@@ -149,11 +149,69 @@ linseq_status ls_op_add_tensors(ls_args *a, const ls_op *op, const void *p, ls_o
     return LINSEQ_OK;
 }
 
-void ls_op_add_pool(ls_args *a, const ls_op *op, const void *p, const float *pool, int64_t n_rows)
+static int64_t size_named(const ls_op *op, const void *p, const char *name)
+{
+    for (int i = 0; i < op->n_sizes; i++)
+        if (strcmp(op->sizes[i].name, name) == 0) return ls_size_get(&op->sizes[i], p);
+    return 0;
+}
+
+/* The pool: n_rows rows shaped as the decode_state input (its dims with the first replaced). */
+static void add_pool(ls_args *a, const ls_op *op, const void *p, const float *pool, int64_t n_rows)
 {
     const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
     int64_t d[LS_OP_MAX_DIMS];
     const int nd = t->shape(p, d);
     ls_arg(a, "state", "n_state_rows rows, each one request's state", pool, true, LS_OUT,
            sizeof(float), nd, n_rows, nd > 1 ? d[1] : 0, nd > 2 ? d[2] : 0, nd > 3 ? d[3] : 0);
+}
+
+linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
+                               int64_t n_rows, const int64_t *rows, float *const *out,
+                               size_t token_bytes)
+{
+    const char *fn = a->fn;
+    const int64_t T = size_named(op, p, "T"), B = size_named(op, p, "B");
+    if (T != 1)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
+                       "T = %lld; decode takes exactly one token per request (T = 1)",
+                       (long long)T);
+    const ls_tensor_desc *state = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    if (ls_tensor_get(state, p) || ls_op_cu_seqlens(op, p))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
+                       ls_tensor_get(state, p) ? state->field : "cu_seqlens");
+    linseq_status st;
+    if ((st = ls_check_min(fn, "n_state_rows", n_rows, 1))) return st;
+    if (!rows && n_rows < B)
+        return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
+                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
+                       (long long)n_rows, (long long)B);
+    ls_arg(a, "state_rows", "B", rows, false, LS_IN, sizeof(int64_t), 1, B);
+    add_pool(a, op, p, pool, n_rows);
+    return ls_op_add_tensors(a, op, p, LS_ROLE_OUTPUT, out, token_bytes);
+}
+
+linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
+                                      int64_t n_rows, const int64_t *rows)
+{
+    return rows ? ls_check_state_rows(fn, rows, size_named(op, p, "B"), n_rows) : LINSEQ_OK;
+}
+
+linseq_status ls_op_check_values(const char *fn, const ls_op *op, const void *p,
+                                 const linseq_exec *exec)
+{
+    if (ls_on_cuda(exec)) return LINSEQ_OK;
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        const float *x = t->role == LS_ROLE_INPUT && t->bounded ? ls_tensor_get(t, p) : NULL;
+        int64_t n;
+        if (!x || !ls_tensor_count(t, p, &n)) continue;
+        for (int64_t k = 0; k < n; k++)
+            if (!((double)x[k] >= t->lo && (double)x[k] <= t->hi)) /* NaN fails both */
+                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                               "%s[%lld] = %g; expected values in [%g, %g]", t->field, (long long)k,
+                               (double)x[k], t->lo, t->hi);
+    }
+    return LINSEQ_OK;
 }

@@ -31,8 +31,24 @@ linseq_status ls_op_check_problem(const char *fn, const ls_op *op, const void *p
 linseq_status ls_op_add_tensors(ls_args *a, const ls_op *op, const void *p, ls_op_role role,
                                 const void *src, size_t token_bytes);
 
-/* A decode call's pool: n_rows rows, each shaped as the op's decode_state input at B = 1 (the
- * pool's dims are that input's with its first replaced by n_rows), read and written. */
-void ls_op_add_pool(ls_args *a, const ls_op *op, const void *p, const float *pool, int64_t n_rows);
+/* The values of every bounded input (LS_VALUES_IN) that is given: each in [lo, hi], else
+ * LINSEQ_ERR_INVALID_VALUE naming the input, the index and the range. Reads the tensors, so it
+ * runs after ls_args_validate, on host memory (a CUDA call skips it: the op's device code
+ * must then hold the contract itself). */
+linseq_status ls_op_check_values(const char *fn, const ls_op *op, const void *p,
+                                 const linseq_exec *exec);
+
+/* A decode call's own arguments (op->decode's contract, optable.h), after the problem's
+ * inputs: one token per request (T = 1), no decode_state input and no cu_seqlens in the
+ * problem (the pool holds the states), n_rows >= 1 and, without a row map, >= B; then the row
+ * map `rows` [B] (NULL: request b uses row b; negative: a padding request), the pool (n_rows
+ * rows, each shaped as the decode_state input at B = 1, read and written) and the outputs
+ * (out in table order, the state's own output NULL) are appended to a. After
+ * ls_args_validate, ls_op_check_decode_rows checks the map's values. */
+linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
+                               int64_t n_rows, const int64_t *rows, float *const *out,
+                               size_t token_bytes);
+linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
+                                      int64_t n_rows, const int64_t *rows);
 
 #endif

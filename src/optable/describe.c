@@ -155,6 +155,7 @@ static void put_tensors(text *t, const ls_op *op)
         if (d->grad_of) put(t, ",\"grad_of\":\"%s\"", d->grad_of);
         if (d->alias_of) put(t, ",\"alias_of\":\"%s\"", d->alias_of);
         put(t, ",\"token\":%s", d->token ? "true" : "false");
+        if (d->bounded) put(t, ",\"range\":[%.17g,%.17g]", d->lo, d->hi);
         for (int k = 0; k < op->n_strides; k++)
             if (d->role == LS_ROLE_INPUT && strcmp(op->strides[k].tensor, d->name) == 0)
                 put(t, ",\"strides\":\"%s\"", op->strides[k].field);

@@ -132,7 +132,13 @@ typedef struct ls_tensor_desc {
     bool token;
     /* OUTPUT: the INPUT it may be exactly (the same buffer, updated in place), or NULL. */
     const char *alias_of;
+    /* A float32 INPUT (not per-token) whose every value must lie in [lo, hi] (so never NaN):
+     * checked by ls_op_check_values, on the host; set with LS_VALUES_IN(lo, hi). */
+    bool bounded;
+    double lo, hi;
 } ls_tensor_desc;
+
+#define LS_VALUES_IN(lo_, hi_) .bounded = true, .lo = (lo_), .hi = (hi_)
 
 typedef struct ls_op {
     const char *name;         /* meta.json's "op": "kda", "kda_gate", "ssm1", ... */

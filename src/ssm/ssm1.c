@@ -272,23 +272,9 @@ linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec
     ls_args a = {.fn = "linseq_ssm1_decode"};
     linseq_status st = check_problem(&a, &ls_op_ssm1, p, exec);
     if (st) return st;
-    if (p->T != 1)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_SIZE,
-                       "T = %lld; decode takes exactly one token per request (T = 1)",
-                       (long long)p->T);
-    if (p->h0 || p->cu_seqlens)
-        return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
-                       "problem->%s must be NULL: decode reads and writes the 'state' pool",
-                       p->h0 ? "h0" : "cu_seqlens");
-    if ((st = ls_check_min(a.fn, "n_state_rows", n_state_rows, 1))) return st;
-    if (!state_rows && n_state_rows < p->B)
-        return ls_fail(a.fn, LINSEQ_ERR_SHAPE_MISMATCH,
-                       "n_state_rows = %lld < B = %lld; without state_rows request b uses row b",
-                       (long long)n_state_rows, (long long)p->B);
-    ls_arg(&a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
-    ls_op_add_pool(&a, &ls_op_ssm1, p, state, n_state_rows);
     float *const out[] = {y, NULL}; /* the state is the pool's */
-    if ((st = ls_op_add_tensors(&a, &ls_op_ssm1, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
+    if ((st = ls_op_add_decode(&a, &ls_op_ssm1, p, state, n_state_rows, state_rows, out,
+                               ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
     if ((st = ssm_check_table(&a, exec, NULL, 0, p->B, p->T))) return st;
@@ -296,7 +282,7 @@ linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec
         return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->device is CUDA; linseq_ssm1_decode runs on the CPU only (on CUDA, "
                        "run linseq_ssm1_forward with h0 == hT on consecutive rows)");
-    if (state_rows && (st = ls_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) return st;
+    if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ssm1, p, n_state_rows, state_rows))) return st;
     st = ls_ssm1_scan_pool(p, exec, ls_ssm_kernels(isa), y, state, state_rows);
     if (st == LINSEQ_ERR_OUT_OF_MEMORY)
         return ls_fail(a.fn, st, "could not allocate the scan workspace (N = %lld)",
