@@ -1,5 +1,5 @@
 /* Internal: the EMA op (linseq_ema_forward, linseq_ema_decode): its plan, its kernel (one per
- * ISA, ema_simd.c), the entry points per ISA (for the tests) and its double reference. */
+ * ISA, ema_simd.c) and the entry points per ISA (for the tests). */
 #ifndef LS_EMA_EMA_H
 #define LS_EMA_EMA_H
 
@@ -8,7 +8,7 @@
 #include "linseq.h"
 #include "simd/isa.h"
 
-/* The op's description (ema_op.c), which its entry points validate through. */
+/* The op's description (ema.c), which its entry points validate through. */
 struct ls_op;
 extern const struct ls_op ls_op_ema;
 
@@ -37,8 +37,5 @@ linseq_status ls_ema_forward_isa(const linseq_ema_problem *p, const linseq_exec 
 linseq_status ls_ema_decode_isa(const linseq_ema_problem *p, const linseq_exec *exec, float *state,
                                 int64_t n_state_rows, const int64_t *state_rows, float *y,
                                 ls_isa isa);
-
-/* The reference in double, token by token: y [B,T,D], hT [B,D] (either may be NULL). */
-void ls_ema_ref(const linseq_ema_problem *p, double *y, double *hT);
 
 #endif
