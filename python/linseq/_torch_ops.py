@@ -28,7 +28,7 @@ import typing
 import numpy as np
 import torch
 
-from . import _lib, _opspec, _torch_decode, api, ops
+from . import _lib, _opspec, _torch_direct, api, ops
 
 AVAILABLE = all(hasattr(torch.library, n)
                 for n in ("custom_op", "register_fake", "register_autograd"))
@@ -177,7 +177,7 @@ def _define_forward(layout):
     def forward(*args):
         arrays, cu, opts, (train,) = layout.unpack(args)
         if spec is _opspec.KDA and not train and cu is None:
-            direct = _torch_decode.kda_forward(arrays, opts)  # the common form, no NumPy
+            direct = _torch_direct.kda_forward(arrays, opts)  # the common form, no NumPy
             if direct is not None:
                 return direct + (torch.zeros(0),)
         inputs = kda_inputs(spec, arrays, cu, opts, train)
@@ -282,7 +282,7 @@ class _DifferentiableOp:
         args = self.layout.pack(arrays, cu_seqlens, opts)
         # no gradient to record, plain tensors, eager: the op's body without torch.library's
         # dispatch (tens of microseconds, as long as a decode step's kernel)
-        direct = not train and _torch_decode.direct_call(*args[:self.layout.n_arrays + 1])
+        direct = not train and _torch_direct.direct_call(*args[:self.layout.n_arrays + 1])
         result = (self.layout.eager_forward if direct else self.forward)(*args, train)
         if not isinstance(result, tuple):
             result = (result,)

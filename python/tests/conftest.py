@@ -127,20 +127,20 @@ def kernel_calls(monkeypatch):
 
 def _spy_direct_decodes(monkeypatch, seen):
     """The decodes that go from torch tensors straight into the kernels (linseq's
-    _torch_decode), recorded under the same names: their problem (as .problem) and pool."""
+    _torch_direct), recorded under the same names: their problem (as .problem) and pool."""
     import types
 
-    from linseq import _torch_decode
+    from linseq import _torch_direct
 
     def spy(name, key, record):
-        real = getattr(_torch_decode, name)
+        real = getattr(_torch_direct, name)
 
         def call(*args):
             result = real(*args)
             if result is not None:
                 seen[key].append(record(args, result))
             return result
-        monkeypatch.setattr(_torch_decode, name, call)
+        monkeypatch.setattr(_torch_direct, name, call)
 
     spy("ssm1_problem", "Ssm1Inputs", lambda args, result: types.SimpleNamespace(problem=result))
     spy("conv1d_problem", "Conv1dInputs",

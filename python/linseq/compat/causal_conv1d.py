@@ -31,7 +31,7 @@ included.
 import torch
 from torch.autograd.function import once_differentiable
 
-from .. import _torch_decode, _torch_ops, ops
+from .. import _torch_direct, _torch_ops, ops
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -244,7 +244,7 @@ def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
     _check_rows(rows, conv_state.shape[0], "conv_state_indices")
     if cache_seqlens is not None and bool((cache_seqlens < 0).any()):
         raise ValueError("cache_seqlens: expected values >= 0")
-    y = _torch_decode.conv1d_decode(x, conv_state, weight, bias, activation, cache_seqlens,
+    y = _torch_direct.conv1d_decode(x, conv_state, weight, bias, activation, cache_seqlens,
                                     rows)
     if y is not None:  # the common form, straight into the kernel
         return y
@@ -484,7 +484,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _conv_decode if _torch_decode.direct_call(x3, conv_state, weight, bias, seqlens,
+    update = _conv_decode if _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens,
                                                        rows) else _CONV_DECODE
     with torch.no_grad():
         out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from .. import _torch_decode, _torch_ops, ops
+from .. import _torch_direct, _torch_ops, ops
 from .causal_conv1d import _check_rows, _conv, _through_float32_rows
 
 
@@ -157,7 +157,7 @@ def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     C-contiguous pool is updated by the kernel where it lies; another one through a float32
     copy of the rows named."""
     _check_rows(rows, state.shape[0], "state_batch_indices")
-    y = _torch_decode.ssm1_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    y = _torch_direct.ssm1_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     if y is not None:  # the common form, straight into the kernel
         return y
     dt = dt.float()
@@ -378,7 +378,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     args = (pool, rows, flat(x, batch, dim), flat(dt, batch, dim), flat(A, dim, dstate), B, C,
             flat(D, dim), flat(z, batch, dim), flat(dt_bias, dim), bool(dt_softplus))
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _scan_decode if _torch_decode.direct_call(*args[:10]) else _SCAN_DECODE
+    update = _scan_decode if _torch_direct.direct_call(*args[:10]) else _SCAN_DECODE
     with torch.no_grad():
         y = update(*args)
     out = y.reshape(per_token).to(x.dtype)
@@ -390,7 +390,7 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     A [d, N]; B, C [b, N]; D, dt_bias [d]; plain float32 CPU tensors, eager) straight into
     the kernel, without the reshaping of the general path (a model makes this call once per
     layer and token); None for any other call, which the general path checks and takes."""
-    if not _torch_decode.direct_call(state, x, dt, A, B, C, D, z, dt_bias):
+    if not _torch_direct.direct_call(state, x, dt, A, B, C, D, z, dt_bias):
         return None
     b, d, N = state.shape
     if not (x.shape == dt.shape == (b, d) and A.shape == (d, N) and B.shape == C.shape == (b, N)
@@ -398,7 +398,7 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
             and all(t is None or t.shape == (d,) for t in (D, dt_bias))):
         return None
     with torch.no_grad():
-        return _torch_decode.ssm1_decode(state[:, None], torch.arange(b), x, dt, A, B[:, None],
+        return _torch_direct.ssm1_decode(state[:, None], torch.arange(b), x, dt, A, B[:, None],
                                          C[:, None], D, z, dt_bias, bool(dt_softplus))
 
 
