@@ -110,8 +110,8 @@ def _gate_bias(dt_bias, per_channel, heads, K, letter):
 
 
 # ------------------------------------------------------------------------------------------
-# From the library's op table: the shapes of every op's outputs and gradients under a problem,
-# and the last check of its inputs before their pointers reach C
+# From the library's op table: the shapes of every op's tensors under a problem (asked once per
+# problem, in _check_inputs), and the last check of its inputs before their pointers reach C
 # ------------------------------------------------------------------------------------------
 
 def _pointer(arr):
@@ -123,12 +123,15 @@ def _check_inputs(op, inputs, strided=()):
     """Every input array the problem points at has exactly the shape the library's op table
     gives it under that problem: whatever a front end inferred from the arrays, no pointer
     reaches C with fewer elements than its shape needs. `strided`: the inputs passed with
-    their own strides (checked by their front end; the library checks the span they reach)."""
+    their own strides (checked by their front end; the library checks the span they reach).
+    Sets inputs.shapes, the problem's shapes (_lib.Shapes: one linseq_op_shapes call) for
+    the rest of the call."""
+    shapes = inputs.shapes = _lib.Shapes(op, inputs.problem)
     for t in _lib.op_tensors(op, "input"):
         arr = getattr(inputs, t["field"])
         if arr is None or t["name"] in strided:
             continue
-        want = _lib.tensor_shape(op, t["name"], inputs.problem)
+        want = shapes[t["name"]]
         if want != tuple(arr.shape):
             raise ValueError(f"{t['name']}: expected shape {t['dims']} = "
                              f"{list(want) if want else 'absent with these options'}, got "
@@ -141,7 +144,7 @@ def _outputs(op, inputs, final_state, first_bf16=False):
     one) is bfloat16 storage, a uint16 array of its bits."""
     arrays = []
     for i, t in enumerate(_lib.op_tensors(op, "output")):
-        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        shape = inputs.shapes[t["name"]]
         if shape is None or not (i == 0 or final_state):
             arrays.append(None)
         else:
@@ -153,7 +156,7 @@ def _upstream(op, inputs, values):
     """The upstream gradients as float32 arrays of their outputs' shapes (None stays None)."""
     out = []
     for t, value in zip(_lib.op_tensors(op, "upstream"), values):
-        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        shape = inputs.shapes[t["name"]]
         out.append(None if value is None or shape is None else
                    as_f32(value, t["name"], shape, f"{t['dims']} like {t['grad_of']}"))
     return out
@@ -161,15 +164,17 @@ def _upstream(op, inputs, values):
 
 def _grads(op, inputs, wanted):
     """New arrays for the gradients that exist with the problem's options (those named in
-    `wanted`, or all), and the op's grads struct over them."""
+    `wanted`, or all), and the op's grads struct over them (_lib.NoBackward for an op
+    without a backward)."""
+    struct = _lib.grads_class(op)
     out, fields = {}, {}
     for t in _lib.op_tensors(op, "grad"):
-        shape = _lib.tensor_shape(op, t["name"], inputs.problem)
+        shape = inputs.shapes[t["name"]]
         if shape is None or (wanted is not None and t["name"] not in wanted):
             continue
         out[t["name"]] = _empty(shape)
         fields[t["field"]] = _pointer(out[t["name"]])
-    return out, _lib.grads_class(op)(**fields)
+    return out, struct(**fields)
 
 
 # ------------------------------------------------------------------------------------------
