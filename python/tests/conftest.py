@@ -125,6 +125,28 @@ def kernel_calls(monkeypatch):
     return seen
 
 
+@pytest.fixture
+def seen_pointers(monkeypatch):
+    """Records every data pointer linseq.ops (each module of the package) hands to the C
+    library."""
+    import sys
+
+    from linseq import ops
+    seen = []
+    real = ops.ptr
+
+    def spy(arr):
+        p = real(arr)
+        seen.append(p)
+        return p
+
+    for name, module in list(sys.modules.items()):
+        if (name == ops.__name__ or name.startswith(ops.__name__ + ".")) and \
+                getattr(module, "ptr", None) is real:
+            monkeypatch.setattr(module, "ptr", spy)
+    return seen
+
+
 def _spy_direct_decodes(monkeypatch, seen):
     """The decodes that go from torch tensors straight into the kernels (linseq's
     _torch_direct), recorded under the same names: their problem (as .problem) and pool."""
