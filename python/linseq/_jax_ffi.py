@@ -162,4 +162,4 @@ def ffi_call(target, result_shapes, operands, attrs, aliases=None):
 
 def exec_of(opts):
     """The linseq_exec of an option set (KDA's mode and chunk size; the default otherwise)."""
-    return ops.make_exec(**(opts.run() if hasattr(opts, "run") else {}))
+    return ops.make_exec(**opts.exec_settings())

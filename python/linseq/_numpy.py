@@ -13,7 +13,7 @@ class NumpyBackend:
     @staticmethod
     def kda(arrays, cu_seqlens, opts):
         # NumPy has no autodiff: bfloat16 storage always stays bfloat16 (ops.kda_bf16_storage)
-        return ops.kda_forward(opts.inputs(arrays, cu_seqlens, bf16=True), **opts.run())
+        return ops.kda_forward(opts.inputs(arrays, cu_seqlens, bf16=True), **opts.exec_settings())
 
     @staticmethod
     def kda_gate(arrays, opts):

@@ -12,81 +12,10 @@ usable under jit, grad and vmap. The work is described once here
 as arrays plus frozen options; each framework's backend runs it.
 """
 
-import dataclasses
-import sys
-from typing import Optional
-
 import numpy as np
 
-from . import ops
 from ._backends import backend_for
-
-@dataclasses.dataclass(frozen=True)
-class KdaOptions:
-    scale: Optional[float] = None
-    qk_l2norm: bool = False
-    beta_is_logit: bool = False
-    state_v_first: bool = False
-    gate_in_kernel: bool = False
-    lower_bound: Optional[float] = None
-    mode: str = "chunked"
-    chunk_size: int = 64
-
-    def __post_init__(self):
-        # refused here, before any framework sees them, and kept as the float32 the library
-        # reads (a JAX scalar becomes a Python float)
-        object.__setattr__(self, "scale", ops.scale_option(self.scale))
-        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
-        ops.make_exec(self.mode, self.chunk_size)
-
-    def inputs(self, arrays, cu_seqlens, bf16=False):
-        """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names).
-        bf16=True (the inference forward and decode) keeps bfloat16 storage when
-        ops.kda_bf16_storage says so."""
-        a = arrays
-        return ops.KdaInputs(a["q"], a["k"], a["v"], a["beta"], a["g"], h0=a["h0"],
-                             cu_seqlens=cu_seqlens, scale=self.scale, qk_l2norm=self.qk_l2norm,
-                             beta_is_logit=self.beta_is_logit, state_v_first=self.state_v_first,
-                             gate_in_kernel=self.gate_in_kernel, A_log=a["A_log"],
-                             dt_bias=a["dt_bias"], lower_bound=self.lower_bound, bf16=bf16)
-
-    def run(self):
-        return {"mode": self.mode, "chunk_size": self.chunk_size}
-
-
-@dataclasses.dataclass(frozen=True)
-class Ssm1Options:
-    activation: Optional[str] = None   # a name of ops.ACTIVATIONS; None = silu
-    dt_softplus: bool = False
-
-    def inputs(self, arrays, cu_seqlens):
-        a = arrays
-        return ops.Ssm1Inputs(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], gate=a["gate"],
-                              h0=a["h0"], cu_seqlens=cu_seqlens, dt_softplus=self.dt_softplus,
-                              dt_bias=a["dt_bias"], activation=self.activation)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConvOptions:
-    activation: Optional[str] = None   # None = identity
-
-    def inputs(self, arrays, cu_seqlens):
-        a = arrays
-        return ops.Conv1dInputs(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"],
-                                cu_seqlens=cu_seqlens, activation=self.activation)
-
-
-@dataclasses.dataclass(frozen=True)
-class GateOptions:
-    lower_bound: Optional[float] = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
-
-    def inputs(self, arrays):
-        return ops.GateInputs(arrays["g_raw"], arrays["A_log"], arrays["dt_bias"],
-                              self.lower_bound)
-
+from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
 # ------------------------------------------------------------------------------------------
 # ejkernel-style KDA
@@ -200,7 +129,7 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
 
 # One implementation serves linseq.chunk_kda and linseq.compat.fla.chunk_kda (and the same
 # for fused_recurrent_kda): fla-core's exact signatures, positional order and defaults.
-from .compat.fla import chunk_kda, fused_recurrent_kda  # noqa: E402  (needs KdaOptions above)
+from .compat.fla import chunk_kda, fused_recurrent_kda  # noqa: E402  (compat.fla imports api)
 
 
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
@@ -240,42 +169,6 @@ def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
 # SSM1 and conv
 # ------------------------------------------------------------------------------------------
 
-def _known_activation(act_fn):
-    """The in-kernel activation name for a known framework activation, else None."""
-    if act_fn is None:
-        return "silu"
-    if isinstance(act_fn, str):
-        name = act_fn.lower()
-        if name not in ops.ACTIVATIONS:
-            # "gelu" alone is refused: torch's default is the erf form, jax's the tanh one
-            raise ValueError(f"act_fn: expected a callable or one of {sorted(ops.ACTIVATIONS)}"
-                             f", got {act_fn!r}")
-        return name
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        fn = torch.nn.functional
-        table = {fn.silu: "silu", torch.sigmoid: "sigmoid", fn.sigmoid: "sigmoid",
-                 torch.relu: "relu", fn.relu: "relu"}
-        if act_fn in table:
-            return table[act_fn]
-        mods = {torch.nn.SiLU: "silu", torch.nn.Sigmoid: "sigmoid", torch.nn.ReLU: "relu"}
-        if type(act_fn) in mods:
-            return mods[type(act_fn)]
-        if isinstance(act_fn, torch.nn.GELU) and act_fn.approximate == "tanh":
-            return "gelu_tanh"
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        # jax.nn.gelu's default is the tanh approximation, the kernel's gelu
-        table = {jax.nn.silu: "silu", jax.nn.swish: "silu", jax.nn.sigmoid: "sigmoid",
-                 jax.nn.relu: "relu", jax.nn.gelu: "gelu_tanh"}
-        try:
-            if act_fn in table:
-                return table[act_fn]
-        except TypeError:  # unhashable callable
-            return None
-    return None
-
-
 def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
                    conv_state=None, act_fn=None, *, platform=None, cfg=None, block_d=64,
                    block_e=128, dt_softplus=False, dt_bias=None, cu_seqlens=None,
@@ -303,7 +196,7 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{name}: expected a positive integer (a GPU tile size, "
                              f"ignored on the CPU), got {value!r}")
-    kernel_act = _known_activation(act_fn) if gate is not None else None
+    kernel_act = kernel_activation(act_fn) if gate is not None else None
     in_kernel_gate = gate if (gate is None or kernel_act is not None) else None
     arrays = dict(x=hidden_states, dt=dt, A=A, B=B, C=C, D=D, gate=in_kernel_gate,
                   h0=initial_state, dt_bias=dt_bias)

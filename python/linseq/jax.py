@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import _jax_batching, _jax_ffi, _opspec, api, ops
+from . import _jax_batching, _jax_ffi, _lib, _opspec, api, ops
 from ._arrays import as_row_indices
 from ._backends import bind_framework
 
@@ -73,10 +73,6 @@ def cached_functions():
             + _ffi_decoder.cache_info().currsize)
 
 
-def _table_name(spec):
-    return "causal_conv1d" if spec is _opspec.CONV1D else spec.name
-
-
 @functools.lru_cache(maxsize=_CACHE_SIZE)
 def _differentiable(spec, static, present, has_cu, floats, calls):
     """The custom_vjp function of (present arrays..., [cu_seqlens], float options...) for one
@@ -90,6 +86,8 @@ def _differentiable(spec, static, present, has_cu, floats, calls):
         return forward(*args), args
 
     def bwd(args, cotangents):
+        if not spec.has_backward:
+            raise _lib.NoBackward(spec.table)
         grads = backward(*args, *cotangents)
         out = [g.astype(a.dtype) for g, a in zip(grads, args)]
         if has_cu:
@@ -150,7 +148,7 @@ def _shapes_of(spec, present, has_cu, args):
 
 def _ffi_kernels(spec, static, present, has_cu, floats):
     """(forward, backward) as XLA FFI custom calls, each with its vmap rule (_jax_batching)."""
-    table = _table_name(spec)
+    table = spec.table
     forward_target, backward_target = _jax_ffi.OP_TARGETS[table]
     n_args = len(present) + has_cu + len(floats)
 

@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _opspec, _torch_ops, api
+from . import _lib, _opspec, _torch_ops, api
 from ._backends import bind_framework
+from ._options import kernel_activation
 
 
 class _LinseqOp(torch.autograd.Function):
@@ -32,8 +33,8 @@ class _LinseqOp(torch.autograd.Function):
     def forward(ctx, spec, opts, train, cu_seqlens, *tensors):
         ctx.set_materialize_grads(False)
         arrays = dict(zip(spec.arrays, tensors))
-        inputs = _torch_ops.kda_inputs(spec, arrays, cu_seqlens, opts, train)
-        outputs, saved = spec.forward(inputs, opts, train)
+        inputs = _torch_ops.spec_inputs(spec, arrays, cu_seqlens, opts, train)
+        outputs, saved = spec.forward(inputs, opts, train and spec.saved)
         ctx.spec, ctx.opts, ctx.cu_seqlens, ctx.saved_block = spec, opts, cu_seqlens, saved
         ctx.save_for_backward(*tensors)
         return tuple(_torch_ops.tensor_of(o) for o in outputs)
@@ -42,6 +43,8 @@ class _LinseqOp(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *upstream):
         spec = ctx.spec
+        if not spec.has_backward:
+            raise _lib.NoBackward(spec.table)
         tensors = ctx.saved_tensors
         arrays = dict(zip(spec.arrays, tensors))
         needs = ctx.needs_input_grad[4:]
@@ -200,7 +203,7 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
     # under torch.compile a callable cannot enter the non-strict block: a function the
     # kernel knows goes in by its name, any other is applied here, in the traced graph
     # (without a gate act_fn is not used)
-    name = api._known_activation(act_fn) if gate is not None else "silu"
+    name = kernel_activation(act_fn) if gate is not None else "silu"
     if name is not None:
         return _state_space_v1(*args, gate, initial_state, conv_state, name, **kwargs)
     y, h, conv_state = _state_space_v1(*args, None, initial_state, conv_state, None, **kwargs)

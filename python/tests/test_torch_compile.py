@@ -176,9 +176,11 @@ def test_compiled_graphs_call_linseq_kernels():
     assert not any("linseq.kda_backward" in t for t in targets["forward"])
 
 
-def test_saved_block_size_from_shapes_matches_the_library():
-    """The fake implementation sizes KDA's saved block from the shapes: the library's exact
-    size without cu_seqlens, an upper bound of it with them (the lengths are data)."""
+def test_saved_block_size_from_shapes_holds_the_library_block():
+    """The fake implementation sizes the training forward's block (the last output of
+    linseq::kda and linseq::ssm1) from the shapes alone, from the library's size query: at
+    least the library's size, with and without cu_seqlens (the lengths are data), and not
+    much more."""
     rng = np.random.default_rng(0)
     for mode in ("chunked", "recurrent"):
         for chunk in (16, 64):
@@ -193,11 +195,20 @@ def test_saved_block_size_from_shapes_matches_the_library():
                 _, _, saved = ops.kda_forward_train(inputs, mode=mode, chunk_size=chunk)
                 opts = api.KdaOptions(mode=mode, chunk_size=chunk)
                 n_seqs = None if cu is None else len(cu) - 1
-                floats = _torch_ops.kda_saved_floats(dict(q=q.shape, v=v.shape), n_seqs, opts)
-                if cu is None:
-                    assert floats == saved.size, (mode, chunk, T)
-                else:
-                    assert saved.size <= floats, (mode, chunk, T, cu)
+                floats = _torch_ops.saved_floats(_opspec.KDA, dict(q=q.shape, v=v.shape),
+                                                 n_seqs, opts)
+                # rounded up to whole pieces of chunk_size tokens: about one more per sequence
+                piece = _torch_ops.saved_floats(
+                    _opspec.KDA, dict(q=(1, chunk, 2, 8), v=(1, chunk, 4, 6)), None, opts)
+                assert saved.size <= floats <= saved.size + ((n_seqs or B) + 1) * piece, (
+                    mode, chunk, T, cu)
+    x = np.zeros((2, 130, 3), np.float32)
+    p = np.zeros((2, 130, 4), np.float32)
+    _, _, saved = ops.ssm1_forward_train(ops.Ssm1Inputs(x, x, np.zeros((3, 4), np.float32),
+                                                        p, p))
+    floats = _torch_ops.saved_floats(_opspec.SSM1, dict(x=x.shape, A=(3, 4)), None,
+                                     api.Ssm1Options())
+    assert saved.size <= floats
 
 
 # ------------------------------------------------------------------------------------------
