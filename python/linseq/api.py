@@ -1,21 +1,29 @@
 """The public functions, with the signatures of the APIs people already call.
 
 - ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
-- fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda`, `causal_conv1d`;
+- fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
+  functions linseq.compat.fla exports), `causal_conv1d`;
 - `kda_decode`: one token for many requests against a pool of states.
 
 Each function takes NumPy arrays, PyTorch CPU tensors or JAX arrays and answers in the same
-framework: NumPy runs the kernels directly, PyTorch goes through torch.autograd.Function
+framework: NumPy runs the kernels directly, PyTorch goes through torch.library custom ops
 (linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
 XLA FFI custom calls (linseq.jax; jax.pure_callback where the handlers were not built),
-usable under jit, grad and vmap. The work is described once here
-as arrays plus frozen options; each framework's backend runs it.
+usable under jit, grad and vmap. A call is described once, as an op spec (_opspec), arrays
+and frozen options (_options); each framework's backend runs it (backend.run).
 """
 
 import numpy as np
 
+from . import _opspec
 from ._backends import backend_for
+from ._fla_signatures import chunk_kda, fused_recurrent_kda
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
+
+__all__ = ["kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
+           "fused_recurrent_kda", "kda_decode", "state_space_v1", "causal_conv1d",
+           "KdaOptions", "Ssm1Options", "ConvOptions", "GateOptions"]
+
 
 # ------------------------------------------------------------------------------------------
 # ejkernel-style KDA
@@ -57,7 +65,7 @@ def _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale, 
     opts = KdaOptions(scale=softmax_scale, qk_l2norm=use_qk_l2norm,
                       mode="chunked" if use_chunked else "recurrent", chunk_size=tile)
     backend = backend_for(arrays.values(), framework)
-    return backend.kda(arrays, None, opts)
+    return backend.run(_opspec.KDA, arrays, None, opts)
 
 
 def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scale=None,
@@ -120,17 +128,12 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
     """
     arrays = dict(g_raw=gate, A_log=A_log, dt_bias=dt_bias)
     backend = backend_for(arrays.values(), _framework)
-    return backend.kda_gate(arrays, GateOptions(lower_bound=lower_bound))
+    return backend.run(_opspec.KDA_GATE, arrays, None, GateOptions(lower_bound=lower_bound))[0]
 
 
 # ------------------------------------------------------------------------------------------
-# fla-style KDA
+# Decode
 # ------------------------------------------------------------------------------------------
-
-# One implementation serves linseq.chunk_kda and linseq.compat.fla.chunk_kda (and the same
-# for fused_recurrent_kda): fla-core's exact signatures, positional order and defaults.
-from .compat.fla import chunk_kda, fused_recurrent_kda  # noqa: E402  (compat.fla imports api)
-
 
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
@@ -201,8 +204,8 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
     arrays = dict(x=hidden_states, dt=dt, A=A, B=B, C=C, D=D, gate=in_kernel_gate,
                   h0=initial_state, dt_bias=dt_bias)
     backend = backend_for(list(arrays.values()) + [gate, cu_seqlens], _framework)
-    y, h = backend.ssm1(arrays, cu_seqlens,
-                        Ssm1Options(activation=kernel_act, dt_softplus=bool(dt_softplus)))
+    y, h = backend.run(_opspec.SSM1, arrays, cu_seqlens,
+                       Ssm1Options(activation=kernel_act, dt_softplus=bool(dt_softplus)))
     if gate is not None and kernel_act is None:
         y = y * act_fn(gate)  # the caller's framework differentiates this product
     return backend.cast(y, hidden_states), backend.cast(h, hidden_states), conv_state
@@ -220,9 +223,6 @@ def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cu_
     """
     arrays = dict(x=x, weight=weight, bias=bias, conv_state=conv_state)
     backend = backend_for(list(arrays.values()) + [cu_seqlens], _framework)
-    y, state = backend.conv1d(arrays, cu_seqlens, ConvOptions(activation=activation))
+    y, state = backend.run(_opspec.CONV1D, arrays, cu_seqlens, ConvOptions(activation=activation))
     return backend.cast(y, x), state
 
-
-PUBLIC = ("kda", "kernel_delta_attention", "kda_decay", "chunk_kda", "fused_recurrent_kda",
-          "kda_decode", "state_space_v1", "causal_conv1d")

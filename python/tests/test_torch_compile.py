@@ -13,7 +13,7 @@ from conftest import require
 
 torch = require("torch")
 import linseq.torch as lt  # noqa: E402
-from linseq import _opspec, _torch_ops, api, ops  # noqa: E402
+from linseq import _opspec, _torch_backend, _torch_ops, api, ops  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _torch_ops.AVAILABLE,
                                 reason="torch.library.custom_op needs PyTorch 2.4+")
@@ -88,7 +88,7 @@ def _eager_function(spec, arrays, cu, opts):
     PyTorch without torch.library.custom_op)."""
     tensors = [arrays.get(n) for n in spec.arrays]
     train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    return lt._LinseqOp.apply(spec, opts, train, cu, *tensors)
+    return _torch_backend._LinseqOp.apply(spec, opts, train, cu, *tensors)
 
 
 # ------------------------------------------------------------------------------------------
