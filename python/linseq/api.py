@@ -3,7 +3,9 @@
 - ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
 - fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
   functions linseq.compat.fla exports), `causal_conv1d`;
-- `kda_decode`: one token for many requests against a pool of states.
+- `kda_decode`: one token for many requests against a pool of states;
+- `run`: any op of the library's table by name, its arrays by the table's names and its
+  options as keywords; the functions above are written over the same call.
 
 Each function takes NumPy arrays, PyTorch CPU tensors or JAX arrays and answers in the same
 framework: NumPy runs the kernels directly, PyTorch goes through torch.library custom ops
@@ -20,9 +22,28 @@ from ._backends import backend_for
 from ._fla_signatures import chunk_kda, fused_recurrent_kda
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
-__all__ = ["kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
+__all__ = ["run", "kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
            "fused_recurrent_kda", "kda_decode", "state_space_v1", "causal_conv1d",
            "KdaOptions", "Ssm1Options", "ConvOptions", "GateOptions"]
+
+
+def run(op, arrays, cu_seqlens=None, *, _framework=None, **options):
+    """One op of the C library's table, forward, in the framework of the arrays given.
+
+    op: "kda", "kda_gate", "ssm1" or "causal_conv1d"; arrays: a dict by the table's input
+    names (_opspec.SPECS[op].arrays; a missing one is absent); cu_seqlens: packed sequences
+    (B == 1), where the op takes them; options: the fields of the op's options class
+    (KdaOptions, GateOptions, Ssm1Options, ConvOptions), checked as they are. Returns the
+    op's outputs as a tuple, in the table's order (float32; KDA's first output bfloat16
+    where its inputs are and no gradient is needed). Differentiable as the functions below.
+    """
+    spec = _opspec.by_name(op)
+    unknown = set(arrays) - set(spec.arrays)
+    if unknown:
+        raise ValueError(f"arrays: {op} takes {list(spec.arrays)}, got {sorted(unknown)}")
+    full = {n: arrays.get(n) for n in spec.arrays}
+    backend = backend_for(list(full.values()) + [cu_seqlens], _framework)
+    return backend.run(spec, full, cu_seqlens, spec.options(**options))
 
 
 # ------------------------------------------------------------------------------------------

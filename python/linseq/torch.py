@@ -6,7 +6,8 @@ every op is a torch.library custom op with a fake implementation and its autogra
 so `loss.backward()` reaches linseq's C backward and torch.compile(fullgraph=True) traces the
 functions without a graph break (each runs as a non-strict traced block, where the custom ops
 are what lands in the graph). Tensors must be on the CPU; contiguous float32 tensors reach the
-kernels without a copy.
+kernels without a copy. `run` is the one generic entry the others are written over: any op of
+the library's table by name, its arrays by the table's names, its options as keywords.
 """
 
 import functools
@@ -31,6 +32,7 @@ def _public(fn):
     return _NONSTRICT_TRACE(bound) if _NONSTRICT_TRACE else bound
 
 
+run = _public(api.run)
 kda = _public(api.kda)
 kernel_delta_attention = _public(api.kernel_delta_attention)
 kda_decay = _public(api.kda_decay)
