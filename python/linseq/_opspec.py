@@ -21,8 +21,10 @@ from . import _lib, ops
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options
 
 
-# eq=False: specs are singletons, hashed by identity (JAX caches one function per spec)
-@dataclasses.dataclass(frozen=True, eq=False)
+# eq=False: specs are singletons, hashed by identity (JAX caches one function per spec, the
+# PyTorch backend keeps one custom op per spec). Not frozen: torch.compile's Dynamo hashes a
+# frozen dataclass by its fields (a dict is among them), an ordinary object by identity.
+@dataclasses.dataclass(eq=False)
 class OpSpec:
     name: str                        # its custom ops' name: linseq::<name>, <name>_backward
     table: str                       # its name in the library's op table

@@ -3,10 +3,12 @@
 One forward op and one backward op per op spec (linseq::kda, kda_backward, kda_gate, ssm1,
 conv1d and their _backward; an op without a backward has its forward op only), and
 linseq::kda_decode, which updates its state pool in place (declared as a mutated argument).
-Every op has a fake implementation that gives its outputs' shapes from the input shapes alone
-(the specs' out_shapes), and the forward ops have their autograd registered to call the
-backward op: torch.compile(..., fullgraph=True) and AOT autograd see two opaque ops instead
-of a Python function they cannot trace.
+The drop-ins (linseq.compat) call the same ops, in their layouts (channel_first), and add
+ops only where none of these fits: their decode steps into pools and causal-conv1d's
+seq_idx (compat_op, pool_update_op below). Every op has a fake implementation that gives
+its outputs' shapes from the input shapes alone (the specs' out_shapes), and the forward ops
+have their autograd registered to call the backward op: torch.compile(..., fullgraph=True)
+and AOT autograd see two opaque ops instead of a Python function they cannot trace.
 
 The options become op arguments of schema types (bool, int, str, float?, str?); every array
 is a `Tensor?` (the checks of ops refuse a missing required one by its name), and so is
@@ -312,13 +314,14 @@ else:
     OPS, kda_decode = {}, None
 
 
-def scan_like_op(name, head, tensors, forward, fake, backward):
-    """A custom op for the drop-ins' kernel seams (compat.mamba_ssm's scan, compat.
-    causal_conv1d's conv), with its backward op and autograd. `head`: the schema of the
-    leading arguments that get no gradient (flags, index tensors), e.g. "bool channel_first";
-    `tensors`: those that may, e.g. ["Tensor u", "Tensor? D"]. forward(*head, *tensors) ->
-    (y, state); fake(*head, *tensors) -> the same shapes; backward(*head, *tensors, d_y,
-    d_state, wanted) -> one gradient per tensor (an empty tensor where not wanted)."""
+def compat_op(name, head, tensors, forward, fake, backward):
+    """A custom op for a drop-in's kernel seam that no op spec fits (causal-conv1d's seq_idx
+    conv, whose offsets are read from seq_idx inside the op), with its backward op and
+    autograd. `head`: the schema of the leading arguments that get no gradient (flags, index
+    tensors), e.g. "str? activation, Tensor seq_idx"; `tensors`: those that may, e.g.
+    ["Tensor x", "Tensor? bias"]. forward(*head, *tensors) -> (y, state); fake(*head,
+    *tensors) -> the same shapes; backward(*head, *tensors, d_y, d_state, wanted) -> one
+    gradient per tensor (an empty tensor where not wanted)."""
     n_head = head.count(",") + 1
     args = f"{head}, {', '.join(tensors)}"
     forward_op = torch.library.custom_op(f"{NAMESPACE}::{name}", forward, mutates_args=(),

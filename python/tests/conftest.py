@@ -97,8 +97,9 @@ class Case:
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Records what linseq.ops hands the kernels, by ops function name: the problems built
-    (Ssm1Inputs, Conv1dInputs), the output arrays the forwards return (first output), the
-    gradient dicts of the backwards, and the address of every pool a decode updates."""
+    (Ssm1Inputs, Conv1dInputs), the output arrays the forwards return (first output; a
+    training forward, ops.forward_train, under its op's forward), the gradient dicts of the
+    backwards, and the address of every pool a decode updates."""
     from linseq import ops
     record = {"Ssm1Inputs": lambda args, result: result,
               "Conv1dInputs": lambda args, result: result,
@@ -121,6 +122,13 @@ def kernel_calls(monkeypatch):
 
     for name in record:
         spy(name)
+    real_train = ops.forward_train
+
+    def forward_train(name, *args, **kwargs):
+        result = real_train(name, *args, **kwargs)
+        seen[f"{name}_forward"].append(result[0][0])
+        return result
+    monkeypatch.setattr(ops, "forward_train", forward_train)
     _spy_direct_decodes(monkeypatch, seen)
     return seen
 
