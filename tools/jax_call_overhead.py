@@ -28,6 +28,10 @@ try:
     from linseq import _jax_ffi
 except ImportError:  # a linseq from before the FFI path: its pure_callback calls alone
     _jax_ffi = None
+try:
+    from linseq import _jax_backend as _paths  # where the path in use is set
+except ImportError:  # a linseq from before the JAX backend had its own module
+    _paths = lj
 
 
 def _problems(B=4, T=4, H=2, K=16, V=16, R=8):
@@ -80,7 +84,7 @@ def main():
     paths = ["callback"] + (["ffi"] if _jax_ffi and _jax_ffi.AVAILABLE else [])
     cases = {}
     for path in paths:  # the jitted functions trace per path: one set of callables each
-        lj._CALLS = path
+        _paths._CALLS = path
         cases[path] = _problems()
         for fn in cases[path].values():
             _time(fn, 20)
@@ -88,7 +92,7 @@ def main():
     rounds = 10
     for _ in range(rounds):
         for path in paths:
-            lj._CALLS = path  # (an unused attribute on a linseq without the FFI path)
+            _paths._CALLS = path  # (an unused attribute on a linseq without the FFI path)
             for case, fn in cases[path].items():
                 times[path, case] += _time(fn, max(1, args.repeat // rounds))
     print(f"jax {jax.__version__}, linseq threads {args.threads}, median of {args.repeat} calls, "

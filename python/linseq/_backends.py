@@ -1,28 +1,46 @@
 """The framework registry: which backend runs a call, by the kind of arrays it was given.
 
-Each backend lives in its own module (NumPy in _numpy, PyTorch in linseq.torch, JAX in
-linseq.jax) and is imported only when a call needs it, so importing linseq never imports
-torch or jax. The backends and the public functions of api meet here, never in each other's
-private names.
+Each backend lives in its own module (_numpy_backend, _torch_backend, _jax_backend) and is
+imported only when a call needs it, so importing linseq never imports torch or jax. A backend
+module imports neither this registry nor the public functions (api, linseq.torch,
+linseq.jax), which import this registry: the imports stay one-way.
+
+A backend has run(spec, arrays, cu_seqlens, opts) -> the op's outputs, kda_decode(arrays,
+state, state_rows, opts, inplace) -> (o, state), and cast(value, like).
 """
 
 import functools
-import importlib
 
 from ._arrays import framework_of
 
-# framework name -> (module, class): adding a framework is one line here and its module.
-_BACKENDS = {
-    "numpy": ("linseq._numpy", "NumpyBackend"),
-    "torch": ("linseq.torch", "TorchBackend"),
-    "jax": ("linseq.jax", "JaxBackend"),
-}
+
+def _numpy():
+    from ._numpy_backend import NumpyBackend
+    return NumpyBackend
+
+
+def _torch():
+    from ._torch_backend import TorchBackend
+    return TorchBackend
+
+
+def _jax():
+    from ._jax_backend import JaxBackend
+    return JaxBackend
+
+
+# framework name -> its backend's loader: adding a framework is one line here and its module
+_LOADERS = {"numpy": _numpy, "torch": _torch, "jax": _jax}
+_LOADED = {}
 
 
 def backend_for(values, forced=None):
     """The backend of the framework `forced` names, or of the arrays among `values`."""
-    module, cls = _BACKENDS.get(forced or framework_of(values), _BACKENDS["numpy"])
-    return getattr(importlib.import_module(module), cls)
+    name = forced or framework_of(values)
+    backend = _LOADED.get(name)
+    if backend is None:
+        backend = _LOADED[name] = _LOADERS.get(name, _numpy)()
+    return backend
 
 
 def bind_framework(framework, fn):

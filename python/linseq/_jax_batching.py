@@ -39,8 +39,7 @@ def decode_roles(names, has_rows, floats):
 
 
 def _table(spec):
-    name = "causal_conv1d" if spec is _opspec.CONV1D else spec.name
-    return _lib.op_desc(name)
+    return _lib.op_desc(spec.table)
 
 
 def _resolve(role, operand, batched):

@@ -113,7 +113,9 @@ class Call:
         desc = _lib.op_desc(op_name)
         self._problem = desc["problem"]
         self._offsets = {f["name"]: f["offset"] for f in desc["problem"]["fields"]}
-        self._grad_offsets = {f["name"]: f["offset"] for f in desc["grads"]["fields"]}
+        # an op without a backward has no grads struct (and no backward target to call)
+        self._grad_offsets = ({f["name"]: f["offset"] for f in desc["grads"]["fields"]}
+                              if desc["grads"] is not None else {})
         self._fields = {t["name"]: t["field"] for t in desc["tensors"] if t.get("field")}
         self.fields, self.kinds, self._cleared = [], [], []
 
@@ -150,7 +152,7 @@ class Call:
 
     def grad_shape(self, grad):
         """The shape the library writes the gradient `grad` in under this problem."""
-        return _lib.tensor_shape(self.op_name, grad, self.inputs.problem)
+        return self.inputs.shapes[grad]
 
 
 def ffi_call(target, result_shapes, operands, attrs, aliases=None):
@@ -160,4 +162,4 @@ def ffi_call(target, result_shapes, operands, attrs, aliases=None):
 
 def exec_of(opts):
     """The linseq_exec of an option set (KDA's mode and chunk size; the default otherwise)."""
-    return ops.make_exec(**(opts.run() if hasattr(opts, "run") else {}))
+    return ops.make_exec(**opts.exec_settings())

@@ -82,6 +82,19 @@ def struct_class(desc):
     return cls
 
 
+def struct_classes(table):
+    """{class name: ctypes class} of every struct a table describes: linseq_exec (as Exec)
+    and each op's problem and grads structs; a forward-only op ("grads": null) has no grads
+    struct. Ops may share a struct (kda_segment reads linseq_kda_problem): one class each."""
+    structs = {"Exec": struct_class(table["exec"])}
+    for op in table["ops"]:
+        for part in ("problem", "grads"):
+            if op[part] is not None:
+                cls = struct_class(op[part])
+                structs[cls.__name__] = cls
+    return structs
+
+
 def _load():
     path = _library_path()
     try:
@@ -97,20 +110,14 @@ def _load():
     if not text:
         raise ImportError("linseq: the C library could not describe its structs (no memory)")
     table = json.loads(text.decode())
-    structs = {"Exec": struct_class(table["exec"])}
-    for op in table["ops"]:
-        for part in ("problem", "grads"):
-            cls = struct_class(op[part])
-            structs[cls.__name__] = cls
-    globals().update(structs)
+    globals().update(struct_classes(table))
     return lib, table
 
 
 def _bind(lib):
     P = ctypes.POINTER
     sigs = {
-        "linseq_op_tensor_shape": (_int, [ctypes.c_char_p, ctypes.c_char_p, _p,
-                                          P(ctypes.c_int64)]),
+        "linseq_op_shapes": (_int, [ctypes.c_char_p, _p, _int, P(_int), P(ctypes.c_int64)]),
         "linseq_last_error": (ctypes.c_char_p, []),
         "linseq_version": (ctypes.c_char_p, []),
         "linseq_isa": (ctypes.c_char_p, []),
@@ -148,11 +155,15 @@ def _bind(lib):
 
 lib, op_table = _load()
 _bind(lib)
+_OPS = {o["name"]: o for o in op_table["ops"]}
+# op name -> (its name as bytes, {tensor name: its index in the table's tensors list})
+_SHAPE_INDEX = {name: (name.encode(), {t["name"]: i for i, t in enumerate(o["tensors"])})
+                for name, o in _OPS.items()}
 
 
 def op_desc(op_name):
     """The op table's entry of op_name ("kda", "kda_gate", "ssm1", "causal_conv1d")."""
-    return next(o for o in op_table["ops"] if o["name"] == op_name)
+    return _OPS[op_name]
 
 
 def op_tensors(op_name, role):
@@ -160,20 +171,58 @@ def op_tensors(op_name, role):
     return [t for t in op_desc(op_name)["tensors"] if t["role"] == role]
 
 
+class NoBackward(NotImplementedError):
+    """A backward asked of an op the library describes as forward-only."""
+
+    def __init__(self, op_name):
+        super().__init__(f"{op_name}: the op has no backward (the C library describes it as "
+                         "forward-only: no gradients); call it where no gradient is needed")
+
+
+def has_backward(desc):
+    """Whether an op table entry has a backward: a grads struct, and "backward" not false."""
+    return desc["grads"] is not None and desc.get("backward", True)
+
+
+def problem_class(op_name):
+    """The ctypes class of the op's problem struct."""
+    return globals()[_class_name(op_desc(op_name)["problem"]["type"])]
+
+
 def grads_class(op_name):
-    """The ctypes class of the op's grads struct."""
-    return globals()[_class_name(op_desc(op_name)["grads"]["type"])]
+    """The ctypes class of the op's grads struct; NoBackward for a forward-only op."""
+    desc = op_desc(op_name)
+    if not has_backward(desc):
+        raise NoBackward(op_name)
+    return globals()[_class_name(desc["grads"]["type"])]
 
 
-def tensor_shape(op_name, tensor, problem):
-    """The shape the library's op table gives `tensor` under `problem` (a ctypes problem
-    struct), or None when the tensor does not exist with these options."""
-    dims = (ctypes.c_int64 * 4)()
-    rank = lib.linseq_op_tensor_shape(op_name.encode(), tensor.encode(),
-                                      ctypes.addressof(problem), dims)
-    if rank < 0:
-        raise ValueError(f"{tensor}: the sizes give it more elements than an int64 holds")
-    return tuple(dims[:rank]) if rank else None
+_DIMS = 4  # LINSEQ_OP_MAX_DIMS: the dims linseq_op_shapes writes per tensor
+
+
+class Shapes:
+    """Every tensor's shape of one op under one problem, from one linseq_op_shapes call:
+    shapes[name] is a tuple, or None when the tensor does not exist with these options."""
+
+    __slots__ = ("_op", "_ranks", "_dims")
+
+    def __init__(self, op_name, problem):
+        op = _SHAPE_INDEX.get(op_name)
+        if op is None:
+            raise ValueError(f"{op_name}: not an op of the library's table")
+        name, index = op
+        n = len(index)
+        ranks, dims = (ctypes.c_int * n)(), (ctypes.c_int64 * (n * _DIMS))()
+        if lib.linseq_op_shapes(name, ctypes.addressof(problem), n, ranks, dims) != n:
+            raise ValueError(f"{op_name}: the library gave no shapes for this problem")
+        self._op, self._ranks, self._dims = index, ranks, dims
+
+    def __getitem__(self, tensor):
+        i = self._op[tensor]
+        rank = self._ranks[i]
+        if rank < 0:
+            raise ValueError(f"{tensor}: the sizes give it more elements than an int64 holds")
+        return tuple(self._dims[i * _DIMS:i * _DIMS + rank]) if rank else None
 
 
 def _enum_values(op_name, key):

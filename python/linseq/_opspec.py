@@ -1,42 +1,70 @@
-"""One description per differentiable op, shared by the PyTorch and JAX front ends.
+"""One description per op, shared by the NumPy, PyTorch and JAX front ends.
 
-Each spec names the op's input arrays (in a fixed order), the gradient each one receives,
-the shapes of its outputs (from the input shapes alone, which JAX needs while tracing), and
-the forward and backward over NumPy arrays. A framework front end only moves tensors in and
-out; what is computed lives here once.
+Each spec holds what the C library's op table says of the op (its input arrays in a fixed
+order, how many outputs it has, the gradient each input receives, whether it has a backward
+and a training forward that keeps a block for it) and what Python adds: its options class,
+its outputs' shapes from the input shapes alone (which JAX and torch's fake tensors need),
+the problem sizes a training block's size depends on, and the forward and backward over
+NumPy arrays. A framework front end only moves tensors in and out; what is computed lives
+here once.
+
+An op the library describes as forward-only ("grads": null) gets a spec without a backward:
+has_backward is False, grad_of is empty, and calling its backward raises _lib.NoBackward.
 """
 
 import dataclasses
-from typing import Callable, Dict, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import numpy as np
 
 from . import _lib, ops
+from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options
 
 
-# eq=False: specs are singletons, hashed by identity (JAX caches one function per spec)
-@dataclasses.dataclass(frozen=True, eq=False)
+# eq=False: specs are singletons, hashed by identity (JAX caches one function per spec, the
+# PyTorch backend keeps one custom op per spec). Not frozen: torch.compile's Dynamo hashes a
+# frozen dataclass by its fields (a dict is among them), an ordinary object by identity.
+@dataclasses.dataclass(eq=False)
 class OpSpec:
-    name: str
-    arrays: Tuple[str, ...]
+    name: str                        # its custom ops' name: linseq::<name>, <name>_backward
+    table: str                       # its name in the library's op table
+    options: type                    # the frozen options class (_options)
+    arrays: Tuple[str, ...]          # the input arrays, in the table's order
+    n_outputs: int
     grad_of: Dict[str, str]          # input array -> key of its gradient in the backward dict
+    has_backward: bool
+    saved: bool                      # a training forward keeps a block for the backward
     out_shapes: Callable             # (shapes: dict name -> tuple|None, n_seqs|None, opts)
     forward: Callable                # (inputs, opts, train) -> (list of outputs, saved)
     backward: Callable               # (inputs, opts, upstream list, saved, wanted) -> dict
+    sizes: Optional[Callable]        # (shapes, opts) -> the problem's sizes, where saved
 
-    def inputs(self, arrays, cu_seqlens, opts):
-        if self.name == "kda_gate":
-            return opts.inputs(arrays)
-        return opts.inputs(arrays, cu_seqlens)
+    def inputs(self, arrays, cu_seqlens, opts, bf16=False):
+        return opts.inputs(arrays, cu_seqlens, bf16=bf16)
 
 
-def _table_arrays(table_name):
-    """The op's inputs in the C library's table order, and the gradient each receives (the
-    table's grads name their input): one description, not a copy per front end."""
-    op = next(o for o in _lib.op_table["ops"] if o["name"] == table_name)
-    arrays = tuple(t["name"] for t in op["tensors"] if t["role"] == "input")
-    grads = {t["grad_of"]: t["name"] for t in op["tensors"] if t["role"] == "grad"}
-    return arrays, grads
+def from_table(desc, name, options, out_shapes, forward, backward=None, sizes=None):
+    """The spec of the op table entry `desc`: its arrays, outputs and gradients from the
+    table, the rest as given. `backward` None, or an entry without a backward (a forward-only
+    op), makes a spec whose backward raises _lib.NoBackward."""
+    tensors = desc["tensors"]
+    has_backward = backward is not None and _lib.has_backward(desc)
+    if not has_backward:
+        def backward(*args, _op=desc["name"]):
+            raise _lib.NoBackward(_op)
+    grads = ({t["grad_of"]: t["name"] for t in tensors if t["role"] == "grad"}
+             if has_backward else {})
+    saved = bool(desc.get("training")) and has_backward
+    if saved and sizes is None:
+        raise ValueError(f"{desc['name']}: a training forward needs the spec's sizes")
+    return OpSpec(name, desc["name"], options,
+                  tuple(t["name"] for t in tensors if t["role"] == "input"),
+                  sum(t["role"] == "output" for t in tensors), grads, has_backward, saved,
+                  out_shapes, forward, backward, sizes)
+
+
+def _spec(table_name, *args, **kwargs):
+    return from_table(_lib.op_desc(table_name), *args, **kwargs)
 
 
 def _zeros_if_none(value, shape):
@@ -53,20 +81,27 @@ def _kda_out_shapes(shapes, n_seqs, opts):
     return [(B, T, HV, V), state]
 
 
+def _kda_sizes(shapes, opts):
+    B, T, H, K = shapes["q"]
+    return dict(B=B, T=T, H=H, HV=shapes["v"][2], K=K, V=shapes["v"][3])
+
+
 def _kda_forward(inputs, opts, train):
     if train:
-        o, ht, saved = ops.kda_forward_train(inputs, **opts.run())
+        o, ht, saved = ops.kda_forward_train(inputs, **opts.exec_settings())
         return [o, ht], saved
-    o, ht = ops.kda_forward(inputs, **opts.run())
+    o, ht = ops.kda_forward(inputs, **opts.exec_settings())
     return [o, ht], None
 
 
 def _kda_backward(inputs, opts, upstream, saved, wanted):
     d_o = _zeros_if_none(upstream[0], (inputs.B, inputs.T, inputs.HV, inputs.V))
-    return ops.kda_backward(inputs, d_o, upstream[1], saved=saved, wanted=wanted, **opts.run())
+    return ops.kda_backward(inputs, d_o, upstream[1], saved=saved, wanted=wanted,
+                            **opts.exec_settings())
 
 
-KDA = OpSpec("kda", *_table_arrays("kda"), _kda_out_shapes, _kda_forward, _kda_backward)
+KDA = _spec("kda", "kda", KdaOptions, _kda_out_shapes, _kda_forward, _kda_backward,
+            _kda_sizes)
 
 
 # KDA gate ----------------------------------------------------------------------------------
@@ -80,17 +115,28 @@ def _gate_backward(inputs, opts, upstream, saved, wanted):
     return ops.kda_gate_backward(inputs, d_g, wanted=wanted)
 
 
-KDA_GATE = OpSpec(
-    "kda_gate", *_table_arrays("kda_gate"),
-    lambda shapes, n_seqs, opts: [shapes["g_raw"]], _gate_forward, _gate_backward)
+KDA_GATE = _spec("kda_gate", "kda_gate", GateOptions,
+                 lambda shapes, n_seqs, opts: [shapes["g_raw"]], _gate_forward, _gate_backward)
 
 
 # SSM1 --------------------------------------------------------------------------------------
 
+def _token_sizes(shape, channel_first):
+    """(B, T, D) of a per-token array [B,T,D] ([B,D,T] channel first)."""
+    B, second, third = shape
+    return (B, third, second) if channel_first else (B, second, third)
+
+
 def _ssm1_out_shapes(shapes, n_seqs, opts):
-    B, T, D = shapes["x"]
+    B, _, D = _token_sizes(shapes["x"], opts.channel_first)
     N = shapes["A"][1]
-    return [(B, T, D), (B if n_seqs is None else n_seqs, D, N)]
+    return [tuple(shapes["x"]), (B if n_seqs is None else n_seqs, D, N)]
+
+
+def _ssm1_sizes(shapes, opts):
+    # one group (G = 0): the saved block's size depends on B, T, D and N alone (linseq.h)
+    B, T, D = _token_sizes(shapes["x"], opts.channel_first)
+    return dict(B=B, T=T, D=D, N=shapes["A"][1], G=0)
 
 
 def _ssm1_forward(inputs, opts, train):
@@ -105,15 +151,16 @@ def _ssm1_backward(inputs, opts, upstream, saved, wanted):
     return ops.ssm1_backward(inputs, d_y, upstream[1], wanted=wanted, saved=saved)
 
 
-SSM1 = OpSpec("ssm1", *_table_arrays("ssm1"), _ssm1_out_shapes, _ssm1_forward, _ssm1_backward)
+SSM1 = _spec("ssm1", "ssm1", Ssm1Options, _ssm1_out_shapes, _ssm1_forward, _ssm1_backward,
+             _ssm1_sizes)
 
 
 # causal conv1d -----------------------------------------------------------------------------
 
 def _conv_out_shapes(shapes, n_seqs, opts):
-    B, T, D = shapes["x"]
+    B, _, D = _token_sizes(shapes["x"], opts.channel_first)
     W = shapes["weight"][-1]
-    return [(B, T, D), (B if n_seqs is None else n_seqs, D, W - 1)]
+    return [tuple(shapes["x"]), (B if n_seqs is None else n_seqs, D, W - 1)]
 
 
 def _conv_forward(inputs, opts, train):
@@ -125,5 +172,16 @@ def _conv_backward(inputs, opts, upstream, saved, wanted):
     return ops.conv1d_backward(inputs, d_y, upstream[1], wanted=wanted)
 
 
-CONV1D = OpSpec("conv1d", *_table_arrays("causal_conv1d"), _conv_out_shapes, _conv_forward,
-                _conv_backward)
+CONV1D = _spec("causal_conv1d", "conv1d", ConvOptions, _conv_out_shapes, _conv_forward,
+               _conv_backward)
+
+
+SPECS = {spec.table: spec for spec in (KDA, KDA_GATE, SSM1, CONV1D)}
+
+
+def by_name(op):
+    """The spec of an op by its table name ("kda", "kda_gate", "ssm1", "causal_conv1d")."""
+    spec = SPECS.get(op)
+    if spec is None:
+        raise ValueError(f"op: expected one of {sorted(SPECS)}, got {op!r}")
+    return spec

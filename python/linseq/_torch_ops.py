@@ -1,18 +1,20 @@
 """linseq's PyTorch entries as torch.library custom ops, so torch.compile traces them.
 
-One forward op and one backward op per differentiable op spec (linseq::kda, kda_backward,
-kda_gate, ssm1, conv1d and their _backward), and linseq::kda_decode, which updates its
-state pool in place (declared as a mutated argument). Every op has a fake implementation
-that gives its outputs' shapes from the input shapes alone (the specs' out_shapes), and the
-forward ops have their autograd registered to call the backward op: torch.compile(...,
-fullgraph=True) and AOT autograd see two opaque ops instead of a Python function they
-cannot trace.
+One forward op and one backward op per op spec (linseq::kda, kda_backward, kda_gate, ssm1,
+conv1d and their _backward; an op without a backward has its forward op only), and
+linseq::kda_decode, which updates its state pool in place (declared as a mutated argument).
+The drop-ins (linseq.compat) call the same ops, in their layouts (channel_first), and add
+ops only where none of these fits: their decode steps into pools and causal-conv1d's
+seq_idx (compat_op, pool_update_op below). Every op has a fake implementation that gives
+its outputs' shapes from the input shapes alone (the specs' out_shapes), and the forward ops
+have their autograd registered to call the backward op: torch.compile(..., fullgraph=True)
+and AOT autograd see two opaque ops instead of a Python function they cannot trace.
 
 The options become op arguments of schema types (bool, int, str, float?, str?); every array
 is a `Tensor?` (the checks of ops refuse a missing required one by its name), and so is
-cu_seqlens. KDA's forward for training keeps its chunk states for the backward: here they
-are a third output of linseq::kda, a float32 tensor (empty unless `train`) that the
-backward op takes back.
+cu_seqlens. A training forward (KDA's, SSM1's) keeps a block for the backward: here it is
+a last output of the forward op, a float32 tensor (empty unless `train`) that the backward
+op takes back, sized from the library's saved_size query (saved_floats).
 
 KDA's forward without `train` and kda_decode keep bfloat16 inputs as bfloat16 (the rule of
 ops.kda_bf16_storage) and return o as torch.bfloat16; the fake implementations declare the
@@ -28,21 +30,15 @@ import typing
 import numpy as np
 import torch
 
-from . import _lib, _opspec, _torch_decode, api, ops
+from . import _lib, _opspec, _torch_direct, ops
 
 AVAILABLE = all(hasattr(torch.library, n)
                 for n in ("custom_op", "register_fake", "register_autograd"))
 
 NAMESPACE = "linseq"
 
-# Per spec: the options it takes, and how many outputs its forward returns
-_OPTIONS = {_opspec.KDA: api.KdaOptions, _opspec.KDA_GATE: api.GateOptions,
-            _opspec.SSM1: api.Ssm1Options, _opspec.CONV1D: api.ConvOptions}
-_N_OUTPUTS = {_opspec.KDA: 2, _opspec.KDA_GATE: 1, _opspec.SSM1: 2, _opspec.CONV1D: 2}
 _SCHEMA_TYPES = {bool: "bool", int: "int", str: "str", typing.Optional[float]: "float?",
                  typing.Optional[str]: "str?"}
-
-_SAVED_HEADER_BYTES = 64  # the header of the saved block (include/linseq.h describes it)
 
 
 def wanted_grads(names, wanted, backward):
@@ -63,52 +59,32 @@ _SCHEMA_NAMES = {"mode": "exec_mode"}
 
 
 def _option_schema(options_class):
-    return ", ".join(f"{_SCHEMA_TYPES[f.type]} {_SCHEMA_NAMES.get(f.name, f.name)}"
-                     for f in dataclasses.fields(options_class))
+    """The schema arguments of an options class's fields (a list: an op may have none)."""
+    return [f"{_SCHEMA_TYPES[f.type]} {_SCHEMA_NAMES.get(f.name, f.name)}"
+            for f in dataclasses.fields(options_class)]
 
 
-def kda_saved_floats(shapes, n_seqs, opts):
-    """Floats of the tensor that keeps KDA's chunk states between the forward and backward,
-    from the shapes alone (a fake tensor has no data). The layout of include/linseq.h: a
-    64-byte header, then per sequence and value head ceil(L/C) K V floats (plus L V in
-    chunked mode) rounded up to 16 floats. Without cu_seqlens that is the exact size; with
-    it, where the lengths are data, a bound: sum ceil(L/C) <= T // C + N, and each block's
-    rounding adds at most 15 floats."""
-    B, T, _, K = shapes["q"]
-    HV, V = shapes["v"][2], shapes["v"][3]
-    C = opts.chunk_size
-    deltas = V if opts.mode != "recurrent" else 0
-    if n_seqs is None:
-        per_item = (((T + C - 1) // C) * K * V + T * deltas + 15) // 16 * 16
-        items = per_item * HV * B
-    else:
-        tokens = B * T
-        items = HV * ((tokens // C + n_seqs) * K * V + tokens * deltas + 15 * n_seqs)
-    return _SAVED_HEADER_BYTES // 4 + items
-
-
-_SSM1_SAVED_HEADER_BYTES = 128  # SSM1's saved block: its header, then [N][D] states
-_SSM1_SEGMENT = 64              # tokens per saved state (linseq_ssm1_saved_size)
-
-
-def ssm1_saved_floats(shapes, n_seqs, opts):
-    """Floats of the tensor that keeps SSM1's segment states between the forward and the
-    backward, from the shapes alone: the header, then ceil(L/64) D N floats per sequence.
-    Exact without cu_seqlens; with it a bound (sum ceil(L/64) <= T // 64 + N), which the
-    backward accepts."""
-    B, T, D = shapes["x"]
-    N = shapes["A"][1]
-    states = B * -(-T // _SSM1_SEGMENT) if n_seqs is None else B * T // _SSM1_SEGMENT + n_seqs
-    return _SSM1_SAVED_HEADER_BYTES // 4 + states * D * N
-
-
-def _saved_floats(spec, shapes, n_seqs, opts):
-    return (kda_saved_floats if spec is _opspec.KDA else ssm1_saved_floats)(shapes, n_seqs, opts)
-
-
-def _train_exec(spec, opts):
-    """The exec of a training forward and its backward: KDA's carries its mode and chunk."""
-    return ops.make_exec(opts.mode, opts.chunk_size) if spec is _opspec.KDA else ops.make_exec()
+def saved_floats(spec, shapes, n_seqs, opts):
+    """Floats of the tensor that keeps a training forward's block for its backward, from the
+    shapes alone, as the fake implementation must give it (a fake tensor has no data; with
+    cu_seqlens the sequences' lengths are data; under torch.compile's dynamic shapes B and T
+    are symbols). The library's own size query (linseq_<op>_saved_size) gives the block of
+    one sequence of u tokens, u the exec's chunk size; the block is laid out per sequence,
+    each piece of at most u tokens needing at most that much (linseq.h), so the tensor is
+    that size times the number of such pieces: B ceil(T/u) without cu_seqlens, T // u + N
+    with them (a sequence adds at most one partial piece). That is the library's size
+    rounded up to whole pieces (the real forward checks it fits). The sizes other than B
+    and T are read as integers: under dynamic shapes a model's head and state sizes are
+    specialized, B and T stay symbolic."""
+    sizes = spec.sizes(shapes, opts)
+    B, T = sizes.pop("B"), sizes.pop("T")
+    ex = ops.make_exec(**opts.exec_settings())
+    unit = ex.chunk_size
+    fixed = {k: int(v) for k, v in sizes.items()}
+    problem = _lib.problem_class(spec.table)(B=1, T=unit, **fixed)
+    per_piece = ops.saved_bytes(spec.table, problem, ex)
+    pieces = B * ((T + unit - 1) // unit) if n_seqs is None else (B * T) // unit + n_seqs
+    return pieces * (-(-per_piece // 4))
 
 
 def tensor_of(arr):
@@ -127,11 +103,10 @@ def kda_output_dtype(arrays, train):
     return torch.bfloat16 if keep else torch.float32
 
 
-def kda_inputs(spec, arrays, cu, opts, train):
-    """spec.inputs, with KDA's bfloat16 storage kept where the forward is not for training."""
-    if spec is _opspec.KDA:
-        return opts.inputs(arrays, cu, bf16=not train)
-    return spec.inputs(arrays, cu, opts)
+def spec_inputs(spec, arrays, cu, opts, train):
+    """spec.inputs, with bfloat16 storage kept (KDA's rule) where the forward is not for
+    training: the library's training forward and backward take float32."""
+    return spec.inputs(arrays, cu, opts, bf16=not train)
 
 
 class _Layout:
@@ -140,16 +115,16 @@ class _Layout:
 
     def __init__(self, spec):
         self.spec = spec
-        self.options_class = _OPTIONS[spec]
+        self.options_class = spec.options
         self.fields = _option_fields(self.options_class)
         self.n_arrays = len(spec.arrays)
-        self.n_outputs = _N_OUTPUTS[spec]
-        self.has_saved = spec in (_opspec.KDA, _opspec.SSM1)
+        self.n_outputs = spec.n_outputs
+        self.has_saved = spec.saved
         self.head = self.n_arrays + 1 + len(self.fields)
 
     def schema_head(self):
-        arrays = ", ".join(f"Tensor? {n}" for n in self.spec.arrays)
-        return f"{arrays}, Tensor? cu_seqlens, {_option_schema(self.options_class)}"
+        return ", ".join([f"Tensor? {n}" for n in self.spec.arrays] + ["Tensor? cu_seqlens"]
+                         + _option_schema(self.options_class))
 
     def pack(self, arrays, cu_seqlens, opts):
         return ([arrays.get(n) for n in self.spec.arrays] + [cu_seqlens]
@@ -177,13 +152,14 @@ def _define_forward(layout):
     def forward(*args):
         arrays, cu, opts, (train,) = layout.unpack(args)
         if spec is _opspec.KDA and not train and cu is None:
-            direct = _torch_decode.kda_forward(arrays, opts)  # the common form, no NumPy
+            direct = _torch_direct.kda_forward(arrays, opts)  # the common form, no NumPy
             if direct is not None:
                 return direct + (torch.zeros(0),)
-        inputs = kda_inputs(spec, arrays, cu, opts, train)
+        inputs = spec_inputs(spec, arrays, cu, opts, train)
         if layout.has_saved and train:
-            n_floats = _saved_floats(spec, *layout.shapes(arrays, cu), opts)
-            outputs, saved = ops.forward_train(spec.name, inputs, _train_exec(spec, opts),
+            n_floats = saved_floats(spec, *layout.shapes(arrays, cu), opts)
+            outputs, saved = ops.forward_train(spec.table, inputs,
+                                               ops.make_exec(**opts.exec_settings()),
                                                n_floats=n_floats)
         else:
             outputs, _ = spec.forward(inputs, opts, False)
@@ -206,7 +182,7 @@ def _define_forward(layout):
         result = [like.new_empty(s, dtype=first if i == 0 else torch.float32)
                   for i, s in enumerate(spec.out_shapes(shapes, n_seqs, opts))]
         if layout.has_saved:
-            n = _saved_floats(spec, shapes, n_seqs, opts) if train else 0
+            n = saved_floats(spec, shapes, n_seqs, opts) if train else 0
             result.append(like.new_empty((n,), dtype=torch.float32))
         return tuple(result) if len(result) > 1 else result[0]
 
@@ -270,19 +246,23 @@ def _register_autograd(layout, forward_op, backward_op):
 
 
 class _DifferentiableOp:
-    """One spec's forward op with its autograd, and how TorchBackend calls it."""
+    """One spec's forward op with its autograd, and how TorchBackend calls it. An op without
+    a backward (spec.has_backward False) gets no backward op and no autograd registered:
+    torch then refuses a backward through it."""
 
     def __init__(self, spec):
         self.layout = _Layout(spec)
         self.forward = _define_forward(self.layout)
-        self.backward = _define_backward(self.layout)
-        _register_autograd(self.layout, self.forward, self.backward)
+        self.backward = None
+        if spec.has_backward:
+            self.backward = _define_backward(self.layout)
+            _register_autograd(self.layout, self.forward, self.backward)
 
     def __call__(self, arrays, cu_seqlens, opts, train):
         args = self.layout.pack(arrays, cu_seqlens, opts)
         # no gradient to record, plain tensors, eager: the op's body without torch.library's
         # dispatch (tens of microseconds, as long as a decode step's kernel)
-        direct = not train and _torch_decode.direct_call(*args[:self.layout.n_arrays + 1])
+        direct = not train and _torch_direct.direct_call(*args[:self.layout.n_arrays + 1])
         result = (self.layout.eager_forward if direct else self.forward)(*args, train)
         if not isinstance(result, tuple):
             result = (result,)
@@ -293,9 +273,10 @@ def _define_decode():
     """linseq::kda_decode(KDA's arrays, state (updated in place), state_rows, KDA's options)
     -> o [B,1,HV,V]."""
     layout = _Layout(_opspec.KDA)
-    arrays = ", ".join(f"Tensor? {n}" for n in layout.spec.arrays)
-    schema = (f"({arrays}, Tensor(a!) state, Tensor? state_rows, "
-              f"{_option_schema(layout.options_class)}) -> Tensor")
+    arguments = ([f"Tensor? {n}" for n in layout.spec.arrays]
+                 + ["Tensor(a!) state", "Tensor? state_rows"]
+                 + _option_schema(layout.options_class))
+    schema = f"({', '.join(arguments)}) -> Tensor"
     n = layout.n_arrays
 
     def unpack(args):
@@ -327,19 +308,20 @@ def _define_decode():
 
 
 if AVAILABLE:
-    OPS = {spec: _DifferentiableOp(spec) for spec in _OPTIONS}
+    OPS = {spec: _DifferentiableOp(spec) for spec in _opspec.SPECS.values()}
     kda_decode = _define_decode()
 else:
     OPS, kda_decode = {}, None
 
 
-def scan_like_op(name, head, tensors, forward, fake, backward):
-    """A custom op for the drop-ins' kernel seams (compat.mamba_ssm's scan, compat.
-    causal_conv1d's conv), with its backward op and autograd. `head`: the schema of the
-    leading arguments that get no gradient (flags, index tensors), e.g. "bool channel_first";
-    `tensors`: those that may, e.g. ["Tensor u", "Tensor? D"]. forward(*head, *tensors) ->
-    (y, state); fake(*head, *tensors) -> the same shapes; backward(*head, *tensors, d_y,
-    d_state, wanted) -> one gradient per tensor (an empty tensor where not wanted)."""
+def compat_op(name, head, tensors, forward, fake, backward):
+    """A custom op for a drop-in's kernel seam that no op spec fits (causal-conv1d's seq_idx
+    conv, whose offsets are read from seq_idx inside the op), with its backward op and
+    autograd. `head`: the schema of the leading arguments that get no gradient (flags, index
+    tensors), e.g. "str? activation, Tensor seq_idx"; `tensors`: those that may, e.g.
+    ["Tensor x", "Tensor? bias"]. forward(*head, *tensors) -> (y, state); fake(*head,
+    *tensors) -> the same shapes; backward(*head, *tensors, d_y, d_state, wanted) -> one
+    gradient per tensor (an empty tensor where not wanted)."""
     n_head = head.count(",") + 1
     args = f"{head}, {', '.join(tensors)}"
     forward_op = torch.library.custom_op(f"{NAMESPACE}::{name}", forward, mutates_args=(),

@@ -1,91 +1,49 @@
 """The public functions, with the signatures of the APIs people already call.
 
 - ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
-- fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda`, `causal_conv1d`;
-- `kda_decode`: one token for many requests against a pool of states.
+- fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
+  functions linseq.compat.fla exports), `causal_conv1d`;
+- `kda_decode`: one token for many requests against a pool of states;
+- `run`: any op of the library's table by name, its arrays by the table's names and its
+  options as keywords; the functions above are written over the same call.
 
 Each function takes NumPy arrays, PyTorch CPU tensors or JAX arrays and answers in the same
-framework: NumPy runs the kernels directly, PyTorch goes through torch.autograd.Function
+framework: NumPy runs the kernels directly, PyTorch goes through torch.library custom ops
 (linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
 XLA FFI custom calls (linseq.jax; jax.pure_callback where the handlers were not built),
-usable under jit, grad and vmap. The work is described once here
-as arrays plus frozen options; each framework's backend runs it.
+usable under jit, grad and vmap. A call is described once, as an op spec (_opspec), arrays
+and frozen options (_options); each framework's backend runs it (backend.run).
 """
-
-import dataclasses
-import sys
-from typing import Optional
 
 import numpy as np
 
-from . import ops
+from . import _opspec
 from ._backends import backend_for
+from ._fla_signatures import chunk_kda, fused_recurrent_kda
+from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
-@dataclasses.dataclass(frozen=True)
-class KdaOptions:
-    scale: Optional[float] = None
-    qk_l2norm: bool = False
-    beta_is_logit: bool = False
-    state_v_first: bool = False
-    gate_in_kernel: bool = False
-    lower_bound: Optional[float] = None
-    mode: str = "chunked"
-    chunk_size: int = 64
-
-    def __post_init__(self):
-        # refused here, before any framework sees them, and kept as the float32 the library
-        # reads (a JAX scalar becomes a Python float)
-        object.__setattr__(self, "scale", ops.scale_option(self.scale))
-        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
-        ops.make_exec(self.mode, self.chunk_size)
-
-    def inputs(self, arrays, cu_seqlens, bf16=False):
-        """ops.KdaInputs over NumPy-convertible arrays (a dict by the table's input names).
-        bf16=True (the inference forward and decode) keeps bfloat16 storage when
-        ops.kda_bf16_storage says so."""
-        a = arrays
-        return ops.KdaInputs(a["q"], a["k"], a["v"], a["beta"], a["g"], h0=a["h0"],
-                             cu_seqlens=cu_seqlens, scale=self.scale, qk_l2norm=self.qk_l2norm,
-                             beta_is_logit=self.beta_is_logit, state_v_first=self.state_v_first,
-                             gate_in_kernel=self.gate_in_kernel, A_log=a["A_log"],
-                             dt_bias=a["dt_bias"], lower_bound=self.lower_bound, bf16=bf16)
-
-    def run(self):
-        return {"mode": self.mode, "chunk_size": self.chunk_size}
+__all__ = ["run", "kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
+           "fused_recurrent_kda", "kda_decode", "state_space_v1", "causal_conv1d",
+           "KdaOptions", "Ssm1Options", "ConvOptions", "GateOptions"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Ssm1Options:
-    activation: Optional[str] = None   # a name of ops.ACTIVATIONS; None = silu
-    dt_softplus: bool = False
+def run(op, arrays, cu_seqlens=None, *, _framework=None, **options):
+    """One op of the C library's table, forward, in the framework of the arrays given.
 
-    def inputs(self, arrays, cu_seqlens):
-        a = arrays
-        return ops.Ssm1Inputs(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], gate=a["gate"],
-                              h0=a["h0"], cu_seqlens=cu_seqlens, dt_softplus=self.dt_softplus,
-                              dt_bias=a["dt_bias"], activation=self.activation)
-
-
-@dataclasses.dataclass(frozen=True)
-class ConvOptions:
-    activation: Optional[str] = None   # None = identity
-
-    def inputs(self, arrays, cu_seqlens):
-        a = arrays
-        return ops.Conv1dInputs(a["x"], a["weight"], a["bias"], conv_state=a["conv_state"],
-                                cu_seqlens=cu_seqlens, activation=self.activation)
-
-
-@dataclasses.dataclass(frozen=True)
-class GateOptions:
-    lower_bound: Optional[float] = None
-
-    def __post_init__(self):
-        object.__setattr__(self, "lower_bound", ops.lower_bound_option(self.lower_bound))
-
-    def inputs(self, arrays):
-        return ops.GateInputs(arrays["g_raw"], arrays["A_log"], arrays["dt_bias"],
-                              self.lower_bound)
+    op: "kda", "kda_gate", "ssm1" or "causal_conv1d"; arrays: a dict by the table's input
+    names (_opspec.SPECS[op].arrays; a missing one is absent); cu_seqlens: packed sequences
+    (B == 1), where the op takes them; options: the fields of the op's options class
+    (KdaOptions, GateOptions, Ssm1Options, ConvOptions), checked as they are. Returns the
+    op's outputs as a tuple, in the table's order (float32; KDA's first output bfloat16
+    where its inputs are and no gradient is needed). Differentiable as the functions below.
+    """
+    spec = _opspec.by_name(op)
+    unknown = set(arrays) - set(spec.arrays)
+    if unknown:
+        raise ValueError(f"arrays: {op} takes {list(spec.arrays)}, got {sorted(unknown)}")
+    full = {n: arrays.get(n) for n in spec.arrays}
+    backend = backend_for(list(full.values()) + [cu_seqlens], _framework)
+    return backend.run(spec, full, cu_seqlens, spec.options(**options))
 
 
 # ------------------------------------------------------------------------------------------
@@ -128,7 +86,7 @@ def _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale, 
     opts = KdaOptions(scale=softmax_scale, qk_l2norm=use_qk_l2norm,
                       mode="chunked" if use_chunked else "recurrent", chunk_size=tile)
     backend = backend_for(arrays.values(), framework)
-    return backend.kda(arrays, None, opts)
+    return backend.run(_opspec.KDA, arrays, None, opts)
 
 
 def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scale=None,
@@ -191,17 +149,12 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
     """
     arrays = dict(g_raw=gate, A_log=A_log, dt_bias=dt_bias)
     backend = backend_for(arrays.values(), _framework)
-    return backend.kda_gate(arrays, GateOptions(lower_bound=lower_bound))
+    return backend.run(_opspec.KDA_GATE, arrays, None, GateOptions(lower_bound=lower_bound))[0]
 
 
 # ------------------------------------------------------------------------------------------
-# fla-style KDA
+# Decode
 # ------------------------------------------------------------------------------------------
-
-# One implementation serves linseq.chunk_kda and linseq.compat.fla.chunk_kda (and the same
-# for fused_recurrent_kda): fla-core's exact signatures, positional order and defaults.
-from .compat.fla import chunk_kda, fused_recurrent_kda  # noqa: E402  (needs KdaOptions above)
-
 
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
@@ -240,42 +193,6 @@ def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
 # SSM1 and conv
 # ------------------------------------------------------------------------------------------
 
-def _known_activation(act_fn):
-    """The in-kernel activation name for a known framework activation, else None."""
-    if act_fn is None:
-        return "silu"
-    if isinstance(act_fn, str):
-        name = act_fn.lower()
-        if name not in ops.ACTIVATIONS:
-            # "gelu" alone is refused: torch's default is the erf form, jax's the tanh one
-            raise ValueError(f"act_fn: expected a callable or one of {sorted(ops.ACTIVATIONS)}"
-                             f", got {act_fn!r}")
-        return name
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        fn = torch.nn.functional
-        table = {fn.silu: "silu", torch.sigmoid: "sigmoid", fn.sigmoid: "sigmoid",
-                 torch.relu: "relu", fn.relu: "relu"}
-        if act_fn in table:
-            return table[act_fn]
-        mods = {torch.nn.SiLU: "silu", torch.nn.Sigmoid: "sigmoid", torch.nn.ReLU: "relu"}
-        if type(act_fn) in mods:
-            return mods[type(act_fn)]
-        if isinstance(act_fn, torch.nn.GELU) and act_fn.approximate == "tanh":
-            return "gelu_tanh"
-    jax = sys.modules.get("jax")
-    if jax is not None:
-        # jax.nn.gelu's default is the tanh approximation, the kernel's gelu
-        table = {jax.nn.silu: "silu", jax.nn.swish: "silu", jax.nn.sigmoid: "sigmoid",
-                 jax.nn.relu: "relu", jax.nn.gelu: "gelu_tanh"}
-        try:
-            if act_fn in table:
-                return table[act_fn]
-        except TypeError:  # unhashable callable
-            return None
-    return None
-
-
 def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
                    conv_state=None, act_fn=None, *, platform=None, cfg=None, block_d=64,
                    block_e=128, dt_softplus=False, dt_bias=None, cu_seqlens=None,
@@ -303,13 +220,13 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
             raise ValueError(f"{name}: expected a positive integer (a GPU tile size, "
                              f"ignored on the CPU), got {value!r}")
-    kernel_act = _known_activation(act_fn) if gate is not None else None
+    kernel_act = kernel_activation(act_fn) if gate is not None else None
     in_kernel_gate = gate if (gate is None or kernel_act is not None) else None
     arrays = dict(x=hidden_states, dt=dt, A=A, B=B, C=C, D=D, gate=in_kernel_gate,
                   h0=initial_state, dt_bias=dt_bias)
     backend = backend_for(list(arrays.values()) + [gate, cu_seqlens], _framework)
-    y, h = backend.ssm1(arrays, cu_seqlens,
-                        Ssm1Options(activation=kernel_act, dt_softplus=bool(dt_softplus)))
+    y, h = backend.run(_opspec.SSM1, arrays, cu_seqlens,
+                       Ssm1Options(activation=kernel_act, dt_softplus=bool(dt_softplus)))
     if gate is not None and kernel_act is None:
         y = y * act_fn(gate)  # the caller's framework differentiates this product
     return backend.cast(y, hidden_states), backend.cast(h, hidden_states), conv_state
@@ -327,9 +244,6 @@ def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cu_
     """
     arrays = dict(x=x, weight=weight, bias=bias, conv_state=conv_state)
     backend = backend_for(list(arrays.values()) + [cu_seqlens], _framework)
-    y, state = backend.conv1d(arrays, cu_seqlens, ConvOptions(activation=activation))
+    y, state = backend.run(_opspec.CONV1D, arrays, cu_seqlens, ConvOptions(activation=activation))
     return backend.cast(y, x), state
 
-
-PUBLIC = ("kda", "kernel_delta_attention", "kda_decay", "chunk_kda", "fused_recurrent_kda",
-          "kda_decode", "state_space_v1", "causal_conv1d")

@@ -42,7 +42,12 @@ from typing import Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from . import torch as _lt
+# the kernels through the PyTorch backend directly (not linseq.torch's public functions, which
+# reach linseq.compat.fla's, which reach this module for cp_context)
+from ._delta_rule import delta_rule, kda_gate
+from ._opspec import CONV1D, SSM1
+from ._options import ConvOptions, Ssm1Options, kernel_activation
+from ._torch_backend import TorchBackend
 
 
 # ------------------------------------------------------------------------------------------
@@ -293,8 +298,8 @@ class _KdaRunner:
     names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
     early_leaf_grads = False   # d(start state) alone is cheap: o_P^T do, P^T d(final state)
 
-    def __init__(self, cp, shapes, options):
-        self.cp, self.options = cp, options
+    def __init__(self, cp, shapes, options, lower_bound):
+        self.cp, self.options, self.lower_bound = cp, options, lower_bound
         self.grad_enabled = torch.is_grad_enabled()
         _, _, self.HV, self.V = shapes["v"]
         self.K = shapes["q"][-1]
@@ -306,10 +311,14 @@ class _KdaRunner:
     def _kda(self, a, lo, hi, h0, offsets=None):
         cut = {n: (a[n][:, lo:hi] if n in ("q", "k", "v", "g", "beta") else a[n])
                for n in self.names}
-        return _lt.chunk_kda(cut["q"], cut["k"], cut["v"], cut["g"], cut["beta"],
-                             initial_state=h0, output_final_state=True,
-                             cu_seqlens=_rebased(offsets),
-                             A_log=cut["A_log"], dt_bias=cut["dt_bias"], **self.options)
+        gate = kda_gate(self.options["gate_in_kernel"], cut["A_log"], cut["dt_bias"],
+                        self.lower_bound)
+        return delta_rule("chunked", self.options["chunk_size"], "torch", cut["q"], cut["k"],
+                          cut["v"], cut["beta"], g=cut["g"], gate=gate, initial_state=h0,
+                          output_final_state=True, cu_seqlens=_rebased(offsets),
+                          scale=self.options["scale"], qk_l2norm=self.options["qk_l2norm"],
+                          beta_logit=self.options["beta_logit"], neg_eigval=False,
+                          state_v_first=False, out_like=cut["q"])
 
     def _affine_head(self, a, T):
         """(P, R) of the first T tokens from one run with v' = [v | 0], S'_0 = [0 | I]."""
@@ -391,13 +400,13 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         layout = "HV, V, K" if state_v_first else "HV, K, V"
         raise ValueError(f"initial_state: expected [{cp.num_seqs}, {layout}] (one row per "
                          f"global sequence), got {_shape(initial_state)}")
-    options = dict(scale=scale, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                   use_gate_in_kernel=use_gate_in_kernel, lower_bound=lower_bound,
-                   use_beta_sigmoid_in_kernel=use_beta_sigmoid_in_kernel,
+    kda_gate(use_gate_in_kernel, A_log, dt_bias, lower_bound)  # its checks, before any message
+    options = dict(scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
+                   gate_in_kernel=use_gate_in_kernel, beta_logit=use_beta_sigmoid_in_kernel,
                    chunk_size=chunk_size)
     if initial_state is not None and state_v_first:
         initial_state = initial_state.transpose(-1, -2)
-    runner = _KdaRunner(cp, {"q": tuple(q.shape), "v": tuple(v.shape)}, options)
+    runner = _KdaRunner(cp, {"q": tuple(q.shape), "v": tuple(v.shape)}, options, lower_bound)
     o, ht = _Segment.apply(runner, q, k, v, g, beta, initial_state, A_log, dt_bias)
     if not output_final_state:
         return o, None
@@ -440,17 +449,16 @@ class _Ssm1Runner:
     def _scan(self, a, lo, hi, h0, offsets=None):
         c = {n: (a[n][:, lo:hi] if n in self.per_token and a[n] is not None else a[n])
              for n in self.names}
-        y, h, _ = _lt.state_space_v1(c["x"], c["A"], c["B"], c["C"], c["D"], c["dt"],
-                                     gate=c["gate"], initial_state=h0,
-                                     cu_seqlens=_rebased(offsets),
-                                     dt_bias=c["dt_bias"], **self.options)
+        arrays = dict(x=c["x"], dt=c["dt"], A=c["A"], B=c["B"], C=c["C"], D=c["D"],
+                      gate=c["gate"], h0=h0, dt_bias=c["dt_bias"])
+        y, h = TorchBackend.run(SSM1, arrays, _rebased(offsets), self.options)
         return y, h
 
     def _decay(self, a):
         """P = exp(A * sum_t dt_t): the product of the per-token decays exp(dt_t A), formed
         directly (O(T*D) next to the scan's O(T*D*N)) instead of by a run from h0 = 1."""
         dt = a["dt"][0]
-        if self.options["dt_softplus"]:
+        if self.options.dt_softplus:
             bias = 0.0 if a["dt_bias"] is None else a["dt_bias"]
             dt = torch.nn.functional.softplus(dt + bias)
         return torch.exp(a["A"] * dt.sum(0)[:, None])
@@ -522,7 +530,10 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
     if not isinstance(A, torch.Tensor) or A.dim() != 2:
         raise ValueError(f"A: expected a [D, N] tensor, got {_shape(A)}")
     Dm, N = A.shape
-    runner = _Ssm1Runner(cp, Dm, N, dict(act_fn=act_fn, dt_softplus=dt_softplus))
+    # act_fn as linseq.torch.state_space_v1 reads it: the gate's activation (None: silu)
+    activation = kernel_activation(act_fn) if gate is not None else None
+    runner = _Ssm1Runner(cp, Dm, N, Ssm1Options(activation=activation,
+                                                dt_softplus=bool(dt_softplus)))
     return _Segment.apply(runner, hidden_states, A, B, C, D, dt, gate, initial_state,
                           dt_bias)
 
@@ -575,8 +586,10 @@ class _ConvRunner:
                     _final_states(cp, [], (self.D, self.W - 1), s_in))
         starts = [s_in if (i == 0 and cp.receives) else self._start_of(a, n)
                   for i, n in enumerate(cp.piece_seqs)]
-        y, ht = _lt.causal_conv1d(a["x"], a["weight"], a["bias"], self.activation,
-                                  torch.stack(starts), cu_seqlens=cp.local_cu_seqlens)
+        arrays = dict(x=a["x"], weight=a["weight"], bias=a["bias"],
+                      conv_state=torch.stack(starts))
+        y, ht = TorchBackend.run(CONV1D, arrays, cp.local_cu_seqlens,
+                                 ConvOptions(activation=self.activation))
         rows = [(n, h) for n, h in zip(cp.piece_seqs, ht) if n in cp.ends_here]
         return y, _final_states(cp, rows, (self.D, self.W - 1), s_in)
 

@@ -97,8 +97,9 @@ class Case:
 @pytest.fixture
 def kernel_calls(monkeypatch):
     """Records what linseq.ops hands the kernels, by ops function name: the problems built
-    (Ssm1Inputs, Conv1dInputs), the output arrays the forwards return (first output), the
-    gradient dicts of the backwards, and the address of every pool a decode updates."""
+    (Ssm1Inputs, Conv1dInputs), the output arrays the forwards return (first output; a
+    training forward, ops.forward_train, under its op's forward), the gradient dicts of the
+    backwards, and the address of every pool a decode updates."""
     from linseq import ops
     record = {"Ssm1Inputs": lambda args, result: result,
               "Conv1dInputs": lambda args, result: result,
@@ -121,26 +122,55 @@ def kernel_calls(monkeypatch):
 
     for name in record:
         spy(name)
+    real_train = ops.forward_train
+
+    def forward_train(name, *args, **kwargs):
+        result = real_train(name, *args, **kwargs)
+        seen[f"{name}_forward"].append(result[0][0])
+        return result
+    monkeypatch.setattr(ops, "forward_train", forward_train)
     _spy_direct_decodes(monkeypatch, seen)
+    return seen
+
+
+@pytest.fixture
+def seen_pointers(monkeypatch):
+    """Records every data pointer linseq.ops (each module of the package) hands to the C
+    library."""
+    import sys
+
+    from linseq import ops
+    seen = []
+    real = ops.ptr
+
+    def spy(arr):
+        p = real(arr)
+        seen.append(p)
+        return p
+
+    for name, module in list(sys.modules.items()):
+        if (name == ops.__name__ or name.startswith(ops.__name__ + ".")) and \
+                getattr(module, "ptr", None) is real:
+            monkeypatch.setattr(module, "ptr", spy)
     return seen
 
 
 def _spy_direct_decodes(monkeypatch, seen):
     """The decodes that go from torch tensors straight into the kernels (linseq's
-    _torch_decode), recorded under the same names: their problem (as .problem) and pool."""
+    _torch_direct), recorded under the same names: their problem (as .problem) and pool."""
     import types
 
-    from linseq import _torch_decode
+    from linseq import _torch_direct
 
     def spy(name, key, record):
-        real = getattr(_torch_decode, name)
+        real = getattr(_torch_direct, name)
 
         def call(*args):
             result = real(*args)
             if result is not None:
                 seen[key].append(record(args, result))
             return result
-        monkeypatch.setattr(_torch_decode, name, call)
+        monkeypatch.setattr(_torch_direct, name, call)
 
     spy("ssm1_problem", "Ssm1Inputs", lambda args, result: types.SimpleNamespace(problem=result))
     spy("conv1d_problem", "Conv1dInputs",

@@ -20,7 +20,7 @@ torch = require("torch")
 ml_dtypes = require("ml_dtypes")
 import linseq  # noqa: E402
 import linseq.torch as lt  # noqa: E402
-from linseq import _lib, _torch_ops, api, ops  # noqa: E402
+from linseq import _lib, _torch_backend, _torch_ops, api, ops  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 TOKEN = ("q", "k", "v", "beta", "g")
@@ -188,10 +188,11 @@ def test_eager_autograd_function_keeps_bf16(c_calls):
     """The path of PyTorch without torch.library.custom_op: the same rule."""
     a = _torch_bf16(_values())
     tensors = [a.get(n) for n in linseq._opspec.KDA.arrays]
-    o, ht = lt._LinseqOp.apply(linseq._opspec.KDA, api.KdaOptions(), False, None, *tensors)
+    eager = _torch_backend._LinseqOp.apply
+    o, ht = eager(linseq._opspec.KDA, api.KdaOptions(), False, None, *tensors)
     _assert_caller_pointers(c_calls["linseq_kda_forward"][-1], a, o)
-    o32, _ = lt._LinseqOp.apply(linseq._opspec.KDA, api.KdaOptions(), False, None,
-                                *[t if t is None else t.float() for t in tensors])
+    o32, _ = eager(linseq._opspec.KDA, api.KdaOptions(), False, None,
+                   *[t if t is None else t.float() for t in tensors])
     np.testing.assert_array_equal(_bits(o), _bits(o32.to(torch.bfloat16)))
 
 

@@ -1,4 +1,4 @@
-"""The decode calls that go from torch tensors straight into the kernels (linseq._torch_decode)
+"""The decode calls that go from torch tensors straight into the kernels (linseq._torch_direct)
 give exactly what the general path (NumPy views, ops' checks) gives, outputs and updated
 pools, and are taken only where an op's dispatch would change nothing."""
 
@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from linseq import _torch_decode  # noqa: E402
+from linseq import _torch_direct  # noqa: E402
 from linseq.compat import causal_conv1d as cc  # noqa: E402
 from linseq.compat import fla  # noqa: E402
 from linseq.compat import mamba_ssm as ms  # noqa: E402
@@ -56,20 +56,20 @@ def _kda_step(gen, batch):
 def test_direct_equals_general_path(monkeypatch, make, batch):
     taken = []
     for name in _DIRECT:
-        real = getattr(_torch_decode, name)
+        real = getattr(_torch_direct, name)
 
         def spy(*args, real=real):
             result = real(*args)
             taken.append(result is not None)
             return result
-        monkeypatch.setattr(_torch_decode, name, spy)
+        monkeypatch.setattr(_torch_direct, name, spy)
     state, step = make(torch.Generator().manual_seed(7), batch)
     general_state = state.clone()
     with torch.no_grad():
         out = [step(state) for _ in range(3)]
     assert any(taken), "the direct path was not taken"
     for name in _DIRECT:
-        monkeypatch.setattr(_torch_decode, name, lambda *args: None)
+        monkeypatch.setattr(_torch_direct, name, lambda *args: None)
     with torch.no_grad():
         general = [step(general_state) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(out, general))
@@ -78,10 +78,10 @@ def test_direct_equals_general_path(monkeypatch, make, batch):
 
 def test_direct_call_only_for_plain_eager_tensors():
     plain = torch.zeros(2)
-    assert _torch_decode.direct_call(plain, None, torch.nn.Parameter(torch.zeros(1)))
+    assert _torch_direct.direct_call(plain, None, torch.nn.Parameter(torch.zeros(1)))
     with torch.device("meta"):  # a function mode: the op (and its fake) must see the call
-        assert not _torch_decode.direct_call(plain)
-    assert not _torch_decode.direct_call(torch.zeros(2, device="meta"))
+        assert not _torch_direct.direct_call(plain)
+    assert not _torch_direct.direct_call(torch.zeros(2, device="meta"))
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Passthrough(TorchDispatchMode):
@@ -89,4 +89,4 @@ def test_direct_call_only_for_plain_eager_tensors():
             return func(*args, **(kwargs or {}))
 
     with Passthrough():
-        assert not _torch_decode.direct_call(plain)
+        assert not _torch_direct.direct_call(plain)

@@ -11,7 +11,7 @@ jax = require("jax")
 jnp = require("jax.numpy")
 import linseq  # noqa: E402
 import linseq.jax as lj  # noqa: E402
-from linseq import _jax_ffi, ops  # noqa: E402
+from linseq import _jax_backend, _jax_ffi, ops  # noqa: E402
 
 
 @pytest.fixture(autouse=True, params=["ffi", "callback"])
@@ -20,7 +20,7 @@ def calls(request, monkeypatch):
     (LINSEQ_JAX_CALLS=ffi, as CI sets it, makes that an import error instead)."""
     if request.param == "ffi" and not _jax_ffi.AVAILABLE:
         pytest.skip(f"no XLA FFI handlers: {_jax_ffi.WHY_NOT}")
-    monkeypatch.setattr(lj, "_CALLS", request.param)
+    monkeypatch.setattr(_jax_backend, "_CALLS", request.param)
     return request.param
 
 

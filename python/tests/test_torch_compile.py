@@ -13,7 +13,7 @@ from conftest import require
 
 torch = require("torch")
 import linseq.torch as lt  # noqa: E402
-from linseq import _opspec, _torch_ops, api, ops  # noqa: E402
+from linseq import _opspec, _torch_backend, _torch_ops, api, ops  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not _torch_ops.AVAILABLE,
                                 reason="torch.library.custom_op needs PyTorch 2.4+")
@@ -88,7 +88,7 @@ def _eager_function(spec, arrays, cu, opts):
     PyTorch without torch.library.custom_op)."""
     tensors = [arrays.get(n) for n in spec.arrays]
     train = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-    return lt._LinseqOp.apply(spec, opts, train, cu, *tensors)
+    return _torch_backend._LinseqOp.apply(spec, opts, train, cu, *tensors)
 
 
 # ------------------------------------------------------------------------------------------
@@ -176,9 +176,11 @@ def test_compiled_graphs_call_linseq_kernels():
     assert not any("linseq.kda_backward" in t for t in targets["forward"])
 
 
-def test_saved_block_size_from_shapes_matches_the_library():
-    """The fake implementation sizes KDA's saved block from the shapes: the library's exact
-    size without cu_seqlens, an upper bound of it with them (the lengths are data)."""
+def test_saved_block_size_from_shapes_holds_the_library_block():
+    """The fake implementation sizes the training forward's block (the last output of
+    linseq::kda and linseq::ssm1) from the shapes alone, from the library's size query: at
+    least the library's size, with and without cu_seqlens (the lengths are data), and not
+    much more."""
     rng = np.random.default_rng(0)
     for mode in ("chunked", "recurrent"):
         for chunk in (16, 64):
@@ -193,11 +195,20 @@ def test_saved_block_size_from_shapes_matches_the_library():
                 _, _, saved = ops.kda_forward_train(inputs, mode=mode, chunk_size=chunk)
                 opts = api.KdaOptions(mode=mode, chunk_size=chunk)
                 n_seqs = None if cu is None else len(cu) - 1
-                floats = _torch_ops.kda_saved_floats(dict(q=q.shape, v=v.shape), n_seqs, opts)
-                if cu is None:
-                    assert floats == saved.size, (mode, chunk, T)
-                else:
-                    assert saved.size <= floats, (mode, chunk, T, cu)
+                floats = _torch_ops.saved_floats(_opspec.KDA, dict(q=q.shape, v=v.shape),
+                                                 n_seqs, opts)
+                # rounded up to whole pieces of chunk_size tokens: about one more per sequence
+                piece = _torch_ops.saved_floats(
+                    _opspec.KDA, dict(q=(1, chunk, 2, 8), v=(1, chunk, 4, 6)), None, opts)
+                assert saved.size <= floats <= saved.size + ((n_seqs or B) + 1) * piece, (
+                    mode, chunk, T, cu)
+    x = np.zeros((2, 130, 3), np.float32)
+    p = np.zeros((2, 130, 4), np.float32)
+    _, _, saved = ops.ssm1_forward_train(ops.Ssm1Inputs(x, x, np.zeros((3, 4), np.float32),
+                                                        p, p))
+    floats = _torch_ops.saved_floats(_opspec.SSM1, dict(x=x.shape, A=(3, 4)), None,
+                                     api.Ssm1Options())
+    assert saved.size <= floats
 
 
 # ------------------------------------------------------------------------------------------
@@ -457,8 +468,8 @@ def test_without_custom_ops_the_autograd_function_gives_the_same(monkeypatch):
 
 # ------------------------------------------------------------------------------------------
 # The drop-ins (linseq.compat): fla's functions run as non-strict blocks, mamba-ssm's and
-# causal-conv1d's kernel seams are custom ops (linseq::mamba_scan, causal_conv and the
-# in-place mamba_state_update, conv_state_update)
+# causal-conv1d's kernel seams are custom ops (linseq::ssm1 and conv1d in their layouts,
+# causal_conv_seq_idx and the in-place mamba_state_update, conv_state_update)
 # ------------------------------------------------------------------------------------------
 
 def _compare_with_eager(fn, args):
@@ -596,9 +607,10 @@ def test_compat_selective_state_update_in_place_under_compile():
                          [(b, H, P), (b, H, P), (b, 1, N), (b, 1, N), (b, H, P)])))
 
 
-def test_compat_custom_ops_give_what_the_autograd_functions_give(monkeypatch):
-    """mamba-ssm's scan and causal-conv1d's conv as custom ops and as the autograd.Functions
-    kept for PyTorch before 2.4: the same outputs and gradients."""
+def test_compat_kernel_seams_without_custom_ops_give_the_same(monkeypatch):
+    """mamba-ssm's scan and causal-conv1d's conv run linseq's own ops (linseq::ssm1 and
+    linseq::conv1d, channel first); without torch.library.custom_op (PyTorch before 2.4)
+    the same calls run as the eager autograd.Function: the same outputs and gradients."""
     from linseq.compat import causal_conv1d, mamba_ssm
     b, d, l, N = 2, 4, 9, 3
     args = dict(u=_randn(b, d, l, seed=100), delta=_randn(b, d, l, seed=101, scale=0.5),
@@ -612,33 +624,43 @@ def test_compat_custom_ops_give_what_the_autograd_functions_give(monkeypatch):
 
     weights = _weights(fn(**args))
     want_out, want_grad = _step(fn, args, weights)
-    monkeypatch.setattr(mamba_ssm, "_SCAN", mamba_ssm._ScanFn.apply)
-    monkeypatch.setattr(causal_conv1d, "_CONV", causal_conv1d._ConvFn.apply)
+    assert type(fn(**args)[0].grad_fn).__name__ != "_LinseqOpBackward"
+    monkeypatch.setattr(_torch_ops, "AVAILABLE", False)
     got_out, got_grad = _step(fn, args, weights)
+    assert type(fn(**args)[0].grad_fn).__name__ == "_LinseqOpBackward"
     _assert_same(got_out, want_out)
     _assert_same(got_grad, want_grad)
 
 
 def test_opcheck_compat_ops():
     """Schema, fake implementation (shapes and strides of the channel-first and token-major
-    calls) and autograd registration of the drop-ins' custom ops."""
+    calls) and autograd registration of the ops the drop-ins call: linseq's own SSM1 and
+    conv ops in mamba-ssm's and causal-conv1d's layouts, and their own seq_idx conv and
+    in-place decodes."""
     from linseq.compat import causal_conv1d, mamba_ssm  # noqa: F401  (defines the ops)
     b, d, l, N = 2, 4, 7, 3
     A = _log_decay(d, N, seed=110)
     linseq = torch.ops.linseq
+    scan_first = dict(x=_randn(b, d, l, seed=111), dt=_randn(b, d, l, seed=112), A=A,
+                      B=_randn(b, 2, N, l, seed=113), C=_randn(b, 1, N, l, seed=114),
+                      D=_randn(d, seed=115), gate=_randn(b, d, l, seed=116), h0=None,
+                      dt_bias=_randn(d, seed=117))
+    scan_last = dict(x=_randn(b, l, d, seed=118), dt=_randn(b, l, d, seed=119), A=A,
+                     B=_randn(d, N, seed=120), C=_randn(b, l, 1, N, seed=121), D=None,
+                     gate=None, h0=None, dt_bias=None)
+    conv_first = dict(x=_randn(b, d, l, seed=122), weight=_randn(d, 4, seed=123),
+                      bias=_randn(d, seed=124), conv_state=_randn(b, d, 3, seed=125))
+    conv_last = dict(x=_randn(1, l, d, seed=126), weight=_randn(d, 4, seed=127), bias=None,
+                     conv_state=None)
     calls = [
-        (linseq.mamba_scan, (True, True, _randn(b, d, l, seed=111), _randn(b, d, l, seed=112),
-                             A, _randn(b, 2, N, l, seed=113), _randn(b, 1, N, l, seed=114),
-                             _randn(d, seed=115), _randn(b, d, l, seed=116),
-                             _randn(d, seed=117))),
-        (linseq.mamba_scan, (False, False, _randn(b, l, d, seed=118),
-                             _randn(b, l, d, seed=119), A, _randn(d, N, seed=120),
-                             _randn(b, l, 1, N, seed=121), None, None, None)),
-        (linseq.causal_conv, (True, "silu", None, _randn(b, d, l, seed=122),
-                              _randn(d, 4, seed=123), _randn(d, seed=124),
-                              _randn(b, d, 3, seed=125))),
-        (linseq.causal_conv, (False, None, torch.tensor([0, 3, 7]), _randn(1, l, d, seed=126),
-                              _randn(d, 4, seed=127), None, None)),
+        (linseq.ssm1, _forward_args(_opspec.SSM1, scan_first, None, api.Ssm1Options(
+            "silu", dt_softplus=True, channel_first=True), True)),
+        (linseq.ssm1, _forward_args(_opspec.SSM1, scan_last, None, api.Ssm1Options("silu"),
+                                    True)),
+        (linseq.conv1d, _forward_args(_opspec.CONV1D, conv_first, None, api.ConvOptions(
+            "silu", channel_first=True), True)),
+        (linseq.conv1d, _forward_args(_opspec.CONV1D, conv_last, torch.tensor([0, 3, 7]),
+                                      api.ConvOptions(), True)),
         (linseq.causal_conv_seq_idx, ("silu", torch.tensor([[0, 0, 1, 1, 1, 2, -1]] * b),
                                       _randn(b, l, d, seed=136), _randn(d, 4, seed=137),
                                       _randn(d, seed=138))),

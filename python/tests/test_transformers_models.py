@@ -19,7 +19,6 @@ from conftest import require
 torch = require("torch")
 transformers = require("transformers")
 import linseq.integrations.transformers as linseq_hf  # noqa: E402
-from linseq import ops  # noqa: E402
 from linseq.compat import causal_conv1d, fla, mamba_ssm  # noqa: E402
 
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -231,15 +230,9 @@ def test_packed_sequences_equal_separate_runs(name, linseq_calls):
 
 @pytest.mark.parametrize("name", ["qwen3_next", "mamba"])
 def test_conv_and_scan_inputs_reach_the_kernels_without_copies(name, linseq_calls,
-                                                               monkeypatch):
+                                                               seen_pointers):
     """The models' [B,D,T] tensors (transposed [B,T,D] projections) are read in place."""
-    pointers = []
-    real = ops.ptr
-
-    def spy(arr):
-        pointers.append(real(arr))
-        return pointers[-1]
-    monkeypatch.setattr(ops, "ptr", spy)
+    pointers = seen_pointers
     model = _model(name).eval()
     with linseq_hf.routing("linseq"), torch.no_grad():
         model(_tokens((2, 16), 4), use_cache=False)

@@ -2,26 +2,10 @@
 the pointer the C library receives is the caller's own. Anything else is converted once."""
 
 import numpy as np
-import pytest
 
 import linseq
 from linseq import ops
 from conftest import require
-
-
-@pytest.fixture
-def seen_pointers(monkeypatch):
-    """Records every data pointer ops hands to the C library."""
-    seen = []
-    real = ops.ptr
-
-    def spy(arr):
-        p = real(arr)
-        seen.append(p)
-        return p
-
-    monkeypatch.setattr(ops, "ptr", spy)
-    return seen
 
 
 def _kda_inputs(make, B=2, T=9, H=2, K=8, V=4):

@@ -21,17 +21,19 @@ No copy on the way: a float32 x, channel-first or a transposed view, reaches the
 the caller's memory (linseq reads it through its strides) and the kernel writes the output
 in x's layout; causal_conv1d_update decodes in place on a float32 C-contiguous conv_state
 (another pool goes through a float32 copy of the rows it names). The kernel calls sit in the
-private functions _conv, _packed_conv and _conv_decode, as torch.library custom ops
-(linseq::causal_conv and linseq::causal_conv_seq_idx with their backwards, linseq::
-conv_state_update writing the pool): torch.compile(fullgraph=True) traces the functions, the
-in-place update and seq_idx's packed sequences (whose offsets are read inside the op)
-included.
+private functions _conv, _packed_conv and _conv_decode, as torch.library custom ops (_conv:
+linseq's own conv op, linseq::conv1d, channel first or last; linseq::causal_conv_seq_idx with
+its backward, linseq::conv_state_update writing the pool): torch.compile(fullgraph=True)
+traces the functions, the in-place update and seq_idx's packed sequences (whose offsets are
+read inside the op) included.
 """
 
 import torch
-from torch.autograd.function import once_differentiable
 
-from .. import _torch_decode, _torch_ops, ops
+from .. import _torch_direct, _torch_ops, ops
+from .._opspec import CONV1D
+from .._options import ConvOptions
+from .._torch_backend import TorchBackend
 
 _ACTIVATIONS = (None, "silu", "swish")
 
@@ -86,7 +88,8 @@ _CONV_GRADS = ("dx", "dweight", "dbias", "dconv_state")
 
 
 def _conv_forward(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
-    """linseq's conv forward: x float32 [b, d, l] with channel_first (y [b, d, l]), else
+    """linseq's conv forward on the kernel directly, for an op's own body (the seq_idx conv):
+    x float32 [b, d, l] with channel_first (y [b, d, l]), else
     [b, l, d] (y [b, l, d]); weight [d, W]; bias [d]; initial_states [n, d, W-1]. Returns
     (y, the final states [n, d, W-1]), float32, both new dense arrays the kernel wrote (no
     copy on the way out)."""
@@ -96,44 +99,22 @@ def _conv_forward(channel_first, activation, cu_seqlens, x, weight, bias, initia
     return torch.from_numpy(y), torch.from_numpy(states)
 
 
-def _conv_fake(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
-    n = x.shape[0] if cu_seqlens is None else cu_seqlens.shape[0] - 1
-    return (x.new_empty(x.shape, dtype=torch.float32),
-            x.new_empty((n, weight.shape[0], weight.shape[1] - 1), dtype=torch.float32))
-
-
 def _conv_backward(channel_first, activation, cu_seqlens, x, weight, bias, initial_states,
                    d_y, d_states, wanted):
     """One gradient per tensor argument of _conv_forward (an empty one where not wanted)."""
     inputs = _conv_inputs(x, weight, bias, initial_states, activation, cu_seqlens,
                           channel_first)
     return _torch_ops.wanted_grads(_CONV_GRADS, wanted,
-                                   lambda keys: ops.conv1d_backward(inputs, d_y, d_states, wanted=keys))
+                                   lambda keys: ops.conv1d_backward(inputs, d_y, d_states,
+                                                                    wanted=keys))
 
 
-class _ConvFn(torch.autograd.Function):
-    """_conv_forward and _conv_backward as one autograd node, for a PyTorch without
-    torch.library.custom_op (before 2.4); with it they are the custom op linseq::
-    causal_conv, which torch.compile traces."""
-
-    @staticmethod
-    def forward(ctx, channel_first, activation, cu_seqlens, *tensors):
-        ctx.options = (channel_first, activation, cu_seqlens)
-        ctx.save_for_backward(*tensors)
-        return _conv_forward(channel_first, activation, cu_seqlens, *tensors)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_y, d_states):
-        needs = ctx.needs_input_grad[3:]
-        grads = _conv_backward(*ctx.options, *ctx.saved_tensors, d_y, d_states, needs)
-        return (None,) * 3 + tuple(g if need else None for g, need in zip(grads, needs))
-
-
-_CONV = _ConvFn.apply if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
-    "causal_conv", "bool channel_first, str? activation, Tensor? cu_seqlens",
-    ["Tensor x", "Tensor weight", "Tensor? bias", "Tensor? initial_states"], _conv_forward,
-    _conv_fake, _conv_backward)
+def _conv_op(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
+    """linseq's conv op (linseq::conv1d, differentiable) in either layout: the same call as
+    _conv_forward, through the PyTorch backend."""
+    arrays = dict(x=x, weight=weight, bias=bias, conv_state=initial_states)
+    return TorchBackend.run(CONV1D, arrays, cu_seqlens,
+                            ConvOptions(activation=activation, channel_first=channel_first))
 
 
 def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_major=None):
@@ -149,10 +130,10 @@ def _conv(x, weight, bias, initial_states, activation, cu_seqlens=None, token_ma
     if token_major is None:
         token_major = _is_channel_last(x)
     if token_major:  # the kernel reads and writes [b, l, d]
-        y, states = _CONV(False, activation, cu_seqlens, x.transpose(1, 2), weight, bias,
-                          initial_states)
+        y, states = _conv_op(False, activation, cu_seqlens, x.transpose(1, 2), weight, bias,
+                             initial_states)
         return y.transpose(1, 2), states
-    return _CONV(True, activation, cu_seqlens, x, weight, bias, initial_states)
+    return _conv_op(True, activation, cu_seqlens, x, weight, bias, initial_states)
 
 
 def _packed_conv_forward(activation, seq_idx, x, weight, bias):
@@ -184,7 +165,7 @@ def _packed_conv_backward(activation, seq_idx, x, weight, bias, d_y, d_states, w
 
 
 # with torch.library: linseq::causal_conv_seq_idx with its backward
-_PACKED_CONV = None if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
+_PACKED_CONV = None if not _torch_ops.AVAILABLE else _torch_ops.compat_op(
     "causal_conv_seq_idx", "str? activation, Tensor seq_idx",
     ["Tensor x", "Tensor weight", "Tensor? bias"], _packed_conv_forward, _packed_conv_fake,
     _packed_conv_backward)
@@ -244,7 +225,7 @@ def _conv_decode(x, conv_state, weight, bias, activation, cache_seqlens, rows):
     _check_rows(rows, conv_state.shape[0], "conv_state_indices")
     if cache_seqlens is not None and bool((cache_seqlens < 0).any()):
         raise ValueError("cache_seqlens: expected values >= 0")
-    y = _torch_decode.conv1d_decode(x, conv_state, weight, bias, activation, cache_seqlens,
+    y = _torch_direct.conv1d_decode(x, conv_state, weight, bias, activation, cache_seqlens,
                                     rows)
     if y is not None:  # the common form, straight into the kernel
         return y
@@ -484,7 +465,7 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _conv_decode if _torch_decode.direct_call(x3, conv_state, weight, bias, seqlens,
+    update = _conv_decode if _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens,
                                                        rows) else _CONV_DECODE
     with torch.no_grad():
         out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)

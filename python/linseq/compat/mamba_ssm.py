@@ -26,18 +26,21 @@ through their strides, and the kernel writes out and the per-token gradients in 
 layout. Only B and C with two different group counts, neither of them one, are repeated to a
 common count (a copy). selective_state_update decodes in place on a float32 C-contiguous
 state (another state goes through a float32 copy of the rows it names). The kernel calls sit
-in the private functions _scan and _scan_decode, as torch.library custom ops (linseq::
-mamba_scan with its backward, linseq::mamba_state_update writing the pool): torch.compile(
-fullgraph=True) traces the functions, the in-place update included.
+in the private functions _scan and _scan_decode, as torch.library custom ops (_scan: linseq's
+own SSM1 op, linseq::ssm1, in mamba-ssm's channel-first layout; linseq::mamba_state_update
+writing the pool): torch.compile(fullgraph=True) traces the functions, the in-place update
+included.
 """
 
 import math
 
 import torch
 import torch.nn.functional as F
-from torch.autograd.function import once_differentiable
 
-from .. import _torch_decode, _torch_ops, ops
+from .. import _torch_direct, _torch_ops, ops
+from .._opspec import SSM1
+from .._options import Ssm1Options
+from .._torch_backend import TorchBackend
 from .causal_conv1d import _check_rows, _conv, _through_float32_rows
 
 
@@ -45,62 +48,15 @@ from .causal_conv1d import _check_rows, _conv, _through_float32_rows
 # The kernel seam
 # ------------------------------------------------------------------------------------------
 
-_SCAN_GRADS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dgate", "ddt_bias")
-
-
-def _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
-    """linseq's SSM1 problem over the caller's memory (float32 views of any non-negative
-    strides are read where they lie)."""
-    return ops.Ssm1Inputs(u, delta, A, B, C, D, gate=z, dt_softplus=softplus,
-                          dt_bias=delta_bias, activation="silu", channel_first=channel_first)
-
-
-def _scan_forward(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
-    """linseq's SSM1 forward, all tensors float32: with channel_first u, delta, z [b, d, l]
-    and B, C [b, N, l], [b, G, N, l] or [d, N], y [b, d, l]; else u, delta, z [b, l, d],
-    B, C [b, l, N], [b, l, G, N] or [d, N], y [b, l, d]. Returns (y, the last state
-    [b, d, N]): new dense arrays the kernel wrote."""
-    inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
-    y, last = ops.ssm1_forward(inputs)
-    return torch.from_numpy(y), torch.from_numpy(last)
-
-
-def _scan_fake(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
-    return (u.new_empty(u.shape, dtype=torch.float32),
-            u.new_empty((u.shape[0], A.shape[0], A.shape[1]), dtype=torch.float32))
-
-
-def _scan_backward(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias, d_y, d_last,
-                   wanted):
-    """One gradient per tensor argument of _scan_forward (an empty one where not wanted)."""
-    inputs = _scan_inputs(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias)
-    return _torch_ops.wanted_grads(_SCAN_GRADS, wanted,
-                                   lambda keys: ops.ssm1_backward(inputs, d_y, d_last, wanted=keys))
-
-
-class _ScanFn(torch.autograd.Function):
-    """_scan_forward and _scan_backward as one autograd node, for a PyTorch without
-    torch.library.custom_op (before 2.4); with it they are the custom op linseq::
-    mamba_scan, which torch.compile traces."""
-
-    @staticmethod
-    def forward(ctx, channel_first, softplus, *tensors):
-        ctx.options = (channel_first, softplus)
-        ctx.save_for_backward(*tensors)
-        return _scan_forward(channel_first, softplus, *tensors)
-
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, d_y, d_last):
-        needs = ctx.needs_input_grad[2:]
-        grads = _scan_backward(*ctx.options, *ctx.saved_tensors, d_y, d_last, needs)
-        return (None, None) + tuple(g if need else None for g, need in zip(grads, needs))
-
-
-_SCAN = _ScanFn.apply if not _torch_ops.AVAILABLE else _torch_ops.scan_like_op(
-    "mamba_scan", "bool channel_first, bool softplus",
-    ["Tensor u", "Tensor delta", "Tensor A", "Tensor B", "Tensor C", "Tensor? D", "Tensor? z",
-     "Tensor? delta_bias"], _scan_forward, _scan_fake, _scan_backward)
+def _scan_op(channel_first, softplus, u, delta, A, B, C, D, z, delta_bias):
+    """linseq's SSM1 op (linseq::ssm1, differentiable), the gate through silu, all tensors
+    float32: with channel_first u, delta, z [b, d, l] and B, C [b, N, l], [b, G, N, l] or
+    [d, N], y [b, d, l]; else u, delta, z [b, l, d], B, C [b, l, N], [b, l, G, N] or [d, N],
+    y [b, l, d]. Float32 views of any non-negative strides are read where they lie. Returns
+    (y, the last state [b, d, N]): new dense arrays the kernel wrote."""
+    arrays = dict(x=u, dt=delta, A=A, B=B, C=C, D=D, gate=z, h0=None, dt_bias=delta_bias)
+    opts = Ssm1Options(activation="silu", dt_softplus=softplus, channel_first=channel_first)
+    return TorchBackend.run(SSM1, arrays, None, opts)
 
 
 def _scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, softplus=False,
@@ -119,14 +75,14 @@ def _scan(u, delta, A, B, C, D=None, z=None, delta_bias=None, softplus=False,
             delta, delta_bias = delta + delta_bias[:, None], None
     B, C = _common_groups(B.float(), C.float(), u.shape[1])
     if not token_major:
-        return _SCAN(True, bool(softplus), u, delta, A, B, C, D, z, delta_bias)
+        return _scan_op(True, bool(softplus), u, delta, A, B, C, D, z, delta_bias)
 
     def tokens(P):  # [b, G, N, l] -> [b, l, G, N], a view; constant [d, N] as it is
         return P if P.dim() == 2 else P.permute(0, 3, 1, 2)
 
-    y, last = _SCAN(False, bool(softplus), u.transpose(1, 2), delta.transpose(1, 2), A,
-                    tokens(B), tokens(C), D, None if z is None else z.transpose(1, 2),
-                    delta_bias)
+    y, last = _scan_op(False, bool(softplus), u.transpose(1, 2), delta.transpose(1, 2), A,
+                       tokens(B), tokens(C), D, None if z is None else z.transpose(1, 2),
+                       delta_bias)
     return y.transpose(1, 2), last
 
 
@@ -157,7 +113,7 @@ def _scan_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     C-contiguous pool is updated by the kernel where it lies; another one through a float32
     copy of the rows named."""
     _check_rows(rows, state.shape[0], "state_batch_indices")
-    y = _torch_decode.ssm1_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+    y = _torch_direct.ssm1_decode(state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     if y is not None:  # the common form, straight into the kernel
         return y
     dt = dt.float()
@@ -378,7 +334,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     args = (pool, rows, flat(x, batch, dim), flat(dt, batch, dim), flat(A, dim, dstate), B, C,
             flat(D, dim), flat(z, batch, dim), flat(dt_bias, dim), bool(dt_softplus))
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _scan_decode if _torch_decode.direct_call(*args[:10]) else _SCAN_DECODE
+    update = _scan_decode if _torch_direct.direct_call(*args[:10]) else _SCAN_DECODE
     with torch.no_grad():
         y = update(*args)
     out = y.reshape(per_token).to(x.dtype)
@@ -390,7 +346,7 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     A [d, N]; B, C [b, N]; D, dt_bias [d]; plain float32 CPU tensors, eager) straight into
     the kernel, without the reshaping of the general path (a model makes this call once per
     layer and token); None for any other call, which the general path checks and takes."""
-    if not _torch_decode.direct_call(state, x, dt, A, B, C, D, z, dt_bias):
+    if not _torch_direct.direct_call(state, x, dt, A, B, C, D, z, dt_bias):
         return None
     b, d, N = state.shape
     if not (x.shape == dt.shape == (b, d) and A.shape == (d, N) and B.shape == C.shape == (b, N)
@@ -398,7 +354,7 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
             and all(t is None or t.shape == (d,) for t in (D, dt_bias))):
         return None
     with torch.no_grad():
-        return _torch_decode.ssm1_decode(state[:, None], torch.arange(b), x, dt, A, B[:, None],
+        return _torch_direct.ssm1_decode(state[:, None], torch.arange(b), x, dt, A, B[:, None],
                                          C[:, None], D, z, dt_bias, bool(dt_softplus))
 
 

@@ -49,7 +49,8 @@ import numpy as np
 from .. import ops
 from .._arrays import as_f32, framework_of, refuse_dtype, wrap_like
 from .._backends import backend_for
-from ..api import KdaOptions
+from .._opspec import KDA
+from .._options import KdaOptions
 
 _TILE = 64  # the chunked algorithm is exact: its tile sets the speed, not the result
 
@@ -156,7 +157,7 @@ def _kda(names, query, key, value, g, beta, state, mode):
     framework of the inputs; differentiable with PyTorch and JAX."""
     s = _Slices(names, query, key, value, g, beta, state)
     backend = backend_for(s.arrays.values())
-    o, h = backend.kda(s.arrays, None, KdaOptions(scale=1.0, mode=mode, chunk_size=_TILE))
+    o, h = backend.run(KDA, s.arrays, None, KdaOptions(scale=1.0, mode=mode, chunk_size=_TILE))
     return backend.cast(s.out(o), s.query), s.state(h)
 
 

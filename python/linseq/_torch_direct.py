@@ -1,16 +1,21 @@
-"""Decode steps straight from PyTorch tensors: the problem struct filled from the tensors'
-data pointers and strides, one C call, no NumPy views.
+"""Calls from PyTorch tensors straight into the C library: the problem struct filled from the
+tensors' data pointers and strides, one C call, no NumPy views, no torch.library dispatch.
 
 A decode step of a model calls each kernel once per layer with one token, where the kernel
 takes a few microseconds; the general path (NumPy views through DLPack, the option and
 shape checks of ops, the op table's shape look-ups) costs ten times that, and made a
 model's decode step slower than transformers' PyTorch fallback. These functions take the
-common form of a call (float32 CPU tensors, a float32 C-contiguous pool, int64 row indices;
-KDA's inference forward, which the recurrent T = 1 entries of fla make) and return None for
-anything else, which then goes the general way with its full
-checks and messages. Every size that sets how far the library reads a pointer is checked
-here against the tensor behind it (the library trusts its struct's sizes); what the library
-validates itself (row values, option values) it reports with a message naming the argument.
+common form of such a call and return None for anything else, which then goes the general
+way with its full checks and messages:
+
+- ssm1_decode, conv1d_decode: one decode step into a float32 C-contiguous pool, with int64
+  row indices (mamba-ssm's and causal-conv1d's state updates);
+- kda_forward: KDA's inference forward over float32 CPU tensors (what the recurrent T = 1
+  entries of fla make, one token per call, and any other call of the common form).
+
+Every size that sets how far the library reads a pointer is checked here against the tensor
+behind it (the library trusts its struct's sizes); what the library validates itself (row
+values, option values) it reports with a message naming the argument.
 
 direct_call tells when a custom op's eager body may run without torch.library's dispatch
 (tens of microseconds a call): not while torch.compile traces, nor for fake, functional,

@@ -11,21 +11,10 @@ class NumpyBackend:
     """Runs the forward only: NumPy has no autodiff (ops has the backward functions)."""
 
     @staticmethod
-    def kda(arrays, cu_seqlens, opts):
+    def run(spec, arrays, cu_seqlens, opts):
         # NumPy has no autodiff: bfloat16 storage always stays bfloat16 (ops.kda_bf16_storage)
-        return ops.kda_forward(opts.inputs(arrays, cu_seqlens, bf16=True), **opts.run())
-
-    @staticmethod
-    def kda_gate(arrays, opts):
-        return ops.kda_gate_forward(opts.inputs(arrays))
-
-    @staticmethod
-    def ssm1(arrays, cu_seqlens, opts):
-        return ops.ssm1_forward(opts.inputs(arrays, cu_seqlens))
-
-    @staticmethod
-    def conv1d(arrays, cu_seqlens, opts):
-        return ops.conv1d_forward(opts.inputs(arrays, cu_seqlens))
+        outputs, _ = spec.forward(spec.inputs(arrays, cu_seqlens, opts, bf16=True), opts, False)
+        return tuple(outputs)
 
     @staticmethod
     def kda_decode(arrays, state, state_rows, opts, inplace):
