@@ -186,6 +186,27 @@ LINSEQ_API int linseq_cuda_device_count(void);
 LINSEQ_API linseq_status linseq_set_num_threads(int n);
 LINSEQ_API int linseq_get_num_threads(void);
 
+/* Any op of the table by its name, for bindings that drive every op from the table: the same
+ * calls as the op's own entry points, with the tensors of a role as an array in the order of
+ * that role's tensors in the op's "tensors" list (linseq_op_table_json).
+ *   linseq_op_forward   outputs: every "output" tensor (NULL for an optional one not wanted).
+ *   linseq_op_decode    one token per request over a pool of states, where the op's entry has
+ *                       "decode": problem with T = 1 and no state input; state_rows as in
+ *                       linseq_kda_decode; outputs: the "output" tensors but the state's own
+ *                       (its slot is ignored).
+ *   linseq_op_backward  upstream: every "upstream" tensor; grads: the op's grads struct.
+ * An unknown name is LINSEQ_ERR_INVALID_VALUE; a call the op does not have (no decode, no
+ * backward) LINSEQ_ERR_UNSUPPORTED; both name the op, and nothing is written. */
+LINSEQ_API linseq_status linseq_op_forward(const char *op_name, const void *problem,
+                                           const linseq_exec *exec, float *const *outputs);
+LINSEQ_API linseq_status linseq_op_decode(const char *op_name, const void *problem,
+                                          const linseq_exec *exec, float *state,
+                                          int64_t n_state_rows, const int64_t *state_rows,
+                                          float *const *outputs);
+LINSEQ_API linseq_status linseq_op_backward(const char *op_name, const void *problem,
+                                            const linseq_exec *exec, const float *const *upstream,
+                                            const void *grads);
+
 /* ------------------------------------------------------------------------------------ */
 /* Shared enums                                                                          */
 /* ------------------------------------------------------------------------------------ */

@@ -253,6 +253,52 @@ static void check_alias_shape(const ls_op *op, const void *problem, const ls_ten
     CHECK(same, "%s: %s may be %s's buffer but has another shape", op->name, t->name, in->name);
 }
 
+/* linseq_op_forward(op's name) writes the bits the table's forward wrote into out. */
+static void check_forward_by_name(const ls_op *op, const void *problem, const linseq_exec *ex,
+                                  float *const *out)
+{
+    float *again[LS_OP_MAX_OUT] = {0};
+    int64_t n[LS_OP_MAX_OUT] = {0};
+    for (int k = 0; ls_op_tensor(op, LS_ROLE_OUTPUT, k); k++)
+        if (out[k] && ls_tensor_count(ls_op_tensor(op, LS_ROLE_OUTPUT, k), problem, &n[k]))
+            again[k] = tu_alloc((size_t)n[k]);
+    CHECK_OK(linseq_op_forward(op->name, problem, ex, again));
+    for (int k = 0; k < LS_OP_MAX_OUT; k++) {
+        CHECK(!again[k] || memcmp(again[k], out[k], (size_t)n[k] * sizeof(float)) == 0,
+              "%s: linseq_op_forward differs from the table's forward in output %d", op->name, k);
+        free(again[k]);
+    }
+}
+
+/* The calls by name refuse an unknown op, a call the op lacks and a missing array, naming
+ * them. */
+static void check_calls_by_name_refused(void)
+{
+    linseq_kda_problem kp = {.B = 1, .T = 1, .H = 1, .K = 1, .V = 1};
+    float *none[LS_OP_MAX_OUT] = {0};
+    CHECK(linseq_op_forward("frob", &kp, NULL, none) == LINSEQ_ERR_INVALID_VALUE &&
+              strstr(linseq_last_error(), "'frob'"),
+          "linseq_op_forward of an unknown op: %s", linseq_last_error());
+    CHECK(linseq_op_forward("kda", &kp, NULL, NULL) == LINSEQ_ERR_NULL_POINTER &&
+              strstr(linseq_last_error(), "outputs"),
+          "linseq_op_forward without outputs: %s", linseq_last_error());
+    int n_ops;
+    const ls_op *const *ops = ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        if (!ops[i]->decode)
+            CHECK(linseq_op_decode(ops[i]->name, &kp, NULL, NULL, 1, NULL, none) ==
+                          LINSEQ_ERR_UNSUPPORTED &&
+                      strstr(linseq_last_error(), ops[i]->name),
+                  "linseq_op_decode of %s, which has none: %s", ops[i]->name, linseq_last_error());
+        if (!ops[i]->backward)
+            CHECK(linseq_op_backward(ops[i]->name, &kp, NULL, (const float *const *)none, NULL) ==
+                          LINSEQ_ERR_UNSUPPORTED &&
+                      strstr(linseq_last_error(), ops[i]->name),
+                  "linseq_op_backward of %s, which has none: %s", ops[i]->name,
+                  linseq_last_error());
+    }
+}
+
 static void check_calls(const ls_op *op)
 {
     _Alignas(max_align_t) unsigned char problem[PROBLEM_BYTES] = {0};
@@ -284,6 +330,7 @@ static void check_calls(const ls_op *op)
     }
     const linseq_exec ex = {.threads = 1};
     CHECK_OK(op->forward(problem, &ex, out));
+    check_forward_by_name(op, problem, &ex, out);
     if (op->backward)
         CHECK_OK(ls_op_backward(op, problem, &ex, (const float *const *)up, grads));
     else
@@ -444,6 +491,7 @@ int main(void)
         CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);
     }
     check_forward_only_twin();
+    check_calls_by_name_refused();
     check_json();
     int64_t dims[LINSEQ_OP_MAX_DIMS];
     linseq_kda_problem kp = {.B = 1, .T = 1, .H = 1, .K = 1, .V = 1};
