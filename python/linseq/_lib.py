@@ -118,6 +118,9 @@ def _bind(lib):
     P = ctypes.POINTER
     sigs = {
         "linseq_op_shapes": (_int, [ctypes.c_char_p, _p, _int, P(_int), P(ctypes.c_int64)]),
+        "linseq_op_forward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p)]),
+        "linseq_op_decode": (_int, [ctypes.c_char_p, _p, P(Exec), _p, _i64, _p, P(_p)]),
+        "linseq_op_backward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p), _p]),
         "linseq_last_error": (ctypes.c_char_p, []),
         "linseq_version": (ctypes.c_char_p, []),
         "linseq_isa": (ctypes.c_char_p, []),
@@ -162,8 +165,13 @@ _SHAPE_INDEX = {name: (name.encode(), {t["name"]: i for i, t in enumerate(o["ten
 
 
 def op_desc(op_name):
-    """The op table's entry of op_name ("kda", "kda_gate", "ssm1", "causal_conv1d")."""
-    return _OPS[op_name]
+    """The op table's entry of op_name ("kda", "ssm1", "ema", ...); ValueError naming it and
+    the table's ops when there is none."""
+    desc = _OPS.get(op_name)
+    if desc is None:
+        raise ValueError(f"{op_name!r}: not an op of the library's table (its ops: "
+                         f"{', '.join(_OPS)})")
+    return desc
 
 
 def op_tensors(op_name, role):

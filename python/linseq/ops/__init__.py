@@ -15,7 +15,8 @@ read as the default); `lower_bound` None means the default gate, otherwise it mu
 finite and negative in float32 (0.0 or -1e-50 is refused, not read as the default gate).
 
 One module per op (kda, kda_gate, ssm1, conv1d) and what they share (_common); the names
-below are the package's, as before it was split.
+below are the package's, as before it was split. run and decode (table) reach every op of
+the library's table by its name, a new op included, from the table alone.
 """
 
 from .._arrays import (as_bf16, as_c_int, as_cu_seqlens, as_f32, as_f32_ndim,
@@ -28,8 +29,9 @@ from .kda import (KdaInputs, check_decode, kda_backward, kda_bf16_storage, kda_d
 from .kda_gate import GateInputs, kda_gate_backward, kda_gate_forward
 from .ssm1 import (Ssm1Inputs, ssm1_backward, ssm1_decode, ssm1_forward,
                    ssm1_forward_train)
+from .table import decode, run
 
-__all__ = ["make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
+__all__ = ["run", "decode", "make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
            "DTYPE_F32", "DTYPE_BF16", "forward_train", "saved_bytes",
            "KdaInputs", "kda_bf16_storage", "kda_forward", "kda_forward_train", "kda_backward",
            "kda_decode", "check_decode",

@@ -1,0 +1,130 @@
+"""Any op of the library's table on NumPy arrays, from the table alone: a new op of the C
+library is callable here without a line of Python written for it.
+
+    ys = linseq.ops.run("ema", {"x": x, "a": a})          # the op's outputs, table order
+    y, = linseq.ops.decode("ema", {"x": x1, "a": a}, pool, state_rows=rows)
+
+The arrays are named as the table names the op's input tensors; the problem's sizes come
+from the arrays wherever an input's dims are plain size names ("[B,T,D]": x's shape gives B,
+T and D), and the rest from `sizes`; options are the table's option keys, an enum by its
+name. Before any pointer reaches C, every array is checked against the shape the library
+gives it under that problem (one linseq_op_shapes call), and the library validates again.
+The ops with a front end of their own (kda, ssm1, conv1d, the gate) are also reachable here,
+without their framework-style argument names, bf16 storage or strides.
+"""
+
+import ctypes
+import re
+
+import numpy as np
+
+from .. import _lib
+from .._arrays import as_f32, as_row_indices
+from ._common import make_exec, pointer
+
+_PLAIN_DIMS = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*)\]$")
+
+
+def _sizes(desc, arrays, given):
+    """The problem's sizes: `given`, then those an input's plain dims name ([B,T,D])."""
+    names = [s["name"] for s in desc["sizes"]]
+    unknown = set(given) - set(names)
+    if unknown:
+        raise ValueError(f"sizes: {desc['name']} has {names}, got {sorted(unknown)}")
+    sizes = dict(given)
+    for t in desc["tensors"]:
+        m = _PLAIN_DIMS.match(t["dims"]) if t["role"] == "input" else None
+        arr = arrays.get(t["name"])
+        if m is None or arr is None or arr.ndim != len(m.group(1).split(",")):
+            continue
+        for name, n in zip(m.group(1).split(","), arr.shape):
+            if name in names:
+                sizes.setdefault(name, int(n))
+    missing = [s["name"] for s in desc["sizes"] if s["required"] and s["name"] not in sizes]
+    if missing:
+        raise ValueError(f"sizes: {desc['name']} needs {missing}; pass them in sizes= (no "
+                         f"input's dims name them plainly)")
+    return sizes
+
+
+def _option_value(o, value):
+    if "values" in o:  # an enum, by name
+        if value not in o["values"]:
+            raise ValueError(f"{o['key']}: expected one of {sorted(o['values'])}, got "
+                             f"{value!r}")
+        return o["values"][value]
+    return value
+
+
+def _problem(op, arrays, sizes, options):
+    """The op's problem struct over the arrays (kept alive by the caller), and its shapes."""
+    desc = _lib.op_desc(op)
+    inputs = {t["name"]: t for t in desc["tensors"] if t["role"] == "input"}
+    unknown = set(arrays) - set(inputs)
+    if unknown:
+        raise ValueError(f"arrays: {op} takes {sorted(inputs)}, got {sorted(unknown)}")
+    arrays = {n: as_f32(a, n) for n, a in arrays.items() if a is not None}
+    problem = _lib.problem_class(op)()
+    for name, n in _sizes(desc, arrays, sizes or {}).items():
+        setattr(problem, name, n)
+    by_key = {o["key"]: o for o in desc["options"]}
+    for key, value in options.items():
+        if key not in by_key:
+            raise ValueError(f"{key}: not an option of {op} (its options: {sorted(by_key)})")
+        setattr(problem, by_key[key]["field"], _option_value(by_key[key], value))
+    for name, arr in arrays.items():
+        setattr(problem, inputs[name]["field"], pointer(arr))
+    shapes = _lib.Shapes(op, problem)
+    for name, arr in arrays.items():
+        want = shapes[name]
+        if want != tuple(arr.shape):
+            raise ValueError(f"{name}: expected shape {inputs[name]['dims']} = "
+                             f"{list(want) if want else 'absent with these options'}, got "
+                             f"{list(arr.shape)}")
+    return problem, shapes, arrays
+
+
+def _outputs(op, shapes, skip=None):
+    outs = [None if t["name"] == skip or shapes[t["name"]] is None
+            else np.empty(shapes[t["name"]], np.float32)
+            for t in _lib.op_tensors(op, "output")]
+    return outs, (ctypes.c_void_p * max(len(outs), 1))(*[pointer(a) for a in outs])
+
+
+def run(op, arrays, sizes=None, *, threads=0, **options):
+    """The forward of op (its table name) on float32 arrays: a tuple of its outputs in the
+    table's order (None for one that does not exist with these options)."""
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    outs, ptrs = _outputs(op, shapes)
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_forward(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
+                                          ptrs))
+    del kept
+    return tuple(outs)
+
+
+def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **options):
+    """One token per request (T = 1) of op over a pool of states, updated in place: `state`
+    is a C-contiguous float32 array whose rows are the requests' states, `state_rows` [B] the
+    row of each request (negative: a padding request), None: row b. Returns the outputs but
+    the state's, in the table's order."""
+    desc = _lib.op_desc(op)
+    if not desc.get("decode"):
+        raise ValueError(f"{op}: the library's table gives it no decode step")
+    if not (isinstance(state, np.ndarray) and state.dtype == np.float32 and
+            state.flags.c_contiguous and state.ndim >= 1):
+        raise ValueError("state: expected a C-contiguous float32 array of rows")
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    rows = None if state_rows is None else as_row_indices(state_rows, problem.B, "state_rows")
+    want = shapes[desc["decode"]["state"]]
+    if want is not None and tuple(state.shape[1:]) != want[1:]:
+        raise ValueError(f"state: expected rows of shape {list(want[1:])}, got "
+                         f"{list(state.shape[1:])}")
+    outs, ptrs = _outputs(op, shapes, skip=desc["decode"]["state_out"])
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_decode(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
+                                         pointer(state), state.shape[0],
+                                         pointer(rows), ptrs))
+    del kept
+    return tuple(o for o, t in zip(outs, _lib.op_tensors(op, "output"))
+                 if t["name"] != desc["decode"]["state_out"])
