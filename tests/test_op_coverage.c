@@ -1,7 +1,8 @@
 /* The lists kept by hand outside the C tests must cover every op of the op table, as the
  * table-driven consumers do by construction; each missing op is named:
- *   - the generated reference cases (tests/refgen: a float64 definition and cases per op,
- *     which `linseq check` and the judge compare with): some case folder of each op;
+ *   - the generated reference cases (tests/refgen: a float64 definition and cases per op, in
+ *     its own op_*.py, which `linseq check` and the judge compare with): some case folder
+ *     of each op;
  *   - the fuzz corpus's case seeds (fuzz/make_seeds.py: one small case per op), so that the
  *     case-loader target starts from a valid case of every op;
  *   - the file names that target can write (fuzz/case_files.h): every input and upstream
@@ -192,8 +193,7 @@ int main(int argc, char **argv)
     refcases_dir(argv[0], dir, sizeof dir);
     tally cases = {.what = "reference case"}, seeds = {.what = "fuzz seed"};
     count_reference_cases(dir, &cases);
-    check_every_op(&cases, "add its definition to tests/refgen/defs.py and its cases to "
-                           "tests/refgen/cases.py");
+    check_every_op(&cases, "write its definition and cases as tests/refgen/op_<name>.py");
     count_fuzz_seeds("fuzz/corpus/case", &seeds);
     check_every_op(&seeds, "add a small case of it to fuzz/make_seeds.py and run it");
     check_case_files();
