@@ -17,10 +17,10 @@
  * are written with case_write_outputs and read back bit for bit. Cases whose outputs or work
  * are too large to run fast are skipped after loading.
  *
- * An input of 2 or 3 bytes (too short for a record: before, an empty folder, which no
- * committed input is) is the options byte, then an op of ls_ops() by its index (the byte
- * modulo the op count) and a seed byte (0 when absent): the folder is that op's case made
- * from the table (table_case.h), which must load. So every op of the table is one byte away
+ * An input of 2 or 3 bytes (too short for a record: before, an empty folder; no input of
+ * fuzz/corpus/case had that size) is the options byte, then an op of ls_ops() by its index
+ * (the byte modulo the op count) and a seed byte (0 when absent): the folder is that op's
+ * case made from the table (table_case.h), which must load. So every op of the table is one byte away
  * whatever the corpus holds, and each start of the target runs every op's table-made case
  * once (LLVMFuzzerInitialize) before any input: every run, `scripts/fuzz.sh 0` included,
  * reaches every op with no seed written per op. */

@@ -7,7 +7,7 @@
  *     bytes picks an op of ls_ops() by its index and runs the case table_case.h makes of it
  *     from the table (and every start of the target runs each once). Checked here: that
  *     case loads, and runs forward (and backward), for every op, and a byte indexes every
- *     op; and no committed input of the corpus has the 2 or 3 bytes that now mean that;
+ *     op;
  *   - the file names that target can write (fuzz/case_files.h: a fixed list, then the
  *     table's other input and upstream names): every input and upstream gradient of every
  *     op, and cu_seqlens, within the 7-bit tag;
@@ -141,24 +141,17 @@ static void count_seed(const char *path, const char *name, tally *t)
     free(data);
 }
 
-/* The hand-made seeds (seed-*) of the case target's corpus name ops of the table; and no
- * committed input has 2 or 3 bytes, which the target now reads as an op index (before: an
- * empty folder), so every committed input decodes as it did. */
+/* The hand-made seeds (seed-*) of the case target's corpus name ops of the table. (A seed
+ * per op is no longer needed: see check_table_cases.) */
 static void check_fuzz_corpus(const char *dir, tally *t)
 {
     DIR *d = opendir(dir);
     CHECK(d != NULL, "no fuzz corpus at %s (run the test from the repository's root)", dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         char path[4096];
-        size_t len;
         if (e->d_name[0] == '.' ||
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
             continue;
-        char *data = slurp(path, &len);
-        CHECK(!data || (len != 2 && len != 3),
-              "fuzz input %s has %zu bytes, which fuzz_case.c reads as a table-made case",
-              e->d_name, len);
-        free(data);
         if (strncmp(e->d_name, "seed-", 5) == 0) count_seed(path, e->d_name, t);
     }
     if (d) closedir(d);
