@@ -4,7 +4,8 @@
  * Input: one options byte, then records, each a tag byte, a 16-bit little-endian length and
  * that many payload bytes (the last record may be cut short by the end of the input):
  *   tag & 0x7f  the file: 0 is meta.json, the others the tensor names of the ops with
- *               ".npy" (case_files.h: every file a case of the op table can read)
+ *               ".npy" (case_files.h: the fixed list, then every other file a case of the
+ *               op table can read, from the table)
  *   tag & 0x80  0: the payload is the file's content, as is;
  *               1: a well-formed .npy file is made from it: payload[0] bit 0 picks int64
  *                  (else float32), payload[1] % 9 the rank, the next bytes the dimensions;
@@ -14,7 +15,15 @@
  * case_load accepts the folder, the case runs forward and backward through the library (with
  * the mode, chunk size and threads of the options byte) as `linseq run` would, and the outputs
  * are written with case_write_outputs and read back bit for bit. Cases whose outputs or work
- * are too large to run fast are skipped after loading. */
+ * are too large to run fast are skipped after loading.
+ *
+ * An input of 2 or 3 bytes (too short for a record: before, an empty folder; no input of
+ * fuzz/corpus/case had that size) is the options byte, then an op of ls_ops() by its index
+ * (the byte modulo the op count) and a seed byte (0 when absent): the folder is that op's
+ * case made from the table (table_case.h), which must load. So every op of the table is one byte away
+ * whatever the corpus holds, and each start of the target runs every op's table-made case
+ * once (LLVMFuzzerInitialize) before any input: every run, `scripts/fuzz.sh 0` included,
+ * reaches every op with no seed written per op. */
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -25,10 +34,12 @@
 #include "case.h"
 #include "case_files.h"
 #include "optable/optable.h"
+#include "table_case.h"
 #include "commands.h"
 #include "npy.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+int LLVMFuzzerInitialize(int *argc, char ***argv);
 
 /* Outputs and gradients in floats, and the op's work, above which a loaded case is not run. */
 #define CASE_MAX_FLOATS (1 << 21)
@@ -187,8 +198,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (!mkdtemp(dir)) die("mkdtemp", dir);
 
     const uint8_t opts = data[0];
+    const ls_op *table_op = NULL;
+    if (size == 2 || size == 3) {
+        int n_ops;
+        const ls_op *const *ops = ls_ops(&n_ops);
+        table_op = ops[data[1] % n_ops];
+        char werr[512];
+        if (!fz_table_case_write(table_op, dir, size == 3 ? data[2] : 0, werr, sizeof werr))
+            die("cannot write a table-made case", werr);
+    }
     size_t at = 1;
-    while (at + 3 <= size) {
+    while (!table_op && at + 3 <= size) {
         const uint8_t tag = data[at];
         size_t len = (size_t)data[at + 1] | (size_t)data[at + 2] << 8;
         at += 3;
@@ -210,6 +230,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     const bool loaded = case_load(dir, &c, err, sizeof err);
     if (getenv("FUZZ_TRACE")) /* what an input decodes to */
         fprintf(stderr, "case_load: %s\n", loaded ? c.op_name : err);
+    if (table_op && !loaded) { /* the case table_case.h makes of an op must load */
+        char what[256];
+        snprintf(what, sizeof what, "the table-made case of op %s does not load", table_op->name);
+        die(what, err);
+    }
     if (loaded) {
         if (c.n_inputs < 1 || c.n_inputs > CASE_MAX_TENSORS || c.n_outputs > c.n_produced ||
             c.n_grads > c.n_computable)
@@ -221,5 +246,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         if (c.meta || c.n_inputs || c.dir) die("a failed case_load left state", err);
     }
     remove_tree(dir);
+    return 0;
+}
+
+/* Every op of the table once, from its table-made case, before the first input. */
+int LLVMFuzzerInitialize(int *argc, char ***argv)
+{
+    (void)argc;
+    (void)argv;
+    int n_ops;
+    ls_ops(&n_ops);
+    for (int i = 0; i < n_ops; i++) {
+        const uint8_t input[2] = {0x31, (uint8_t)i};
+        LLVMFuzzerTestOneInput(input, sizeof input);
+    }
     return 0;
 }

@@ -122,10 +122,11 @@ def f32(values):
 
 
 def case_files():
-    """fuzz_case.c's record names, in tag order: the list of case_files.h."""
+    """fuzz_case.c's record names, in tag order: the fixed list of case_files.h (the names the
+    op table adds after it get their tags at run time; no seed here uses one)."""
     with open(os.path.join(HERE, 'case_files.h')) as f:
         text = f.read()
-    body = text[text.index('fz_case_files[] = {'):text.index('};')]
+    body = text[text.index('fz_case_legacy_files[] = {'):text.index('};')]
     return re.findall(r'"([^"]+)"', body)
 
 
@@ -198,9 +199,10 @@ def main():
     write('npy', 'v3-fortran-1d', npy('<f4', (2,), f32([1, 2]), major=3, fortran=True))
     write('npy', 'f4-4d', npy('<f4', (1, 2, 1, 2), f32([1, 2, 3, 4])))
 
-    # cases: one small folder per op of the op table (tests/test_op_coverage.c checks that
-    # each has one), from .npy files made by the target (synth records), plus one with its
-    # files given byte for byte.
+    # cases: small folders of the ops and options written here, from .npy files made by the
+    # target (synth records), plus one with its files given byte for byte. A new op needs
+    # none: the target reaches every op of the table by its index (fuzz_case.c, table_case.h),
+    # which tests/test_op_coverage.c checks.
     conv_meta = {'op': 'causal_conv1d', 'B': 1, 'T': 3, 'D': 2, 'W': 4, 'activation': 'silu',
                  'has_bias': True, 'has_state': True,
                  'inputs': ['x', 'weight', 'bias', 'conv_state'], 'upstream_grads': ['d_y'],

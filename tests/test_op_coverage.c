@@ -1,23 +1,34 @@
-/* The lists kept by hand outside the C tests must cover every op of the op table, as the
+/* The lists kept outside the C tests must cover every op of the op table, as the
  * table-driven consumers do by construction; each missing op is named:
- *   - the generated reference cases (tests/refgen: a float64 definition and cases per op,
- *     which `linseq check` and the judge compare with): some case folder of each op;
- *   - the fuzz corpus's case seeds (fuzz/make_seeds.py: one small case per op), so that the
- *     case-loader target starts from a valid case of every op;
- *   - the file names that target can write (fuzz/case_files.h): every input and upstream
- *     gradient of every op, and cu_seqlens;
- * and none of them may name an op the table does not have.
+ *   - the generated reference cases (tests/refgen: a float64 definition and cases per op, in
+ *     its own op_*.py, which `linseq check` and the judge compare with): some case folder
+ *     of each op;
+ *   - the case-loader fuzz target reaches every op without a seed per op: an input of two
+ *     bytes picks an op of ls_ops() by its index and runs the case table_case.h makes of it
+ *     from the table (and every start of the target runs each once). Checked here: that
+ *     case loads, and runs forward (and backward), for every op, and a byte indexes every
+ *     op;
+ *   - the file names that target can write (fuzz/case_files.h: a fixed list, then the
+ *     table's other input and upstream names): every input and upstream gradient of every
+ *     op, and cu_seqlens, within the 7-bit tag;
+ * and none of the reference cases or the hand-made seeds (fuzz/make_seeds.py, seed-*) may
+ * name an op the table does not have.
  *
  * The reference cases are those `make` generates beside the tests (BUILD/refcases for
- * BUILD/tests/test_op_coverage), or LINSEQ_REFCASES; the seeds are read from fuzz/corpus/case
- * under the working folder (make runs the tests from the repository's root). */
+ * BUILD/tests/test_op_coverage), or LINSEQ_REFCASES; the corpus is read from
+ * fuzz/corpus/case under the working folder (make runs the tests from the repository's
+ * root). */
 #include <dirent.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cjson/cJSON.h>
 
 #include "../fuzz/case_files.h"
+#include "../fuzz/table_case.h"
+#include "../tools/linseq/case.h"
+#include "../tools/linseq/commands.h"
 #include "optable/optable.h"
 #include "testutil.h"
 
@@ -130,42 +141,103 @@ static void count_seed(const char *path, const char *name, tally *t)
     free(data);
 }
 
-/* The hand-made seeds (seed-*) of the case target's corpus. */
-static void count_fuzz_seeds(const char *dir, tally *t)
+/* The hand-made seeds (seed-*) of the case target's corpus name ops of the table. (A seed
+ * per op is no longer needed: see check_table_cases.) */
+static void check_fuzz_corpus(const char *dir, tally *t)
 {
     DIR *d = opendir(dir);
     CHECK(d != NULL, "no fuzz corpus at %s (run the test from the repository's root)", dir);
     for (struct dirent *e; d && (e = readdir(d));) {
         char path[4096];
-        if (strncmp(e->d_name, "seed-", 5) != 0 ||
+        if (e->d_name[0] == '.' ||
             snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= (int)sizeof path)
             continue;
-        count_seed(path, e->d_name, t);
+        if (strncmp(e->d_name, "seed-", 5) == 0) count_seed(path, e->d_name, t);
     }
     if (d) closedir(d);
 }
 
+static void remove_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char path[4096];
+        if (e->d_name[0] != '.' &&
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name) < (int)sizeof path)
+            unlink(path);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
+/* Every op's table-made case (what the case target runs for an op index) loads and runs;
+ * the index is a byte modulo the op count, so every op is reached when the count fits. */
+static void check_table_cases(void)
+{
+    int n;
+    const ls_op *const *ops = ls_ops(&n);
+    CHECK(n >= 1 && n <= 256, "%d ops: fuzz_case.c picks one by a byte", n);
+    for (int i = 0; i < n; i++) {
+        const char *tmp = getenv("TMPDIR");
+        char dir[4096], err[2048] = "";
+        snprintf(dir, sizeof dir, "%s/test_op_coverage.XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) {
+            CHECK(0, "mkdtemp %s", dir);
+            return;
+        }
+        ls_case c;
+        const bool written = fz_table_case_write(ops[i], dir, 7, err, sizeof err);
+        CHECK(written, "op %s: the table-made case: %s", ops[i]->name, err);
+        const bool loaded = written && case_load(dir, &c, err, sizeof err);
+        CHECK(!written || loaded,
+              "op %s: its table-made case (fuzz/table_case.h) does not load: %s", ops[i]->name,
+              err);
+        if (loaded) {
+            CHECK(strcmp(c.op_name, ops[i]->name) == 0 && c.n_outputs >= 1,
+                  "op %s: its table-made case loads as %s with %d outputs", ops[i]->name, c.op_name,
+                  c.n_outputs);
+            const linseq_exec ex = {.mode = LINSEQ_MODE_DEFAULT};
+            case_result r;
+            const bool ran = case_run(&c, &ex, &r, err, sizeof err) == LS_EXIT_OK;
+            CHECK(ran, "op %s: its table-made case does not run: %s", ops[i]->name, err);
+            if (ran && ops[i]->backward) {
+                const int rc = case_run_backward(&c, &ex, &r, err, sizeof err);
+                CHECK(rc == LS_EXIT_OK && r.n_grads == c.n_grads && c.n_grads >= 1,
+                      "op %s: the backward of its table-made case: %s", ops[i]->name, err);
+            }
+            if (ran) case_result_free(&r);
+            case_free(&c);
+        }
+        remove_files(dir);
+    }
+}
+
 static bool is_case_file(const char *name)
 {
-    for (size_t i = 0; i < FZ_CASE_FILES; i++)
-        if (strcmp(fz_case_files[i], name) == 0) return true;
+    size_t n;
+    const char *const *list = fz_case_file_list(&n, NULL);
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(list[i], name) == 0) return true;
     return false;
 }
 
-/* Every file a case of an op can read has a tag in the case target's list. */
+/* Every file a case of an op can read has a tag in the case target's list: by construction
+ * (case_files.h adds the table's names), unless the list outgrows the 7-bit tag. */
 static void check_case_files(void)
 {
     int n;
     const ls_op *const *ops = ls_ops(&n);
-    CHECK(FZ_CASE_FILES <= 128 && FZ_CASE_CORPUS_FILES <= FZ_CASE_FILES,
-          "fuzz/case_files.h: %zu names, but a tag has 7 bits", (size_t)FZ_CASE_FILES);
+    size_t count, dropped;
+    fz_case_file_list(&count, &dropped);
+    CHECK(dropped == 0 && count <= FZ_CASE_MAX_FILES &&
+              FZ_CASE_CORPUS_FILES <= FZ_CASE_LEGACY_FILES && FZ_CASE_LEGACY_FILES <= count,
+          "fuzz/case_files.h: %zu names and %zu more from the op table, but a tag has 7 bits",
+          count, dropped);
     for (int i = 0; i < n; i++) {
         for (int k = 0; k < ops[i]->n_tensors; k++) {
             const ls_tensor_desc *t = &ops[i]->tensors[k];
             if (t->role != LS_ROLE_INPUT && t->role != LS_ROLE_UPSTREAM) continue;
-            CHECK(is_case_file(t->name),
-                  "fuzz/case_files.h lacks \"%s\", a file of op %s: append it (and regenerate "
-                  "the seeds with fuzz/make_seeds.py)",
+            CHECK(is_case_file(t->name), "fuzz/case_files.h's list lacks \"%s\", a file of op %s",
                   t->name, ops[i]->name);
         }
         CHECK(!ops[i]->varlen || is_case_file("cu_seqlens"), "fuzz/case_files.h: cu_seqlens");
@@ -192,10 +264,9 @@ int main(int argc, char **argv)
     refcases_dir(argv[0], dir, sizeof dir);
     tally cases = {.what = "reference case"}, seeds = {.what = "fuzz seed"};
     count_reference_cases(dir, &cases);
-    check_every_op(&cases, "add its definition to tests/refgen/defs.py and its cases to "
-                           "tests/refgen/cases.py");
-    count_fuzz_seeds("fuzz/corpus/case", &seeds);
-    check_every_op(&seeds, "add a small case of it to fuzz/make_seeds.py and run it");
+    check_every_op(&cases, "write its definition and cases as tests/refgen/op_<name>.py");
+    check_fuzz_corpus("fuzz/corpus/case", &seeds);
+    check_table_cases();
     check_case_files();
     return tu_finish("test_op_coverage");
 }

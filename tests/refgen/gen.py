@@ -4,12 +4,13 @@
     python3 tests/refgen/gen.py OUT_DIR
 
 First checks the tape's gradients against finite differences on tiny cases (selfcheck.py),
-then writes one folder per case of cases.py (meta.json and float32 .npy files, cu_seqlens
-int64) and OUT_DIR/index.json, into OUT_DIR.tmp, which replaces OUT_DIR at the end: a failed
-run leaves no partial set. The reference is float64 (each op's entry in defs.py: its
-definition in ops.py on tape.py) from the float32 inputs as stored, rounded to float32 when
-written. A case of an op with no entry, or an entry with no case, stops it. Deterministic:
-fixed seeds, so a rerun writes the same bytes. Needs Python 3 and NumPy only.
+then writes one folder per case of the op modules (op_*.py, found by defs.py: meta.json and
+float32 .npy files, cu_seqlens int64) and OUT_DIR/index.json, into OUT_DIR.tmp, which replaces
+OUT_DIR at the end: a failed run leaves no partial set. The reference is float64 (each op's
+entry in its op_*.py: its definition there on tape.py) from the float32 inputs as stored,
+rounded to float32 when written. A case of an op with no entry, or an entry with no case,
+stops it. Deterministic: fixed seeds, so a rerun writes the same bytes. Needs Python 3 and
+NumPy only.
 """
 import json
 import os
@@ -21,7 +22,6 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import cases  # noqa: E402
 import defs  # noqa: E402
 import draw  # noqa: E402
 import reference  # noqa: E402
@@ -90,12 +90,12 @@ def check_coverage():
     """Every case names a defined op, and every defined op has cases, and self-check cases
     where it has gradients: a definition nothing runs would be a reference nothing is
     compared with."""
-    for c in cases.CASES + cases.CHECKS:
+    for c in defs.CASES + defs.CHECKS:
         defs.op_def(c['op'])
     for name, op in defs.OPS.items():
-        for what, listed in (('cases.CASES', cases.CASES), ('cases.CHECKS', cases.CHECKS)):
-            if (op.grads or listed is cases.CASES) and not any(c['op'] == name for c in listed):
-                raise SystemExit(f'refgen: op {name!r} has no case in {what}')
+        for what, listed in (('CASES', defs.CASES), ('CHECKS', defs.CHECKS)):
+            if (op.grads or listed is defs.CASES) and not any(c['op'] == name for c in listed):
+                raise SystemExit(f'refgen: op {name!r} has no case in {what} of its op_*.py')
 
 
 def write_case(root, meta, files):
@@ -115,14 +115,14 @@ def main(argv):
     out = argv[1].rstrip('/')
     start = time.time()
     check_coverage()
-    worst = max(selfcheck.check_case(c) for c in cases.CHECKS)
-    print(f'refgen: gradients match finite differences on {len(cases.CHECKS)} tiny cases '
+    worst = max(selfcheck.check_case(c) for c in defs.CHECKS)
+    print(f'refgen: gradients match finite differences on {len(defs.CHECKS)} tiny cases '
           f'(worst {worst:.1e} relative)')
     tmp = out + '.tmp'
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     index = []
-    for c in cases.CASES:
+    for c in defs.CASES:
         meta, files = build(c)
         write_case(tmp, meta, files)
         if meta['op'] not in INDEX_LEAVES_OUT:
@@ -132,7 +132,7 @@ def main(argv):
         f.write('\n')
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    print(f'refgen: {len(cases.CASES)} reference cases in {out} ({len(index)} in its index, '
+    print(f'refgen: {len(defs.CASES)} reference cases in {out} ({len(index)} in its index, '
           f'{time.time() - start:.1f} s)')
 
 

@@ -1,4 +1,4 @@
-"""One case's outputs and gradients in float64: the op's definition (defs.py) on the tape,
+"""One case's outputs and gradients in float64: the op's definition (its op_*.py) on the tape,
 the loss sum(out * d_out) over the upstream gradients given, and the tape's gradients of
 that loss."""
 import defs

@@ -1,6 +1,7 @@
-"""The generator checks its own gradients: on tiny cases (cases.CHECKS) the tape's gradient
-of every differentiable input, element by element, against central finite differences of
-the float64 loss. A mismatch raises, so a wrong definition or tape rule stops generation."""
+"""The generator checks its own gradients: on tiny cases (the CHECKS of the op modules,
+defs.CHECKS) the tape's gradient of every differentiable input, element by element, against
+central finite differences of the float64 loss. A mismatch raises, so a wrong definition or
+tape rule stops generation."""
 import numpy as np
 
 import defs
