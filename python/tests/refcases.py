@@ -113,8 +113,30 @@ GRAD_NAME = {"q": "dq", "k": "dk", "v": "dv", "beta": "dbeta", "g": "dg", "h0": 
              "dt_bias": "ddt_bias"}
 
 
+def frameworks(op):
+    """The frameworks a case of op runs in: every one through an op's own front end; NumPy
+    alone through linseq.ops.run, the path of an op of the table that has none (the
+    template EMA, forward-only)."""
+    return ["numpy", "torch", "jax"] if op in CALLS else ["numpy"]
+
+
+def _table_run(case):
+    """A case of an op without a front end of its own, through linseq.ops.run: the table's
+    inputs by name, its options from meta.json's keys that name one of the op's options."""
+    op = case.meta["op"]
+    desc = linseq._lib.op_desc(op)
+    keys = {o["key"] for o in desc["options"]}
+    options = {k: v for k, v in case.meta.items() if k in keys and v is not None}
+    outs = linseq.ops.run(op, {n: case.get(n) for n in case.meta["inputs"]}, **options)
+    names = [t["name"] for t in desc["tensors"] if t["role"] == "output"]
+    return {n: o for n, o in zip(names, outs) if n in case}
+
+
 def run(case, framework, variant):
     """{name: NumPy array} for every output and gradient file of the case."""
+    if case.meta["op"] not in CALLS:
+        assert framework == "numpy" and not case.meta.get("grads"), case.meta["op"]
+        return _table_run(case)
     names, fn, out_names, up_names, numpy_grads = CALLS[case.meta["op"]](case, variant)
     inputs = {n: case.get(n) for n in names if n in case}
     upstream = {u: case.get(u) for u in up_names if u is not None and u in case}

@@ -6,7 +6,6 @@ import pytest
 import refcases
 from conftest import Case, case_names, require
 
-FRAMEWORKS = ["numpy", "torch", "jax"]
 KDA_VARIANTS = ["chunked", "recurrent", "ejkernel"]
 
 
@@ -17,7 +16,7 @@ def _params():
         for variant in variants:
             if variant == "ejkernel" and "cu_seqlens" in Case(name):
                 continue  # ejkernel's kda has no packed sequences
-            for fw in FRAMEWORKS:
+            for fw in refcases.frameworks(op):
                 yield pytest.param(name, fw, variant, id=f"{name}-{variant}-{fw}")
 
 
