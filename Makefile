@@ -185,7 +185,7 @@ test-tsan:
 # build, since a sanitizer runtime and Valgrind cannot share a process. Leaks (definite and
 # possible) and uninitialised reads fail it, with no suppression (the library's pool joins
 # its workers at exit). Needs valgrind.
-VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy test_kda_segment \
+VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy test_kda_segment test_ema \
                   test_ssm1_segment test_ssm1_saved test_kda_bf16 test_scratch
 VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full
 .PHONY: test-valgrind
