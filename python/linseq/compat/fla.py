@@ -18,7 +18,7 @@ with an error that names it; `ARGUMENTS` lists which, and why. How the options f
 have and linseq's C kernel lacks are reached (allow_neg_eigval, per value channel beta and
 decay, per head decay with gk, return_intermediate_states) is said once, in
 linseq._delta_rule.
-
+"""
 
 from .._fla_signatures import (ARGUMENTS, chunk_gated_delta_rule, chunk_gdn, chunk_kda,
                                fused_gdn_gate, fused_kda_gate, fused_recurrent_gated_delta_rule,
