@@ -287,6 +287,9 @@ static void test_ops(void)
     w = (want){"gate", 2, 16, 2.0 * 16 * 3, 4.0 * (2.0 * 16 * 3 + 3 + 3)};
     check_op("gate per-head", &w,
              ARGS("gate", "--T", "16", "--H", "3", "--decay", "per-head", TIMING, "--no-peak"));
+    /* the op table's name is the same command as the short one */
+    check_op("kda_gate (the table's name)", &w,
+             ARGS("kda_gate", "--T", "16", "--H", "3", "--decay", "per-head", TIMING, "--no-peak"));
 
     w = ssm1_want("ssm1", 2, 20, 24, 4);
     check_op("ssm1", &w,

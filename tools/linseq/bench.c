@@ -114,12 +114,21 @@ static const command *commands(int *count)
     return cmds;
 }
 
+/* Whether `name` is c's command spelled with the op's table name instead of its short
+ * bench name ("causal_conv1d-fwdbwd" for "conv-fwdbwd"): the table's names work everywhere. */
+static bool table_spelling(const command *c, const char *name)
+{
+    const char *base = c->op->bench_name ? c->op->bench_name : c->op->name;
+    const size_t n_base = strlen(base), n_op = strlen(c->op->name);
+    return strncmp(name, c->op->name, n_op) == 0 && strcmp(name + n_op, c->name + n_base) == 0;
+}
+
 static const command *find_command(const char *name)
 {
     int n;
     const command *c = commands(&n);
     for (int i = 0; i < n; i++)
-        if (strcmp(c[i].name, name) == 0) return &c[i];
+        if (strcmp(c[i].name, name) == 0 || table_spelling(&c[i], name)) return &c[i];
     return NULL;
 }
 
