@@ -74,3 +74,18 @@ def test_refusals_name_what_is_wrong():
         linseq.ops.decode("causal_conv1d", {"x": x}, np.zeros((1, 4, 3), np.float32))
     with pytest.raises(ValueError, match="not an op"):
         linseq.ops.run("frob", {})
+
+
+def test_table_backward_equals_the_ops_own_front_end():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 9, 8)).astype(np.float32)
+    w = rng.standard_normal((8, 3)).astype(np.float32)
+    b = rng.standard_normal(8).astype(np.float32)
+    d_y = rng.standard_normal((2, 9, 8)).astype(np.float32)
+    grads = linseq.ops.backward("causal_conv1d", {"x": x, "weight": w, "bias": b}, {"d_y": d_y},
+                                activation="silu")
+    own = linseq.ops.conv1d_backward(linseq.ops.Conv1dInputs(x, w, b, activation="silu"), d_y)
+    for name in ("dx", "dweight", "dbias"):
+        np.testing.assert_array_equal(grads[name], own[name])
+    with pytest.raises(ValueError, match="no backward"):
+        linseq.ops.backward("ema", {"x": x, "a": np.full(8, 0.5, np.float32)}, {"d_y": d_y})

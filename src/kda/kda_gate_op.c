@@ -91,6 +91,7 @@ static const ls_tensor_desc tensors[] = {
 
 const ls_op ls_op_kda_gate = {
     LS_OP_STRUCTS(linseq_kda_gate_problem, linseq_kda_gate_grads),
+    LS_OP_OPTIONS(options),
     .name = "kda_gate",
     .forward = forward,
     .backward = backward,

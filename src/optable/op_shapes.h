@@ -32,10 +32,14 @@ static inline int ls_shape_none(const void *p, int64_t *dims)
 }
 
 /* The fields of an ls_op that every description fills the same way: from its two struct
- * types and the file's `sizes`, `options` and `tensors` arrays. */
-#define LS_OP_STRUCTS(problem, grads) LS_OP_STRUCTS_OF(problem, grads, sizes, options, tensors)
+ * types and the file's `sizes` and `tensors` arrays; an op with options adds
+ * LS_OP_OPTIONS(options) (C has no empty array, so an op without options has none). */
+#define LS_OP_STRUCTS(problem, grads)                                                              \
+    .problem_type = #problem, .grads_type = #grads, .problem_size = sizeof(problem),               \
+    .grads_size = sizeof(grads), .sizes = sizes, .n_sizes = LS_COUNT(sizes), .tensors = tensors,   \
+    .n_tensors = LS_COUNT(tensors)
 /* A forward-only op (no backward, no grads struct): its problem type and the file's `sizes`
- * and `tensors` arrays; an op with options adds LS_OP_OPTIONS(options). */
+ * and `tensors` arrays. */
 #define LS_OP_STRUCTS_FORWARD_ONLY(problem)                                                        \
     .problem_type = #problem, .problem_size = sizeof(problem), .sizes = sizes,                     \
     .n_sizes = LS_COUNT(sizes), .tensors = tensors, .n_tensors = LS_COUNT(tensors)

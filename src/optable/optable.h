@@ -14,9 +14,9 @@
  *     grads) over arrays in the table's order, so a caller never switches on the op;
  *   - the work per call: FLOPs as README "Benchmarks" defines them (the bytes follow from
  *     the tensors), the benchmark's default sizes and the options a benchmark runs with.
- * Each op's description is an ls_op in its family's folder, beside its entry points
- * (src/<family>/<op>_op.c), which validate through it (check.h); this folder holds what is
- * generic. Adding an op: its description, one line in optable.c's list, its entry points,
+ * Each op's description is an ls_op in its family's folder, beside the entry points that
+ * validate through it (check.h): in the op's entry file (src/ema/ema.c), or in <op>_op.c
+ * where several ops share its parts (src/kda/kda_op.c); this folder holds what is generic. Adding an op: its description, one line in optable.c's list, its entry points,
  * kernels and test; docs/developer-guide.md walks through it. */
 #ifndef LS_OPTABLE_H
 #define LS_OPTABLE_H

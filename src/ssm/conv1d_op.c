@@ -110,6 +110,7 @@ static const ls_tensor_desc tensors[] = {
 
 const ls_op ls_op_conv1d = {
     LS_OP_STRUCTS(linseq_conv1d_problem, linseq_conv1d_grads),
+    LS_OP_OPTIONS(options),
     LS_OP_VARLEN(linseq_conv1d_problem),
     .strides = strides,
     .n_strides = LS_COUNT(strides),

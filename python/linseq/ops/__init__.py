@@ -29,7 +29,7 @@ from .kda import (KdaInputs, check_decode, kda_backward, kda_bf16_storage, kda_d
 from .kda_gate import GateInputs, kda_gate_backward, kda_gate_forward
 from .ssm1 import (Ssm1Inputs, ssm1_backward, ssm1_decode, ssm1_forward,
                    ssm1_forward_train)
-from .table import decode, run
+from .table import backward, decode, run
 
 __all__ = ["run", "decode", "make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
            "DTYPE_F32", "DTYPE_BF16", "forward_train", "saved_bytes",

@@ -3,6 +3,7 @@ library is callable here without a line of Python written for it.
 
     ys = linseq.ops.run("ema", {"x": x, "a": a})          # the op's outputs, table order
     y, = linseq.ops.decode("ema", {"x": x1, "a": a}, pool, state_rows=rows)
+    grads = linseq.ops.backward("scaleshift", inputs, {"d_y": dy})  # {grad name: array}
 
 The arrays are named as the table names the op's input tensors; the problem's sizes come
 from the arrays wherever an input's dims are plain size names ("[B,T,D]": x's shape gives B,
@@ -128,3 +129,31 @@ def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **optio
     del kept
     return tuple(o for o, t in zip(outs, _lib.op_tensors(op, "output"))
                  if t["name"] != desc["decode"]["state_out"])
+
+
+def backward(op, arrays, upstream, sizes=None, *, threads=0, **options):
+    """The backward of op on float32 arrays: `upstream` maps its upstream tensors' names
+    (d_y, ...) to arrays (absent: NULL); returns {gradient name: array} for every gradient
+    the table gives it under this problem."""
+    desc = _lib.op_desc(op)
+    if not _lib.has_backward(desc):
+        raise ValueError(f"{op}: the library's table gives it no backward")
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    ups = _lib.op_tensors(op, "upstream")
+    unknown = set(upstream) - {t["name"] for t in ups}
+    if unknown:
+        raise ValueError(f"upstream: {op} takes {[t['name'] for t in ups]}, got {sorted(unknown)}")
+    up_arrays = [None if upstream.get(t["name"]) is None
+                 else as_f32(upstream[t["name"]], t["name"]) for t in ups]
+    up_ptrs = (ctypes.c_void_p * max(len(ups), 1))(*[pointer(a) for a in up_arrays])
+    grads = _lib.grads_class(op)()
+    out = {}
+    for t in _lib.op_tensors(op, "grad"):
+        if shapes[t["name"]] is not None:
+            out[t["name"]] = np.empty(shapes[t["name"]], np.float32)
+            setattr(grads, t["field"], pointer(out[t["name"]]))
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_backward(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
+                                           up_ptrs, ctypes.byref(grads)))
+    del kept, up_arrays
+    return out
