@@ -1,0 +1,50 @@
+"""The hand-kept lists of the Python package agree with the library's op table: an op of
+the table is reachable from Python, through its own front end (a spec, its torch custom ops,
+its XLA FFI targets) or through linseq.ops.run / decode / backward, which read the table;
+and the front-end lists name the same ops as each other. A new op of the table, or a spec
+added without its other half, fails here by name."""
+import pytest
+
+import linseq
+from linseq import _lib, _opspec
+from conftest import require
+
+
+def table_ops():
+    return {o["name"]: o for o in _lib.op_table["ops"]}
+
+
+def test_every_spec_is_an_op_of_the_table():
+    assert set(_opspec.SPECS) <= set(table_ops()), set(_opspec.SPECS) - set(table_ops())
+    for name, spec in _opspec.SPECS.items():
+        assert spec.table == name
+        assert spec.has_backward == table_ops()[name]["backward"], name
+
+
+def test_every_op_without_a_spec_runs_through_the_table():
+    """ops.run reaches any op by its description; a forward-only op with no front end (the
+    template EMA) and the segment summaries (linseq.distributed's) among them."""
+    for name, desc in table_ops().items():
+        if name in _opspec.SPECS:
+            continue
+        with pytest.raises(ValueError, match="needs|expected"):
+            linseq.ops.run(name, {})  # refused by name, not a KeyError: it is known
+
+
+def test_jax_ffi_targets_cover_the_specs():
+    require("jax")
+    from linseq import _jax_ffi
+    assert set(_jax_ffi.OP_TARGETS) == set(_opspec.SPECS)
+    targets = set(_jax_ffi.TARGETS)
+    for name, (forward, backward) in _jax_ffi.OP_TARGETS.items():
+        assert forward in targets, (name, forward)
+        if table_ops()[name]["backward"]:
+            assert backward in targets, (name, backward)
+
+
+def test_torch_custom_ops_cover_the_specs():
+    require("torch")
+    from linseq import _torch_ops
+    if not _torch_ops.AVAILABLE:
+        pytest.skip("this PyTorch has no torch.library.custom_op")
+    assert {spec.table for spec in _torch_ops.OPS} == set(_opspec.SPECS)
