@@ -451,9 +451,7 @@ linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const lin
     if (!bytes) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
     ls_args a = {.fn = fn};
-    if (problem->cu_seqlens)
-        ls_arg(&a, "cu_seqlens", "n_seqs+1", problem->cu_seqlens, true, LS_IN, 8, 1,
-               problem->n_seqs + 1);
+    ls_op_add_cu_seqlens(&a, &ls_op_kda, problem);
     if ((st = ls_args_validate(&a))) return st;
     if (problem->cu_seqlens && (st = ls_check_cu_seqlens(fn, problem->cu_seqlens, problem->n_seqs,
                                                          problem->B, problem->T)))

@@ -46,11 +46,18 @@ static linseq_status check_sizes(const char *fn, const ls_op *op, const void *p)
     return LINSEQ_OK;
 }
 
+/* The problem's n_seqs (a varlen op's). */
+static int64_t n_seqs_of(const ls_op *op, const void *p)
+{
+    int64_t n_seqs;
+    memcpy(&n_seqs, (const char *)p + op->n_seqs_offset, sizeof n_seqs);
+    return n_seqs;
+}
+
 static linseq_status check_n_seqs(const char *fn, const ls_op *op, const void *p)
 {
     if (!ls_op_cu_seqlens(op, p)) return LINSEQ_OK; /* n_seqs is ignored without cu_seqlens */
-    int64_t n_seqs;
-    memcpy(&n_seqs, (const char *)p + op->n_seqs_offset, sizeof n_seqs);
+    const int64_t n_seqs = n_seqs_of(op, p);
     linseq_status st = ls_check_min(fn, "n_seqs", n_seqs, 1);
     if (!st && n_seqs == INT64_MAX)
         st = ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "n_seqs + 1 overflows int64");
@@ -85,13 +92,11 @@ static bool strides_zero(linseq_strides s)
     return !s.batch && !s.token && !s.channel && !s.state;
 }
 
-/* cu_seqlens: n_seqs + 1 entries, saturated so that an absurd n_seqs is a size overflow. */
-static void add_cu_seqlens(ls_args *a, const ls_op *op, const void *p)
+void ls_op_add_cu_seqlens(ls_args *a, const ls_op *op, const void *p)
 {
     const int64_t *cu = ls_op_cu_seqlens(op, p);
     if (!cu) return;
-    int64_t n_seqs;
-    memcpy(&n_seqs, (const char *)p + op->n_seqs_offset, sizeof n_seqs);
+    const int64_t n_seqs = n_seqs_of(op, p);
     ls_arg(a, "cu_seqlens", "n_seqs+1", cu, true, LS_IN, sizeof(int64_t), 1,
            n_seqs < INT64_MAX ? n_seqs + 1 : INT64_MAX);
 }
@@ -138,7 +143,7 @@ static linseq_status add_tensor(ls_args *a, const ls_op *op, const void *p, cons
 linseq_status ls_op_add_tensors(ls_args *a, const ls_op *op, const void *p, ls_op_role role,
                                 const void *src, size_t token_bytes)
 {
-    if (role == LS_ROLE_INPUT) add_cu_seqlens(a, op, p);
+    if (role == LS_ROLE_INPUT) ls_op_add_cu_seqlens(a, op, p);
     linseq_status st;
     for (int i = 0; i < op->n_tensors; i++) {
         const ls_tensor_desc *t = &op->tensors[i];

@@ -18,6 +18,11 @@
 linseq_status ls_op_check_problem(const char *fn, const ls_op *op, const void *p,
                                   const linseq_exec *exec, bool cpu_bf16);
 
+/* cu_seqlens of a varlen op's problem, when given: n_seqs + 1 int64 entries (saturated, so
+ * that an absurd n_seqs is reported as a size overflow). Part of the INPUT role below; alone
+ * for a call that reads only the sizes and the offsets (the saved-block size queries). */
+void ls_op_add_cu_seqlens(ls_args *a, const ls_op *op, const void *p);
+
 /* Appends to `a` the tensors of `role` that exist under p (rank > 0), in table order:
  *   INPUT    pointers from the problem struct p; for a varlen op cu_seqlens comes first (an
  *            absurd n_seqs is then reported as its own size); a strided input is checked as

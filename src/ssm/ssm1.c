@@ -155,9 +155,7 @@ linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *p, const linseq_
     if (st || (st = check_saved_exec(sizes.fn, exec))) return st;
     if (!bytes) return ls_fail(sizes.fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     ls_args a = {.fn = sizes.fn};
-    if (p->cu_seqlens)
-        ls_arg(&a, "cu_seqlens", "n_seqs+1", p->cu_seqlens, true, LS_IN, sizeof(int64_t), 1,
-               ssm_cu_entries(p->cu_seqlens, p->n_seqs));
+    ls_op_add_cu_seqlens(&a, &ls_op_ssm1, p);
     if ((st = ssm_check_table(&a, exec, p->cu_seqlens, p->n_seqs, p->B, p->T))) return st;
     return ls_ssm1_saved_size_of(a.fn, p, bytes);
 }

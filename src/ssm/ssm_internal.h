@@ -61,14 +61,6 @@ static inline linseq_status ssm_check_table(ls_args *a, const linseq_exec *exec,
     return LINSEQ_OK;
 }
 
-/* The entry count of cu_seqlens for its argument-table row; saturates so that an absurd n_seqs
- * is reported as a size overflow instead of overflowing here. */
-static inline int64_t ssm_cu_entries(const int64_t *cu_seqlens, int64_t n_seqs)
-{
-    if (!cu_seqlens) return 0;
-    return n_seqs < INT64_MAX ? n_seqs + 1 : INT64_MAX;
-}
-
 /* ---- layouts of the per-token tensors (ssm_layout.c) ------------------------------------ */
 
 /* A per-token tensor as the kernels address it: element (b, t, c, s) at
