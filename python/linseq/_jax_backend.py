@@ -152,7 +152,6 @@ def _shapes_of(spec, present, has_cu, args):
 def _ffi_kernels(spec, static, present, has_cu, floats):
     """(forward, backward) as XLA FFI custom calls, each with its vmap rule (_jax_batching)."""
     table = spec.table
-    forward_target, backward_target = _jax_ffi.OP_TARGETS[table]
     n_args = len(present) + has_cu + len(floats)
 
     def describe(args):
@@ -175,7 +174,7 @@ def _ffi_kernels(spec, static, present, has_cu, floats):
         call, _ = describe(args)
         shapes, n_seqs = _shapes_of(spec, present, has_cu, args)
         result = [_f32(s) for s in spec.out_shapes(shapes, n_seqs, static)]
-        return tuple(_jax_ffi.ffi_call(forward_target, result, args, call.attributes()))
+        return tuple(_jax_ffi.ffi_call("forward", result, args, call.attributes(len(result))))
 
     def backward(*operands):
         args = operands[:n_args]
@@ -184,7 +183,7 @@ def _ffi_kernels(spec, static, present, has_cu, floats):
             call.entry_arg()
         grads = [spec.grad_of[n] for n in present]
         result = [_f32(call.grad_shape(g)) for g in grads]
-        out = _jax_ffi.ffi_call(backward_target, result, operands, call.attributes(grads))
+        out = _jax_ffi.ffi_call("backward", result, operands, call.attributes(grads=grads))
         return tuple(_given_form(spec, inputs, n, g, a) for n, g, a in zip(present, out, args))
 
     roles = _jax_batching.roles(spec, present, has_cu, floats)
@@ -293,7 +292,8 @@ def _ffi_decoder(static, names, has_rows, floats):
             call.value(name)
         pool = operands[len(names)]
         result = [_f32((inputs.B, 1, inputs.HV, inputs.V)), _f32(pool.shape)]
-        return tuple(_jax_ffi.ffi_call("kda_decode", result, operands, call.attributes(),
+        return tuple(_jax_ffi.ffi_call("decode", result, operands,
+                                       call.attributes(len(result), decode=True),
                                        aliases={len(names): 1}))
 
     with_rows = None if has_rows else _ffi_decoder(static, names, True, floats)

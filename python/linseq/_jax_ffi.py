@@ -23,14 +23,9 @@ from . import _lib, ops
 
 LIBRARY_NAME = "liblinseq_xla_ffi.so"
 
-# The handlers' entry points, and for each differentiable op its forward and backward target.
-TARGETS = ("kda_forward", "kda_backward", "kda_decode", "kda_gate_forward",
-           "kda_gate_backward", "ssm1_forward", "ssm1_backward", "conv1d_forward",
-           "conv1d_backward")
-OP_TARGETS = {"kda": ("kda_forward", "kda_backward"),
-              "kda_gate": ("kda_gate_forward", "kda_gate_backward"),
-              "ssm1": ("ssm1_forward", "ssm1_backward"),
-              "causal_conv1d": ("conv1d_forward", "conv1d_backward")}
+# The handlers: one per call kind, each serving every op of the table by its name (the
+# call's attribute "op"), through linseq_op_forward, _backward and _decode.
+TARGETS = ("forward", "backward", "decode")
 
 # How an operand reaches the entry point (_xla_ffi.c's enum bind_kind).
 F32_POINTER, F32_VALUE, I64_POINTER, ENTRY_ARG = 0, 1, 2, 3
@@ -57,6 +52,9 @@ def _bind_and_register(path):
         if handlers.linseq_xla_ffi_bind(name, address.value) != 0:
             raise ImportError(f"linseq: {path} refused the entry point {name.decode()}")
         index += 1
+    handlers.linseq_xla_ffi_struct_capacity.restype = ctypes.c_int64
+    global _STRUCT_CAPACITY
+    _STRUCT_CAPACITY = handlers.linseq_xla_ffi_struct_capacity()
     for target in TARGETS:
         jax.ffi.register_ffi_target("linseq_" + target,
                                     jax.ffi.pycapsule(getattr(handlers, "linseq_xla_" + target)),
@@ -87,6 +85,7 @@ def _load():
     return None, why
 
 
+_STRUCT_CAPACITY = 0  # the largest problem or grads struct the handlers take (bytes)
 _handlers, WHY_NOT = _load()
 AVAILABLE = _handlers is not None
 
@@ -111,7 +110,14 @@ class Call:
     def __init__(self, op_name, inputs, exec_):
         self.op_name, self.inputs, self.exec = op_name, inputs, exec_
         desc = _lib.op_desc(op_name)
+        for struct in (desc["problem"], desc["grads"]):
+            if struct is not None and struct["size"] > _STRUCT_CAPACITY:
+                raise ValueError(f"linseq.jax: op {op_name!r}: its {struct['type']} "
+                                 f"({struct['size']} bytes) exceeds the XLA handlers' "
+                                 f"{_STRUCT_CAPACITY} bytes (rebuild liblinseq_xla_ffi.so)")
         self._problem = desc["problem"]
+        self._tensors = desc["tensors"]
+        self._state_out = (desc.get("decode") or {}).get("state_out")
         self._offsets = {f["name"]: f["offset"] for f in desc["problem"]["fields"]}
         # an op without a backward has no grads struct (and no backward target to call)
         self._grad_offsets = ({f["name"]: f["offset"] for f in desc["grads"]["fields"]}
@@ -139,16 +145,42 @@ class Call:
     def entry_arg(self):
         self._add(-1, ENTRY_ARG)
 
-    def attributes(self, grads=()):
-        """The ffi_call keyword attributes; `grads`: the results' gradient names (backward)."""
-        attrs = dict(problem=_words(self.inputs.problem, self._problem, self._cleared),
+    def attributes(self, n_results=0, grads=(), decode=False):
+        """The ffi_call keyword attributes. Forward and decode: where each of the op's outputs
+        goes among the `n_results` results (a decode's state output is the new pool, its
+        last result); backward: `grads`, the results' gradient names, and the upstream
+        gradients given (the entry arguments, in the table's order)."""
+        attrs = dict(op=self.op_name,
+                     problem=_words(self.inputs.problem, self._problem, self._cleared),
                      exec=_words(self.exec, _lib.op_table["exec"]),
                      fields=np.asarray(self.fields, np.int64),
                      kinds=np.asarray(self.kinds, np.int64))
         if grads:
             attrs["grads"] = np.asarray([self._grad_offsets[self._fields[g]] for g in grads],
                                         np.int64)
+            n_upstream = sum(t["role"] == "upstream" for t in self._tensors)
+            given = self.kinds.count(ENTRY_ARG)
+            attrs["upstream"] = np.asarray([i if i < given else -1 for i in range(n_upstream)],
+                                           np.int64)
+        else:
+            attrs["outputs"] = self._output_places(n_results - decode, decode)
         return attrs
+
+    def _output_places(self, n_results, decode):
+        """Per output of the table, the result that holds it, or -1 (a decode's state)."""
+        places, taken = [], 0
+        for t in self._tensors:
+            if t["role"] != "output":
+                continue
+            if decode and t["name"] == self._state_out:
+                places.append(-1)
+            else:
+                places.append(taken)
+                taken += 1
+        if taken != n_results:
+            raise ValueError(f"linseq.jax: op {self.op_name!r} has {taken} outputs to place, "
+                             f"the call {n_results} results")
+        return np.asarray(places, np.int64)
 
     def grad_shape(self, grad):
         """The shape the library writes the gradient `grad` in under this problem."""
@@ -156,6 +188,7 @@ class Call:
 
 
 def ffi_call(target, result_shapes, operands, attrs, aliases=None):
+    """The custom call of `target` ("forward", "backward", "decode") for the op attrs name."""
     return jax.ffi.ffi_call("linseq_" + target, result_shapes,
                             input_output_aliases=aliases)(*operands, **attrs)
 

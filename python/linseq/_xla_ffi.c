@@ -8,24 +8,33 @@
  * of liblinseq the package already loaded (linseq_xla_ffi_bind), so one library, with its one
  * thread setting, serves the NumPy, PyTorch and JAX paths.
  *
- * What one call computes is described by Python at trace time, by the code that validates the
- * NumPy calls (linseq.ops), so that nothing about shapes or options is decided twice:
+ * There are three handlers, one per call kind (linseq_xla_forward, _backward, _decode), and
+ * each serves every op of the library's table through linseq_op_forward, _backward and
+ * _decode: a new op of the table needs no line here. What one call computes is described by
+ * Python at trace time, from the table and the code that validates the NumPy calls
+ * (linseq.ops), so that nothing about shapes or options is decided twice:
+ *   "op":              the op's table name (a string);
  *   "problem", "exec": the op's problem struct and the linseq_exec as bytes (int64 words),
  *                      every pointer zero;
  *   "fields", "kinds": per operand, the byte offset of the problem field it fills and how
  *                      (a float32 array's pointer, a float32 scalar's value, integer offsets
  *                      as an int64 array), or that it is an argument of the entry point
  *                      itself (upstream gradients, the decode pool and its rows);
- *   "grads":           backward only: per result, the offset of its pointer in the grads
+ *   "outputs":         forward and decode: per output tensor of the table, the result that
+ *                      holds it, or -1 (a decode's state output: the new pool, last result);
+ *   "upstream", "grads": backward: per upstream tensor of the table, the entry argument that
+ *                      holds it or -1; per result, the offset of its pointer in the grads
  *                      struct.
- * The handler checks every size and offset against linseq.h, points the problem at the
- * buffers, runs the entry point (which validates everything again) and turns a status other
- * than LINSEQ_OK into an XLA error carrying linseq_last_error()'s message. It keeps no state
- * between calls (the bound entry points are written once, before any handler is registered),
- * so concurrent calls are as safe as the library's entry points are.
+ * The handler checks every offset and index against the sizes it was given and its own
+ * buffers, points the problem at the operands, runs the call (which validates everything
+ * against the table again, the struct sizes included by Python before the call is made) and
+ * turns a status other than LINSEQ_OK into an XLA error carrying linseq_last_error()'s
+ * message. It keeps no state between calls (the bound entry points are written once, before
+ * any handler is registered), so concurrent calls are as safe as the library's entry points.
  */
 #include <stdalign.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,24 +53,13 @@
 /* The library's entry points, bound by Python                                          */
 /* ------------------------------------------------------------------------------------ */
 
+/* The table's calls by op name (linseq.h): one handler per call kind serves every op. */
 static struct {
-    linseq_status (*kda_forward)(const linseq_kda_problem *, const linseq_exec *, float *, float *);
-    linseq_status (*ssm1_forward)(const linseq_ssm1_problem *, const linseq_exec *, float *,
-                                  float *);
-    linseq_status (*conv1d_forward)(const linseq_conv1d_problem *, const linseq_exec *, float *,
-                                    float *);
-    linseq_status (*kda_gate_forward)(const linseq_kda_gate_problem *, const linseq_exec *,
-                                      float *);
-    linseq_status (*kda_backward)(const linseq_kda_problem *, const linseq_exec *, const float *,
-                                  const float *, const linseq_kda_grads *);
-    linseq_status (*ssm1_backward)(const linseq_ssm1_problem *, const linseq_exec *, const float *,
-                                   const float *, const linseq_ssm1_grads *);
-    linseq_status (*conv1d_backward)(const linseq_conv1d_problem *, const linseq_exec *,
-                                     const float *, const float *, const linseq_conv1d_grads *);
-    linseq_status (*kda_gate_backward)(const linseq_kda_gate_problem *, const linseq_exec *,
-                                       const float *, const linseq_kda_gate_grads *);
-    linseq_status (*kda_decode)(const linseq_kda_problem *, const linseq_exec *, float *, int64_t,
-                                const int64_t *, float *);
+    linseq_status (*op_forward)(const char *, const void *, const linseq_exec *, float *const *);
+    linseq_status (*op_decode)(const char *, const void *, const linseq_exec *, float *, int64_t,
+                               const int64_t *, float *const *);
+    linseq_status (*op_backward)(const char *, const void *, const linseq_exec *,
+                                 const float *const *, const void *);
     const char *(*last_error)(void);
 } entry;
 
@@ -71,15 +69,9 @@ static const struct {
     void *slot;
     size_t size;
 } entry_slots[] = {
-    {"kda_forward", &entry.kda_forward, sizeof entry.kda_forward},
-    {"ssm1_forward", &entry.ssm1_forward, sizeof entry.ssm1_forward},
-    {"conv1d_forward", &entry.conv1d_forward, sizeof entry.conv1d_forward},
-    {"kda_gate_forward", &entry.kda_gate_forward, sizeof entry.kda_gate_forward},
-    {"kda_backward", &entry.kda_backward, sizeof entry.kda_backward},
-    {"ssm1_backward", &entry.ssm1_backward, sizeof entry.ssm1_backward},
-    {"conv1d_backward", &entry.conv1d_backward, sizeof entry.conv1d_backward},
-    {"kda_gate_backward", &entry.kda_gate_backward, sizeof entry.kda_gate_backward},
-    {"kda_decode", &entry.kda_decode, sizeof entry.kda_decode},
+    {"op_forward", &entry.op_forward, sizeof entry.op_forward},
+    {"op_decode", &entry.op_decode, sizeof entry.op_decode},
+    {"op_backward", &entry.op_backward, sizeof entry.op_backward},
     {"last_error", &entry.last_error, sizeof entry.last_error},
 };
 #define LX_N_ENTRIES (sizeof entry_slots / sizeof entry_slots[0])
@@ -105,6 +97,12 @@ const char *linseq_xla_ffi_entry_name(int index)
     return index >= 0 && (size_t)index < LX_N_ENTRIES ? entry_slots[index].name : NULL;
 }
 
+/* The largest problem or grads struct (bytes) a call can carry; Python checks the table's
+ * sizes against it before it describes a call. */
+#define LX_STRUCT_BYTES 1024
+LX_API int64_t linseq_xla_ffi_struct_capacity(void);
+int64_t linseq_xla_ffi_struct_capacity(void) { return LX_STRUCT_BYTES; }
+
 /* ------------------------------------------------------------------------------------ */
 /* One call: the frame, the problem and exec it describes, and what it allocated         */
 /* ------------------------------------------------------------------------------------ */
@@ -116,19 +114,17 @@ enum bind_kind {
     BIND_ENTRY_ARG = 3    /* not in the problem: the entry point's own argument, in order */
 };
 
-#define LX_MAX_ENTRY_ARGS 2
+#define LX_MAX_ENTRY_ARGS 8 /* upstream gradients; the decode's pool and rows */
+#define LX_MAX_ROLE 16      /* tensors of one role (outputs, upstream) an op may have */
 #define LX_MAX_OWNED 4
+#define LX_MAX_NAME 64
 
 typedef struct call {
     XLA_FFI_CallFrame *frame;
-    const char *name; /* the entry point, for messages */
-    union {
-        linseq_kda_problem kda;
-        linseq_kda_gate_problem gate;
-        linseq_ssm1_problem ssm1;
-        linseq_conv1d_problem conv;
-    } problem;
-    size_t problem_size;
+    char op[LX_MAX_NAME];   /* the op's table name */
+    const char *kind;       /* "forward", "backward", "decode": for messages */
+    alignas(max_align_t) unsigned char problem[LX_STRUCT_BYTES];
+    size_t problem_size;    /* the bytes the description gave (the rest stays zero) */
     linseq_exec exec;
     XLA_FFI_Buffer *entry_args[LX_MAX_ENTRY_ARGS];
     int n_entry_args;
@@ -140,7 +136,8 @@ typedef struct call {
 static XLA_FFI_Error *error(const call *c, XLA_FFI_Error_Code code, const char *what)
 {
     char message[1024];
-    snprintf(message, sizeof message, "%s: %s", c->name, what);
+    snprintf(message, sizeof message, "linseq %s of op '%s': %s", c->kind,
+             c->op[0] ? c->op : "?", what);
     XLA_FFI_Error_Create_Args args;
     memset(&args, 0, sizeof args);
     args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
@@ -163,20 +160,34 @@ static bool answered_metadata(XLA_FFI_CallFrame *frame)
     return true;
 }
 
-static const XLA_FFI_Array *array_attr(const call *c, const char *name)
+/* The attribute `name` of `type`, or NULL. */
+static void *attr(const call *c, const char *name, XLA_FFI_AttrType type)
 {
     const XLA_FFI_Attrs *attrs = &c->frame->attrs;
     size_t len = strlen(name);
     for (int64_t i = 0; i < attrs->size; i++) {
         const XLA_FFI_ByteSpan *key = attrs->names[i];
-        if (key->len == len && memcmp(key->ptr, name, len) == 0) {
-            const XLA_FFI_Array *arr = attrs->attrs[i];
-            return attrs->types[i] == XLA_FFI_AttrType_ARRAY && arr->dtype == XLA_FFI_DataType_S64
-                       ? arr
-                       : NULL;
-        }
+        if (key->len == len && memcmp(key->ptr, name, len) == 0)
+            return attrs->types[i] == type ? attrs->attrs[i] : NULL;
     }
     return NULL;
+}
+
+/* An int64 array attribute, or NULL. */
+static const XLA_FFI_Array *array_attr(const call *c, const char *name)
+{
+    const XLA_FFI_Array *arr = attr(c, name, XLA_FFI_AttrType_ARRAY);
+    return arr != NULL && arr->dtype == XLA_FFI_DataType_S64 ? arr : NULL;
+}
+
+/* The op's name (a string attribute) into c->op; false when absent or too long. */
+static bool read_op_name(call *c)
+{
+    const XLA_FFI_ByteSpan *name = attr(c, "op", XLA_FFI_AttrType_STRING);
+    if (name == NULL || name->len == 0 || name->len >= sizeof c->op) return false;
+    memcpy(c->op, name->ptr, name->len);
+    c->op[name->len] = '\0';
+    return true;
 }
 
 static int64_t element_count(const XLA_FFI_Buffer *buf)
@@ -186,13 +197,15 @@ static int64_t element_count(const XLA_FFI_Buffer *buf)
     return n;
 }
 
-/* Copies the struct of `size` bytes the attribute holds (int64 words) into `out`. */
-static bool read_struct(const call *c, const char *name, void *out, size_t size)
+/* Copies the int64 words the attribute holds into `out` (capacity bytes, zeroed first);
+ * the bytes given, or 0 when absent or too large. */
+static size_t read_struct(const call *c, const char *name, void *out, size_t capacity)
 {
     const XLA_FFI_Array *arr = array_attr(c, name);
-    if (arr == NULL || arr->size != (size + 7) / 8) return false;
-    memcpy(out, arr->data, size);
-    return true;
+    if (arr == NULL || arr->size == 0 || arr->size > capacity / 8) return 0;
+    memset(out, 0, capacity);
+    memcpy(out, arr->data, arr->size * 8);
+    return arr->size * 8;
 }
 
 static void release(call *c)
@@ -206,41 +219,38 @@ static const int64_t *as_int64(call *c, const XLA_FFI_Buffer *buf)
 {
     int64_t n = element_count(buf);
     if (c->n_owned == LX_MAX_OWNED || n < 0) return NULL;
+    if (buf->dtype != XLA_FFI_DataType_S64 && buf->dtype != XLA_FFI_DataType_S32) return NULL;
     int64_t *out = malloc((size_t)(n > 0 ? n : 1) * sizeof *out);
     if (out == NULL) return NULL;
     c->owned[c->n_owned++] = out;
     if (buf->dtype == XLA_FFI_DataType_S64) {
         memcpy(out, buf->data, (size_t)n * sizeof *out);
-    } else if (buf->dtype == XLA_FFI_DataType_S32) {
+    } else {
         const int32_t *in = buf->data;
         for (int64_t i = 0; i < n; i++) out[i] = in[i];
-    } else {
-        return NULL;
     }
     return out;
 }
 
-static bool fits(const call *c, int64_t offset, size_t size, size_t align)
+static bool fits(int64_t offset, size_t size, size_t align, size_t limit)
 {
-    return offset >= 0 && (uint64_t)offset % align == 0 &&
-           (uint64_t)offset + size <= c->problem_size;
+    return offset >= 0 && (uint64_t)offset % align == 0 && (uint64_t)offset + size <= limit;
 }
 
 /* One operand into the problem (or the entry point's arguments); false when the description
- * does not fit linseq.h or the buffer's type. */
+ * does not fit the problem's size or the buffer's type. */
 static bool bind_operand(call *c, XLA_FFI_Buffer *buf, int64_t kind, int64_t offset)
 {
-    char *problem = (char *)&c->problem;
     if (kind == BIND_ENTRY_ARG) {
         if (c->n_entry_args == LX_MAX_ENTRY_ARGS) return false;
         c->entry_args[c->n_entry_args++] = buf;
         return true;
     }
     if (kind == BIND_F32_VALUE) {
-        if (!fits(c, offset, sizeof(float), alignof(float)) || buf->dtype != XLA_FFI_DataType_F32 ||
-            element_count(buf) != 1)
+        if (!fits(offset, sizeof(float), alignof(float), c->problem_size) ||
+            buf->dtype != XLA_FFI_DataType_F32 || element_count(buf) != 1)
             return false;
-        memcpy(problem + offset, buf->data, sizeof(float));
+        memcpy(c->problem + offset, buf->data, sizeof(float));
         return true;
     }
     const void *pointer = buf->data;
@@ -248,35 +258,36 @@ static bool bind_operand(call *c, XLA_FFI_Buffer *buf, int64_t kind, int64_t off
         pointer = as_int64(c, buf);
     else if (kind != BIND_F32_POINTER || buf->dtype != XLA_FFI_DataType_F32)
         return false;
-    if (pointer == NULL || !fits(c, offset, sizeof(void *), alignof(void *))) return false;
-    memcpy(problem + offset, &pointer, sizeof pointer);
+    if (pointer == NULL || !fits(offset, sizeof(void *), alignof(void *), c->problem_size))
+        return false;
+    memcpy(c->problem + offset, &pointer, sizeof pointer);
     return true;
 }
 
 /* Reads the call's description and binds its operands; NULL or the XLA error to return. */
-static XLA_FFI_Error *start(call *c, XLA_FFI_CallFrame *frame, const char *name,
-                            size_t problem_size, bool bound)
+static XLA_FFI_Error *start(call *c, XLA_FFI_CallFrame *frame, const char *kind, bool bound)
 {
     memset(c, 0, sizeof *c);
     c->frame = frame;
-    c->name = name;
-    c->problem_size = problem_size;
-    if (!bound)
+    c->kind = kind;
+    if (!bound || entry.last_error == NULL)
         return error(c, XLA_FFI_Error_Code_FAILED_PRECONDITION,
                      "the linseq entry points were not bound (load through linseq.jax)");
     if (frame->struct_size < XLA_FFI_CallFrame_STRUCT_SIZE)
         return error(c, XLA_FFI_Error_Code_FAILED_PRECONDITION, "an older XLA call frame");
     const XLA_FFI_Array *fields = array_attr(c, "fields"), *kinds = array_attr(c, "kinds");
-    if (!read_struct(c, "problem", &c->problem, problem_size) ||
-        !read_struct(c, "exec", &c->exec, sizeof c->exec) || fields == NULL || kinds == NULL ||
-        fields->size != (size_t)frame->args.size || kinds->size != fields->size)
+    c->problem_size = read_struct(c, "problem", c->problem, sizeof c->problem);
+    if (!read_op_name(c) || c->problem_size == 0 ||
+        read_struct(c, "exec", &c->exec, sizeof c->exec) != (sizeof c->exec + 7) / 8 * 8 ||
+        fields == NULL || kinds == NULL || fields->size != (size_t)frame->args.size ||
+        kinds->size != fields->size)
         return error(c, XLA_FFI_Error_Code_INVALID_ARGUMENT,
-                     "the call's description does not match linseq.h (problem, exec, fields, "
-                     "kinds)");
-    const int64_t *offset = fields->data, *kind = kinds->data;
+                     "the call's description does not match linseq.h (op, problem, exec, "
+                     "fields, kinds)");
+    const int64_t *offset = fields->data, *how = kinds->data;
     for (int64_t i = 0; i < frame->args.size; i++) {
         if (frame->args.types[i] != XLA_FFI_ArgType_BUFFER ||
-            !bind_operand(c, frame->args.args[i], kind[i], offset[i])) {
+            !bind_operand(c, frame->args.args[i], how[i], offset[i])) {
             char what[96];
             snprintf(what, sizeof what, "operand %lld does not fit its description", (long long)i);
             release(c);
@@ -305,31 +316,24 @@ static float *result(const call *c, int64_t i)
     return ((XLA_FFI_Buffer *)c->frame->rets.rets[i])->data;
 }
 
-static const float *entry_arg(const call *c, int i)
+/* The tensors of one role in the table's order, from the attribute `name`: per tensor, the
+ * index of the result (or entry argument) that holds it, or -1 for none (NULL). `n_from`
+ * bounds the indices; the count is written to *n. */
+static bool read_role(call *c, const char *name, int64_t n_from, bool from_results,
+                      float **out, int *n)
 {
-    return i < c->n_entry_args ? c->entry_args[i]->data : NULL;
-}
-
-/* Points the grads struct (`size` bytes, zeroed) at the results, each at the offset the
- * attribute "grads" gives it. */
-static bool bind_grads(call *c, void *grads, size_t size)
-{
-    const XLA_FFI_Array *offsets = array_attr(c, "grads");
-    if (offsets == NULL || offsets->size != (size_t)c->frame->rets.size) return false;
-    memset(grads, 0, size);
-    for (int64_t i = 0; i < c->frame->rets.size; i++) {
-        int64_t at = ((const int64_t *)offsets->data)[i];
-        float *pointer = result(c, i);
-        if (at < 0 || at % (int64_t)alignof(float *) || (uint64_t)at + sizeof pointer > size)
-            return false;
-        memcpy((char *)grads + at, &pointer, sizeof pointer);
+    const XLA_FFI_Array *map = array_attr(c, name);
+    if (map == NULL || map->size > LX_MAX_ROLE) return false;
+    const int64_t *index = map->data;
+    for (size_t i = 0; i < map->size; i++) {
+        if (index[i] < -1 || index[i] >= n_from) return false;
+        out[i] = index[i] < 0 ? NULL
+                 : from_results ? result(c, index[i])
+                                : c->entry_args[index[i]]->data;
     }
+    *n = (int)map->size;
     return true;
 }
-
-/* ------------------------------------------------------------------------------------ */
-/* The handlers                                                                          */
-/* ------------------------------------------------------------------------------------ */
 
 /* XLA runs its CPU code with denormals flushed to zero (MXCSR FTZ and DAZ on x86, FPCR FZ on
  * Arm). The library's results are defined, and tested, under the default floating-point
@@ -361,111 +365,93 @@ static fp_mode default_fp_mode(void) { return 0; }
 static void restore_fp_mode(fp_mode saved) { (void)saved; }
 #endif
 
-/* Each runs the entry point over a started call; a description that does not fit sets
+/* What one call kind does over a started call; a description that does not fit sets
  * c->mismatch and returns without calling the library. */
 typedef linseq_status (*runner)(call *c);
 
-#define LX_ANY (-1) /* a backward's results: the gradients of the inputs given */
-
-/* n_results: exactly that many, or LX_ANY; n_entry_args: at least that many (the decode's
- * rows are optional), and the runner reads only those it expects. */
-static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, const char *name, size_t problem_size,
-                             bool bound, int64_t n_results, int n_entry_args, runner run)
+static XLA_FFI_Error *handle(XLA_FFI_CallFrame *frame, const char *kind, bool bound, runner run)
 {
     if (answered_metadata(frame)) return NULL;
     call c;
-    XLA_FFI_Error *err = start(&c, frame, name, problem_size, bound);
+    XLA_FFI_Error *err = start(&c, frame, kind, bound);
     if (err != NULL) return err;
-    if ((n_results != LX_ANY && frame->rets.size != n_results) || c.n_entry_args < n_entry_args)
-        c.mismatch = "the number of operands or results does not match the entry point";
-    if (c.mismatch != NULL) return finish(&c, LINSEQ_OK);
     fp_mode saved = default_fp_mode();
     linseq_status status = run(&c);
     restore_fp_mode(saved);
     return finish(&c, status);
 }
 
-static linseq_status kda_forward(call *c)
+#define LX_ROLE_MISMATCH "the tensors' description does not match the op's table entry"
+
+/* forward: operands the inputs; results the outputs, placed by the attribute "outputs". */
+static linseq_status run_forward(call *c)
 {
-    return entry.kda_forward(&c->problem.kda, &c->exec, result(c, 0), result(c, 1));
-}
-static linseq_status ssm1_forward(call *c)
-{
-    return entry.ssm1_forward(&c->problem.ssm1, &c->exec, result(c, 0), result(c, 1));
-}
-static linseq_status conv1d_forward(call *c)
-{
-    return entry.conv1d_forward(&c->problem.conv, &c->exec, result(c, 0), result(c, 1));
-}
-static linseq_status kda_gate_forward(call *c)
-{
-    return entry.kda_gate_forward(&c->problem.gate, &c->exec, result(c, 0));
+    float *outputs[LX_MAX_ROLE];
+    int n;
+    if (!read_role(c, "outputs", c->frame->rets.size, true, outputs, &n))
+        return c->mismatch = LX_ROLE_MISMATCH, LINSEQ_OK;
+    return entry.op_forward(c->op, c->problem, &c->exec, outputs);
 }
 
-/* The backward entries: operands (inputs..., upstream gradients), results the gradients. */
-#define LX_GRADS_MISMATCH "the gradients' description does not match linseq.h"
-
-static linseq_status kda_backward(call *c)
+/* backward: operands (inputs..., upstream gradients as entry arguments, placed by the
+ * attribute "upstream"); results the gradients, each at the offset in the grads struct the
+ * attribute "grads" gives it. */
+static linseq_status run_backward(call *c)
 {
-    linseq_kda_grads grads;
-    if (!bind_grads(c, &grads, sizeof grads)) return c->mismatch = LX_GRADS_MISMATCH, LINSEQ_OK;
-    return entry.kda_backward(&c->problem.kda, &c->exec, entry_arg(c, 0), entry_arg(c, 1), &grads);
-}
-static linseq_status ssm1_backward(call *c)
-{
-    linseq_ssm1_grads grads;
-    if (!bind_grads(c, &grads, sizeof grads)) return c->mismatch = LX_GRADS_MISMATCH, LINSEQ_OK;
-    return entry.ssm1_backward(&c->problem.ssm1, &c->exec, entry_arg(c, 0), entry_arg(c, 1),
-                               &grads);
-}
-static linseq_status conv1d_backward(call *c)
-{
-    linseq_conv1d_grads grads;
-    if (!bind_grads(c, &grads, sizeof grads)) return c->mismatch = LX_GRADS_MISMATCH, LINSEQ_OK;
-    return entry.conv1d_backward(&c->problem.conv, &c->exec, entry_arg(c, 0), entry_arg(c, 1),
-                                 &grads);
-}
-static linseq_status kda_gate_backward(call *c)
-{
-    linseq_kda_gate_grads grads;
-    if (!bind_grads(c, &grads, sizeof grads)) return c->mismatch = LX_GRADS_MISMATCH, LINSEQ_OK;
-    return entry.kda_gate_backward(&c->problem.gate, &c->exec, entry_arg(c, 0), &grads);
+    float *upstream[LX_MAX_ROLE];
+    int n;
+    alignas(max_align_t) unsigned char grads[LX_STRUCT_BYTES];
+    memset(grads, 0, sizeof grads);
+    const XLA_FFI_Array *offsets = array_attr(c, "grads");
+    if (!read_role(c, "upstream", c->n_entry_args, false, upstream, &n) || offsets == NULL ||
+        offsets->size != (size_t)c->frame->rets.size)
+        return c->mismatch = LX_ROLE_MISMATCH, LINSEQ_OK;
+    for (int64_t i = 0; i < c->frame->rets.size; i++) {
+        int64_t at = ((const int64_t *)offsets->data)[i];
+        float *pointer = result(c, i);
+        if (!fits(at, sizeof pointer, alignof(float *), sizeof grads))
+            return c->mismatch = LX_ROLE_MISMATCH, LINSEQ_OK;
+        memcpy(grads + at, &pointer, sizeof pointer);
+    }
+    return entry.op_backward(c->op, c->problem, &c->exec, (const float *const *)upstream, grads);
 }
 
-/* decode: operands (inputs..., pool[, rows]); results (o, the new pool). The new pool is
- * the old one's buffer when XLA aliases them (input_output_aliases), else a copy of it,
- * updated where it lies. */
-static linseq_status kda_decode(call *c)
+/* decode: operands (inputs..., pool[, rows]); results (the outputs placed by "outputs", then
+ * the new pool last). The new pool is the old one's buffer when XLA aliases them
+ * (input_output_aliases), else a copy of it, updated where it lies. */
+static linseq_status run_decode(call *c)
 {
-    const XLA_FFI_Buffer *pool = c->entry_args[0];
+    float *outputs[LX_MAX_ROLE];
+    int n;
+    int64_t n_rets = c->frame->rets.size;
     const int64_t *rows = NULL;
+    if (c->n_entry_args < 1 || c->n_entry_args > 2 || n_rets < 1 ||
+        !read_role(c, "outputs", n_rets - 1, true, outputs, &n))
+        return c->mismatch = LX_ROLE_MISMATCH, LINSEQ_OK;
+    const XLA_FFI_Buffer *pool = c->entry_args[0];
+    const XLA_FFI_Buffer *new_pool_buf = c->frame->rets.rets[n_rets - 1];
     if (pool->dtype != XLA_FFI_DataType_F32 || pool->rank < 1 ||
+        new_pool_buf->dtype != XLA_FFI_DataType_F32 ||
+        element_count(new_pool_buf) != element_count(pool) ||
         (c->n_entry_args == 2 && (rows = as_int64(c, c->entry_args[1])) == NULL)) {
-        c->mismatch = "expected a float32 pool and integer rows";
+        c->mismatch = "expected a float32 pool, a new pool of its size and integer rows";
         return LINSEQ_OK;
     }
-    float *new_pool = result(c, 1);
+    float *new_pool = new_pool_buf->data;
     if (new_pool != pool->data)
         memcpy(new_pool, pool->data, (size_t)element_count(pool) * sizeof(float));
-    return entry.kda_decode(&c->problem.kda, &c->exec, new_pool, pool->dims[0], rows, result(c, 0));
+    return entry.op_decode(c->op, c->problem, &c->exec, new_pool, pool->dims[0], rows, outputs);
 }
 
-/* linseq_xla_OP: the handler XLA calls for the custom call target linseq_OP. */
-#define LX_HANDLER(op, problem_type, n_results, n_entry_args)                                      \
-    LX_API XLA_FFI_Error *linseq_xla_##op(XLA_FFI_CallFrame *frame);                               \
-    XLA_FFI_Error *linseq_xla_##op(XLA_FFI_CallFrame *frame)                                       \
+/* linseq_xla_KIND: the handler XLA calls for the custom call target linseq_KIND, for every
+ * op of the table (the attribute "op" names it). */
+#define LX_HANDLER(kind)                                                                           \
+    LX_API XLA_FFI_Error *linseq_xla_##kind(XLA_FFI_CallFrame *frame);                             \
+    XLA_FFI_Error *linseq_xla_##kind(XLA_FFI_CallFrame *frame)                                     \
     {                                                                                              \
-        return handle(frame, "linseq_" #op, sizeof(problem_type), entry.op != NULL, n_results,     \
-                      n_entry_args, op);                                                           \
+        return handle(frame, #kind, entry.op_##kind != NULL, run_##kind);                          \
     }
 
-LX_HANDLER(kda_forward, linseq_kda_problem, 2, 0)
-LX_HANDLER(ssm1_forward, linseq_ssm1_problem, 2, 0)
-LX_HANDLER(conv1d_forward, linseq_conv1d_problem, 2, 0)
-LX_HANDLER(kda_gate_forward, linseq_kda_gate_problem, 1, 0)
-/* The backward's results are the gradients of the inputs given: any number. */
-LX_HANDLER(kda_backward, linseq_kda_problem, LX_ANY, 2)
-LX_HANDLER(ssm1_backward, linseq_ssm1_problem, LX_ANY, 2)
-LX_HANDLER(conv1d_backward, linseq_conv1d_problem, LX_ANY, 2)
-LX_HANDLER(kda_gate_backward, linseq_kda_gate_problem, LX_ANY, 1)
-LX_HANDLER(kda_decode, linseq_kda_problem, 2, 1) /* the pool, and optional rows */
+LX_HANDLER(forward)
+LX_HANDLER(backward)
+LX_HANDLER(decode)
