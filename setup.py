@@ -3,7 +3,9 @@
 The wheel carries liblinseq.so next to the Python modules (loaded with ctypes), so the only
 runtime dependency is NumPy; building needs a C compiler and make, as the C library
 does. Where jax's XLA FFI header is found it also carries liblinseq_xla_ffi.so, through which
-linseq.jax calls the library as XLA custom calls (scripts/build-xla-ffi.sh).
+linseq.jax calls the library as XLA custom calls (scripts/build-xla-ffi.sh); it always carries
+their source and linseq.h, from which linseq.jax builds them at first use where pip's build
+environment had no jax (linseq/_jax_ffi.py).
 """
 
 import os
@@ -38,6 +40,9 @@ class BuildWithLibrary(build_py):
         target = os.path.join(self.build_lib, "linseq", "liblinseq.so")
         os.makedirs(os.path.dirname(target), exist_ok=True)
         shutil.copyfile(os.path.join(build_dir, f"liblinseq.so.{library_version()}"), target)
+        header = os.path.join(os.path.dirname(target), "include", "linseq.h")
+        os.makedirs(os.path.dirname(header), exist_ok=True)
+        shutil.copyfile(os.path.join(ROOT, "include", "linseq.h"), header)
         self.build_xla_ffi(os.path.join(os.path.dirname(target), "liblinseq_xla_ffi.so"))
 
     @staticmethod
@@ -45,7 +50,7 @@ class BuildWithLibrary(build_py):
         """linseq.jax's XLA FFI handlers, where jax's FFI header is found: in
         $LINSEQ_XLA_FFI_INCLUDE, or from a jax this Python imports (pip's isolated build
         environment has none: pass the folder, see scripts/test-python.sh). Without them
-        linseq.jax runs its kernels through jax.pure_callback."""
+        linseq.jax builds them at first use, or runs its kernels through jax.pure_callback."""
         env = dict(os.environ, PYTHON=sys.executable)
         script = os.path.join(ROOT, "scripts", "build-xla-ffi.sh")
         status = subprocess.call(["sh", script, target], env=env)

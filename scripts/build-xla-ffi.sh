@@ -20,7 +20,8 @@ if [ -z "$INCLUDE" ]; then
 fi
 if [ -z "$INCLUDE" ] || [ ! -f "$INCLUDE/xla/ffi/api/c_api.h" ]; then
     echo "build-xla-ffi.sh: no XLA FFI header (install jax, or set LINSEQ_XLA_FFI_INCLUDE):" \
-         "linseq.jax will use jax.pure_callback" >&2
+         "linseq.jax will build its handlers at first use (needs a C compiler there)," \
+         "else use jax.pure_callback" >&2
     exit 3
 fi
 mkdir -p "$(dirname "$OUTPUT")"

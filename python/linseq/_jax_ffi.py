@@ -8,13 +8,20 @@ passed to the library where they lie: nothing is copied on the way in or out.
 
 The handler library is looked for in $LINSEQ_XLA_FFI_LIBRARY, else beside this module (where
 `pip install .` puts it when jax's FFI header was found: scripts/build-xla-ffi.sh), else beside
-the liblinseq the package loaded. LINSEQ_JAX_CALLS chooses the path: "ffi" (require the custom
-calls: a missing handler library is an ImportError), "callback" (jax.pure_callback), or unset
-(the custom calls when the library is found, else the callbacks).
+the liblinseq the package loaded. Where none is found (pip builds in an environment without
+jax) it is compiled at first use from the source the package carries, against this jax's
+header, into a per-user cache ($LINSEQ_CACHE_DIR, else $XDG_CACHE_HOME/linseq, else
+~/.cache/linseq), when a C compiler ($CC, else cc) is there. LINSEQ_JAX_CALLS chooses the path:
+"ffi" (require the custom calls: no handler library is an ImportError saying why),
+"callback" (jax.pure_callback), or unset (the custom calls when the library is found or
+built, else the callbacks).
 """
 
 import ctypes
+import hashlib
 import os
+import shutil
+import subprocess
 
 import jax
 import numpy as np
@@ -62,6 +69,47 @@ def _bind_and_register(path):
     return handlers
 
 
+def _cache_dir():
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("LINSEQ_CACHE_DIR") or os.path.join(base, "linseq")
+
+
+def _build_at_first_use():
+    """(the path of handlers compiled from the package's source into the cache, or None, why
+    not). The cache key covers the source, linseq.h and the jax header folder, so a new
+    version of any of them compiles anew."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    source = os.path.join(here, "_xla_ffi.c")
+    # the installed package carries linseq.h in include/; a source tree has it at the top
+    headers = [d for d in (os.path.join(here, "include"),
+                           os.path.join(here, os.pardir, os.pardir, "include"))
+               if os.path.exists(os.path.join(d, "linseq.h"))]
+    if not os.path.exists(source) or not headers:
+        return None, "the package carries no handler source (_xla_ffi.c, include/linseq.h)"
+    include = jax.ffi.include_dir()
+    compiler = shutil.which(os.environ.get("CC") or "cc")
+    if compiler is None:
+        return None, f"no C compiler ({os.environ.get('CC') or 'cc'}) to build them at first use"
+    key = hashlib.sha256()
+    for path in (source, os.path.join(headers[0], "linseq.h")):
+        with open(path, "rb") as f:
+            key.update(f.read())
+    key.update(os.path.abspath(include).encode() + jax.__version__.encode())
+    target = os.path.join(_cache_dir(), "xla-ffi-" + key.hexdigest()[:16], LIBRARY_NAME)
+    if os.path.exists(target):
+        return target, None
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    partial = f"{target}.{os.getpid()}.tmp"
+    command = [compiler, "-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-shared",
+               "-I" + headers[0], "-isystem", include, source, "-o", partial]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        return None, (f"building them at first use failed: {' '.join(command)}: "
+                      f"{done.stderr[-500:]}")
+    os.replace(partial, target)  # atomic: a concurrent first use sees all of it or nothing
+    return target, None
+
+
 def _load():
     """(the handler library or None, why it is not used)."""
     mode = os.environ.get("LINSEQ_JAX_CALLS", "")
@@ -73,9 +121,13 @@ def _load():
     why = None
     if not hasattr(jax, "ffi") or not hasattr(jax.ffi, "ffi_call"):
         why = f"jax {jax.__version__} has no jax.ffi"
+    elif path is None and os.environ.get("LINSEQ_XLA_FFI_LIBRARY"):
+        why = f"no {LIBRARY_NAME} at LINSEQ_XLA_FFI_LIBRARY={_candidates()[0]}"
     elif path is None:
-        why = f"no {LIBRARY_NAME} (looked in {', '.join(_candidates())})"
-    else:
+        path, why = _build_at_first_use()
+        if path is None:
+            why = f"no {LIBRARY_NAME} (looked in {', '.join(_candidates())}), and {why}"
+    if path is not None and why is None:
         try:
             return _bind_and_register(path), None
         except (OSError, AttributeError) as exc:
