@@ -26,8 +26,8 @@ from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options
 # frozen dataclass by its fields (a dict is among them), an ordinary object by identity.
 @dataclasses.dataclass(eq=False)
 class OpSpec:
-    name: str                        # its custom ops' name: linseq::<name>, <name>_backward
-    table: str                       # its name in the library's op table
+    table: str                       # its name in the library's op table, and its custom
+                                     # ops': linseq::<table>, linseq::<table>_backward
     options: type                    # the frozen options class (_options)
     arrays: Tuple[str, ...]          # the input arrays, in the table's order
     n_outputs: int
@@ -43,7 +43,7 @@ class OpSpec:
         return opts.inputs(arrays, cu_seqlens, bf16=bf16)
 
 
-def from_table(desc, name, options, out_shapes, forward, backward=None, sizes=None):
+def from_table(desc, options, out_shapes, forward, backward=None, sizes=None):
     """The spec of the op table entry `desc`: its arrays, outputs and gradients from the
     table, the rest as given. `backward` None, or an entry without a backward (a forward-only
     op), makes a spec whose backward raises _lib.NoBackward."""
@@ -57,7 +57,7 @@ def from_table(desc, name, options, out_shapes, forward, backward=None, sizes=No
     saved = bool(desc.get("training")) and has_backward
     if saved and sizes is None:
         raise ValueError(f"{desc['name']}: a training forward needs the spec's sizes")
-    return OpSpec(name, desc["name"], options,
+    return OpSpec(desc["name"], options,
                   tuple(t["name"] for t in tensors if t["role"] == "input"),
                   sum(t["role"] == "output" for t in tensors), grads, has_backward, saved,
                   out_shapes, forward, backward, sizes)
@@ -100,7 +100,7 @@ def _kda_backward(inputs, opts, upstream, saved, wanted):
                             **opts.exec_settings())
 
 
-KDA = _spec("kda", "kda", KdaOptions, _kda_out_shapes, _kda_forward, _kda_backward,
+KDA = _spec("kda", KdaOptions, _kda_out_shapes, _kda_forward, _kda_backward,
             _kda_sizes)
 
 
@@ -115,7 +115,7 @@ def _gate_backward(inputs, opts, upstream, saved, wanted):
     return ops.kda_gate_backward(inputs, d_g, wanted=wanted)
 
 
-KDA_GATE = _spec("kda_gate", "kda_gate", GateOptions,
+KDA_GATE = _spec("kda_gate", GateOptions,
                  lambda shapes, n_seqs, opts: [shapes["g_raw"]], _gate_forward, _gate_backward)
 
 
@@ -151,7 +151,7 @@ def _ssm1_backward(inputs, opts, upstream, saved, wanted):
     return ops.ssm1_backward(inputs, d_y, upstream[1], wanted=wanted, saved=saved)
 
 
-SSM1 = _spec("ssm1", "ssm1", Ssm1Options, _ssm1_out_shapes, _ssm1_forward, _ssm1_backward,
+SSM1 = _spec("ssm1", Ssm1Options, _ssm1_out_shapes, _ssm1_forward, _ssm1_backward,
              _ssm1_sizes)
 
 
@@ -172,7 +172,7 @@ def _conv_backward(inputs, opts, upstream, saved, wanted):
     return ops.conv1d_backward(inputs, d_y, upstream[1], wanted=wanted)
 
 
-CONV1D = _spec("causal_conv1d", "conv1d", ConvOptions, _conv_out_shapes, _conv_forward,
+CONV1D = _spec("causal_conv1d", ConvOptions, _conv_out_shapes, _conv_forward,
                _conv_backward)
 
 

@@ -169,7 +169,7 @@ def _define_forward(layout):
             result.append(torch.from_numpy(saved))
         return tuple(result) if len(result) > 1 else result[0]
 
-    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}", forward, mutates_args=(),
+    op = torch.library.custom_op(f"{NAMESPACE}::{spec.table}", forward, mutates_args=(),
                                  schema=schema)
     layout.eager_forward = forward
 
@@ -210,7 +210,7 @@ def _define_backward(layout):
                             lambda keys: spec.backward(spec.inputs(arrays, cu, opts), opts,
                                                        up, block, keys))
 
-    op = torch.library.custom_op(f"{NAMESPACE}::{spec.name}_backward", backward,
+    op = torch.library.custom_op(f"{NAMESPACE}::{spec.table}_backward", backward,
                                  mutates_args=(), schema=schema)
 
     @op.register_fake
@@ -307,9 +307,24 @@ def _define_decode():
     return call
 
 
+def _define_alias(old, new):
+    """linseq::<old> as another name of linseq::<new>: same schema, and an implementation
+    that calls it (CompositeImplicitAutograd: autograd, fake tensors and torch.compile go
+    through the op it names)."""
+    target = getattr(getattr(torch.ops, NAMESPACE), new).default
+    schema = str(target._schema)
+    library = torch.library.Library(NAMESPACE, "FRAGMENT")
+    library.define(old + schema[schema.index("("):])
+    library.impl(old, lambda *args: target(*args), "CompositeImplicitAutograd")
+    return library
+
+
 if AVAILABLE:
     OPS = {spec: _DifferentiableOp(spec) for spec in _opspec.SPECS.values()}
     kda_decode = _define_decode()
+    # The conv's custom op was linseq::conv1d before every surface took the table's name;
+    # the old name stays for one release (docs/developer-guide.md, Names).
+    _ALIASES = [_define_alias("conv1d", "causal_conv1d")]
 else:
     OPS, kda_decode = {}, None
 

@@ -84,7 +84,7 @@ def ema(monkeypatch):
     """The made-up op's spec, its entry added to the table _lib reads."""
     desc = _ema_entry()
     monkeypatch.setitem(_lib._OPS, EMA, desc)
-    return _opspec.from_table(desc, EMA, EmaOptions, _ema_out_shapes, _ema_forward)
+    return _opspec.from_table(desc, EmaOptions, _ema_out_shapes, _ema_forward)
 
 
 def _values(B=2, T=5, D=3):
@@ -116,7 +116,7 @@ def test_the_spec_of_a_forward_only_op_has_no_backward(ema):
     with pytest.raises(_lib.NoBackward, match="forward-only"):
         _lib.grads_class(EMA)
     # a backward given for an op the table lists as forward-only is not used
-    spec = _opspec.from_table(_ema_entry(), EMA, EmaOptions, _ema_out_shapes, _ema_forward,
+    spec = _opspec.from_table(_ema_entry(), EmaOptions, _ema_out_shapes, _ema_forward,
                               backward=lambda *args: {})
     assert not spec.has_backward
 

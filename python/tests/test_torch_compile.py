@@ -407,8 +407,30 @@ def test_opcheck_ssm1_and_conv1d():
     conv = dict(x=_randn(1, 9, 5, seed=1), weight=_randn(5, 3, seed=2), bias=None,
                 conv_state=None)
     cu = torch.tensor([0, 4, 9])
-    _opcheck(torch.ops.linseq.conv1d.default,
+    _opcheck(torch.ops.linseq.causal_conv1d.default,
              _forward_args(_opspec.CONV1D, conv, cu, api.ConvOptions("silu"), True))
+
+
+def test_old_conv_op_name_is_the_same_op():
+    """linseq::conv1d, the conv op's name before it took the table's (causal_conv1d), stays
+    for one release: the same outputs and gradients, in eager and compiled code."""
+    conv = dict(x=_randn(1, 9, 5, seed=3), weight=_randn(5, 3, seed=4), bias=_randn(5, seed=5),
+                conv_state=None)
+    args = _forward_args(_opspec.CONV1D, conv, torch.tensor([0, 4, 9]), api.ConvOptions("silu"),
+                         False)
+
+    def run(op):
+        for t in conv.values():
+            if t is not None:
+                t.grad = None
+        y, _ = op(*args)
+        y.square().sum().backward()
+        return [y.detach()] + [t.grad.clone() for t in conv.values() if t is not None]
+
+    want = run(torch.ops.linseq.causal_conv1d.default)
+    _assert_same(run(torch.ops.linseq.conv1d.default), want)
+    compiled = torch.compile(lambda *a: torch.ops.linseq.conv1d.default(*a), fullgraph=True)
+    _assert_same(run(compiled), want)
 
 
 def test_opcheck_kda_decode():
@@ -468,7 +490,7 @@ def test_without_custom_ops_the_autograd_function_gives_the_same(monkeypatch):
 
 # ------------------------------------------------------------------------------------------
 # The drop-ins (linseq.compat): fla's functions run as non-strict blocks, mamba-ssm's and
-# causal-conv1d's kernel seams are custom ops (linseq::ssm1 and conv1d in their layouts,
+# causal-conv1d's kernel seams are custom ops (linseq::ssm1 and causal_conv1d in their layouts,
 # causal_conv_seq_idx and the in-place mamba_state_update, conv_state_update)
 # ------------------------------------------------------------------------------------------
 
@@ -609,7 +631,7 @@ def test_compat_selective_state_update_in_place_under_compile():
 
 def test_compat_kernel_seams_without_custom_ops_give_the_same(monkeypatch):
     """mamba-ssm's scan and causal-conv1d's conv run linseq's own ops (linseq::ssm1 and
-    linseq::conv1d, channel first); without torch.library.custom_op (PyTorch before 2.4)
+    linseq::causal_conv1d, channel first); without torch.library.custom_op (PyTorch before 2.4)
     the same calls run as the eager autograd.Function: the same outputs and gradients."""
     from linseq.compat import causal_conv1d, mamba_ssm
     b, d, l, N = 2, 4, 9, 3
@@ -657,9 +679,9 @@ def test_opcheck_compat_ops():
             "silu", dt_softplus=True, channel_first=True), True)),
         (linseq.ssm1, _forward_args(_opspec.SSM1, scan_last, None, api.Ssm1Options("silu"),
                                     True)),
-        (linseq.conv1d, _forward_args(_opspec.CONV1D, conv_first, None, api.ConvOptions(
+        (linseq.causal_conv1d, _forward_args(_opspec.CONV1D, conv_first, None, api.ConvOptions(
             "silu", channel_first=True), True)),
-        (linseq.conv1d, _forward_args(_opspec.CONV1D, conv_last, torch.tensor([0, 3, 7]),
+        (linseq.causal_conv1d, _forward_args(_opspec.CONV1D, conv_last, torch.tensor([0, 3, 7]),
                                       api.ConvOptions(), True)),
         (linseq.causal_conv_seq_idx, ("silu", torch.tensor([[0, 0, 1, 1, 1, 2, -1]] * b),
                                       _randn(b, l, d, seed=136), _randn(d, 4, seed=137),

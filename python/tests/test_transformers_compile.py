@@ -53,9 +53,9 @@ MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba}
 
 # the linseq custom ops each compiled graph must call (KDA and Gated DeltaNet share
 # linseq::kda; Mamba's training step is its fused mixer, linseq's conv and scan)
-PREFILL_OPS = {"kimi_linear": {"linseq.kda", "linseq.conv1d"},
-               "qwen3_next": {"linseq.kda", "linseq.conv1d"},
-               "mamba": {"linseq.ssm1", "linseq.conv1d"}}
+PREFILL_OPS = {"kimi_linear": {"linseq.kda", "linseq.causal_conv1d"},
+               "qwen3_next": {"linseq.kda", "linseq.causal_conv1d"},
+               "mamba": {"linseq.ssm1", "linseq.causal_conv1d"}}
 DECODE_OPS = {"kimi_linear": {"linseq.kda", "linseq.conv_state_update"},
               "qwen3_next": {"linseq.kda", "linseq.conv_state_update"},
               "mamba": {"linseq.mamba_state_update", "linseq.conv_state_update"}}

@@ -22,7 +22,7 @@ the caller's memory (linseq reads it through its strides) and the kernel writes 
 in x's layout; causal_conv1d_update decodes in place on a float32 C-contiguous conv_state
 (another pool goes through a float32 copy of the rows it names). The kernel calls sit in the
 private functions _conv, _packed_conv and _conv_decode, as torch.library custom ops (_conv:
-linseq's own conv op, linseq::conv1d, channel first or last; linseq::causal_conv_seq_idx with
+linseq's own conv op, linseq::causal_conv1d, channel first or last; linseq::causal_conv_seq_idx with
 its backward, linseq::conv_state_update writing the pool): torch.compile(fullgraph=True)
 traces the functions, the in-place update and seq_idx's packed sequences (whose offsets are
 read inside the op) included.
@@ -110,7 +110,7 @@ def _conv_backward(channel_first, activation, cu_seqlens, x, weight, bias, initi
 
 
 def _conv_op(channel_first, activation, cu_seqlens, x, weight, bias, initial_states):
-    """linseq's conv op (linseq::conv1d, differentiable) in either layout: the same call as
+    """linseq's conv op (linseq::causal_conv1d, differentiable) in either layout: the same call as
     _conv_forward, through the PyTorch backend."""
     arrays = dict(x=x, weight=weight, bias=bias, conv_state=initial_states)
     return TorchBackend.run(CONV1D, arrays, cu_seqlens,
