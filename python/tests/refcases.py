@@ -127,13 +127,17 @@ def _table_run(case):
     desc = linseq._lib.op_desc(op)
     keys = {o["key"] for o in desc["options"]}
     options = {k: v for k, v in case.meta.items() if k in keys and v is not None}
-    outs = linseq.ops.run(op, {n: case.get(n) for n in case.meta["inputs"]}, **options)
+    # the sizes meta.json gives (G is not in a plain dims text: B [B,T,G,N] or [B,T,N])
+    sizes = {s["name"]: case.meta[s["name"]] for s in desc["sizes"] if s["name"] in case.meta}
+    arrays = {n: case.get(n) for n in case.meta["inputs"] if n != "cu_seqlens"}
+    cu = case.get("cu_seqlens") if "cu_seqlens" in case.meta["inputs"] else None
+    outs = linseq.ops.run(op, arrays, sizes, cu_seqlens=cu, **options)
     names = [t["name"] for t in desc["tensors"] if t["role"] == "output"]
     result = {n: o for n, o in zip(names, outs) if n in case}
     if case.meta.get("grads"):  # an op with a backward and no front end: the table's backward
-        grads = linseq.ops.backward(op, {n: case.get(n) for n in case.meta["inputs"]},
+        grads = linseq.ops.backward(op, arrays,
                                     {n: case.get(n) for n in case.meta["upstream_grads"]},
-                                    **options)
+                                    sizes, cu_seqlens=cu, **options)
         result.update({n: g for n, g in grads.items() if n in case})
     return result
 

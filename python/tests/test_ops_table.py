@@ -89,3 +89,30 @@ def test_table_backward_equals_the_ops_own_front_end():
         np.testing.assert_array_equal(grads[name], own[name])
     with pytest.raises(ValueError, match="no backward"):
         linseq.ops.backward("ema", {"x": x, "a": np.full(8, 0.5, np.float32)}, {"d_y": d_y})
+
+
+def test_packed_sequences_equal_the_sequences_alone():
+    """cu_seqlens through the table path: the conv over two packed sequences equals each
+    sequence on its own (states start at zero per sequence), forward and backward; an op the
+    table gives no varlen refuses them."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 13, 6)).astype(np.float32)
+    w = rng.standard_normal((6, 3)).astype(np.float32)
+    d_y = rng.standard_normal((1, 13, 6)).astype(np.float32)
+    cu = np.array([0, 5, 13])
+    y, state = linseq.ops.run("causal_conv1d", {"x": x, "weight": w}, cu_seqlens=cu)
+    grads = linseq.ops.backward("causal_conv1d", {"x": x, "weight": w}, {"d_y": d_y},
+                                cu_seqlens=cu)
+    dweight = 0
+    for n, (lo, hi) in enumerate(zip(cu[:-1], cu[1:])):
+        ys, ss = linseq.ops.run("causal_conv1d", {"x": x[:, lo:hi], "weight": w})
+        np.testing.assert_array_equal(y[:, lo:hi], ys)
+        np.testing.assert_array_equal(state[n], ss[0])
+        gs = linseq.ops.backward("causal_conv1d", {"x": x[:, lo:hi], "weight": w},
+                                 {"d_y": d_y[:, lo:hi]})
+        np.testing.assert_array_equal(grads["dx"][:, lo:hi], gs["dx"])
+        dweight = dweight + gs["dweight"]
+    np.testing.assert_allclose(grads["dweight"], dweight, rtol=1e-5, atol=1e-6)
+    xe, a, _ = ema_inputs(rng, B=1, T=4, D=3)
+    with pytest.raises(ValueError, match="cu_seqlens: ema takes no packed sequences"):
+        linseq.ops.run("ema", {"x": xe, "a": a}, cu_seqlens=np.array([0, 4]))

@@ -32,11 +32,6 @@ FWD_TOL = {'max_rel_err': 1e-4, 'min_cos': 0.999999}
 GRAD_TOL = {'max_rel_err': 1e-3, 'min_cos': 0.99999}
 ABS_FLOOR = 1e-6
 # index.json is read by the Python tests alone (python/tests/conftest.py), and their
-# refcases.supported() takes a case of an op it has no call for as one it can run, then fails
-# on it. The cases of these ops are written (the CLI, the judge and the C checks read the
-# folders) but left out of the index until it skips such ops.
-INDEX_LEAVES_OUT = {'kda_segment', 'ssm1_segment'}
-
 
 def options_meta(c, arrays):
     """The meta.json keys the case loader reads, plus a few that only describe the draw."""
@@ -125,8 +120,7 @@ def main(argv):
     for c in defs.CASES:
         meta, files = build(c)
         write_case(tmp, meta, files)
-        if meta['op'] not in INDEX_LEAVES_OUT:
-            index.append({'name': meta['name'], 'op': meta['op'], 'seed': meta['seed']})
+        index.append({'name': meta['name'], 'op': meta['op'], 'seed': meta['seed']})
     with open(os.path.join(tmp, 'index.json'), 'w') as f:
         json.dump(index, f, indent=1)
         f.write('\n')

@@ -7,7 +7,8 @@ library is callable here without a line of Python written for it.
 
 The arrays are named as the table names the op's input tensors; the problem's sizes come
 from the arrays wherever an input's dims are plain size names ("[B,T,D]": x's shape gives B,
-T and D), and the rest from `sizes`; options are the table's option keys, an enum by its
+T and D), and the rest from `sizes`; `cu_seqlens=` packs sequences into one row (B = 1) for
+an op the table gives "varlen"; options are the table's option keys, an enum by its
 name. Before any pointer reaches C, every array is checked against the shape the library
 gives it under that problem (one linseq_op_shapes call), and the library validates again.
 The ops with a front end of their own (kda, ssm1, conv1d, the gate) are also reachable here,
@@ -21,7 +22,7 @@ import numpy as np
 
 from .. import _lib
 from .._arrays import as_f32, as_row_indices
-from ._common import make_exec, pointer
+from ._common import make_exec, pointer, sequences
 
 _PLAIN_DIMS = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*)\]$")
 
@@ -57,9 +58,13 @@ def _option_value(o, value):
     return value
 
 
-def _problem(op, arrays, sizes, options):
-    """The op's problem struct over the arrays (kept alive by the caller), and its shapes."""
+def _problem(op, arrays, sizes, options, cu_seqlens=None):
+    """The op's problem struct over the arrays (kept alive by the caller), and its shapes;
+    cu_seqlens: packed sequences (B = 1), for an op the table gives "varlen"."""
     desc = _lib.op_desc(op)
+    if cu_seqlens is not None and not desc.get("varlen"):
+        raise ValueError(f"cu_seqlens: {op} takes no packed sequences (the table gives it no "
+                         f"varlen)")
     inputs = {t["name"]: t for t in desc["tensors"] if t["role"] == "input"}
     unknown = set(arrays) - set(inputs)
     if unknown:
@@ -75,8 +80,14 @@ def _problem(op, arrays, sizes, options):
         setattr(problem, by_key[key]["field"], _option_value(by_key[key], value))
     for name, arr in arrays.items():
         setattr(problem, inputs[name]["field"], pointer(arr))
+    if cu_seqlens is not None:
+        cu, problem.n_seqs = sequences(cu_seqlens, problem.B, problem.T)
+        problem.cu_seqlens = pointer(cu)
+        arrays["cu_seqlens"] = cu  # kept alive with the arrays
     shapes = _lib.Shapes(op, problem)
     for name, arr in arrays.items():
+        if name == "cu_seqlens":
+            continue
         want = shapes[name]
         if want != tuple(arr.shape):
             raise ValueError(f"{name}: expected shape {inputs[name]['dims']} = "
@@ -92,10 +103,11 @@ def _outputs(op, shapes, skip=None):
     return outs, (ctypes.c_void_p * max(len(outs), 1))(*[pointer(a) for a in outs])
 
 
-def run(op, arrays, sizes=None, *, threads=0, **options):
+def run(op, arrays, sizes=None, *, cu_seqlens=None, threads=0, **options):
     """The forward of op (its table name) on float32 arrays: a tuple of its outputs in the
-    table's order (None for one that does not exist with these options)."""
-    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    table's order (None for one that does not exist with these options). cu_seqlens: packed
+    sequences in one row (B = 1), where the table gives the op "varlen"."""
+    problem, shapes, kept = _problem(op, arrays, sizes, options, cu_seqlens)
     outs, ptrs = _outputs(op, shapes)
     ex = make_exec(mode="default", threads=threads)
     _lib.check(_lib.lib.linseq_op_forward(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
@@ -131,14 +143,14 @@ def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **optio
                  if t["name"] != desc["decode"]["state_out"])
 
 
-def backward(op, arrays, upstream, sizes=None, *, threads=0, **options):
+def backward(op, arrays, upstream, sizes=None, *, cu_seqlens=None, threads=0, **options):
     """The backward of op on float32 arrays: `upstream` maps its upstream tensors' names
     (d_y, ...) to arrays (absent: NULL); returns {gradient name: array} for every gradient
     the table gives it under this problem."""
     desc = _lib.op_desc(op)
     if not _lib.has_backward(desc):
         raise ValueError(f"{op}: the library's table gives it no backward")
-    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    problem, shapes, kept = _problem(op, arrays, sizes, options, cu_seqlens)
     ups = _lib.op_tensors(op, "upstream")
     unknown = set(upstream) - {t["name"] for t in ups}
     if unknown:
