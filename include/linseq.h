@@ -148,8 +148,8 @@ typedef enum linseq_dtype {
 } linseq_dtype;
 
 typedef struct linseq_exec {
-    linseq_mode mode; /* KDA only; the other ops have a single algorithm */
-    int chunk_size;   /* KDA chunked: 16, 32, 64 or 128; 0 = 64 */
+    linseq_mode mode; /* KDA and SSD; the other ops have a single algorithm */
+    int chunk_size;   /* KDA and SSD chunked: 16, 32, 64 or 128; 0 = 64 */
     int threads;      /* > 0: use this many threads (at most one per work item, and at most
                        * 1024); 0 = up to linseq_get_num_threads(), fewer when the call is
                        * too small to share */
@@ -610,6 +610,56 @@ LINSEQ_API linseq_status linseq_ema_forward(const linseq_ema_problem *problem,
  * to 0 and no state is touched. Two requests may not share a row; rows not named are never
  * read or written. Each request gets the bits of a one-token linseq_ema_forward from its row. */
 LINSEQ_API linseq_status linseq_ema_decode(const linseq_ema_problem *problem,
+                                           const linseq_exec *exec, float *state,
+                                           int64_t n_state_rows, const int64_t *state_rows,
+                                           float *y);
+
+/* ------------------------------------------------------------------------------------ */
+/* SSD: Mamba2's state space duality (a scalar decay per head, no delta rule)            */
+/* ------------------------------------------------------------------------------------ */
+
+/* Per sequence and head h (of H), with a state S [P,N] from h0 (zeros when NULL):
+ *     dt_t = dt[t,h] (+ dt_bias[h], then softplus, with dt_softplus), clamped to
+ *            [dt_min, dt_max] when dt_max > dt_min (mamba's dt_limit; both 0: no clamp)
+ *     S_t  = exp(dt_t A[h]) S_{t-1} + dt_t x_t B_t^T      x_t [P], B_t [N] of h's group
+ *     y_t  = S_t C_t + D x_t,  then y_t *= silu(z_t) with z
+ * The groups share B and C: head h reads group h / (H / G); G divides H (0 = 1).
+ * exec->mode: RECURRENT updates the state token by token; DEFAULT and CHUNKED take chunks of
+ * exec->chunk_size tokens (0 = 64), with the products inside a chunk as matrix products (the
+ * same values within float32 rounding). Results are bitwise identical for every thread count in either mode. */
+typedef struct linseq_ssd_problem {
+    int64_t B, T, H, P, N;
+    int64_t G;                 /* groups of B_proj / C_proj, dividing H; 0 = 1 */
+    const int64_t *cu_seqlens; /* NULL, or n_seqs + 1 offsets (requires B == 1) */
+    int64_t n_seqs;
+
+    const float *x;               /* [B,T,H,P] */
+    const float *dt;              /* [B,T,H] */
+    const float *A;               /* [H], each <= 0 (mamba's -exp(A_log)) */
+    const float *B_proj, *C_proj; /* [B,T,G,N] */
+    const float *D_skip;          /* NULL, [H], or [H,P] with D_per_channel */
+    const float *z;               /* NULL, or [B,T,H,P]: the output gate */
+    const float *h0;              /* NULL (zeros), or [N_seq,H,P,N] ([N_seq,H,N,P] N-first) */
+    const float *dt_bias;         /* [H]; NULL = zeros. Only with dt_softplus (else rejected) */
+
+    bool dt_softplus;   /* dt = softplus(dt + dt_bias) in the kernel */
+    bool D_per_channel; /* D_skip is [H,P] (one skip weight per head channel) */
+    bool state_n_first; /* h0, hT and a decode pool's rows are [H,N,P] */
+    float dt_min, dt_max;
+} linseq_ssd_problem;
+
+/* y [B,T,H,P] (required); hT NULL or [N_seq,H,P,N] ([N_seq,H,N,P] N-first), the state after
+ * each sequence's last token (h0's row, or zeros, for an empty one), never gated; it may be
+ * the same pointer as h0 (updated in place). */
+LINSEQ_API linseq_status linseq_ssd_forward(const linseq_ssd_problem *problem,
+                                            const linseq_exec *exec, float *y, float *hT);
+
+/* One token for each of B requests over a pool [n_state_rows,H,P,N] ([..,H,N,P] N-first), as
+ * linseq_ema_decode: T must be 1, h0 and cu_seqlens NULL; request b's state is row
+ * state_rows[b] (NULL: row b), updated in place; a negative row is a padding request (y row
+ * 0, no state touched); two requests may not share a row. Each request gets the bits of a
+ * one-token recurrent linseq_ssd_forward from its row. */
+LINSEQ_API linseq_status linseq_ssd_decode(const linseq_ssd_problem *problem,
                                            const linseq_exec *exec, float *state,
                                            int64_t n_state_rows, const int64_t *state_rows,
                                            float *y);

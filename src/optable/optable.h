@@ -151,7 +151,7 @@ typedef struct ls_op {
     int n_sizes;
     const ls_option_desc *options;
     int n_options;
-    bool has_modes; /* exec's mode and chunk size apply (KDA) */
+    bool has_modes; /* exec's mode and chunk size apply (KDA, SSD) */
     bool varlen;    /* has cu_seqlens and n_seqs */
     size_t cu_seqlens_offset, n_seqs_offset;
     /* Every field of the problem struct is a size, an option, the varlen pair or an INPUT

@@ -1,0 +1,62 @@
+/* Internal: the SSD op (linseq_ssd_forward, linseq_ssd_decode): its plan, its kernels (one per
+ * ISA, ssd_simd.c) and the entry points per ISA (for the tests). */
+#ifndef LS_SSD_SSD_H
+#define LS_SSD_SSD_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "linseq.h"
+#include "simd/isa.h"
+
+/* The op's description (ssd.c), which its entry points validate through. */
+struct ls_op;
+extern const struct ls_op ls_op_ssd;
+
+/* Tokens per chunk of the chunked form: exec->chunk_size (16, 32, 64 or 128; 0 = 64). */
+#define SSD_DEFAULT_CHUNK 64
+
+/* One call's work. Item i is (sequence i / H, head i % H): a sequence is batch row b, or the
+ * tokens [cu[s], cu[s+1]) of row 0 with cu_seqlens. Its state is row rows[s] (NULL: row s) of
+ * s0 (read; NULL: zeros) and of sT (written; NULL: not written); a negative row is a padding
+ * request (y = 0, no state touched). The forward passes h0 and hT (possibly the same buffer),
+ * decode the pool as both. Each thread works in its own `scratch_floats` floats of scratch. */
+typedef struct ssd_plan {
+    int64_t T, H, P, N, G;
+    const int64_t *cu; /* NULL: B sequences of T tokens */
+    const float *x, *dt, *A, *Bp, *Cp, *D, *z, *dt_bias;
+    float *y;
+    const float *s0;
+    float *sT;
+    const int64_t *rows;
+    bool dt_softplus, D_per_channel, n_first, chunked;
+    int64_t chunk; /* tokens per chunk (chunked) */
+    float dt_min, dt_max; /* clamp when dt_max > dt_min */
+    float *scratch;
+    int64_t scratch_floats;
+} ssd_plan;
+
+/* A scratch part's floats, rounded to whole 64-byte lines. */
+static inline int64_t ssd_round16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* The floats of scratch one thread needs for a plan's sizes: recurrent, the state St [N,P]
+ * and a row of P; chunked, the parts ssd_simd.c carves (the state, C [L,N], B^T [N,L], U, W
+ * and Y [L,P], M [L,L], four rows of L and one of N, L the chunk). */
+static inline int64_t ssd_scratch_floats(int64_t P, int64_t N, bool chunked, int64_t L)
+{
+    if (!chunked) return ssd_round16(N * P) + ssd_round16(P);
+    return ssd_round16(N * P) + 2 * ssd_round16(L * N) + 3 * ssd_round16(L * P) +
+           ssd_round16(L * L) + 4 * ssd_round16(L) + ssd_round16(N);
+}
+
+/* The item function of ls_parallel_for over an ssd_plan. */
+LS_ISA_DECLARE(void, ls_ssd_item, (void *ctx, int64_t item, int thread));
+
+/* The entry points with the ISA chosen (linseq_ssd_* resolve it from the CPU). */
+linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *y,
+                                 float *hT, ls_isa isa);
+linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
+                                int64_t n_state_rows, const int64_t *state_rows, float *y,
+                                ls_isa isa);
+
+#endif
