@@ -654,6 +654,28 @@ typedef struct linseq_ssd_problem {
 LINSEQ_API linseq_status linseq_ssd_forward(const linseq_ssd_problem *problem,
                                             const linseq_exec *exec, float *y, float *hT);
 
+typedef struct linseq_ssd_grads {
+    float *dx;       /* [B,T,H,P] */
+    float *ddt;      /* [B,T,H]: w.r.t. dt as given (before dt_bias and softplus) */
+    float *dA;       /* [H], summed over the batch */
+    float *dB_proj;  /* [B,T,G,N], summed over the heads of each group */
+    float *dC_proj;  /* [B,T,G,N] */
+    float *dD_skip;  /* the shape of D_skip, only with it */
+    float *dz;       /* [B,T,H,P], only with z */
+    float *dh0;      /* the shape of h0; allowed without h0 (the gradient at a zero state) */
+    float *ddt_bias; /* [H], only with dt_softplus */
+} linseq_ssd_grads;
+
+/* The gradients of L = sum(y * d_y) + sum(hT * d_hT), each pointer NULL when not wanted.
+ * d_y [B,T,H,P] is required, d_hT (the shape of hT) may be NULL. A clamped dt (dt_max >
+ * dt_min) passes no gradient where the clamp holds it. Either mode runs the chunked form
+ * backward (exec->chunk_size tokens a chunk): each (sequence, head) recomputes its state
+ * before every chunk from h0 and keeps those (ceil(L / chunk) P N floats per thread, L the
+ * longest sequence), so memory does not grow with the batch. */
+LINSEQ_API linseq_status linseq_ssd_backward(const linseq_ssd_problem *problem,
+                                             const linseq_exec *exec, const float *d_y,
+                                             const float *d_hT, const linseq_ssd_grads *grads);
+
 /* One token for each of B requests over a pool [n_state_rows,H,P,N] ([..,H,N,P] N-first), as
  * linseq_ema_decode: T must be 1, h0 and cu_seqlens NULL; request b's state is row
  * state_rows[b] (NULL: row b), updated in place; a negative row is a padding request (y row

@@ -4,6 +4,7 @@
  * count. */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "core/device.h"
 #include "core/parallel.h"
@@ -41,6 +42,12 @@ static int shape_d_skip(const void *v, int64_t *d)
     const P *p = ssd(v);
     return p->D_per_channel ? ls_dims(d, 2, p->H, p->P) : ls_dims(d, 1, p->H);
 }
+/* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
+static int shape_d_skip_grad(const void *v, int64_t *d)
+{
+    return ssd(v)->D_skip ? shape_d_skip(v, d) : 0;
+}
+static int shape_z_grad(const void *v, int64_t *d) { return ssd(v)->z ? shape_hp(v, d) : 0; }
 static int shape_dt_bias(const void *v, int64_t *d)
 {
     return ssd(v)->dt_softplus ? shape_heads(v, d) : 0;
@@ -55,6 +62,14 @@ static int shape_state(const void *v, int64_t *d)
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
 {
     return linseq_ssd_forward(p, exec, out[0], out[1]);
+}
+
+static linseq_status backward(const void *p, const linseq_exec *exec, const float *const *up,
+                              const void *grads)
+{
+    linseq_ssd_grads g;
+    memcpy(&g, grads, sizeof g);
+    return linseq_ssd_backward(p, exec, up[0], up[1], &g);
 }
 
 static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
@@ -89,6 +104,7 @@ static const ls_option_desc options[] = {
 };
 
 /* A: mamba's -exp(A_log) with A_log = log(U(1, 16)); dt: its usual range. */
+typedef linseq_ssd_grads G;
 static const ls_tensor_desc tensors[] = {
     LS_INPUT("x", x, .required = true, .dims = "[B,T,H,P]", .shape = shape_hp,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
@@ -111,16 +127,32 @@ static const ls_tensor_desc tensors[] = {
     LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = shape_hp, .token = true),
     LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
               .shape = shape_state, .alias_of = "h0"),
+    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = shape_hp,
+                .dist = LS_DIST_NORMAL, .a = 1, .token = true),
+    LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
+                .shape = shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL, .a = 1),
+    LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = shape_hp, .token = true),
+    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = shape_dt, .token = true),
+    LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = shape_heads),
+    LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = shape_bc, .token = true),
+    LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = shape_bc, .token = true),
+    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)", .shape = shape_d_skip_grad),
+    LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = shape_z_grad, .token = true),
+    LS_GRAD("dh0", dh0, "h0", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
+            .shape = shape_state),
+    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[H]", .shape = shape_dt_bias),
 };
 
 const ls_op ls_op_ssd = {
-    LS_OP_STRUCTS_FORWARD_ONLY(linseq_ssd_problem),
+    LS_OP_STRUCTS(linseq_ssd_problem, linseq_ssd_grads),
     LS_OP_OPTIONS(options),
     LS_OP_VARLEN(linseq_ssd_problem),
     .name = "ssd",
     .forward = forward,
+    .backward = backward,
     .flops = flops,
     .bench_options = bench_options,
+    .bench_fwdbwd = true,
     .decode = decode,
     .decode_state = "h0",
     .decode_state_out = "hT",
@@ -167,18 +199,23 @@ static linseq_status check_values(const char *fn, const linseq_ssd_problem *p,
     return ls_op_check_values(fn, &ls_op_ssd, p, exec);
 }
 
+/* The problem's sizes, inputs and options into the plan (its buffers set by the caller). */
+static void plan(ssd_plan *pl, const linseq_ssd_problem *p, const linseq_exec *exec, bool decode)
+{
+    pl->T = p->T, pl->H = p->H, pl->P = p->P, pl->N = p->N, pl->G = groups(p);
+    pl->cu = p->cu_seqlens, pl->x = p->x, pl->dt = p->dt, pl->A = p->A;
+    pl->Bp = p->B_proj, pl->Cp = p->C_proj, pl->D = p->D_skip, pl->z = p->z;
+    pl->dt_bias = p->dt_bias, pl->dt_softplus = p->dt_softplus;
+    pl->D_per_channel = p->D_per_channel, pl->n_first = p->state_n_first;
+    pl->chunked = !decode && (!exec || exec->mode != LINSEQ_MODE_RECURRENT);
+    pl->chunk = exec && exec->chunk_size ? exec->chunk_size : SSD_DEFAULT_CHUNK;
+    pl->dt_min = p->dt_min, pl->dt_max = p->dt_max;
+}
+
 static linseq_status run(const char *fn, ssd_plan *pl, const linseq_ssd_problem *p,
                          const linseq_exec *exec, ls_isa isa, bool decode)
 {
-    *pl = (ssd_plan){.T = p->T, .H = p->H, .P = p->P, .N = p->N, .G = groups(p),
-                     .cu = p->cu_seqlens, .x = p->x, .dt = p->dt, .A = p->A, .Bp = p->B_proj,
-                     .Cp = p->C_proj, .D = p->D_skip, .z = p->z, .dt_bias = p->dt_bias,
-                     .y = pl->y, .s0 = pl->s0, .sT = pl->sT, .rows = pl->rows,
-                     .dt_softplus = p->dt_softplus, .D_per_channel = p->D_per_channel,
-                     .n_first = p->state_n_first,
-                     .chunked = !decode && (!exec || exec->mode != LINSEQ_MODE_RECURRENT),
-                     .chunk = exec && exec->chunk_size ? exec->chunk_size : SSD_DEFAULT_CHUNK,
-                     .dt_min = p->dt_min, .dt_max = p->dt_max};
+    plan(pl, p, exec, decode);
     const int64_t n_items = state_rows(p) * p->H;
     const int n_threads = ls_resolve_threads(exec, n_items, flops(p, exec));
     pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk);
@@ -228,6 +265,128 @@ linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *
     if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ssd, p, n_state_rows, state_rows))) return st;
     ssd_plan pl = {.y = y, .s0 = state, .sT = state, .rows = state_rows};
     return run(a.fn, &pl, p, exec, isa, true);
+}
+
+/* ---- the backward ----------------------------------------------------------------------- */
+
+/* The per-head sums over the sequences, in order: dA, ddt_bias and dD from the items' slots. */
+static void sum_heads(const ssd_plan *pl, int64_t n_seqs, const linseq_ssd_grads *g)
+{
+    const int64_t H = pl->H, nd = pl->D_per_channel ? pl->P : 1;
+    for (int64_t h = 0; h < H; h++) {
+        float dA = 0.0f, dbias = 0.0f;
+        for (int64_t s = 0; s < n_seqs; s++) {
+            dA += pl->item_dA[s * H + h];
+            dbias += pl->item_dbias[s * H + h];
+        }
+        if (g->dA) g->dA[h] = dA;
+        if (g->ddt_bias) g->ddt_bias[h] = dbias;
+        for (int64_t k = 0; g->dD_skip && k < nd; k++) {
+            float dD = 0.0f;
+            for (int64_t s = 0; s < n_seqs; s++) dD += pl->item_dD[(s * H + h) * nd + k];
+            g->dD_skip[h * nd + k] = dD;
+        }
+    }
+}
+
+/* dB_proj and dC_proj of a block of SSD_SUM_TOKENS tokens: each group's heads' shares added
+ * in head order. */
+#define SSD_SUM_TOKENS 64
+static void sum_group_item(void *ctx, int64_t item, int thread)
+{
+    (void)thread;
+    const ssd_plan *pl = ctx;
+    const int64_t H = pl->H, n_groups = pl->G, N = pl->N, per = H / n_groups;
+    const int64_t t0 = item * SSD_SUM_TOKENS, t1 = t0 + SSD_SUM_TOKENS;
+    for (int64_t t = t0; t < t1 && t < pl->n_tokens; t++)
+        for (int64_t g = 0; g < n_groups; g++)
+            for (int k = 0; k < 2; k++) {
+                float *out = k ? pl->dC : pl->dB;
+                const float *in = k ? pl->dCh : pl->dBh;
+                if (!out) continue;
+                float *o = out + (t * n_groups + g) * N;
+                memcpy(o, in + (t * H + g * per) * N, (size_t)N * sizeof(float));
+                for (int64_t h = 1; h < per; h++)
+                    for (int64_t n = 0; n < N; n++) o[n] += in[(t * H + g * per + h) * N + n];
+            }
+}
+
+/* The workspace a backward call needs besides its threads' scratch: the per-item slots and,
+ * when groups have several heads, each head's dB and dC. */
+static linseq_status alloc_backward(const char *fn, ssd_plan *pl, int64_t n_items, bool shares)
+{
+    const int64_t nd = pl->D_per_channel ? pl->P : 1;
+    linseq_status st = ls_alloc_blocks(fn, sizeof(float), n_items * (2 + nd),
+                                       (void **)&pl->item_dA);
+    if (st) return st;
+    pl->item_dbias = pl->item_dA + n_items;
+    pl->item_dD = pl->D ? pl->item_dbias + n_items : NULL;
+    if (shares && (st = ls_alloc_blocks(fn, (size_t)pl->H * (size_t)pl->N * 2 * sizeof(float),
+                                        pl->n_tokens, (void **)&pl->dBh)))
+        return st;
+    if (shares) pl->dCh = pl->dBh + pl->n_tokens * pl->H * pl->N;
+    return LINSEQ_OK;
+}
+
+static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd_problem *p,
+                                  const linseq_exec *exec, ls_isa isa, const linseq_ssd_grads *g)
+{
+    const int64_t n_seqs = state_rows(p), n_items = n_seqs * p->H;
+    const bool shares = groups(p) < p->H && (g->dB_proj || g->dC_proj);
+    pl->n_tokens = p->B * p->T;
+    const int64_t longest = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
+    pl->scratch_floats = ssd_bwd_scratch_floats(p->P, p->N, pl->chunk, longest);
+    const int n_threads = ls_resolve_threads(exec, n_items, 3.5 * flops(p, exec));
+    linseq_status st = alloc_backward(fn, pl, n_items, shares);
+    if (!st)
+        st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,
+                             (void **)&pl->scratch);
+    if (!st) {
+        ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssd_bwd_item), pl);
+        if (shares) {
+            const int64_t blocks = (pl->n_tokens + SSD_SUM_TOKENS - 1) / SSD_SUM_TOKENS;
+            ls_parallel_for(blocks, ls_resolve_threads(exec, blocks, (double)pl->n_tokens *
+                                                                         (double)(p->H * p->N)),
+                            sum_group_item, pl);
+        }
+        sum_heads(pl, n_seqs, g);
+    }
+    free(pl->scratch);
+    free(pl->item_dA);
+    free(pl->dBh);
+    return st;
+}
+
+linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                  const float *d_y, const float *d_hT, const linseq_ssd_grads *g,
+                                  ls_isa isa)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_ssd_backward"};
+    linseq_status st = check_problem(&a, p, exec);
+    if (st) return st;
+    if (!g)
+        return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
+                       "argument 'grads' is NULL; expected a linseq_ssd_grads");
+    const float *const up[] = {d_y, d_hT};
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_UPSTREAM, up, ls_token_bytes(exec))) ||
+        (st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_GRAD, g, ls_token_bytes(exec))))
+        return st;
+    ls_arg_structs(&a, p, sizeof *p, g, sizeof *g, exec);
+    if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
+    ssd_plan pl = {.s0 = p->h0, .d_y = d_y, .d_hT = d_hT, .dx = g->dx, .ddt = g->ddt,
+                   .dB = g->dB_proj, .dC = g->dC_proj, .dz = g->dz, .dh0 = g->dh0};
+    plan(&pl, p, exec, false);
+    pl.chunked = true;
+    return run_backward(a.fn, &pl, p, exec, isa, g);
+}
+
+linseq_status linseq_ssd_backward(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                  const float *d_y, const float *d_hT, const linseq_ssd_grads *g)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_ssd_backward", &isa);
+    return st ? st : ls_ssd_backward_isa(p, exec, d_y, d_hT, g, isa);
 }
 
 linseq_status linseq_ssd_forward(const linseq_ssd_problem *p, const linseq_exec *exec, float *y,

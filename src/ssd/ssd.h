@@ -34,6 +34,17 @@ typedef struct ssd_plan {
     float dt_min, dt_max; /* clamp when dt_max > dt_min */
     float *scratch;
     int64_t scratch_floats;
+
+    /* The backward (ls_ssd_bwd_item): the upstream gradients, the per-token gradients, dh0,
+     * and per item (sequence, head) slots of the per-head sums, which the entry point adds
+     * up over the sequences in order: dA and ddt_bias one float each, dD one (per head) or P
+     * (D_per_channel). dBh and dCh [tokens,H,N]: each head's share of dB_proj and dC_proj,
+     * added over the group's heads in order afterwards (NULL when G == H: written directly). */
+    const float *d_y, *d_hT;
+    float *dx, *ddt, *dB, *dC, *dz, *dh0;
+    float *dBh, *dCh;
+    int64_t n_tokens; /* B T: the rows of dBh and dCh */
+    float *item_dA, *item_dD, *item_dbias;
 } ssd_plan;
 
 /* A scratch part's floats, rounded to whole 64-byte lines. */
@@ -49,12 +60,27 @@ static inline int64_t ssd_scratch_floats(int64_t P, int64_t N, bool chunked, int
            ssd_round16(L * L) + 4 * ssd_round16(L) + ssd_round16(N);
 }
 
-/* The item function of ls_parallel_for over an ssd_plan. */
+/* The backward's scratch: the chunked forward's, its own blocks, and the state before each
+ * chunk of the longest sequence (recomputed from h0, then walked back). */
+static inline int64_t ssd_bwd_scratch_floats(int64_t P, int64_t N, int64_t L, int64_t longest)
+{
+    const int64_t chunks = (longest + L - 1) / L;
+    return ssd_scratch_floats(P, N, true, L) + 4 * ssd_round16(L * N) + 4 * ssd_round16(L * P) +
+           ssd_round16(L * L) + ssd_round16(P * L) + 3 * ssd_round16(N * P) + ssd_round16(L) +
+           (chunks > 0 ? chunks : 1) * ssd_round16(N * P);
+}
+
+/* The item functions of ls_parallel_for over an ssd_plan: the forward (and decode), and the
+ * backward. */
 LS_ISA_DECLARE(void, ls_ssd_item, (void *ctx, int64_t item, int thread));
+LS_ISA_DECLARE(void, ls_ssd_bwd_item, (void *ctx, int64_t item, int thread));
 
 /* The entry points with the ISA chosen (linseq_ssd_* resolve it from the CPU). */
 linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *y,
                                  float *hT, ls_isa isa);
+linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                  const float *d_y, const float *d_hT, const linseq_ssd_grads *g,
+                                  ls_isa isa);
 linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
                                 int64_t n_state_rows, const int64_t *state_rows, float *y,
                                 ls_isa isa);

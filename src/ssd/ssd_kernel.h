@@ -1,0 +1,177 @@
+/* Internal: what the SSD kernels share (ssd_simd.c, ssd_bwd_simd.c): where an item's tokens
+ * and state lie, its dt, and the chunk's decays, gathered blocks and scores. Include only from
+ * sources compiled once per ISA: every function is static inline. */
+#ifndef LS_SSD_SSD_KERNEL_H
+#define LS_SSD_SSD_KERNEL_H
+
+#include <math.h>
+#include <string.h>
+
+#include "core/activation.h"
+#include "simd/gemm.h"
+#include "simd/vec.h"
+#include "ssd/ssd.h"
+
+/* Where one item's tokens and state lie. */
+typedef struct ssd_item {
+    int64_t b, h, g, t0, n_tokens, row;
+} ssd_item;
+
+static inline ssd_item locate(const ssd_plan *pl, int64_t item)
+{
+    ssd_item it;
+    const int64_t s = item / pl->H;
+    it.h = item % pl->H;
+    it.g = it.h / (pl->H / pl->G);
+    it.b = pl->cu ? 0 : s;
+    it.t0 = pl->cu ? pl->cu[s] : 0;
+    it.n_tokens = pl->cu ? pl->cu[s + 1] - pl->cu[s] : pl->T;
+    it.row = pl->rows ? pl->rows[s] : s;
+    return it;
+}
+
+/* Offsets of token t (of the item's sequence) in the [.,T,H,P], [.,T,H] and [.,T,G,N] tensors. */
+static inline int64_t at_hp(const ssd_plan *pl, const ssd_item *it, int64_t t)
+{
+    return ((it->b * pl->T + it->t0 + t) * pl->H + it->h) * pl->P;
+}
+static inline int64_t at_h(const ssd_plan *pl, const ssd_item *it, int64_t t)
+{
+    return (it->b * pl->T + it->t0 + t) * pl->H + it->h;
+}
+static inline int64_t at_gn(const ssd_plan *pl, const ssd_item *it, int64_t t)
+{
+    return ((it->b * pl->T + it->t0 + t) * pl->G + it->g) * pl->N;
+}
+
+/* dt of token t as the recurrence uses it: biased and softplus'd, then clamped. */
+static inline float step_dt(const ssd_plan *pl, const ssd_item *it, int64_t t)
+{
+    float d = pl->dt[at_h(pl, it, t)];
+    if (pl->dt_softplus) d = ls_softplusf(d + (pl->dt_bias ? pl->dt_bias[it->h] : 0.0f));
+    if (pl->dt_max > pl->dt_min) d = fminf(fmaxf(d, pl->dt_min), pl->dt_max);
+    return d;
+}
+
+/* The state row of the item in a [rows,H,P,N] (or N-first [rows,H,N,P]) buffer, to and from
+ * St [N,P]. */
+static inline void load_state(const ssd_plan *pl, const ssd_item *it, float *St)
+{
+    const int64_t P = pl->P, N = pl->N, size = P * N;
+    if (!pl->s0) {
+        memset(St, 0, (size_t)size * sizeof *St);
+        return;
+    }
+    const float *src = pl->s0 + (it->row * pl->H + it->h) * size;
+    if (pl->n_first) {
+        memcpy(St, src, (size_t)size * sizeof *St);
+        return;
+    }
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t n = 0; n < N; n++) St[n * P + p] = src[p * N + n];
+}
+
+static inline void store_state(const ssd_plan *pl, const ssd_item *it, const float *St)
+{
+    const int64_t P = pl->P, N = pl->N, size = P * N;
+    float *dst = pl->sT + (it->row * pl->H + it->h) * size;
+    if (pl->n_first) {
+        memcpy(dst, St, (size_t)size * sizeof *St);
+        return;
+    }
+    for (int64_t p = 0; p < P; p++)
+        for (int64_t n = 0; n < N; n++) dst[p * N + n] = St[n * P + p];
+}
+
+/* y_t from the state's read-out `ys` [P]: + D x_t, then * silu(z_t). */
+static inline void finish_token(const ssd_plan *pl, const ssd_item *it, int64_t t, const float *ys)
+{
+    const int64_t P = pl->P, o = at_hp(pl, it, t);
+    const float *x = pl->x + o, *z = pl->z ? pl->z + o : NULL;
+    const float *D = pl->D ? pl->D + (pl->D_per_channel ? it->h * P : it->h) : NULL;
+    float *y = pl->y + o;
+    for (int64_t p = 0; p < P; p += VW) {
+        const int64_t m = P - p < VW ? P - p : VW;
+        vf v = vf_load_n(ys + p, m);
+        if (D) {
+            const vf d = pl->D_per_channel ? vf_load_n(D + p, m) : vf_set1(D[0]);
+            v = vf_fmadd(d, vf_load_n(x + p, m), v);
+        }
+        if (z) v = vf_mul(v, vf_silu(vf_load_n(z + p, m)));
+        vf_store_n(y + p, v, m);
+    }
+}
+
+/* One thread's chunk buffers, carved from its scratch (ssd_scratch_floats). */
+typedef struct chunk_bufs {
+    float *St, *Cc, *Bt, *U, *W, *Y, *M, *lam, *elam, *wdec, *dtv, *nscale;
+} chunk_bufs;
+
+static inline chunk_bufs carve(float *s, int64_t P, int64_t N, int64_t L)
+{
+    chunk_bufs c;
+    float **parts[] = {&c.St, &c.Cc, &c.Bt, &c.U, &c.W, &c.Y, &c.M, &c.lam, &c.elam, &c.wdec,
+                       &c.dtv, &c.nscale};
+    const int64_t sizes[] = {N * P, L * N, N * L, L * P, L * P, L * P, L * L, L, L, L, L, N};
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *parts[i] = s;
+        s += ssd_round16(sizes[i]);
+    }
+    return c;
+}
+
+/* The chunk's decays: lam (partial sums), exp(lam), exp(lam_{n-1} - lam) and dt. */
+static inline void chunk_decays(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
+                         chunk_bufs *c)
+{
+    const float A = pl->A[it->h];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        c->dtv[i] = step_dt(pl, it, c0 + i);
+        sum += c->dtv[i] * A;
+        c->lam[i] = sum;
+    }
+    const vf last = vf_set1(c->lam[n - 1]);
+    for (int64_t i = 0; i < n; i += VW) {
+        const int64_t m = n - i < VW ? n - i : VW;
+        const vf l = vf_load_n(c->lam + i, m);
+        vf_store_n(c->elam + i, vf_exp(l), m);
+        vf_store_n(c->wdec + i, vf_exp(vf_sub(last, l)), m);
+    }
+}
+
+/* C rows [n,N], B transposed [N,L] and U = dt x [n,P] of the chunk. */
+static inline void chunk_gather(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
+                         chunk_bufs *c)
+{
+    const int64_t P = pl->P, N = pl->N;
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t gn = at_gn(pl, it, c0 + i);
+        memcpy(c->Cc + i * N, pl->Cp + gn, (size_t)N * sizeof(float));
+        for (int64_t k = 0; k < N; k++) c->Bt[k * pl->chunk + i] = pl->Bp[gn + k];
+        const float *x = pl->x + at_hp(pl, it, c0 + i);
+        const vf d = vf_set1(c->dtv[i]);
+        for (int64_t p = 0; p < P; p += VW) {
+            const int64_t m = P - p < VW ? P - p : VW;
+            vf_store_n(c->U + i * P + p, vf_mul(d, vf_load_n(x + p, m)), m);
+        }
+    }
+}
+
+/* M = (C B^T) o exp(lam_i - lam_j) on and below the diagonal, 0 above. */
+static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
+{
+    ls_gemm(n, n, N, c->Cc, N, 1, c->Bt, L, c->M, L, false);
+    for (int64_t i = 0; i < n; i++) {
+        float *row = c->M + i * L;
+        const vf li = vf_set1(c->lam[i]);
+        for (int64_t j = 0; j <= i; j += VW) {
+            const int64_t m = i + 1 - j < VW ? i + 1 - j : VW;
+            const vf e = vf_exp(vf_sub(li, vf_load_n(c->lam + j, m)));
+            vf_store_n(row + j, vf_mul(vf_load_n(row + j, m), e), m);
+        }
+        memset(row + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
+    }
+}
+
+#endif
