@@ -2,6 +2,7 @@
  * then the kernels of ssd_simd.c over work items (sequence, head). Each item's arithmetic is
  * the same whichever thread runs it, so results are bitwise identical for every thread
  * count. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -111,7 +112,7 @@ static const ls_tensor_desc tensors[] = {
     LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = shape_dt,
              .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
     LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = shape_heads,
-             .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-INFINITY, 0)),
+             .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
     LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,

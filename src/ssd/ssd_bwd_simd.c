@@ -84,7 +84,7 @@ static void chunk_upstream(const ssd_plan *pl, const ssd_item *it, int64_t c0, i
     const int64_t P = pl->P, L = pl->chunk;
     if (pl->z) { /* Yf = diag(exp(lam)) C S_prev + M U: y before the skip and the gate */
         memcpy(e->Yf, c->Y, (size_t)(n * P) * sizeof(float));
-        ls_gemm_scaled(n, P, n, c->M, L, 1, c->U, P, e->Yf, P, true, c->elam);
+        chunk_outputs(n, P, L, c, e->Yf);
     }
     const float *D = pl->D ? pl->D + (pl->D_per_channel ? it->h * P : it->h) : NULL;
     for (int64_t i = 0; i < n; i++) {
@@ -209,9 +209,10 @@ static void chunk_back(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
     chunk_score_grads(n, L, c, e);
 
     ls_gemm(n, N, P, e->dY, P, 1, e->Sp, N, e->dC, N, false);
-    ls_gemm_scaled(n, N, n, e->Q, L, 1, e->Bc, N, e->dC, N, true, c->elam);
+    ssd_scale_rows(e->dC, c->elam, n, N);
+    ssd_tri(e->dC, N, e->Bc, N, N, n, e->Q, L, 1, false, true);
     scale_rows(c->U, c->wdec, n, P, c->W);
-    ls_gemm(n, N, n, e->Q, 1, L, c->Cc, N, e->dB, N, false);
+    ssd_tri(e->dB, N, c->Cc, N, N, n, e->Q, 1, L, true, false);
     ls_gemm(n, N, P, c->W, P, 1, e->dSp, N, e->dB, N, true);
 
     scale_rows(e->Bc, c->wdec, n, N, e->Wb);
@@ -223,7 +224,7 @@ static void chunk_back(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
         e->dlam[j] -= term;
     }
     e->dlam[n - 1] += carried;
-    ls_gemm(n, P, n, c->M, 1, L, e->dY, P, e->dU, P, true);
+    ssd_tri(e->dU, P, e->dY, P, P, n, c->M, 1, L, true, true);
 
     scale_rows(e->dY, c->elam, n, P, e->dYs);
     for (int64_t k = 0; k < N; k++) c->nscale[k] = c->elam[n - 1];

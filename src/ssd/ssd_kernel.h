@@ -174,4 +174,61 @@ static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
     }
 }
 
+/* The product with a triangular factor, over the columns [0, cols) of Y:
+ *     Y_i (+)= sum_j coef[i*coef_r + j*coef_c] X_j,   j in [0, i] (lower) or [i, n) (upper)
+ * for the rows i in [0, n), j increasing. Only the triangle is visited: a product over the
+ * whole block with zeros in the other triangle would turn one token's NaN or Inf into
+ * 0 * NaN = NaN in the tokens that do not depend on it. */
+#define SSD_TRI_COLS 4
+static inline void ssd_tri(float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t cols,
+                           int64_t n, const float *coef, int64_t coef_r, int64_t coef_c,
+                           bool upper, bool accumulate)
+{
+    for (int64_t c0 = 0; c0 < cols; c0 += SSD_TRI_COLS * VW) {
+        const int64_t width = cols - c0 < SSD_TRI_COLS * VW ? cols - c0 : SSD_TRI_COLS * VW;
+        const int nv = (int)((width + VW - 1) / VW);
+        for (int64_t i = 0; i < n; i++) {
+            float *row = Y + i * ldy + c0;
+            const int64_t lo = upper ? i : 0, hi = upper ? n : i + 1;
+            vf acc[SSD_TRI_COLS];
+            for (int v = 0; v < nv; v++) {
+                const int64_t m = width - v * VW < VW ? width - v * VW : VW;
+                acc[v] = accumulate ? vf_load_n(row + v * VW, m) : vf_zero();
+            }
+            for (int64_t j = lo; j < hi; j++) {
+                const vf f = vf_set1(coef[i * coef_r + j * coef_c]);
+                const float *src = X + j * ldx + c0;
+                for (int v = 0; v < nv; v++) {
+                    const int64_t m = width - v * VW < VW ? width - v * VW : VW;
+                    acc[v] = vf_fmadd(f, vf_load_n(src + v * VW, m), acc[v]);
+                }
+            }
+            for (int v = 0; v < nv; v++) {
+                const int64_t m = width - v * VW < VW ? width - v * VW : VW;
+                vf_store_n(row + v * VW, acc[v], m);
+            }
+        }
+    }
+}
+
+/* rows of `cols` floats scaled in place: Y_i *= scale[i]. */
+static inline void ssd_scale_rows(float *Y, const float *scale, int64_t rows, int64_t cols)
+{
+    for (int64_t i = 0; i < rows; i++) {
+        const vf s = vf_set1(scale[i]);
+        for (int64_t p = 0; p < cols; p += VW) {
+            const int64_t m = cols - p < VW ? cols - p : VW;
+            vf_store_n(Y + i * cols + p, vf_mul(s, vf_load_n(Y + i * cols + p, m)), m);
+        }
+    }
+}
+
+/* Y = diag(exp(lam)) (C S_prev) + M U: the chunk's outputs before the skip and the gate,
+ * Y holding C S_prev on entry. */
+static inline void chunk_outputs(int64_t n, int64_t P, int64_t L, const chunk_bufs *c, float *Y)
+{
+    ssd_scale_rows(Y, c->elam, n, P);
+    ssd_tri(Y, P, c->U, P, P, n, c->M, L, 1, false, true);
+}
+
 #endif

@@ -51,7 +51,7 @@ static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
     chunk_scores(n, N, L, c);
     /* Y = diag(exp(lam)) (C St) + M U */
     ls_gemm(n, P, N, c->Cc, N, 1, c->St, P, c->Y, P, false);
-    ls_gemm_scaled(n, P, n, c->M, L, 1, c->U, P, c->Y, P, true, c->elam);
+    chunk_outputs(n, P, L, c, c->Y);
     /* St = exp(lam_{n-1}) St + B^T W */
     for (int64_t i = 0; i < n; i++) {
         const vf w = vf_set1(c->wdec[i]);
