@@ -19,6 +19,8 @@ REFJUDGE := tests/refgen/judge.py
 # A python3 with NumPy for the generator and the judges (found or made on first use).
 PYTHON_NUMPY = $$(sh scripts/python-numpy.sh build/pynumpy)
 REFDATA ?= ../shared/refdata
+# The spec's SSD (Mamba2) cases, kept apart from REFDATA; checked the same way
+REFDATA_SSD ?= ../shared/refdata-ssd
 JUDGE   ?= ../shared/tools/check_npy_dir.py
 
 VERSION := $(shell sed -n 's/^\#define LINSEQ_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)/\2/p' include/linseq.h | paste -sd. -)
@@ -149,6 +151,7 @@ test-run: all $(REFCASES)/index.json
 	@set -e; for t in $(TEST_BIN); do echo "== $$t"; $$t; done
 	@PYTHON=$(PYTHON_NUMPY) sh tests/check_refdata.sh $(CLI) $(REFCASES) $(REFJUDGE)
 	@PYTHON=$(PYTHON_NUMPY) sh tests/check_refdata.sh --skip-if-absent $(CLI) $(REFDATA) $(JUDGE)
+	@PYTHON=$(PYTHON_NUMPY) sh tests/check_refdata.sh --skip-if-absent $(CLI) $(REFDATA_SSD) $(JUDGE)
 	@sh tests/check_cli_errors.sh $(CLI) $(REFCASES)
 
 # Regenerated whenever the generator changes (NumPy float64, seconds).
@@ -185,7 +188,7 @@ test-tsan:
 # build, since a sanitizer runtime and Valgrind cannot share a process. Leaks (definite and
 # possible) and uninitialised reads fail it, with no suppression (the library's pool joins
 # its workers at exit). Needs valgrind.
-VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy test_kda_segment test_ema \
+VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy test_kda_segment test_ema test_ssd \
                   test_ssm1_segment test_ssm1_saved test_kda_bf16 test_scratch
 VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full
 .PHONY: test-valgrind

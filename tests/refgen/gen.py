@@ -35,7 +35,7 @@ ABS_FLOOR = 1e-6
 
 def options_meta(c, arrays):
     """The meta.json keys the case loader reads, plus a few that only describe the draw."""
-    sizes = {k: c[k] for k in ('B', 'T', 'H', 'HV', 'K', 'V', 'D', 'N', 'G', 'W') if k in c}
+    sizes = {k: c[k] for k in ('B', 'T', 'H', 'HV', 'K', 'V', 'D', 'N', 'G', 'W', 'P') if k in c}
     m = {'op': c['op'], 'name': c['name'], 'seed': c['seed'], **sizes}
     m.update(defs.op_def(c['op']).options(c, arrays))
     if 'cu' in c:
