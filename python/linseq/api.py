@@ -1,6 +1,8 @@
 """The public functions, with the signatures of the APIs people already call.
 
-- ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
+- ejkernel (JAX): `kda` / `kernel_delta_attention` (kernel level: (output, final_state)),
+  `kda_decay`, `state_space_v1`; ejkernel's module-level `kernel_delta_attention` (the
+  output alone) is linseq.compat.ejkernel's, over the helpers here;
 - fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
   functions linseq.compat.fla exports), `causal_conv1d`;
 - `kda_decode`: one token for many requests against a pool of states;
@@ -121,23 +123,30 @@ def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scal
 
 def kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
                            softmax_scale=None, chunk_size=64, use_qk_l2norm=True,
-                           use_chunked=True, return_state=False, platform=None, cfg=None,
-                           _framework=None):
-    """KDA with the signature of ejkernel's module-level `kernel_delta_attention`
-    (ejkernel.modules): the arguments of `kda`, initial_state the 6th positional argument,
-    and it returns the output alone unless return_state=True, then (output, final_state).
+                           use_chunked=True, _framework=None, **kwargs):
+    """KDA under its other name, with the kernel-level contract linseq has had from the
+    start: the arguments of `kda`, and it always returns (output, final_state):
 
-    platform: None or one of ejkernel's platform names, accepted and ignored (linseq runs
-    its CPU kernels); anything else is refused. cfg: ejkernel's KernelDeltaAttentionConfig
-    (or any object); as in ejkernel its chunk_size replaces the chunk_size argument, its
-    platform and backend are ignored. Unlike ejkernel's, query to initial_state may also
-    be passed by keyword.
+        output, state = kernel_delta_attention(q, k, v, beta, decay, chunk_size=16)
+
+    ejkernel's module-level function of the same name (ejkernel.modules: the output alone
+    unless return_state=True; platform, cfg) is linseq.compat.ejkernel.kernel_delta_attention;
+    its keywords are refused here with a TypeError that says so.
     """
-    _ejkernel_platform(platform)
-    out, state = _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
-                               _ejkernel_chunk_tile(chunk_size, cfg), use_qk_l2norm,
-                               use_chunked, _framework)
-    return (out, state) if return_state else out
+    for name in kwargs:
+        if name in _MODULE_LEVEL_KEYWORDS:
+            raise TypeError(
+                f"kernel_delta_attention: {name} is an argument of ejkernel.modules' "
+                "kernel_delta_attention, which is linseq.compat.ejkernel.kernel_delta_attention"
+                "; linseq.kernel_delta_attention is the kernel-level function (always "
+                "(output, final_state))")
+        raise TypeError(f"kernel_delta_attention() got an unexpected keyword argument {name!r}")
+    return kda(query, key, value, beta, decay, initial_state, softmax_scale=softmax_scale,
+               chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm, use_chunked=use_chunked,
+               _framework=_framework)
+
+
+_MODULE_LEVEL_KEYWORDS = ("return_state", "platform", "cfg")
 
 
 def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
