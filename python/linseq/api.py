@@ -14,13 +14,16 @@ framework: NumPy runs the kernels directly, PyTorch goes through torch.library c
 (linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
 XLA FFI custom calls (linseq.jax; jax.pure_callback where the handlers were not built),
 usable under jit, grad and vmap. A call is described once, as an op spec (_opspec), arrays
-and frozen options (_options); each framework's backend runs it (backend.run).
+and frozen options (_options); each framework's backend runs it (backend.run). The functions
+whose checks build ctypes structs (kda, kernel_delta_attention, kda_decode) are compilable
+(_compile_blocks): under torch.compile they run as non-strict traced blocks.
 """
 
 import numpy as np
 
 from . import _opspec
 from ._backends import backend_for
+from ._compile_blocks import compilable
 from ._fla_signatures import chunk_kda, fused_recurrent_kda
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
@@ -91,6 +94,7 @@ def _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale, 
     return backend.run(_opspec.KDA, arrays, None, opts)
 
 
+@compilable
 def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scale=None,
         chunk_size=64, use_qk_l2norm=True, use_chunked=True, _framework=None):
     """KDA (gated delta rule), the signature of ejkernel's kernel-level `kda`: always
@@ -121,6 +125,7 @@ def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scal
                          _framework)
 
 
+@compilable
 def kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
                            softmax_scale=None, chunk_size=64, use_qk_l2norm=True,
                            use_chunked=True, _framework=None, **kwargs):
@@ -165,6 +170,7 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
 # Decode
 # ------------------------------------------------------------------------------------------
 
+@compilable
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
                dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
