@@ -187,6 +187,11 @@ def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
     PyTorch; decode has no backward) they are read without a copy and o is bfloat16, the
     float32 result rounded once; the pool is float32 either way (see kda).
     """
+    if state is None:
+        raise ValueError("state: a state is required: the pool [R,HV,K,V] ([R,HV,V,K] with "
+                         "state_v_first) that each request's row is read from and written to "
+                         "(zeros for a request that starts fresh)")
+
     def token(x):
         shape = np.shape(x)
         return x if x is None or len(shape) != 3 else x[:, None]
