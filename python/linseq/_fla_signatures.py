@@ -207,9 +207,7 @@ def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_
 
 def _floating(x, name, why):
     dtype = getattr(x, "dtype", None)
-    floating = dtype is not None and (getattr(dtype, "is_floating_point", False) or (
-        not hasattr(dtype, "is_floating_point") and np.issubdtype(np.dtype(dtype), np.floating)))
-    if not floating:
+    if dtype is None or not _floating_dtype(dtype):
         raise TypeError(f"{name}: expected an array of a floating dtype ({why}), got "
                         f"{dtype if dtype is not None else type(x).__name__}")
 
@@ -412,6 +410,9 @@ def fused_gdn_gate(g, A_log, dt_bias=None, output_dtype=None):
 
 def _gate(g, A_log, dt_bias, bias_size, lower_bound, shape, output_dtype):
     framework = framework_of([g, A_log, dt_bias])
+    if output_dtype is not None and not _floating_dtype(output_dtype):
+        raise TypeError(f"output_dtype: expected None or a floating-point dtype (the gate is "
+                        f"a log decay), got {output_dtype}")
     H = np.shape(g)[2]
     A_log = _delta_rule.heads_vector(A_log, H)
     if dt_bias is not None and int(np.prod(np.shape(dt_bias))) == bias_size:
@@ -423,6 +424,18 @@ def _gate(g, A_log, dt_bias, bias_size, lower_bound, shape, output_dtype):
     if output_dtype is None:
         return out
     return out.to(output_dtype) if framework == "torch" else out.astype(output_dtype)
+
+
+def _floating_dtype(dtype):
+    """True for a real floating-point dtype of any framework (torch.float16, np.float32,
+    jnp.bfloat16, "float64"...)."""
+    if hasattr(dtype, "is_floating_point"):   # torch.dtype
+        return bool(dtype.is_floating_point)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return False
+    return dt.kind == "f" or dt.name == "bfloat16"
 
 
 # ------------------------------------------------------------------------------------------
