@@ -33,7 +33,9 @@ ARGUMENTS = {
         "fla's DeprecationWarning; both together are refused), cu_seqlens, chunk_size "
         "(16, 32, 64 or 128: linseq also takes the sizes fla refuses), beta=None (ones), "
         "per value channel beta [B,T,HV,V] and gk/gv (recurrent GDN), "
-        "return_intermediate_states (chunk_kda)"),
+        "return_intermediate_states (chunk_kda); fused_recurrent_kda_fwd's "
+        "inplace_final_state, out, ssm_state_indices ([N] or [N,S]; a negative starting row "
+        "is padding) and num_accepted_tokens"),
     "accepted, unused": (
         "safe_gate (a speed option of fla's kernel: linseq's is exact for every gate; fla's "
         "checks of lower_bound with it are kept), disable_recompute (linseq's backward keeps "
