@@ -4,6 +4,8 @@ The functions take NumPy arrays, PyTorch CPU tensors or JAX arrays and answer in
 framework; with PyTorch and JAX they are differentiable through linseq's C backward.
 
     kda / kernel_delta_attention, kda_decay, state_space_v1     ejkernel's signatures
+        (kernel level: kda and kernel_delta_attention return (output, final_state);
+        ejkernel.modules' output-only kernel_delta_attention is linseq.compat.ejkernel's)
     chunk_kda, fused_recurrent_kda, causal_conv1d               fla-core's signatures
     kda_decode                                                  one token, a pool of states
 

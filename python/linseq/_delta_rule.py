@@ -100,6 +100,25 @@ class _Frame:
             return self.xp.no_grad()
         return contextlib.nullcontext()
 
+    def zeros_like(self, x):
+        return self.xp.zeros_like(x)
+
+    def _index(self, rows):
+        if isinstance(rows, slice) or self.name != "torch":
+            return rows
+        return self.xp.from_numpy(np.ascontiguousarray(rows, dtype=np.int64))
+
+    def take(self, x, rows):
+        """x's rows (first axis) at the integer array rows, a new array."""
+        return x[self._index(rows)]
+
+    def assign(self, dest, rows, values):
+        """dest[rows] = values, in place, in dest's dtype (NumPy arrays and tensors)."""
+        if self.name == "torch":
+            dest[self._index(rows)] = values.to(dest.dtype)
+        else:
+            dest[rows] = np.asarray(values)
+
 
 def _shape_of(x, name, shapes, what):
     shape = tuple(np.shape(x))

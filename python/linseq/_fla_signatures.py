@@ -18,8 +18,9 @@ from ._backends import backend_for
 from ._compile_blocks import compilable
 from ._options import GateOptions
 
-__all__ = ["chunk_kda", "fused_recurrent_kda", "chunk_gated_delta_rule",
-           "fused_recurrent_gated_delta_rule", "chunk_gdn", "fused_recurrent_gdn",
+__all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
+           "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn",
+           "fused_recurrent_gdn",
            "fused_kda_gate", "fused_gdn_gate", "ARGUMENTS"]
 
 ARGUMENTS = {
@@ -32,7 +33,9 @@ ARGUMENTS = {
         "fla's DeprecationWarning; both together are refused), cu_seqlens, chunk_size "
         "(16, 32, 64 or 128: linseq also takes the sizes fla refuses), beta=None (ones), "
         "per value channel beta [B,T,HV,V] and gk/gv (recurrent GDN), "
-        "return_intermediate_states (chunk_kda)"),
+        "return_intermediate_states (chunk_kda); fused_recurrent_kda_fwd's "
+        "inplace_final_state, out, ssm_state_indices ([N] or [N,S]; a negative starting row "
+        "is padding) and num_accepted_tokens"),
     "accepted, unused": (
         "safe_gate (a speed option of fla's kernel: linseq's is exact for every gate; fla's "
         "checks of lower_bound with it are kept), disable_recompute (linseq's backward keeps "
@@ -130,6 +133,196 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None,
         out_like=v)
 
 
+def fused_recurrent_kda_fwd(q, k, v, g, beta, A_log=None, dt_bias=None, initial_state=None,
+                            scale=None, output_final_state=False, inplace_final_state=True,
+                            state_v_first=False, cu_seqlens=None, ssm_state_indices=None,
+                            num_accepted_tokens=None, use_qk_l2norm_in_kernel=False,
+                            use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+                            allow_neg_eigval=False, lower_bound=None, out=None, **kwargs):
+    """fla-core's `fused_recurrent_kda_fwd` (fla.ops.kda.fused_recurrent), the forward that
+    fla's fused_recurrent_kda runs and serving code calls for decode: its positional order
+    (initial_state before scale), defaults and results. Unlike fla's, differentiable (what
+    it writes in place follows torch's rules for in-place writes).
+
+    The arguments of fused_recurrent_kda, and:
+    - inplace_final_state (default True): the final state is written into initial_state
+      (required then, any floating dtype and strides) and initial_state is returned as the
+      final state; False: a new float32 state when output_final_state, else None.
+    - ssm_state_indices: continuous batching over a pool of states, initial_state
+      [R,HV,K,V] ([R,HV,V,K] with state_v_first). [N]: sequence n starts from row
+      ssm_state_indices[n]; [N,S]: from row ssm_state_indices[n, i], i = 0 or
+      num_accepted_tokens[n] - 1 (speculative decoding), and with inplace_final_state the
+      state after its token t is written to row ssm_state_indices[n, t] (with [N] only the
+      one row: sequences of one token, as in decode). Without inplace_final_state the state
+      after every token is returned, one row per token ([B*T,...]: N rows in decode). A
+      sequence whose starting row is negative is padding: its output is 0 and no row is
+      read or written (fla's kernel reads out of bounds there); a negative row for a later
+      token is not written. Rows out of range, and a row written twice by one step, are
+      refused by name, before anything is written.
+    - out: a tensor of v's shape and a floating dtype that receives the output, returned.
+    Returns (o in v's dtype (or out), final_state). NumPy arrays are written in place like
+    tensors; JAX arrays cannot be, so with JAX only inplace_final_state=False, out=None and
+    no ssm_state_indices are taken.
+    """
+    extra = _keywords("fused_recurrent_kda_fwd", kwargs, _UNUSED_KEYWORDS)
+    state_v_first = _state_layout(state_v_first, kwargs)
+    _check_common(extra.get("cp_context"), allow_neg_eigval, use_beta_sigmoid_in_kernel)
+    framework = extra.get("_framework") or framework_of(
+        [q, k, v, g, beta, initial_state, out, A_log, dt_bias])
+    if framework == "jax" and (inplace_final_state or out is not None
+                               or ssm_state_indices is not None):
+        raise TypeError("fused_recurrent_kda_fwd: JAX arrays cannot be written in place; "
+                        "pass inplace_final_state=False, out=None and no ssm_state_indices "
+                        "(or call fused_recurrent_kda / linseq.jax.kda_decode)")
+    if inplace_final_state:
+        if initial_state is None:
+            raise ValueError("initial_state: required with inplace_final_state=True (fla's "
+                             "default): the final state is written into it")
+        _floating(initial_state, "initial_state", "it receives the final state")
+    if out is not None:
+        _floating(out, "out", "it receives the output")
+        if tuple(np.shape(out)) != tuple(np.shape(v)):
+            raise ValueError(f"out: expected v's shape {list(np.shape(v))}, got "
+                             f"{list(np.shape(out))}")
+    gate = _delta_rule.kda_gate(use_gate_in_kernel, A_log, dt_bias, lower_bound)
+    options = dict(gate=gate, scale=scale, qk_l2norm=use_qk_l2norm_in_kernel,
+                   beta_logit=use_beta_sigmoid_in_kernel, neg_eigval=allow_neg_eigval,
+                   state_v_first=state_v_first)
+    frame = _delta_rule._Frame(framework)
+    if ssm_state_indices is None:
+        o, ht = _delta_rule.delta_rule(
+            "recurrent", 64, framework, q, k, v, beta, g=g, initial_state=initial_state,
+            output_final_state=bool(output_final_state or inplace_final_state),
+            cu_seqlens=cu_seqlens, out_like=v, **options)
+        if inplace_final_state:
+            frame.assign(initial_state, slice(None), ht)
+            ht = initial_state
+    else:
+        o, ht = _pool_steps(frame, q, k, v, g, beta, initial_state, output_final_state,
+                            inplace_final_state, cu_seqlens, ssm_state_indices,
+                            num_accepted_tokens, options)
+    if out is not None:
+        frame.assign(out, slice(None), o)
+        o = out
+    return o, ht
+
+
+def _floating(x, name, why):
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not _floating_dtype(dtype):
+        raise TypeError(f"{name}: expected an array of a floating dtype ({why}), got "
+                        f"{dtype if dtype is not None else type(x).__name__}")
+
+
+def _int_rows(x, name):
+    arr = np.asarray(x.cpu() if hasattr(x, "cpu") else x)
+    if arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got {arr.dtype}")
+    return arr.astype(np.int64)
+
+
+def _sequences(q, cu_seqlens):
+    """[(first token, length)] over q's B*T tokens taken as one row."""
+    B, T = tuple(np.shape(q))[:2]
+    if cu_seqlens is None:
+        return [(b * T, T) for b in range(B)]
+    cu = _int_rows(cu_seqlens, "cu_seqlens").reshape(-1)
+    if B != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != T or np.any(np.diff(cu) < 0):
+        raise ValueError(f"cu_seqlens: expected N+1 nondecreasing offsets from 0 to T = {T} "
+                         f"with B = 1, got {cu.tolist()} with B = {B}")
+    return [(int(a), int(b - a)) for a, b in zip(cu[:-1], cu[1:])]
+
+
+def _pool_steps(frame, q, k, v, g, beta, pool, output_final_state, inplace, cu_seqlens,
+                indices, accepted, options):
+    """fused_recurrent_kda_fwd with ssm_state_indices: the live sequences advance one token
+    per step, each step one recurrent call of M one-token requests from their states; the
+    rows are written once every step has run."""
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
+        shape = tuple(np.shape(x))
+        if len(shape) < 3 or shape[:2] != tuple(np.shape(q))[:2]:
+            raise ValueError(f"{name}: expected shape [B,T,...] with [B,T] = "
+                             f"{list(np.shape(q))[:2]} from q, got {list(shape)}")
+    if len(np.shape(q)) != 4 or len(np.shape(v)) != 4:
+        raise ValueError(f"q, v: expected [B,T,H,K] and [B,T,HV,V], got {list(np.shape(q))} "
+                         f"and {list(np.shape(v))}")
+    seqs = _sequences(q, cu_seqlens)
+    N, rows_of = len(seqs), _int_rows(indices, "ssm_state_indices")
+    if rows_of.ndim not in (1, 2) or rows_of.shape[0] != N:
+        raise ValueError(f"ssm_state_indices: expected [N] or [N,S] with N = {N} sequences, "
+                         f"got {list(rows_of.shape)}")
+    rows_of = rows_of.reshape(N, -1)
+    S = rows_of.shape[1]
+    first = np.zeros(N, np.int64)
+    if accepted is not None:
+        first = _int_rows(accepted, "num_accepted_tokens").reshape(-1) - 1
+        if first.shape != (N,) or np.any((first < 0) | (first >= S)):
+            raise ValueError(f"num_accepted_tokens: expected [N] = [{N}] counts in 1..{S} "
+                             f"(the columns of ssm_state_indices), got {(first + 1).tolist()}")
+    start = rows_of[np.arange(N), first]
+    R = None if pool is None else int(np.shape(pool)[0])
+    live = [n for n in range(N) if start[n] >= 0 and seqs[n][1] > 0]
+    _check_rows(start[live], R, "the starting rows", writes=False)
+    if inplace:
+        too_long = [n for n in live if seqs[n][1] > S]
+        if too_long:
+            raise ValueError(f"ssm_state_indices: [N,S] with S = {S} slots per sequence; "
+                             f"sequence {too_long[0]} has {seqs[too_long[0]][1]} tokens, and "
+                             "the state after each is written to its slot (pass [N,T])")
+    tokens = int(np.prod(np.shape(q)[:2]))
+    flat = {n: (None if x is None else x.reshape((tokens,) + tuple(np.shape(x)[2:])))
+            for n, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta))}
+    per_state = _state_shape(q, v, options)
+    state = (frame.zeros((len(live),) + per_state) if pool is None
+             else frame.f32(frame.take(pool, np.array(start[live], np.int64))))
+    pos = {n: i for i, n in enumerate(live)}
+    o = frame.zeros_like(flat["v"])
+    final = frame.zeros((tokens,) + per_state) if output_final_state and not inplace else None
+    writes = []
+    for t in range(max([seqs[n][1] for n in live], default=0)):
+        step = [n for n in live if seqs[n][1] > t]
+        at = np.array([pos[n] for n in step], np.int64)
+        tok = np.array([seqs[n][0] + t for n in step], np.int64)
+        x = {n: (None if a is None else frame.take(a, tok)[:, None]) for n, a in flat.items()}
+        o_t, h_t = _delta_rule.delta_rule(
+            "recurrent", 64, frame.name, x["q"], x["k"], x["v"], x["beta"], g=x["g"],
+            initial_state=frame.take(state, at), output_final_state=True, cu_seqlens=None,
+            out_like=v, **options)
+        frame.assign(o, tok, o_t[:, 0])
+        frame.assign(state, at, h_t)
+        if inplace:
+            slots = rows_of[step, t]
+            keep = slots >= 0
+            _check_rows(slots[keep], R, f"the rows written after token {t}", writes=True)
+            writes.append((slots[keep], frame.take(h_t, np.nonzero(keep)[0])))
+        elif final is not None:
+            frame.assign(final, tok, h_t)
+    o = o.reshape(tuple(np.shape(v)))
+    if not inplace:
+        return o, final
+    for slots, h in writes:
+        frame.assign(pool, slots, h)
+    return o, pool
+
+
+def _state_shape(q, v, options):
+    K, (HV, V) = np.shape(q)[3], np.shape(v)[2:4]
+    return (HV, V, K) if options["state_v_first"] else (HV, K, V)
+
+
+def _check_rows(rows, R, what, writes):
+    if R is None or not len(rows):
+        return
+    bad = rows[rows >= R]
+    if bad.size:
+        raise ValueError(f"ssm_state_indices: {what} include row {int(bad[0])}, out of range "
+                         f"for initial_state's {R} rows")
+    values, counts = np.unique(rows, return_counts=True)
+    if writes and np.any(counts > 1):
+        raise ValueError(f"ssm_state_indices: {what} name row {int(values[counts > 1][0])} "
+                         "twice; each sequence needs its own row")
+
+
 @compilable
 def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
                            output_final_state=False, use_qk_l2norm_in_kernel=False,
@@ -219,6 +412,9 @@ def fused_gdn_gate(g, A_log, dt_bias=None, output_dtype=None):
 
 def _gate(g, A_log, dt_bias, bias_size, lower_bound, shape, output_dtype):
     framework = framework_of([g, A_log, dt_bias])
+    if output_dtype is not None and not _floating_dtype(output_dtype):
+        raise TypeError(f"output_dtype: expected None or a floating-point dtype (the gate is "
+                        f"a log decay), got {output_dtype}")
     H = np.shape(g)[2]
     A_log = _delta_rule.heads_vector(A_log, H)
     if dt_bias is not None and int(np.prod(np.shape(dt_bias))) == bias_size:
@@ -230,6 +426,18 @@ def _gate(g, A_log, dt_bias, bias_size, lower_bound, shape, output_dtype):
     if output_dtype is None:
         return out
     return out.to(output_dtype) if framework == "torch" else out.astype(output_dtype)
+
+
+def _floating_dtype(dtype):
+    """True for a real floating-point dtype of any framework (torch.float16, np.float32,
+    jnp.bfloat16, "float64"...)."""
+    if hasattr(dtype, "is_floating_point"):   # torch.dtype
+        return bool(dtype.is_floating_point)
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        return False
+    return dt.kind == "f" or dt.name == "bfloat16"
 
 
 # ------------------------------------------------------------------------------------------

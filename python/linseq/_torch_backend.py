@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 
-from . import _lib, _torch_ops, ops
+from . import _lib, _torch_func, _torch_ops, ops
 
 
 class _LinseqOp(torch.autograd.Function):
@@ -94,6 +94,8 @@ class TorchBackend:
         train = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
                                                 for t in tensors)
         cu = index_tensor(cu_seqlens)
+        if _torch_func.wrapped(tensors + [cu]):   # under torch.func.grad / vmap
+            return _torch_func.FuncOp.apply(spec, opts, cu, *tensors)
         if _torch_ops.AVAILABLE and all(_is_tensor_or_none(t) for t in tensors + [cu]):
             return _torch_ops.OPS[spec](arrays, cu, opts, train)
         # without torch.library.custom_op (PyTorch < 2.4), or with an argument that is no

@@ -1,6 +1,8 @@
 """The public functions, with the signatures of the APIs people already call.
 
-- ejkernel (JAX): `kda` / `kernel_delta_attention`, `kda_decay`, `state_space_v1`;
+- ejkernel (JAX): `kda` / `kernel_delta_attention` (kernel level: (output, final_state)),
+  `kda_decay`, `state_space_v1`; ejkernel's module-level `kernel_delta_attention` (the
+  output alone) is linseq.compat.ejkernel's, over the helpers here;
 - fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
   functions linseq.compat.fla exports), `causal_conv1d`;
 - `kda_decode`: one token for many requests against a pool of states;
@@ -12,13 +14,16 @@ framework: NumPy runs the kernels directly, PyTorch goes through torch.library c
 (linseq.torch) so `loss.backward()` reaches the C backward, JAX through jax.custom_vjp over
 XLA FFI custom calls (linseq.jax; jax.pure_callback where the handlers were not built),
 usable under jit, grad and vmap. A call is described once, as an op spec (_opspec), arrays
-and frozen options (_options); each framework's backend runs it (backend.run).
+and frozen options (_options); each framework's backend runs it (backend.run). The functions
+whose checks build ctypes structs (kda, kernel_delta_attention, kda_decode) are compilable
+(_compile_blocks): under torch.compile they run as non-strict traced blocks.
 """
 
 import numpy as np
 
 from . import _opspec
 from ._backends import backend_for
+from ._compile_blocks import compilable
 from ._fla_signatures import chunk_kda, fused_recurrent_kda
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
@@ -89,6 +94,7 @@ def _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale, 
     return backend.run(_opspec.KDA, arrays, None, opts)
 
 
+@compilable
 def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scale=None,
         chunk_size=64, use_qk_l2norm=True, use_chunked=True, _framework=None):
     """KDA (gated delta rule), the signature of ejkernel's kernel-level `kda`: always
@@ -119,25 +125,33 @@ def kda(query, key, value, beta, decay=None, initial_state=None, *, softmax_scal
                          _framework)
 
 
+@compilable
 def kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
                            softmax_scale=None, chunk_size=64, use_qk_l2norm=True,
-                           use_chunked=True, return_state=False, platform=None, cfg=None,
-                           _framework=None):
-    """KDA with the signature of ejkernel's module-level `kernel_delta_attention`
-    (ejkernel.modules): the arguments of `kda`, initial_state the 6th positional argument,
-    and it returns the output alone unless return_state=True, then (output, final_state).
+                           use_chunked=True, _framework=None, **kwargs):
+    """KDA under its other name, with the kernel-level contract linseq has had from the
+    start: the arguments of `kda`, and it always returns (output, final_state):
 
-    platform: None or one of ejkernel's platform names, accepted and ignored (linseq runs
-    its CPU kernels); anything else is refused. cfg: ejkernel's KernelDeltaAttentionConfig
-    (or any object); as in ejkernel its chunk_size replaces the chunk_size argument, its
-    platform and backend are ignored. Unlike ejkernel's, query to initial_state may also
-    be passed by keyword.
+        output, state = kernel_delta_attention(q, k, v, beta, decay, chunk_size=16)
+
+    ejkernel's module-level function of the same name (ejkernel.modules: the output alone
+    unless return_state=True; platform, cfg) is linseq.compat.ejkernel.kernel_delta_attention;
+    its keywords are refused here with a TypeError that says so.
     """
-    _ejkernel_platform(platform)
-    out, state = _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
-                               _ejkernel_chunk_tile(chunk_size, cfg), use_qk_l2norm,
-                               use_chunked, _framework)
-    return (out, state) if return_state else out
+    for name in kwargs:
+        if name in _MODULE_LEVEL_KEYWORDS:
+            raise TypeError(
+                f"kernel_delta_attention: {name} is an argument of ejkernel.modules' "
+                "kernel_delta_attention, which is linseq.compat.ejkernel.kernel_delta_attention"
+                "; linseq.kernel_delta_attention is the kernel-level function (always "
+                "(output, final_state))")
+        raise TypeError(f"kernel_delta_attention() got an unexpected keyword argument {name!r}")
+    return kda(query, key, value, beta, decay, initial_state, softmax_scale=softmax_scale,
+               chunk_size=chunk_size, use_qk_l2norm=use_qk_l2norm, use_chunked=use_chunked,
+               _framework=_framework)
+
+
+_MODULE_LEVEL_KEYWORDS = ("return_state", "platform", "cfg")
 
 
 def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
@@ -156,6 +170,7 @@ def kda_decay(gate, A_log, dt_bias, *, lower_bound=None, _framework=None):
 # Decode
 # ------------------------------------------------------------------------------------------
 
+@compilable
 def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
                use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, A_log=None,
                dt_bias=None, lower_bound=None, use_beta_sigmoid_in_kernel=False,
@@ -172,6 +187,11 @@ def kda_decode(q, k, v, g, beta, state, state_indices=None, *, scale=None,
     PyTorch; decode has no backward) they are read without a copy and o is bfloat16, the
     float32 result rounded once; the pool is float32 either way (see kda).
     """
+    if state is None:
+        raise ValueError("state: a state is required: the pool [R,HV,K,V] ([R,HV,V,K] with "
+                         "state_v_first) that each request's row is read from and written to "
+                         "(zeros for a request that starts fresh)")
+
     def token(x):
         shape = np.shape(x)
         return x if x is None or len(shape) != 3 else x[:, None]

@@ -62,7 +62,7 @@ def test_signatures_are_ejkernels():
         ("chunk_size", KW, 64), ("use_qk_l2norm", KW, True), ("use_chunked", KW, True),
         ("return_state", KW, False), ("platform", KW, None), ("cfg", KW, None)]
     assert ejkernel.kda_attention is ejkernel.kernel_delta_attention
-    assert linseq.kernel_delta_attention is ejkernel.kernel_delta_attention
+    assert linseq.kernel_delta_attention is not ejkernel.kernel_delta_attention  # kernel level
     kda = dict((n, d) for n, _, d in _params(ejkernel.kda))
     assert kda == dict(query=E, key=E, value=E, beta=E, decay=None, initial_state=None,
                        softmax_scale=None, chunk_size=64, use_qk_l2norm=True,

@@ -348,6 +348,9 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     states [N, dim, width-1] have the rows of the sequences ending on this rank.
     """
     act = _activation(activation)
+    if isinstance(final_states_out, torch.Tensor) and not final_states_out.is_floating_point():
+        raise TypeError(f"final_states_out: expected a floating-point tensor (it receives the "
+                        f"final states), got {final_states_out.dtype}")
     if cp_context is not None:
         return _context_parallel_conv(cp_context, x, weight, bias, seq_idx, initial_states,
                                       return_final_states, final_states_out, act)

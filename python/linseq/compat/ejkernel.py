@@ -5,6 +5,10 @@ and JAX they are differentiable).
     from ejkernel.modules import kernel_delta_attention, state_space_v1
     ->  from linseq.compat.ejkernel import kernel_delta_attention, state_space_v1
 
+Only this module's kernel_delta_attention follows ejkernel.modules (the output alone):
+linseq.kernel_delta_attention (and linseq.torch's and linseq.jax's) keeps the kernel-level
+contract, (output, final_state), as `kda` here.
+
 Module level (ejkernel.modules / ejkernel.modules.operations):
     kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
         softmax_scale=None, chunk_size=64, use_qk_l2norm=True, use_chunked=True,
@@ -41,7 +45,33 @@ What differs from ejkernel, every difference a superset:
   output and state in hidden_states' dtype; kda_decay float32.
 """
 
-from ..api import kda, kda_decay, kernel_delta_attention, state_space_v1
+from .._compile_blocks import compilable
+from ..api import (_ejkernel_chunk_tile, _ejkernel_kda, _ejkernel_platform, kda, kda_decay,
+                   state_space_v1)
+
+
+@compilable
+def kernel_delta_attention(query, key, value, beta, decay=None, initial_state=None, *,
+                           softmax_scale=None, chunk_size=64, use_qk_l2norm=True,
+                           use_chunked=True, return_state=False, platform=None, cfg=None,
+                           _framework=None):
+    """KDA with the signature of ejkernel's module-level `kernel_delta_attention`
+    (ejkernel.modules): the arguments of `kda`, initial_state the 6th positional argument,
+    and it returns the output alone unless return_state=True, then (output, final_state).
+    (linseq.kernel_delta_attention, the kernel-level name, always returns the pair.)
+
+    platform: None or one of ejkernel's platform names, accepted and ignored (linseq runs
+    its CPU kernels); anything else is refused. cfg: ejkernel's KernelDeltaAttentionConfig
+    (or any object); as in ejkernel its chunk_size replaces the chunk_size argument, its
+    platform and backend are ignored. Unlike ejkernel's, query to initial_state may also
+    be passed by keyword.
+    """
+    _ejkernel_platform(platform)
+    out, state = _ejkernel_kda(query, key, value, beta, decay, initial_state, softmax_scale,
+                               _ejkernel_chunk_tile(chunk_size, cfg), use_qk_l2norm,
+                               use_chunked, _framework)
+    return (out, state) if return_state else out
+
 
 kda_attention = kernel_delta_attention
 

@@ -5,7 +5,9 @@
 
 replaces `from fla.ops.kda import ...` and `from fla.ops.gated_delta_rule import ...`
 (and fused_kda_gate, fused_gdn_gate replace the gate helpers of fla.ops.kda.gate and
-fla.ops.gated_delta_rule.gate, on linseq's gate op):
+fla.ops.gated_delta_rule.gate, on linseq's gate op; fused_recurrent_kda_fwd is the forward of
+fla.ops.kda.fused_recurrent that serving code calls for decode, with its state pool
+(ssm_state_indices, num_accepted_tokens) and in-place final state):
 same positional order, defaults and keyword arguments, same return values (the output in
 q's dtype from the chunked functions and in v's dtype from the recurrent ones, the final
 state float32), on CPU tensors (NumPy and JAX arrays work too). Unlike fla's, the recurrent
@@ -22,8 +24,10 @@ linseq._delta_rule.
 
 from .._fla_signatures import (ARGUMENTS, chunk_gated_delta_rule, chunk_gdn, chunk_kda,
                                fused_gdn_gate, fused_kda_gate, fused_recurrent_gated_delta_rule,
-                               fused_recurrent_gdn, fused_recurrent_kda)
+                               fused_recurrent_gdn, fused_recurrent_kda,
+                               fused_recurrent_kda_fwd)
 
-__all__ = ["chunk_kda", "fused_recurrent_kda", "chunk_gated_delta_rule",
-           "fused_recurrent_gated_delta_rule", "chunk_gdn", "fused_recurrent_gdn",
+__all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
+           "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn",
+           "fused_recurrent_gdn",
            "fused_kda_gate", "fused_gdn_gate", "ARGUMENTS"]

@@ -190,8 +190,9 @@ def kda_chunk_step(q, k, v, beta_broadcast, g_cumsum, g_last, state_in):
     q (C, dk) normalised and scaled; k (C, dk) normalised; v (C, dv); beta_broadcast the
     per-token write gate, (C, dk) repeated along each row (or (C, 1), (C,)); g_cumsum
     (C, dk) the running sum over the chunk's tokens of the per-channel log decay (row t
-    holds g_0 + ... + g_t); g_last (dk,) or (1, dk), its last row (checked against it);
-    state_in (dk, dv) (None: zeros).
+    holds g_0 + ... + g_t); g_last its last row, as the package passes it, g_cumsum[-1:, :]
+    broadcast to (C, dk) (every row the same), or (1, dk) or (dk,) (checked against
+    g_cumsum); state_in (dk, dv) (None: zeros).
 
     Computed exactly: each token's decay is recovered as the difference of consecutive rows
     of g_cumsum and the chunk runs linseq's exact per-channel algorithm. (The package's
@@ -209,17 +210,20 @@ def kda_chunk_step(q, k, v, beta_broadcast, g_cumsum, g_last, state_in):
 def _check_g_last(g_cumsum, g_last):
     if len(g_cumsum.shape) < 2:
         raise ValueError(f"g_cumsum: expected shape (..., C, dk), got {tuple(g_cumsum.shape)}")
-    lead, dk = tuple(g_cumsum.shape[:-2]), g_cumsum.shape[-1]
-    if tuple(g_last.shape) not in ((*lead, dk), (*lead, 1, dk)):
-        raise ValueError(f"g_last: expected shape (..., dk) or (..., 1, dk) with (...) = "
-                         f"{lead} and dk = {dk}, got {tuple(g_last.shape)}")
-    if g_cumsum.shape[-2] == 0:
+    lead, C, dk = tuple(g_cumsum.shape[:-2]), g_cumsum.shape[-2], g_cumsum.shape[-1]
+    shape = tuple(g_last.shape)
+    if shape not in ((*lead, C, dk), (*lead, 1, dk), (*lead, dk)):
+        raise ValueError(f"g_last: expected shape (..., C, dk) (the last row of g_cumsum "
+                         f"broadcast to every row), (..., 1, dk) or (..., dk) with (...) = "
+                         f"{lead}, C = {C} and dk = {dk}, got {shape}")
+    if C == 0:
         return
-    last = as_f32(g_cumsum, "g_cumsum")[..., -1, :].astype(np.float64)
-    given = as_f32(g_last, "g_last").reshape(last.shape).astype(np.float64)
+    last = as_f32(g_cumsum, "g_cumsum")[..., -1:, :].astype(np.float64)
+    given = as_f32(g_last, "g_last").astype(np.float64)
+    given = given.reshape((*lead, 1, dk)) if shape == (*lead, dk) else given
     if not np.all(np.abs(given - last) <= 1e-5 * np.maximum(1.0, np.abs(last))):
-        raise ValueError("g_last: must equal the last row of g_cumsum (the chunk's total log "
-                         "decay per channel)")
+        raise ValueError("g_last: every row must equal the last row of g_cumsum (the "
+                         "chunk's total log decay per channel)")
 
 
 def _token_decay(g_cumsum):

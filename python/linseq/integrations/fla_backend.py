@@ -13,7 +13,7 @@ meta tensors, fla's own context parallelism) is declined and reaches fla's kerne
 The dispatched entry points fla-core 0.6 has, and what takes them here:
 
     fla.ops.kda.chunk_kda                           (its own registry)   chunk_kda
-    fla.ops.kda.fused_recurrent_kda -> fused_recurrent_kda_fwd  ('kda')  fused_recurrent_kda
+    fla.ops.kda.fused_recurrent_kda -> fused_recurrent_kda_fwd  ('kda')  fused_recurrent_kda_fwd
     fla.ops.kda.gate.fused_kda_gate                 ('kda')              fused_kda_gate
     fla.ops.gated_delta_rule.chunk_gated_delta_rule ('gated_delta_rule') chunk_gated_delta_rule
 
@@ -79,33 +79,12 @@ def _make_backend_class():
             return compat.chunk_kda(*args, **kwargs)
 
         # -- fused_recurrent_kda (its forward, which fla dispatches) ----------------------
-        def fused_recurrent_kda_fwd_verifier(self, *args, ssm_state_indices=None,
-                                             num_accepted_tokens=None, **kwargs):
-            if ssm_state_indices is not None or num_accepted_tokens is not None:
-                return False, "ssm_state_indices / num_accepted_tokens (a state pool)"
+        def fused_recurrent_kda_fwd_verifier(self, *args, **kwargs):
             return _on_cpu(args, kwargs)
 
-        def fused_recurrent_kda_fwd(self, q, k, v, g, beta, A_log=None, dt_bias=None,
-                                    initial_state=None, scale=None, output_final_state=False,
-                                    inplace_final_state=True, out=None,
-                                    ssm_state_indices=None, num_accepted_tokens=None,
-                                    **kwargs):
+        def fused_recurrent_kda_fwd(self, *args, **kwargs):
             calls["fused_recurrent_kda"] += 1
-            if inplace_final_state and initial_state is None:
-                raise ValueError("initial_state: required with inplace_final_state=True (the "
-                                 "final state is written into it)")
-            o, final_state = compat.fused_recurrent_kda(
-                q, k, v, g, beta, A_log=A_log, dt_bias=dt_bias, scale=scale,
-                initial_state=initial_state,
-                output_final_state=output_final_state or inplace_final_state, **kwargs)
-            if inplace_final_state:
-                # fla's contract: the final state is written over initial_state
-                initial_state.copy_(final_state)
-                final_state = initial_state
-            if out is not None:
-                out.copy_(o)
-                o = out
-            return o, final_state
+            return compat.fused_recurrent_kda_fwd(*args, **kwargs)
 
         # -- fused_kda_gate -----------------------------------------------------------------
         def fused_kda_gate_verifier(self, *args, **kwargs):

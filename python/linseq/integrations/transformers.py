@@ -229,7 +229,15 @@ ROUTES = {
 
 _resolved = {}       # (module, name) -> transformers' function, as found before any rebinding
 _linseq_fns = {}     # (module, name) -> the routed function installed by "linseq"
-_before_enable = {}  # (module, name) -> what enable() replaced
+
+# What decides the function a module global holds, so that enable(), disable() and routing()
+# blocks compose in any order: the innermost open routing() block that covers it, else
+# "linseq" while enabled, else the function from outside linseq (transformers' choice, or
+# whatever another library put there), which is what disable() and a block's exit put back.
+_outside = {}        # (module, name) -> the function found there that linseq did not install
+_installed = {}      # (module, name) -> the function linseq last installed there
+_enabled = {}        # (module, name) -> adapter, while enable() is in effect
+_blocks = []         # the open routing() blocks, outermost first: [kind, routes]
 
 
 def _tensors(args, kwargs):
@@ -305,32 +313,47 @@ def _function_for(kind, key, adapter):
     return _linseq_fns[key]
 
 
-def _install(kind, routes):
-    if kind not in ("linseq", "torch"):
-        raise ValueError(f"kind: expected 'linseq' or 'torch', got {kind!r}")
-    for key, adapter in routes.items():
-        setattr(importlib.import_module(key[0]), key[1], _function_for(kind, key, adapter))
+def _adopt(key):
+    """Records the module's current function as the outside one, unless linseq put it there
+    (a function someone else installed since is adopted too)."""
+    current = getattr(importlib.import_module(key[0]), key[1])
+    if key not in _installed or current is not _installed[key]:
+        _outside[key] = current
+
+
+def _apply(key, adapter):
+    """Installs the function that the open blocks and enable() decide for key."""
+    kind = next((k for k, routes in reversed(_blocks) if key in routes), None)
+    if kind is None and key in _enabled:
+        kind = "linseq"
+    fn = _outside[key] if kind is None else _function_for(kind, key, adapter)
+    setattr(importlib.import_module(key[0]), key[1], fn)
+    _installed[key] = fn
 
 
 def enable():
     """Route every supported transformers kernel function to linseq (idempotent). Imports
     the model modules of ROUTES that the installed transformers has; a missing one is
-    skipped (logged at debug level). Returns the "module.function" names routed."""
+    skipped (logged at debug level). Returns the "module.function" names routed. Inside a
+    routing() block the block's choice holds until it exits; linseq's routes hold from then
+    on, until disable()."""
     routes = _available()
-    for key in routes:
-        current = getattr(importlib.import_module(key[0]), key[1])
-        if current is not _linseq_fns.get(key):
-            _before_enable.setdefault(key, current)
-    _install("linseq", routes)
+    for key, adapter in routes.items():
+        _adopt(key)
+        _enabled[key] = adapter
+        _apply(key, adapter)
     return tuple(".".join(key) for key in routes)
 
 
 def disable():
-    """Put back what enable() replaced. Returns the "module.function" names restored."""
-    restored = tuple(".".join(key) for key in _before_enable)
-    for (module_name, name), fn in _before_enable.items():
-        setattr(importlib.import_module(module_name), name, fn)
-    _before_enable.clear()
+    """Put back what enable() replaced (inside a routing() block: once the block exits).
+    Returns the "module.function" names restored."""
+    restored = tuple(".".join(key) for key in _enabled)
+    enabled = list(_enabled.items())
+    _enabled.clear()
+    for key, adapter in enabled:
+        _adopt(key)
+        _apply(key, adapter)
     return restored
 
 
@@ -338,14 +361,22 @@ def disable():
 def routing(kind):
     """Within the block, the supported functions are linseq's ("linseq", as enable()) or
     transformers' own PyTorch functions ("torch", also where fla or mamba-ssm are installed:
-    the reference for tests and benchmarks); on exit what was there before is restored."""
+    the reference for tests and benchmarks), whatever enable() or disable() do inside it; on
+    exit the enclosing block's choice, else enable()'s, else the outside functions, hold
+    again. Blocks nest."""
     if kind not in ("linseq", "torch"):
         raise ValueError(f"kind: expected 'linseq' or 'torch', got {kind!r}")
     routes = _available()
-    saved = {key: getattr(importlib.import_module(key[0]), key[1]) for key in routes}
+    for key in routes:
+        _adopt(key)
+    block = [kind, routes]
+    _blocks.append(block)
     try:
-        _install(kind, routes)
+        for key, adapter in routes.items():
+            _apply(key, adapter)
         yield tuple(".".join(key) for key in routes)
     finally:
-        for (module_name, name), fn in saved.items():
-            setattr(importlib.import_module(module_name), name, fn)
+        _blocks[:] = [b for b in _blocks if b is not block]
+        for key, adapter in routes.items():
+            _adopt(key)
+            _apply(key, adapter)
