@@ -100,8 +100,9 @@ LINSEQ_API const char *linseq_isa(void);
 
 /* Every op's structs and tensors as JSON, for bindings in other languages: the size, field
  * names, types and offsets of linseq_exec and of each op's problem and grads structs, the
- * accepted option values, and each tensor's role, shape (in the header's letters) and
- * gradient. A static string (NULL only when memory ran out on the first call). */
+ * accepted option values, which calls it has (backward, training, decode) and whether
+ * exec's mode and chunk size apply ("modes"), and each tensor's role, shape (in the header's
+ * letters) and gradient. A static string (NULL only when memory ran out on the first call). */
 LINSEQ_API const char *linseq_op_table_json(void);
 
 /* The shape the op named op_name ("kda", "kda_gate", "ssm1", "causal_conv1d": the table's

@@ -137,6 +137,8 @@ static void check_json_offers(const ls_op *op, const cJSON *jop)
     CHECK(cJSON_IsBool(item(jop, "training")) &&
               cJSON_IsTrue(item(jop, "training")) == (op->forward_train != NULL),
           "%s: JSON training", op->name);
+    CHECK(cJSON_IsBool(item(jop, "modes")) && cJSON_IsTrue(item(jop, "modes")) == op->has_modes,
+          "%s: JSON modes", op->name);
     CHECK(cJSON_IsNull(decode) == !op->decode, "%s: JSON decode", op->name);
     if (op->decode && cJSON_IsObject(decode))
         CHECK(strcmp(cJSON_GetStringValue(item(decode, "state")), op->decode_state) == 0 &&

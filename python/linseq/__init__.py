@@ -17,10 +17,10 @@ from . import ops
 from ._arrays import data_pointer
 from ._lib import LinseqError, get_num_threads, isa, set_num_threads, version
 from .api import (causal_conv1d, chunk_kda, fused_recurrent_kda, kda, kda_decay, kda_decode,
-                  kernel_delta_attention, state_space_v1)
+                  kernel_delta_attention, run, state_space_v1)
 
 __version__ = version()
 
 __all__ = ["kda", "kernel_delta_attention", "kda_decay", "chunk_kda", "fused_recurrent_kda",
-           "kda_decode", "state_space_v1", "causal_conv1d", "ops", "LinseqError",
+           "kda_decode", "state_space_v1", "causal_conv1d", "run", "ops", "LinseqError",
            "set_num_threads", "get_num_threads", "isa", "version", "data_pointer"]

@@ -176,11 +176,81 @@ CONV1D = _spec("causal_conv1d", ConvOptions, _conv_out_shapes, _conv_forward,
                _conv_backward)
 
 
-SPECS = {spec.table: spec for spec in (KDA, KDA_GATE, SSM1, CONV1D)}
+# Any other op of the table --------------------------------------------------------------------
+
+def _table_options(desc):
+    """A frozen options class for an op from its table entry: each option by its key (a bool;
+    a float32 as Optional[float], None for the struct's default; an enum as its value's name,
+    None for the default), and mode and chunk_size where exec's modes apply."""
+    name, modes = desc["name"], bool(desc.get("modes"))
+    kinds = {"bool": (bool, False), "enum": (Optional[str], None)}
+    fields = [(o["key"], *kinds.get(o["type"], (Optional[float], None)))
+              for o in desc["options"]]
+    if modes:
+        fields += [("mode", str, "chunked"), ("chunk_size", int, 64)]
+    keys = [o["key"] for o in desc["options"]]
+
+    def __post_init__(self):
+        ops.make_exec(**self.exec_settings())
+
+    def inputs(self, arrays, cu_seqlens, bf16=False):
+        return ops.TableInputs(name, arrays, cu_seqlens,
+                               options={k: getattr(self, k) for k in keys})
+
+    def exec_settings(self):
+        return {"mode": self.mode, "chunk_size": self.chunk_size} if modes else {}
+
+    def table_options(self):
+        return {k: getattr(self, k) for k in keys}
+
+    title = "".join(part.capitalize() for part in name.split("_"))
+    return dataclasses.make_dataclass(
+        f"{title}Options", [(n, t, dataclasses.field(default=d)) for n, t, d in fields],
+        frozen=True, namespace={"__post_init__": __post_init__, "inputs": inputs,
+                                "exec_settings": exec_settings, "table_options": table_options,
+                                "__module__": __name__})
+
+
+_EMPTY = (0,)  # an output the op does not write under these options
+
+
+def generic(desc):
+    """The spec of any op of the table from its description alone (no Python written for
+    it): its inputs by the table's names, options from _table_options, forward and backward
+    through linseq_op_forward / _backward. An output the options leave out comes back empty."""
+    name = desc["name"]
+    outputs = [t["name"] for t in desc["tensors"] if t["role"] == "output"]
+    grad_of_output = {t["grad_of"]: t["name"] for t in desc["tensors"] if t["role"] == "upstream"}
+
+    def out_shapes(shapes, n_seqs, opts):
+        s = ops.shapes_of(name, shapes, n_seqs, **opts.table_options())
+        return [s[o] or _EMPTY for o in outputs]
+
+    def forward(inputs, opts, train):
+        outs = ops.table_forward(inputs, ops.make_exec(**opts.exec_settings()))
+        return [np.zeros(_EMPTY, np.float32) if o is None else o for o in outs], None
+
+    def backward(inputs, opts, upstream, saved, wanted):
+        given = {}
+        for out, up in zip(outputs, upstream):
+            if out in grad_of_output:
+                shape = inputs.shapes[out]
+                first = out == outputs[0]  # the first output's gradient is required
+                given[grad_of_output[out]] = (_zeros_if_none(up, shape) if first
+                                              else None if up is None or not up.size else up)
+        return ops.table_backward(inputs, ops.make_exec(**opts.exec_settings()), given, wanted)
+
+    return from_table(desc, _table_options(desc), out_shapes, forward, backward)
+
+
+_OWN = (KDA, KDA_GATE, SSM1, CONV1D)
+SPECS = {spec.table: spec for spec in _OWN}
+SPECS.update({d["name"]: generic(d) for d in _lib.op_table["ops"] if d["name"] not in SPECS})
 
 
 def by_name(op):
-    """The spec of an op by its table name ("kda", "kda_gate", "ssm1", "causal_conv1d")."""
+    """The spec of an op by its table name (every op of the library's table: "kda", "ssm1",
+    "ssd", ...)."""
     spec = SPECS.get(op)
     if spec is None:
         raise ValueError(f"op: expected one of {sorted(SPECS)}, got {op!r}")

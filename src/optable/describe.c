@@ -178,8 +178,9 @@ static void put_op(text *t, const ls_op *op)
     } else {
         put(t, "null");
     }
-    put(t, ",\"backward\":%s,\"training\":%s,\"decode\":", op->backward ? "true" : "false",
-        op->forward_train ? "true" : "false");
+    put(t, ",\"backward\":%s,\"training\":%s,\"modes\":%s,\"decode\":",
+        op->backward ? "true" : "false", op->forward_train ? "true" : "false",
+        op->has_modes ? "true" : "false");
     if (op->decode)
         put(t, "{\"state\":\"%s\",\"state_out\":\"%s\"}", op->decode_state, op->decode_state_out);
     else

@@ -73,11 +73,7 @@ def _problem(op, arrays, sizes, options, cu_seqlens=None):
     problem = _lib.problem_class(op)()
     for name, n in _sizes(desc, arrays, sizes or {}).items():
         setattr(problem, name, n)
-    by_key = {o["key"]: o for o in desc["options"]}
-    for key, value in options.items():
-        if key not in by_key:
-            raise ValueError(f"{key}: not an option of {op} (its options: {sorted(by_key)})")
-        setattr(problem, by_key[key]["field"], _option_value(by_key[key], value))
+    _set_options(problem, desc, options)
     for name, arr in arrays.items():
         setattr(problem, inputs[name]["field"], pointer(arr))
     if cu_seqlens is not None:
@@ -96,6 +92,89 @@ def _problem(op, arrays, sizes, options, cu_seqlens=None):
     return problem, shapes, arrays
 
 
+class _ShapeOnly:
+    """A stand-in with an array's shape and no data: what the sizes are read from."""
+
+    def __init__(self, shape):
+        self.shape, self.ndim = tuple(int(n) for n in shape), len(shape)
+
+
+_PRESENT = (ctypes.c_float * 1)()  # a non-NULL pointer for a tensor given as a shape only
+
+
+def shapes_of(op, shapes, n_seqs=None, sizes=None, **options):
+    """Every tensor's shape of op (a _lib.Shapes) from its inputs' shapes alone ({name: tuple
+    or None}): what a fake tensor or a tracer gives. n_seqs: the number of packed sequences
+    when cu_seqlens is given."""
+    desc = _lib.op_desc(op)
+    given = {n: _ShapeOnly(s) for n, s in shapes.items() if s is not None}
+    problem = _lib.problem_class(op)()
+    for name, n in _sizes(desc, given, sizes or {}).items():
+        setattr(problem, name, n)
+    _set_options(problem, desc, options)
+    for t in desc["tensors"]:
+        if t["role"] == "input" and t["name"] in given:
+            setattr(problem, t["field"], ctypes.cast(_PRESENT, ctypes.c_void_p))
+    if n_seqs is not None:
+        problem.cu_seqlens = ctypes.cast(_PRESENT, ctypes.c_void_p)
+        problem.n_seqs = n_seqs
+    return _lib.Shapes(op, problem)
+
+
+def _set_options(problem, desc, options):
+    by_key = {o["key"]: o for o in desc["options"]}
+    for key, value in options.items():
+        if key not in by_key:
+            raise ValueError(f"{key}: not an option of {desc['name']} (its options: "
+                             f"{sorted(by_key)})")
+        if value is not None:
+            setattr(problem, by_key[key]["field"], _option_value(by_key[key], value))
+
+
+class TableInputs:
+    """The problem of any op of the table over NumPy arrays (by the table's input names; None
+    or missing: absent), from its description alone: the inputs object of the generic front
+    end (_opspec.generic), as ops.KdaInputs is KDA's. problem and shapes as the library sees
+    them; the arrays are kept alive with it."""
+
+    def __init__(self, op, arrays, cu_seqlens=None, sizes=None, options=None):
+        given = {n: a for n, a in arrays.items() if a is not None}
+        self.op = op
+        self.problem, self.shapes, self._kept = _problem(op, given, sizes, options or {},
+                                                         cu_seqlens)
+
+
+def forward_of(inputs, ex):
+    """The forward over a TableInputs: its outputs in the table's order (None where absent)."""
+    outs, ptrs = _outputs(inputs.op, inputs.shapes)
+    _lib.check(_lib.lib.linseq_op_forward(inputs.op.encode(), ctypes.byref(inputs.problem),
+                                          ctypes.byref(ex), ptrs))
+    return outs
+
+
+def backward_of(inputs, ex, upstream, wanted=None):
+    """The backward over a TableInputs: upstream {name: array or None}; {gradient name: array}
+    for the gradients in `wanted` (None: all) that exist under the problem."""
+    op = inputs.op
+    ups = _lib.op_tensors(op, "upstream")
+    unknown = set(upstream) - {t["name"] for t in ups}
+    if unknown:
+        raise ValueError(f"upstream: {op} takes {[t['name'] for t in ups]}, got {sorted(unknown)}")
+    up_arrays = [None if upstream.get(t["name"]) is None
+                 else as_f32(upstream[t["name"]], t["name"]) for t in ups]
+    up_ptrs = (ctypes.c_void_p * max(len(ups), 1))(*[pointer(a) for a in up_arrays])
+    grads = _lib.grads_class(op)()
+    out = {}
+    for t in _lib.op_tensors(op, "grad"):
+        if inputs.shapes[t["name"]] is not None and (wanted is None or t["name"] in wanted):
+            out[t["name"]] = np.empty(inputs.shapes[t["name"]], np.float32)
+            setattr(grads, t["field"], pointer(out[t["name"]]))
+    _lib.check(_lib.lib.linseq_op_backward(op.encode(), ctypes.byref(inputs.problem),
+                                           ctypes.byref(ex), up_ptrs, ctypes.byref(grads)))
+    del up_arrays
+    return out
+
+
 def _outputs(op, shapes, skip=None):
     outs = [None if t["name"] == skip or shapes[t["name"]] is None
             else np.empty(shapes[t["name"]], np.float32)
@@ -107,13 +186,8 @@ def run(op, arrays, sizes=None, *, cu_seqlens=None, threads=0, **options):
     """The forward of op (its table name) on float32 arrays: a tuple of its outputs in the
     table's order (None for one that does not exist with these options). cu_seqlens: packed
     sequences in one row (B = 1), where the table gives the op "varlen"."""
-    problem, shapes, kept = _problem(op, arrays, sizes, options, cu_seqlens)
-    outs, ptrs = _outputs(op, shapes)
-    ex = make_exec(mode="default", threads=threads)
-    _lib.check(_lib.lib.linseq_op_forward(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
-                                          ptrs))
-    del kept
-    return tuple(outs)
+    inputs = TableInputs(op, arrays, cu_seqlens, sizes, options)
+    return tuple(forward_of(inputs, make_exec(mode="default", threads=threads)))
 
 
 def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **options):
@@ -147,25 +221,7 @@ def backward(op, arrays, upstream, sizes=None, *, cu_seqlens=None, threads=0, **
     """The backward of op on float32 arrays: `upstream` maps its upstream tensors' names
     (d_y, ...) to arrays (absent: NULL); returns {gradient name: array} for every gradient
     the table gives it under this problem."""
-    desc = _lib.op_desc(op)
-    if not _lib.has_backward(desc):
+    if not _lib.has_backward(_lib.op_desc(op)):
         raise ValueError(f"{op}: the library's table gives it no backward")
-    problem, shapes, kept = _problem(op, arrays, sizes, options, cu_seqlens)
-    ups = _lib.op_tensors(op, "upstream")
-    unknown = set(upstream) - {t["name"] for t in ups}
-    if unknown:
-        raise ValueError(f"upstream: {op} takes {[t['name'] for t in ups]}, got {sorted(unknown)}")
-    up_arrays = [None if upstream.get(t["name"]) is None
-                 else as_f32(upstream[t["name"]], t["name"]) for t in ups]
-    up_ptrs = (ctypes.c_void_p * max(len(ups), 1))(*[pointer(a) for a in up_arrays])
-    grads = _lib.grads_class(op)()
-    out = {}
-    for t in _lib.op_tensors(op, "grad"):
-        if shapes[t["name"]] is not None:
-            out[t["name"]] = np.empty(shapes[t["name"]], np.float32)
-            setattr(grads, t["field"], pointer(out[t["name"]]))
-    ex = make_exec(mode="default", threads=threads)
-    _lib.check(_lib.lib.linseq_op_backward(op.encode(), ctypes.byref(problem), ctypes.byref(ex),
-                                           up_ptrs, ctypes.byref(grads)))
-    del kept, up_arrays
-    return out
+    inputs = TableInputs(op, arrays, cu_seqlens, sizes, options)
+    return backward_of(inputs, make_exec(mode="default", threads=threads), upstream)
