@@ -145,7 +145,9 @@ def as_f32_strided(value, name, ndims, what):
     """`value` as a float32 NumPy array the kernels can read through element strides, and
     those strides: the caller's memory itself (no copy) when it already is float32 with
     non-negative strides that are whole elements and a 4-byte aligned pointer (a transposed
-    or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy.
+    or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy. A
+    fully broadcast array (read_as_dense) is copied too: the kernels would read its all-zero
+    strides as dense.
     ndims: the accepted ranks; what describes them in the error message."""
     arr = _to_numpy(value, name)
     if not _is_real(arr):
@@ -157,9 +159,21 @@ def as_f32_strided(value, name, ndims, what):
                          f"{list(arr.shape)}")
     itemsize = np.dtype(np.float32).itemsize
     if (arr.dtype != np.float32 or arr.ctypes.data % itemsize
-            or any(s < 0 or s % itemsize for s in arr.strides)):
+            or any(s < 0 or s % itemsize for s in arr.strides)
+            or read_as_dense(arr.shape, arr.strides)):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
     return arr, tuple(s // itemsize for s in arr.strides)
+
+
+def read_as_dense(shape, strides):
+    """Whether the kernels would misread an array of this shape and these strides (bytes or
+    elements: only zero matters) if they were passed on: the C API reads element strides
+    that are all zero as "dense", so an array whose every dimension of size > 1 has stride
+    0 (one value repeated: a broadcast scalar, np.broadcast_to, torch's expand) must be
+    materialised first. A zero stride beside a non-zero one is a broadcast the library
+    reads as such (linseq_strides). O(ndim): no pass over the data."""
+    repeated = [s for n, s in zip(shape, strides) if n > 1]
+    return bool(repeated) and not any(repeated)
 
 
 def as_f32_ndim(value, name, ndims, what):

@@ -28,6 +28,7 @@ import ctypes
 import torch
 
 from . import _lib, ops
+from ._arrays import read_as_dense
 
 _EXEC = ops.make_exec()  # read-only in the library (const linseq_exec *): one for all calls
 _F32 = torch.float32
@@ -51,8 +52,10 @@ def direct_call(*tensors):
 
 
 def _f32(t):
-    """Whether an optional tensor is a float32 CPU tensor with an aligned data pointer."""
-    return t is None or (t.dtype is _F32 and t.is_cpu and t.data_ptr() % _ELEMENT == 0)
+    """Whether an optional tensor is a float32 CPU tensor with an aligned data pointer and
+    strides the kernels read as they are (not a fully broadcast one: read_as_dense)."""
+    return t is None or (t.dtype is _F32 and t.is_cpu and t.data_ptr() % _ELEMENT == 0
+                         and not read_as_dense(t.shape, t.stride()))
 
 
 def _f32_dense(t, shape):
