@@ -303,3 +303,37 @@ def test_fla_functions_read_views_as_their_values():
             views, given, dense = _torch_views(shapes, rng)
             _same(fn(**given, output_final_state=True), fn(**dense, output_final_state=True),
                   f"{fn.__name__} ({_describe(views)})")
+
+
+@pytest.mark.parametrize("name", ["x", "dt", "z", "B", "C"])
+def test_selective_state_update_fast_path_reads_a_broadcast_input(name):
+    """The common decode call (dense float32 tensors but one) goes straight to the kernel
+    (_torch_direct): a scalar expanded to [b, d] or [b, N] there gives the bits of its copy."""
+    torch = require("torch")
+    from linseq.compat.mamba_ssm import selective_state_update
+    g = torch.Generator().manual_seed(1)
+    args = dict(x=torch.randn(b, d, generator=g), dt=torch.rand(b, d, generator=g),
+                A=-torch.rand(d, n, generator=g), B=torch.randn(b, n, generator=g),
+                C=torch.randn(b, n, generator=g), D=torch.randn(d, generator=g),
+                z=torch.randn(b, d, generator=g), dt_bias=torch.randn(d, generator=g))
+    args[name] = torch.tensor(0.3).expand(args[name].shape)
+    state = torch.randn(b, d, n, generator=g)
+    pool = state.clone()
+    y = selective_state_update(state, **args, dt_softplus=True)
+    args[name] = args[name].contiguous()
+    want = selective_state_update(pool, **args, dt_softplus=True)
+    _same((y, state), (want, pool), f"selective_state_update, {name} expanded")
+
+
+@pytest.mark.parametrize("seqlen", [None, 1, 3])
+def test_causal_conv1d_update_fast_path_reads_a_broadcast_x(seqlen):
+    torch = require("torch")
+    from linseq.compat.causal_conv1d import causal_conv1d_update
+    g = torch.Generator().manual_seed(2)
+    weight, bias = torch.randn(d, 4, generator=g), torch.randn(d, generator=g)
+    state = torch.randn(b, d, 5, generator=g)
+    pool = state.clone()
+    x = torch.tensor(0.7).expand((b, d) if seqlen is None else (b, d, seqlen))
+    y = causal_conv1d_update(x, state, weight, bias, "silu")
+    want = causal_conv1d_update(x.contiguous(), pool, weight, bias, "silu")
+    _same((y, state), (want, pool), "causal_conv1d_update, x expanded")
