@@ -36,6 +36,27 @@ def framework_of(values):
     return "numpy"
 
 
+def check_one_device(named):
+    """Refuses a call whose PyTorch tensors are on more than one device, naming the first
+    argument that differs from the first tensor's device: named is (argument name, value)
+    pairs; anything that is no tensor (None, NumPy arrays, numbers) is skipped. Made before
+    dispatch: torch.library sends a call with a meta tensor among CPU ones to the op's fake
+    implementation, which returns uninitialised CPU memory and writes no pool. A call with
+    all its tensors on one device passes (all on meta: shapes only). O(arguments)."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    tensors = [(n, v) for n, v in named if isinstance(v, torch.Tensor)]
+    if all(v.is_cpu for _, v in tensors):
+        return
+    first_name, first = tensors[0]
+    for name, value in tensors[1:]:
+        if value.device != first.device:
+            raise ValueError(f"{name}: a tensor on {value.device}, while {first_name} is on "
+                             f"{first.device}; all tensors of a call must be on one device "
+                             "(linseq computes on the CPU)")
+
+
 def _to_numpy(value, name):
     if isinstance(value, np.ndarray):
         return value

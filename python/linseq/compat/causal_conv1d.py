@@ -31,6 +31,7 @@ read inside the op) included.
 import torch
 
 from .. import _torch_direct, _torch_ops, ops
+from .._arrays import check_one_device
 from .._opspec import CONV1D
 from .._options import ConvOptions
 from .._torch_backend import TorchBackend
@@ -348,6 +349,9 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     states [N, dim, width-1] have the rows of the sequences ending on this rank.
     """
     act = _activation(activation)
+    check_one_device(dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx,
+                          initial_states=initial_states,
+                          final_states_out=final_states_out).items())
     if isinstance(final_states_out, torch.Tensor) and not final_states_out.is_floating_point():
         raise TypeError(f"final_states_out: expected a floating-point tensor (it receives the "
                         f"final states), got {final_states_out.dtype}")
@@ -445,6 +449,9 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     out in x's shape and dtype. No autograd (as in causal-conv1d).
     """
     act = _activation(activation)
+    check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                          cache_seqlens=cache_seqlens,
+                          conv_state_indices=conv_state_indices).items())
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
         raise ValueError(f"x: expected a torch.Tensor [batch, dim] or [batch, dim, seqlen], "
                          f"got {list(getattr(x, 'shape', [type(x).__name__]))}")
