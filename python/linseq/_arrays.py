@@ -197,6 +197,30 @@ def read_as_dense(shape, strides):
     return bool(repeated) and not any(repeated)
 
 
+def check_pool(pool, name):
+    """Refuses a state pool updated in place whose elements share memory (ValueError naming
+    it): a row stride of 0 (torch's expand, np.broadcast_to: every request would read and
+    write the one row, and the last write would win) or rows, or elements of a row, that
+    overlap. pool: a NumPy array or PyTorch tensor. O(ndim): the dimensions of size > 1
+    sorted by stride, each stride must step over everything the smaller ones span (a
+    dense, sliced or transposed pool passes). Anything else is returned as it is."""
+    if isinstance(pool, np.ndarray):
+        strides, unit = pool.strides, pool.itemsize
+    elif hasattr(pool, "stride"):
+        strides, unit = tuple(pool.stride()), 1
+    else:
+        return pool  # not an array: refused by the caller's own type check
+    span = unit
+    for step, n in sorted((abs(s), n) for n, s in zip(pool.shape, strides) if n > 1):
+        if step < span:
+            raise ValueError(f"{name}: a pool whose rows share memory (shape "
+                             f"{list(pool.shape)}, strides {list(strides)}: an expanded or "
+                             "overlapping view); each row is updated in place and needs "
+                             "memory of its own (pass a .clone() / .copy())")
+        span = step * (n - 1) + span
+    return pool
+
+
 def as_f32_ndim(value, name, ndims, what):
     """as_f32 with a rank check only (ndims: the accepted ranks), for the array that fixes
     the sizes of a problem."""

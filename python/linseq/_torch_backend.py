@@ -21,7 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _lib, _torch_func, _torch_ops, ops
-from ._arrays import check_one_device
+from ._arrays import check_one_device, check_pool
 
 
 class _LinseqOp(torch.autograd.Function):
@@ -117,6 +117,7 @@ class TorchBackend:
         check_one_device([(_PUBLIC.get(n, n), t) for n, t in arrays.items()]
                          + [("state", state), ("state_indices", rows)])
         if inplace:
+            check_pool(state, "state")
             if state.dtype != torch.float32 or not state.is_contiguous() or state.is_cuda:
                 raise TypeError("state: inplace=True needs a C-contiguous float32 CPU tensor "
                                 f"(got {state.dtype}, contiguous={state.is_contiguous()}); "

@@ -31,7 +31,7 @@ read inside the op) included.
 import torch
 
 from .. import _torch_direct, _torch_ops, ops
-from .._arrays import check_one_device
+from .._arrays import check_one_device, check_pool
 from .._opspec import CONV1D
 from .._options import ConvOptions
 from .._torch_backend import TorchBackend
@@ -460,7 +460,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     batch, dim, _ = x3.shape
     weight = _weight(weight, dim)
     width = weight.shape[1]
-    conv_state = _tensor(conv_state, "conv_state", 3, "[entries, dim, state_len]")
+    conv_state = check_pool(_tensor(conv_state, "conv_state", 3, "[entries, dim, state_len]"),
+                            "conv_state")
     if conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
         raise ValueError(f"conv_state: expected shape [entries, dim, state_len] with dim = "
                          f"{dim} and state_len >= width-1 = {width - 1}, got "

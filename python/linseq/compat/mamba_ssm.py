@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _torch_direct, _torch_ops, ops
-from .._arrays import check_one_device
+from .._arrays import check_one_device, check_pool
 from .._opspec import SSM1
 from .._options import Ssm1Options
 from .._torch_backend import TorchBackend
@@ -297,7 +297,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     """
     check_one_device(dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
                           state_batch_indices=state_batch_indices).items())
-    state = _real_tensor(state, "state")
+    state = check_pool(_real_tensor(state, "state"), "state")
     if state.dim() == 3 and state_batch_indices is None:
         y = _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
         if y is not None:

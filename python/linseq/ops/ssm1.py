@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 
 from .. import _lib
-from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, ptr
+from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, check_pool, ptr
 from ._common import (activation_code, check_inputs, forward_train, grads, make_exec,
                       optional, outputs, sequences, strides, upstream)
 
@@ -184,6 +184,7 @@ def ssm1_decode(inputs, state, state_rows=None, *, threads=0):
         raise ValueError(f"hidden_states: decode takes one token per request, got T = {inputs.T}")
     if inputs.h0 is not None or inputs.cu_seqlens is not None:
         raise ValueError("initial_state, cu_seqlens: decode reads the state pool instead")
+    check_pool(state, "state")
     if not (isinstance(state, np.ndarray) and state.dtype == np.float32
             and state.flags.c_contiguous and state.flags.writeable):
         raise TypeError("state: in-place decode needs a writable C-contiguous float32 array")
