@@ -36,18 +36,20 @@ def framework_of(values):
     return "numpy"
 
 
-def check_one_device(named):
+def check_one_device(named, rename=None):
     """Refuses a call whose PyTorch tensors are on more than one device, naming the first
-    argument that differs from the first tensor's device: named is (argument name, value)
-    pairs; anything that is no tensor (None, NumPy arrays, numbers) is skipped. Made before
-    dispatch: torch.library sends a call with a meta tensor among CPU ones to the op's fake
-    implementation, which returns uninitialised CPU memory and writes no pool. A call with
-    all its tensors on one device passes (all on meta: shapes only). O(arguments)."""
+    argument that differs from the first tensor's device: named maps argument names to
+    values (rename: {name: the name to show}); anything that is no tensor (None, NumPy
+    arrays, numbers) is skipped. Made before dispatch: torch.library sends a call with a
+    meta tensor among CPU ones to the op's fake implementation, which returns uninitialised
+    CPU memory and writes no pool. A call with all its tensors on one device passes (all on
+    meta: shapes only). O(arguments)."""
+    if all(getattr(v, "is_cpu", True) for v in named.values()):
+        return  # the common call: every tensor on the CPU (anything else has no is_cpu)
     torch = sys.modules.get("torch")
-    if torch is None:
-        return
-    tensors = [(n, v) for n, v in named if isinstance(v, torch.Tensor)]
-    if all(v.is_cpu for _, v in tensors):
+    tensors = [((rename or {}).get(n, n), v) for n, v in named.items()
+               if torch is not None and isinstance(v, torch.Tensor)]
+    if not tensors:
         return
     first_name, first = tensors[0]
     for name, value in tensors[1:]:
@@ -205,8 +207,12 @@ def check_pool(pool, name):
     sorted by stride, each stride must step over everything the smaller ones span (a
     dense, sliced or transposed pool passes). Anything else is returned as it is."""
     if isinstance(pool, np.ndarray):
+        if pool.flags.c_contiguous:
+            return pool
         strides, unit = pool.strides, pool.itemsize
     elif hasattr(pool, "stride"):
+        if pool.is_contiguous():
+            return pool
         strides, unit = tuple(pool.stride()), 1
     else:
         return pool  # not an array: refused by the caller's own type check

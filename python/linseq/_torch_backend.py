@@ -99,8 +99,7 @@ class TorchBackend:
         train = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
                                                 for t in tensors)
         cu = index_tensor(cu_seqlens)
-        check_one_device([(_PUBLIC.get(n, n), t) for n, t in arrays.items()]
-                         + [("cu_seqlens", cu)])
+        check_one_device(dict(arrays, cu_seqlens=cu), _PUBLIC)
         if _torch_func.wrapped(tensors + [cu]):   # under torch.func.grad / vmap
             return _torch_func.FuncOp.apply(spec, opts, cu, *tensors)
         if _torch_ops.AVAILABLE and all(_is_tensor_or_none(t) for t in tensors + [cu]):
@@ -114,8 +113,7 @@ class TorchBackend:
         if not isinstance(state, torch.Tensor):
             state = torch.as_tensor(np.asarray(state))
         rows = index_tensor(state_rows)
-        check_one_device([(_PUBLIC.get(n, n), t) for n, t in arrays.items()]
-                         + [("state", state), ("state_indices", rows)])
+        check_one_device(dict(arrays, state=state, state_indices=rows), _PUBLIC)
         if inplace:
             check_pool(state, "state")
             if state.dtype != torch.float32 or not state.is_contiguous() or state.is_cuda:

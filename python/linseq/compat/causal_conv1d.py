@@ -351,7 +351,7 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     act = _activation(activation)
     check_one_device(dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx,
                           initial_states=initial_states,
-                          final_states_out=final_states_out).items())
+                          final_states_out=final_states_out))
     if isinstance(final_states_out, torch.Tensor) and not final_states_out.is_floating_point():
         raise TypeError(f"final_states_out: expected a floating-point tensor (it receives the "
                         f"final states), got {final_states_out.dtype}")
@@ -449,9 +449,6 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     out in x's shape and dtype. No autograd (as in causal-conv1d).
     """
     act = _activation(activation)
-    check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
-                          cache_seqlens=cache_seqlens,
-                          conv_state_indices=conv_state_indices).items())
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
         raise ValueError(f"x: expected a torch.Tensor [batch, dim] or [batch, dim, seqlen], "
                          f"got {list(getattr(x, 'shape', [type(x).__name__]))}")
@@ -476,8 +473,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _conv_decode if _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens,
-                                                       rows) else _CONV_DECODE
+    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
+    if not direct:  # (plain CPU tensors all: on one device)
+        check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                              cache_seqlens=seqlens, conv_state_indices=rows))
+    update = _conv_decode if direct else _CONV_DECODE
     with torch.no_grad():
         out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out

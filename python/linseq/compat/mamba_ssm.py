@@ -185,7 +185,7 @@ def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus, toke
     """selective_scan_fn's checks and work: (y [b, d, l] float32, dense, or with token_major
     a dense [b, l, d] tensor's transposed view; last state [b, d, N])."""
     check_one_device(dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z,
-                          delta_bias=delta_bias).items())
+                          delta_bias=delta_bias))
     u, delta, A = _real_tensor(u, "u"), _real_tensor(delta, "delta"), _real_tensor(A, "A")
     if u.dim() != 3:
         raise ValueError(f"u: expected [batch, dim, seqlen], got {list(u.shape)}")
@@ -295,13 +295,14 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     out = (C . state + D x) * silu(z). Returns out [batch, (nheads,) dim] in x's dtype.
     No autograd (as in mamba-ssm).
     """
-    check_one_device(dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
-                          state_batch_indices=state_batch_indices).items())
-    state = check_pool(_real_tensor(state, "state"), "state")
+    state = _real_tensor(state, "state")
     if state.dim() == 3 and state_batch_indices is None:
         y = _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
-        if y is not None:
+        if y is not None:  # plain CPU tensors and a dense pool: nothing more to check
             return y
+    check_one_device(dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                          state_batch_indices=state_batch_indices))
+    check_pool(state, "state")
     if state.dim() not in (3, 4):
         raise ValueError(f"state: expected [batch, dim, dstate] or [batch, nheads, dim, "
                          f"dstate], got {list(state.shape)}")
