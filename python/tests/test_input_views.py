@@ -160,21 +160,24 @@ RUN_CASES = {
 }
 
 
-@pytest.mark.parametrize("framework", ["numpy", "torch"])
+@pytest.mark.parametrize("framework", ["numpy", "torch", "jax"])
 @pytest.mark.parametrize("case", sorted(RUN_CASES))
 def test_front_end_run_reads_views_as_their_values(case, framework):
-    if framework == "torch":
-        require("torch")
+    """NumPy views, PyTorch views over the same memory, and NumPy views handed to the JAX
+    backend (which takes them into JAX arrays)."""
+    if framework != "numpy":
+        require(framework)
     shapes, options = RUN_CASES[case]
     op = case.split()[0]
     rng = np.random.default_rng(2000 + sorted(RUN_CASES).index(case))
-    for _ in range(TRIALS):
+    for _ in range(TRIALS if framework != "jax" else 3):
         views = _draw(shapes, rng)
-        if framework == "numpy":
-            given, dense = {n: v.numpy() for n, v in views.items()}, _dense_numpy(views)
-        else:
+        if framework == "torch":
             given, dense = {n: v.torch() for n, v in views.items()}, _dense_torch(views)
-        _same(api.run(op, given, **options), api.run(op, dense, **options),
+        else:
+            given, dense = {n: v.numpy() for n, v in views.items()}, _dense_numpy(views)
+        _same(api.run(op, given, _framework=framework, **options),
+              api.run(op, dense, _framework=framework, **options),
               f"{case}, {framework} ({_describe(views)})")
 
 
