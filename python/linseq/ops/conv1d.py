@@ -16,7 +16,8 @@ class Conv1dInputs:
     [D,1,W] as nn.Conv1d stores it); bias [D]; conv_state [N_seq,D,W-1], oldest input first.
 
     x is read where it lies: a float32 view with non-negative strides (a transposed tensor,
-    a slice of xBC) reaches the kernels as the caller's memory (problem.x is its pointer); y,
+    a slice of xBC) reaches the kernels as the caller's memory (problem.x is its pointer),
+    but one value broadcast over every dimension, which is copied once (read_as_dense); y,
     d_y and dx are dense in the problem's layout."""
 
     def __init__(self, x, weight, bias=None, *, conv_state=None, cu_seqlens=None,

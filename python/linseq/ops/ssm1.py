@@ -66,8 +66,9 @@ class Ssm1Inputs:
 
     The per-token inputs (x, dt, gate, B_proj, C_proj) are read where they lie: a float32 view
     with any non-negative strides (a transposed tensor, one half of xz, a broadcast) reaches
-    the kernels as the caller's memory with its strides, without a copy; other dtypes or
-    negative strides are converted once. The arrays the kernels read are this object's x, dt,
+    the kernels as the caller's memory with its strides, without a copy; other dtypes,
+    negative strides and one value broadcast over every dimension (whose all-zero strides
+    would read as dense: read_as_dense) are converted once. The arrays the kernels read are this object's x, dt,
     gate, B_proj and C_proj (their pointers are problem.x, ...)."""
 
     def __init__(self, x, dt, A, B_proj, C_proj, D_skip=None, *, gate=None, h0=None,
