@@ -200,18 +200,18 @@ def test_state_space_v1_and_causal_conv1d_read_views_as_their_values(framework):
 
 def test_fully_broadcast_input_reads_its_one_value():
     """The reported call: x a single float repeated [4, 4096, 1024] by zero strides. Before,
-    the kernel read 16M floats of a one-float buffer (SIGSEGV); in a child process, so that
-    a crash fails this test instead of ending the run."""
+    the library took x for 16M dense floats of a one-float buffer: a SIGSEGV, or (where the
+    output was allocated inside that span) a spurious "output 'hT' overlaps input 'x'". In a
+    child process, so that a crash fails this test instead of ending the run."""
     code = """
 import numpy as np, linseq
 buf = np.full(16, 0.5, np.float32)
 x = np.lib.stride_tricks.as_strided(buf[-1:], (4, 4096, 1024), (0, 0, 0))
-dt = np.broadcast_to(np.float32(0.01), (4, 4096, 1024))
+dt = np.broadcast_to(np.full((1, 1, 1024), 0.01, np.float32), x.shape)  # read as it is
 A = -np.ones((1024, 1), np.float32)
 B = np.ones((4, 4096, 1), np.float32)
 y, h, _ = linseq.state_space_v1(x, A, B, B, None, dt)
-want, hw, _ = linseq.state_space_v1(np.ascontiguousarray(x), A, B, B, None,
-                                     np.ascontiguousarray(dt))
+want, hw, _ = linseq.state_space_v1(np.ascontiguousarray(x), A, B, B, None, dt)
 assert np.array_equal(y, want) and np.array_equal(h, hw)
 print("same")
 """
