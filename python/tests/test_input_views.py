@@ -122,6 +122,8 @@ TABLE_CASES = {
     "causal_conv1d": (dict(x=(B, T, D), weight=(D, W), bias=(D,), conv_state=(B, D, W - 1)),
                       dict(activation="silu")),
     "ema": (dict(x=(B, T, D), a=(D,), h0=(B, D)), {}),
+    "ssd": (dict(x=(B, T, H, K), dt=(B, T, H), A=(H,), B=(B, T, 1, N), C=(B, T, 1, N),
+                 D=(H,), z=(B, T, H, K), h0=(B, H, K, N), dt_bias=(H,)), dict(dt_softplus=True)),
 }
 
 
