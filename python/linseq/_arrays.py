@@ -36,6 +36,29 @@ def framework_of(values):
     return "numpy"
 
 
+def check_one_device(named, rename=None):
+    """Refuses a call whose PyTorch tensors are on more than one device, naming the first
+    argument that differs from the first tensor's device: named maps argument names to
+    values (rename: {name: the name to show}); anything that is no tensor (None, NumPy
+    arrays, numbers) is skipped. Made before dispatch: torch.library sends a call with a
+    meta tensor among CPU ones to the op's fake implementation, which returns uninitialised
+    CPU memory and writes no pool. A call with all its tensors on one device passes (all on
+    meta: shapes only). O(arguments)."""
+    if all(getattr(v, "is_cpu", True) for v in named.values()):
+        return  # the common call: every tensor on the CPU (anything else has no is_cpu)
+    torch = sys.modules.get("torch")
+    tensors = [((rename or {}).get(n, n), v) for n, v in named.items()
+               if torch is not None and isinstance(v, torch.Tensor)]
+    if not tensors:
+        return
+    first_name, first = tensors[0]
+    for name, value in tensors[1:]:
+        if value.device != first.device:
+            raise ValueError(f"{name}: a tensor on {value.device}, while {first_name} is on "
+                             f"{first.device}; all tensors of a call must be on one device "
+                             "(linseq computes on the CPU)")
+
+
 def _to_numpy(value, name):
     if isinstance(value, np.ndarray):
         return value
@@ -145,7 +168,9 @@ def as_f32_strided(value, name, ndims, what):
     """`value` as a float32 NumPy array the kernels can read through element strides, and
     those strides: the caller's memory itself (no copy) when it already is float32 with
     non-negative strides that are whole elements and a 4-byte aligned pointer (a transposed
-    or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy.
+    or sliced view, a broadcast with zero strides), else one C-contiguous float32 copy. A
+    fully broadcast array (read_as_dense) is copied too: the kernels would read its all-zero
+    strides as dense.
     ndims: the accepted ranks; what describes them in the error message."""
     arr = _to_numpy(value, name)
     if not _is_real(arr):
@@ -157,9 +182,49 @@ def as_f32_strided(value, name, ndims, what):
                          f"{list(arr.shape)}")
     itemsize = np.dtype(np.float32).itemsize
     if (arr.dtype != np.float32 or arr.ctypes.data % itemsize
-            or any(s < 0 or s % itemsize for s in arr.strides)):
+            or any(s < 0 or s % itemsize for s in arr.strides)
+            or read_as_dense(arr.shape, arr.strides)):
         arr = np.ascontiguousarray(arr, dtype=np.float32)
     return arr, tuple(s // itemsize for s in arr.strides)
+
+
+def read_as_dense(shape, strides):
+    """Whether the kernels would misread an array of this shape and these strides (bytes or
+    elements: only zero matters) if they were passed on: the C API reads element strides
+    that are all zero as "dense", so an array whose every dimension of size > 1 has stride
+    0 (one value repeated: a broadcast scalar, np.broadcast_to, torch's expand) must be
+    materialised first. A zero stride beside a non-zero one is a broadcast the library
+    reads as such (linseq_strides). O(ndim): no pass over the data."""
+    repeated = [s for n, s in zip(shape, strides) if n > 1]
+    return bool(repeated) and not any(repeated)
+
+
+def check_pool(pool, name):
+    """Refuses a state pool updated in place whose elements share memory (ValueError naming
+    it): a row stride of 0 (torch's expand, np.broadcast_to: every request would read and
+    write the one row, and the last write would win) or rows, or elements of a row, that
+    overlap. pool: a NumPy array or PyTorch tensor. O(ndim): the dimensions of size > 1
+    sorted by stride, each stride must step over everything the smaller ones span (a
+    dense, sliced or transposed pool passes). Anything else is returned as it is."""
+    if isinstance(pool, np.ndarray):
+        if pool.flags.c_contiguous:
+            return pool
+        strides, unit = pool.strides, pool.itemsize
+    elif hasattr(pool, "stride"):
+        if pool.is_contiguous():
+            return pool
+        strides, unit = tuple(pool.stride()), 1
+    else:
+        return pool  # not an array: refused by the caller's own type check
+    span = unit
+    for step, n in sorted((abs(s), n) for n, s in zip(pool.shape, strides) if n > 1):
+        if step < span:
+            raise ValueError(f"{name}: a pool whose rows share memory (shape "
+                             f"{list(pool.shape)}, strides {list(strides)}: an expanded or "
+                             "overlapping view); each row is updated in place and needs "
+                             "memory of its own (pass a .clone() / .copy())")
+        span = step * (n - 1) + span
+    return pool
 
 
 def as_f32_ndim(value, name, ndims, what):

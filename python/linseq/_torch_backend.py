@@ -21,6 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from . import _lib, _torch_func, _torch_ops, ops
+from ._arrays import check_one_device, check_pool
 
 
 class _LinseqOp(torch.autograd.Function):
@@ -55,6 +56,10 @@ class _LinseqOp(torch.autograd.Function):
         for name, need in zip(spec.arrays, needs):
             out.append(torch.from_numpy(grads[spec.grad_of[name]]) if need else None)
         return tuple(out)
+
+
+# the specs' array names as the public functions call them, where they differ
+_PUBLIC = {"h0": "initial_state"}
 
 
 def _is_tensor_or_none(value):
@@ -94,6 +99,7 @@ class TorchBackend:
         train = torch.is_grad_enabled() and any(getattr(t, "requires_grad", False)
                                                 for t in tensors)
         cu = index_tensor(cu_seqlens)
+        check_one_device(dict(arrays, cu_seqlens=cu), _PUBLIC)
         if _torch_func.wrapped(tensors + [cu]):   # under torch.func.grad / vmap
             return _torch_func.FuncOp.apply(spec, opts, cu, *tensors)
         if _torch_ops.AVAILABLE and all(_is_tensor_or_none(t) for t in tensors + [cu]):
@@ -106,13 +112,15 @@ class TorchBackend:
     def kda_decode(arrays, state, state_rows, opts, inplace):
         if not isinstance(state, torch.Tensor):
             state = torch.as_tensor(np.asarray(state))
+        rows = index_tensor(state_rows)
+        check_one_device(dict(arrays, state=state, state_indices=rows), _PUBLIC)
         if inplace:
+            check_pool(state, "state")
             if state.dtype != torch.float32 or not state.is_contiguous() or state.is_cuda:
                 raise TypeError("state: inplace=True needs a C-contiguous float32 CPU tensor "
                                 f"(got {state.dtype}, contiguous={state.is_contiguous()}); "
                                 "pass inplace=False for a new pool")
             _check_inplace(state)
-        rows = index_tensor(state_rows)
         if (_torch_ops.AVAILABLE and state.is_floating_point() and state.device.type == "cpu"
                 and all(_is_tensor_or_none(t) for t in list(arrays.values()) + [rows])):
             pool = state if inplace else _new_pool(state)

@@ -28,6 +28,7 @@ import ctypes
 import torch
 
 from . import _lib, ops
+from ._arrays import read_as_dense
 
 _EXEC = ops.make_exec()  # read-only in the library (const linseq_exec *): one for all calls
 _F32 = torch.float32
@@ -53,6 +54,14 @@ def direct_call(*tensors):
 def _f32(t):
     """Whether an optional tensor is a float32 CPU tensor with an aligned data pointer."""
     return t is None or (t.dtype is _F32 and t.is_cpu and t.data_ptr() % _ELEMENT == 0)
+
+
+def _f32_view(t):
+    """_f32, for a tensor passed with its strides: not a fully broadcast one, whose all-zero
+    strides the kernels would read as dense (read_as_dense; tested only when the tensor is
+    not contiguous, which is cheaper to ask)."""
+    return t is None or (t.dtype is _F32 and t.is_cpu and t.data_ptr() % _ELEMENT == 0
+                         and (t.is_contiguous() or not read_as_dense(t.shape, t.stride())))
 
 
 def _f32_dense(t, shape):
@@ -95,8 +104,9 @@ def ssm1_decode(pool, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     if (min(b, d, N, R) < 1 or H * P != d or (gb != gc and min(gb, gc) != 1) or d % G
             or not (_f32_dense(pool, pool.shape) and _f32_dense(A, (d, N))
                     and _f32_dense(D, (d,)) and _f32_dense(dt_bias, (d,))
-                    and all(_f32(t) and t.shape == (b, d) for t in (x, dt, z) if t is not None)
-                    and all(_f32(t) and t.shape == (b, t.shape[1], N) for t in (B, C))
+                    and all(_f32_view(t) and t.shape == (b, d) for t in (x, dt, z)
+                            if t is not None)
+                    and all(_f32_view(t) and t.shape == (b, t.shape[1], N) for t in (B, C))
                     and _rows(rows, b))):
         return None
     if dt_bias is not None and not dt_softplus:
@@ -132,7 +142,7 @@ def conv1d_decode(x, pool, weight, bias, activation, cache_seqlens, rows):
     R, _, state_len = pool.shape
     W = weight.shape[1]
     if (min(b, d, l, R, W, state_len) < 1 or state_len < W - 1
-            or not (_f32(x) and _f32_dense(pool, (R, d, state_len))
+            or not (_f32_view(x) and _f32_dense(pool, (R, d, state_len))
                     and _f32_dense(weight, (d, W)) and _f32_dense(bias, (d,))
                     and _rows(rows, b)
                     and (cache_seqlens is None or _rows(cache_seqlens, b)))):

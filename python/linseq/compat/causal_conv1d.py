@@ -31,6 +31,7 @@ read inside the op) included.
 import torch
 
 from .. import _torch_direct, _torch_ops, ops
+from .._arrays import check_one_device, check_pool
 from .._opspec import CONV1D
 from .._options import ConvOptions
 from .._torch_backend import TorchBackend
@@ -348,6 +349,9 @@ def causal_conv1d_fn(x, weight, bias=None, seq_idx=None, initial_states=None,
     states [N, dim, width-1] have the rows of the sequences ending on this rank.
     """
     act = _activation(activation)
+    check_one_device(dict(x=x, weight=weight, bias=bias, seq_idx=seq_idx,
+                          initial_states=initial_states,
+                          final_states_out=final_states_out))
     if isinstance(final_states_out, torch.Tensor) and not final_states_out.is_floating_point():
         raise TypeError(f"final_states_out: expected a floating-point tensor (it receives the "
                         f"final states), got {final_states_out.dtype}")
@@ -453,7 +457,8 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     batch, dim, _ = x3.shape
     weight = _weight(weight, dim)
     width = weight.shape[1]
-    conv_state = _tensor(conv_state, "conv_state", 3, "[entries, dim, state_len]")
+    conv_state = check_pool(_tensor(conv_state, "conv_state", 3, "[entries, dim, state_len]"),
+                            "conv_state")
     if conv_state.shape[1] != dim or conv_state.shape[2] < width - 1:
         raise ValueError(f"conv_state: expected shape [entries, dim, state_len] with dim = "
                          f"{dim} and state_len >= width-1 = {width - 1}, got "
@@ -468,8 +473,11 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _conv_decode if _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens,
-                                                       rows) else _CONV_DECODE
+    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
+    if not direct:  # (plain CPU tensors all: on one device)
+        check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
+                              cache_seqlens=seqlens, conv_state_indices=rows))
+    update = _conv_decode if direct else _CONV_DECODE
     with torch.no_grad():
         out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out

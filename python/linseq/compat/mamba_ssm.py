@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from .. import _torch_direct, _torch_ops, ops
+from .._arrays import check_one_device, check_pool
 from .._opspec import SSM1
 from .._options import Ssm1Options
 from .._torch_backend import TorchBackend
@@ -183,6 +184,8 @@ def _groups(P, name, batch, dim, dstate, seqlen):
 def _scan_mamba_layout(u, delta, A, B, C, D, z, delta_bias, delta_softplus, token_major=False):
     """selective_scan_fn's checks and work: (y [b, d, l] float32, dense, or with token_major
     a dense [b, l, d] tensor's transposed view; last state [b, d, N])."""
+    check_one_device(dict(u=u, delta=delta, A=A, B=B, C=C, D=D, z=z,
+                          delta_bias=delta_bias))
     u, delta, A = _real_tensor(u, "u"), _real_tensor(delta, "delta"), _real_tensor(A, "A")
     if u.dim() != 3:
         raise ValueError(f"u: expected [batch, dim, seqlen], got {list(u.shape)}")
@@ -295,8 +298,11 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     state = _real_tensor(state, "state")
     if state.dim() == 3 and state_batch_indices is None:
         y = _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
-        if y is not None:
+        if y is not None:  # plain CPU tensors and a dense pool: nothing more to check
             return y
+    check_one_device(dict(state=state, x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, dt_bias=dt_bias,
+                          state_batch_indices=state_batch_indices))
+    check_pool(state, "state")
     if state.dim() not in (3, 4):
         raise ValueError(f"state: expected [batch, dim, dstate] or [batch, nheads, dim, "
                          f"dstate], got {list(state.shape)}")

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 
 from .. import _lib
-from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, ptr
+from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, check_pool, ptr
 from ._common import (activation_code, check_inputs, grads, make_exec, optional, outputs,
                       pointer, sequences, strides, upstream)
 
@@ -16,7 +16,8 @@ class Conv1dInputs:
     [D,1,W] as nn.Conv1d stores it); bias [D]; conv_state [N_seq,D,W-1], oldest input first.
 
     x is read where it lies: a float32 view with non-negative strides (a transposed tensor,
-    a slice of xBC) reaches the kernels as the caller's memory (problem.x is its pointer); y,
+    a slice of xBC) reaches the kernels as the caller's memory (problem.x is its pointer),
+    but one value broadcast over every dimension, which is copied once (read_as_dense); y,
     d_y and dx are dense in the problem's layout."""
 
     def __init__(self, x, weight, bias=None, *, conv_state=None, cu_seqlens=None,
@@ -87,6 +88,7 @@ def conv1d_decode(inputs, state, state_rows=None, cache_seqlens=None, *, threads
     each row is a shift register. Returns y in the problem's layout ([B,T,D] or [B,D,T])."""
     if inputs.conv_state is not None or inputs.cu_seqlens is not None:
         raise ValueError("conv_state, cu_seqlens: decode reads the state pool instead")
+    check_pool(state, "state")
     if not (isinstance(state, np.ndarray) and state.dtype == np.float32
             and state.flags.c_contiguous and state.flags.writeable):
         raise TypeError("state: in-place decode needs a writable C-contiguous float32 array")

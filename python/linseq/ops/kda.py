@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import _lib
 from .._arrays import (as_bf16, as_bf16_ndim, as_f32, as_f32_ndim, as_row_indices,
-                       bf16_result, is_bf16, ptr)
+                       bf16_result, check_pool, is_bf16, ptr)
 from ._common import (check_inputs, forward_train, gate_bias, grads, lower_bound_option,
                       make_exec, optional, outputs, scale_option, sequences, upstream)
 
@@ -161,6 +161,7 @@ def check_decode(inputs, state, state_rows):
                          f"T = {inputs.T}")
     if inputs.h0 is not None or inputs.cu_seqlens is not None:
         raise ValueError("initial_state, cu_seqlens: decode reads the state pool instead")
+    check_pool(state, "state")
     if not (isinstance(state, np.ndarray) and state.dtype == np.float32
             and state.flags.c_contiguous and state.flags.writeable):
         raise TypeError("state: in-place decode needs a writable C-contiguous float32 array")

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 
 from .. import _lib
-from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, ptr
+from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, check_pool, ptr
 from ._common import (activation_code, check_inputs, forward_train, grads, make_exec,
                       optional, outputs, sequences, strides, upstream)
 
@@ -66,8 +66,9 @@ class Ssm1Inputs:
 
     The per-token inputs (x, dt, gate, B_proj, C_proj) are read where they lie: a float32 view
     with any non-negative strides (a transposed tensor, one half of xz, a broadcast) reaches
-    the kernels as the caller's memory with its strides, without a copy; other dtypes or
-    negative strides are converted once. The arrays the kernels read are this object's x, dt,
+    the kernels as the caller's memory with its strides, without a copy; other dtypes,
+    negative strides and one value broadcast over every dimension (whose all-zero strides
+    would read as dense: read_as_dense) are converted once. The arrays the kernels read are this object's x, dt,
     gate, B_proj and C_proj (their pointers are problem.x, ...)."""
 
     def __init__(self, x, dt, A, B_proj, C_proj, D_skip=None, *, gate=None, h0=None,
@@ -184,6 +185,7 @@ def ssm1_decode(inputs, state, state_rows=None, *, threads=0):
         raise ValueError(f"hidden_states: decode takes one token per request, got T = {inputs.T}")
     if inputs.h0 is not None or inputs.cu_seqlens is not None:
         raise ValueError("initial_state, cu_seqlens: decode reads the state pool instead")
+    check_pool(state, "state")
     if not (isinstance(state, np.ndarray) and state.dtype == np.float32
             and state.flags.c_contiguous and state.flags.writeable):
         raise TypeError("state: in-place decode needs a writable C-contiguous float32 array")

@@ -21,7 +21,7 @@ import re
 import numpy as np
 
 from .. import _lib
-from .._arrays import as_f32, as_row_indices
+from .._arrays import as_f32, as_row_indices, check_pool
 from ._common import make_exec, pointer, sequences
 
 _PLAIN_DIMS = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*)\]$")
@@ -198,6 +198,7 @@ def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **optio
     desc = _lib.op_desc(op)
     if not desc.get("decode"):
         raise ValueError(f"{op}: the library's table gives it no decode step")
+    check_pool(state, "state")
     if not (isinstance(state, np.ndarray) and state.dtype == np.float32 and
             state.flags.c_contiguous and state.ndim >= 1):
         raise ValueError("state: expected a C-contiguous float32 array of rows")
