@@ -198,6 +198,28 @@ def _mamba_inner(xz, conv1d_weight, conv1d_bias, x_proj_weight, delta_proj_weigh
         b_c_dt_rms_eps=b_c_dt_rms_eps)
 
 
+def _mamba2_chunk(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None,
+                  initial_states=None, dt_softplus=False, dt_limit=(0.0, float("inf")),
+                  return_final_states=False, **kwargs):
+    """Mamba2's mamba2_chunk_scan: hidden_states [B,T,H,P], dt [B,T,H], B and C [B,T,G,N];
+    on linseq's SSD through mamba-ssm's mamba_chunk_scan_combined. Packed sequences
+    (seq_idx, or cu_seq_lens_q as DataCollatorWithFlattening passes them) restart the
+    state, which transformers' own PyTorch scan does not."""
+    heads_first = hidden_states.flatten(2).transpose(1, 2)   # [B, H*P, T]: _seq_idx's layout
+    return _compat("mamba_ssd").mamba_chunk_scan_combined(
+        hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+        initial_states=initial_states, seq_idx=_seq_idx(kwargs, heads_first),
+        dt_softplus=dt_softplus, dt_limit=dt_limit, return_final_states=return_final_states)
+
+
+def _mamba2_state_update(state, hidden_states, dt, A, B, C, D=None, dt_bias=None,
+                         dt_softplus=False, z=None, **kwargs):
+    """Mamba2's mamba2_selective_state_update: state [B,H,P,N] updated in place; x, dt
+    [B,H,P] (dt and dt_bias repeated over P, A over P and N, as mamba-ssm takes them)."""
+    return _compat("mamba_ssm").selective_state_update(
+        state, hidden_states, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, dt_softplus=dt_softplus)
+
+
 _CONV = {"causal_conv1d_fn": _conv_fn, "causal_conv1d_update": _conv_update}
 _KDA = {"chunk_kimi_delta_attention": _kda_chunk,
         "recurrent_kimi_delta_attention": _kda_recurrent}
@@ -205,6 +227,8 @@ _GDN = {"torch_chunk_gated_delta_rule": _gdn_chunk,
         "torch_recurrent_gated_delta_rule": _gdn_recurrent}
 _MAMBA1 = {"mamba_selective_scan": _mamba_scan,
            "mamba_selective_state_update": _mamba_state_update}
+_MAMBA2 = {**_CONV, "mamba2_chunk_scan": _mamba2_chunk,
+           "mamba2_selective_state_update": _mamba2_state_update}
 
 # model module -> transformers function name -> linseq adapter
 ROUTES = {
@@ -220,6 +244,11 @@ ROUTES = {
     # transformers' own path and from inference; the unfused layer runs on linseq's scan
     # and conv instead.
     "transformers.models.falcon_mamba.modeling_falcon_mamba": {**_CONV, **_MAMBA1},
+    # Mamba2's mixer (SSD), in Mamba2 and the hybrids built on it; their fused training
+    # mixer (mamba2_split_conv1d_scan_combined) is a stub in transformers, so training runs
+    # the unfused layer on linseq's conv and scan
+    **{f"transformers.models.{m}.modeling_{m}": _MAMBA2
+       for m in ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2")},
 }
 
 
@@ -251,7 +280,7 @@ def _routed(adapter, resolved, qualified):
     installed), a CPU call linseq declines (float64 or complex tensors: linseq computes in
     float32; an activation it lacks) to transformers' PyTorch function."""
     import torch
-    for name in ("fla", "mamba_ssm", "causal_conv1d"):
+    for name in ("fla", "mamba_ssm", "mamba_ssd", "causal_conv1d"):
         _DROP_INS.setdefault(name, importlib.import_module(f"linseq.compat.{name}"))
     torch_function = inspect.unwrap(resolved)
     declined = (torch.float64, torch.complex64, torch.complex128)
