@@ -21,10 +21,12 @@
  *   - Workspace is allocated internally (malloc) for a call; allocation failure returns
  *     LINSEQ_ERR_OUT_OF_MEMORY before any output is written. Most of it is freed before the
  *     call returns; the SSM1 forward and backward give their large blocks to a process-wide
- *     cache instead (at most 8 blocks, 256 MiB in all), which the next call reuses rather than
- *     fault the pages in again. No result carries over from one call to another (a reused
- *     block is written before it is read); all entry points are thread-safe and reentrant.
- *     The only global setting is the default thread count.
+ *     cache instead (at most 8 blocks, 256 MiB in all by default), which the next call reuses
+ *     rather than fault the pages in again; linseq_workspace_release and
+ *     linseq_workspace_set_limit give it back or bound it. No result carries over from one
+ *     call to another (a reused block is written before it is read); all entry points are
+ *     thread-safe and reentrant. The global settings are the default thread count and the
+ *     workspace cache's limit.
  *   - Outputs must not overlap inputs or each other, except where an argument says it may be
  *     the same pointer as an input (in-place state update).
  *   - The structs themselves (problem, grads, exec) must not lie inside an output buffer either
@@ -185,6 +187,21 @@ LINSEQ_API int linseq_cuda_device_count(void);
  * Results are bitwise identical for every thread count. */
 LINSEQ_API linseq_status linseq_set_num_threads(int n);
 LINSEQ_API int linseq_get_num_threads(void);
+
+/* The workspace cache. The SSM1 forward and backward keep their large workspace blocks after
+ * a call, for the next call to reuse instead of faulting their pages in again: at most 8
+ * blocks, 256 MiB in all by default. A block is never kept from a call that failed, and when
+ * an allocation fails every kept block is freed and the allocation tried once more, so the
+ * cache never makes a call fail that would fit without it.
+ * linseq_workspace_release frees every kept block now (e.g. after training, before other
+ * work that needs the memory) and returns the bytes freed; later calls fill the cache again.
+ * linseq_workspace_set_limit sets the most bytes the cache keeps from now on (0: keep
+ * nothing, every call frees its workspace), frees kept blocks beyond it, and returns the
+ * previous limit. linseq_workspace_kept_bytes is what the cache holds now. Thread-safe;
+ * results never depend on the cache (a reused block is written before it is read). */
+LINSEQ_API size_t linseq_workspace_release(void);
+LINSEQ_API size_t linseq_workspace_set_limit(size_t bytes);
+LINSEQ_API size_t linseq_workspace_kept_bytes(void);
 
 /* Any op of the table by its name, for bindings that drive every op from the table: the same
  * calls as the op's own entry points, with the tensors of a role as an array in the order of
