@@ -340,7 +340,9 @@ LINSEQ_API linseq_status linseq_kda_backward(const linseq_kda_problem *problem,
  * `saved` (the state before every chunk, or every chunk_size tokens in recurrent mode, and in
  * chunked mode every token's delta: per sequence and value head ceil(L/C) K V + L V floats,
  * never one state per token), and linseq_kda_backward_saved uses it. Pass the same problem
- * and exec to the three calls; a header in `saved` checks mode, chunk size and sizes.
+ * and exec to the three calls; a header in `saved` checks mode, chunk size, sizes, the
+ * options that shape the states and the sequence lengths of cu_seqlens (another cu_seqlens of
+ * the same sizes is LINSEQ_ERR_INVALID_VALUE).
  * linseq_kda_saved_size reads only the sizes and cu_seqlens of the problem. */
 LINSEQ_API linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem,
                                                const linseq_exec *exec, size_t *bytes);
@@ -489,7 +491,7 @@ LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem
  * (per sequence of L tokens ceil(L/64) D N floats, never one state per token, plus a small
  * header), and linseq_ssm1_backward_saved reads it: the gradients of linseq_ssm1_backward,
  * bit for bit. Pass the same problem, inputs and exec to the three calls; a header in `saved`
- * checks the sizes and options it was written for. h0 is not read again, so hT may overwrite it
+ * checks the sizes, options and sequence lengths of cu_seqlens it was written for. h0 is not read again, so hT may overwrite it
  * in between. linseq_ssm1_saved_size reads only the sizes and cu_seqlens of the problem. CPU
  * only (a CUDA exec returns LINSEQ_ERR_UNSUPPORTED). */
 LINSEQ_API linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *problem,

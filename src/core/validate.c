@@ -194,6 +194,17 @@ int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T
     return longest;
 }
 
+uint64_t ls_seqlens_fingerprint(const int64_t *cu_seqlens, int64_t n_seqs, int64_t B, int64_t T)
+{
+    const int64_t count = cu_seqlens ? n_seqs : B;
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)count; /* FNV-1a over the lengths' bytes */
+    for (int64_t n = 0; n < count; n++) {
+        uint64_t len = (uint64_t)(cu_seqlens ? cu_seqlens[n + 1] - cu_seqlens[n] : T);
+        for (int byte = 0; byte < 8; byte++, len >>= 8) h = (h ^ (len & 0xff)) * 0x100000001b3u;
+    }
+    return h;
+}
+
 linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min)
 {
     if (value < min)

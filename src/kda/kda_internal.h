@@ -49,7 +49,7 @@ linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p
 /* The saved forward of training (kda_saved.c): a header, then per item (n*HV + hv) a block at
  * offsets[item] floats after it: the states before each chunk or segment, then (chunked)
  * the item's deltas. */
-#define KDA_SAVED_HEADER_BYTES 64
+#define KDA_SAVED_HEADER_BYTES 128
 linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets, size_t *bytes);
 void kda_saved_write_header(const kda_plan *pl, void *saved);
 /* The item offsets of kda_saved_layout in a new array (the caller frees it), after checking
