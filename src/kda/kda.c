@@ -446,7 +446,9 @@ linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const lin
     static const char fn[] = "linseq_kda_saved_size";
     ls_clear_error();
     kda_plan pl;
+    ls_isa isa; /* the size does not depend on it, but a bad LINSEQ_ISA is refused everywhere */
     linseq_status st;
+    if ((st = ls_isa_resolve(fn, &isa))) return st;
     if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, false, &pl))) return st;
     if (!bytes) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
