@@ -243,6 +243,15 @@ printf '{"op": "kda"\0}' >"$CASE/meta.json"
 run "NUL byte" "NUL byte"
 head -c 17000000 /dev/zero | tr '\0' ' ' >"$CASE/meta.json"
 run "huge meta.json" "larger than"
+# a duplicate key: cJSON would read the first, Python's json the last
+fresh "$KDA_CASE"
+sed 's/^{/{"op": "ssm1", /' "$KDA_CASE/meta.json" >"$CASE/meta.json"
+run "duplicate key" 'duplicate key "op"'
+check "check: duplicate key" 'duplicate key "op"'
+fresh "$KDA_CASE"; meta 'm["options_probe"] = {"a": 1}'
+sed 's/"options_probe": {"a": 1}/"options_probe": {"a": 1, "a": 2}/' "$CASE/meta.json" >"$WORK/meta"
+mv "$WORK/meta" "$CASE/meta.json"
+run "duplicate nested key" 'duplicate key "a" in "options_probe"'
 
 # ---- meta.json keys, types and values --------------------------------------------------
 fresh "$KDA_CASE"; meta 'del m["op"]'
