@@ -4,14 +4,16 @@
  * meta.json or an input that is a FIFO or a device), the gradients of a conv case
  * checked against values worked out by hand, `run` writing outputs and gradients or no
  * partial set at all (an earlier set left whole on failure, never a mix of two runs, never
- * into the case folder), `check` with and without --fwd-only, and the comparison rule's edge
- * cases. */
+ * into the case folder), `check` with and without --fwd-only, the comparison rule's edge
+ * cases, and a signal during the writes removing the temporary files. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../tools/linseq/case.h"
@@ -934,6 +936,68 @@ static void test_compare(void)
     cJSON_Delete(meta);
 }
 
+/* The entries of folder dir (but . and ..). */
+static int entries_in(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    if (d) closedir(d);
+    return n;
+}
+
+/* A child writes a file's temporary, then gets `sig` (with the signal held first when
+ * deferred, then released after writing a marker file). Returns how it ended (wait status). */
+static int signalled_writer(const char *dir, int sig, bool deferred)
+{
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const float data[3] = {1, 2, 3};
+        const int64_t shape[1] = {3};
+        char err[256];
+        char *tmp = npy_write_f32_temp(path_in(dir, "x.npy"), data, 1, shape, err, sizeof err);
+        if (!tmp || npy_temps_count() != 1) _exit(3);
+        if (deferred) npy_temps_defer(true);
+        raise(sig);
+        if (!deferred) _exit(4); /* the signal should have ended the process */
+        write_text(path_in(dir, "held"), "the signal waited");
+        npy_temps_forget(tmp); /* as case_write_outputs: the fate of the file is settled... */
+        rename(tmp, path_in(dir, "x.npy"));
+        npy_temps_defer(false); /* ...and the held signal ends the process now */
+        _exit(5);
+    }
+    int ws = 0;
+    if (pid < 0 || waitpid(pid, &ws, 0) != pid) return -1;
+    return ws;
+}
+
+/* SIGINT or SIGTERM while a run writes its outputs: the hidden temporary files are removed
+ * and the process ends by the signal (its exit status says so); while files are renamed into
+ * place the signal waits for the renames to finish. */
+static void test_signal_removes_temps(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "signal_%d", sigs[i]);
+        const char *dir = make_dir(name);
+        const int ws = signalled_writer(dir, sigs[i], false);
+        CHECK(WIFSIGNALED(ws) && WTERMSIG(ws) == sigs[i],
+              "signal %d while writing: the child did not end by it (status 0x%x)", sigs[i], ws);
+        CHECK(entries_in(dir) == 0, "signal %d while writing left %d files in the output folder",
+              sigs[i], entries_in(dir));
+        snprintf(name, sizeof name, "held_%d", sigs[i]);
+        const char *held = make_dir(name);
+        const int ws2 = signalled_writer(held, sigs[i], true);
+        CHECK(WIFSIGNALED(ws2) && WTERMSIG(ws2) == sigs[i] && exists(path_in(held, "held")) &&
+                  exists(path_in(held, "x.npy")) && entries_in(held) == 2,
+              "signal %d while renaming: not held until the renames ended (status 0x%x, %d files)",
+              sigs[i], ws2, entries_in(held));
+    }
+}
+
 int main(void)
 {
     const char *tmp = getenv("TMPDIR");
@@ -954,6 +1018,7 @@ int main(void)
     test_run_into_case();
     test_check_grads();
     test_compare();
+    test_signal_removes_temps();
     remove_tree(root);
     return tu_finish("test_npy");
 }

@@ -955,8 +955,13 @@ bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_
      * outputs: they are withdrawn with the rest of the earlier set. */
     for (int i = 0; ok && r->n_grads == 0 && i < c->n_grads; i++)
         ok = stage(&files[n++], out_dir, c->computable[c->grads[i]].name, NULL, err, err_size);
+    /* Until here a signal removes the temporary files (npy.h); the swap and its commit or
+     * undo are quick and run to their end, the signal acted on after them. */
+    npy_temps_defer(true);
     for (int i = 0; ok && i < n; i++) ok = swap_in(&files[i], err, err_size);
     finish_staged(files, n, ok);
+    npy_temps_forget_all();
+    npy_temps_defer(false);
     return ok;
 }
 
