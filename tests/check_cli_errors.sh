@@ -444,6 +444,25 @@ else
     echo "FAIL  a valid run after the error cases: $(cat "$WORK/stderr")"
 fi
 
+# CMD --help prints that command's usage alone (exit status 0), not the whole of --help
+for cmd in run check demo; do
+    rc=0
+    "$CLI" "$cmd" --help >"$WORK/stdout" 2>"$WORK/stderr" || rc=$?
+    others=$(grep -c -E "^  linseq (run|check|demo|bench) " "$WORK/stdout")
+    if [ "$rc" -eq 0 ] && grep -q "^  linseq $cmd " "$WORK/stdout" && [ "$others" -eq 1 ] &&
+        ! grep -q "^bench" "$WORK/stdout" && [ ! -s "$WORK/stderr" ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL  linseq $cmd --help: exit status $rc, or not its own usage alone:"
+        head -n 5 "$WORK/stdout" | sed 's/^/      /'
+    fi
+done
+if [ "$("$CLI" demo --help | grep -c -- '--mode')" -ne 0 ]; then
+    failed=$((failed + 1))
+    echo "FAIL  linseq demo --help lists --mode, which demo does not take"
+fi
+
 if [ "$failed" -ne 0 ]; then
     echo "check_cli_errors.sh: $failed of $((passed + failed)) malformed-input cases FAILED" >&2
     exit 1

@@ -649,7 +649,8 @@ static int run_quietly(const char *case_dir, const char *out_dir)
     return run_quietly_opt(case_dir, out_dir, false);
 }
 
-/* cmd_check on one folder; *last gets the closing line ("N passed, N failed, N skipped"). */
+/* cmd_check on one folder; *last gets the closing line ("N cases: N passed, N failed; N files:
+ * N passed, N failed, N skipped"). */
 static int check_captured(const char *dir, bool fwd_only, char *last, size_t n)
 {
     const linseq_exec ex = {0};
@@ -837,26 +838,36 @@ static void test_check_grads(void)
         CHECK(rename(path_in(out, conv_files[i]), path_in(dir, conv_files[i])) == 0,
               "move %s into the case", conv_files[i]);
     int rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "5 passed, 0 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 5 passed, 0 failed, 0 skipped") ==
+                  0,
           "check: rc %d, \"%s\"", rc, last);
     rc = check_captured(dir, true, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 2 passed, 0 failed, 3 skipped") ==
+                  0,
           "check --fwd-only: rc %d, \"%s\"", rc, last);
 
     /* a wrong gradient reference fails check, and only without --fwd-only */
     const float wrong[2] = {1, 1};
     write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){2}, wrong);
     rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_FAIL &&
+              strcmp(last, "1 case: 0 passed, 1 failed; 5 files: 4 passed, 1 failed, 0 skipped") ==
+                  0,
           "check with a wrong dbias: rc %d, \"%s\"", rc, last);
     rc = check_captured(dir, true, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 2 passed, 0 failed, 3 skipped") ==
+                  0,
           "check --fwd-only with a wrong dbias: rc %d, \"%s\"", rc, last);
 
     /* a gradient reference of the wrong shape fails like a wrong output */
     write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){1}, wrong);
     rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_FAIL &&
+              strcmp(last, "1 case: 0 passed, 1 failed; 5 files: 4 passed, 1 failed, 0 skipped") ==
+                  0,
           "check with a wrong-shape dbias: rc %d, \"%s\"", rc, last);
 
     /* a missing gradient reference: the case cannot be checked */
