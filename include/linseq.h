@@ -271,7 +271,12 @@ typedef enum linseq_activation {
  * cu[n] .. cu[n+1]-1 and uses state row n.
  *
  * Chunked mode is exact for every g <= 0, down to -inf: no exponent it evaluates is
- * positive. Per-token log decays below -110 are raised to -110 first, which changes nothing in
+ * positive. A positive g (e^g > 1: a growth, typically a raw gate passed where the log decay
+ * belongs) is outside the contract: the kernels notice it in their pass over g and the call
+ * returns LINSEQ_ERR_INVALID_VALUE naming 'g'. It is found while computing (checking first
+ * would cost a pass over g), so unlike the other refusals the outputs, ht even when it is h0,
+ * and a training forward's `saved` then hold undefined values (the backward refuses that
+ * block). NaN is not refused: it propagates (docs/robustness.md). Per-token log decays below -110 are raised to -110 first, which changes nothing in
  * float32 (exp(-110) already rounds to zero in any product with factors <= 1) and keeps the
  * in-chunk cumulative sums small enough to subtract exactly.
  */
