@@ -21,10 +21,12 @@
  *   - Workspace is allocated internally (malloc) for a call; allocation failure returns
  *     LINSEQ_ERR_OUT_OF_MEMORY before any output is written. Most of it is freed before the
  *     call returns; the SSM1 forward and backward give their large blocks to a process-wide
- *     cache instead (at most 8 blocks, 256 MiB in all), which the next call reuses rather than
- *     fault the pages in again. No result carries over from one call to another (a reused
- *     block is written before it is read); all entry points are thread-safe and reentrant.
- *     The only global setting is the default thread count.
+ *     cache instead (at most 8 blocks, 256 MiB in all by default), which the next call reuses
+ *     rather than fault the pages in again; linseq_workspace_release and
+ *     linseq_workspace_set_limit give it back or bound it. No result carries over from one
+ *     call to another (a reused block is written before it is read); all entry points are
+ *     thread-safe and reentrant. The global settings are the default thread count and the
+ *     workspace cache's limit.
  *   - Outputs must not overlap inputs or each other, except where an argument says it may be
  *     the same pointer as an input (in-place state update).
  *   - The structs themselves (problem, grads, exec) must not lie inside an output buffer either
@@ -187,6 +189,21 @@ LINSEQ_API int linseq_cuda_device_count(void);
 LINSEQ_API linseq_status linseq_set_num_threads(int n);
 LINSEQ_API int linseq_get_num_threads(void);
 
+/* The workspace cache. The SSM1 forward and backward keep their large workspace blocks after
+ * a call, for the next call to reuse instead of faulting their pages in again: at most 8
+ * blocks, 256 MiB in all by default. A block is never kept from a call that failed, and when
+ * an allocation fails every kept block is freed and the allocation tried once more, so the
+ * cache never makes a call fail that would fit without it.
+ * linseq_workspace_release frees every kept block now (e.g. after training, before other
+ * work that needs the memory) and returns the bytes freed; later calls fill the cache again.
+ * linseq_workspace_set_limit sets the most bytes the cache keeps from now on (0: keep
+ * nothing, every call frees its workspace), frees kept blocks beyond it, and returns the
+ * previous limit. linseq_workspace_kept_bytes is what the cache holds now. Thread-safe;
+ * results never depend on the cache (a reused block is written before it is read). */
+LINSEQ_API size_t linseq_workspace_release(void);
+LINSEQ_API size_t linseq_workspace_set_limit(size_t bytes);
+LINSEQ_API size_t linseq_workspace_kept_bytes(void);
+
 /* Any op of the table by its name, for bindings that drive every op from the table: the same
  * calls as the op's own entry points, with the tensors of a role as an array in the order of
  * that role's tensors in the op's "tensors" list (linseq_op_table_json).
@@ -255,7 +272,12 @@ typedef enum linseq_activation {
  * cu[n] .. cu[n+1]-1 and uses state row n.
  *
  * Chunked mode is exact for every g <= 0, down to -inf: no exponent it evaluates is
- * positive. Per-token log decays below -110 are raised to -110 first, which changes nothing in
+ * positive. A positive g (e^g > 1: a growth, typically a raw gate passed where the log decay
+ * belongs) is outside the contract: the kernels notice it in their pass over g and the call
+ * returns LINSEQ_ERR_INVALID_VALUE naming 'g'. It is found while computing (checking first
+ * would cost a pass over g), so unlike the other refusals the outputs, ht even when it is h0,
+ * and a training forward's `saved` then hold undefined values (the backward refuses that
+ * block). NaN is not refused: it propagates (docs/robustness.md). Per-token log decays below -110 are raised to -110 first, which changes nothing in
  * float32 (exp(-110) already rounds to zero in any product with factors <= 1) and keeps the
  * in-chunk cumulative sums small enough to subtract exactly.
  */
@@ -324,7 +346,9 @@ LINSEQ_API linseq_status linseq_kda_backward(const linseq_kda_problem *problem,
  * `saved` (the state before every chunk, or every chunk_size tokens in recurrent mode, and in
  * chunked mode every token's delta: per sequence and value head ceil(L/C) K V + L V floats,
  * never one state per token), and linseq_kda_backward_saved uses it. Pass the same problem
- * and exec to the three calls; a header in `saved` checks mode, chunk size and sizes.
+ * and exec to the three calls; a header in `saved` checks mode, chunk size, sizes, the
+ * options that shape the states and the sequence lengths of cu_seqlens (another cu_seqlens of
+ * the same sizes is LINSEQ_ERR_INVALID_VALUE).
  * linseq_kda_saved_size reads only the sizes and cu_seqlens of the problem. */
 LINSEQ_API linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem,
                                                const linseq_exec *exec, size_t *bytes);
@@ -473,7 +497,7 @@ LINSEQ_API linseq_status linseq_ssm1_backward(const linseq_ssm1_problem *problem
  * (per sequence of L tokens ceil(L/64) D N floats, never one state per token, plus a small
  * header), and linseq_ssm1_backward_saved reads it: the gradients of linseq_ssm1_backward,
  * bit for bit. Pass the same problem, inputs and exec to the three calls; a header in `saved`
- * checks the sizes and options it was written for. h0 is not read again, so hT may overwrite it
+ * checks the sizes, options and sequence lengths of cu_seqlens it was written for. h0 is not read again, so hT may overwrite it
  * in between. linseq_ssm1_saved_size reads only the sizes and cu_seqlens of the problem. CPU
  * only (a CUDA exec returns LINSEQ_ERR_UNSUPPORTED). */
 LINSEQ_API linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *problem,

@@ -243,6 +243,15 @@ printf '{"op": "kda"\0}' >"$CASE/meta.json"
 run "NUL byte" "NUL byte"
 head -c 17000000 /dev/zero | tr '\0' ' ' >"$CASE/meta.json"
 run "huge meta.json" "larger than"
+# a duplicate key: cJSON would read the first, Python's json the last
+fresh "$KDA_CASE"
+sed 's/^{/{"op": "ssm1", /' "$KDA_CASE/meta.json" >"$CASE/meta.json"
+run "duplicate key" 'duplicate key "op"'
+check "check: duplicate key" 'duplicate key "op"'
+fresh "$KDA_CASE"; meta 'm["options_probe"] = {"a": 1}'
+sed 's/"options_probe": {"a": 1}/"options_probe": {"a": 1, "a": 2}/' "$CASE/meta.json" >"$WORK/meta"
+mv "$WORK/meta" "$CASE/meta.json"
+run "duplicate nested key" 'duplicate key "a" in "options_probe"'
 
 # ---- meta.json keys, types and values --------------------------------------------------
 fresh "$KDA_CASE"; meta 'del m["op"]'
@@ -433,6 +442,25 @@ print(len(m["outputs"]) + len(m.get("grads", [])))' "$CASE/meta.json")" ] &&
 else
     failed=$((failed + 1))
     echo "FAIL  a valid run after the error cases: $(cat "$WORK/stderr")"
+fi
+
+# CMD --help prints that command's usage alone (exit status 0), not the whole of --help
+for cmd in run check demo; do
+    rc=0
+    "$CLI" "$cmd" --help >"$WORK/stdout" 2>"$WORK/stderr" || rc=$?
+    others=$(grep -c -E "^  linseq (run|check|demo|bench) " "$WORK/stdout")
+    if [ "$rc" -eq 0 ] && grep -q "^  linseq $cmd " "$WORK/stdout" && [ "$others" -eq 1 ] &&
+        ! grep -q "^bench" "$WORK/stdout" && [ ! -s "$WORK/stderr" ]; then
+        passed=$((passed + 1))
+    else
+        failed=$((failed + 1))
+        echo "FAIL  linseq $cmd --help: exit status $rc, or not its own usage alone:"
+        head -n 5 "$WORK/stdout" | sed 's/^/      /'
+    fi
+done
+if [ "$("$CLI" demo --help | grep -c -- '--mode')" -ne 0 ]; then
+    failed=$((failed + 1))
+    echo "FAIL  linseq demo --help lists --mode, which demo does not take"
 fi
 
 if [ "$failed" -ne 0 ]; then

@@ -2,8 +2,9 @@
  * and checked against the README "Benchmarks" formulas (written out again here, so that a
  * change to either shows), every command the op table offers (so that an op added to the
  * table is benchable), `bench peak` at a small size, a run without OMP_WAIT_POLICY (bench
- * neither re-executes itself nor needs it: the library's pool runs everything), and the
- * one-line usage errors with exit status 2.
+ * neither re-executes itself nor needs it: the library's pool runs everything), the
+ * one-line usage errors with exit status 2, and the texts a reader sees (the synopsis, the
+ * suite's scaling note).
  *
  * The CLI is found beside the test folder (BUILD/tests/test_bench -> BUILD/linseq), or at
  * $LINSEQ_CLI. */
@@ -19,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "../tools/linseq/commands.h"
 #include "optable/optable.h"
 #include "testutil.h"
 
@@ -548,6 +550,38 @@ static void test_errors(void)
     test_help();
 }
 
+/* The suite's scaling note says which way and by how much, as a factor of at least 1, with
+ * the thread count's plural; the synopsis of `bench --help` lists every option the commands
+ * take (--dtype, --contend and --cold among them). */
+static void test_texts(void)
+{
+    char buf[96];
+    static const struct {
+        double t1, tn;
+        int threads;
+        const char *want;
+    } cases[] = {
+        {1.0, 0.5, 2, "2.00x faster on 2 threads than on 1"},
+        {0.68, 1.0, 2, "1.47x slower on 2 threads than on 1"},
+        {1.0, 1.0, 1, "1.00x faster on 1 thread than on 1"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        CHECK(strcmp(ls_speedup_text(cases[i].t1, cases[i].tn, cases[i].threads, buf, sizeof buf),
+                     cases[i].want) == 0,
+              "speedup %g s vs %g s on %d: \"%s\", expected \"%s\"", cases[i].t1, cases[i].tn,
+              cases[i].threads, buf, cases[i].want);
+    static const char *const help[] = {"--help", NULL};
+    outcome o = run_bench(true, help);
+    const char *options = strstr(o.out, "bench options:");
+    CHECK(o.status == 0 && options, "bench --help: status %d, no options part", o.status);
+    static const char *const synopsis[] = {"[--dtype f32|bf16]", "[--contend N]", "[--cold]"};
+    for (size_t i = 0; options && i < sizeof synopsis / sizeof synopsis[0]; i++) {
+        const char *at = strstr(o.out, synopsis[i]);
+        CHECK(at && at < options, "bench --help: the synopsis lacks %s", synopsis[i]);
+    }
+    outcome_free(&o);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -570,5 +604,6 @@ int main(int argc, char **argv)
     test_no_reexec();
     test_contend();
     test_errors();
+    test_texts();
     return tu_finish("test_bench");
 }

@@ -913,6 +913,9 @@ static int isa_child(void)
     REPORT("linseq_kda_backward", linseq_kda_backward(NULL, NULL, NULL, NULL, NULL));
     REPORT("linseq_kda_backward_saved",
            linseq_kda_backward_saved(NULL, NULL, NULL, 0, NULL, NULL, NULL));
+    size_t bytes = 0;
+    REPORT("linseq_kda_saved_size", linseq_kda_saved_size(NULL, NULL, &bytes));
+    REPORT("linseq_ssm1_saved_size", linseq_ssm1_saved_size(NULL, NULL, &bytes));
     REPORT("linseq_kda_gate_forward", linseq_kda_gate_forward(NULL, NULL, NULL));
     REPORT("linseq_kda_gate_backward", linseq_kda_gate_backward(NULL, NULL, NULL, NULL));
     REPORT("linseq_ssm1_forward", linseq_ssm1_forward(NULL, NULL, NULL, NULL));
@@ -923,7 +926,7 @@ static int isa_child(void)
     return 0;
 }
 
-enum { ISA_CHILD_CALLS = 11 };
+enum { ISA_CHILD_CALLS = 13 };
 
 /* The child's lines with LINSEQ_ISA = value, into out (size bytes). */
 static void run_isa_child(const char *self, const char *value, char *out, size_t size)

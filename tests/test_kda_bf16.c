@@ -418,6 +418,16 @@ static void check_refusals(void)
     const linseq_kda_gate_problem gp = {
         .B = 1, .T = 9, .H = 1, .decay = LINSEQ_DECAY_PER_HEAD, .g_raw = c.f.g};
     check_refused("linseq_kda_gate_forward", linseq_kda_gate_forward(&gp, &ex, buf), buf, 9);
+    /* a bf16 tensor off its 2-byte alignment: the message names bfloat16, not float32 */
+    linseq_kda_problem odd = c.p16;
+    odd.k = (const float *)(const void *)((const char *)c.p16.k + 1);
+    const linseq_status st = linseq_kda_forward(&odd, &ex, buf, NULL);
+    const char *msg = linseq_last_error();
+    CHECK(st == LINSEQ_ERR_INVALID_VALUE && strstr(msg, "'k'") &&
+              strstr(msg, "2 bytes (the alignment of a bfloat16)") && !strstr(msg, "float32"),
+          "a misaligned bf16 k: %s (%s); expected LINSEQ_ERR_INVALID_VALUE naming bfloat16",
+          linseq_status_string(st), msg);
+    CHECK(tu_is_poisoned(buf, c.n_o * sizeof *buf), "a misaligned bf16 call wrote its output");
     free(buf), free(d_o);
     free_pair(&c);
 }

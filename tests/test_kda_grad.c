@@ -800,7 +800,8 @@ static void test_gate_backward(void)
 
 /* The training pair (forward_train + backward_saved) gives exactly what forward + backward
  * give, in both modes, with varlen, V-first states and one sequence split over threads; and a
- * saved block made for another mode, chunk size or problem is refused. */
+ * saved block made for another mode, chunk size, problem, options or cu_seqlens (of the same
+ * sizes) is refused. */
 static void test_saved_forward(void)
 {
     static const int64_t cu[] = {0, 70, 70, 200};
@@ -864,6 +865,18 @@ static void test_saved_forward(void)
             CHECK(kda_backward_saved(&wrong, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
                       LINSEQ_ERR_SHAPE_MISMATCH,
                   "a saved block of another problem is not refused");
+            /* the same sizes and sequence count, other boundaries: states of other sequences */
+            static const int64_t cu_other[] = {0, 60, 130, 200};
+            linseq_kda_problem moved = c.f.p;
+            if (moved.cu_seqlens)
+                moved.cu_seqlens = cu_other;
+            else
+                moved.qk_l2norm = !moved.qk_l2norm; /* dense: an option that changes the states */
+            CHECK(kda_backward_saved(&moved, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
+                          LINSEQ_ERR_INVALID_VALUE &&
+                      strstr(linseq_last_error(), moved.cu_seqlens ? "cu_seqlens" : "qk_l2norm"),
+                  "case %zu: a saved block of other %s is not refused: %s", ci,
+                  moved.cu_seqlens ? "cu_seqlens" : "options", linseq_last_error());
             saved[0] ^= 1;
             CHECK(kda_backward_saved(&c.f.p, &ex, saved, bytes, c.d_o, c.d_ht, &g2.g) ==
                       LINSEQ_ERR_INVALID_VALUE,

@@ -53,6 +53,9 @@ typedef struct op_case {
     /* the generic case's backward: an input may not enter it (a bias the gradients never
      * read), which only a row can say, so a NaN in one need not show */
     bool nan_may_vanish;
+    /* input "g" is a log decay (KDA without the gate in the kernel): its contract is g <= 0,
+     * and a positive value (+Inf here) is refused once the kernels meet it */
+    bool g_log_decay;
     int n_in, n_out;
     tensor in[MAX_IN], out[MAX_OUT];
     const int64_t *cu; /* sequence offsets of the rows, or NULL: T rows per sequence */
@@ -131,6 +134,13 @@ static void poison_run(op_case *oc, int i, size_t idx, float value)
               "%s: %s[%zu] = %g: %s (%s); expected it refused, naming %s, nothing written",
               oc->name, t->name, idx, (double)value, linseq_status_string(st), linseq_last_error(),
               t->name);
+        return;
+    }
+    if (oc->g_log_decay && strcmp(t->name, "g") == 0 && value > 0) {
+        CHECK(st == LINSEQ_ERR_INVALID_VALUE && strstr(linseq_last_error(), "'g'") &&
+                  strstr(linseq_last_error(), "positive"),
+              "%s: g[%zu] = %g: %s (%s); expected it refused as a positive log decay", oc->name,
+              idx, (double)value, linseq_status_string(st), linseq_last_error());
         return;
     }
     CHECK(st == LINSEQ_OK, "%s: %s[%zu] = %g: %s (%s)", oc->name, t->name, idx, (double)value,
@@ -357,6 +367,7 @@ static void kda_case(const ls_op *op, const op_row *row, int flavour, int varlen
     const int64_t gK = gate ? KK : 1;
     op_case oc = case_of(op, row, varlen, backward);
     oc.exec = (linseq_exec){.mode = (linseq_mode)mode, .chunk_size = 16};
+    oc.g_log_decay = !gate;
     snprintf(oc.name, sizeof oc.name, "%s %s %s %s %s", op->name,
              gate ? "per-channel gate" : "per-head", varlen ? "varlen" : "batch",
              mode == LINSEQ_MODE_RECURRENT ? "recurrent" : "chunked",

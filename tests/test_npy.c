@@ -4,14 +4,16 @@
  * meta.json or an input that is a FIFO or a device), the gradients of a conv case
  * checked against values worked out by hand, `run` writing outputs and gradients or no
  * partial set at all (an earlier set left whole on failure, never a mix of two runs, never
- * into the case folder), `check` with and without --fwd-only, and the comparison rule's edge
- * cases. */
+ * into the case folder), `check` with and without --fwd-only, the comparison rule's edge
+ * cases, and a signal during the writes removing the temporary files. */
 #include <dirent.h>
 #include <fcntl.h>
 #include <math.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "../tools/linseq/case.h"
@@ -647,7 +649,8 @@ static int run_quietly(const char *case_dir, const char *out_dir)
     return run_quietly_opt(case_dir, out_dir, false);
 }
 
-/* cmd_check on one folder; *last gets the closing line ("N passed, N failed, N skipped"). */
+/* cmd_check on one folder; *last gets the closing line ("N cases: N passed, N failed; N files:
+ * N passed, N failed, N skipped"). */
 static int check_captured(const char *dir, bool fwd_only, char *last, size_t n)
 {
     const linseq_exec ex = {0};
@@ -835,26 +838,36 @@ static void test_check_grads(void)
         CHECK(rename(path_in(out, conv_files[i]), path_in(dir, conv_files[i])) == 0,
               "move %s into the case", conv_files[i]);
     int rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "5 passed, 0 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 5 passed, 0 failed, 0 skipped") ==
+                  0,
           "check: rc %d, \"%s\"", rc, last);
     rc = check_captured(dir, true, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 2 passed, 0 failed, 3 skipped") ==
+                  0,
           "check --fwd-only: rc %d, \"%s\"", rc, last);
 
     /* a wrong gradient reference fails check, and only without --fwd-only */
     const float wrong[2] = {1, 1};
     write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){2}, wrong);
     rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_FAIL &&
+              strcmp(last, "1 case: 0 passed, 1 failed; 5 files: 4 passed, 1 failed, 0 skipped") ==
+                  0,
           "check with a wrong dbias: rc %d, \"%s\"", rc, last);
     rc = check_captured(dir, true, last, sizeof last);
-    CHECK(rc == LS_EXIT_OK && strcmp(last, "2 passed, 0 failed, 3 skipped") == 0,
+    CHECK(rc == LS_EXIT_OK &&
+              strcmp(last, "1 case: 1 passed, 0 failed; 5 files: 2 passed, 0 failed, 3 skipped") ==
+                  0,
           "check --fwd-only with a wrong dbias: rc %d, \"%s\"", rc, last);
 
     /* a gradient reference of the wrong shape fails like a wrong output */
     write_f32(path_in(dir, "dbias.npy"), 1, (const int64_t[]){1}, wrong);
     rc = check_captured(dir, false, last, sizeof last);
-    CHECK(rc == LS_EXIT_FAIL && strcmp(last, "4 passed, 1 failed, 0 skipped") == 0,
+    CHECK(rc == LS_EXIT_FAIL &&
+              strcmp(last, "1 case: 0 passed, 1 failed; 5 files: 4 passed, 1 failed, 0 skipped") ==
+                  0,
           "check with a wrong-shape dbias: rc %d, \"%s\"", rc, last);
 
     /* a missing gradient reference: the case cannot be checked */
@@ -934,6 +947,68 @@ static void test_compare(void)
     cJSON_Delete(meta);
 }
 
+/* The entries of folder dir (but . and ..). */
+static int entries_in(const char *dir)
+{
+    int n = 0;
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        n += strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0;
+    if (d) closedir(d);
+    return n;
+}
+
+/* A child writes a file's temporary, then gets `sig` (with the signal held first when
+ * deferred, then released after writing a marker file). Returns how it ended (wait status). */
+static int signalled_writer(const char *dir, int sig, bool deferred)
+{
+    fflush(NULL);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const float data[3] = {1, 2, 3};
+        const int64_t shape[1] = {3};
+        char err[256];
+        char *tmp = npy_write_f32_temp(path_in(dir, "x.npy"), data, 1, shape, err, sizeof err);
+        if (!tmp || npy_temps_count() != 1) _exit(3);
+        if (deferred) npy_temps_defer(true);
+        raise(sig);
+        if (!deferred) _exit(4); /* the signal should have ended the process */
+        write_text(path_in(dir, "held"), "the signal waited");
+        npy_temps_forget(tmp); /* as case_write_outputs: the fate of the file is settled... */
+        rename(tmp, path_in(dir, "x.npy"));
+        npy_temps_defer(false); /* ...and the held signal ends the process now */
+        _exit(5);
+    }
+    int ws = 0;
+    if (pid < 0 || waitpid(pid, &ws, 0) != pid) return -1;
+    return ws;
+}
+
+/* SIGINT or SIGTERM while a run writes its outputs: the hidden temporary files are removed
+ * and the process ends by the signal (its exit status says so); while files are renamed into
+ * place the signal waits for the renames to finish. */
+static void test_signal_removes_temps(void)
+{
+    static const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        char name[32];
+        snprintf(name, sizeof name, "signal_%d", sigs[i]);
+        const char *dir = make_dir(name);
+        const int ws = signalled_writer(dir, sigs[i], false);
+        CHECK(WIFSIGNALED(ws) && WTERMSIG(ws) == sigs[i],
+              "signal %d while writing: the child did not end by it (status 0x%x)", sigs[i], ws);
+        CHECK(entries_in(dir) == 0, "signal %d while writing left %d files in the output folder",
+              sigs[i], entries_in(dir));
+        snprintf(name, sizeof name, "held_%d", sigs[i]);
+        const char *held = make_dir(name);
+        const int ws2 = signalled_writer(held, sigs[i], true);
+        CHECK(WIFSIGNALED(ws2) && WTERMSIG(ws2) == sigs[i] && exists(path_in(held, "held")) &&
+                  exists(path_in(held, "x.npy")) && entries_in(held) == 2,
+              "signal %d while renaming: not held until the renames ended (status 0x%x, %d files)",
+              sigs[i], ws2, entries_in(held));
+    }
+}
+
 int main(void)
 {
     const char *tmp = getenv("TMPDIR");
@@ -954,6 +1029,7 @@ int main(void)
     test_run_into_case();
     test_check_grads();
     test_compare();
+    test_signal_removes_temps();
     remove_tree(root);
     return tu_finish("test_npy");
 }

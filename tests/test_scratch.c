@@ -1,8 +1,10 @@
 /* The scratch-block cache (src/core/scratch.h): a freed block comes back to the next request
  * it fits, aligned and with its whole size usable; no block is ever held by two callers at
- * once, also when threads allocate and free concurrently; the cache keeps no block that is
- * too large or that would push it past its byte limit. */
+ * once, also when threads allocate and free concurrently while another releases the cache and
+ * changes its limit; the cache keeps no block that is too large or that would push it past its
+ * byte limit. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -90,12 +92,31 @@ static void *stamp_blocks(void *arg)
     return NULL;
 }
 
+/* Releases the cache and changes its limit while the stamping threads run. */
+static atomic_int stamping;
+static void *shrink_cache(void *arg)
+{
+    (void)arg;
+    for (size_t r = 0; stamping; r++) {
+        if (r % 2)
+            linseq_workspace_release();
+        else
+            linseq_workspace_set_limit(r % 4 ? 0 : (size_t)1 << 20);
+    }
+    linseq_workspace_set_limit(LS_SCRATCH_KEEP_BYTES);
+    return NULL;
+}
+
 static void concurrent(void)
 {
-    pthread_t t[THREADS];
+    pthread_t t[THREADS], shrinker;
+    stamping = 1;
+    pthread_create(&shrinker, NULL, shrink_cache, NULL);
     for (int i = 0; i < THREADS; i++)
         pthread_create(&t[i], NULL, stamp_blocks, (void *)(uintptr_t)(i + 1));
     for (int i = 0; i < THREADS; i++) pthread_join(t[i], NULL);
+    stamping = 0;
+    pthread_join(shrinker, NULL);
     CHECK(clashes == 0, "%d blocks were held by two threads at once", clashes);
 }
 

@@ -8,7 +8,7 @@
  *   - the saved states themselves: checkpoint k of a sequence is bitwise the hT of a forward
  *     over its first 64 k tokens (the state layout of ssm_internal.h);
  *   - refusals with nothing written: saved too small, saved of another problem (sizes,
- *     options), not a saved block, NULL saved, a CUDA exec. */
+ *     options, cu_seqlens of the same sizes), not a saved block, NULL saved, a CUDA exec. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -289,6 +289,40 @@ static void check_refusals(const scase *c)
     free(good), free(saved), free(y), free(hT);
 }
 
+/* A block from the same sizes and sequence count with other sequence boundaries holds the
+ * states of other sequences: refused, naming cu_seqlens, whichever call had which. */
+static void check_other_cu_seqlens(const scase *c)
+{
+    static const int64_t moved_cu[] = {0, 60, 130, 200};
+    linseq_ssm1_problem moved = c->p;
+    moved.cu_seqlens = moved_cu;
+    size_t bytes = 0, moved_bytes = 0;
+    CHECK_OK(linseq_ssm1_saved_size(&c->p, NULL, &bytes));
+    CHECK_OK(linseq_ssm1_saved_size(&moved, NULL, &moved_bytes));
+    if (moved_bytes > bytes) bytes = moved_bytes;
+    unsigned char *saved = malloc(bytes);
+    float *y = tu_alloc(c->n_tok), *hT = tu_alloc(c->n_state);
+    float *g[N_GRADS];
+    const linseq_ssm1_grads gs = alloc_grads(c, g);
+    void *bufs[N_GRADS];
+    size_t sizes[N_GRADS];
+    for (int i = 0; i < N_GRADS; i++) {
+        bufs[i] = g[i];
+        sizes[i] = c->n_grad[i] * sizeof(float);
+        if (g[i]) tu_poison(g[i], sizes[i]);
+    }
+    const linseq_ssm1_problem *written[2] = {&c->p, &moved}, *read[2] = {&moved, &c->p};
+    for (int k = 0; k < 2; k++) {
+        CHECK_OK(linseq_ssm1_forward_train(written[k], NULL, y, hT, saved, bytes));
+        expect_refused(
+            linseq_ssm1_backward_saved(read[k], NULL, saved, bytes, c->d_y, c->d_hT, &gs),
+            LINSEQ_ERR_INVALID_VALUE, "cu_seqlens", bufs, sizes, N_GRADS,
+            "backward_saved, saved of other cu_seqlens");
+    }
+    free_grads(g);
+    free(saved), free(y), free(hT);
+}
+
 int main(void)
 {
     tu_mark tally[LS_ISA_COUNT] = {{0}};
@@ -317,6 +351,9 @@ int main(void)
     scase c;
     make_case(&c, &CONFIGS[1], 7);
     check_refusals(&c);
+    free_case(&c);
+    make_case(&c, &CONFIGS[3], 8);
+    check_other_cu_seqlens(&c);
     free_case(&c);
     tu_mark refusals = {0};
     tu_tally_add(&refusals, mark);

@@ -131,6 +131,12 @@ void ls_arg_structs(ls_args *a, const void *problem, size_t problem_bytes, const
     if (exec) ls_arg(a, "exec struct", "bytes", exec, false, LS_IN, 1, 1, (int64_t)sizeof *exec);
 }
 
+/* The element type of a tensor by its size, for messages (a byte buffer holds floats). */
+static const char *elem_name(const ls_tensor *t)
+{
+    return t->elem_size == 8 ? "int64" : t->elem_size == 2 ? "bfloat16" : "float32";
+}
+
 linseq_status ls_args_validate(ls_args *a)
 {
     char shape[160];
@@ -143,8 +149,7 @@ linseq_status ls_args_validate(ls_args *a)
             ls_shape_text(t, shape, sizeof shape);
             return ls_fail(a->fn, LINSEQ_ERR_NULL_POINTER,
                            "%s '%s' is NULL; expected a %s tensor %s",
-                           t->role == LS_OUT ? "output" : "argument", t->name,
-                           t->elem_size == 8 ? "int64" : "float32", shape);
+                           t->role == LS_OUT ? "output" : "argument", t->name, elem_name(t), shape);
         }
     }
     /* A misaligned float pointer is undefined behaviour in every kernel (and void *saved
@@ -154,7 +159,7 @@ linseq_status ls_args_validate(ls_args *a)
         if (t->ptr && t->align > 1 && (uintptr_t)t->ptr % t->align != 0)
             return ls_fail(a->fn, LINSEQ_ERR_INVALID_VALUE,
                            "'%s' = %p is not aligned to %zu bytes (the alignment of a %s)", t->name,
-                           t->ptr, t->align, t->elem_size == 8 ? "int64" : "float32");
+                           t->ptr, t->align, elem_name(t));
     }
     for (int i = 0; i < a->n; i++) {
         ls_tensor *t = &a->t[i];
@@ -192,6 +197,17 @@ int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T
         if (cu_seqlens[n + 1] - cu_seqlens[n] > longest)
             longest = cu_seqlens[n + 1] - cu_seqlens[n];
     return longest;
+}
+
+uint64_t ls_seqlens_fingerprint(const int64_t *cu_seqlens, int64_t n_seqs, int64_t B, int64_t T)
+{
+    const int64_t count = cu_seqlens ? n_seqs : B;
+    uint64_t h = 0xcbf29ce484222325u ^ (uint64_t)count; /* FNV-1a over the lengths' bytes */
+    for (int64_t n = 0; n < count; n++) {
+        uint64_t len = (uint64_t)(cu_seqlens ? cu_seqlens[n + 1] - cu_seqlens[n] : T);
+        for (int byte = 0; byte < 8; byte++, len >>= 8) h = (h ^ (len & 0xff)) * 0x100000001b3u;
+    }
+    return h;
 }
 
 linseq_status ls_check_min(const char *fn, const char *name, int64_t value, int64_t min)

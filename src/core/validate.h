@@ -87,6 +87,11 @@ linseq_status ls_check_state_rows(const char *fn, const int64_t *rows, int64_t B
 /* The longest of the packed sequences (T without cu_seqlens); cu_seqlens already checked. */
 int64_t ls_longest_sequence(const int64_t *cu_seqlens, int64_t n_seqs, int64_t T);
 
+/* A 64-bit hash of the sequence lengths, in order: those of cu_seqlens (already checked), or B
+ * sequences of T tokens without it. A saved training block records it, so that a backward
+ * given other sequence boundaries of the same total is refused, not answered wrongly. */
+uint64_t ls_seqlens_fingerprint(const int64_t *cu_seqlens, int64_t n_seqs, int64_t B, int64_t T);
+
 /* Exact product of non-negative sizes, false if it exceeds PTRDIFF_MAX. */
 bool ls_mul_ok(int64_t *out, int n, ...);
 

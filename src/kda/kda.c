@@ -58,6 +58,15 @@ void kda_exec_plan(kda_plan *pl, const linseq_exec *exec)
 
 /* Everything but the tensors' pointers: the problem as op describes it (sizes, enums, n_seqs,
  * the exec), KDA's own rules on its options, and the plan. */
+linseq_status kda_positive_g_status(const char *fn, const kda_plan *pl)
+{
+    if (!pl->positive_g || !atomic_load(pl->positive_g)) return LINSEQ_OK;
+    return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                   "'g' holds a positive log decay; expected g <= 0 (e^g a decay factor in "
+                   "(0, 1], e.g. logsigmoid of the gate, or the raw gate input with "
+                   "gate_in_kernel). Found while computing: the outputs hold undefined values");
+}
+
 linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kda_problem *p,
                                 const linseq_exec *exec, bool cpu_bf16, kda_plan *pl)
 {
@@ -96,6 +105,7 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
     pl->chunk = 0;
     pl->segment = 64;
     pl->bf16 = false;
+    pl->positive_g = NULL;
     return LINSEQ_OK;
 }
 
@@ -376,9 +386,12 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     if (saved && (st = kda_saved_offsets(fn, &pl, saved_bytes, &saved_at))) return st;
     float *saved_data =
         saved ? (float *)(void *)((unsigned char *)saved + KDA_SAVED_HEADER_BYTES) : NULL;
+    atomic_int positive_g = 0; /* the kernels' pass over g (kda_decay_row) */
+    pl.positive_g = &positive_g;
     const int all_threads = ls_resolve_threads(exec, INT64_MAX, kda_work(&pl, p->B * p->T));
     if (n_items < all_threads && p->V > 32) {
         st = forward_split(fn, &pl, kern, all_threads, o, ht, saved_data, saved_at);
+        if (!st) st = kda_positive_g_status(fn, &pl);
         if (!st && saved) kda_saved_write_header(&pl, saved);
         free(saved_at);
         return st;
@@ -399,10 +412,12 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
                      .saved = saved_data,
                      .saved_at = saved_at};
     ls_parallel_for(n_items, threads, forward_item, &c);
-    if (saved) kda_saved_write_header(&pl, saved);
+    /* a saved block of a refused call keeps no header: a backward refuses it */
+    st = kda_positive_g_status(fn, &pl);
+    if (!st && saved) kda_saved_write_header(&pl, saved);
     free(ws);
     free(saved_at);
-    return LINSEQ_OK;
+    return st;
 }
 
 linseq_status ls_kda_forward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
@@ -446,7 +461,9 @@ linseq_status linseq_kda_saved_size(const linseq_kda_problem *problem, const lin
     static const char fn[] = "linseq_kda_saved_size";
     ls_clear_error();
     kda_plan pl;
+    ls_isa isa; /* the size does not depend on it, but a bad LINSEQ_ISA is refused everywhere */
     linseq_status st;
+    if ((st = ls_isa_resolve(fn, &isa))) return st;
     if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, false, &pl))) return st;
     if (!bytes) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
@@ -546,6 +563,8 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     unsigned char *ws;
     if ((st = ls_alloc_blocks(fn, ws_stride, threads, (void **)&ws))) return st;
 
+    atomic_int positive_g = 0; /* the kernels' pass over g (kda_decay_row) */
+    pl.positive_g = &positive_g;
     decode_ctx c = {.pl = &pl,
                     .state = state,
                     .o = o,
@@ -555,7 +574,7 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
                     .kern = ls_kda_kernels(isa)};
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
-    return LINSEQ_OK;
+    return kda_positive_g_status(fn, &pl);
 }
 
 linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,

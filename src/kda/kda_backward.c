@@ -222,6 +222,8 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
         free(saved_at);
         return st;
     }
+    atomic_int positive_g = 0; /* the kernels' pass over g (kda_decay_row) */
+    pl.positive_g = &positive_g;
     bwd_ctx c = {.b = &b, .ws = ws, .ws_stride = ws_stride};
     ls_parallel_for(n_items, threads, backward_item, &c);
 
@@ -243,7 +245,7 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
     free(b.partials);
     free(ws);
     free(saved_at);
-    return LINSEQ_OK;
+    return kda_positive_g_status(fn, &pl);
 }
 
 linseq_status ls_kda_backward_isa(const linseq_kda_problem *problem, const linseq_exec *exec,

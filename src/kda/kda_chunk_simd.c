@@ -248,7 +248,7 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
             KDA_PREFETCH_TOKEN(pl, first + r + KDA_PREFETCH_AHEAD, hv, 3);
         kda_load_token_v(pl, first + r, hv, w->qs + r * K, w->ks + r * K, &w->beta[r],
                          w->g + r * gK);
-        kda_decay_row(gK, w->g + r * gK, KDA_LOG_DECAY_FLOOR, w->a + r * gK);
+        kda_decay_row(pl, gK, w->g + r * gK, KDA_LOG_DECAY_FLOOR, w->a + r * gK);
     }
     /* e^{G_r} and e^{G_last - G_r} as running products from either end */
     memcpy(w->eG, w->a, (size_t)gK * sizeof(float));

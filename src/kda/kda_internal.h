@@ -7,6 +7,7 @@
 #define LS_KDA_INTERNAL_H
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -27,7 +28,13 @@ typedef struct kda_plan {
     int segment; /* recurrent mode: tokens between saved states */
     bool bf16;   /* the per-token tensors (q, k, v, beta, g, o) are bfloat16: the kernels
                   * widen them as they load them and round o once as they store it */
+    /* Set (to 1) by a kernel whose pass over g met a positive log decay, outside the
+     * contract g <= 0 (kda_positive_g_status); NULL: not watched. */
+    atomic_int *positive_g;
 } kda_plan;
+
+/* LINSEQ_OK, or the refusal of a call whose kernels met g > 0 (pl->positive_g set). */
+linseq_status kda_positive_g_status(const char *fn, const kda_plan *pl);
 
 /* Bytes per element of the per-token tensors. */
 static inline size_t kda_token_bytes(const kda_plan *pl) { return pl->bf16 ? 2 : 4; }
@@ -49,7 +56,7 @@ linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p
 /* The saved forward of training (kda_saved.c): a header, then per item (n*HV + hv) a block at
  * offsets[item] floats after it: the states before each chunk or segment, then (chunked)
  * the item's deltas. */
-#define KDA_SAVED_HEADER_BYTES 64
+#define KDA_SAVED_HEADER_BYTES 128
 linseq_status kda_saved_layout(const char *fn, const kda_plan *pl, int64_t *offsets, size_t *bytes);
 void kda_saved_write_header(const kda_plan *pl, void *saved);
 /* The item offsets of kda_saved_layout in a new array (the caller frees it), after checking

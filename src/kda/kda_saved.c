@@ -1,9 +1,11 @@
 /* The saved forward state of KDA training: what linseq_kda_forward_train keeps so that
- * linseq_kda_backward_saved need not run the forward again. A 64-byte header (to check that
- * the backward describes the same problem, mode and chunk size), then one block per
+ * linseq_kda_backward_saved need not run the forward again. A 128-byte header (to check that
+ * the backward describes the same problem, sequence boundaries, options, mode and chunk
+ * size), then one block per
  * (sequence, value head) item in item order: the state before every chunk (every chunk_size
  * tokens in recurrent mode), and in chunked mode every token's delta u. */
 #include <stdbool.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -11,14 +13,29 @@
 #include "core/validate.h"
 #include "kda/kda_internal.h"
 
-static const char MAGIC[8] = {'l', 's', 'K', 'D', 'A', 's', 'v', '1'};
+static const char MAGIC[8] = {'l', 's', 'K', 'D', 'A', 's', 'v', '2'};
+
+/* What the saved states depend on besides the inputs' values and sizes: a block written for
+ * another problem describes other states. */
+enum {
+    FLAG_L2NORM = 1,
+    FLAG_BETA_LOGIT = 2,
+    FLAG_GATE_IN_KERNEL = 4,
+    FLAG_H0 = 8,
+    FLAG_A_LOG = 16,
+    FLAG_DT_BIAS = 32
+};
 
 typedef struct {
     char magic[8];
     int64_t chunked, chunk, K, V, HV, tokens, n_seqs;
+    int64_t decay, flags;
+    float lower_bound;
+    uint32_t pad;
+    uint64_t seqlens; /* ls_seqlens_fingerprint */
 } saved_header;
 
-_Static_assert(sizeof(saved_header) == KDA_SAVED_HEADER_BYTES, "saved header size");
+_Static_assert(sizeof(saved_header) <= KDA_SAVED_HEADER_BYTES, "saved header size");
 
 /* Floats of one item's block, rounded to 64 bytes; -1 on overflow. */
 static int64_t item_floats(const kda_plan *pl, int64_t len)
@@ -77,13 +94,33 @@ static saved_header header_of(const kda_plan *pl)
     h.HV = pl->HV;
     h.tokens = pl->p->B * pl->p->T;
     h.n_seqs = pl->n_seqs;
+    const linseq_kda_problem *p = pl->p;
+    h.decay = p->decay;
+    h.flags = (p->qk_l2norm ? FLAG_L2NORM : 0) | (p->beta_is_logit ? FLAG_BETA_LOGIT : 0) |
+              (p->gate_in_kernel ? FLAG_GATE_IN_KERNEL : 0) | (p->h0 ? FLAG_H0 : 0);
+    if (p->gate_in_kernel) h.flags |= (p->A_log ? FLAG_A_LOG : 0) | (p->dt_bias ? FLAG_DT_BIAS : 0);
+    h.lower_bound = p->gate_in_kernel ? p->lower_bound : 0.0f;
+    h.seqlens = ls_seqlens_fingerprint(p->cu_seqlens, p->n_seqs, p->B, p->T);
     return h;
 }
 
 void kda_saved_write_header(const kda_plan *pl, void *saved)
 {
+    unsigned char block[KDA_SAVED_HEADER_BYTES] = {0};
     const saved_header h = header_of(pl);
-    memcpy(saved, &h, sizeof h);
+    memcpy(block, &h, sizeof h);
+    memcpy(saved, block, sizeof block);
+}
+
+/* " qk_l2norm beta_is_logit ..." for the flags in f, written into buf. */
+static const char *flag_names(int64_t f, char *buf, size_t size)
+{
+    snprintf(buf, size, "%s%s%s%s%s%s", f & FLAG_L2NORM ? " qk_l2norm" : "",
+             f & FLAG_BETA_LOGIT ? " beta_is_logit" : "",
+             f & FLAG_GATE_IN_KERNEL ? " gate_in_kernel" : "", f & FLAG_H0 ? " h0" : "",
+             f & FLAG_A_LOG ? " A_log" : "", f & FLAG_DT_BIAS ? " dt_bias" : "");
+    if (!buf[0]) snprintf(buf, size, " none");
+    return buf;
 }
 
 linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const void *saved)
@@ -108,6 +145,23 @@ linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const v
                        (long long)h.K, (long long)h.V, (long long)h.HV, (long long)h.tokens,
                        (long long)h.n_seqs, (long long)want.K, (long long)want.V,
                        (long long)want.HV, (long long)want.tokens, (long long)want.n_seqs);
+    if (h.seqlens != want.seqlens)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'saved' was written for other sequence boundaries: this problem's "
+                       "cu_seqlens gives %lld sequences of other lengths than the forward's (pass "
+                       "the forward's cu_seqlens)",
+                       (long long)want.n_seqs);
+    if (h.flags != want.flags || h.decay != want.decay ||
+        memcmp(&h.lower_bound, &want.lower_bound, sizeof h.lower_bound) != 0) {
+        char had[96], has[96];
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'saved' was written for a problem with decay %lld, lower_bound %g and "
+                       "options:%s; this problem has decay %lld, lower_bound %g and options:%s "
+                       "(pass the forward's problem)",
+                       (long long)h.decay, (double)h.lower_bound,
+                       flag_names(h.flags, had, sizeof had), (long long)want.decay,
+                       (double)want.lower_bound, flag_names(want.flags, has, sizeof has));
+    }
     return LINSEQ_OK;
 }
 

@@ -110,6 +110,8 @@ linseq_status ls_kda_segment_forward_isa(const linseq_kda_problem *problem, cons
     const int threads = ls_resolve_threads(exec, n_items, work);
     unsigned char *ws;
     if ((st = ls_alloc_blocks(fn, stride, threads, (void **)&ws))) return st;
+    atomic_int positive_g = 0; /* the kernels' pass over g (kda_decay_row) */
+    pl.positive_g = &positive_g;
     forward_ctx c = {.pl = &pl,
                      .kern = ls_kda_kernels(isa),
                      .P = P,
@@ -119,7 +121,7 @@ linseq_status ls_kda_segment_forward_isa(const linseq_kda_problem *problem, cons
                      .r_bytes = r_bytes};
     ls_parallel_for(n_items, threads, forward_item, &c);
     free(ws);
-    return LINSEQ_OK;
+    return kda_positive_g_status(fn, &pl);
 }
 
 linseq_status linseq_kda_segment_forward(const linseq_kda_problem *problem, const linseq_exec *exec,

@@ -81,12 +81,30 @@ static inline void kda_vmul(int64_t n, const float *x, const float *s, float *y)
     if (i < n) vf_store_n(y + i, vf_mul(vf_load_n(x + i, n - i), vf_load_n(s + i, n - i)), n - i);
 }
 
-/* a[0..n) = e^{g} with every g raised to floor first (NaN stays NaN). */
-static inline void kda_decay_row(int64_t n, const float *g, float floor, float *a)
+/* a[0..n) = e^{g} with every g raised to floor first (NaN stays NaN). The same pass keeps,
+ * per lane, a g > 0 when there is one (an ordered compare: a NaN is not one) and tells the
+ * plan's watcher: a growth where the contract is a decay (g <= 0), which overflows the state
+ * or the chunked form's factors to inf and the outputs to NaN. */
+static inline void kda_decay_row(const kda_plan *pl, int64_t n, const float *g, float floor,
+                                 float *a)
 {
+    vf top = vf_zero();
     int64_t i = 0;
-    for (; i + VW <= n; i += VW) vf_store(a + i, vf_exp(vf_max(vf_set1(floor), vf_load(g + i))));
-    if (i < n) vf_store_n(a + i, vf_exp(vf_max(vf_set1(floor), vf_load_n(g + i, n - i))), n - i);
+    for (; i + VW <= n; i += VW) {
+        const vf x = vf_load(g + i);
+        top = vf_select_gt(x, vf_zero(), x, top);
+        vf_store(a + i, vf_exp(vf_max(vf_set1(floor), x)));
+    }
+    if (i < n) {
+        const vf x = vf_load_n(g + i, n - i);
+        top = vf_select_gt(x, vf_zero(), x, top);
+        vf_store_n(a + i, vf_exp(vf_max(vf_set1(floor), x)), n - i);
+    }
+    float lanes[VW];
+    vf_store(lanes, top);
+    bool positive = false;
+    for (int l = 0; l < VW; l++) positive |= lanes[l] > 0.0f;
+    if (positive && pl->positive_g) atomic_store_explicit(pl->positive_g, 1, memory_order_relaxed);
 }
 
 /* a[0..K) = the per-token decay of every key row: e^{g} per channel, one e^{g} broadcast per
@@ -95,11 +113,11 @@ static inline void kda_row_decays(const kda_plan *pl, const float *g, float *a)
 {
     const int64_t K = pl->p->K;
     if (pl->p->decay == LINSEQ_DECAY_PER_CHANNEL) {
-        kda_decay_row(K, g, -INFINITY, a);
+        kda_decay_row(pl, K, g, -INFINITY, a);
         return;
     }
     float e = 1.0f;
-    if (pl->p->decay == LINSEQ_DECAY_PER_HEAD) kda_decay_row(1, g, -INFINITY, &e);
+    if (pl->p->decay == LINSEQ_DECAY_PER_HEAD) kda_decay_row(pl, 1, g, -INFINITY, &e);
     for (int64_t i = 0; i < K; i++) a[i] = e;
 }
 

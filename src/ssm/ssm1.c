@@ -151,7 +151,10 @@ linseq_status linseq_ssm1_saved_size(const linseq_ssm1_problem *p, const linseq_
     ls_clear_error();
     /* only the sizes and the sequence offsets matter: the tensors may not exist yet */
     ls_args sizes = {.fn = "linseq_ssm1_saved_size"};
-    linseq_status st = check_problem(&sizes, &ls_op_ssm1, p, exec);
+    ls_isa isa; /* the size does not depend on it, but a bad LINSEQ_ISA is refused everywhere */
+    linseq_status st = ls_isa_resolve(sizes.fn, &isa);
+    if (st) return st;
+    st = check_problem(&sizes, &ls_op_ssm1, p, exec);
     if (st || (st = check_saved_exec(sizes.fn, exec))) return st;
     if (!bytes) return ls_fail(sizes.fn, LINSEQ_ERR_NULL_POINTER, "argument 'bytes' is NULL");
     ls_args a = {.fn = sizes.fn};

@@ -1,6 +1,6 @@
 /* The saved forward state of SSM1 training: what linseq_ssm1_forward_train keeps so that
  * linseq_ssm1_backward_saved need not run the recurrence again to find its checkpoints. A
- * header (to check that the backward describes the same problem), then the state before every
+ * header (to check that the backward describes the same problem and sequence boundaries), then the state before every
  * SSM_BWD_SEGMENT-token segment of every sequence, sequence after sequence: ceil(L /
  * SSM_BWD_SEGMENT) states of a sequence of L tokens, each state-major [N][D]. Rows of channels
  * make the layout independent of how the forward (blocks of SSM_LANES channels) and the
@@ -14,7 +14,7 @@
 #include "core/validate.h"
 #include "ssm/ssm_internal.h"
 
-static const char MAGIC[8] = {'l', 's', 'S', 'S', 'M', '1', 's', '1'};
+static const char MAGIC[8] = {'l', 's', 'S', 'S', 'M', '1', 's', '2'};
 
 /* What the states depend on besides the inputs' values: a block written for another problem
  * describes other states. */
@@ -23,6 +23,7 @@ enum { FLAG_CHANNEL_FIRST = 1, FLAG_SOFTPLUS = 2, FLAG_DT_BIAS = 4, FLAG_H0 = 8 
 typedef struct {
     char magic[8];
     int64_t segment, flags, B, T, D, N, G, n_seqs, n_checkpoints;
+    uint64_t seqlens; /* ls_seqlens_fingerprint */
 } saved_header;
 
 _Static_assert(sizeof(saved_header) <= SSM1_SAVED_HEADER_BYTES, "saved header size");
@@ -80,6 +81,7 @@ static saved_header header_of(const linseq_ssm1_problem *p)
     h.G = p->G ? p->G : 1;
     h.n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     h.n_checkpoints = count_checkpoints(p, NULL);
+    h.seqlens = ls_seqlens_fingerprint(p->cu_seqlens, p->n_seqs, p->B, p->T);
     return h;
 }
 
@@ -124,6 +126,12 @@ static linseq_status check_header(const char *fn, const linseq_ssm1_problem *p, 
                        (long long)h.G, (long long)h.n_seqs, (long long)h.n_checkpoints,
                        (long long)want.B, (long long)want.T, (long long)want.D, (long long)want.N,
                        (long long)want.G, (long long)want.n_seqs, (long long)want.n_checkpoints);
+    if (h.seqlens != want.seqlens)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "'saved' was written for other sequence boundaries: this problem's "
+                       "cu_seqlens gives %lld sequences of other lengths than the forward's (pass "
+                       "the forward's cu_seqlens)",
+                       (long long)want.n_seqs);
     if (h.flags != want.flags) {
         char had[64], has[64];
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,

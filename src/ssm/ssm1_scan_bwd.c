@@ -121,9 +121,10 @@ static linseq_status scan_backward(const linseq_ssm1_problem *p, const linseq_ex
     if (partials && grads->dC_proj) pl.dC_partial = ls_scratch_alloc((size_t)partial_bytes);
     if (!pl.workspace || (partials && grads->dB_proj && !pl.dB_partial) ||
         (partials && grads->dC_proj && !pl.dC_partial)) {
-        ls_scratch_free(pl.workspace);
-        ls_scratch_free(pl.dB_partial);
-        ls_scratch_free(pl.dC_partial);
+        /* not kept: a failed call's memory is what a caller short of it needs back */
+        ls_scratch_discard(pl.workspace);
+        ls_scratch_discard(pl.dB_partial);
+        ls_scratch_discard(pl.dC_partial);
         return LINSEQ_ERR_OUT_OF_MEMORY;
     }
 

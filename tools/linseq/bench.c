@@ -32,16 +32,17 @@
 static const char usage_head[] =
     "bench:\n"
     "  linseq bench OP [shape] [--threads N] [--repeats N] [--warmup N] [--json]\n"
-    "               [--no-peak] [--mib N]\n"
+    "               [--no-peak] [--mib N] [--dtype f32|bf16] [--contend N] [--cold]\n"
     "      time one op at one shape; OP is an op of the table as its forward, and its\n"
     "      training step (-fwdbwd: forward, then backward) and decode step (-decode: one\n"
     "      token for each of B requests, their states in place) where it has them:\n";
 
 static const char usage_tail[] =
-    "  linseq bench peak [--threads N] [--repeats N] [--mib N] [--json]\n"
+    "  linseq bench peak [--threads N] [--repeats N] [--mib N] [--json] [--contend N]\n"
     "      fp32 FMA GFLOP/s on 1 thread and on N (default all processors), and the triad\n"
     "      bandwidth (a = b + s c over 3 arrays of --mib MiB) on both\n"
     "  linseq bench suite [--threads N] [--repeats N] [--warmup N] [--json] [--no-peak]\n"
+    "                     [--mib N] [--contend N]\n"
     "      the standard shapes (docs/performance.md) in one table\n"
     "\n"
     "bench options:\n"
@@ -1323,13 +1324,15 @@ static void suite_notes(const result *res)
     for (int i = 0; i < N_SUITE; i++) {
         const suite_case *c = &suite_cases[i];
         const result *r = &res[i], *ref = &res[c->ref];
+        char text[96];
         if (c->what == US_PER_TOKEN)
             printf("%s, 1 thread: %.2f us per token\n", c->name, r->tm.median / r->tokens * 1e6);
         else if (c->what == FWD_RATIO)
-            printf("%s: %.2f x the forward\n", c->name, r->tm.median / ref->tm.median);
+            printf("%s: %.2fx the forward\n", c->name, r->tm.median / ref->tm.median);
         else if (c->what == SCALING)
-            printf("%s: %.2f x faster on %d threads than on 1\n", c->name,
-                   r->tm.median / ref->tm.median, ref->s.threads);
+            printf(
+                "%s: %s\n", c->name,
+                ls_speedup_text(r->tm.median, ref->tm.median, ref->s.threads, text, sizeof text));
     }
 }
 
@@ -1426,6 +1429,15 @@ static void usage_defaults(FILE *f, const command *c, int width)
     if (decay_text(&s, p)) snprintf(decay, sizeof decay, ", per-%s decay", decay_text(&s, p));
     fprintf(f, "        %-*s %s%s%s\n", width, name, shape, mode, decay);
     free(p);
+}
+
+const char *ls_speedup_text(double one_thread_s, double threads_s, int threads, char *buf, size_t n)
+{
+    const double speedup = one_thread_s / threads_s;
+    const bool faster = speedup >= 1.0;
+    snprintf(buf, n, "%.2fx %s on %d thread%s than on 1", faster ? speedup : 1.0 / speedup,
+             faster ? "faster" : "slower", threads, threads == 1 ? "" : "s");
+    return buf;
 }
 
 void ls_bench_usage(FILE *f)

@@ -598,6 +598,43 @@ static char *read_text(const char *path, size_t *len, char *err, size_t err_size
     return buf;
 }
 
+static int compare_keys(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The first key that appears twice in one object of the tree under item (NULL: none, or
+ * *oom set when memory ran out), and in *parent the key of that object ("" at the top).
+ * cJSON keeps every duplicate and its lookups find the first, where Python's json keeps the
+ * last: a case would mean different things to the CLI and to the tools that wrote it. */
+static const char *duplicate_key(const cJSON *item, const char *name, const char **parent,
+                                 bool *oom)
+{
+    size_t n = 0;
+    for (const cJSON *e = item->child; e; e = e->next) {
+        if (e->child) {
+            const char *dup = duplicate_key(e, e->string ? e->string : name, parent, oom);
+            if (dup || *oom) return dup;
+        }
+        n++;
+    }
+    if (!cJSON_IsObject(item) || n < 2) return NULL;
+    const char **keys = malloc(n * sizeof *keys);
+    if (!keys) {
+        *oom = true;
+        return NULL;
+    }
+    n = 0;
+    for (const cJSON *e = item->child; e; e = e->next) keys[n++] = e->string ? e->string : "";
+    qsort(keys, n, sizeof *keys, compare_keys);
+    const char *dup = NULL;
+    for (size_t i = 1; i < n && !dup; i++)
+        if (strcmp(keys[i - 1], keys[i]) == 0) dup = keys[i];
+    free(keys);
+    if (dup) *parent = name;
+    return dup;
+}
+
 static bool parse_meta(ls_case *c, char *err, size_t err_size)
 {
     char *path = case_path(c->dir, "meta", ".json");
@@ -615,6 +652,15 @@ static bool parse_meta(ls_case *c, char *err, size_t err_size)
             ok = fail_to(err, err_size, "%s: malformed JSON (line %d)", path, line);
         } else if (!cJSON_IsObject(c->meta)) {
             ok = fail_to(err, err_size, "%s: the top level is not an object", path);
+        } else {
+            const char *parent = "";
+            bool oom = false;
+            const char *dup = duplicate_key(c->meta, "", &parent, &oom);
+            if (oom)
+                ok = fail_to(err, err_size, "%s: out of memory", path);
+            else if (dup)
+                ok = fail_to(err, err_size, "%s: duplicate key \"%s\"%s%s%s (each key once)", path,
+                             dup, parent[0] ? " in \"" : "", parent, parent[0] ? "\"" : "");
         }
     }
     free(text);
@@ -909,8 +955,13 @@ bool case_write_outputs(const ls_case *c, const case_result *r, const char *out_
      * outputs: they are withdrawn with the rest of the earlier set. */
     for (int i = 0; ok && r->n_grads == 0 && i < c->n_grads; i++)
         ok = stage(&files[n++], out_dir, c->computable[c->grads[i]].name, NULL, err, err_size);
+    /* Until here a signal removes the temporary files (npy.h); the swap and its commit or
+     * undo are quick and run to their end, the signal acted on after them. */
+    npy_temps_defer(true);
     for (int i = 0; ok && i < n; i++) ok = swap_in(&files[i], err, err_size);
     finish_staged(files, n, ok);
+    npy_temps_forget_all();
+    npy_temps_defer(false);
     return ok;
 }
 

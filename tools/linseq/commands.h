@@ -30,4 +30,9 @@ int cmd_bench(int argc, char **argv);
 /* The bench part of `linseq --help`, its op commands listed from the op table. */
 void ls_bench_usage(FILE *f);
 
+/* "1.47x slower on 2 threads than on 1": a run on `threads` threads against one thread, from
+ * their seconds per call, as a factor of at least 1 with its direction. Returns buf. */
+const char *ls_speedup_text(double one_thread_s, double threads_s, int threads, char *buf,
+                            size_t n);
+
 #endif

@@ -115,8 +115,9 @@ void cmp_arrays(const npy_array *cand, const npy_array *ref, const cmp_tol *tol,
 /* ---------------------------------------------------------------------------------- */
 
 typedef struct tally {
-    int passed, failed, skipped; /* files */
-    int errors;                  /* cases that could not be checked */
+    int passed, failed, skipped;    /* files */
+    int cases_passed, cases_failed; /* cases checked */
+    int errors;                     /* cases that could not be checked */
 } tally;
 
 typedef struct line_buf {
@@ -233,6 +234,10 @@ static void check_case(const char *dir, const linseq_exec *exec, bool fwd_only, 
         t->passed += mine.passed;
         t->failed += mine.failed;
         t->skipped += mine.skipped;
+        if (pass)
+            t->cases_passed++;
+        else
+            t->cases_failed++;
     }
     case_result_free(&r);
     case_free(&c);
@@ -337,6 +342,11 @@ int cmd_check(int n_dirs, char *const *dirs, const linseq_exec *exec, bool fwd_o
         free(cases);
     }
     if (t.errors) printf("%d case%s could not be checked\n", t.errors, t.errors == 1 ? "" : "s");
-    printf("%d passed, %d failed, %d skipped\n", t.passed, t.failed, t.skipped);
+    /* cases first (what a reader counts), then the files compared (the last word stays the
+     * skipped count, which scripts read) */
+    const int cases = t.cases_passed + t.cases_failed, files = t.passed + t.failed + t.skipped;
+    printf("%d case%s: %d passed, %d failed; %d file%s: %d passed, %d failed, %d skipped\n", cases,
+           cases == 1 ? "" : "s", t.cases_passed, t.cases_failed, files, files == 1 ? "" : "s",
+           t.passed, t.failed, t.skipped);
     return t.errors ? LS_EXIT_ERROR : t.failed ? LS_EXIT_FAIL : LS_EXIT_OK;
 }

@@ -9,32 +9,38 @@
 #include "commands.h"
 #include "linseq.h"
 
-static const char usage_text[] =
-    "usage:\n"
-    "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N] [--fwd-only]\n"
+/* Each command's synopsis and what it does, then the options they share: `linseq --help`
+ * prints them all, `linseq CMD --help` its own. */
+static const char run_text[] =
+    "  linseq run CASE_DIR OUT_DIR [--mode M] [--chunk-size N] [--threads N] [--device D]\n"
+    "             [--fwd-only]\n"
     "      run a reference case's op forward and backward; write its outputs and its\n"
     "      gradients to OUT_DIR/<name>.npy. CASE_DIR may also be a folder of case folders:\n"
-    "      each case CASE_DIR/<case> is run into OUT_DIR/<case>\n"
-    "  linseq check [--mode M] [--chunk-size N] [--threads N] [--fwd-only] DIR...\n"
+    "      each case CASE_DIR/<case> is run into OUT_DIR/<case>\n";
+static const char check_text[] =
+    "  linseq check [--mode M] [--chunk-size N] [--threads N] [--device D] [--fwd-only] DIR...\n"
     "      compare every case's outputs and gradients with its reference files; DIR is a\n"
-    "      case folder (with meta.json) or a folder of case folders\n"
+    "      case folder (with meta.json) or a folder of case folders. The last line counts\n"
+    "      the cases, then the files compared\n";
+static const char demo_text[] =
     "  linseq demo [--threads N]\n"
-    "      a KDA layer and a Mamba block at realistic sizes: timings and consistency checks\n"
+    "      a KDA layer and a Mamba block at realistic sizes: timings and consistency checks\n";
+static const char bench_text[] =
     "  linseq bench OP|peak|suite [options]\n"
     "      time one op at one shape, measure the machine's peak, or run the standard\n"
     "      benchmark shapes (see \"bench\" below)\n"
-    "  linseq --help | --version\n"
-    "\n"
-    "options of run, check and demo:\n"
-    "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
-    "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n"
-    "  --threads N                threads per call (default: all processors)\n"
+    "  linseq --help | --version | CMD --help\n";
+
+static const char opt_mode[] = "  --mode recurrent|chunked   KDA algorithm (default: chunked)\n"
+                               "  --chunk-size 16|32|64|128  KDA chunk size (default: 64)\n";
+static const char opt_threads[] =
+    "  --threads N                threads per call (default: all processors)\n";
+static const char opt_device[] =
     "  --device cpu|cuda          where run and check compute (cuda: a build with\n"
     "                             make CUDA=1 and a GPU, else a usage error; inputs are\n"
     "                             copied to device 0)\n"
     "  --fwd-only                 skip the backward: no gradient files are written, and\n"
-    "                             check counts them as skipped\n"
-    "\n";
+    "                             check counts them as skipped\n";
 
 /* After the bench part (commands.h), which has its own options. */
 static const char usage_tail[] =
@@ -43,8 +49,21 @@ static const char usage_tail[] =
 
 static void print_usage(FILE *f)
 {
-    fputs(usage_text, f);
+    fprintf(f, "usage:\n%s%s%s%s\noptions of run, check and demo:\n%s%s%s\n", run_text, check_text,
+            demo_text, bench_text, opt_mode, opt_threads, opt_device);
     ls_bench_usage(f);
+    fputs(usage_tail, f);
+}
+
+/* `linseq CMD --help`: the command's synopsis and its own options only. */
+static void print_command_usage(FILE *f, const char *cmd)
+{
+    const bool demo = strcmp(cmd, "demo") == 0;
+    fprintf(f, "usage:\n%s\noptions of %s:\n%s%s%s",
+            strcmp(cmd, "run") == 0 ? run_text
+            : demo                  ? demo_text
+                                    : check_text,
+            cmd, demo ? "" : opt_mode, opt_threads, demo ? "" : opt_device);
     fputs(usage_tail, f);
 }
 
@@ -170,7 +189,7 @@ int main(int argc, char **argv)
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-            print_usage(stdout);
+            print_command_usage(stdout, cmd);
             free(pos);
             return LS_EXIT_OK;
         }

@@ -4,7 +4,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -515,6 +517,83 @@ static size_t format_header(char *buf, size_t n, int ndim, const int64_t *shape)
     return len;
 }
 
+/* The hidden files that exist now, for SIGINT and SIGTERM to remove: a fixed table of
+ * lock-free atomics, as a signal handler may touch nothing else. While `deferring` is set the
+ * handler only records the signal; npy_temps_defer(false) then acts on it. */
+static _Atomic(char *) temp_names[NPY_TEMP_SLOTS];
+static atomic_int deferring, pending_signal;
+static atomic_flag handlers_installed = ATOMIC_FLAG_INIT;
+
+static void remove_temps_and_die(int sig)
+{
+    for (int i = 0; i < NPY_TEMP_SLOTS; i++) {
+        char *name = atomic_exchange(&temp_names[i], NULL);
+        if (name) unlink(name);
+    }
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, NULL);
+    raise(sig); /* delivered when the handler returns (its signal is blocked until then) */
+}
+
+static void on_signal(int sig)
+{
+    const int e = errno;
+    if (atomic_load(&deferring))
+        atomic_store(&pending_signal, sig);
+    else
+        remove_temps_and_die(sig);
+    errno = e;
+}
+
+/* Catches SIGINT and SIGTERM where they would end the process (not where they are ignored). */
+static void install_handlers(void)
+{
+    if (atomic_flag_test_and_set(&handlers_installed)) return;
+    static const int sigs[] = {SIGINT, SIGTERM};
+    for (int i = 0; i < 2; i++) {
+        struct sigaction old, act;
+        if (sigaction(sigs[i], NULL, &old) != 0 || old.sa_handler != SIG_DFL) continue;
+        memset(&act, 0, sizeof act);
+        act.sa_handler = on_signal;
+        sigemptyset(&act.sa_mask);
+        sigaction(sigs[i], &act, NULL);
+    }
+}
+
+void npy_temps_defer(bool on)
+{
+    if (on) {
+        atomic_store(&deferring, 1);
+        return;
+    }
+    atomic_store(&deferring, 0);
+    const int sig = atomic_exchange(&pending_signal, 0);
+    if (sig) remove_temps_and_die(sig);
+}
+
+void npy_temps_forget(const char *name)
+{
+    for (int i = 0; name && i < NPY_TEMP_SLOTS; i++) {
+        char *expected = (char *)name;
+        if (atomic_compare_exchange_strong(&temp_names[i], &expected, NULL)) return;
+    }
+}
+
+void npy_temps_forget_all(void)
+{
+    for (int i = 0; i < NPY_TEMP_SLOTS; i++) atomic_store(&temp_names[i], NULL);
+}
+
+int npy_temps_count(void)
+{
+    int n = 0;
+    for (int i = 0; i < NPY_TEMP_SLOTS; i++) n += atomic_load(&temp_names[i]) != NULL;
+    return n;
+}
+
 int hidden_sibling(const char *path, char **name)
 {
     /* In PATH's own folder: rename() is atomic only within one file system. */
@@ -527,9 +606,17 @@ int hidden_sibling(const char *path, char **name)
     const char *slash = strrchr(path, '/');
     size_t dir_len = slash ? (size_t)(slash - path) + 1 : 0;
     snprintf(tmp, plen + 16, "%.*s.%s.XXXXXX", (int)dir_len, path, path + dir_len);
+    install_handlers();
+    /* created and listed as one step: a signal in between would leave it unlisted */
+    const bool was_deferring = atomic_exchange(&deferring, 1);
     int fd = mkstemp(tmp);
+    const int e = errno;
+    for (int i = 0; fd >= 0 && i < NPY_TEMP_SLOTS; i++) {
+        char *expected = NULL;
+        if (atomic_compare_exchange_strong(&temp_names[i], &expected, tmp)) break;
+    }
+    if (!was_deferring) npy_temps_defer(false);
     if (fd < 0) {
-        int e = errno;
         free(tmp);
         errno = e;
         return -1;
@@ -573,6 +660,7 @@ char *npy_write_f32_temp(const char *path, const float *data, int ndim, const in
         e = errno;
     }
     if (!ok) {
+        npy_temps_forget(tmp);
         unlink(tmp);
         free(tmp);
         fail(err, err_size, "%s: cannot write: %s", path, strerror(e));
@@ -586,11 +674,14 @@ bool npy_write_f32(const char *path, const float *data, int ndim, const int64_t 
 {
     char *tmp = npy_write_f32_temp(path, data, ndim, shape, err, err_size);
     if (!tmp) return false;
+    npy_temps_defer(true);
     bool ok = rename(tmp, path) == 0;
     if (!ok) {
         fail(err, err_size, "%s: cannot write: %s", path, strerror(errno));
         unlink(tmp);
     }
+    npy_temps_forget(tmp);
+    npy_temps_defer(false);
     free(tmp);
     return ok;
 }

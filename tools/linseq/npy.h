@@ -59,8 +59,22 @@ char *npy_write_f32_temp(const char *path, const float *data, int ndim, const in
 
 /* Creates a new empty file with a unique hidden name beside PATH ("DIR/.NAME.XXXXXX", same
  * folder, so a rename between the two is atomic), stores the name (malloc'd) in *name and
- * returns its open descriptor; -1 with errno on failure. */
+ * returns its open descriptor; -1 with errno on failure. The name is listed for removal
+ * should SIGINT or SIGTERM end the process (the first call installs the handlers, where
+ * those signals are not ignored; a handler removes every listed file and raises the signal
+ * again) until npy_temps_forget: call it, before freeing the name, once the file is renamed
+ * or removed. */
+#define NPY_TEMP_SLOTS 64
 int hidden_sibling(const char *path, char **name);
+void npy_temps_forget(const char *name);
+/* Forgets every listed file (their fate settled by the caller). */
+void npy_temps_forget_all(void);
+/* The files listed now (tests). */
+int npy_temps_count(void);
+
+/* With on, SIGINT and SIGTERM are held (while files are renamed into place, so that the
+ * folder is never left half swapped); off acts on one that arrived meanwhile. */
+void npy_temps_defer(bool on);
 
 /* Element count of a shape; false when a dimension is negative or the product overflows. */
 bool npy_shape_count(int ndim, const int64_t *shape, size_t *count);
