@@ -1,5 +1,5 @@
 """torch.compile(fullgraph=True) of Hugging Face transformers' Kimi Linear (KDA), Qwen3-Next
-(Gated DeltaNet) and Mamba (Mamba1) models on linseq's kernels, routed there by
+(Gated DeltaNet), Mamba (Mamba1) and Mamba2 (SSD) models on linseq's kernels, routed there by
 linseq.integrations.transformers.
 
 fullgraph=True raises at the first graph break, so a passing compile is the whole model as
@@ -49,16 +49,24 @@ def _mamba():
         conv_kernel=4, **TOKENS))
 
 
-MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba}
+def _mamba2():
+    return transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=8, head_dim=16,
+        n_groups=2, state_size=16, conv_kernel=4, expand=2, chunk_size=32, **TOKENS))
+
+
+MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba, "mamba2": _mamba2}
 
 # the linseq custom ops each compiled graph must call (KDA and Gated DeltaNet share
 # linseq::kda; Mamba's training step is its fused mixer, linseq's conv and scan)
 PREFILL_OPS = {"kimi_linear": {"linseq.kda", "linseq.causal_conv1d"},
                "qwen3_next": {"linseq.kda", "linseq.causal_conv1d"},
-               "mamba": {"linseq.ssm1", "linseq.causal_conv1d"}}
+               "mamba": {"linseq.ssm1", "linseq.causal_conv1d"},
+               "mamba2": {"linseq.ssd", "linseq.causal_conv1d"}}
 DECODE_OPS = {"kimi_linear": {"linseq.kda", "linseq.conv_state_update"},
               "qwen3_next": {"linseq.kda", "linseq.conv_state_update"},
-              "mamba": {"linseq.mamba_state_update", "linseq.conv_state_update"}}
+              "mamba": {"linseq.mamba_state_update", "linseq.conv_state_update"},
+              "mamba2": {"linseq.mamba_state_update", "linseq.conv_state_update"}}
 TRAINING_OPS = {name: ops | {op + "_backward" for op in ops}
                 for name, ops in PREFILL_OPS.items()}
 

@@ -1,5 +1,6 @@
 """Hugging Face transformers' models on linseq, end to end: tiny random-weight Kimi Linear
-(KDA), Qwen3-Next and Qwen3.5 (Gated DeltaNet), Mamba and FalconMamba (Mamba1) through
+(KDA), Qwen3-Next and Qwen3.5 (Gated DeltaNet), Mamba and FalconMamba (Mamba1), Mamba2,
+Bamba, GraniteMoeHybrid (Granite 4.0-H), NemotronH, FalconH1 and Zamba2 (Mamba2's SSD) through
 linseq.integrations.transformers, against transformers' own PyTorch path (routing "torch").
 
 Per model: greedy generation with the cache gives the same tokens and logits within float32
@@ -19,7 +20,7 @@ from conftest import require
 torch = require("torch")
 transformers = require("transformers")
 import linseq.integrations.transformers as linseq_hf  # noqa: E402
-from linseq.compat import causal_conv1d, fla, mamba_ssm  # noqa: E402
+from linseq.compat import causal_conv1d, fla, mamba_ssd, mamba_ssm  # noqa: E402
 
 TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
 VOCAB = 100
@@ -68,9 +69,74 @@ def _falcon_mamba():
         conv_kernel=4, **TOKENS))
 
 
+# Mamba2's mixer (SSD) alone and in the hybrids built on it: 8 heads of 16 channels, 2 groups
+# of B and C, state 16, chunks of 32 (so the 40- and 70-token runs cross chunks)
+_SSD = dict(n_heads=8, d_head=16, n_groups=2, d_state=16, d_conv=4, expand=2, chunk_size=32)
+
+
+def _mamba2():
+    return transformers.Mamba2ForCausalLM(transformers.Mamba2Config(
+        vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_heads=_SSD["n_heads"],
+        head_dim=_SSD["d_head"], n_groups=_SSD["n_groups"], state_size=_SSD["d_state"],
+        conv_kernel=_SSD["d_conv"], expand=_SSD["expand"], chunk_size=_SSD["chunk_size"],
+        **TOKENS))
+
+
+def _mamba_prefixed(**more):
+    """The hybrids' mamba_* keywords."""
+    return {f"mamba_{k}": v for k, v in {**_SSD, **more}.items()}
+
+
+def _bamba():
+    return transformers.BambaForCausalLM(transformers.BambaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, attn_layer_indices=[1],
+        **_mamba_prefixed(), **TOKENS))
+
+
+def _granite_hybrid():
+    return transformers.GraniteMoeHybridForCausalLM(transformers.GraniteMoeHybridConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, layer_types=["mamba", "attention"],
+        num_local_experts=0, shared_intermediate_size=96, **_mamba_prefixed(), **TOKENS))
+
+
+def _nemotron_h():
+    return transformers.NemotronHForCausalLM(transformers.NemotronHConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32, hybrid_override_pattern="M*-",
+        mamba_num_heads=_SSD["n_heads"], mamba_head_dim=_SSD["d_head"], n_groups=_SSD["n_groups"],
+        ssm_state_size=_SSD["d_state"], conv_kernel=_SSD["d_conv"], expand=_SSD["expand"],
+        chunk_size=_SSD["chunk_size"], **TOKENS))
+
+
+def _falcon_h1():
+    return transformers.FalconH1ForCausalLM(transformers.FalconH1Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+        **_mamba_prefixed(d_ssm=_SSD["n_heads"] * _SSD["d_head"]), **TOKENS))
+
+
+def _zamba2():
+    return transformers.Zamba2ForCausalLM(transformers.Zamba2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=2, attention_head_dim=32,
+        layers_block_type=["mamba", "hybrid"], hybrid_layer_ids=[1], num_mem_blocks=1,
+        mamba_headdim=_SSD["d_head"], n_mamba_heads=_SSD["n_heads"],
+        mamba_ngroups=_SSD["n_groups"], mamba_d_state=_SSD["d_state"],
+        mamba_d_conv=_SSD["d_conv"], mamba_expand=_SSD["expand"], chunk_size=_SSD["chunk_size"],
+        **TOKENS))
+
+
+SSD_MODELS = {"mamba2": _mamba2, "bamba": _bamba, "granitemoehybrid": _granite_hybrid,
+              "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1, "zamba2": _zamba2}
 MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5,
-          "mamba": _mamba, "falcon_mamba": _falcon_mamba}
-PACKABLE = ["kimi_linear", "qwen3_next", "qwen3_5"]   # Mamba's blocks take no packing keywords
+          "mamba": _mamba, "falcon_mamba": _falcon_mamba, **SSD_MODELS}
+# Not packable in transformers itself: Mamba's and Mamba2's models do not pass the packing
+# keywords to their blocks, and GraniteMoeHybrid's attention layers without rotary positions
+# do not keep packed sequences apart (its Mamba2 layers alone do: checked by hand)
+PACKABLE = ["kimi_linear", "qwen3_next", "qwen3_5", "bamba", "nemotron_h", "falcon_h1",
+            "zamba2"]
 
 # the linseq functions each model's prefill, decode and training must reach
 LINSEQ_FUNCTIONS = {
@@ -83,6 +149,9 @@ LINSEQ_FUNCTIONS = {
 }
 LINSEQ_FUNCTIONS["qwen3_5"] = LINSEQ_FUNCTIONS["qwen3_next"]
 LINSEQ_FUNCTIONS["falcon_mamba"] = LINSEQ_FUNCTIONS["mamba"]
+LINSEQ_FUNCTIONS.update({name: {"mamba_chunk_scan_combined", "selective_state_update",
+                                "causal_conv1d_fn", "causal_conv1d_update"}
+                         for name in SSD_MODELS})
 # a training step: Mamba's is the fused mixer (transformers' own mamba_inner_fn is a stub);
 # FalconMamba's fused mixer is not routed (see ROUTES), its layer runs unfused
 TRAINING_FUNCTIONS = {
@@ -91,6 +160,8 @@ TRAINING_FUNCTIONS = {
     "qwen3_5": {"chunk_gated_delta_rule", "causal_conv1d_fn"},
     "mamba": {"mamba_inner_fn"},
     "falcon_mamba": {"selective_scan_fn", "causal_conv1d_fn"},
+    # transformers' fused Mamba2 mixer is a stub: the unfused layer runs on linseq's conv and SSD
+    **{name: {"mamba_chunk_scan_combined", "causal_conv1d_fn"} for name in SSD_MODELS},
 }
 
 
@@ -109,11 +180,11 @@ def linseq_calls(monkeypatch):
     """{linseq drop-in name: [data pointer of its first argument per call]}: the adapters
     look the drop-ins up at call time, so every routed call is recorded here."""
     seen = {}
-    for module in (fla, mamba_ssm, causal_conv1d):
+    for module in (fla, mamba_ssm, mamba_ssd, causal_conv1d):
         for name in ("chunk_kda", "fused_recurrent_kda", "chunk_gated_delta_rule",
                      "fused_recurrent_gated_delta_rule", "selective_scan_fn",
                      "selective_state_update", "mamba_inner_fn", "causal_conv1d_fn",
-                     "causal_conv1d_update"):
+                     "causal_conv1d_update", "mamba_chunk_scan_combined"):
             real = getattr(module, name, None)
             if real is None:
                 continue

@@ -9,9 +9,10 @@
         ...
 
 Which functions: the module-level kernel functions of Kimi Linear (KDA), Qwen3-Next,
-Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet), Mamba and FalconMamba (Mamba1), all listed in
-ROUTES. Each adapter takes exactly the arguments the transformers function takes and calls
-linseq's drop-ins (linseq.compat.fla, .mamba_ssm, .causal_conv1d); the [B,D,T] conv and scan
+Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet), Mamba and FalconMamba (Mamba1), Mamba2, Bamba,
+GraniteMoeHybrid, NemotronH, FalconH1 and Zamba2 (Mamba2's SSD), all listed in ROUTES. Each
+adapter takes exactly the arguments the transformers function takes and calls linseq's
+drop-ins (linseq.compat.fla, .mamba_ssm, .mamba_ssd, .causal_conv1d); the [B,D,T] conv and scan
 tensors reach them as the model's views, and the conv and SSM cache states are updated in
 place as transformers' functions update them. Packed sequences: the flash-style
 `cu_seq_lens_q` keyword the models pass through (and the `cu_seqlens` the Qwen layers derive
@@ -204,7 +205,10 @@ def _mamba2_chunk(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None,
     """Mamba2's mamba2_chunk_scan: hidden_states [B,T,H,P], dt [B,T,H], B and C [B,T,G,N];
     on linseq's SSD through mamba-ssm's mamba_chunk_scan_combined. Packed sequences
     (seq_idx, or cu_seq_lens_q as DataCollatorWithFlattening passes them) restart the
-    state, which transformers' own PyTorch scan does not."""
+    state, which transformers' own PyTorch scan does not. A z gate (which that scan ignores)
+    goes to it, so that both paths compute the same."""
+    if kwargs.get("z") is not None:
+        raise _NotOnLinseq
     heads_first = hidden_states.flatten(2).transpose(1, 2)   # [B, H*P, T]: _seq_idx's layout
     return _compat("mamba_ssd").mamba_chunk_scan_combined(
         hidden_states, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
