@@ -215,7 +215,9 @@ class _Segment(torch.autograd.Function):
         early = wanted if runner.early_leaf_grads else []
         starts = [s_in] if cp.receives else []
         found = _grads(local, starts + early, retain=True)
-        d_in = found[0] if cp.receives else None
+        d_in = None
+        if cp.receives:   # sent even where the local outputs do not reach it
+            d_in = torch.zeros_like(s_in) if found[0] is None else found[0]
         late = [] if early else local
         if cp.sends:
             with torch.enable_grad():
@@ -227,28 +229,30 @@ class _Segment(torch.autograd.Function):
             if s_out.requires_grad:
                 late = late + [(s_out, d_out)]
                 if cp.receives and runner.advance_uses_start:
-                    d_in = d_in + _grads([(s_out, d_out)], [s_start], retain=True)[0]
+                    d_start = _grads([(s_out, d_out)], [s_start], retain=True)[0]
+                    d_in = d_in if d_start is None else d_in + d_start
             if cp.receives and runner.advance_uses_start:
                 _send(cp, d_in, cp.rank - 1, tag)
         elif cp.receives:
             _send(cp, d_in, cp.rank - 1, tag)
+        # None where an input reaches no output: autograd reads it as zero, so nothing is
+        # allocated or added for it (with every leaf gradient found early, late is empty)
         total = dict(zip(map(id, early), found[len(starts):]))
         for t, g in zip(wanted, _grads(late, wanted, retain=False)):
-            total[id(t)] = g if id(t) not in total else total[id(t)] + g
+            if g is not None:
+                total[id(t)] = g if total.get(id(t)) is None else total[id(t)] + g
         return (None,) + tuple(total.get(id(t)) if isinstance(t, torch.Tensor) else None
                                for t in leaves)
 
 
 def _grads(pairs, inputs, retain):
-    """The gradients of sum(<output, upstream>) over pairs w.r.t. inputs (zeros, not None,
-    where an input does not reach the outputs)."""
-    if not inputs:
-        return []
-    found = [None] * len(inputs)
-    if pairs:
-        outs, ups = zip(*pairs)
-        found = torch.autograd.grad(outs, inputs, ups, retain_graph=retain, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found)]
+    """The gradients of sum(<output, upstream>) over pairs w.r.t. inputs: None where an
+    input does not reach the outputs, and for every input when there are no pairs (no
+    work at all)."""
+    if not inputs or not pairs:
+        return [None] * len(inputs)
+    outs, ups = zip(*pairs)
+    return list(torch.autograd.grad(outs, inputs, ups, retain_graph=retain, allow_unused=True))
 
 
 def _final_states(cp, rows, shape, like):
