@@ -5,10 +5,10 @@ scan and the causal conv of linseq.distributed. Run with any number of processes
     torchrun --nproc-per-node 4 tools/cp_bench.py [--tokens 65536] [--repeat 3]
 
 Per op, rank 0 prints the slowest rank's best time of --repeat runs (the machine's other
-load only ever adds time): the plain single-process call on the
-rank's own tokens (no context, what the rank would cost alone), the context parallel forward,
-the plain and the context parallel forward + backward (alternating, run by run); then the bytes each rank sent in the forward and in the backward
-(the most over the ranks), counted at linseq.distributed's point-to-point sends. Every rank
+load only ever adds time): the plain single-process call on the rank's own tokens (no
+context, what the rank would cost alone), the context parallel forward, the plain and the
+context parallel forward + backward (alternating, run by run); then the bytes each rank sent
+in the forward and in the backward (the most over the ranks), counted at linseq.distributed's point-to-point sends. Every rank
 runs one thread (--threads: linseq's and torch's), so ranks beyond the machine's cores
 share them.
 """

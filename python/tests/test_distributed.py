@@ -6,11 +6,13 @@ The splits cover: a sequence crossing one boundary, a boundary exactly between s
 sequence over 3 and 4 ranks, ranks holding fewer tokens than the conv window, a rank with no
 tokens (between two sequences and inside one), uneven splits, and initial / final states."""
 
+import datetime
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -63,8 +65,9 @@ def _spawn(fn, world, *args):
 
 def _entry(rank, world, port, errors, fn, args):
     torch.set_num_threads(1)
+    # a hang ends in 2 minutes instead of the default 30 (the tests' waits take seconds)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         fn(rank, world, *args)
     except BaseException as e:
@@ -421,6 +424,96 @@ def test_compat_surfaces_refuse_what_context_parallelism_lacks():
         compat_mamba.selective_scan_fn(torch.zeros(2, 3, 15), x, torch.zeros(3, 2),
                                        torch.zeros(1, 2, 15), torch.zeros(1, 2, 15),
                                        cp_context=cp)
+
+
+# ------------------------------------------------------------------------------------------
+# ranks that disagree: every rank raises DistributedError naming the difference
+# ------------------------------------------------------------------------------------------
+
+def _refused(pattern, fn):
+    with pytest.raises(ld.DistributedError, match=pattern):
+        fn()
+
+
+def _disagreeing_ranks_worker(rank, world):
+    """Before, each of these hung until the group's timeout, or returned wrong outputs with
+    no error (a different K on one rank filled its received state partly from torch.empty:
+    three identical calls, three different outputs)."""
+    gen = torch.Generator().manual_seed(21)
+    T, D, W = 40, 5, 4
+    x, w = _randn(gen, 1, T, D), _randn(gen, D, W)
+    same = ld.build_context([0, 13, 40], lengths=[20, 20], timeout=100)
+
+    def conv(cp, activation="silu", xs=x):
+        return ld.causal_conv1d(cp.local(xs), w, None, activation, cp_context=cp)
+
+    def ssm1(cp):
+        return ld.state_space_v1(cp.local(x), -torch.ones(D, 3), cp.local(x[..., :3]),
+                                 cp.local(x[..., :3]), None, cp.local(x).abs(), cp_context=cp)
+
+    def kda(cp, K):
+        q = torch.ones(1, T, 2, K)
+        return ld.chunk_kda(cp.local(q), cp.local(q), cp.local(torch.ones(1, T, 2, 3)),
+                           cp.local(-0.1 * q), cp.local(torch.full((1, T, 2), 0.5)),
+                           cp_context=cp)
+
+    cu = [0, 13, 40] if rank == 0 else [0, 14, 40]
+    _refused(r"cu_seqlens: rank 0 \[0, 13, 40\]; rank 1 \[0, 14, 40\]",
+             lambda: conv(ld.build_context(cu, lengths=[20, 20], timeout=100)))
+    lengths = [20, 20] if rank == 0 else [21, 19]
+    _refused(r"lengths: rank 0 \[20, 20\]; rank 1 \[21, 19\]",
+             lambda: conv(ld.build_context([0, 13, 40], lengths=lengths, timeout=100)))
+    for _ in range(3):   # a different K, as often as it is tried
+        _refused(r"arguments: rank 0 q=\[1, T_r, 2, 6\].*; rank 1 q=\[1, T_r, 2, 5\]",
+                 lambda: kda(same, 6 if rank == 0 else 5))
+    _refused(r"step: rank 0 the forward of call 0 \(causal_conv1d\); rank 1 the forward of "
+             r"call 0 \(state_space_v1\)", lambda: conv(same) if rank == 0 else ssm1(same))
+    _refused(r"options: rank 0 activation='silu'; rank 1 activation=None",
+             lambda: conv(same, "silu" if rank == 0 else None))
+    _refused(r"arguments: rank 0 x=\[1, T_r, 5\] float32, weight=\[5, 4\] float32.*; "
+             r"rank 1 .*weight=\[5, 4\] float64",
+             lambda: ld.causal_conv1d(same.local(x), w if rank == 0 else w.double(), None,
+                                      "silu", cp_context=same))
+    # rank 0 goes on without the backward of a call: its next call meets rank 1's backward
+    xs = x.clone().requires_grad_()
+    y, _ = conv(same, xs=xs)
+    if rank == 0:
+        _refused(r"step: rank 0 the forward of call 1 \(causal_conv1d\); rank 1 the backward "
+                 r"of call 0 \(causal_conv1d\)", lambda: conv(same))
+    else:
+        _refused(r"step: rank 0 the forward of call 1 .*; rank 1 the backward of call 0",
+                 lambda: y.sum().backward())
+    # nothing refused took a step: the ranks are still in step, and agree
+    y, _ = conv(same)
+    want, _ = lt.causal_conv1d(x, w, None, "silu", cu_seqlens=torch.tensor([0, 13, 40]))
+    _check("conv after the refusals", y, same.local(want))
+
+
+def test_disagreeing_ranks_raise_naming_the_difference():
+    _spawn(_disagreeing_ranks_worker, 2)
+
+
+def _skipped_backward_worker(rank, world):
+    """Rank 0 skips the backward and waits elsewhere: rank 1 raises within the context's
+    timeout (3 s here; the group's is 2 minutes) naming rank 0, instead of waiting for the
+    group's; gloo closes the connection, so rank 0's next call raises too."""
+    gen = torch.Generator().manual_seed(22)
+    x, w = _randn(gen, 1, 40, 5).requires_grad_(), _randn(gen, 5, 4)
+    cp = ld.build_context([0, 40], lengths=[20, 20], timeout=3)
+    y, _ = ld.causal_conv1d(cp.local(x), w, None, "silu", cp_context=cp)
+    if rank == 1:
+        _refused(r"rank 1 reached the backward of call 0 \(causal_conv1d\), rank\(s\) 0 "
+                 r"did not within the context's timeout of 3 s", lambda: y.sum().backward())
+        _refused(r"an earlier exchange of this process group failed",
+                 lambda: ld.causal_conv1d(cp.local(x), w, cp_context=cp))
+    else:
+        time.sleep(8)
+        _refused(r"rank\(s\) 1 could not be reached",
+                 lambda: ld.causal_conv1d(cp.local(x), w, cp_context=cp))
+
+
+def test_a_rank_skipping_the_backward_is_named_within_the_timeout():
+    _spawn(_skipped_backward_worker, 2)
 
 
 # ------------------------------------------------------------------------------------------
