@@ -172,8 +172,21 @@ def run_policies(args):
         report({k[1:]: v for k, v in merged.items() if k[0] == policy}, policy, 0, args)
 
 
+def require(modules):
+    """Imports what the run needs before any process starts or anything is timed: a missing
+    package ends the tool at once, naming it."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            sys.exit(f"decode_threads: needs {name} ({e}); nothing was run")
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    require(["torch", "transformers", "linseq", "linseq.integrations.transformers"])
     if args.child_policy is not None:   # one round for run_policies, as JSON on the last line
         import json
 
