@@ -4,6 +4,9 @@ scan and the causal conv of linseq.distributed. Run with any number of processes
 
     torchrun --nproc-per-node 4 tools/cp_bench.py [--tokens 65536] [--repeat 3]
 
+One rank at the defaults took 30 s on a 2-core machine; R ranks on fewer cores than R take
+about R/cores times as long.
+
 Per op, rank 0 prints the slowest rank's best time of --repeat runs (the machine's other
 load only ever adds time): the plain single-process call on the rank's own tokens (no
 context, what the rank would cost alone), the context parallel forward, the plain and the
