@@ -11,9 +11,10 @@ Per op, rank 0 prints the slowest rank's best time of --repeat runs (the machine
 load only ever adds time): the plain single-process call on the rank's own tokens (no
 context, what the rank would cost alone), the context parallel forward, the plain and the
 context parallel forward + backward (alternating, run by run); then the bytes each rank sent
-in the forward and in the backward (the most over the ranks), counted at linseq.distributed's point-to-point sends. Every rank
-runs one thread (--threads: linseq's and torch's), so ranks beyond the machine's cores
-share them.
+in the forward and in the backward (the most over the ranks), counted at linseq.distributed's
+point-to-point sends; with two ranks or more, the time of one message and of the ranks'
+agreement check that starts every call's forward and backward. Every rank runs one thread
+(--threads: linseq's and torch's), so ranks beyond the machine's cores share them.
 """
 
 import argparse
@@ -99,6 +100,18 @@ def _ping(repeat, floats=8192):
     return _timed(once, repeat) / 2
 
 
+def _check(cp, repeat):
+    """The best time of the ranks' agreement check that starts every call's forward and
+    backward (one exchange of a few int64 between every pair of ranks), or None with one
+    rank."""
+    if cp.world < 2:
+        return None
+    fields = dict(step="cp_bench", cu_seqlens="", lengths="", arguments="", options="",
+                  backward="")
+    ld._agree(cp, fields)
+    return _timed(lambda: ld._agree(cp, fields), repeat)
+
+
 def _ops(args):
     T, H, K, V, D, N, W = (args.tokens, args.heads, args.head_dim, args.head_dim, args.dim,
                            args.state, args.width)
@@ -161,6 +174,7 @@ def main():
         dist.all_gather_object(every, found)
         rows.append((name, [max(column) for column in zip(*every)]))
     ping = _ping(args.repeat)
+    check = _check(cp, args.repeat)
     if rank == 0:
         print(f"T = {args.tokens} over {world} rank(s), {args.tokens // world} tokens each, "
               f"{args.threads} thread(s) per rank, {os.cpu_count()} cores; slowest rank, "
@@ -174,6 +188,9 @@ def main():
         if ping is not None:
             print(f"one 32 KB message between two ranks (half a ping-pong): "
                   f"{1e3 * ping:.2f} ms")
+        if check is not None:
+            print(f"the ranks' agreement check (every call's forward and backward): "
+                  f"{1e3 * check:.2f} ms")
     dist.destroy_process_group()
 
 
