@@ -441,9 +441,19 @@ class _Segment(torch.autograd.Function):
         # None where an input reaches no output: autograd reads it as zero, so nothing is
         # allocated or added for it (with every leaf gradient found early, late is empty)
         total = dict(zip(map(id, early), found[len(starts):]))
-        for t, g in zip(wanted, _grads(late, wanted, retain=False)):
+        # a leaf the sent state reads through a stand-in (the conv's tail of x) gets the
+        # stand-in's small gradient added where it lies, not a full-size one
+        stand_ins = [(t, proxy, lo) for t, proxy, lo in getattr(runner, "stand_ins", ())
+                     if late and id(t) in total]
+        late_grads = _grads(late, wanted + [proxy for _, proxy, _ in stand_ins], retain=False)
+        for t, g in zip(wanted, late_grads):
             if g is not None:
                 total[id(t)] = g if total.get(id(t)) is None else total[id(t)] + g
+        for (t, _, lo), g in zip(stand_ins, late_grads[len(wanted):]):
+            if g is not None:   # in place: the early pass's own tensor
+                if total[id(t)] is None:
+                    total[id(t)] = torch.zeros_like(t)
+                total[id(t)][0, lo:].add_(g)
         return (None,) + tuple(total.get(id(t)) if isinstance(t, torch.Tensor) else None
                                for t in leaves)
 
@@ -783,7 +793,15 @@ class _ConvRunner:
             return ()
         lo = cp.local_offsets[-2] if len(cp.local_offsets) > 1 else 0
         lo = max(lo, cp.end - cp.start - (self.W - 1))   # no more than the state reads
-        tail = a["x"][0, lo:].transpose(0, 1)   # [D, last W-1 tokens of the last piece]
+        x = a["x"]
+        tail = x[0, lo:]
+        self.stand_ins = ()
+        if torch.is_grad_enabled() and x.requires_grad:
+            # a leaf of its own: the backward adds its [W-1, D] gradient into dx's last
+            # rows instead of differentiating a slice of x (a full-size zeros tensor)
+            tail = tail.detach().requires_grad_()
+            self.stand_ins = ((x, tail, lo),)
+        tail = tail.transpose(0, 1)   # [D, last W-1 tokens of the last piece]
         if cp.through:
             return (tail,)
         return (torch.cat([self._start_of(a, cp.piece_seqs[-1]), tail], 1)[:, -(self.W - 1):],)

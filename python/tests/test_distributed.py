@@ -598,18 +598,19 @@ def test_one_rank_backward_allocates_what_the_plain_call_does():
 
 def _receiving_rank_worker(rank, world):
     """Rank 1 receives the state but sends none: SSM1 and the conv find every gradient in
-    one pass before the chain; nothing is added afterwards."""
+    one pass before the chain; nothing is added afterwards. Rank 0 sends the state: the
+    gradient it gets back reaches the last W-1 tokens of x (the conv) or the whole scan
+    (SSM1, one pass with the outputs'), never a full-size zeros tensor and a full-size add."""
     T = 4096
     cp = ld.build_context([0, T], lengths=[T // 2, T // 2])
     for name, inputs, run, state in (("conv", _conv_inputs(T, 16, 4), _conv_run, 16 * 4),
                                      ("ssm1", _ssm1_inputs(T, 16, 4), _ssm1_run, 16 * 4)):
         local = {n: cp.local(t) if t.shape[1] == T else t for n, t in inputs.items()}
         parallel = _backward_elements(run(cp), local)
-        if rank == 1:
-            plain = _backward_elements(run(None), local)
-            assert plain >= T // 2 * 16 and parallel - plain <= 8 * state, \
-                f"{name}: rank 1's backward allocated {parallel} elements, the plain " \
-                f"call's {plain}"
+        plain = _backward_elements(run(None), local)
+        assert plain >= T // 2 * 16 and parallel - plain <= 8 * state, \
+            f"{name}: rank {rank}'s backward allocated {parallel} elements, the plain " \
+            f"call's {plain}"
 
 
 def test_receiving_rank_backward_allocates_what_the_plain_call_does():
