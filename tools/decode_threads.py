@@ -7,6 +7,8 @@ route and the linseq/torch ratio (a benchmark tool, not a test).
         [--head-dim 16] [--threads 1,2] [--linseq-threads 0] [--tokens 32] [--rounds 5]
         [--contend N] [--omp-wait-policy default,passive]
 
+At the defaults it took 8 minutes on a 2-core machine with the load average near 10.
+
 Both routes (linseq.integrations.transformers' routing("linseq") and routing("torch")) and all
 thread counts (PyTorch's, and linseq's: --linseq-threads, 0 = linseq's default) alternate
 round by round in one process, so a change of machine load hits them
