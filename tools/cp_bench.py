@@ -4,13 +4,17 @@ scan and the causal conv of linseq.distributed. Run with any number of processes
 
     torchrun --nproc-per-node 4 tools/cp_bench.py [--tokens 65536] [--repeat 3]
 
+One rank at the defaults took 30 s on a 2-core machine; R ranks on fewer cores than R take
+about R/cores times as long.
+
 Per op, rank 0 prints the slowest rank's best time of --repeat runs (the machine's other
-load only ever adds time): the plain single-process call on the
-rank's own tokens (no context, what the rank would cost alone), the context parallel forward,
-and forward + backward; then the bytes each rank sent in the forward and in the backward
-(the most over the ranks), counted at linseq.distributed's point-to-point sends. Every rank
-runs one thread (--threads: linseq's and torch's), so ranks beyond the machine's cores
-share them.
+load only ever adds time): the plain single-process call on the rank's own tokens (no
+context, what the rank would cost alone), the context parallel forward, the plain and the
+context parallel forward + backward (alternating, run by run); then the bytes each rank sent
+in the forward and in the backward (the most over the ranks), counted at linseq.distributed's
+point-to-point sends; with two ranks or more, the time of one message and of the ranks'
+agreement check that starts every call's forward and backward. Every rank runs one thread
+(--threads: linseq's and torch's), so ranks beyond the machine's cores share them.
 """
 
 import argparse
@@ -45,7 +49,9 @@ def _timed(fn, repeat):
 
 
 def _measure(cp, name, make, plain, parallel, repeat):
-    """(plain s, forward s, forward+backward s, bytes sent forward, bytes sent backward)."""
+    """(plain s, forward s, plain forward+backward s, forward+backward s, bytes sent
+    forward, bytes sent backward). The plain and the context parallel training steps
+    alternate, repeat by repeat, so that the machine's other load reaches both alike."""
     inputs = make()
     local = {n: cp.local(t) if t.dim() > 1 and t.shape[1] == cp.cu_seqlens[-1] else t
              for n, t in inputs.items()}
@@ -55,12 +61,15 @@ def _measure(cp, name, make, plain, parallel, repeat):
         t_fwd = _timed(lambda: parallel(local), repeat)
     leaves = {n: t.clone().requires_grad_() for n, t in local.items()}
 
-    def step():
-        out = parallel(leaves)
+    def step(fn):
+        out = fn(leaves)
         out.sum().backward()
 
-    step()
-    t_step = _timed(step, repeat)
+    step(plain)
+    step(parallel)
+    steps = [(_timed(lambda: step(plain), 1), _timed(lambda: step(parallel), 1))
+             for _ in range(repeat)]
+    t_plain_step, t_step = (min(column) for column in zip(*steps))
     SENT["bytes"] = 0
     with torch.no_grad():
         parallel(local)
@@ -68,7 +77,7 @@ def _measure(cp, name, make, plain, parallel, repeat):
     out = parallel(leaves)
     SENT["bytes"] = 0
     out.sum().backward()
-    return t_plain, t_fwd, t_step, fwd_bytes, SENT["bytes"]
+    return t_plain, t_fwd, t_plain_step, t_step, fwd_bytes, SENT["bytes"]
 
 
 def _ping(repeat, floats=8192):
@@ -89,6 +98,18 @@ def _ping(repeat, floats=8192):
 
     once()
     return _timed(once, repeat) / 2
+
+
+def _check(cp, repeat):
+    """The best time of the ranks' agreement check that starts every call's forward and
+    backward (one exchange of a few int64 between every pair of ranks), or None with one
+    rank."""
+    if cp.world < 2:
+        return None
+    fields = dict(step="cp_bench", cu_seqlens="", lengths="", arguments="", options="",
+                  backward="")
+    ld._agree(cp, fields)
+    return _timed(lambda: ld._agree(cp, fields), repeat)
 
 
 def _ops(args):
@@ -153,18 +174,23 @@ def main():
         dist.all_gather_object(every, found)
         rows.append((name, [max(column) for column in zip(*every)]))
     ping = _ping(args.repeat)
+    check = _check(cp, args.repeat)
     if rank == 0:
         print(f"T = {args.tokens} over {world} rank(s), {args.tokens // world} tokens each, "
               f"{args.threads} thread(s) per rank, {os.cpu_count()} cores; slowest rank, "
               f"best of {args.repeat}")
-        print(f"{'op':<18} {'plain fwd ms':>12} {'CP fwd ms':>10} {'CP fwd+bwd ms':>14} "
-              f"{'sent fwd B':>11} {'sent bwd B':>11}")
-        for name, (plain, fwd, step, fwd_bytes, bwd_bytes) in rows:
-            print(f"{name:<18} {1e3 * plain:>12.1f} {1e3 * fwd:>10.1f} {1e3 * step:>14.1f} "
-                  f"{fwd_bytes:>11} {bwd_bytes:>11}")
+        print(f"{'op':<18} {'plain fwd ms':>12} {'CP fwd ms':>10} {'plain fwd+bwd ms':>17} "
+              f"{'CP fwd+bwd ms':>14} {'sent fwd B':>11} {'sent bwd B':>11}")
+        for name, (plain, fwd, plain_step, step, fwd_bytes, bwd_bytes) in rows:
+            print(f"{name:<18} {1e3 * plain:>12.1f} {1e3 * fwd:>10.1f} "
+                  f"{1e3 * plain_step:>17.1f} {1e3 * step:>14.1f} {fwd_bytes:>11} "
+                  f"{bwd_bytes:>11}")
         if ping is not None:
             print(f"one 32 KB message between two ranks (half a ping-pong): "
                   f"{1e3 * ping:.2f} ms")
+        if check is not None:
+            print(f"the ranks' agreement check (every call's forward and backward): "
+                  f"{1e3 * check:.2f} ms")
     dist.destroy_process_group()
 
 

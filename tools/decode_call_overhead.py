@@ -8,6 +8,8 @@ Python cost decides whether linseq's step is faster than the fallback's. Each ro
 median over --repeat timed calls (after warm-up) of the same call, in microseconds.
 
     python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300]
+
+At the defaults it took 26 s on a 2-core machine (load average near 4).
 """
 
 import argparse

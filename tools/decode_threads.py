@@ -7,6 +7,8 @@ route and the linseq/torch ratio (a benchmark tool, not a test).
         [--head-dim 16] [--threads 1,2] [--linseq-threads 0] [--tokens 32] [--rounds 5]
         [--contend N] [--omp-wait-policy default,passive]
 
+At the defaults it took 8 minutes on a 2-core machine with the load average near 10.
+
 Both routes (linseq.integrations.transformers' routing("linseq") and routing("torch")) and all
 thread counts (PyTorch's, and linseq's: --linseq-threads, 0 = linseq's default) alternate
 round by round in one process, so a change of machine load hits them
@@ -172,8 +174,21 @@ def run_policies(args):
         report({k[1:]: v for k, v in merged.items() if k[0] == policy}, policy, 0, args)
 
 
+def require(modules):
+    """Imports what the run needs before any process starts or anything is timed: a missing
+    package ends the tool at once, naming it."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            sys.exit(f"decode_threads: needs {name} ({e}); nothing was run")
+
+
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    require(["torch", "transformers", "linseq", "linseq.integrations.transformers"])
     if args.child_policy is not None:   # one round for run_policies, as JSON on the last line
         import json
 

@@ -23,6 +23,11 @@ are compared between the routes.
 --contend N also times decode beside N busy processes (spinning Python loops, as
 `linseq bench --contend` starts); --quick runs tiny models in seconds (the plumbing only).
 Prints Markdown tables; --plot writes a PNG (needs matplotlib). Needs torch and transformers.
+What a run needs is imported before anything is timed: a missing package ends it at once.
+
+Run time: over 10 minutes per model on a 2-core machine at the default sizes (prefill 512
+and 4096, decode batches 1 and 16, 3 repeats, both routes; transformers' fallback is the
+slow part), more with --contend; docs/performance.md runs one model per process.
 """
 import argparse
 import contextlib
@@ -564,8 +569,21 @@ def run(args):
     return meta, results
 
 
+def require(modules):
+    """Imports every module the run will need before anything is timed, so that a missing
+    one (matplotlib for --plot, say) ends the tool at once, naming it, not after the
+    benchmarks."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            sys.exit(f"model_bench: needs {name} ({e}); nothing was run")
+
+
 def main(argv=None):
     args = parse_args(argv)
+    require((["matplotlib"] if args.plot else []) + ([] if args.from_json else [
+        "torch", "transformers", "linseq", "linseq.integrations.transformers"]))
     if args.from_json:   # several runs (one per model, say) make one table
         saved = []
         for path in args.from_json:

@@ -28,15 +28,28 @@ send the maps, combining (P2, R2) o (P1, R1) = (P2 P1, P2 R1 + R2) in log2(ranks
 O(K^3) per head each, worth it only for many ranks.)
 
 Every rank must call the same functions in the same order and backpropagate through what
-they return (they communicate, as collectives do). The drop-ins take the same context as
-cp_context=: linseq.compat.fla's chunk_kda and chunk_gated_delta_rule (fla's arguments, any
-float dtype), mamba_ssm.selective_scan_fn and causal_conv1d.causal_conv1d_fn (their
-[1, dim, seqlen] layout). Float32 tensors on the CPU here; a KDA state
-[V, K] (state_v_first) is transposed to [K, V] on the way in and back on the way out.
+they return (they communicate, as collectives do). The ranks check that they do: each call's
+forward and backward starts with an exchange of a few int64 (a fingerprint of the step, the
+global cu_seqlens, the split, the shapes and dtypes, the options and whether a backward will
+follow) between every pair of ranks, and a difference raises DistributedError naming it on
+every rank. Every wait, that one and the states', is bounded by the context's timeout
+(build_context(timeout=), 300 s by default, shorter than the process group's 30 min): a
+rank that skips a call or a backward makes the others raise DistributedError naming it
+(gloo then closes their connections to it, so it fails at its next exchange too).
+
+The drop-ins take the same context as cp_context=: linseq.compat.fla's chunk_kda and
+chunk_gated_delta_rule (fla's arguments, any float dtype), mamba_ssm.selective_scan_fn and
+causal_conv1d.causal_conv1d_fn (their [1, dim, seqlen] layout). Float32 tensors on the CPU
+here; a KDA state [V, K] (state_v_first) is transposed to [K, V] on the way in and back on
+the way out.
 """
 
 import dataclasses
+import datetime
+import hashlib
 import itertools
+import math
+import time
 from typing import Optional, Tuple
 
 import torch
@@ -67,6 +80,7 @@ class ContextParallel:
     receives: bool                  # the first piece continues a sequence from the previous rank
     sends: bool                     # the last piece continues on the next rank
     through: bool                   # the whole range lies inside one sequence (both of the above)
+    timeout: float = 300.0          # seconds any wait for another rank may take
 
     @property
     def start(self):
@@ -113,13 +127,20 @@ def _check_offsets(name, values):
         raise ValueError(f"{name}: expected non-decreasing offsets from 0, got {list(values)}")
 
 
-def build_context(cu_seqlens, group=None, lengths=None, *, rank=None, world=None):
+def build_context(cu_seqlens, group=None, lengths=None, *, rank=None, world=None,
+                  timeout=300.0):
     """The context of this rank for the global packed sequences `cu_seqlens` (N+1 offsets,
     int, each sequence at least one token) split over the ranks of `group` (default: the
     world). lengths: the number of tokens each rank holds (any non-negative integers summing
     to T, zeros allowed); default an even split, the first T % world ranks one token more.
     rank and world default to the group's (given explicitly, no process group is needed:
-    the split alone is then described)."""
+    the split alone is then described). timeout: the seconds a call may wait for another
+    rank (to arrive at the call or its backward, or for a state) before it raises
+    DistributedError; it must cover how much later than this rank the slowest one may
+    arrive. Every rank must pass the same cu_seqlens and lengths: the calls check it."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) \
+            or not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout: expected a positive number of seconds, got {timeout!r}")
     cu = tuple(int(c) for c in torch.as_tensor(cu_seqlens).reshape(-1).tolist())
     if len(cu) < 2:
         raise ValueError(f"cu_seqlens: expected N+1 >= 2 offsets, got {list(cu)}")
@@ -146,27 +167,202 @@ def build_context(cu_seqlens, group=None, lengths=None, *, rank=None, world=None
     receives, sends = _inside(cu, lo), _inside(cu, hi)
     through = receives and sends and len(seqs) <= 1
     return ContextParallel(group, rank, world, cu, tuple(bounds), tuple(seqs), tuple(offsets),
-                           receives, sends, through)
+                           receives, sends, through, float(timeout))
 
 
 # ------------------------------------------------------------------------------------------
 # the chain and the autograd function shared by the ops
 # ------------------------------------------------------------------------------------------
 
-# Every call gets its own message tags (the same on every rank, as the ranks make the same
-# calls in the same order): the states of two calls between the same two ranks never mix,
-# whatever order autograd runs their backwards in.
-_CALLS = itertools.count()
+class DistributedError(RuntimeError):
+    """The ranks of a linseq.distributed call disagree (different cu_seqlens, split, shapes,
+    dtypes, options or order of calls), or one of them did not arrive within the context's
+    timeout. Raised on every rank that notices, before anything of the call is exchanged."""
+
+
+# Message tags: every call's states get their own (the same on every rank, as the ranks make
+# the same calls in the same order), so that the states of two calls between the same two
+# ranks never mix, whatever order autograd runs their backwards in; the checks take theirs
+# from a sequence of their own above those, so that a rank one step ahead or behind meets
+# the others' check (and its fingerprint says where it is) instead of waiting for a tag that
+# never comes. Gloo matches point-to-point messages by sender and tag only, apart from the
+# group's collectives.
+_SPAN = 1 << 28
+_STATE_TAGS, _CHECK_TAGS, _DETAIL_TAGS = 0, 2 * _SPAN, 3 * _SPAN
+_LINKS = {}         # process group -> _Link
+_ABANDONED = []     # works whose wait timed out: gloo may still write into their buffers
+
+
+class _Link:
+    """Per process group: the sequence of checks and whether a timeout broke it."""
+
+    def __init__(self):
+        self.calls = 0                    # the calls that passed their check (states' tags)
+        self.checks = itertools.count()   # the checks, forward and backward (theirs)
+        self.broken = None
+
+
+def _link(cp):
+    group = cp.group if cp.group is not None else dist.group.WORLD
+    if cp.world > 1 and (group is None or not dist.is_initialized()):
+        raise DistributedError(f"linseq.distributed: a context over {cp.world} ranks needs an "
+                               f"initialized torch.distributed process group")
+    return _LINKS.setdefault(group, _Link())
+
+
+def _wait(cp, work, deadline, what):
+    """Waits for a send or receive until the deadline; raises DistributedError (and leaves
+    the work to gloo, which closes the connection) when it does not complete."""
+    left = deadline - time.monotonic()
+    try:
+        if left > 0.001:
+            work.wait(datetime.timedelta(seconds=left))
+            return
+        if work.is_completed():
+            return
+    except RuntimeError as e:
+        _ABANDONED.append(work)
+        if "Timed out" not in str(e):
+            raise DistributedError(f"linseq.distributed: rank {cp.rank}: {what} failed: "
+                                   f"{e}") from None
+    _ABANDONED.append(work)
+    raise DistributedError(f"linseq.distributed: rank {cp.rank}: {what} did not complete "
+                           f"within the context's timeout of {cp.timeout:g} s")
+
+
+def _post(cp, fn, tensor, peer, tag, what):
+    """dist.isend or dist.irecv; an error (a connection gloo closed) as DistributedError."""
+    try:
+        return fn(tensor, cp._peer(peer), group=cp.group, tag=tag)
+    except RuntimeError as e:
+        raise DistributedError(f"linseq.distributed: rank {cp.rank}: {what} failed: "
+                               f"{e}") from None
 
 
 def _send(cp, tensor, to_rank, tag):
-    dist.send(tensor.detach().contiguous(), dst=cp._peer(to_rank), group=cp.group, tag=tag)
+    what = f"sending the state to rank {to_rank}"
+    work = _post(cp, dist.isend, tensor.detach().contiguous(), to_rank,
+                 _STATE_TAGS + tag % (2 * _SPAN), what)
+    _wait(cp, work, time.monotonic() + cp.timeout, what)
 
 
 def _recv(cp, like, from_rank, tag):
-    buffer = torch.empty_like(like, memory_format=torch.contiguous_format)
-    dist.recv(buffer, src=cp._peer(from_rank), group=cp.group, tag=tag)
+    # zeros: a buffer is never read uninitialised (the checks make the sizes agree)
+    buffer = torch.zeros_like(like, memory_format=torch.contiguous_format)
+    what = f"receiving the state from rank {from_rank}"
+    work = _post(cp, dist.irecv, buffer, from_rank, _STATE_TAGS + tag % (2 * _SPAN), what)
+    _wait(cp, work, time.monotonic() + cp.timeout, what)
     return buffer
+
+
+def _exchange(cp, tensor, tag, what):
+    """Every rank's `tensor` (the same shape on every rank), [world, *shape], from one
+    message to and from every other rank. Raises DistributedError naming the ranks that did
+    not answer within the timeout."""
+    deadline = time.monotonic() + cp.timeout
+    found = tensor.new_zeros((cp.world,) + tuple(tensor.shape))
+    found[cp.rank] = tensor
+    others = [r for r in range(cp.world) if r != cp.rank]
+    missing, failures, recvs, sends = [], [], {}, []
+
+    def failed(r, e):
+        missing.append(r)
+        failures.append(str(e).split("failed: ", 1)[-1] if "failed: " in str(e) else "")
+
+    for r in others:   # everything posted first: one message latency in all
+        try:
+            recvs[r] = _post(cp, dist.irecv, found[r], r, tag, "")
+            sends.append(_post(cp, dist.isend, tensor, r, tag, ""))
+        except DistributedError as e:
+            failed(r, e)
+    for r, work in recvs.items():
+        try:
+            _wait(cp, work, deadline, "")
+        except DistributedError as e:
+            if r not in missing:
+                failed(r, e)
+    if missing:
+        _ABANDONED.extend(sends)
+        detail = "; ".join(f for f in failures if f)
+        ranks = ", ".join(map(str, missing))
+        where = (f"rank(s) {ranks} could not be reached ({detail})" if detail else
+                 f"rank(s) {ranks} did not within the context's timeout of {cp.timeout:g} s")
+        raise DistributedError(
+            f"linseq.distributed: rank {cp.rank} reached {what}, {where}. Every rank must "
+            f"make the same linseq.distributed calls in the same order and run the "
+            f"backward of each call that built a graph (or of none).")
+    for work in sends:
+        _wait(cp, work, deadline, f"{what}: sending")
+    return found
+
+
+def _digest(text):
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "little",
+                          signed=True)
+
+
+_DETAIL_BYTES = 2048
+
+
+def _agree(cp, fields):
+    """Checks that every rank of the context arrived at the same step with the same fields
+    (name -> text, the same names on every rank): one exchange of len(fields) int64. On a
+    difference every rank exchanges the texts of the fields that differ and raises
+    DistributedError naming them with every rank's value."""
+    if cp.world == 1:
+        return
+    link = _link(cp)
+    if link.broken is not None:
+        raise DistributedError(f"linseq.distributed: an earlier exchange of this process "
+                               f"group failed ({link.broken}); its connections are closed")
+    seq = next(link.checks) % _SPAN
+    names = list(fields)
+    mine = torch.tensor([_digest(fields[n]) for n in names], dtype=torch.int64)
+    try:
+        table = _exchange(cp, mine, _CHECK_TAGS + seq, fields["step"])
+    except DistributedError as e:
+        link.broken = str(e)
+        raise
+    differ = [i for i in range(len(names)) if not bool((table[:, i] == table[0, i]).all())]
+    if not differ:
+        return
+    text = "\n".join(f"{names[i]}: {fields[names[i]]}" for i in differ).encode()[:_DETAIL_BYTES]
+    mine = torch.zeros(_DETAIL_BYTES, dtype=torch.uint8)
+    mine[:len(text)] = torch.frombuffer(bytearray(text), dtype=torch.uint8)
+    try:
+        every = _exchange(cp, mine, _DETAIL_TAGS + seq, fields["step"])
+    except DistributedError as e:
+        link.broken = str(e)
+        raise
+    said = [bytes(row.tolist()).rstrip(b"\0").decode(errors="replace").split("\n")
+            for row in every]
+    lines = []
+    for k, i in enumerate(differ):
+        values = [row[k].split(": ", 1)[-1] if k < len(row) else "?" for row in said]
+        lines.append(f"{names[i]}: " + "; ".join(f"rank {r} {v}" for r, v in enumerate(values)))
+    raise DistributedError(f"linseq.distributed: the ranks disagree (rank {cp.rank} noticed "
+                           f"it at {fields['step']}):\n  " + "\n  ".join(lines) + "\nEvery "
+                           f"rank must make the same calls in the same order, with the same "
+                           f"cu_seqlens, lengths, shapes (but the tokens), dtypes and options.")
+
+
+def _fields(runner, inputs, build, call):
+    """What every rank's call must agree on, as texts."""
+    cp = runner.cp
+    args = []
+    for name, t in zip(runner.names, inputs):
+        if not isinstance(t, torch.Tensor):
+            args.append(f"{name}={t!r}")
+            continue
+        shape = ["T_r" if (d == 1 and name in runner.per_token) else str(n)
+                 for d, n in enumerate(t.shape)]
+        args.append(f"{name}=[{', '.join(shape)}] {str(t.dtype).replace('torch.', '')}")
+    return {"step": f"call {call} ({runner.op})",
+            "cu_seqlens": str(list(cp.cu_seqlens)),
+            "lengths": str([b - a for a, b in zip(cp.bounds, cp.bounds[1:])]),
+            "arguments": ", ".join(args),
+            "options": runner.settings,
+            "backward": "a graph for the backward" if build else "no backward"}
 
 
 def _leaf(t):
@@ -185,9 +381,15 @@ class _Segment(torch.autograd.Function):
     @staticmethod
     def forward(ctx, runner, *inputs):
         cp = runner.cp
-        runner.tag = 2 * next(_CALLS) % (1 << 30)   # forward: tag, backward: tag + 1
         build = runner.grad_enabled and any(isinstance(t, torch.Tensor) and t.requires_grad
                                             for t in inputs)
+        link = _link(cp) if cp.world > 1 else None
+        runner.call = link.calls if link is not None else 0
+        runner.tag = 2 * runner.call   # forward: tag, backward: tag + 1
+        runner.fields = _fields(runner, inputs, build, runner.call)
+        _agree(cp, dict(runner.fields, step=f"the forward of {runner.fields['step']}"))
+        if link is not None:   # a refused call takes no number: the ranks stay in step
+            link.calls += 1
         leaves = [_leaf(t) for t in inputs]
         with torch.set_grad_enabled(build):
             summary = runner.summarize(leaves)
@@ -208,6 +410,7 @@ class _Segment(torch.autograd.Function):
         runner, leaves, summary, s_in, outputs = ctx.saved
         ctx.saved = None
         cp, tag = runner.cp, runner.tag + 1
+        _agree(cp, dict(runner.fields, step=f"the backward of {runner.fields['step']}"))
         local = [(o, g) for o, g in zip(outputs, upstream) if g is not None and o.requires_grad]
         wanted = [t for t in leaves if isinstance(t, torch.Tensor) and t.requires_grad]
         # the local outputs' gradients in full before the chain when the runner says that is
@@ -215,7 +418,9 @@ class _Segment(torch.autograd.Function):
         early = wanted if runner.early_leaf_grads else []
         starts = [s_in] if cp.receives else []
         found = _grads(local, starts + early, retain=True)
-        d_in = found[0] if cp.receives else None
+        d_in = None
+        if cp.receives:   # sent even where the local outputs do not reach it
+            d_in = torch.zeros_like(s_in) if found[0] is None else found[0]
         late = [] if early else local
         if cp.sends:
             with torch.enable_grad():
@@ -227,28 +432,40 @@ class _Segment(torch.autograd.Function):
             if s_out.requires_grad:
                 late = late + [(s_out, d_out)]
                 if cp.receives and runner.advance_uses_start:
-                    d_in = d_in + _grads([(s_out, d_out)], [s_start], retain=True)[0]
+                    d_start = _grads([(s_out, d_out)], [s_start], retain=True)[0]
+                    d_in = d_in if d_start is None else d_in + d_start
             if cp.receives and runner.advance_uses_start:
                 _send(cp, d_in, cp.rank - 1, tag)
         elif cp.receives:
             _send(cp, d_in, cp.rank - 1, tag)
+        # None where an input reaches no output: autograd reads it as zero, so nothing is
+        # allocated or added for it (with every leaf gradient found early, late is empty)
         total = dict(zip(map(id, early), found[len(starts):]))
-        for t, g in zip(wanted, _grads(late, wanted, retain=False)):
-            total[id(t)] = g if id(t) not in total else total[id(t)] + g
+        # a leaf the sent state reads through a stand-in (the conv's tail of x) gets the
+        # stand-in's small gradient added where it lies, not a full-size one
+        stand_ins = [(t, proxy, lo) for t, proxy, lo in getattr(runner, "stand_ins", ())
+                     if late and id(t) in total]
+        late_grads = _grads(late, wanted + [proxy for _, proxy, _ in stand_ins], retain=False)
+        for t, g in zip(wanted, late_grads):
+            if g is not None:
+                total[id(t)] = g if total.get(id(t)) is None else total[id(t)] + g
+        for (t, _, lo), g in zip(stand_ins, late_grads[len(wanted):]):
+            if g is not None:   # in place: the early pass's own tensor
+                if total[id(t)] is None:
+                    total[id(t)] = torch.zeros_like(t)
+                total[id(t)][0, lo:].add_(g)
         return (None,) + tuple(total.get(id(t)) if isinstance(t, torch.Tensor) else None
                                for t in leaves)
 
 
 def _grads(pairs, inputs, retain):
-    """The gradients of sum(<output, upstream>) over pairs w.r.t. inputs (zeros, not None,
-    where an input does not reach the outputs)."""
-    if not inputs:
-        return []
-    found = [None] * len(inputs)
-    if pairs:
-        outs, ups = zip(*pairs)
-        found = torch.autograd.grad(outs, inputs, ups, retain_graph=retain, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g for t, g in zip(inputs, found)]
+    """The gradients of sum(<output, upstream>) over pairs w.r.t. inputs: None where an
+    input does not reach the outputs, and for every input when there are no pairs (no
+    work at all)."""
+    if not inputs or not pairs:
+        return [None] * len(inputs)
+    outs, ups = zip(*pairs)
+    return list(torch.autograd.grad(outs, inputs, ups, retain_graph=retain, allow_unused=True))
 
 
 def _final_states(cp, rows, shape, like):
@@ -296,10 +513,13 @@ class _KdaRunner:
     with the widened values (its P, R, o_R, o_P): the exchange then waits on no rank's kernel,
     and the outputs are o_R + o_P S_start. The other pieces start here and run plainly."""
     names = ("q", "k", "v", "g", "beta", "h0", "A_log", "dt_bias")
+    per_token = ("q", "k", "v", "g", "beta")
+    op = "chunk_kda"
     early_leaf_grads = False   # d(start state) alone is cheap: o_P^T do, P^T d(final state)
 
     def __init__(self, cp, shapes, options, lower_bound):
         self.cp, self.options, self.lower_bound = cp, options, lower_bound
+        self.settings = f"{sorted(options.items())}, lower_bound={lower_bound!r}"
         self.grad_enabled = torch.is_grad_enabled()
         _, _, self.HV, self.V = shapes["v"]
         self.K = shapes["q"][-1]
@@ -432,6 +652,7 @@ class _Ssm1Runner:
     otherwise it sends the final state of its last piece and reruns only its first piece."""
     names = ("x", "A", "B", "C", "D", "dt", "gate", "h0", "dt_bias")
     per_token = ("x", "B", "C", "dt", "gate")
+    op = "state_space_v1"
 
     @property
     def early_leaf_grads(self):
@@ -440,6 +661,7 @@ class _Ssm1Runner:
 
     def __init__(self, cp, D, N, options):
         self.cp, self.D, self.N, self.options = cp, D, N, options
+        self.settings = repr(options)
         self.grad_enabled = torch.is_grad_enabled()
         self.advance_uses_start = cp.through
 
@@ -547,10 +769,13 @@ class _ConvRunner:
     first token, or the given conv_state). What is sent on is the last W-1 inputs of the last
     piece, reaching back into the received ones when the rank holds fewer than W-1."""
     names = ("x", "weight", "bias", "conv_state")
+    per_token = ("x",)
+    op = "causal_conv1d"
     early_leaf_grads = True   # what is sent on is a slice of x: its backward is a copy
 
     def __init__(self, cp, D, W, activation):
         self.cp, self.D, self.W, self.activation = cp, D, W, activation
+        self.settings = f"activation={activation!r}"
         self.grad_enabled = torch.is_grad_enabled()
         self.advance_uses_start = cp.through
 
@@ -568,7 +793,15 @@ class _ConvRunner:
             return ()
         lo = cp.local_offsets[-2] if len(cp.local_offsets) > 1 else 0
         lo = max(lo, cp.end - cp.start - (self.W - 1))   # no more than the state reads
-        tail = a["x"][0, lo:].transpose(0, 1)   # [D, last W-1 tokens of the last piece]
+        x = a["x"]
+        tail = x[0, lo:]
+        self.stand_ins = ()
+        if torch.is_grad_enabled() and x.requires_grad:
+            # a leaf of its own: the backward adds its [W-1, D] gradient into dx's last
+            # rows instead of differentiating a slice of x (a full-size zeros tensor)
+            tail = tail.detach().requires_grad_()
+            self.stand_ins = ((x, tail, lo),)
+        tail = tail.transpose(0, 1)   # [D, last W-1 tokens of the last piece]
         if cp.through:
             return (tail,)
         return (torch.cat([self._start_of(a, cp.piece_seqs[-1]), tail], 1)[:, -(self.W - 1):],)

@@ -6,11 +6,13 @@ The splits cover: a sequence crossing one boundary, a boundary exactly between s
 sequence over 3 and 4 ranks, ranks holding fewer tokens than the conv window, a rank with no
 tokens (between two sequences and inside one), uneven splits, and initial / final states."""
 
+import datetime
 import os
 import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -63,8 +65,9 @@ def _spawn(fn, world, *args):
 
 def _entry(rank, world, port, errors, fn, args):
     torch.set_num_threads(1)
+    # a hang ends in 2 minutes instead of the default 30 (the tests' waits take seconds)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+                            world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         fn(rank, world, *args)
     except BaseException as e:
@@ -421,6 +424,197 @@ def test_compat_surfaces_refuse_what_context_parallelism_lacks():
         compat_mamba.selective_scan_fn(torch.zeros(2, 3, 15), x, torch.zeros(3, 2),
                                        torch.zeros(1, 2, 15), torch.zeros(1, 2, 15),
                                        cp_context=cp)
+
+
+# ------------------------------------------------------------------------------------------
+# ranks that disagree: every rank raises DistributedError naming the difference
+# ------------------------------------------------------------------------------------------
+
+def _refused(pattern, fn):
+    with pytest.raises(ld.DistributedError, match=pattern):
+        fn()
+
+
+def _disagreeing_ranks_worker(rank, world):
+    """Before, each of these hung until the group's timeout, or returned wrong outputs with
+    no error (a different K on one rank filled its received state partly from torch.empty:
+    three identical calls, three different outputs)."""
+    gen = torch.Generator().manual_seed(21)
+    T, D, W = 40, 5, 4
+    x, w = _randn(gen, 1, T, D), _randn(gen, D, W)
+    same = ld.build_context([0, 13, 40], lengths=[20, 20], timeout=100)
+
+    def conv(cp, activation="silu", xs=x):
+        return ld.causal_conv1d(cp.local(xs), w, None, activation, cp_context=cp)
+
+    def ssm1(cp):
+        return ld.state_space_v1(cp.local(x), -torch.ones(D, 3), cp.local(x[..., :3]),
+                                 cp.local(x[..., :3]), None, cp.local(x).abs(), cp_context=cp)
+
+    def kda(cp, K):
+        q = torch.ones(1, T, 2, K)
+        return ld.chunk_kda(cp.local(q), cp.local(q), cp.local(torch.ones(1, T, 2, 3)),
+                           cp.local(-0.1 * q), cp.local(torch.full((1, T, 2), 0.5)),
+                           cp_context=cp)
+
+    cu = [0, 13, 40] if rank == 0 else [0, 14, 40]
+    _refused(r"cu_seqlens: rank 0 \[0, 13, 40\]; rank 1 \[0, 14, 40\]",
+             lambda: conv(ld.build_context(cu, lengths=[20, 20], timeout=100)))
+    lengths = [20, 20] if rank == 0 else [21, 19]
+    _refused(r"lengths: rank 0 \[20, 20\]; rank 1 \[21, 19\]",
+             lambda: conv(ld.build_context([0, 13, 40], lengths=lengths, timeout=100)))
+    for _ in range(3):   # a different K, as often as it is tried
+        _refused(r"arguments: rank 0 q=\[1, T_r, 2, 6\].*; rank 1 q=\[1, T_r, 2, 5\]",
+                 lambda: kda(same, 6 if rank == 0 else 5))
+    _refused(r"step: rank 0 the forward of call 0 \(causal_conv1d\); rank 1 the forward of "
+             r"call 0 \(state_space_v1\)", lambda: conv(same) if rank == 0 else ssm1(same))
+    _refused(r"options: rank 0 activation='silu'; rank 1 activation=None",
+             lambda: conv(same, "silu" if rank == 0 else None))
+    _refused(r"arguments: rank 0 x=\[1, T_r, 5\] float32, weight=\[5, 4\] float32.*; "
+             r"rank 1 .*weight=\[5, 4\] float64",
+             lambda: ld.causal_conv1d(same.local(x), w if rank == 0 else w.double(), None,
+                                      "silu", cp_context=same))
+    # rank 0 goes on without the backward of a call: its next call meets rank 1's backward
+    xs = x.clone().requires_grad_()
+    y, _ = conv(same, xs=xs)
+    if rank == 0:
+        _refused(r"step: rank 0 the forward of call 1 \(causal_conv1d\); rank 1 the backward "
+                 r"of call 0 \(causal_conv1d\)", lambda: conv(same))
+    else:
+        _refused(r"step: rank 0 the forward of call 1 .*; rank 1 the backward of call 0",
+                 lambda: y.sum().backward())
+    # nothing refused took a step: the ranks are still in step, and agree
+    y, _ = conv(same)
+    want, _ = lt.causal_conv1d(x, w, None, "silu", cu_seqlens=torch.tensor([0, 13, 40]))
+    _check("conv after the refusals", y, same.local(want))
+
+
+def test_disagreeing_ranks_raise_naming_the_difference():
+    _spawn(_disagreeing_ranks_worker, 2)
+
+
+def _skipped_backward_worker(rank, world):
+    """Rank 0 skips the backward and waits elsewhere: rank 1 raises within the context's
+    timeout (3 s here; the group's is 2 minutes) naming rank 0, instead of waiting for the
+    group's; gloo closes the connection, so rank 0's next call raises too."""
+    gen = torch.Generator().manual_seed(22)
+    x, w = _randn(gen, 1, 40, 5).requires_grad_(), _randn(gen, 5, 4)
+    cp = ld.build_context([0, 40], lengths=[20, 20], timeout=3)
+    y, _ = ld.causal_conv1d(cp.local(x), w, None, "silu", cp_context=cp)
+    if rank == 1:
+        _refused(r"rank 1 reached the backward of call 0 \(causal_conv1d\), rank\(s\) 0 "
+                 r"did not within the context's timeout of 3 s", lambda: y.sum().backward())
+        _refused(r"an earlier exchange of this process group failed",
+                 lambda: ld.causal_conv1d(cp.local(x), w, cp_context=cp))
+    else:
+        time.sleep(8)
+        _refused(r"rank\(s\) 1 could not be reached",
+                 lambda: ld.causal_conv1d(cp.local(x), w, cp_context=cp))
+
+
+def test_a_rank_skipping_the_backward_is_named_within_the_timeout():
+    _spawn(_skipped_backward_worker, 2)
+
+
+# ------------------------------------------------------------------------------------------
+# the backward does no work for gradients nobody asked for
+# ------------------------------------------------------------------------------------------
+
+def _new_elements(fn):
+    """The number of tensor elements fn's aten and linseq ops allocate (outputs that share
+    no storage with an argument: views and in-place results are not counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Count(TorchDispatchMode):
+        elements = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            seen = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                    if isinstance(t, torch.Tensor)}
+            Count.elements += sum(t.numel() for t in tree_leaves(out)
+                                  if isinstance(t, torch.Tensor)
+                                  and t.untyped_storage().data_ptr() not in seen)
+            return out
+
+    with Count():
+        fn()
+    return Count.elements
+
+
+def _backward_elements(run, inputs):
+    """Elements allocated by the backward of sum(outputs[0] * w) (the forward not counted)."""
+    leaves = {n: t.clone().requires_grad_() for n, t in inputs.items()}
+    out = run(leaves)[0]
+    upstream = torch.ones_like(out)
+    return _new_elements(lambda: out.backward(upstream))
+
+
+def _conv_inputs(T, D, W):
+    gen = torch.Generator().manual_seed(11)
+    return dict(x=_randn(gen, 1, T, D), weight=_randn(gen, D, W),
+                conv_state=_randn(gen, 1, D, W - 1))
+
+
+def _ssm1_inputs(T, D, N):
+    gen = torch.Generator().manual_seed(12)
+    return dict(x=_randn(gen, 1, T, D), A=-torch.rand(D, N, generator=gen) - 0.1,
+                B=_randn(gen, 1, T, N), C=_randn(gen, 1, T, N),
+                dt=_randn(gen, 1, T, D, scale=0.5), h0=_randn(gen, 1, D, N))
+
+
+def _conv_run(cp):
+    def run(a):
+        state = a["conv_state"]
+        if cp is None:
+            return lt.causal_conv1d(a["x"], a["weight"], None, "silu", state)
+        return ld.causal_conv1d(a["x"], a["weight"], None, "silu", state, cp_context=cp)
+    return run
+
+
+def _ssm1_run(cp):
+    def run(a):
+        if cp is None:
+            return lt.state_space_v1(a["x"], a["A"], a["B"], a["C"], None, a["dt"],
+                                     initial_state=a["h0"], dt_softplus=True)
+        return ld.state_space_v1(a["x"], a["A"], a["B"], a["C"], None, a["dt"],
+                                 initial_state=a["h0"], dt_softplus=True, cp_context=cp)
+    return run
+
+
+def test_one_rank_backward_allocates_what_the_plain_call_does():
+    """One rank: the conv's gradients are all found before the (empty) chain; the backward
+    used to add a zeros_like of every input to them (at T = 65536, D = 256, 226 ms against
+    136 ms for the plain call). Now it allocates the plain backward's tensors and a few of
+    the state's size, whatever T is."""
+    T, D, W = 4096, 64, 4
+    cp = ld.build_context([0, T], rank=0, world=1)
+    inputs = _conv_inputs(T, D, W)
+    plain = _backward_elements(_conv_run(None), inputs)
+    parallel = _backward_elements(_conv_run(cp), inputs)
+    assert plain >= T * D and parallel - plain <= 8 * D * W, (plain, parallel)
+
+
+def _receiving_rank_worker(rank, world):
+    """Rank 1 receives the state but sends none: SSM1 and the conv find every gradient in
+    one pass before the chain; nothing is added afterwards. Rank 0 sends the state: the
+    gradient it gets back reaches the last W-1 tokens of x (the conv) or the whole scan
+    (SSM1, one pass with the outputs'), never a full-size zeros tensor and a full-size add."""
+    T = 4096
+    cp = ld.build_context([0, T], lengths=[T // 2, T // 2])
+    for name, inputs, run, state in (("conv", _conv_inputs(T, 16, 4), _conv_run, 16 * 4),
+                                     ("ssm1", _ssm1_inputs(T, 16, 4), _ssm1_run, 16 * 4)):
+        local = {n: cp.local(t) if t.shape[1] == T else t for n, t in inputs.items()}
+        parallel = _backward_elements(run(cp), local)
+        plain = _backward_elements(run(None), local)
+        assert plain >= T // 2 * 16 and parallel - plain <= 8 * state, \
+            f"{name}: rank {rank}'s backward allocated {parallel} elements, the plain " \
+            f"call's {plain}"
+
+
+def test_receiving_rank_backward_allocates_what_the_plain_call_does():
+    _spawn(_receiving_rank_worker, 2)
 
 
 # ------------------------------------------------------------------------------------------

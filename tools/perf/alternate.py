@@ -5,7 +5,8 @@ On a shared machine whose speed drifts from minute to minute, two figures compar
 they were measured side by side: this runs each command line once per round, in turn, for
 --rounds rounds, and prints a markdown table of each line's median over the rounds of bench's
 per-call medians, the range over rounds, and its ratio to the first line (or to --base).
-Needs python3 only; not run by make or CI.
+Needs python3 only; not run by make or CI. Run time: --rounds x the lines (x the binaries)
+bench calls, each about a second or 10 calls of its op.
 
     python3 tools/perf/alternate.py [--cli build/linseq] [--rounds 5] [--base 0]
         "kda --H 32 --T 512" "kda --H 32 --T 512 --dtype bf16"

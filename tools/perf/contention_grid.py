@@ -8,7 +8,9 @@ bench's per-call medians) and their ratio. The library's goal: beside busy proce
 default thread count is never more than 1.25x slower than one thread; on a quiet machine
 (N = 0) it is at least 1.8x faster (ratio <= 0.56). With --write FILE the table replaces
 the text between `<!-- contention-table:begin -->` and `<!-- contention-table:end -->`.
-Needs python3 only; not run by make or CI; the default grid takes about 10 minutes.
+Needs python3 only; not run by make or CI. The default grid takes about 14 minutes on a
+2-core machine, and while it runs `linseq bench --contend` keeps up to 8 busy processes
+(the largest N of --busy) spinning beside it: the machine is fully loaded meanwhile.
 
     python3 tools/perf/contention_grid.py [--cli build/linseq] [--busy 0,1,2,4,8]
         [--rounds 3] [--cases kda,conv] [--write docs/performance.md] [--save-json FILE]

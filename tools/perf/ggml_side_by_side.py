@@ -6,7 +6,17 @@ for that op at that shape and `linseq bench ... --json --no-peak --threads N` fo
 linseq op, and prints a markdown table: case | ggml time | linseq time | ggml / linseq (the
 medians over the rounds, and the range of the per-round ratios), with the load average, the
 thread count and the command line. The VM's speed drifts from day to day, so only the ratios of
-one run mean anything. Needs python3 only; not run by make or CI; about 90 s per round.
+one run mean anything. Needs python3 only; not run by make or CI; about 90 s per round (3
+minutes at the default --rounds 2).
+
+ggml: the standalone repository, https://github.com/ggml-org/ggml (its tests/ hold
+test-backend-ops.cpp). The table in docs/performance.md was taken at ggml commit d99724f2
+(2026-08-21; the table's first line names the commit of each run, read from the checkout):
+
+    git clone https://github.com/ggml-org/ggml GGML_DIR && git -C GGML_DIR checkout d99724f2
+
+The lines inserted below are found by pattern; another commit may move them, and the script
+then stops with a message naming what it did not find.
 
 ggml's perf list has none of these shapes, so a ggml checkout needs a few lines of ours first.
 `--prepare-ggml DIR` inserts them into DIR/tests/test-backend-ops.cpp and builds the program
@@ -53,6 +63,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -159,6 +170,12 @@ def insert_threads(src):
 
 def prepare_ggml(root, jobs):
     path = os.path.join(root, "tests", "test-backend-ops.cpp")
+    if not os.path.isfile(path):
+        sys.exit(f"ggml_side_by_side: --prepare-ggml {root}: no {path}; expected a checkout "
+                 f"of https://github.com/ggml-org/ggml (git clone it there first)")
+    for tool in ("cmake",):
+        if shutil.which(tool) is None:
+            sys.exit(f"ggml_side_by_side: --prepare-ggml needs {tool} on PATH")
     with open(path) as f:
         src = f.read()
     with open(path, "w") as f:
@@ -372,6 +389,11 @@ def main():
         return
     if not args.ggml:
         sys.exit("ggml_side_by_side: --ggml PATH (test-backend-ops) is needed")
+    if not os.access(args.ggml, os.X_OK) or os.path.isdir(args.ggml):
+        sys.exit(f"ggml_side_by_side: --ggml {args.ggml}: no such program; build ggml's "
+                 f"test-backend-ops with --prepare-ggml GGML_DIR first (it prints the path)")
+    if not os.access(args.cli, os.X_OK) or os.path.isdir(args.cli):
+        sys.exit(f"ggml_side_by_side: --cli {args.cli}: no such program (run make first)")
     if args.threads < 1 or args.rounds < 1:
         sys.exit("ggml_side_by_side: --threads and --rounds must be >= 1")
     wanted = args.cases.split(",") if args.cases else None

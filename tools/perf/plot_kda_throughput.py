@@ -5,8 +5,9 @@ docs/performance.md.
 Runs `linseq bench kda --json` at B=1, H=16, K=V=128 (per-channel decay) for T = 256 ..
 16384, chunked with chunk 16, 32 and 64 (the default) and recurrent, and writes
 docs/kda_throughput.png (tokens/s against T, log x axis).
-Needs python3 and matplotlib; not run by make or CI. Takes a few minutes: each point runs
-for about a second, or at least 10 calls.
+Needs python3 and matplotlib (checked before any benchmark runs); not run by make or CI.
+Takes about 6 minutes on a 2-core machine: 28 points, each run for about a second or at
+least 10 calls (the recurrent ones at long T take longer).
 
     python3 tools/perf/plot_kda_throughput.py [--cli build/linseq] [--out docs/kda_throughput.png]
         [--threads N] [--repeats N] [--save-json FILE] [--from-json FILE]
@@ -45,12 +46,21 @@ def run_point(cli, options, t, extra):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def plot(results, out):
-    import matplotlib
+def pyplot():
+    """matplotlib's pyplot (Agg backend), imported before anything runs: a missing matplotlib
+    ends the script at once, not after minutes of benchmarks."""
+    try:
+        import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        sys.exit(f"plot_kda_throughput: needs matplotlib (pip install matplotlib): {e}; "
+                 f"nothing was run")
+    return plt
 
+
+def plot(results, out, plt):
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for (label, _), marker in zip(CONFIGS, ["o", "^", "v", "s"]):
         pts = sorted((r["shape"]["T"], r["tokens_per_s"]) for r in results
@@ -87,6 +97,7 @@ def main():
     ap.add_argument("--save-json", help="also write the results, one JSON object a line")
     ap.add_argument("--from-json", help="plot saved results instead of running bench")
     args = ap.parse_args()
+    plt = pyplot()
 
     if args.from_json:
         with open(args.from_json) as f:
@@ -112,7 +123,7 @@ def main():
                     f.write(json.dumps(r) + "\n")
     if not results:
         sys.exit("plot_kda_throughput: no results")
-    plot(results, args.out)
+    plot(results, args.out, plt)
     print(f"wrote {args.out}")
 
 
