@@ -83,3 +83,15 @@ def test_ggml_side_by_side_names_a_missing_checkout_or_program(tmp_path):
     assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr
     assert "test-backend-ops: no such program" in run.stderr
     assert not mark.exists()
+
+
+def test_suite_table_reads_a_slowdown_as_slower():
+    """A thread-scaling ratio below 1 is a slowdown: "0.68x faster" misread it."""
+    spec = importlib.util.spec_from_file_location(
+        "suite_table", os.path.join(ROOT, "tools", "perf", "suite_table.py"))
+    suite_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(suite_table)
+    assert suite_table.note({"scaling_threads": 2, "scaling_speedup": 0.68,
+                             "shape": {}}) == "2 threads: 1.47x slower than 1"
+    assert suite_table.note({"scaling_threads": 2, "scaling_speedup": 1.9,
+                             "shape": {}}) == "2 threads: 1.90x faster than 1"

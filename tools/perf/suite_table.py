@@ -65,11 +65,19 @@ def pct(frac):
     return "-" if frac is None else f"{100 * frac:.1f}%"
 
 
+def scaling_note(threads, speedup):
+    """"2 threads: 1.47x faster than 1" (or "... slower"): a ratio below 1 reads as a
+    slowdown, never as "0.68x faster"."""
+    if speedup >= 1:
+        return f"{threads} threads: {speedup:.2f}x faster than 1"
+    return f"{threads} threads: {1 / speedup:.2f}x slower than 1"
+
+
 def note(r):
     if "ratio_to_forward" in r:
         return f"{r['ratio_to_forward']:.2f}x the forward"
     if "scaling_speedup" in r:
-        return f"{r['scaling_threads']} threads {r['scaling_speedup']:.2f}x faster"
+        return scaling_note(r["scaling_threads"], r["scaling_speedup"])
     if r["shape"].get("H") == 1 and r["threads"] == 1:
         return f"{r['us_per_token']:.1f} us per token"
     return ""
