@@ -87,10 +87,15 @@ def test_ggml_side_by_side_names_a_missing_checkout_or_program(tmp_path):
 
 def test_suite_table_reads_a_slowdown_as_slower():
     """A thread-scaling ratio below 1 is a slowdown: "0.68x faster" misread it."""
-    spec = importlib.util.spec_from_file_location(
-        "suite_table", os.path.join(ROOT, "tools", "perf", "suite_table.py"))
+    folder = os.path.join(ROOT, "tools", "perf")
+    spec = importlib.util.spec_from_file_location("suite_table",
+                                                  os.path.join(folder, "suite_table.py"))
     suite_table = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(suite_table)
+    sys.path.insert(0, folder)  # its sibling modules, as when it runs as a script
+    try:
+        spec.loader.exec_module(suite_table)
+    finally:
+        sys.path.remove(folder)
     assert suite_table.note({"scaling_threads": 2, "scaling_speedup": 0.68,
                              "shape": {}}) == "2 threads: 1.47x slower than 1"
     assert suite_table.note({"scaling_threads": 2, "scaling_speedup": 1.9,
