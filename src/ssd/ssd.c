@@ -23,37 +23,37 @@ static const P *ssd(const void *p) { return p; }
 static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
 static int64_t groups(const P *p) { return p->G ? p->G : 1; }
 
-static int shape_hp(const void *v, int64_t *d)
+int ls_ssd_shape_hp(const void *v, int64_t *d)
 {
     const P *p = ssd(v);
     return ls_dims(d, 4, p->B, p->T, p->H, p->P);
 }
-static int shape_dt(const void *v, int64_t *d)
+int ls_ssd_shape_dt(const void *v, int64_t *d)
 {
     return ls_dims(d, 3, ssd(v)->B, ssd(v)->T, ssd(v)->H);
 }
-static int shape_heads(const void *v, int64_t *d) { return ls_dims(d, 1, ssd(v)->H); }
-static int shape_bc(const void *v, int64_t *d)
+int ls_ssd_shape_heads(const void *v, int64_t *d) { return ls_dims(d, 1, ssd(v)->H); }
+int ls_ssd_shape_bc(const void *v, int64_t *d)
 {
     const P *p = ssd(v);
     return ls_dims(d, 4, p->B, p->T, groups(p), p->N);
 }
-static int shape_d_skip(const void *v, int64_t *d)
+int ls_ssd_shape_d_skip(const void *v, int64_t *d)
 {
     const P *p = ssd(v);
     return p->D_per_channel ? ls_dims(d, 2, p->H, p->P) : ls_dims(d, 1, p->H);
 }
 /* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
-static int shape_d_skip_grad(const void *v, int64_t *d)
+int ls_ssd_shape_d_skip_grad(const void *v, int64_t *d)
 {
-    return ssd(v)->D_skip ? shape_d_skip(v, d) : 0;
+    return ssd(v)->D_skip ? ls_ssd_shape_d_skip(v, d) : 0;
 }
-static int shape_z_grad(const void *v, int64_t *d) { return ssd(v)->z ? shape_hp(v, d) : 0; }
-static int shape_dt_bias(const void *v, int64_t *d)
+int ls_ssd_shape_z_grad(const void *v, int64_t *d) { return ssd(v)->z ? ls_ssd_shape_hp(v, d) : 0; }
+int ls_ssd_shape_dt_bias(const void *v, int64_t *d)
 {
-    return ssd(v)->dt_softplus ? shape_heads(v, d) : 0;
+    return ssd(v)->dt_softplus ? ls_ssd_shape_heads(v, d) : 0;
 }
-static int shape_state(const void *v, int64_t *d)
+int ls_ssd_shape_state(const void *v, int64_t *d)
 {
     const P *p = ssd(v);
     return p->state_n_first ? ls_dims(d, 4, state_rows(p), p->H, p->N, p->P)
@@ -81,7 +81,7 @@ static linseq_status decode(const void *v, const linseq_exec *exec, float *pool,
 
 /* README "Benchmarks": per token and head, the state update and read-out (2 P N each) of the
  * recurrence; the chunked form does more (the scores) to run in matrix products. */
-static double flops(const void *v, const linseq_exec *exec)
+double ls_ssd_flops(const void *v, const linseq_exec *exec)
 {
     (void)exec;
     const P *p = ssd(v);
@@ -90,13 +90,13 @@ static double flops(const void *v, const linseq_exec *exec)
 
 static void bench_options(void *v) { ((P *)v)->G = 1; }
 
-static const ls_size_desc sizes[] = {
+const ls_size_desc ls_op_ssd_sizes[LS_SSD_N_SIZES] = {
     {"B", offsetof(P, B), true, 1},  {"T", offsetof(P, T), true, 512},
     {"H", offsetof(P, H), true, 48}, {"P", offsetof(P, P), true, 64},
     {"N", offsetof(P, N), true, 128}, {"G", offsetof(P, G), false, 0},
 };
 
-static const ls_option_desc options[] = {
+const ls_option_desc ls_op_ssd_options[LS_SSD_N_OPTIONS] = {
     {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
     {"D_per_channel", "D_per_channel", LS_CTYPE_BOOL, offsetof(P, D_per_channel), NULL, 0},
     {"state_n_first", "state_n_first", LS_CTYPE_BOOL, offsetof(P, state_n_first), NULL, 0},
@@ -107,51 +107,51 @@ static const ls_option_desc options[] = {
 /* A: mamba's -exp(A_log) with A_log = log(U(1, 16)); dt: its usual range. */
 typedef linseq_ssd_grads G;
 static const ls_tensor_desc tensors[] = {
-    LS_INPUT("x", x, .required = true, .dims = "[B,T,H,P]", .shape = shape_hp,
+    LS_INPUT("x", x, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = shape_dt,
+    LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = ls_ssd_shape_dt,
              .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
-    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = shape_heads,
+    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = ls_ssd_shape_heads,
              .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
-    LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,
+    LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,
+    LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("D", D_skip, .dims = "[H] ([H,P] D_per_channel)", .shape = shape_d_skip,
+    LS_INPUT("D", D_skip, .dims = "[H] ([H,P] D_per_channel)", .shape = ls_ssd_shape_d_skip,
              .case_flag = "has_D", .dist = LS_DIST_UNIFORM, .a = 1, .b = 1, .bench = true),
-    LS_INPUT("z", z, .dims = "[B,T,H,P]", .shape = shape_hp, .case_flag = "has_z",
+    LS_INPUT("z", z, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .case_flag = "has_z",
              .dist = LS_DIST_NORMAL, .a = 1, .bench = true, .token = true),
     LS_INPUT("h0", h0, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-             .shape = shape_state, .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
-    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = shape_dt_bias,
+             .shape = ls_ssd_shape_state, .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
+    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = ls_ssd_shape_dt_bias,
              .case_flag = "has_dt_bias", .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
-    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = shape_hp, .token = true),
+    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
     LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-              .shape = shape_state, .alias_of = "h0"),
-    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = shape_hp,
+              .shape = ls_ssd_shape_state, .alias_of = "h0"),
+    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
                 .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-                .shape = shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL, .a = 1),
-    LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = shape_hp, .token = true),
-    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = shape_dt, .token = true),
-    LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = shape_heads),
-    LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = shape_bc, .token = true),
-    LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = shape_bc, .token = true),
-    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)", .shape = shape_d_skip_grad),
-    LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = shape_z_grad, .token = true),
+                .shape = ls_ssd_shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL, .a = 1),
+    LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
+    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = ls_ssd_shape_dt, .token = true),
+    LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = ls_ssd_shape_heads),
+    LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
+    LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
+    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)", .shape = ls_ssd_shape_d_skip_grad),
+    LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_z_grad, .token = true),
     LS_GRAD("dh0", dh0, "h0", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-            .shape = shape_state),
-    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[H]", .shape = shape_dt_bias),
+            .shape = ls_ssd_shape_state),
+    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[H]", .shape = ls_ssd_shape_dt_bias),
 };
 
 const ls_op ls_op_ssd = {
-    LS_OP_STRUCTS(linseq_ssd_problem, linseq_ssd_grads),
-    LS_OP_OPTIONS(options),
+    LS_OP_STRUCTS_OF(linseq_ssd_problem, linseq_ssd_grads, ls_op_ssd_sizes, ls_op_ssd_options,
+                     tensors),
     LS_OP_VARLEN(linseq_ssd_problem),
     .name = "ssd",
     .forward = forward,
     .backward = backward,
-    .flops = flops,
+    .flops = ls_ssd_flops,
     .bench_options = bench_options,
     .bench_fwdbwd = true,
     .decode = decode,
@@ -163,12 +163,12 @@ const ls_op ls_op_ssd = {
 /* ---- the entry points ------------------------------------------------------------------ */
 
 /* The problem (its description's checks), its own rules and its input tensors appended to
- * `a`: run first by both entry points, so decode accepts exactly the problems the forward
- * accepts. */
-static linseq_status check_problem(ls_args *a, const linseq_ssd_problem *p,
-                                   const linseq_exec *exec)
+ * `a`: run first by every entry point, so decode accepts exactly the problems the forward
+ * accepts (op: ls_op_ssd, or the segment summary's description). */
+linseq_status ls_ssd_check_problem(ls_args *a, const struct ls_op *op,
+                                   const linseq_ssd_problem *p, const linseq_exec *exec)
 {
-    linseq_status st = ls_op_check_problem(a->fn, &ls_op_ssd, p, exec, false);
+    linseq_status st = ls_op_check_problem(a->fn, op, p, exec, false);
     if (st) return st;
     if (groups(p) > p->H || p->H % groups(p) != 0)
         return ls_fail(a->fn, LINSEQ_ERR_SHAPE_MISMATCH,
@@ -184,12 +184,12 @@ static linseq_status check_problem(ls_args *a, const linseq_ssd_problem *p,
                        "dt_min = %g, dt_max = %g: expected dt_min < dt_max (dt_max may be "
                        "+inf), or both 0 for no clamp",
                        (double)p->dt_min, (double)p->dt_max);
-    return ls_op_add_tensors(a, &ls_op_ssd, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
+    return ls_op_add_tensors(a, op, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
 }
 
 /* After the table is validated: the CPU only, cu_seqlens' offsets, every A <= 0. */
-static linseq_status check_values(const char *fn, const linseq_ssd_problem *p,
-                                  const linseq_exec *exec)
+linseq_status ls_ssd_check_values(const char *fn, const struct ls_op *op,
+                                  const linseq_ssd_problem *p, const linseq_exec *exec)
 {
     if (ls_on_cuda(exec))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "exec->device is CUDA; %s runs on the CPU only",
@@ -197,7 +197,7 @@ static linseq_status check_values(const char *fn, const linseq_ssd_problem *p,
     linseq_status st;
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
-    return ls_op_check_values(fn, &ls_op_ssd, p, exec);
+    return ls_op_check_values(fn, op, p, exec);
 }
 
 /* The problem's sizes, inputs and options into the plan (its buffers set by the caller). */
@@ -218,7 +218,7 @@ static linseq_status run(const char *fn, ssd_plan *pl, const linseq_ssd_problem 
 {
     plan(pl, p, exec, decode);
     const int64_t n_items = state_rows(p) * p->H;
-    const int n_threads = ls_resolve_threads(exec, n_items, flops(p, exec));
+    const int n_threads = ls_resolve_threads(exec, n_items, ls_ssd_flops(p, exec));
     pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk);
     linseq_status st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,
                                        (void **)&pl->scratch);
@@ -238,15 +238,21 @@ linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec 
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssd_forward"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
     if (st) return st;
     float *const out[] = {y, hT};
     if ((st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
+    return ls_ssd_run_forward(a.fn, p, exec, isa, y, hT);
+}
+
+linseq_status ls_ssd_run_forward(const char *fn, const linseq_ssd_problem *p,
+                                 const linseq_exec *exec, ls_isa isa, float *y, float *hT)
+{
     ssd_plan pl = {.y = y, .s0 = p->h0, .sT = hT};
-    return run(a.fn, &pl, p, exec, isa, false);
+    return run(fn, &pl, p, exec, isa, false);
 }
 
 linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
@@ -255,14 +261,14 @@ linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssd_decode"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
     if (st) return st;
     float *const out[] = {y, NULL}; /* the state is the pool's */
     if ((st = ls_op_add_decode(&a, &ls_op_ssd, p, state, n_state_rows, state_rows, out,
                                ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
     if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ssd, p, n_state_rows, state_rows))) return st;
     ssd_plan pl = {.y = y, .s0 = state, .sT = state, .rows = state_rows};
     return run(a.fn, &pl, p, exec, isa, true);
@@ -337,7 +343,7 @@ static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd
     pl->n_tokens = p->B * p->T;
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     pl->scratch_floats = ssd_bwd_scratch_floats(p->P, p->N, pl->chunk, longest);
-    const int n_threads = ls_resolve_threads(exec, n_items, 3.5 * flops(p, exec));
+    const int n_threads = ls_resolve_threads(exec, n_items, 3.5 * ls_ssd_flops(p, exec));
     linseq_status st = alloc_backward(fn, pl, n_items, shares);
     if (!st)
         st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,
@@ -364,7 +370,7 @@ linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssd_backward"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
     if (st) return st;
     if (!g)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
@@ -374,12 +380,19 @@ linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec
         (st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_GRAD, g, ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, g, sizeof *g, exec);
-    if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
+    return ls_ssd_run_backward(a.fn, p, exec, isa, d_y, d_hT, g);
+}
+
+linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
+                                  const linseq_exec *exec, ls_isa isa, const float *d_y,
+                                  const float *d_hT, const linseq_ssd_grads *g)
+{
     ssd_plan pl = {.s0 = p->h0, .d_y = d_y, .d_hT = d_hT, .dx = g->dx, .ddt = g->ddt,
                    .dB = g->dB_proj, .dC = g->dC_proj, .dz = g->dz, .dh0 = g->dh0};
     plan(&pl, p, exec, false);
     pl.chunked = true;
-    return run_backward(a.fn, &pl, p, exec, isa, g);
+    return run_backward(fn, &pl, p, exec, isa, g);
 }
 
 linseq_status linseq_ssd_backward(const linseq_ssd_problem *p, const linseq_exec *exec,

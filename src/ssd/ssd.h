@@ -9,9 +9,30 @@
 #include "linseq.h"
 #include "simd/isa.h"
 
-/* The op's description (ssd.c), which its entry points validate through. */
+/* The descriptions of the op (ssd.c) and of its segment summary (ssd_segment.c), which their
+ * entry points validate through; the summary shares the op's problem, grads, sizes, options
+ * and shapes. */
 struct ls_op;
-extern const struct ls_op ls_op_ssd;
+extern const struct ls_op ls_op_ssd, ls_op_ssd_segment;
+/* ls_op_ssd_sizes and ls_op_ssd_options (ssd.c) have these lengths: ssd_segment.c declares
+ * them (this header stays free of the op table's types for the kernels). */
+#define LS_SSD_N_SIZES 6
+#define LS_SSD_N_OPTIONS 5
+
+/* Shape functions (ls_shape_fn) of the problem's tensors: x, z, y "[B,T,H,P]"; dt "[B,T,H]";
+ * A "[H]"; B, C "[B,T,G,N]"; D_skip "[H]" or "[H,P]"; a state "[N_seq,H,P,N]" (N-first
+ * "[N_seq,H,N,P]"); the gradients of the optional inputs, which exist only with them. */
+int ls_ssd_shape_hp(const void *p, int64_t *d);
+int ls_ssd_shape_dt(const void *p, int64_t *d);
+int ls_ssd_shape_heads(const void *p, int64_t *d);
+int ls_ssd_shape_bc(const void *p, int64_t *d);
+int ls_ssd_shape_d_skip(const void *p, int64_t *d);
+int ls_ssd_shape_d_skip_grad(const void *p, int64_t *d);
+int ls_ssd_shape_z_grad(const void *p, int64_t *d);
+int ls_ssd_shape_dt_bias(const void *p, int64_t *d);
+int ls_ssd_shape_state(const void *p, int64_t *d);
+/* Per token and head, the recurrence's 4 P N. */
+double ls_ssd_flops(const void *p, const linseq_exec *exec);
 
 /* Tokens per chunk of the chunked form: exec->chunk_size (16, 32, 64 or 128; 0 = 64). */
 #define SSD_DEFAULT_CHUNK 64
@@ -75,12 +96,32 @@ static inline int64_t ssd_bwd_scratch_floats(int64_t P, int64_t N, int64_t L, in
 LS_ISA_DECLARE(void, ls_ssd_item, (void *ctx, int64_t item, int thread));
 LS_ISA_DECLARE(void, ls_ssd_bwd_item, (void *ctx, int64_t item, int thread));
 
+/* What the entry points share with the segment summary's: the problem's checks against a
+ * description `op` (its input tensors appended to `a`), the checks of values after
+ * ls_args_validate, and the forward and backward runs of a validated problem. y NULL: the
+ * final states only (the outputs are not computed). */
+struct ls_args;
+linseq_status ls_ssd_check_problem(struct ls_args *a, const struct ls_op *op,
+                                   const linseq_ssd_problem *p, const linseq_exec *exec);
+linseq_status ls_ssd_check_values(const char *fn, const struct ls_op *op,
+                                  const linseq_ssd_problem *p, const linseq_exec *exec);
+linseq_status ls_ssd_run_forward(const char *fn, const linseq_ssd_problem *p,
+                                 const linseq_exec *exec, ls_isa isa, float *y, float *hT);
+linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
+                                  const linseq_exec *exec, ls_isa isa, const float *d_y,
+                                  const float *d_hT, const linseq_ssd_grads *g);
+
 /* The entry points with the ISA chosen (linseq_ssd_* resolve it from the CPU). */
 linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *y,
                                  float *hT, ls_isa isa);
 linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
                                   const float *d_y, const float *d_hT, const linseq_ssd_grads *g,
                                   ls_isa isa);
+linseq_status ls_ssd_segment_forward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                         float *P_out, float *R, ls_isa isa);
+linseq_status ls_ssd_segment_backward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                          const float *d_P, const float *d_R,
+                                          const linseq_ssd_grads *grads, ls_isa isa);
 linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
                                 int64_t n_state_rows, const int64_t *state_rows, float *y,
                                 ls_isa isa);

@@ -8,6 +8,7 @@
  *     St' = exp(lam_{n-1}) St + B^T W,     W_j = exp(lam_{n-1} - lam_j) U_j,  U_j = dt_j x_j
  * Each exponent is a difference of partial sums taken directly (never exp(lam_i) exp(-lam_j),
  * which overflows under hard decay). The recurrent form (and decode) updates St token by token.
+ * Without y (pl->y NULL: the segment summary's R) only the state is carried.
  * An item's arithmetic does not depend on the thread that runs it. */
 #include <math.h>
 #include <string.h>
@@ -36,7 +37,7 @@ static void recurrent_item(const ssd_plan *pl, const ssd_item *it, float *St, fl
             }
             vf_store_n(ys + p, acc, m);
         }
-        finish_token(pl, it, t, ys);
+        if (pl->y) finish_token(pl, it, t, ys);
     }
 }
 
@@ -48,10 +49,11 @@ static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
     const int64_t P = pl->P, N = pl->N, L = pl->chunk;
     chunk_decays(pl, it, c0, n, c);
     chunk_gather(pl, it, c0, n, c);
-    chunk_scores(n, N, L, c);
-    /* Y = diag(exp(lam)) (C St) + M U */
-    ls_gemm(n, P, N, c->Cc, N, 1, c->St, P, c->Y, P, false);
-    chunk_outputs(n, P, L, c, c->Y);
+    if (pl->y) { /* Y = diag(exp(lam)) (C St) + M U (no y: the state alone) */
+        chunk_scores(n, N, L, c);
+        ls_gemm(n, P, N, c->Cc, N, 1, c->St, P, c->Y, P, false);
+        chunk_outputs(n, P, L, c, c->Y);
+    }
     /* St = exp(lam_{n-1}) St + B^T W */
     for (int64_t i = 0; i < n; i++) {
         const vf w = vf_set1(c->wdec[i]);
@@ -62,7 +64,7 @@ static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
     }
     for (int64_t k = 0; k < N; k++) c->nscale[k] = c->elam[n - 1];
     ls_gemm_scaled(N, P, n, c->Bt, L, 1, c->W, P, c->St, P, true, c->nscale);
-    for (int64_t i = 0; i < n; i++) finish_token(pl, it, c0 + i, c->Y + i * P);
+    for (int64_t i = 0; pl->y && i < n; i++) finish_token(pl, it, c0 + i, c->Y + i * P);
 }
 
 void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
@@ -70,7 +72,7 @@ void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
     const ssd_plan *pl = ctx;
     const ssd_item it = locate(pl, item);
     if (it.row < 0) { /* padding: no state is touched */
-        for (int64_t t = 0; t < it.n_tokens; t++)
+        for (int64_t t = 0; pl->y && t < it.n_tokens; t++)
             memset(pl->y + at_hp(pl, &it, t), 0, (size_t)pl->P * sizeof(float));
         return;
     }
