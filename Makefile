@@ -189,7 +189,7 @@ test-tsan:
 # possible) and uninitialised reads fail it, with no suppression (the library's pool joins
 # its workers at exit). Needs valgrind.
 VALGRIND_TESTS := test_bad_inputs test_nonfinite test_determinism test_npy test_kda_segment test_ema test_ssd \
-                  test_ssm1_segment test_ssm1_saved test_kda_bf16 test_scratch
+                  test_ssm1_segment test_ssd_segment test_ssm1_saved test_kda_bf16 test_scratch
 VALGRIND := valgrind -q --error-exitcode=1 --leak-check=full
 .PHONY: test-valgrind
 test-valgrind:

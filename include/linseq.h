@@ -711,6 +711,24 @@ LINSEQ_API linseq_status linseq_ssd_decode(const linseq_ssd_problem *problem,
                                            int64_t n_state_rows, const int64_t *state_rows,
                                            float *y);
 
+/* Segment summary (context parallelism, as linseq_kda_segment_forward): per sequence and head
+ * h the map is a scalar times the state, S_end = P S_start + R, with
+ *     P = exp(A[h] * sum_t dt_t)   (dt_t as the forward takes it: + dt_bias, softplus, clamp)
+ *     R = the end state from zeros (the problem's state layout)
+ * P [N_seq,H]; R NULL or [N_seq,H,P,N] ([N_seq,H,N,P] state_n_first). The problem is the
+ * forward's with h0 NULL (C_proj, D_skip and z do not enter); exec->mode as the forward's, no
+ * output is computed. CPU, float32 only. */
+LINSEQ_API linseq_status linseq_ssd_segment_forward(const linseq_ssd_problem *problem,
+                                                    const linseq_exec *exec, float *P, float *R);
+
+/* The gradients of L = sum(P * d_P) + sum(R * d_R) (d_P [N_seq,H], d_R the shape of R: NULL =
+ * zeros); dC_proj, dD_skip and dz are zero, grads->dh0 must be NULL. Runs linseq_ssd_backward
+ * once with no gradient on y, with a [B,T,H,P] buffer of zeros allocated for the call. */
+LINSEQ_API linseq_status linseq_ssd_segment_backward(const linseq_ssd_problem *problem,
+                                                     const linseq_exec *exec, const float *d_P,
+                                                     const float *d_R,
+                                                     const linseq_ssd_grads *grads);
+
 #ifdef __cplusplus
 }
 #endif

@@ -570,9 +570,9 @@ static void generic_cases(const ls_op *op, const op_row *row)
 static const op_row generic_row = {"", generic_cases, {NULL}, {NULL}};
 
 /* Every op of the table, by name. What does not enter a segment summary: linseq.h (q of KDA's;
- * C_proj, D_skip and the gate of SSM1's). Their backwards, though, pass a NaN or Inf in q or
- * C on to the other gradients (as 0 * inf would): they are held to the rule of an input that
- * enters, which they meet. */
+ * C_proj, D_skip and the gate of SSM1's; C_proj, D_skip and z of SSD's). Their backwards,
+ * though, pass a NaN or Inf in q or C on to the other gradients (as 0 * inf would): they are
+ * held to the rule of an input that enters, which they meet. */
 static const op_row rows[] = {
     {"kda", kda_cases, {NULL}, {NULL}},
     {"kda_gate", gate_cases, {NULL}, {NULL}},
@@ -581,6 +581,8 @@ static const op_row rows[] = {
     {"kda_segment", kda_cases, {"q", NULL}, {NULL}},
     {"ssm1_segment", ssm1_cases, {"C", "D", "gate", NULL}, {"D", "gate", NULL}},
     {"ema", ema_cases, {NULL}, {NULL}},
+    /* SSD's summary, at the generic case's units: C_proj, D_skip and z do not enter */
+    {"ssd_segment", generic_cases, {"C", "D", "z", NULL}, {"D", "z", NULL}},
 };
 #define N_ROWS ((int)(sizeof rows / sizeof rows[0]))
 
