@@ -26,8 +26,7 @@ static double ref_dt(const linseq_ssd_problem *p, int64_t bt, int64_t h)
     return d;
 }
 
-static int64_t state_at(const linseq_ssd_problem *p, int64_t row, int64_t h, int64_t i,
-                        int64_t n)
+static int64_t state_at(const linseq_ssd_problem *p, int64_t row, int64_t h, int64_t i, int64_t n)
 {
     const int64_t base = (row * p->H + h) * p->P * p->N;
     return p->state_n_first ? base + n * p->P + i : base + i * p->N + n;
@@ -95,9 +94,12 @@ static data make(const spec *s, uint64_t seed)
 {
     tu_rng r = {seed};
     const int64_t BT = s->B * s->T, rows = s->cu ? s->n_seqs : s->B;
-    data e = {.n_y = (size_t)(BT * s->H * s->P), .n_dt = (size_t)(BT * s->H),
-              .n_bc = (size_t)(BT * s->G * s->N), .n_s = (size_t)(rows * s->H * s->P * s->N),
-              .n_p = (size_t)(rows * s->H), .n_d = (size_t)(s->H * s->P)};
+    data e = {.n_y = (size_t)(BT * s->H * s->P),
+              .n_dt = (size_t)(BT * s->H),
+              .n_bc = (size_t)(BT * s->G * s->N),
+              .n_s = (size_t)(rows * s->H * s->P * s->N),
+              .n_p = (size_t)(rows * s->H),
+              .n_d = (size_t)(s->H * s->P)};
     e.x = tu_alloc(e.n_y), e.z = tu_alloc(e.n_y), e.dt = tu_alloc(e.n_dt);
     e.A = tu_alloc((size_t)s->H), e.bias = tu_alloc((size_t)s->H), e.D = tu_alloc(e.n_d);
     e.Bp = tu_alloc(e.n_bc), e.Cp = tu_alloc(e.n_bc);
@@ -115,12 +117,24 @@ static data make(const spec *s, uint64_t seed)
     tu_fill_normal(&r, e.h0, e.n_s, 0.5);
     tu_fill_normal(&r, e.d_R, e.n_s, 1.0);
     tu_fill_normal(&r, e.d_P, e.n_p, 1.0);
-    e.p = (linseq_ssd_problem){.B = s->B, .T = s->T, .H = s->H, .P = s->P, .N = s->N,
-                               .G = s->G, .cu_seqlens = s->cu, .n_seqs = s->n_seqs,
-                               .x = e.x, .dt = e.dt, .A = e.A, .B_proj = e.Bp, .C_proj = e.Cp,
-                               .D_skip = s->extras ? e.D : NULL, .z = s->extras ? e.z : NULL,
+    e.p = (linseq_ssd_problem){.B = s->B,
+                               .T = s->T,
+                               .H = s->H,
+                               .P = s->P,
+                               .N = s->N,
+                               .G = s->G,
+                               .cu_seqlens = s->cu,
+                               .n_seqs = s->n_seqs,
+                               .x = e.x,
+                               .dt = e.dt,
+                               .A = e.A,
+                               .B_proj = e.Bp,
+                               .C_proj = e.Cp,
+                               .D_skip = s->extras ? e.D : NULL,
+                               .z = s->extras ? e.z : NULL,
                                .dt_bias = s->softplus ? e.bias : NULL,
-                               .dt_softplus = s->softplus, .D_per_channel = s->extras,
+                               .dt_softplus = s->softplus,
+                               .D_per_channel = s->extras,
                                .state_n_first = s->n_first,
                                .dt_min = s->clamp ? 0.05f : 0.0f,
                                .dt_max = s->clamp ? 0.25f : 0.0f};
@@ -140,7 +154,9 @@ static void test_forward(void)
     static const struct {
         linseq_mode mode;
         int chunk;
-    } execs[] = {{LINSEQ_MODE_RECURRENT, 0}, {LINSEQ_MODE_DEFAULT, 0}, {LINSEQ_MODE_CHUNKED, 16},
+    } execs[] = {{LINSEQ_MODE_RECURRENT, 0},
+                 {LINSEQ_MODE_DEFAULT, 0},
+                 {LINSEQ_MODE_CHUNKED, 16},
                  {LINSEQ_MODE_CHUNKED, 128}};
     for (size_t i = 0; i < N_SPECS; i++) {
         data e = make(&SPECS[i], 300 + i);
@@ -177,8 +193,7 @@ static void test_map_is_the_forward(void)
         from.h0 = e.h0;
         CHECK_OK(ls_ssd_forward_isa(&from, NULL, y, hT, test_isa));
         const int64_t per = e.p.P * e.p.N;
-        for (size_t k = 0; k < e.n_s; k++)
-            mapped[k] = (double)P[k / (size_t)per] * e.h0[k] + R[k];
+        for (size_t k = 0; k < e.n_s; k++) mapped[k] = (double)P[k / (size_t)per] * e.h0[k] + R[k];
         const double err = tu_rel_err_d(hT, mapped, e.n_s);
         CHECK(err < 2e-5, "%s: P h0 + R vs the forward's end state from h0: %.2e", SPECS[i].name,
               err);
@@ -260,8 +275,13 @@ static void test_backward(void)
         float *dB = tu_alloc_poisoned(e.n_bc), *dC = tu_alloc_poisoned(e.n_bc);
         float *dA = tu_alloc_poisoned((size_t)s->H), *dbias = tu_alloc_poisoned((size_t)s->H);
         float *dD = tu_alloc_poisoned(e.n_d), *dz = tu_alloc_poisoned(e.n_y);
-        linseq_ssd_grads g = {.dx = dx, .ddt = ddt, .dA = dA, .dB_proj = dB, .dC_proj = dC,
-                              .dD_skip = s->extras ? dD : NULL, .dz = s->extras ? dz : NULL,
+        linseq_ssd_grads g = {.dx = dx,
+                              .ddt = ddt,
+                              .dA = dA,
+                              .dB_proj = dB,
+                              .dC_proj = dC,
+                              .dD_skip = s->extras ? dD : NULL,
+                              .dz = s->extras ? dz : NULL,
                               .ddt_bias = s->softplus ? dbias : NULL};
         CHECK_OK(ls_ssd_segment_backward_isa(&e.p, NULL, e.d_P, e.d_R, &g, test_isa));
         check_gradient("dx", &e, e.x, dx, e.n_y);
@@ -271,8 +291,7 @@ static void test_backward(void)
         if (s->softplus) check_gradient("ddt_bias", &e, e.bias, dbias, (size_t)s->H);
         CHECK(all_zero(dC, e.n_bc), "%s: dC is not zero", s->name);
         if (s->extras)
-            CHECK(all_zero(dD, e.n_d) && all_zero(dz, e.n_y), "%s: dD or dz is not zero",
-                  s->name);
+            CHECK(all_zero(dD, e.n_d) && all_zero(dz, e.n_y), "%s: dD or dz is not zero", s->name);
         /* d_P alone (d_R NULL), and d_R alone: the two shares add up */
         float *dx_p = tu_alloc(e.n_y), *ddt_p = tu_alloc(e.n_dt), *dx_r = tu_alloc(e.n_y);
         float *ddt_r = tu_alloc(e.n_dt);
@@ -322,8 +341,8 @@ static void test_bad_inputs(void)
     CHECK_FAILS(linseq_ssd_segment_backward(&e.p, NULL, e.d_P, e.d_R, NULL),
                 LINSEQ_ERR_NULL_POINTER, "grads");
     linseq_ssd_grads g = {.dx = dx, .dh0 = R};
-    CHECK_FAILS(linseq_ssd_segment_backward(&e.p, NULL, e.d_P, e.d_R, &g),
-                LINSEQ_ERR_INVALID_VALUE, "dh0");
+    CHECK_FAILS(linseq_ssd_segment_backward(&e.p, NULL, e.d_P, e.d_R, &g), LINSEQ_ERR_INVALID_VALUE,
+                "dh0");
     g = (linseq_ssd_grads){.dx = dx, .ddt = e.dt};
     CHECK_FAILS(linseq_ssd_segment_backward(&e.p, NULL, e.d_P, e.d_R, &g), LINSEQ_ERR_ALIASING,
                 "ddt");

@@ -11,8 +11,7 @@ extern const ls_op ls_op_kda, ls_op_kda_gate, ls_op_ssm1, ls_op_conv1d, ls_op_kd
 
 static const ls_op *const all_ops[] = {&ls_op_kda,    &ls_op_kda_gate,    &ls_op_ssm1,
                                        &ls_op_conv1d, &ls_op_kda_segment, &ls_op_ssm1_segment,
-                                       &ls_op_ema,    &ls_op_ssd,
-                                       &ls_op_ssd_segment};
+                                       &ls_op_ema,    &ls_op_ssd,         &ls_op_ssd_segment};
 
 const ls_enum_name ls_activation_names[] = {
     {"silu", LINSEQ_ACT_SILU},           {"sigmoid", LINSEQ_ACT_SIGMOID},

@@ -106,8 +106,7 @@ const ls_op ls_op_ssd_segment = {
 /* ---- the entry points ------------------------------------------------------------------ */
 
 /* The forward's checks, then the summary's own: no h0, float32. */
-static linseq_status check_segment(ls_args *a, const linseq_ssd_problem *p,
-                                   const linseq_exec *exec)
+static linseq_status check_segment(ls_args *a, const linseq_ssd_problem *p, const linseq_exec *exec)
 {
     linseq_status st = ls_ssd_check_problem(a, &ls_op_ssd_segment, p, exec);
     if (st) return st;
@@ -252,8 +251,7 @@ linseq_status ls_ssd_segment_backward_isa(const linseq_ssd_problem *p, const lin
         return ls_fail(a.fn, LINSEQ_ERR_INVALID_VALUE,
                        "grads->dh0 must be NULL: the summary does not depend on a start state");
     const float *const up[] = {d_P, d_R};
-    if ((st = ls_op_add_tensors(&a, &ls_op_ssd_segment, p, LS_ROLE_UPSTREAM, up,
-                                sizeof(float))) ||
+    if ((st = ls_op_add_tensors(&a, &ls_op_ssd_segment, p, LS_ROLE_UPSTREAM, up, sizeof(float))) ||
         (st = ls_op_add_tensors(&a, &ls_op_ssd_segment, p, LS_ROLE_GRAD, grads, sizeof(float))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
