@@ -125,19 +125,22 @@ static const ls_tensor_desc tensors[] = {
              .shape = ls_ssd_shape_state, .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
     LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = ls_ssd_shape_dt_bias,
              .case_flag = "has_dt_bias", .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
-    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
+    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
+              .token = true),
     LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
               .shape = ls_ssd_shape_state, .alias_of = "h0"),
     LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
                 .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-                .shape = ls_ssd_shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL, .a = 1),
+                .shape = ls_ssd_shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL,
+                .a = 1),
     LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
     LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = ls_ssd_shape_dt, .token = true),
     LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = ls_ssd_shape_heads),
     LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
     LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
-    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)", .shape = ls_ssd_shape_d_skip_grad),
+    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)",
+            .shape = ls_ssd_shape_d_skip_grad),
     LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_z_grad, .token = true),
     LS_GRAD("dh0", dh0, "h0", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
             .shape = ls_ssd_shape_state),
@@ -244,7 +247,8 @@ linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec 
     if ((st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
+        return st;
     return ls_ssd_run_forward(a.fn, p, exec, isa, y, hT);
 }
 
@@ -268,7 +272,8 @@ linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *
                                ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
+        return st;
     if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ssd, p, n_state_rows, state_rows))) return st;
     ssd_plan pl = {.y = y, .s0 = state, .sT = state, .rows = state_rows};
     return run(a.fn, &pl, p, exec, isa, true);
@@ -380,7 +385,8 @@ linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec
         (st = ls_op_add_tensors(&a, &ls_op_ssd, p, LS_ROLE_GRAD, g, ls_token_bytes(exec))))
         return st;
     ls_arg_structs(&a, p, sizeof *p, g, sizeof *g, exec);
-    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec))) return st;
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
+        return st;
     return ls_ssd_run_backward(a.fn, p, exec, isa, d_y, d_hT, g);
 }
 
