@@ -2,9 +2,10 @@
 
 Each rank of a torch.distributed process group holds a contiguous range of the packed tokens
 (B == 1, sequences given by the global `cu_seqlens`); build_context describes the split, and
-chunk_kda / chunk_gated_delta_rule, state_space_v1 and causal_conv1d here take the rank's
-tokens and the context. A rank's piece of a sequence maps the state it starts from affinely
-to the state it ends with, so ranks exchange states, never tokens:
+chunk_kda / chunk_gated_delta_rule, state_space_v1, ssd and causal_conv1d here take the rank's
+tokens and the context (ssd here is Mamba2's, linseq's "ssd" op). A rank's piece of a
+sequence maps the state it starts from affinely to the state it ends with, so ranks
+exchange states, never tokens:
 
 - KDA / Gated DeltaNet: S_end = P S_start + R per head, P [K,K], R [K,V]. The piece that
   continues from the previous rank runs once with the values widened to V + K, v' = [v | 0]
@@ -14,18 +15,21 @@ to the state it ends with, so ranks exchange states, never tokens:
   rerun, and no rank waits on another's kernel.
 - SSM1: h_end = P * h_start + R per (d, n), P = exp(A * sum of dt) over the piece; a rank
   inside one sequence runs its piece from h0 = 0 for R, and reruns it from its true start.
+- SSD (Mamba2): S_end = P S_start + R per head, P = exp(A * sum of dt) a scalar; a rank
+  inside one sequence takes (P, R) from the C summary (ssd_segment, differentiable) and
+  reruns its piece from its true start.
 - causal conv1d: the state is the W-1 inputs before the piece, oldest first (from several
   ranks when one holds fewer than W-1 tokens).
 
 The exchange is a chain along the ranks: rank r receives the state its first piece starts
 from and sends the state its last piece ends with (P S_start + R, or a final state computed
 without waiting), one state per boundary inside a sequence: HV*K*V floats for KDA, D*N for
-SSM1, D*(W-1) for the conv, whatever T is. The backward sends d(start state) back the same
-way: d_start = P^T d_end + (the local outputs' share), then every rank differentiates its
-own graph with the d_end it received. Each link of the chain costs a [K,K]x[K,V] product per
-head; the heavy work runs on all ranks at once before and after it. (A tree would instead
-send the maps, combining (P2, R2) o (P1, R1) = (P2 P1, P2 R1 + R2) in log2(ranks) rounds at
-O(K^3) per head each, worth it only for many ranks.)
+SSM1, H*P*N for SSD, D*(W-1) for the conv, whatever T is. The backward sends d(start state)
+back the same way: d_start = P^T d_end + (the local outputs' share), then every rank
+differentiates its own graph with the d_end it received. Each link of the chain costs a
+[K,K]x[K,V] product per head; the heavy work runs on all ranks at once before and after it.
+(A tree would instead send the maps, combining (P2, R2) o (P1, R1) = (P2 P1, P2 R1 + R2)
+in log2(ranks) rounds at O(K^3) per head each, worth it only for many ranks.)
 
 Every rank must call the same functions in the same order and backpropagate through what
 they return (they communicate, as collectives do). The ranks check that they do: each call's
@@ -58,9 +62,11 @@ import torch.distributed as dist
 # the kernels through the PyTorch backend directly (not linseq.torch's public functions, which
 # reach linseq.compat.fla's, which reach this module for cp_context)
 from ._delta_rule import delta_rule, kda_gate
-from ._opspec import CONV1D, SSM1
+from ._opspec import CONV1D, SSM1, by_name
 from ._options import ConvOptions, Ssm1Options, kernel_activation
 from ._torch_backend import TorchBackend
+
+SSD, SSD_SEGMENT = by_name("ssd"), by_name("ssd_segment")
 
 
 # ------------------------------------------------------------------------------------------
@@ -758,6 +764,135 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
                                                 dt_softplus=bool(dt_softplus)))
     return _Segment.apply(runner, hidden_states, A, B, C, D, dt, gate, initial_state,
                           dt_bias)
+
+
+# ------------------------------------------------------------------------------------------
+# SSD (Mamba2)
+# ------------------------------------------------------------------------------------------
+
+_NO_LIMIT = (0.0, math.inf)
+
+
+class _SsdRunner:
+    """State [H, P, N], one scalar decay per head: S_end = P S_start + R with P [H]. A rank
+    inside one sequence sends P S_start + R, (P, R) from the C summary (ssd_segment: P =
+    exp(A sum dt) from the kernel's own dt, R the end state from zeros, both differentiable),
+    then reruns its piece from the true start; otherwise it sends the final state of its last
+    piece and reruns only its first piece, as SSM1."""
+    names = ("x", "dt", "A", "B", "C", "D", "z", "h0", "dt_bias")
+    per_token = ("x", "dt", "B", "C", "z")
+    op = "ssd"
+
+    @property
+    def early_leaf_grads(self):
+        return self.cp.receives and (self.cp.through or not self.cp.sends)
+
+    def __init__(self, cp, H, P, N, options):
+        self.cp, self.H, self.P, self.N = cp, H, P, N
+        self.options = SSD.options(**options)
+        self.summary_options = SSD_SEGMENT.options(**options)
+        self.settings = ", ".join(f"{k}={v!r}" for k, v in sorted(options.items()))
+        self.grad_enabled = torch.is_grad_enabled()
+        self.advance_uses_start = cp.through
+
+    def zero_state(self):
+        return torch.zeros(self.H, self.P, self.N)
+
+    def _cut(self, a, lo, hi):
+        return {n: (a[n][:, lo:hi] if n in self.per_token and a[n] is not None else a[n])
+                for n in self.names}
+
+    def _ssd(self, a, lo, hi, h0, offsets=None):
+        arrays = dict(self._cut(a, lo, hi), h0=h0)
+        return TorchBackend.run(SSD, arrays, _rebased(offsets), self.options)
+
+    def _summary(self, a):
+        """(P [H], R [H,P,N]) of the whole local range (one piece); D and z do not enter."""
+        arrays = dict(a, D=None, z=None, h0=None)
+        P, R = TorchBackend.run(SSD_SEGMENT, arrays, None, self.summary_options)
+        return P[0], R[0]
+
+    def summarize(self, leaves):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        T = cp.end - cp.start
+        if cp.through and T == 0:
+            return (torch.ones(self.H), self.zero_state())
+        if cp.through:
+            return self._summary(a)
+        first = 1 if cp.receives else 0
+        offsets = cp.local_offsets[first:]
+        self.rest = None
+        if len(offsets) > 1:
+            h0 = a["h0"]
+            if h0 is not None:
+                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
+            self.rest = self._ssd(a, offsets[0], offsets[-1], h0, offsets)
+        return (self.rest[1][-1],) if cp.sends else ()
+
+    def advance(self, summary, s_in):
+        if self.cp.through:
+            P, R = summary
+            return P[:, None, None] * s_in + R
+        return summary[0]
+
+    def finish(self, leaves, summary, s_in):
+        a = dict(zip(self.names, leaves))
+        cp = self.cp
+        T = cp.end - cp.start
+        shape = (self.H, self.P, self.N)
+        empty = a["x"].new_zeros((1, 0, self.H, self.P))
+        if cp.through:
+            y = self._ssd(a, 0, T, s_in[None])[0] if T else empty
+            return y, _final_states(cp, [], shape, s_in)
+        pieces, rows = [], []
+        if cp.receives:
+            y_head, h_head = self._ssd(a, 0, cp.local_offsets[1], s_in[None])
+            pieces.append(y_head)
+            rows.append((cp.piece_seqs[0], h_head[0]))
+        if self.rest is not None:
+            pieces.append(self.rest[0])
+            first = 1 if cp.receives else 0
+            rows += list(zip(cp.piece_seqs[first:], self.rest[1]))
+        rows = [(n, r) for n, r in rows if n in cp.ends_here]
+        return _joined(pieces, empty), _final_states(cp, rows, shape, s_in)
+
+
+def ssd(x, dt, A, B, C, D=None, z=None, initial_state=None, *, dt_softplus=False,
+        dt_bias=None, dt_limit=_NO_LIMIT, cp_context):
+    """Mamba2's SSD (linseq's "ssd" op, docs/semantics.md 5b) over this rank's tokens: x, z
+    [1,T_r,H,P]; dt [1,T_r,H]; B, C [1,T_r,G,N]; A [H] (each <= 0); D [H] or [H,P] or None;
+    dt_bias [H] (with dt_softplus); dt_limit (lo, hi) clamps dt as mamba's does ((0, inf):
+    no clamp); initial_state [N_seq,H,P,N] the global one. Returns (y [1,T_r,H,P], final
+    state [N_seq,H,P,N] with the rows of the sequences ending on this rank, zeros
+    elsewhere)."""
+    cp = cp_context
+    for name, t in (("x", x), ("dt", dt), ("B", B), ("C", C)):
+        _check_local(cp, name, t)
+    if z is not None:
+        _check_local(cp, "z", z)
+    if x.dim() != 4:
+        raise ValueError(f"x: expected [1, T_r, H, P], got {_shape(x)}")
+    if not isinstance(A, torch.Tensor) or A.dim() != 1:
+        raise ValueError(f"A: expected an [H] tensor, got {_shape(A)}")
+    if B.dim() != 4 or C.dim() != 4:
+        raise ValueError(f"B, C: expected [1, T_r, G, N], got {_shape(B)} and {_shape(C)}")
+    _, _, H, P = x.shape
+    N = B.shape[-1]
+    if initial_state is not None and (not isinstance(initial_state, torch.Tensor)
+                                      or tuple(initial_state.shape) != (cp.num_seqs, H, P, N)):
+        raise ValueError(f"initial_state: expected [{cp.num_seqs}, {H}, {P}, {N}] (one row "
+                         f"per global sequence), got {_shape(initial_state)}")
+    if dt_bias is not None and not dt_softplus:
+        raise ValueError("dt_bias: given without dt_softplus; expected None (the kernel adds "
+                         "the bias only before its softplus)")
+    lo, hi = (float(v) for v in dt_limit)
+    options = dict(dt_softplus=bool(dt_softplus),
+                   D_per_channel=isinstance(D, torch.Tensor) and D.dim() == 2)
+    if (lo, hi) != _NO_LIMIT:
+        options.update(dt_min=lo, dt_max=hi)
+    runner = _SsdRunner(cp, H, P, N, options)
+    return _Segment.apply(runner, x, dt, A, B, C, D, z, initial_state, dt_bias)
 
 
 # ------------------------------------------------------------------------------------------
