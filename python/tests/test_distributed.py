@@ -2,9 +2,10 @@
 and 4 processes on this machine (gloo on 127.0.0.1) give the outputs, final states and every
 gradient of the single-process call on the whole packed batch.
 
-The splits cover: a sequence crossing one boundary, a boundary exactly between sequences, a
-sequence over 3 and 4 ranks, ranks holding fewer tokens than the conv window, a rank with no
-tokens (between two sequences and inside one), uneven splits, and initial / final states."""
+The ops: KDA / Gated DeltaNet, SSM1, SSD and the conv. The splits cover: a sequence crossing
+one boundary, a boundary exactly between sequences, a sequence over 3 and 4 ranks, ranks
+holding fewer tokens than the conv window, a rank with no tokens (between two sequences and
+inside one), uneven splits, and initial / final states."""
 
 import datetime
 import os
@@ -180,6 +181,38 @@ def _ssm1_case(cp, gen, full=True):
              ("x", "dt", "B", "C", "gate"), weights)
 
 
+def _ssd_case(cp, gen, full=True):
+    """Mamba2's SSD: groups, per-channel D, the z gate, dt_bias with softplus, the dt clamp and
+    initial states (full), or none of them with dt as given. The pieces run in chunks of
+    their own (from each rank's first token), so the results agree within float32 rounding."""
+    T, Ns = cp.cu_seqlens[-1], cp.num_seqs
+    H, P, N, G = 4, 3, 5, 2
+    inputs = dict(x=_randn(gen, 1, T, H, P), dt=_randn(gen, 1, T, H, scale=0.5),
+                  A=-torch.rand(H, generator=gen) - 0.1, B=_randn(gen, 1, T, G, N),
+                  C=_randn(gen, 1, T, G, N), D=_randn(gen, H, P), z=_randn(gen, 1, T, H, P),
+                  h0=_randn(gen, Ns, H, P, N, scale=0.5), dt_bias=_randn(gen, H, scale=0.3))
+    options = dict(dt_softplus=True, dt_limit=(0.05, 0.9))
+    if not full:   # no skip, no gate, no initial state; dt as given (no softplus, no clamp)
+        inputs.update(D=None, z=None, h0=None, dt_bias=None, dt=0.2 * inputs["dt"].abs())
+        options = {}
+    weights = (_randn(gen, 1, T, H, P), _randn(gen, Ns, H, P, N))
+    lo, hi = options.get("dt_limit", ld._NO_LIMIT)
+    table = dict(dt_softplus=full, D_per_channel=full)
+    if full:
+        table.update(dt_min=lo, dt_max=hi)
+
+    def run_global(a):
+        arrays = {n: a[n] for n in ("x", "dt", "A", "B", "C", "D", "z", "h0", "dt_bias")}
+        return lt.run("ssd", arrays, torch.tensor(cp.cu_seqlens), **table)
+
+    def run_local(a):
+        return ld.ssd(a["x"], a["dt"], a["A"], a["B"], a["C"], a["D"], a["z"], a["h0"],
+                      dt_bias=a["dt_bias"], cp_context=cp, **options)
+
+    _compare(cp, f"ssd(full={full})", inputs, run_global, run_local, ("x", "dt", "B", "C", "z"),
+             weights)
+
+
 def _conv_case(cp, gen, full=True):
     T, N = cp.cu_seqlens[-1], cp.num_seqs
     D, W = 5, 4
@@ -301,6 +334,8 @@ def _context_parallel_worker(rank, world):
             _kda_case(cp, gen, per_channel=False, gate_in_kernel=True)
             _ssm1_case(cp, gen)
             _ssm1_case(cp, gen, full=False)
+            _ssd_case(cp, gen)
+            _ssd_case(cp, gen, full=False)
             _conv_case(cp, gen)
             _conv_case(cp, gen, full=False)
             if world == 2:
@@ -369,6 +404,16 @@ def test_bad_inputs_are_refused_before_any_exchange():
     with pytest.raises(ValueError, match="hidden_states"):
         ld.state_space_v1(torch.zeros(1, 14, 3), torch.zeros(3, 2), beta, beta, None,
                           torch.zeros(1, 15, 3), cp_context=cp)
+    xs, dts, bc = torch.zeros(1, 15, 2, 3), torch.zeros(1, 15, 2), torch.zeros(1, 15, 1, 4)
+    with pytest.raises(ValueError, match=r"x: expected this rank's 15 tokens"):
+        ld.ssd(torch.zeros(1, 14, 2, 3), dts, -torch.ones(2), bc, bc, cp_context=cp)
+    with pytest.raises(ValueError, match=r"initial_state: expected \[2, 2, 3, 4\]"):
+        ld.ssd(xs, dts, -torch.ones(2), bc, bc, initial_state=torch.zeros(2, 2, 4, 3),
+               cp_context=cp)
+    with pytest.raises(ValueError, match="dt_bias: given without dt_softplus"):
+        ld.ssd(xs, dts, -torch.ones(2), bc, bc, dt_bias=torch.zeros(2), cp_context=cp)
+    with pytest.raises(ValueError, match=r"A: expected an \[H\] tensor"):
+        ld.ssd(xs, dts, -torch.ones(2, 1), bc, bc, cp_context=cp)
 
 
 def test_compat_one_rank_context_is_the_plain_call():
@@ -457,6 +502,12 @@ def _disagreeing_ranks_worker(rank, world):
                            cp.local(-0.1 * q), cp.local(torch.full((1, T, 2), 0.5)),
                            cp_context=cp)
 
+    def ssd(cp, softplus=True, P=3):
+        bc = torch.ones(1, T, 1, 4)
+        return ld.ssd(cp.local(torch.ones(1, T, 2, P)), cp.local(torch.full((1, T, 2), 0.1)),
+                      -torch.ones(2), cp.local(bc), cp.local(bc), dt_softplus=softplus,
+                      cp_context=cp)
+
     cu = [0, 13, 40] if rank == 0 else [0, 14, 40]
     _refused(r"cu_seqlens: rank 0 \[0, 13, 40\]; rank 1 \[0, 14, 40\]",
              lambda: conv(ld.build_context(cu, lengths=[20, 20], timeout=100)))
@@ -470,6 +521,12 @@ def _disagreeing_ranks_worker(rank, world):
              r"call 0 \(state_space_v1\)", lambda: conv(same) if rank == 0 else ssm1(same))
     _refused(r"options: rank 0 activation='silu'; rank 1 activation=None",
              lambda: conv(same, "silu" if rank == 0 else None))
+    _refused(r"step: rank 0 the forward of call 0 \(ssd\); rank 1 the forward of call 0 "
+             r"\(state_space_v1\)", lambda: ssd(same) if rank == 0 else ssm1(same))
+    _refused(r"options: rank 0 D_per_channel=False, dt_softplus=True; rank 1 "
+             r"D_per_channel=False, dt_softplus=False", lambda: ssd(same, rank == 0))
+    _refused(r"arguments: rank 0 x=\[1, T_r, 2, 3\].*; rank 1 x=\[1, T_r, 2, 2\]",
+             lambda: ssd(same, P=3 if rank == 0 else 2))
     _refused(r"arguments: rank 0 x=\[1, T_r, 5\] float32, weight=\[5, 4\] float32.*; "
              r"rank 1 .*weight=\[5, 4\] float64",
              lambda: ld.causal_conv1d(same.local(x), w if rank == 0 else w.double(), None,
@@ -487,6 +544,12 @@ def _disagreeing_ranks_worker(rank, world):
     y, _ = conv(same)
     want, _ = lt.causal_conv1d(x, w, None, "silu", cu_seqlens=torch.tensor([0, 13, 40]))
     _check("conv after the refusals", y, same.local(want))
+    y, _ = ssd(same)
+    bc = torch.ones(1, T, 1, 4)
+    want, _ = lt.run("ssd", dict(x=torch.ones(1, T, 2, 3), dt=torch.full((1, T, 2), 0.1),
+                                 A=-torch.ones(2), B=bc, C=bc),
+                     torch.tensor([0, 13, 40]), dt_softplus=True)
+    _check("ssd after the refusals", y, same.local(want))
 
 
 def test_disagreeing_ranks_raise_naming_the_difference():
