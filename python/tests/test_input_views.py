@@ -124,6 +124,8 @@ TABLE_CASES = {
     "ema": (dict(x=(B, T, D), a=(D,), h0=(B, D)), {}),
     "ssd": (dict(x=(B, T, H, K), dt=(B, T, H), A=(H,), B=(B, T, 1, N), C=(B, T, 1, N),
                  D=(H,), z=(B, T, H, K), h0=(B, H, K, N), dt_bias=(H,)), dict(dt_softplus=True)),
+    "ssd_segment": (dict(x=(B, T, H, K), dt=(B, T, H), A=(H,), B=(B, T, 1, N),
+                         C=(B, T, 1, N), dt_bias=(H,)), dict(dt_softplus=True)),
 }
 
 
