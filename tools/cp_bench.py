@@ -1,6 +1,6 @@
 """Context parallelism, measured: time and bytes sent per rank for one packed sequence of T
 tokens split evenly over the ranks of a torch.distributed group (gloo), for KDA, the Mamba1
-scan and the causal conv of linseq.distributed. Run with any number of processes:
+scan, Mamba2's SSD and the causal conv of linseq.distributed. Run with any number of processes:
 
     torchrun --nproc-per-node 4 tools/cp_bench.py [--tokens 65536] [--repeat 3]
 
@@ -137,6 +137,16 @@ def _ops(args):
         return lambda a: module.state_space_v1(a["x"], a["A"], a["B"], a["C"], None, a["dt"],
                                                dt_softplus=True, **extra)[0]
 
+    def ssd_inputs():
+        return dict(x=rnd(1, T, H, K), dt=0.5 * rnd(1, T, H),
+                    A=-torch.rand(H, generator=gen) - 0.1, B=rnd(1, T, 1, N), C=rnd(1, T, 1, N))
+
+    def ssd(module, cp):
+        if cp is None:   # the plain call: the table's op by name
+            return lambda a: module.run("ssd", a, dt_softplus=True)[0]
+        return lambda a: module.ssd(a["x"], a["dt"], a["A"], a["B"], a["C"], dt_softplus=True,
+                                    cp_context=cp)[0]
+
     def conv_inputs():
         return dict(x=rnd(1, T, D), weight=rnd(D, W))
 
@@ -147,6 +157,7 @@ def _ops(args):
 
     return [(f"KDA H={H} K=V={K}", kda_inputs, kda),
             (f"SSM1 D={D} N={N}", ssm_inputs, ssm),
+            (f"SSD H={H} P={K} N={N}", ssd_inputs, ssd),
             (f"conv D={D} W={W}", conv_inputs, conv)]
 
 
