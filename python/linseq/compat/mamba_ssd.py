@@ -19,6 +19,13 @@ kernels take their own chunks, which changes nothing but float32 rounding.
 Differentiable (every input, initial_states and the final states' gradient included) through
 linseq's C backward, under torch.compile(fullgraph=True): the kernel is linseq's own custom
 op, linseq::ssd. The scan runs in float32; out comes back in x's dtype, states in float32.
+
+cp_context (linseq's own, not in mamba-ssm): a linseq.distributed.build_context context; x,
+dt, B, C, z are then this rank's tokens [1, T_r, ...] of the context's packed sequences
+(seq_idx and cu_seqlens are the context's: both must be None), initial_states is [N_seq,
+nheads, headdim, dstate] (one row per sequence of the context; [1, ...] for one sequence, as
+mamba-ssm's batch of one), and the final and varlen states are [N_seq, ...] with the rows of
+the sequences ending on this rank, zeros elsewhere (linseq.distributed.ssd).
 """
 
 import math
@@ -63,7 +70,8 @@ def _check_varlen(cu_seqlens, cu, batch):
 def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bias=None,
                               initial_states=None, seq_idx=None, cu_seqlens=None,
                               dt_softplus=False, dt_limit=_NO_LIMIT,
-                              return_final_states=False, return_varlen_states=False):
+                              return_final_states=False, return_varlen_states=False, *,
+                              cp_context=None):
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size: expected a positive int, got {chunk_size!r}")
     if x.dim() != 4:
@@ -76,6 +84,10 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     options = dict(dt_softplus=bool(dt_softplus), D_per_channel=D is not None and D.dim() == 2)
     if (lo, hi) != _NO_LIMIT:
         options.update(dt_min=lo, dt_max=hi)
+    if cp_context is not None:
+        return _context_parallel(cp_context, x, dt, A, B, C, D, z, dt_bias, initial_states,
+                                 seq_idx, cu_seqlens, bool(dt_softplus), (lo, hi),
+                                 return_final_states, return_varlen_states)
     arrays = dict(x=x.float(), dt=dt, A=_as_f32(A), B=_as_f32(B), C=_as_f32(C), D=_as_f32(D),
                   z=_as_f32(z), dt_bias=_as_f32(dt_bias), h0=_as_f32(initial_states))
     cu = first = last = None
@@ -95,6 +107,30 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
     result = (out,)
     if return_final_states:
         result += (final,)
+    if return_varlen_states:
+        result += (states,)
+    return result[0] if len(result) == 1 else result
+
+
+def _context_parallel(cp, x, dt, A, B, C, D, z, dt_bias, initial_states, seq_idx, cu_seqlens,
+                      dt_softplus, dt_limit, return_final_states, return_varlen_states):
+    """mamba_chunk_scan_combined over this rank's tokens through linseq.distributed.ssd."""
+    from .. import distributed
+    if not isinstance(cp, distributed.ContextParallel):
+        raise TypeError(f"cp_context: expected linseq.distributed.build_context(...)'s "
+                        f"context, got {type(cp).__name__}")
+    if seq_idx is not None or cu_seqlens is not None:
+        raise ValueError("seq_idx, cu_seqlens: must be None with cp_context (the context's "
+                         "cu_seqlens give the sequences)")
+    if x.shape[0] != 1:
+        raise ValueError(f"x: expected this rank's tokens [1, seqlen, nheads, headdim] with "
+                         f"cp_context, got {list(x.shape)}")
+    y, states = distributed.ssd(x.float(), dt, _as_f32(A), _as_f32(B), _as_f32(C), _as_f32(D),
+                                _as_f32(z), _as_f32(initial_states), dt_softplus=dt_softplus,
+                                dt_bias=_as_f32(dt_bias), dt_limit=dt_limit, cp_context=cp)
+    result = (y.to(x.dtype),)
+    if return_final_states:
+        result += (states,)
     if return_varlen_states:
         result += (states,)
     return result[0] if len(result) == 1 else result
