@@ -27,6 +27,7 @@ import linseq.torch as lt  # noqa: E402
 from linseq import distributed as ld  # noqa: E402
 from linseq.compat import causal_conv1d as compat_conv  # noqa: E402
 from linseq.compat import fla as compat_fla  # noqa: E402
+from linseq.compat import mamba_ssd as compat_mamba_ssd  # noqa: E402
 from linseq.compat import mamba_ssm as compat_mamba  # noqa: E402
 
 TOL = dict(rtol=3e-4, atol=3e-4)
@@ -297,6 +298,27 @@ def _compat_mamba_case(cp, gen):
              lambda a: call(a, cp_context=cp), ("u", "delta", "B", "C", "z"), weights)
 
 
+def _compat_mamba_ssd_case(cp, gen):
+    """mamba-ssm's mamba_chunk_scan_combined (Mamba2), one sequence: dt_bias with softplus,
+    dt_limit, D per head, z, initial and final states, against the plain call."""
+    T = cp.cu_seqlens[-1]
+    H, P, N, G = 4, 3, 5, 2
+    inputs = dict(x=_randn(gen, 1, T, H, P), dt=_randn(gen, 1, T, H, scale=0.5),
+                  A=-torch.rand(H, generator=gen) - 0.1, B=_randn(gen, 1, T, G, N),
+                  C=_randn(gen, 1, T, G, N), D=_randn(gen, H), z=_randn(gen, 1, T, H, P),
+                  dt_bias=_randn(gen, H, scale=0.3), h0=_randn(gen, 1, H, P, N, scale=0.5))
+    weights = (_randn(gen, 1, T, H, P), _randn(gen, 1, H, P, N))
+
+    def call(a, **where):
+        return compat_mamba_ssd.mamba_chunk_scan_combined(
+            a["x"], a["dt"], a["A"], a["B"], a["C"], 64, D=a["D"], z=a["z"],
+            dt_bias=a["dt_bias"], initial_states=a["h0"], dt_softplus=True,
+            dt_limit=(0.05, 0.9), return_final_states=True, **where)
+
+    _compare(cp, "compat.mamba_ssd.mamba_chunk_scan_combined", inputs, call,
+             lambda a: call(a, cp_context=cp), ("x", "dt", "B", "C", "z"), weights)
+
+
 def _compat_conv_case(cp, gen):
     """causal-conv1d's causal_conv1d_fn, x channel-first [1, d, l] (one sequence)."""
     T = cp.cu_seqlens[-1]
@@ -320,6 +342,7 @@ def _compat_cases(cp, lengths, gen):
     _compat_fla_case(cp, gen, kda=False)
     one = ld.build_context(torch.tensor([0, cp.cu_seqlens[-1]]), lengths=lengths)
     _compat_mamba_case(one, gen)
+    _compat_mamba_ssd_case(one, gen)
     _compat_conv_case(one, gen)
 
 
@@ -465,6 +488,15 @@ def test_compat_surfaces_refuse_what_context_parallelism_lacks():
     with pytest.raises(ValueError, match="B: expected .*a constant"):
         compat_mamba.selective_scan_fn(x, x, torch.zeros(3, 2), torch.zeros(3, 2),
                                        torch.zeros(1, 2, 15), cp_context=cp)
+    with pytest.raises(ValueError, match="seq_idx, cu_seqlens: must be None with cp_context"):
+        compat_mamba_ssd.mamba_chunk_scan_combined(
+            torch.zeros(1, 15, 2, 3), torch.zeros(1, 15, 2), -torch.ones(2),
+            torch.zeros(1, 15, 1, 4), torch.zeros(1, 15, 1, 4), 64,
+            seq_idx=torch.zeros(1, 15, dtype=torch.int64), cp_context=cp)
+    with pytest.raises(TypeError, match="cp_context"):
+        compat_mamba_ssd.mamba_chunk_scan_combined(
+            torch.zeros(1, 15, 2, 3), torch.zeros(1, 15, 2), -torch.ones(2),
+            torch.zeros(1, 15, 1, 4), torch.zeros(1, 15, 1, 4), 64, cp_context="ranks")
     with pytest.raises(ValueError, match="u: expected this rank's tokens"):
         compat_mamba.selective_scan_fn(torch.zeros(2, 3, 15), x, torch.zeros(3, 2),
                                        torch.zeros(1, 2, 15), torch.zeros(1, 2, 15),
