@@ -43,7 +43,8 @@ rank that skips a call or a backward makes the others raise DistributedError nam
 
 The drop-ins take the same context as cp_context=: linseq.compat.fla's chunk_kda and
 chunk_gated_delta_rule (fla's arguments, any float dtype), mamba_ssm.selective_scan_fn and
-causal_conv1d.causal_conv1d_fn (their [1, dim, seqlen] layout). Float32 tensors on the CPU
+causal_conv1d.causal_conv1d_fn (their [1, dim, seqlen] layout), and
+mamba_ssd.mamba_chunk_scan_combined (its [1, seqlen, nheads, headdim] layout). Float32 tensors on the CPU
 here; a KDA state [V, K] (state_v_first) is transposed to [K, V] on the way in and back on
 the way out.
 """
