@@ -91,8 +91,8 @@ static double flops(const void *v, const linseq_exec *exec)
 static void bench_options(void *v) { ((P *)v)->G = 1; }
 
 static const ls_size_desc sizes[] = {
-    {"B", offsetof(P, B), true, 1},  {"T", offsetof(P, T), true, 512},
-    {"H", offsetof(P, H), true, 48}, {"P", offsetof(P, P), true, 64},
+    {"B", offsetof(P, B), true, 1},   {"T", offsetof(P, T), true, 512},
+    {"H", offsetof(P, H), true, 48},  {"P", offsetof(P, P), true, 64},
     {"N", offsetof(P, N), true, 128}, {"G", offsetof(P, G), false, 0},
 };
 
@@ -111,8 +111,8 @@ static const ls_tensor_desc tensors[] = {
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = shape_dt,
              .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
-    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = shape_heads,
-             .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
+    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = shape_heads, .dist = LS_DIST_UNIFORM,
+             .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
     LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = shape_bc,
@@ -121,13 +121,13 @@ static const ls_tensor_desc tensors[] = {
              .case_flag = "has_D", .dist = LS_DIST_UNIFORM, .a = 1, .b = 1, .bench = true),
     LS_INPUT("z", z, .dims = "[B,T,H,P]", .shape = shape_hp, .case_flag = "has_z",
              .dist = LS_DIST_NORMAL, .a = 1, .bench = true, .token = true),
-    LS_INPUT("h0", h0, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-             .shape = shape_state, .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
-    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = shape_dt_bias,
-             .case_flag = "has_dt_bias", .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
+    LS_INPUT("h0", h0, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)", .shape = shape_state,
+             .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
+    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = shape_dt_bias, .case_flag = "has_dt_bias",
+             .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
     LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = shape_hp, .token = true),
-    LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-              .shape = shape_state, .alias_of = "h0"),
+    LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)", .shape = shape_state,
+              .alias_of = "h0"),
     LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = shape_hp,
                 .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
@@ -165,8 +165,7 @@ const ls_op ls_op_ssd = {
 /* The problem (its description's checks), its own rules and its input tensors appended to
  * `a`: run first by both entry points, so decode accepts exactly the problems the forward
  * accepts. */
-static linseq_status check_problem(ls_args *a, const linseq_ssd_problem *p,
-                                   const linseq_exec *exec)
+static linseq_status check_problem(ls_args *a, const linseq_ssd_problem *p, const linseq_exec *exec)
 {
     linseq_status st = ls_op_check_problem(a->fn, &ls_op_ssd, p, exec, false);
     if (st) return st;
@@ -317,8 +316,8 @@ static void sum_group_item(void *ctx, int64_t item, int thread)
 static linseq_status alloc_backward(const char *fn, ssd_plan *pl, int64_t n_items, bool shares)
 {
     const int64_t nd = pl->D_per_channel ? pl->P : 1;
-    linseq_status st = ls_alloc_blocks(fn, sizeof(float), n_items * (2 + nd),
-                                       (void **)&pl->item_dA);
+    linseq_status st =
+        ls_alloc_blocks(fn, sizeof(float), n_items * (2 + nd), (void **)&pl->item_dA);
     if (st) return st;
     pl->item_dbias = pl->item_dA + n_items;
     pl->item_dD = pl->D ? pl->item_dbias + n_items : NULL;
@@ -346,9 +345,10 @@ static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd
         ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssd_bwd_item), pl);
         if (shares) {
             const int64_t blocks = (pl->n_tokens + SSD_SUM_TOKENS - 1) / SSD_SUM_TOKENS;
-            ls_parallel_for(blocks, ls_resolve_threads(exec, blocks, (double)pl->n_tokens *
-                                                                         (double)(p->H * p->N)),
-                            sum_group_item, pl);
+            ls_parallel_for(
+                blocks,
+                ls_resolve_threads(exec, blocks, (double)pl->n_tokens * (double)(p->H * p->N)),
+                sum_group_item, pl);
         }
         sum_heads(pl, n_seqs, g);
     }
@@ -375,8 +375,15 @@ linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec
         return st;
     ls_arg_structs(&a, p, sizeof *p, g, sizeof *g, exec);
     if ((st = ls_args_validate(&a)) || (st = check_values(a.fn, p, exec))) return st;
-    ssd_plan pl = {.s0 = p->h0, .d_y = d_y, .d_hT = d_hT, .dx = g->dx, .ddt = g->ddt,
-                   .dB = g->dB_proj, .dC = g->dC_proj, .dz = g->dz, .dh0 = g->dh0};
+    ssd_plan pl = {.s0 = p->h0,
+                   .d_y = d_y,
+                   .d_hT = d_hT,
+                   .dx = g->dx,
+                   .ddt = g->ddt,
+                   .dB = g->dB_proj,
+                   .dC = g->dC_proj,
+                   .dz = g->dz,
+                   .dh0 = g->dh0};
     plan(&pl, p, exec, false);
     pl.chunked = true;
     return run_backward(a.fn, &pl, p, exec, isa, g);

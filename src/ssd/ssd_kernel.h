@@ -110,8 +110,8 @@ typedef struct chunk_bufs {
 static inline chunk_bufs carve(float *s, int64_t P, int64_t N, int64_t L)
 {
     chunk_bufs c;
-    float **parts[] = {&c.St, &c.Cc, &c.Bt, &c.U, &c.W, &c.Y, &c.M, &c.lam, &c.elam, &c.wdec,
-                       &c.dtv, &c.nscale};
+    float **parts[] = {&c.St, &c.Cc,  &c.Bt,   &c.U,    &c.W,   &c.Y,
+                       &c.M,  &c.lam, &c.elam, &c.wdec, &c.dtv, &c.nscale};
     const int64_t sizes[] = {N * P, L * N, N * L, L * P, L * P, L * P, L * L, L, L, L, L, N};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *parts[i] = s;
@@ -122,7 +122,7 @@ static inline chunk_bufs carve(float *s, int64_t P, int64_t N, int64_t L)
 
 /* The chunk's decays: lam (partial sums), exp(lam), exp(lam_{n-1} - lam) and dt. */
 static inline void chunk_decays(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                         chunk_bufs *c)
+                                chunk_bufs *c)
 {
     const float A = pl->A[it->h];
     float sum = 0.0f;
@@ -142,7 +142,7 @@ static inline void chunk_decays(const ssd_plan *pl, const ssd_item *it, int64_t 
 
 /* C rows [n,N], B transposed [N,L] and U = dt x [n,P] of the chunk. */
 static inline void chunk_gather(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                         chunk_bufs *c)
+                                chunk_bufs *c)
 {
     const int64_t P = pl->P, N = pl->N;
     for (int64_t i = 0; i < n; i++) {
@@ -181,8 +181,8 @@ static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
  * 0 * NaN = NaN in the tokens that do not depend on it. */
 #define SSD_TRI_COLS 4
 static inline void ssd_tri(float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t cols,
-                           int64_t n, const float *coef, int64_t coef_r, int64_t coef_c,
-                           bool upper, bool accumulate)
+                           int64_t n, const float *coef, int64_t coef_r, int64_t coef_c, bool upper,
+                           bool accumulate)
 {
     for (int64_t c0 = 0; c0 < cols; c0 += SSD_TRI_COLS * VW) {
         const int64_t width = cols - c0 < SSD_TRI_COLS * VW ? cols - c0 : SSD_TRI_COLS * VW;
