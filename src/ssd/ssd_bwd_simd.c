@@ -124,13 +124,7 @@ static void chunk_score_grads(int64_t n, int64_t L, const chunk_bufs *c, bwd_buf
             e->dlam[i] += r;
             e->dlam[j] -= r;
         }
-        const vf li = vf_set1(c->lam[i]);
-        for (int64_t j = 0; j <= i; j += VW) {
-            const int64_t w = i + 1 - j < VW ? i + 1 - j : VW;
-            const vf ex = vf_exp(vf_sub(li, vf_load_n(c->lam + j, w)));
-            vf_store_n(q + j, vf_mul(vf_load_n(q + j, w), ex), w);
-        }
-        memset(q + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
+        ssd_decay_row(e->Q, i, n, L, c->lam);
     }
 }
 

@@ -158,20 +158,25 @@ static inline void chunk_gather(const ssd_plan *pl, const ssd_item *it, int64_t 
     }
 }
 
+/* Row i of the [n, L]-strided block A times exp(lam_i - lam_j) for j <= i, and 0 above the
+ * diagonal: the decay between token j and token i of a chunk. */
+static inline void ssd_decay_row(float *A, int64_t i, int64_t n, int64_t L, const float *lam)
+{
+    float *row = A + i * L;
+    const vf li = vf_set1(lam[i]);
+    for (int64_t j = 0; j <= i; j += VW) {
+        const int64_t m = i + 1 - j < VW ? i + 1 - j : VW;
+        const vf e = vf_exp(vf_sub(li, vf_load_n(lam + j, m)));
+        vf_store_n(row + j, vf_mul(vf_load_n(row + j, m), e), m);
+    }
+    memset(row + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
+}
+
 /* M = (C B^T) o exp(lam_i - lam_j) on and below the diagonal, 0 above. */
 static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
 {
     ls_gemm(n, n, N, c->Cc, N, 1, c->Bt, L, c->M, L, false);
-    for (int64_t i = 0; i < n; i++) {
-        float *row = c->M + i * L;
-        const vf li = vf_set1(c->lam[i]);
-        for (int64_t j = 0; j <= i; j += VW) {
-            const int64_t m = i + 1 - j < VW ? i + 1 - j : VW;
-            const vf e = vf_exp(vf_sub(li, vf_load_n(c->lam + j, m)));
-            vf_store_n(row + j, vf_mul(vf_load_n(row + j, m), e), m);
-        }
-        memset(row + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
-    }
+    for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
 }
 
 /* The product with a triangular factor, over the columns [0, cols) of Y:
