@@ -315,9 +315,14 @@ def test_split_conv1d_scan_refuses_bad_arguments_by_name():
     _mixer_error(r"seq_idx: expected", seq_idx=torch.zeros(2, 9, dtype=torch.int64))
 
 
-def test_split_conv1d_scan_compiles_fullgraph_with_gradients():
+@pytest.mark.parametrize("packed", [False, True])
+def test_split_conv1d_scan_compiles_fullgraph_with_gradients(packed):
+    """Also with seq_idx: the conv's and the scan's packed sequences are counted inside
+    their custom ops, so their number is no data-dependent size in the graph."""
     a, sizes = make_mixer(14, seqlen=40)
     kw = dict(sizes, norm_before_gate=False, return_final_states=True)
+    if packed:
+        kw["seq_idx"] = torch.tensor([[0] * 15 + [1] * 25, [0] * 33 + [2] * 7])
 
     def step(fn, args):
         leaves = {k: v.clone().requires_grad_(True) for k, v in args.items()}

@@ -19,7 +19,9 @@ kernels take their own chunks, which changes nothing but float32 rounding.
 
 Differentiable (every input, initial_states and the final states' gradient included) through
 linseq's C backward, under torch.compile(fullgraph=True): the kernel is linseq's own custom
-op, linseq::ssd. The scan runs in float32; out comes back in x's dtype, states in float32.
+op, linseq::ssd, or with seq_idx linseq::ssd_seq_idx, which finds the sequences from seq_idx's
+values inside the op (return_varlen_states, whose number of states depends on those values,
+is eager only). The scan runs in float32; out comes back in x's dtype, states in float32.
 
     mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D,
         chunk_size, initial_states=None, seq_idx=None, dt_limit=(0.0, float("inf")),
@@ -37,6 +39,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from .. import _torch_ops, ops
 from .. import torch as _linseq_torch
 from . import causal_conv1d as _causal_conv1d
 
@@ -60,6 +63,86 @@ def _packed(seq_idx, batch, seqlen):
     per_row = change.sum(dim=1)
     first = torch.cumsum(per_row, 0) - per_row
     return cu, first, first + per_row - 1
+
+
+# ------------------------------------------------------------------------------------------
+# The scan with seq_idx as one custom op: the packed sequences are counted from seq_idx's
+# values inside it, where they are known under torch.compile too (outside it, their number
+# would be a data-dependent size and break the graph)
+# ------------------------------------------------------------------------------------------
+
+_SSD_INPUTS = ("x", "dt", "A", "B", "C", "D", "z", "dt_bias", "h0")
+_SSD_GRADS = ("dx", "ddt", "dA", "dB", "dC", "dD", "dz", "ddt_bias", "dh0")
+_PER_TOKEN = ("x", "dt", "B", "C", "z")
+
+
+def _options(dt_softplus, D_per_channel, dt_min, dt_max):
+    options = dict(dt_softplus=dt_softplus, D_per_channel=D_per_channel)
+    if (dt_min, dt_max) != _NO_LIMIT:
+        options.update(dt_min=dt_min, dt_max=dt_max)
+    return options
+
+
+def _seq_idx_problem(seq_idx, tensors):
+    """(the table op's float32 arrays with the batch rows laid end to end and h0 on each
+    row's first sequence, cu_seqlens, each row's first and last sequence)."""
+    batch, seqlen = tensors[0].shape[:2]
+    cu, first, last = _packed(seq_idx, batch, seqlen)
+    arrays = {}
+    for name, t in zip(_SSD_INPUTS, tensors):
+        if t is None:
+            continue
+        t = t.detach().float()
+        if name in _PER_TOKEN:
+            t = t.reshape(1, batch * seqlen, *t.shape[2:])
+        elif name == "h0":
+            t = torch.zeros(cu.shape[0] - 1, *t.shape[1:]).index_copy(0, first, t)
+        arrays[name] = t.contiguous().numpy()
+    return arrays, cu.numpy(), first, last
+
+
+def _ssd_seq_idx_forward(seq_idx, dt_softplus, D_per_channel, dt_min, dt_max, *tensors):
+    """y [batch, seqlen, H, P] and each row's final state [batch, H, P, N], float32."""
+    arrays, cu, _, last = _seq_idx_problem(seq_idx, tensors)
+    y, states = ops.run("ssd", arrays, cu_seqlens=cu,
+                        **_options(dt_softplus, D_per_channel, dt_min, dt_max))
+    return torch.from_numpy(y).reshape(tensors[0].shape), torch.from_numpy(states)[last]
+
+
+def _ssd_seq_idx_fake(seq_idx, dt_softplus, D_per_channel, dt_min, dt_max, *tensors):
+    x, B = tensors[0], tensors[3]
+    return (x.new_empty(x.shape, dtype=torch.float32),
+            x.new_empty((x.shape[0], x.shape[2], x.shape[3], B.shape[3]), dtype=torch.float32))
+
+
+def _ssd_seq_idx_backward(seq_idx, dt_softplus, D_per_channel, dt_min, dt_max, *args):
+    """One gradient per tensor of _ssd_seq_idx_forward (an empty one where not wanted)."""
+    tensors, (d_y, d_final, wanted) = args[:-3], args[-3:]
+    x = tensors[0]
+    arrays, cu, first, last = _seq_idx_problem(seq_idx, tensors)
+    d_y = torch.zeros(x.shape) if d_y is None else d_y.float()
+    upstream = {"d_y": d_y.reshape(1, -1, *x.shape[2:]).contiguous().numpy()}
+    if d_final is not None:
+        d_states = torch.zeros(cu.shape[0] - 1, *d_final.shape[1:])
+        upstream["d_hT"] = d_states.index_copy(0, last, d_final.float()).numpy()
+    grads = ops.backward("ssd", arrays, upstream, cu_seqlens=cu,
+                         **_options(dt_softplus, D_per_channel, dt_min, dt_max))
+    out = []
+    for name, t, w in zip(_SSD_INPUTS, tensors, wanted):
+        if not w:
+            out.append(torch.empty(0))
+            continue
+        g = torch.from_numpy(grads["d" + name])
+        out.append(g[first] if name == "h0" else g.reshape(t.shape))
+    return out
+
+
+# with torch.library: linseq::ssd_seq_idx with its backward
+_SSD_SEQ_IDX = None if not _torch_ops.AVAILABLE else _torch_ops.compat_op(
+    "ssd_seq_idx", "Tensor seq_idx, bool dt_softplus, bool D_per_channel, float dt_min, "
+    "float dt_max", ["Tensor x", "Tensor dt", "Tensor A", "Tensor B", "Tensor C", "Tensor? D",
+                     "Tensor? z", "Tensor? dt_bias", "Tensor? h0"],
+    _ssd_seq_idx_forward, _ssd_seq_idx_fake, _ssd_seq_idx_backward)
 
 
 def _check_varlen(cu_seqlens, cu, batch):
@@ -91,6 +174,14 @@ def mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=None, z=None, dt_bia
         options.update(dt_min=lo, dt_max=hi)
     arrays = dict(x=x.float(), dt=dt, A=_as_f32(A), B=_as_f32(B), C=_as_f32(C), D=_as_f32(D),
                   z=_as_f32(z), dt_bias=_as_f32(dt_bias), h0=_as_f32(initial_states))
+    if seq_idx is not None and not return_varlen_states and _SSD_SEQ_IDX is not None:
+        if seq_idx.shape != (batch, seqlen) or seq_idx.dtype.is_floating_point:
+            raise ValueError(f"seq_idx: expected integers of shape [batch, seqlen] = "
+                             f"[{batch}, {seqlen}], got {seq_idx.dtype} {list(seq_idx.shape)}")
+        y, final = _SSD_SEQ_IDX(seq_idx, bool(dt_softplus), options["D_per_channel"], lo, hi,
+                                *(arrays[name] for name in _SSD_INPUTS))
+        out = y.to(x.dtype)
+        return (out, final) if return_final_states else out
     cu = first = last = None
     if seq_idx is not None:
         cu, first, last = _packed(seq_idx, batch, seqlen)
@@ -266,9 +357,8 @@ def mamba_split_conv1d_scan_combined(zxbcdt, conv1d_weight, conv1d_bias, dt_bias
     Returns out [batch, seqlen, out_dim or d_nonssm + dim] in zxbcdt's dtype (outproj_weight's
     with the projection), or (out, final_states [batch, nheads, headdim, dstate] float32) with
     return_final_states. Differentiable through autograd (every tensor argument: linseq's
-    conv and scan backward, torch's for the rest) and under torch.compile(fullgraph=True)
-    without seq_idx (with it, the scan's packed sequences are counted from seq_idx's values,
-    which breaks the graph, as in mamba_chunk_scan_combined).
+    conv and scan backward, torch's for the rest) and under torch.compile(fullgraph=True),
+    seq_idx included.
 
     As in mamba_chunk_scan_combined: any chunk_size; the scan and conv compute in float32; with
     seq_idx, each row's first sequence starts from its row of initial_states. state_dtype
