@@ -79,10 +79,24 @@ static void register_inputs(const kda_case *c)
 
 static size_t fbytes(int64_t n) { return n >= 0 && n <= FZ_MAX_FLOATS ? (size_t)n * 4 : 0; }
 
+/* g holds a positive log decay (g is not a raw gate): the forward, training forward and
+ * backward refuse the call, finding it in the kernels' own pass over g, after outputs may
+ * have been written (linseq.h); decode checks first and writes nothing. */
+static void allow_positive_g_refusal(const kda_case *c)
+{
+    if (c->p.decay == LINSEQ_DECAY_NONE || c->p.gate_in_kernel || !c->g.p) return;
+    for (size_t i = 0; i < bytes_of(&c->g) / sizeof(float); i++)
+        if (c->g.p[i] > 0.0f) {
+            fz_call_may_write_on_failure(LINSEQ_ERR_INVALID_VALUE);
+            return;
+        }
+}
+
 static linseq_status run_forward(const kda_case *c, const linseq_kda_problem *p,
                                  const linseq_exec *ex, float *o, float *ht, bool must_fail)
 {
     fz_call_begin("linseq_kda_forward");
+    allow_positive_g_refusal(c);
     register_inputs(c);
     if (p->h0 && p->h0 != c->h0.p) fz_arg_in(p->h0, fbytes(c->n_state));
     if (o && o == p->v) /* aliasing test: v stays an input that must not change */
@@ -126,6 +140,7 @@ static linseq_status run_backward(const kda_case *c, const linseq_exec *ex, grad
                                   const void *saved, size_t saved_bytes, bool nice, bool must_fail)
 {
     fz_call_begin(saved ? "linseq_kda_backward_saved" : "linseq_kda_backward");
+    allow_positive_g_refusal(c);
     register_inputs(c);
     if (c->d_o.p) fz_arg_in(c->d_o.p, bytes_of(&c->d_o));
     if (c->d_ht.p) fz_arg_in(c->d_ht.p, bytes_of(&c->d_ht));
@@ -400,6 +415,7 @@ static void fuzz_kda_main(fz_in *in)
     float *o3 = fz_alloc(fbytes(c.n_o) / 4);
     float *ht3 = ht ? fz_alloc(fbytes(c.n_state) / 4) : NULL;
     fz_call_begin("linseq_kda_forward_train");
+    allow_positive_g_refusal(&c);
     register_inputs(&c);
     fz_arg_out(o3, fbytes(c.n_o));
     fz_arg_out(ht3, fbytes(c.n_state));

@@ -93,6 +93,11 @@ void fz_arg_inout(void *p, size_t bytes);
 /* Raw bytes written by the call (the saved block): untouched on failure, never checked for
  * finiteness. */
 void fz_arg_out_raw(void *p, size_t bytes);
+/* The one documented exception to "a failed call writes nothing": a refusal the library
+ * finds while computing (KDA's positive log decay, found in the kernels' own pass over g)
+ * may leave the outputs written. Call after fz_call_begin, for a call whose inputs hold
+ * such a value; a failure with status st then skips the outputs-untouched check. */
+void fz_call_may_write_on_failure(linseq_status st);
 /* After the call: the contract checks; must_fail: the arguments break a documented rule, so
  * LINSEQ_OK is a bug too. Returns st. */
 linseq_status fz_call_end(linseq_status st, bool nice, bool must_fail);

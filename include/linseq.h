@@ -277,7 +277,8 @@ typedef enum linseq_activation {
  * returns LINSEQ_ERR_INVALID_VALUE naming 'g'. It is found while computing (checking first
  * would cost a pass over g), so unlike the other refusals the outputs, ht even when it is h0,
  * and a training forward's `saved` then hold undefined values (the backward refuses that
- * block). NaN is not refused: it propagates (docs/robustness.md). Per-token log decays below -110 are raised to -110 first, which changes nothing in
+ * block). linseq_kda_decode checks its one token's g first (a pass over 1/V of the state it
+ * updates) and writes nothing on that refusal, so a pool keeps its states. NaN is not refused: it propagates (docs/robustness.md). Per-token log decays below -110 are raised to -110 first, which changes nothing in
  * float32 (exp(-110) already rounds to zero in any product with factors <= 1) and keeps the
  * in-chunk cumulative sums small enough to subtract exactly.
  */

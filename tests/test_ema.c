@@ -164,15 +164,6 @@ static void test_threads(void)
     drop(&e);
 }
 
-/* A call that fails with status st and a message that contains `name`. */
-#define CHECK_FAILS(expr, st, name)                                                                \
-    do {                                                                                           \
-        const linseq_status got_ = (expr);                                                         \
-        CHECK(got_ == (st) && strstr(linseq_last_error(), name),                                   \
-              "%s -> %s (%s); expected %s naming '%s'", #expr, linseq_status_string(got_),         \
-              linseq_last_error(), linseq_status_string(st), name);                                \
-    } while (0)
-
 static void test_bad_inputs(void)
 {
     ema_data e = make(2, 3, 8, true, 17);

@@ -2,7 +2,8 @@
  * passed where the log decay belongs (values in (0, 1), or a single positive value) grows the
  * state by e^g > 1 per token, and the chunked form's factors overflow: the outputs came back
  * all NaN with LINSEQ_OK. The kernels' own pass over g (kda_decay_row) now notices a g > 0 and
- * every call that runs them refuses it with LINSEQ_ERR_INVALID_VALUE naming 'g': the forward
+ * every call that runs them refuses it with LINSEQ_ERR_INVALID_VALUE naming 'g' (decode checks
+ * its one token's g before anything is written, so a refused step leaves the pool as it was): the forward
  * in both modes, the training forward (whose block then has no header, so the backward
  * refuses it too), decode, the backward and the segment summary, per head and per channel,
  * on every ISA. Valid extremes stay valid: g = 0, -0, -inf, and a NaN (which propagates as
@@ -104,7 +105,19 @@ static void check_isa(ls_isa isa, linseq_decay decay)
     const float before = f.g[0];
     f.g[0] = 2.0f;
     snprintf(what, sizeof what, "%s %s decode: g = 2", ls_isa_name(isa), dname);
+    /* a serving engine's pool keeps its states on a refused step: nothing is written */
+    tu_rng r = {5};
+    tu_fill_normal(&r, pool, (size_t)(2 * per_row), 1.0);
+    float *pool_before = tu_alloc((size_t)(2 * per_row)),
+          *od_before = tu_alloc((size_t)(2 * HV * V));
+    memcpy(pool_before, pool, (size_t)(2 * per_row) * sizeof(float));
+    tu_poison(od, (size_t)(2 * HV * V) * sizeof(float));
+    memcpy(od_before, od, (size_t)(2 * HV * V) * sizeof(float));
     expect_refused(ls_kda_decode_isa(&d, NULL, pool, 2, NULL, od, isa), what);
+    CHECK(tu_same_bits(pool, pool_before, (size_t)(2 * per_row)) &&
+              tu_same_bits(od, od_before, (size_t)(2 * HV * V)),
+          "%s: the refused decode step wrote its pool or its output", what);
+    free(pool_before), free(od_before);
     f.g[0] = before;
     CHECK(ls_kda_decode_isa(&d, NULL, pool, 2, NULL, od, isa) == LINSEQ_OK,
           "%s decode with g <= 0 refused (%s)", dname, linseq_last_error());

@@ -313,14 +313,6 @@ static void test_backward(void)
 
 /* ---- refusals --------------------------------------------------------------------------- */
 
-#define CHECK_FAILS(expr, st, name)                                                                \
-    do {                                                                                           \
-        const linseq_status got_ = (expr);                                                         \
-        CHECK(got_ == (st) && strstr(linseq_last_error(), name),                                   \
-              "%s -> %s (%s); expected %s naming '%s'", #expr, linseq_status_string(got_),         \
-              linseq_last_error(), linseq_status_string(st), name);                                \
-    } while (0)
-
 static void test_bad_inputs(void)
 {
     data e = make(&SPECS[1], 700);

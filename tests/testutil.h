@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "linseq.h"
 
@@ -29,6 +30,15 @@ extern int tu_checks;
         linseq_status st_ = (expr);                                                                \
         CHECK(st_ == LINSEQ_OK, "%s -> %s (%s)", #expr, linseq_status_string(st_),                 \
               linseq_last_error());                                                                \
+    } while (0)
+
+/* A call that fails with status st and a message that contains `name`. */
+#define CHECK_FAILS(expr, st, name)                                                                \
+    do {                                                                                           \
+        const linseq_status got_ = (expr);                                                         \
+        CHECK(got_ == (st) && strstr(linseq_last_error(), name),                                   \
+              "%s -> %s (%s); expected %s naming '%s'", #expr, linseq_status_string(got_),         \
+              linseq_last_error(), linseq_status_string(st), name);                                \
     } while (0)
 
 /* Prints a summary line and returns the process exit code. */

@@ -121,10 +121,10 @@ enum bind_kind {
 
 typedef struct call {
     XLA_FFI_CallFrame *frame;
-    char op[LX_MAX_NAME];   /* the op's table name */
-    const char *kind;       /* "forward", "backward", "decode": for messages */
+    char op[LX_MAX_NAME]; /* the op's table name */
+    const char *kind;     /* "forward", "backward", "decode": for messages */
     alignas(max_align_t) unsigned char problem[LX_STRUCT_BYTES];
-    size_t problem_size;    /* the bytes the description gave (the rest stays zero) */
+    size_t problem_size; /* the bytes the description gave (the rest stays zero) */
     linseq_exec exec;
     XLA_FFI_Buffer *entry_args[LX_MAX_ENTRY_ARGS];
     int n_entry_args;
@@ -136,8 +136,8 @@ typedef struct call {
 static XLA_FFI_Error *error(const call *c, XLA_FFI_Error_Code code, const char *what)
 {
     char message[1024];
-    snprintf(message, sizeof message, "linseq %s of op '%s': %s", c->kind,
-             c->op[0] ? c->op : "?", what);
+    snprintf(message, sizeof message, "linseq %s of op '%s': %s", c->kind, c->op[0] ? c->op : "?",
+             what);
     XLA_FFI_Error_Create_Args args;
     memset(&args, 0, sizeof args);
     args.struct_size = XLA_FFI_Error_Create_Args_STRUCT_SIZE;
@@ -319,15 +319,15 @@ static float *result(const call *c, int64_t i)
 /* The tensors of one role in the table's order, from the attribute `name`: per tensor, the
  * index of the result (or entry argument) that holds it, or -1 for none (NULL). `n_from`
  * bounds the indices; the count is written to *n. */
-static bool read_role(call *c, const char *name, int64_t n_from, bool from_results,
-                      float **out, int *n)
+static bool read_role(call *c, const char *name, int64_t n_from, bool from_results, float **out,
+                      int *n)
 {
     const XLA_FFI_Array *map = array_attr(c, name);
     if (map == NULL || map->size > LX_MAX_ROLE) return false;
     const int64_t *index = map->data;
     for (size_t i = 0; i < map->size; i++) {
         if (index[i] < -1 || index[i] >= n_from) return false;
-        out[i] = index[i] < 0 ? NULL
+        out[i] = index[i] < 0   ? NULL
                  : from_results ? result(c, index[i])
                                 : c->entry_args[index[i]]->data;
     }

@@ -658,8 +658,8 @@ def test_opcheck_compat_ops():
     """Schema, fake implementation (shapes and strides of the channel-first and token-major
     calls) and autograd registration of the ops the drop-ins call: linseq's own SSM1 and
     conv ops in mamba-ssm's and causal-conv1d's layouts, and their own seq_idx conv and
-    in-place decodes."""
-    from linseq.compat import causal_conv1d, mamba_ssm  # noqa: F401  (defines the ops)
+    scan and in-place decodes."""
+    from linseq.compat import causal_conv1d, mamba_ssd, mamba_ssm  # noqa: F401  (the ops)
     b, d, l, N = 2, 4, 7, 3
     A = _log_decay(d, N, seed=110)
     linseq = torch.ops.linseq
@@ -686,6 +686,14 @@ def test_opcheck_compat_ops():
         (linseq.causal_conv_seq_idx, ("silu", torch.tensor([[0, 0, 1, 1, 1, 2, -1]] * b),
                                       _randn(b, l, d, seed=136), _randn(d, 4, seed=137),
                                       _randn(d, seed=138))),
+        # Mamba2's scan with seq_idx: x [b,l,H,P], dt [b,l,H], A [H], B, C [b,l,G,N], D [H],
+        # z, dt_bias [H], h0 [b,H,P,N] (P = 4, N = 3); dt_softplus, per-head D, dt in [0.01, 2]
+        (linseq.ssd_seq_idx, (torch.tensor([[0, 0, 1, 1, 1, 2, 2]] * b), True, False, 0.01,
+                              2.0, _randn(b, l, 2, 4, seed=139), _randn(b, l, 2, seed=140),
+                              _log_decay(2, seed=141),
+                              _randn(b, l, 1, N, seed=142), _randn(b, l, 1, N, seed=143),
+                              _randn(2, seed=144), _randn(b, l, 2, 4, seed=145),
+                              _randn(2, seed=146), _randn(b, 2, 4, N, seed=147))),
         (linseq.conv_state_update, (_randn(b, d, l, seed=128, grad=False).transpose(1, 2)
                                     .contiguous().transpose(1, 2),
                                     _randn(b, d, 3, seed=129, grad=False),

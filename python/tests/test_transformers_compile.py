@@ -9,7 +9,7 @@ fail), and the compiled model must equal the eager one on linseq: a prefill that
 cache (logits and the cache's conv and recurrent states), a decode step that updates those
 states in place, and a training step's loss and gradients. Tiny random-weight
 models; backend aot_eager (the traced graph, no code generation) keeps the file fast. Packed
-sequences (cu_seq_lens_q) compile as one graph too.
+sequences (cu_seq_lens_q) compile as one graph too (and in Bamba, a Mamba2 hybrid).
 """
 
 import pytest
@@ -55,7 +55,21 @@ def _mamba2():
         n_groups=2, state_size=16, conv_kernel=4, expand=2, chunk_size=32, **TOKENS))
 
 
+def _bamba():
+    """A Mamba2 hybrid: transformers' Mamba2 model does not pass packed sequences on; Bamba
+    does."""
+    return transformers.BambaForCausalLM(transformers.BambaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=2, num_key_value_heads=1, attn_layer_indices=[1], mamba_n_heads=8,
+        mamba_d_head=16, mamba_n_groups=2, mamba_d_state=16, mamba_d_conv=4, mamba_expand=2,
+        mamba_chunk_size=32, **TOKENS))
+
+
 MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba, "mamba2": _mamba2}
+# packed sequences: the ops that must read them inside the graph
+PACKED_OPS = {"kimi_linear": {"linseq.kda", "linseq.causal_conv_seq_idx"},
+              "qwen3_next": {"linseq.kda", "linseq.causal_conv_seq_idx"},
+              "bamba": {"linseq.ssd_seq_idx", "linseq.causal_conv_seq_idx"}}
 
 # the linseq custom ops each compiled graph must call (KDA and Gated DeltaNet share
 # linseq::kda; Mamba's training step is its fused mixer, linseq's conv and scan)
@@ -109,7 +123,7 @@ def _recording_backend():
 
 def _model(name):
     torch.manual_seed(0)
-    return MODELS[name]()
+    return {**MODELS, "bamba": _bamba}[name]()
 
 
 def _tokens(shape, seed):
@@ -183,11 +197,12 @@ def test_training_step_compiles_as_one_graph(name):
         _assert_same(grads[param], want)
 
 
-@pytest.mark.parametrize("name", ["kimi_linear", "qwen3_next"])
+@pytest.mark.parametrize("name", sorted(PACKED_OPS))
 def test_packed_sequences_compile_as_one_graph(name):
     """Packed sequences as DataCollatorWithFlattening passes them (cu_seq_lens_q): the conv's
-    seq_idx and the delta rule's cu_seqlens are read inside linseq's ops, so the graph does
-    not break on their values; compiled equals eager, which equals separate runs."""
+    seq_idx, the delta rule's cu_seqlens and the SSD scan's seq_idx are read inside linseq's
+    ops, so the graph does not break on their values; compiled equals eager, which equals
+    separate runs."""
     model = _model(name).eval()
     lengths = (13, 21, 6)
     ids = _tokens((1, sum(lengths)), 3)
@@ -203,4 +218,4 @@ def test_packed_sequences_compile_as_one_graph(name):
         got = compiled(ids, use_cache=False, **packing).logits
     _assert_same(eager, separate)
     _assert_same(got, eager)
-    assert {"linseq.kda", "linseq.causal_conv_seq_idx"} <= graph_ops, graph_ops
+    assert PACKED_OPS[name] <= graph_ops, graph_ops

@@ -282,6 +282,59 @@ def test_training_step_gradients_match(name, linseq_calls):
         assert error <= 1e-4 * float(reference.abs().max()) + 1e-6 * largest, param
 
 
+def _fused_mixer_step(name, model, ids, mask, monkeypatch, fused):
+    """(loss, gradients) of a training step on transformers' PyTorch path, its fused-mixer
+    stub replaced by linseq's mamba_split_conv1d_scan_combined when `fused`."""
+    module = importlib.import_module(f"transformers.models.{name}.modeling_{name}")
+
+    def mixer(zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size,
+              initial_states=None, dt_limit=(0.0, float("inf")), return_final_states=False,
+              activation="silu", rmsnorm_weight=None, rmsnorm_eps=1e-6, outproj_weight=None,
+              outproj_bias=None, headdim=None, ngroups=1, norm_before_gate=True, **kwargs):
+        return mamba_ssd.mamba_split_conv1d_scan_combined(
+            zxbcdt, conv1d_weight, conv1d_bias, dt_bias, A, D, chunk_size, initial_states,
+            None, dt_limit, return_final_states, activation, rmsnorm_weight, rmsnorm_eps,
+            outproj_weight, outproj_bias, headdim, ngroups, norm_before_gate)
+    model.zero_grad(set_to_none=True)
+    with monkeypatch.context() as patch, linseq_hf.routing("torch"):
+        if fused:
+            patch.setattr(module, "mamba2_split_conv1d_scan_combined", mixer)
+        labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
+        loss = model(ids, attention_mask=mask, labels=labels, use_cache=False).loss
+        loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()
+                         if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", SSD_MODELS)
+def test_fused_mixer_equals_the_unfused_layer_only_without_leading_padding(name,
+                                                                           monkeypatch):
+    """linseq's mamba_split_conv1d_scan_combined in the layers' fused training call gives
+    their unfused PyTorch layer's loss and gradients on an unpadded batch; on a left-padded
+    one it cannot (the layers hand it no padding mask, and it runs the padding tokens'
+    silu(conv bias) into the state, where the unfused layer zeroes them), which is why ROUTES
+    leaves that call to transformers. Should this start failing, transformers now gives the
+    fused call the mask: route it then."""
+    model = _model(name).train()
+    with torch.no_grad():   # a trained model's conv bias (transformers initialises it to 0)
+        for module in model.modules():
+            if isinstance(module, torch.nn.Conv1d) and module.bias is not None:
+                module.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(5))
+    ids = _tokens((2, 40), 3)
+    for mask in (None, torch.cat([torch.zeros(2, 10), torch.ones(2, 30)], 1).long()):
+        unfused = _fused_mixer_step(name, model, ids, mask, monkeypatch, fused=False)
+        fused = _fused_mixer_step(name, model, ids, mask, monkeypatch, fused=True)
+        loss_error = abs(fused[0] - unfused[0]) / abs(unfused[0])
+        largest = max(float(g.abs().max()) for g in unfused[1].values())
+        grad_error = max(float((fused[1][p] - g).abs().max()) for p, g in unfused[1].items())
+        if mask is None:
+            assert fused[1].keys() == unfused[1].keys()
+            assert loss_error <= 1e-6 and grad_error <= 1e-5 * largest, (loss_error,
+                                                                           grad_error)
+        else:
+            assert grad_error > 1e-3 * largest, "the fused mixer now sees the padding"
+
+
 @pytest.mark.parametrize("name", PACKABLE)
 def test_packed_sequences_equal_separate_runs(name, linseq_calls):
     model = _model(name).eval()

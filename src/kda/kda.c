@@ -530,6 +530,43 @@ static linseq_status decode_on_cuda(const char *fn, const kda_plan *pl, const li
     return ls_cuda_entry_kda_decode(fn, &dev, exec, state, n_state_rows, state_rows, o);
 }
 
+/* g[at] of a decode step, float32 or bfloat16 storage (a bf16 is a float32's upper half). */
+static float decode_g_at(const kda_plan *pl, int64_t at)
+{
+    if (!pl->bf16) return pl->p->g[at];
+    const uint32_t bits = (uint32_t)((const uint16_t *)(const void *)pl->p->g)[at] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* A decode step's log decays, before anything is written: a positive one (a raw gate where
+ * g <= 0 belongs) would otherwise be found by the kernels after they had updated the pool's
+ * rows, and a serving engine's states must not change on a refused call. One token per
+ * request: g is 1/V of the state the step reads and writes, so this pass costs little (the
+ * forward finds it in the kernels' own pass over g instead). With gate_in_kernel the decay
+ * is computed, and never positive; padding requests are not read. */
+static linseq_status decode_check_g(const char *fn, const kda_plan *pl, const int64_t *rows)
+{
+    const linseq_kda_problem *p = pl->p;
+    if (p->decay == LINSEQ_DECAY_NONE || p->gate_in_kernel) return LINSEQ_OK;
+    const int64_t per_request = pl->HV * (p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1);
+    for (int64_t b = 0; b < p->B; b++) {
+        if (rows && rows[b] < 0) continue;
+        for (int64_t i = 0; i < per_request; i++) {
+            const float g = decode_g_at(pl, b * per_request + i);
+            if (g > 0.0f)
+                return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                               "'g'[%lld] = %g of request %lld is a positive log decay; "
+                               "expected g <= 0 (e^g a decay factor in (0, 1], e.g. "
+                               "logsigmoid of the gate, or the raw gate input with "
+                               "gate_in_kernel); nothing was written",
+                               (long long)(b * per_request + i), (double)g, (long long)b);
+        }
+    }
+    return LINSEQ_OK;
+}
+
 linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
                                 float *state, int64_t n_state_rows, const int64_t *state_rows,
                                 float *o, ls_isa isa)
@@ -554,7 +591,9 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
         (st = ls_args_validate(&a)))
         return st;
     if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
-    if ((st = ls_op_check_decode_rows(fn, &ls_op_kda, p, n_state_rows, state_rows))) return st;
+    if ((st = ls_op_check_decode_rows(fn, &ls_op_kda, p, n_state_rows, state_rows)) ||
+        (st = decode_check_g(fn, &pl, state_rows)))
+        return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
      * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
     ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;

@@ -91,8 +91,8 @@ double ls_ssd_flops(const void *v, const linseq_exec *exec)
 static void bench_options(void *v) { ((P *)v)->G = 1; }
 
 const ls_size_desc ls_op_ssd_sizes[LS_SSD_N_SIZES] = {
-    {"B", offsetof(P, B), true, 1},  {"T", offsetof(P, T), true, 512},
-    {"H", offsetof(P, H), true, 48}, {"P", offsetof(P, P), true, 64},
+    {"B", offsetof(P, B), true, 1},   {"T", offsetof(P, T), true, 512},
+    {"H", offsetof(P, H), true, 48},  {"P", offsetof(P, P), true, 64},
     {"N", offsetof(P, N), true, 128}, {"G", offsetof(P, G), false, 0},
 };
 
@@ -168,8 +168,8 @@ const ls_op ls_op_ssd = {
 /* The problem (its description's checks), its own rules and its input tensors appended to
  * `a`: run first by every entry point, so decode accepts exactly the problems the forward
  * accepts (op: ls_op_ssd, or the segment summary's description). */
-linseq_status ls_ssd_check_problem(ls_args *a, const struct ls_op *op,
-                                   const linseq_ssd_problem *p, const linseq_exec *exec)
+linseq_status ls_ssd_check_problem(ls_args *a, const struct ls_op *op, const linseq_ssd_problem *p,
+                                   const linseq_exec *exec)
 {
     linseq_status st = ls_op_check_problem(a->fn, op, p, exec, false);
     if (st) return st;
@@ -328,8 +328,8 @@ static void sum_group_item(void *ctx, int64_t item, int thread)
 static linseq_status alloc_backward(const char *fn, ssd_plan *pl, int64_t n_items, bool shares)
 {
     const int64_t nd = pl->D_per_channel ? pl->P : 1;
-    linseq_status st = ls_alloc_blocks(fn, sizeof(float), n_items * (2 + nd),
-                                       (void **)&pl->item_dA);
+    linseq_status st =
+        ls_alloc_blocks(fn, sizeof(float), n_items * (2 + nd), (void **)&pl->item_dA);
     if (st) return st;
     pl->item_dbias = pl->item_dA + n_items;
     pl->item_dD = pl->D ? pl->item_dbias + n_items : NULL;
@@ -357,9 +357,10 @@ static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd
         ls_parallel_for(n_items, n_threads, LS_ISA_PICK(isa, ls_ssd_bwd_item), pl);
         if (shares) {
             const int64_t blocks = (pl->n_tokens + SSD_SUM_TOKENS - 1) / SSD_SUM_TOKENS;
-            ls_parallel_for(blocks, ls_resolve_threads(exec, blocks, (double)pl->n_tokens *
-                                                                         (double)(p->H * p->N)),
-                            sum_group_item, pl);
+            ls_parallel_for(
+                blocks,
+                ls_resolve_threads(exec, blocks, (double)pl->n_tokens * (double)(p->H * p->N)),
+                sum_group_item, pl);
         }
         sum_heads(pl, n_seqs, g);
     }
@@ -394,8 +395,15 @@ linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
                                   const linseq_exec *exec, ls_isa isa, const float *d_y,
                                   const float *d_hT, const linseq_ssd_grads *g)
 {
-    ssd_plan pl = {.s0 = p->h0, .d_y = d_y, .d_hT = d_hT, .dx = g->dx, .ddt = g->ddt,
-                   .dB = g->dB_proj, .dC = g->dC_proj, .dz = g->dz, .dh0 = g->dh0};
+    ssd_plan pl = {.s0 = p->h0,
+                   .d_y = d_y,
+                   .d_hT = d_hT,
+                   .dx = g->dx,
+                   .ddt = g->ddt,
+                   .dB = g->dB_proj,
+                   .dC = g->dC_proj,
+                   .dz = g->dz,
+                   .dh0 = g->dh0};
     plan(&pl, p, exec, false);
     pl.chunked = true;
     return run_backward(fn, &pl, p, exec, isa, g);

@@ -51,7 +51,7 @@ typedef struct ssd_plan {
     float *sT;
     const int64_t *rows;
     bool dt_softplus, D_per_channel, n_first, chunked;
-    int64_t chunk; /* tokens per chunk (chunked) */
+    int64_t chunk;        /* tokens per chunk (chunked) */
     float dt_min, dt_max; /* clamp when dt_max > dt_min */
     float *scratch;
     int64_t scratch_floats;

@@ -25,7 +25,7 @@ typedef struct bwd_bufs {
 static bwd_bufs carve_bwd(float *s, int64_t P, int64_t N, int64_t L)
 {
     bwd_bufs e;
-    float **parts[] = {&e.Bc, &e.Wb, &e.dC, &e.dB, &e.dY, &e.dYs, &e.dU, &e.Yf,
+    float **parts[] = {&e.Bc, &e.Wb, &e.dC, &e.dB, &e.dY,  &e.dYs,  &e.dU,  &e.Yf,
                        &e.Q,  &e.Ut, &e.Sp, &e.dS, &e.dSp, &e.dlam, &e.ckpt};
     const int64_t sizes[] = {L * N, L * N, L * N, L * N, L * P, L * P, L * P, L * P,
                              L * L, P * L, N * P, N * P, N * P, L,     0};
@@ -66,8 +66,7 @@ static void scale_rows(const float *in, const float *scale, int64_t rows, int64_
 }
 
 /* The state after a chunk (the forward's update, no outputs). */
-static void advance(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                    chunk_bufs *c)
+static void advance(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c)
 {
     const int64_t P = pl->P, N = pl->N;
     chunk_decays(pl, it, c0, n, c);
@@ -125,13 +124,7 @@ static void chunk_score_grads(int64_t n, int64_t L, const chunk_bufs *c, bwd_buf
             e->dlam[i] += r;
             e->dlam[j] -= r;
         }
-        const vf li = vf_set1(c->lam[i]);
-        for (int64_t j = 0; j <= i; j += VW) {
-            const int64_t w = i + 1 - j < VW ? i + 1 - j : VW;
-            const vf ex = vf_exp(vf_sub(li, vf_load_n(c->lam + j, w)));
-            vf_store_n(q + j, vf_mul(vf_load_n(q + j, w), ex), w);
-        }
-        memset(q + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
+        ssd_decay_row(e->Q, i, n, L, c->lam);
     }
 }
 
@@ -175,10 +168,12 @@ static void chunk_token_grads(const ssd_plan *pl, const ssd_item *it, int64_t c0
         *dbias += g;
         if (pl->ddt) pl->ddt[at_h(pl, it, t)] = g;
         const int64_t tok = it->b * pl->T + it->t0 + t;
-        float *db = pl->dBh ? pl->dBh + (tok * H + it->h) * N : pl->dB ? pl->dB + at_gn(pl, it, t)
-                                                                      : NULL;
-        float *dc = pl->dCh ? pl->dCh + (tok * H + it->h) * N : pl->dC ? pl->dC + at_gn(pl, it, t)
-                                                                      : NULL;
+        float *db = pl->dBh  ? pl->dBh + (tok * H + it->h) * N
+                    : pl->dB ? pl->dB + at_gn(pl, it, t)
+                             : NULL;
+        float *dc = pl->dCh  ? pl->dCh + (tok * H + it->h) * N
+                    : pl->dC ? pl->dC + at_gn(pl, it, t)
+                             : NULL;
         if (db) memcpy(db, e->dB + j * N, (size_t)N * sizeof(float));
         if (dc) memcpy(dc, e->dC + j * N, (size_t)N * sizeof(float));
     }
@@ -186,8 +181,8 @@ static void chunk_token_grads(const ssd_plan *pl, const ssd_item *it, int64_t c0
 
 /* One chunk back: from dS (the gradient at its last state) to the gradient at the state
  * before it, writing its tokens' gradients. c->St holds the state before the chunk. */
-static void chunk_back(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                       chunk_bufs *c, bwd_bufs *e, float *dA, float *dbias, float *dD)
+static void chunk_back(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c,
+                       bwd_bufs *e, float *dA, float *dbias, float *dD)
 {
     const int64_t P = pl->P, N = pl->N, L = pl->chunk;
     chunk_decays(pl, it, c0, n, c);
@@ -203,8 +198,7 @@ static void chunk_back(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64
     transpose(e->dS, N, P, e->dSp);
 
     memset(e->dlam, 0, (size_t)n * sizeof(float));
-    for (int64_t i = 0; i < n; i++)
-        e->dlam[i] = c->elam[i] * dot(e->dY + i * P, c->Y + i * P, P);
+    for (int64_t i = 0; i < n; i++) e->dlam[i] = c->elam[i] * dot(e->dY + i * P, c->Y + i * P, P);
     ls_gemm(n, n, P, e->dY, P, 1, e->Ut, L, e->Q, L, false);
     chunk_score_grads(n, L, c, e);
 

@@ -110,8 +110,8 @@ typedef struct chunk_bufs {
 static inline chunk_bufs carve(float *s, int64_t P, int64_t N, int64_t L)
 {
     chunk_bufs c;
-    float **parts[] = {&c.St, &c.Cc, &c.Bt, &c.U, &c.W, &c.Y, &c.M, &c.lam, &c.elam, &c.wdec,
-                       &c.dtv, &c.nscale};
+    float **parts[] = {&c.St, &c.Cc,  &c.Bt,   &c.U,    &c.W,   &c.Y,
+                       &c.M,  &c.lam, &c.elam, &c.wdec, &c.dtv, &c.nscale};
     const int64_t sizes[] = {N * P, L * N, N * L, L * P, L * P, L * P, L * L, L, L, L, L, N};
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         *parts[i] = s;
@@ -122,7 +122,7 @@ static inline chunk_bufs carve(float *s, int64_t P, int64_t N, int64_t L)
 
 /* The chunk's decays: lam (partial sums), exp(lam), exp(lam_{n-1} - lam) and dt. */
 static inline void chunk_decays(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                         chunk_bufs *c)
+                                chunk_bufs *c)
 {
     const float A = pl->A[it->h];
     float sum = 0.0f;
@@ -142,7 +142,7 @@ static inline void chunk_decays(const ssd_plan *pl, const ssd_item *it, int64_t 
 
 /* C rows [n,N], B transposed [N,L] and U = dt x [n,P] of the chunk. */
 static inline void chunk_gather(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                         chunk_bufs *c)
+                                chunk_bufs *c)
 {
     const int64_t P = pl->P, N = pl->N;
     for (int64_t i = 0; i < n; i++) {
@@ -158,20 +158,25 @@ static inline void chunk_gather(const ssd_plan *pl, const ssd_item *it, int64_t 
     }
 }
 
+/* Row i of the [n, L]-strided block A times exp(lam_i - lam_j) for j <= i, and 0 above the
+ * diagonal: the decay between token j and token i of a chunk. */
+static inline void ssd_decay_row(float *A, int64_t i, int64_t n, int64_t L, const float *lam)
+{
+    float *row = A + i * L;
+    const vf li = vf_set1(lam[i]);
+    for (int64_t j = 0; j <= i; j += VW) {
+        const int64_t m = i + 1 - j < VW ? i + 1 - j : VW;
+        const vf e = vf_exp(vf_sub(li, vf_load_n(lam + j, m)));
+        vf_store_n(row + j, vf_mul(vf_load_n(row + j, m), e), m);
+    }
+    memset(row + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
+}
+
 /* M = (C B^T) o exp(lam_i - lam_j) on and below the diagonal, 0 above. */
 static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
 {
     ls_gemm(n, n, N, c->Cc, N, 1, c->Bt, L, c->M, L, false);
-    for (int64_t i = 0; i < n; i++) {
-        float *row = c->M + i * L;
-        const vf li = vf_set1(c->lam[i]);
-        for (int64_t j = 0; j <= i; j += VW) {
-            const int64_t m = i + 1 - j < VW ? i + 1 - j : VW;
-            const vf e = vf_exp(vf_sub(li, vf_load_n(c->lam + j, m)));
-            vf_store_n(row + j, vf_mul(vf_load_n(row + j, m), e), m);
-        }
-        memset(row + i + 1, 0, (size_t)(n - i - 1) * sizeof(float));
-    }
+    for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
 }
 
 /* The product with a triangular factor, over the columns [0, cols) of Y:
@@ -181,8 +186,8 @@ static inline void chunk_scores(int64_t n, int64_t N, int64_t L, chunk_bufs *c)
  * 0 * NaN = NaN in the tokens that do not depend on it. */
 #define SSD_TRI_COLS 4
 static inline void ssd_tri(float *Y, int64_t ldy, const float *X, int64_t ldx, int64_t cols,
-                           int64_t n, const float *coef, int64_t coef_r, int64_t coef_c,
-                           bool upper, bool accumulate)
+                           int64_t n, const float *coef, int64_t coef_r, int64_t coef_c, bool upper,
+                           bool accumulate)
 {
     for (int64_t c0 = 0; c0 < cols; c0 += SSD_TRI_COLS * VW) {
         const int64_t width = cols - c0 < SSD_TRI_COLS * VW ? cols - c0 : SSD_TRI_COLS * VW;

@@ -43,8 +43,7 @@ static void recurrent_item(const ssd_plan *pl, const ssd_item *it, float *St, fl
 
 /* ---- chunked ------------------------------------------------------------------------------ */
 
-static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n,
-                       chunk_bufs *c)
+static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c)
 {
     const int64_t P = pl->P, N = pl->N, L = pl->chunk;
     chunk_decays(pl, it, c0, n, c);

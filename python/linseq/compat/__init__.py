@@ -5,6 +5,8 @@ order, defaults, layouts and return values, running on linseq's kernels.
                                  chunk_gated_delta_rule, fused_recurrent_gated_delta_rule
     linseq.compat.mamba_ssm      mamba-ssm: selective_scan_fn, selective_state_update,
                                  mamba_inner_fn
+    linseq.compat.mamba_ssd      mamba-ssm's Mamba2: mamba_chunk_scan_combined,
+                                 mamba_split_conv1d_scan_combined
     linseq.compat.causal_conv1d  causal-conv1d: causal_conv1d_fn, causal_conv1d_update,
                                  causal_conv1d_varlen_states
     linseq.compat.neuron         the Trainium KDA package's function names

@@ -248,9 +248,14 @@ ROUTES = {
     # transformers' own path and from inference; the unfused layer runs on linseq's scan
     # and conv instead.
     "transformers.models.falcon_mamba.modeling_falcon_mamba": {**_CONV, **_MAMBA1},
-    # Mamba2's mixer (SSD), in Mamba2 and the hybrids built on it; their fused training
-    # mixer (mamba2_split_conv1d_scan_combined) is a stub in transformers, so training runs
-    # the unfused layer on linseq's conv and scan
+    # Mamba2's mixer (SSD), in Mamba2 and the hybrids built on it. Not their fused training
+    # mixer (mamba2_split_conv1d_scan_combined, a stub in transformers), although
+    # linseq.compat.mamba_ssd has it: the layers hand it no padding mask, so on a batch with
+    # padding before real tokens it runs the padding's conv outputs (silu of the conv bias)
+    # into the state, where the unfused layer zeroes them; and FalconH1 calls it with
+    # norm_before_gate=False whatever its config says. Routed, training would differ from
+    # transformers' own path and from inference; training runs the unfused layer on
+    # linseq's conv and scan instead (equal where the fused one would be: no padding)
     **{f"transformers.models.{m}.modeling_{m}": _MAMBA2
        for m in ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2")},
 }
