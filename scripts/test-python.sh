@@ -39,5 +39,10 @@ else
 fi
 # From build/: the installed package is imported, not the source folder
 cd build
-# LINSEQ_JAX_CALLS=ffi: the JAX tests run the XLA custom calls, never the host callbacks quietly
-LINSEQ_JAX_CALLS=ffi LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 "venv/bin/python" -m pytest -q ../python/tests
+# LINSEQ_JAX_CALLS=ffi: the JAX tests run the XLA custom calls, never the host callbacks quietly.
+# TORCHINDUCTOR_CACHE_DIR: inductor's compiled-graph cache of this build tree alone. Its
+# default (/tmp/torchinductor_$USER) outlives the tree, and a graph compiled against an older
+# liblinseq keeps that library's sizes (a saved block's, say) as constants it asserts.
+LINSEQ_JAX_CALLS=ffi LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 \
+    TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(pwd)/torchinductor} \
+    "venv/bin/python" -m pytest -q ../python/tests

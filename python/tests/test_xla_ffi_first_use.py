@@ -41,9 +41,13 @@ def test_handlers_are_built_at_first_use(tmp_path):
         header = os.path.join(source, os.pardir, os.pardir, "include", "linseq.h")
         (package / "include").mkdir()
         shutil.copyfile(header, package / "include" / "linseq.h")
+    # the library inside the copy too: handlers are also looked for beside the library the
+    # package loads, and the installed package's own must not be found there
     library = os.environ.get("LINSEQ_LIBRARY") or os.path.join(source, "liblinseq.so")
+    shutil.copyfile(library, package / "liblinseq.so")
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "site"), LINSEQ_JAX_CALLS="ffi",
-               LINSEQ_CACHE_DIR=str(tmp_path / "cache"), LINSEQ_LIBRARY=library)
+               LINSEQ_CACHE_DIR=str(tmp_path / "cache"),
+               LINSEQ_LIBRARY=str(package / "liblinseq.so"))
     env.pop("LINSEQ_XLA_FFI_LIBRARY", None)
     run = subprocess.run([sys.executable, "-c", PROBE], env=env, cwd=tmp_path,
                          capture_output=True, text=True, timeout=300)
