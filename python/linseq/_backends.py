@@ -6,7 +6,8 @@ module imports neither this registry nor the public functions (api, linseq.torch
 linseq.jax), which import this registry: the imports stay one-way.
 
 A backend has run(spec, arrays, cu_seqlens, opts) -> the op's outputs, kda_decode(arrays,
-state, state_rows, opts, inplace) -> (o, state), and cast(value, like).
+state, state_rows, opts, inplace) -> (o, state), cast(value, like) and silu(value) (the
+gate activation the framework applies where a kernel does not, as in state_space_v2).
 """
 
 import functools

@@ -347,6 +347,10 @@ class JaxBackend:
         return _callback(host, result, *args, *extra, *values)
 
     @staticmethod
+    def silu(value):
+        return jax.nn.silu(value)
+
+    @staticmethod
     def cast(value, like):
         dtype = getattr(like, "dtype", None)
         if value is None or dtype is None or not jnp.issubdtype(dtype, jnp.floating):

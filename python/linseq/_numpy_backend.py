@@ -27,6 +27,11 @@ class NumpyBackend:
         return o, state
 
     @staticmethod
+    def silu(value):
+        # sigmoid as 0.5 (1 + tanh(v / 2)): the same function, with no exp to overflow
+        return value * (0.5 * (1.0 + np.tanh(0.5 * value)))
+
+    @staticmethod
     def cast(value, like):
         dtype = getattr(like, "dtype", None)
         if value is None or dtype is None or not np.issubdtype(dtype, np.floating):

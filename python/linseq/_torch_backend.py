@@ -142,6 +142,10 @@ class TorchBackend:
         return _torch_ops.tensor_of(o), (state if inplace else torch.from_numpy(pool))
 
     @staticmethod
+    def silu(value):
+        return torch.nn.functional.silu(value)
+
+    @staticmethod
     def cast(value, like):
         if value is None or not isinstance(like, torch.Tensor) or not like.is_floating_point():
             return value

@@ -1,8 +1,9 @@
 """The public functions, with the signatures of the APIs people already call.
 
 - ejkernel (JAX): `kda` / `kernel_delta_attention` (kernel level: (output, final_state)),
-  `kda_decay`, `state_space_v1`; ejkernel's module-level `kernel_delta_attention` (the
-  output alone) is linseq.compat.ejkernel's, over the helpers here;
+  `kda_decay`, `state_space_v1`, `state_space_v2` (Mamba2, on the "ssd" op); ejkernel's
+  module-level `kernel_delta_attention` (the output alone) is linseq.compat.ejkernel's, over
+  the helpers here;
 - fla-core (PyTorch): `chunk_kda`, `fused_recurrent_kda` (from _fla_signatures, the same
   functions linseq.compat.fla exports), `causal_conv1d`;
 - `kda_decode`: one token for many requests against a pool of states;
@@ -28,8 +29,8 @@ from ._fla_signatures import chunk_kda, fused_recurrent_kda
 from ._options import ConvOptions, GateOptions, KdaOptions, Ssm1Options, kernel_activation
 
 __all__ = ["run", "kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
-           "fused_recurrent_kda", "kda_decode", "state_space_v1", "causal_conv1d",
-           "KdaOptions", "Ssm1Options", "ConvOptions", "GateOptions"]
+           "fused_recurrent_kda", "kda_decode", "state_space_v1", "state_space_v2",
+           "causal_conv1d", "KdaOptions", "Ssm1Options", "ConvOptions", "GateOptions"]
 
 
 def run(op, arrays, cu_seqlens=None, *, _framework=None, **options):
@@ -267,3 +268,127 @@ def causal_conv1d(x, weight, bias=None, activation=None, conv_state=None, *, cu_
     y, state = backend.run(_opspec.CONV1D, arrays, cu_seqlens, ConvOptions(activation=activation))
     return backend.cast(y, x), state
 
+
+# ------------------------------------------------------------------------------------------
+# SSD (Mamba2)
+# ------------------------------------------------------------------------------------------
+
+_SSD = _opspec.by_name("ssd")
+
+
+def state_space_v2(x, A, B, C, D, dt, gate=None, initial_state=None, conv_state=None,
+                   n_groups=1, act_fn=None, use_gated_rmsnorm=False, rmsnorm_eps=1e-5,
+                   precision=None, *, platform=None, cfg=None, _framework=None):
+    """Mamba2's scan (SSD), ejkernel's `state_space_v2` signature (its kernel level's
+    positional order, and its module level's platform and cfg).
+
+    x [batch, seq_len, num_heads, head_dim]; A [num_heads], real (exp(dt A) is the decay),
+    each <= 0 (a positive A is refused: the C kernel's contract); B, C [batch, seq_len,
+    n_groups, ssm_state_size], head h reading group h // (num_heads // n_groups) (ejkernel
+    repeats each group over its consecutive heads); D [num_heads] or None (no skip); dt
+    [batch, seq_len, num_heads], already after softplus; gate [batch, seq_len, num_heads *
+    head_dim] or None; initial_state [batch, num_heads, head_dim, ssm_state_size] (zeros
+    when None), the layout of linseq's "ssd" op, so nothing is transposed. Per head, from S =
+    initial_state:
+        S = exp(dt_t A) S + dt_t x_t B_t^T,   y_t = S C_t + D x_t.
+    With a gate (act_fn None means silu; a name may only be "silu"): y * act_fn(gate), or
+    with use_gated_rmsnorm rmsnorm(y) * act_fn(gate), the mean square over all num_heads *
+    head_dim channels of a token, plus rmsnorm_eps (>= 0), and no weight; both in float32.
+    Without a gate use_gated_rmsnorm changes nothing, as in ejkernel. The silu gate without
+    the norm runs in the kernel (its z); the norm and any other act_fn run in the caller's
+    framework, which differentiates them. conv_state is returned unchanged (the conv and its
+    cache belong to the caller; see causal_conv1d).
+
+    precision (a matmul precision), platform (None or one of ejkernel's names) and cfg
+    choose ejkernel's backend: checked where they can be and ignored, linseq runs its CPU
+    kernel. Returns (y [batch, seq_len, num_heads * head_dim], ssm_state [batch, num_heads,
+    head_dim, ssm_state_size], conv_state), y and ssm_state in x's dtype as ejkernel
+    returns them (float32 for integer inputs).
+    """
+    _ssv2_check_options(platform, rmsnorm_eps)
+    act = _ssv2_activation(act_fn)
+    in_kernel = gate is not None and act == "silu" and not use_gated_rmsnorm
+    backend = backend_for([x, A, B, C, D, dt, gate, initial_state], _framework)
+    y, h = _ssv2_scan(x, A, B, C, D, dt, gate, initial_state, n_groups, in_kernel,
+                      _framework=_framework)
+    if gate is not None and not in_kernel:
+        y = _ssv2_gate(y, gate, backend.silu if act == "silu" else act, use_gated_rmsnorm,
+                       rmsnorm_eps, backend)
+    return backend.cast(y, x), backend.cast(h, x), conv_state
+
+
+def _ssv2_check_options(platform, rmsnorm_eps):
+    _ejkernel_platform(platform)
+    if (isinstance(rmsnorm_eps, bool) or not isinstance(rmsnorm_eps, (int, float, np.floating))
+            or not rmsnorm_eps >= 0):
+        raise ValueError(f"rmsnorm_eps: expected a number >= 0, got {rmsnorm_eps!r}")
+
+
+def _ssv2_activation(act_fn):
+    """"silu" for None, the name silu or a framework's silu; else act_fn, a callable."""
+    if isinstance(act_fn, str) and kernel_activation(act_fn) != "silu":
+        raise ValueError(f"act_fn: state_space_v2 takes a callable or 'silu' (by name), got "
+                         f"{act_fn!r}")
+    if act_fn is None or kernel_activation(act_fn) == "silu":
+        return "silu"
+    if not callable(act_fn):
+        raise ValueError(f"act_fn: expected None, 'silu' or a callable, got {act_fn!r}")
+    return act_fn
+
+
+def _ssv2_scan(x, A, B, C, D, dt, gate, initial_state, n_groups, gate_in_kernel,
+               _framework=None):
+    """The scan on linseq's "ssd" op: (y [batch, seq_len, num_heads * head_dim], the final
+    state), float32; gated by silu(gate) in the kernel when gate_in_kernel. The gate's shape
+    is checked either way."""
+    Bn, T, H, P = _ssv2_sizes(x, A, B, C, D, dt, gate, initial_state, n_groups)
+    z = gate.reshape(Bn, T, H, P) if gate_in_kernel else None
+    arrays = dict(x=x, dt=dt, A=A, B=B, C=C, D=D, z=z, h0=initial_state, dt_bias=None)
+    backend = backend_for(list(arrays.values()) + [gate], _framework)
+    y, h = backend.run(_SSD, arrays, None, _SSD.options())
+    return y.reshape(Bn, T, H * P), h
+
+
+def _ssv2_sizes(x, A, B, C, D, dt, gate, initial_state, n_groups):
+    """(batch, seq_len, num_heads, head_dim) after checking every shape against x's."""
+    shape = tuple(np.shape(x))
+    if len(shape) != 4:
+        raise ValueError(f"x: expected [batch, seq_len, num_heads, head_dim], got "
+                         f"{list(shape)}")
+    Bn, T, H, P = shape
+    if (isinstance(n_groups, bool) or not isinstance(n_groups, (int, np.integer))
+            or n_groups <= 0 or H % n_groups):
+        raise ValueError(f"n_groups: expected a positive integer dividing num_heads = {H}, "
+                         f"got {n_groups!r}")
+    per_token = "[batch, seq_len, n_groups, ssm_state_size]"
+    N = _expect_shape("B", B, (Bn, T, n_groups, None), per_token)[3]
+    _expect_shape("C", C, (Bn, T, n_groups, N), per_token)
+    _expect_shape("A", A, (H,), "[num_heads]")
+    if D is not None:
+        _expect_shape("D", D, (H,), "[num_heads]")
+    _expect_shape("dt", dt, (Bn, T, H), "[batch, seq_len, num_heads]")
+    if gate is not None:
+        _expect_shape("gate", gate, (Bn, T, H * P), "[batch, seq_len, num_heads * head_dim]")
+    if initial_state is not None:
+        _expect_shape("initial_state", initial_state, (Bn, H, P, N),
+                      "[batch, num_heads, head_dim, ssm_state_size]")
+    return Bn, T, H, P
+
+
+def _expect_shape(name, value, want, layout):
+    """value's shape, refused unless it is `want` (None: any size there)."""
+    shape = tuple(np.shape(value))
+    if len(shape) != len(want) or any(w is not None and s != w for s, w in zip(shape, want)):
+        sizes = ", ".join("any" if w is None else str(w) for w in want)
+        raise ValueError(f"{name}: expected {layout} = [{sizes}], got {list(shape)}")
+    return shape
+
+
+def _ssv2_gate(y, gate, act, use_gated_rmsnorm, eps, backend):
+    """ejkernel's output gate on the float32 scan output y [batch, seq_len, channels], in
+    float32: y * act(gate), or with use_gated_rmsnorm y / sqrt(mean(y^2) + eps) * act(gate),
+    the mean over the channels of each token."""
+    gate = backend.cast(gate, y)
+    if use_gated_rmsnorm:
+        y = y * ((y * y).mean(axis=-1, keepdims=True) + eps) ** -0.5
+    return y * act(gate)

@@ -13,8 +13,8 @@ from ._backends import bind_framework
 from ._jax_backend import cached_functions, calls
 
 __all__ = ["run", "kda", "kernel_delta_attention", "kda_decay", "chunk_kda",
-           "fused_recurrent_kda", "kda_decode", "state_space_v1", "causal_conv1d", "calls",
-           "cached_functions"]
+           "fused_recurrent_kda", "kda_decode", "state_space_v1", "state_space_v2", "causal_conv1d",
+           "calls", "cached_functions"]
 
 run = bind_framework("jax", api.run)
 kda = bind_framework("jax", api.kda)
@@ -24,4 +24,5 @@ chunk_kda = bind_framework("jax", api.chunk_kda)
 fused_recurrent_kda = bind_framework("jax", api.fused_recurrent_kda)
 kda_decode = bind_framework("jax", api.kda_decode)
 state_space_v1 = bind_framework("jax", api.state_space_v1)
+state_space_v2 = bind_framework("jax", api.state_space_v2)
 causal_conv1d = bind_framework("jax", api.causal_conv1d)

@@ -41,6 +41,8 @@ fused_recurrent_kda = _public(api.fused_recurrent_kda)
 kda_decode = _public(api.kda_decode)
 causal_conv1d = _public(api.causal_conv1d)
 _state_space_v1 = _public(api.state_space_v1)
+_state_space_v2 = _public(api.state_space_v2)
+_ssv2_scan = _public(api._ssv2_scan)
 
 
 @functools.wraps(api.state_space_v1)
@@ -58,6 +60,28 @@ def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None,
     y, h, conv_state = _state_space_v1(*args, None, initial_state, conv_state, None, **kwargs)
     y = y * act_fn(gate)
     return TorchBackend.cast(y, hidden_states), h, conv_state
+
+
+@functools.wraps(api.state_space_v2)
+def state_space_v2(x, A, B, C, D, dt, gate=None, initial_state=None, conv_state=None,
+                   n_groups=1, act_fn=None, use_gated_rmsnorm=False, rmsnorm_eps=1e-5,
+                   precision=None, **kwargs):
+    args = (x, A, B, C, D, dt, gate, initial_state, conv_state, n_groups)
+    options = dict(use_gated_rmsnorm=use_gated_rmsnorm, rmsnorm_eps=rmsnorm_eps, **kwargs)
+    if not _compiling():
+        return _state_space_v2(*args, act_fn, precision=precision, **options)
+    # under torch.compile a callable (or a matmul precision, which is ignored) cannot enter
+    # the non-strict block: silu goes in by its name; any other gate is applied here, in the
+    # traced graph (without a gate act_fn is not used)
+    act = api._ssv2_activation(act_fn)
+    if gate is None or act == "silu":
+        return _state_space_v2(*args, "silu", **options)
+    for name in set(kwargs) - {"platform", "cfg"}:
+        raise TypeError(f"state_space_v2() got an unexpected keyword argument {name!r}")
+    api._ssv2_check_options(kwargs.get("platform"), rmsnorm_eps)
+    y, h = _ssv2_scan(x, A, B, C, D, dt, gate, initial_state, n_groups, False)
+    y = api._ssv2_gate(y, gate, act, use_gated_rmsnorm, rmsnorm_eps, TorchBackend)
+    return TorchBackend.cast(y, x), TorchBackend.cast(h, x), conv_state
 
 
 def _compiling():

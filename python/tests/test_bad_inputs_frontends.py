@@ -178,6 +178,37 @@ def test_ssm1_refuses(framework, label, over, exc, words):
     _expect(exc, words, lambda: fns.state_space_v1(**a))
 
 
+def _ssd_arrays():
+    return dict(x=np.ones((1, 4, 2, 3), f32), A=-np.ones(2, f32), B=np.ones((1, 4, 1, 2), f32),
+                C=np.ones((1, 4, 1, 2), f32), D=None, dt=np.ones((1, 4, 2), f32))
+
+
+SSD_ROWS = [
+    ("x rank", dict(x=np.ones((1, 4, 6), f32)), ValueError, ["x", "head_dim"]),
+    ("A shape", dict(A=-np.ones((2, 1), f32)), ValueError, ["A", "[num_heads]"]),
+    ("B groups", dict(B=np.ones((1, 4, 2, 2), f32), C=np.ones((1, 4, 2, 2), f32)), ValueError,
+     ["B", "n_groups"]),
+    ("n_groups", dict(n_groups=3), ValueError, ["n_groups"]),
+    ("C shape", dict(C=np.ones((1, 4, 1, 3), f32)), ValueError, ["C"]),
+    ("dt complex", dict(dt=np.ones((1, 4, 2), np.complex64)), TypeError, ["dt", "complex"]),
+    ("x bool", dict(x=np.ones((1, 4, 2, 3), bool)), TypeError, ["x"]),
+    ("D shape", dict(D=np.ones(3, f32)), ValueError, ["D"]),
+    ("gate shape", dict(gate=np.ones((1, 4, 2, 3), f32)), ValueError, ["gate"]),
+    ("h0 shape", dict(initial_state=np.ones((1, 2, 2, 3), f32)), ValueError,
+     ["initial_state"]),
+    ("act_fn", dict(gate=np.ones((1, 4, 6), f32), act_fn="gelu"), ValueError, ["act_fn"]),
+]
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("label,over,exc,words", SSD_ROWS, ids=[r[0] for r in SSD_ROWS])
+def test_state_space_v2_refuses(framework, label, over, exc, words):
+    fns, to = _front(framework)
+    a = dict(_ssd_arrays(), **over)
+    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
+    _expect(exc, words, lambda: fns.state_space_v2(**a))
+
+
 CONV_ROWS = [
     ("x rank", dict(x=np.ones((4, 6), f32)), ValueError, ["x"]),
     ("weight shape", dict(weight=np.ones((6, 2, 4), f32)), ValueError, ["weight"]),
