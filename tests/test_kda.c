@@ -157,6 +157,29 @@ static void test_shapes_and_regimes(void)
             }
         }
     }
+    /* Without beta (gated linear attention): the decay kinds and regimes, across chunks. */
+    for (int dk = 0; dk < 3; dk++)
+        for (int regime = GATE_RAND; regime <= GATE_EXTREME; regime++)
+            for (int big = 0; big < 2; big++) {
+                kda_spec s = {.B = 2,
+                              .T = big ? 130 : 67,
+                              .H = 1,
+                              .HV = 2,
+                              .K = big ? 128 : 17,
+                              .V = big ? 128 : 9,
+                              .decay = (linseq_decay)dk,
+                              .l2norm = big,
+                              .with_h0 = true,
+                              .gmag = regime == GATE_EXTREME ? 8.0 : 0.3,
+                              .regime = (gate_regime)regime,
+                              .no_delta = true,
+                              .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
+                char what[96];
+                snprintf(what, sizeof what, "no delta decay %d regime %d K=%lld", dk, regime,
+                         (long long)s.K);
+                check_against_reference(&s, what);
+            }
 }
 
 /* Non-default scale, no l2norm, unnormalised keys. */
@@ -399,7 +422,8 @@ static void test_v_first_equals_transposed(void)
 static void test_prefill_then_decode(void)
 {
     const int64_t B = 3, T1 = 45, T2 = 6, T = T1 + T2, H = 2, HV = 4, K = 16, V = 24;
-    for (int vfirst = 0; vfirst < 2; vfirst++) {
+    for (int variant = 0; variant < 3; variant++) { /* 2: no delta rule */
+        const int vfirst = variant == 1;
         kda_spec s = {.B = B,
                       .T = T,
                       .H = H,
@@ -412,6 +436,7 @@ static void test_prefill_then_decode(void)
                       .v_first = vfirst,
                       .gmag = 0.3,
                       .regime = GATE_RAND,
+                      .no_delta = variant == 2,
                       .seed = 1200};
         kda_fixture f;
         kda_fixture_make(&f, &s);
@@ -431,7 +456,7 @@ static void test_prefill_then_decode(void)
         tu_slice_tokens(f.beta, B, T, HV, 0, T1, be);
         tu_slice_tokens(f.g, B, T, HV * K, 0, T1, g);
         p.T = T1;
-        p.q = q, p.k = k, p.v = v, p.beta = be, p.g = g;
+        p.q = q, p.k = k, p.v = v, p.beta = f.p.beta ? be : NULL, p.g = g;
         linseq_exec chunked = {.mode = LINSEQ_MODE_CHUNKED, .chunk_size = 16};
         float *o_pre = tu_alloc((size_t)(B * T1 * HV * V));
         CHECK_OK(kda_forward(&p, &chunked, o_pre, state));
@@ -453,7 +478,7 @@ static void test_prefill_then_decode(void)
         }
         const double eh = tu_rel_err(state, h_full, f.n_state);
         CHECK(err <= TOL_VS_REF && eh <= TOL_VS_REF,
-              "v_first %d: prefill + decode vs one call: o %.3g state %.3g", vfirst, err, eh);
+              "variant %d: prefill + decode vs one call: o %.3g state %.3g", variant, err, eh);
         free(q);
         free(k);
         free(v);
