@@ -259,7 +259,8 @@ typedef enum linseq_activation {
  * Without beta (NULL) there is no delta rule: u_t <- v_t, so S <- diag(exp(g_t)) S + k_t v_t^T
  * and o_t <- S^T q_t: gated linear attention (fla's GLA with a per-channel decay, simple GLA
  * with a per-head one, plain linear attention without decay), on the same kernels, CPU only.
- * beta_is_logit and grads->dbeta must then be unset; the segment summaries need beta.
+ * beta_is_logit is then unused, grads->dbeta must be NULL, and the segment summaries
+ * refuse it.
  *
  * Layouts (HV value heads; q and k have H heads, HV = G*H, value head hv reads qk head hv/G):
  *     q, k      [B,T,H,K]

@@ -92,10 +92,10 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
                        (double)p->lower_bound);
-    if (!p->beta && p->beta_is_logit)
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "beta_is_logit is set but 'beta' is NULL (no delta rule: there is no "
-                       "beta to read)");
+    if (!p->beta && op != &ls_op_kda) /* the segment summaries are the delta rule's */
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "'beta' is NULL; the segment summaries need the delta rule's beta "
+                       "[B,T,HV] (gated linear attention has no context-parallel form here)");
     if (!p->beta && ls_on_cuda(exec))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "'beta' is NULL (gated linear attention, no delta rule): the CUDA "
