@@ -233,8 +233,10 @@ CASES = [
     kda('kda_hard_gik_pc_B1_T140_H1_HV2_K8_V8_g30_l2_h0', 1017, 1, 140, 1, 8, 8,
         'per_channel', HV=2, gate_in_kernel=True, g_style='hard', g_mag=30.0),
     # Without beta: gated linear attention (fla's GLA, simple GLA, plain linear attention).
-    kda('kda_gla_pc_B2_T70_H1_HV2_K8_V8_g0.3_nol2_h0', 1018, 2, 70, 1, 8, 8, 'per_channel',
-        HV=2, l2=False, no_delta=True),
+    kda('kda_gla_pc_B2_T70_H2_K8_V8_g0.3_nol2_h0', 1018, 2, 70, 2, 8, 8, 'per_channel',
+        l2=False, no_delta=True),
+    kda('kda_gla_varlen2_ph_B1_T40_H2_K8_V8_g0.5_nol2_h0', 1021, 1, 40, 2, 8, 8, 'per_head',
+        cu=[0, 15, 40], N=2, l2=False, g_mag=0.5, no_delta=True),
     kda('kda_gla_varlen3_ph_B1_T90_H2_K8_V16_gik_nol2_h0_empty', 1019, 1, 90, 2, 8, 16,
         'per_head', cu=[0, 40, 40, 90], N=3, gate_in_kernel=True, l2=False, no_delta=True),
     kda('kda_gla_none_B1_T33_H1_K4_V8_vfirst_l2_noh0_dh0', 1020, 1, 33, 1, 4, 8, 'none',
