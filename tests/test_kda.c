@@ -730,46 +730,49 @@ static void test_decay_kinds_agree(void)
 /* Bitwise identical for 1, 2 and 3 threads; ht may be h0 itself. */
 static void test_threads_and_in_place(void)
 {
-    kda_spec s = {.B = 3,
-                  .T = 70,
-                  .H = 2,
-                  .HV = 4,
-                  .K = 16,
-                  .V = 16,
-                  .decay = LINSEQ_DECAY_PER_CHANNEL,
-                  .l2norm = true,
-                  .with_h0 = true,
-                  .gmag = 0.5,
-                  .regime = GATE_RAND,
-                  .seed = 1700};
-    kda_fixture f;
-    kda_fixture_make(&f, &s);
-    const size_t no = o_len(&f);
-    float *o1 = tu_alloc(no), *o2 = tu_alloc(no), *h1 = tu_alloc(f.n_state),
-          *h2 = tu_alloc(f.n_state);
-    for (int mode = 0; mode < 2; mode++) {
-        const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
-        run(&f, m, 32, 1, o1, h1);
-        for (int t = 2; t <= 3; t++) {
-            run(&f, m, 32, t, o2, h2);
-            CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
-                  "mode %d: %d threads differ from 1", mode, t);
+    for (int no_delta = 0; no_delta < 2; no_delta++) { /* and gated linear attention */
+        kda_spec s = {.B = 3,
+                      .T = 70,
+                      .H = 2,
+                      .HV = 4,
+                      .K = 16,
+                      .V = 16,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .gmag = 0.5,
+                      .regime = GATE_RAND,
+                      .no_delta = no_delta,
+                      .seed = 1700};
+        kda_fixture f;
+        kda_fixture_make(&f, &s);
+        const size_t no = o_len(&f);
+        float *o1 = tu_alloc(no), *o2 = tu_alloc(no), *h1 = tu_alloc(f.n_state),
+              *h2 = tu_alloc(f.n_state);
+        for (int mode = 0; mode < 2; mode++) {
+            const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
+            run(&f, m, 32, 1, o1, h1);
+            for (int t = 2; t <= 3; t++) {
+                run(&f, m, 32, t, o2, h2);
+                CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
+                      "mode %d: %d threads differ from 1", mode, t);
+            }
+            float *state = tu_alloc(f.n_state);
+            memcpy(state, f.h0, f.n_state * 4);
+            linseq_kda_problem p = f.p;
+            p.h0 = state;
+            linseq_exec ex = {.mode = m, .chunk_size = 32, .threads = 2};
+            CHECK_OK(kda_forward(&p, &ex, o2, state));
+            CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, state, f.n_state * 4) == 0,
+                  "mode %d: in-place ht == h0 differs", mode);
+            free(state);
         }
-        float *state = tu_alloc(f.n_state);
-        memcpy(state, f.h0, f.n_state * 4);
-        linseq_kda_problem p = f.p;
-        p.h0 = state;
-        linseq_exec ex = {.mode = m, .chunk_size = 32, .threads = 2};
-        CHECK_OK(kda_forward(&p, &ex, o2, state));
-        CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, state, f.n_state * 4) == 0,
-              "mode %d: in-place ht == h0 differs", mode);
-        free(state);
+        free(o1);
+        free(o2);
+        free(h1);
+        free(h2);
+        kda_fixture_free(&f);
     }
-    free(o1);
-    free(o2);
-    free(h1);
-    free(h2);
-    kda_fixture_free(&f);
 }
 
 /* One sequence and head on several threads: the threads split the state's columns (and build
@@ -777,7 +780,8 @@ static void test_threads_and_in_place(void)
  * are those of the reference to float32 rounding. */
 static void test_single_item_split(void)
 {
-    for (int dk = 1; dk <= 2; dk++) {
+    for (int variant = 0; variant < 4; variant++) { /* 2, 3: no delta rule */
+        const int dk = 1 + variant % 2;
         kda_spec s = {.B = 1,
                       .T = 333,
                       .H = 1,
@@ -788,7 +792,8 @@ static void test_single_item_split(void)
                       .with_h0 = true,
                       .gmag = 0.5,
                       .regime = GATE_RAND,
-                      .seed = 1800u + (uint64_t)dk};
+                      .no_delta = variant >= 2,
+                      .seed = 1800u + (uint64_t)variant};
         kda_fixture f;
         kda_fixture_make(&f, &s);
         const size_t no = o_len(&f);
