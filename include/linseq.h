@@ -256,11 +256,16 @@ typedef enum linseq_activation {
  *     S   <- S + k_t u_t^T                  rank-1 write
  *     o_t <- S^T q_t                        read the updated state
  * S starts from h0 (or zeros); ht is S after the last token.
+ * Without beta (NULL) there is no delta rule: u_t <- v_t, so S <- diag(exp(g_t)) S + k_t v_t^T
+ * and o_t <- S^T q_t: gated linear attention (fla's GLA with a per-channel decay, simple GLA
+ * with a per-head one, plain linear attention without decay), on the same kernels, CPU only.
+ * beta_is_logit is then unused, grads->dbeta must be NULL, and the segment summaries
+ * refuse it.
  *
  * Layouts (HV value heads; q and k have H heads, HV = G*H, value head hv reads qk head hv/G):
  *     q, k      [B,T,H,K]
  *     v, o      [B,T,HV,V]
- *     beta      [B,T,HV]        probabilities, or logits when beta_is_logit
+ *     beta      [B,T,HV]        probabilities, or logits when beta_is_logit; NULL: no delta
  *     g         [B,T,HV,K] (PER_CHANNEL) or [B,T,HV] (PER_HEAD); log decay, <= 0 expected.
  *               With gate_in_kernel, g holds the raw gate input and the decay is
  *               -exp(A_log[hv]) * softplus(g + dt_bias)          (lower_bound == 0), or

@@ -78,7 +78,7 @@ void kda_fixture_make(kda_fixture *f, const kda_spec *s)
         .q = f->q,
         .k = f->k,
         .v = f->v,
-        .beta = f->beta,
+        .beta = s->no_delta ? NULL : f->beta,
         .g = f->g,
         .h0 = f->h0,
         .decay = s->decay,

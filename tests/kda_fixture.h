@@ -15,6 +15,7 @@ typedef struct {
     int64_t B, T, H, HV, K, V;
     linseq_decay decay;
     bool l2norm, with_h0, v_first;
+    bool no_delta; /* beta NULL: gated linear attention (beta is still filled, unread) */
     double gmag;
     gate_regime regime;
     int64_t n_seqs;    /* 0: no varlen */

@@ -466,7 +466,10 @@ static void kda_tensor_rows(op_id op)
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'q' is NULL", c->kda.q = NULL);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'k' is NULL", c->kda.k = NULL);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'v' is NULL", c->kda.v = NULL);
-    ROW(op, LINSEQ_ERR_NULL_POINTER, "'beta' is NULL", c->kda.beta = NULL);
+    /* beta is optional (NULL: no delta rule), but its gradient then has nothing to be of */
+    if (op == KDA_BACKWARD || op == KDA_BACKWARD_SAVED)
+        ROW(op, LINSEQ_ERR_INVALID_VALUE, "grads->dbeta is given but 'beta' is NULL",
+            c->kda.beta = NULL);
     ROW(op, LINSEQ_ERR_NULL_POINTER, "'g' is NULL", c->kda.g = NULL);
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'q'", c->kda.q = MISALIGN(const float, A->q));
     ROW(op, LINSEQ_ERR_INVALID_VALUE, "'dt_bias'",

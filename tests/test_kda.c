@@ -157,6 +157,29 @@ static void test_shapes_and_regimes(void)
             }
         }
     }
+    /* Without beta (gated linear attention): the decay kinds and regimes, across chunks. */
+    for (int dk = 0; dk < 3; dk++)
+        for (int regime = GATE_RAND; regime <= GATE_EXTREME; regime++)
+            for (int big = 0; big < 2; big++) {
+                kda_spec s = {.B = 2,
+                              .T = big ? 130 : 67,
+                              .H = 1,
+                              .HV = 2,
+                              .K = big ? 128 : 17,
+                              .V = big ? 128 : 9,
+                              .decay = (linseq_decay)dk,
+                              .l2norm = big,
+                              .with_h0 = true,
+                              .gmag = regime == GATE_EXTREME ? 8.0 : 0.3,
+                              .regime = (gate_regime)regime,
+                              .no_delta = true,
+                              .seed = seed};
+                seed++; /* after the initializer, whose expressions are unordered */
+                char what[96];
+                snprintf(what, sizeof what, "no delta decay %d regime %d K=%lld", dk, regime,
+                         (long long)s.K);
+                check_against_reference(&s, what);
+            }
 }
 
 /* Non-default scale, no l2norm, unnormalised keys. */
@@ -399,7 +422,8 @@ static void test_v_first_equals_transposed(void)
 static void test_prefill_then_decode(void)
 {
     const int64_t B = 3, T1 = 45, T2 = 6, T = T1 + T2, H = 2, HV = 4, K = 16, V = 24;
-    for (int vfirst = 0; vfirst < 2; vfirst++) {
+    for (int variant = 0; variant < 3; variant++) { /* 2: no delta rule */
+        const int vfirst = variant == 1;
         kda_spec s = {.B = B,
                       .T = T,
                       .H = H,
@@ -412,6 +436,7 @@ static void test_prefill_then_decode(void)
                       .v_first = vfirst,
                       .gmag = 0.3,
                       .regime = GATE_RAND,
+                      .no_delta = variant == 2,
                       .seed = 1200};
         kda_fixture f;
         kda_fixture_make(&f, &s);
@@ -431,7 +456,7 @@ static void test_prefill_then_decode(void)
         tu_slice_tokens(f.beta, B, T, HV, 0, T1, be);
         tu_slice_tokens(f.g, B, T, HV * K, 0, T1, g);
         p.T = T1;
-        p.q = q, p.k = k, p.v = v, p.beta = be, p.g = g;
+        p.q = q, p.k = k, p.v = v, p.beta = f.p.beta ? be : NULL, p.g = g;
         linseq_exec chunked = {.mode = LINSEQ_MODE_CHUNKED, .chunk_size = 16};
         float *o_pre = tu_alloc((size_t)(B * T1 * HV * V));
         CHECK_OK(kda_forward(&p, &chunked, o_pre, state));
@@ -453,7 +478,7 @@ static void test_prefill_then_decode(void)
         }
         const double eh = tu_rel_err(state, h_full, f.n_state);
         CHECK(err <= TOL_VS_REF && eh <= TOL_VS_REF,
-              "v_first %d: prefill + decode vs one call: o %.3g state %.3g", vfirst, err, eh);
+              "variant %d: prefill + decode vs one call: o %.3g state %.3g", variant, err, eh);
         free(q);
         free(k);
         free(v);
@@ -705,46 +730,49 @@ static void test_decay_kinds_agree(void)
 /* Bitwise identical for 1, 2 and 3 threads; ht may be h0 itself. */
 static void test_threads_and_in_place(void)
 {
-    kda_spec s = {.B = 3,
-                  .T = 70,
-                  .H = 2,
-                  .HV = 4,
-                  .K = 16,
-                  .V = 16,
-                  .decay = LINSEQ_DECAY_PER_CHANNEL,
-                  .l2norm = true,
-                  .with_h0 = true,
-                  .gmag = 0.5,
-                  .regime = GATE_RAND,
-                  .seed = 1700};
-    kda_fixture f;
-    kda_fixture_make(&f, &s);
-    const size_t no = o_len(&f);
-    float *o1 = tu_alloc(no), *o2 = tu_alloc(no), *h1 = tu_alloc(f.n_state),
-          *h2 = tu_alloc(f.n_state);
-    for (int mode = 0; mode < 2; mode++) {
-        const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
-        run(&f, m, 32, 1, o1, h1);
-        for (int t = 2; t <= 3; t++) {
-            run(&f, m, 32, t, o2, h2);
-            CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
-                  "mode %d: %d threads differ from 1", mode, t);
+    for (int no_delta = 0; no_delta < 2; no_delta++) { /* and gated linear attention */
+        kda_spec s = {.B = 3,
+                      .T = 70,
+                      .H = 2,
+                      .HV = 4,
+                      .K = 16,
+                      .V = 16,
+                      .decay = LINSEQ_DECAY_PER_CHANNEL,
+                      .l2norm = true,
+                      .with_h0 = true,
+                      .gmag = 0.5,
+                      .regime = GATE_RAND,
+                      .no_delta = no_delta,
+                      .seed = 1700};
+        kda_fixture f;
+        kda_fixture_make(&f, &s);
+        const size_t no = o_len(&f);
+        float *o1 = tu_alloc(no), *o2 = tu_alloc(no), *h1 = tu_alloc(f.n_state),
+              *h2 = tu_alloc(f.n_state);
+        for (int mode = 0; mode < 2; mode++) {
+            const linseq_mode m = mode ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT;
+            run(&f, m, 32, 1, o1, h1);
+            for (int t = 2; t <= 3; t++) {
+                run(&f, m, 32, t, o2, h2);
+                CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, h2, f.n_state * 4) == 0,
+                      "mode %d: %d threads differ from 1", mode, t);
+            }
+            float *state = tu_alloc(f.n_state);
+            memcpy(state, f.h0, f.n_state * 4);
+            linseq_kda_problem p = f.p;
+            p.h0 = state;
+            linseq_exec ex = {.mode = m, .chunk_size = 32, .threads = 2};
+            CHECK_OK(kda_forward(&p, &ex, o2, state));
+            CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, state, f.n_state * 4) == 0,
+                  "mode %d: in-place ht == h0 differs", mode);
+            free(state);
         }
-        float *state = tu_alloc(f.n_state);
-        memcpy(state, f.h0, f.n_state * 4);
-        linseq_kda_problem p = f.p;
-        p.h0 = state;
-        linseq_exec ex = {.mode = m, .chunk_size = 32, .threads = 2};
-        CHECK_OK(kda_forward(&p, &ex, o2, state));
-        CHECK(memcmp(o1, o2, no * 4) == 0 && memcmp(h1, state, f.n_state * 4) == 0,
-              "mode %d: in-place ht == h0 differs", mode);
-        free(state);
+        free(o1);
+        free(o2);
+        free(h1);
+        free(h2);
+        kda_fixture_free(&f);
     }
-    free(o1);
-    free(o2);
-    free(h1);
-    free(h2);
-    kda_fixture_free(&f);
 }
 
 /* One sequence and head on several threads: the threads split the state's columns (and build
@@ -752,7 +780,8 @@ static void test_threads_and_in_place(void)
  * are those of the reference to float32 rounding. */
 static void test_single_item_split(void)
 {
-    for (int dk = 1; dk <= 2; dk++) {
+    for (int variant = 0; variant < 4; variant++) { /* 2, 3: no delta rule */
+        const int dk = 1 + variant % 2;
         kda_spec s = {.B = 1,
                       .T = 333,
                       .H = 1,
@@ -763,7 +792,8 @@ static void test_single_item_split(void)
                       .with_h0 = true,
                       .gmag = 0.5,
                       .regime = GATE_RAND,
-                      .seed = 1800u + (uint64_t)dk};
+                      .no_delta = variant >= 2,
+                      .seed = 1800u + (uint64_t)variant};
         kda_fixture f;
         kda_fixture_make(&f, &s);
         const size_t no = o_len(&f);

@@ -161,7 +161,7 @@ static void ref_grads_alloc(ref_grads *r, const grad_case *c)
     r->g.dq = calloc(r->n_qk, sizeof(double));
     r->g.dk = calloc(r->n_qk, sizeof(double));
     r->g.dv = calloc(r->n_v, sizeof(double));
-    r->g.dbeta = calloc(r->n_beta, sizeof(double));
+    r->g.dbeta = c->f.p.beta ? calloc(r->n_beta, sizeof(double)) : NULL;
     r->g.dg = calloc(r->n_g + 1, sizeof(double));
     r->g.dh0 = calloc(r->n_state, sizeof(double));
     r->g.dA_log = calloc(r->n_alog, sizeof(double));
@@ -207,6 +207,19 @@ static void test_reference_against_finite_differences(void)
         {{.B = 1, .T = 10, .H = 2, .K = 3, .V = 5, .decay = LINSEQ_DECAY_NONE, .with_h0 = true,
           .seed = 15},
          true, false, 0, 0.7f, false},
+        /* no delta rule (gated linear attention): per channel, per head with the gate and
+         * varlen, no decay */
+        {{.B = 2, .T = 9, .H = 1, .HV = 2, .K = 5, .V = 4, .decay = LINSEQ_DECAY_PER_CHANNEL,
+          .l2norm = true, .with_h0 = true, .gmag = 0.5, .regime = GATE_RAND, .no_delta = true,
+          .seed = 16},
+         true, false, 0, 0, false},
+        {{.B = 1, .T = 8, .H = 2, .K = 4, .V = 3, .decay = LINSEQ_DECAY_PER_HEAD,
+          .with_h0 = true, .gmag = 0.4, .regime = GATE_RAND, .n_seqs = 3, .cu = cu,
+          .no_delta = true, .seed = 17},
+         true, true, 0, 0, false},
+        {{.B = 1, .T = 7, .H = 1, .K = 3, .V = 4, .decay = LINSEQ_DECAY_NONE, .with_h0 = true,
+          .v_first = true, .no_delta = true, .seed = 18},
+         false, false, 0, 0.5f, false},
     };
     /* clang-format on */
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
@@ -228,7 +241,9 @@ static void test_reference_against_finite_differences(void)
         FD("q", c.f.q, c.f.n_qk, rg.g.dq);
         FD("k", c.f.k, c.f.n_qk, rg.g.dk);
         FD("v", c.f.v, c.f.n_v, rg.g.dv);
-        FD("beta", c.f.beta, c.f.n_beta, rg.g.dbeta);
+        if (rg.g.dbeta) {
+            FD("beta", c.f.beta, c.f.n_beta, rg.g.dbeta);
+        }
         FD("g", c.f.g, c.f.n_g, rg.g.dg);
         FD("h0", c.f.h0, c.f.n_state, rg.g.dh0);
         if (cases[ci].gate) {
@@ -274,7 +289,7 @@ static void fast_grads_alloc(fast_grads *f, const ref_grads *r, bool gate, bool 
     f->g.dq = f->all[0] = tu_alloc_poisoned(r->n_qk);
     f->g.dk = f->all[1] = tu_alloc_poisoned(r->n_qk);
     f->g.dv = f->all[2] = tu_alloc_poisoned(r->n_v);
-    f->g.dbeta = f->all[3] = tu_alloc_poisoned(r->n_beta);
+    if (r->g.dbeta) f->g.dbeta = f->all[3] = tu_alloc_poisoned(r->n_beta);
     if (decay) f->g.dg = f->all[4] = tu_alloc_poisoned(r->n_g);
     f->g.dh0 = f->all[5] = tu_alloc_poisoned(r->n_state);
     if (gate) {
@@ -345,6 +360,42 @@ static void check_backward(grad_case *c, const char *what)
         tu_tally_add(&isa_checks[test_isa], mark);
     }
     ref_grads_free(&rg);
+}
+
+/* Without beta (gated linear attention): each decay kind, lengths across chunk borders,
+ * hard decays, varlen with an empty sequence and the gate in the kernel. */
+static void test_no_delta_against_reference(uint64_t *seed)
+{
+    static const int64_t cu[] = {0, 40, 40, 41, 150};
+    static const int64_t dims[][2] = {{32, 64}, {60, 60}, {128, 128}};
+    for (size_t d = 0; d < sizeof dims / sizeof dims[0]; d++)
+        for (int dk = 0; dk < 3; dk++)
+            for (int variant = 0; variant < 2; variant++) {
+                kda_spec s = {.B = 1,
+                              .T = 150,
+                              .H = 1,
+                              .HV = dims[d][0] == 128 ? 1 : 2,
+                              .K = dims[d][0],
+                              .V = dims[d][1],
+                              .decay = (linseq_decay)dk,
+                              .l2norm = variant == 0,
+                              .with_h0 = true,
+                              .v_first = variant == 1,
+                              .gmag = variant ? 8.0 : 0.5,
+                              .regime = variant ? GATE_EXTREME : GATE_RAND,
+                              .n_seqs = variant ? 4 : 0,
+                              .cu = variant ? cu : NULL,
+                              .no_delta = true,
+                              .seed = *seed};
+                (*seed)++;
+                grad_case c;
+                make_case(&c, &s, true, variant && dk, 0);
+                char what[96];
+                snprintf(what, sizeof what, "no delta K=%lld V=%lld decay %d variant %d",
+                         (long long)s.K, (long long)s.V, dk, variant);
+                check_backward(&c, what);
+                free_case(&c);
+            }
 }
 
 static void test_fast_against_reference(void)
@@ -438,6 +489,7 @@ static void test_fast_against_reference(void)
             check_backward(&c, what);
             free_case(&c);
         }
+    test_no_delta_against_reference(&seed);
 }
 
 /* ---------------------------------------------------------------------------------------- */

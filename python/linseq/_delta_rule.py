@@ -14,6 +14,9 @@ that autograd or jax.grad differentiate them):
   decay; with the gate in the kernel the gate is linseq's gate op (kda_gate) before the sum.
 - The state at the start of every chunk (fla's return_intermediate_states): each sequence run
   chunk by chunk from its initial state (one more forward, in pieces); no gradient.
+- Gated linear attention (fla's GLA and simple GLA, delta=False): the same call without beta,
+  which the C op reads as "no delta rule"; the per value channel decay gv then needs no beta
+  either.
 
 delta_rule is the one call; kda_gate and gdn_gate turn fla's gate arguments into its `gate`.
 linseq's fla-signature functions (_fla_signatures) and context parallelism (distributed) call
@@ -136,20 +139,21 @@ def heads_vector(x, HV):
 
 def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, gv=None,
                gate=None, scale, initial_state, output_final_state, qk_l2norm, beta_logit,
-               neg_eigval, state_v_first, cu_seqlens, out_like, intermediate=False):
+               neg_eigval, state_v_first, cu_seqlens, out_like, intermediate=False, delta=True):
     """One call of the C KDA op (or, with return_intermediate_states, one more in pieces):
-    o in out_like's dtype, the final state or None (and the chunk start states)."""
+    o in out_like's dtype, the final state or None (and the chunk start states). delta=False:
+    gated linear attention (beta must be None)."""
     values = [q, k, v, g, gk, gv, beta, initial_state, cu_seqlens] + list(gate or ())
     framework = framework or framework_of(values)
     backend = backend_for(values, framework)
     frame = _Frame(framework)
     dims = _dims(q, v)
-    if beta is None and None not in dims:
+    if beta is None and delta and None not in dims:
         beta = frame.ones(dims[:3])  # fla's default, then read as the beta flags say
     if neg_eigval:
         beta = 2.0 / (1.0 + frame.xp.exp(-frame.f32(beta)))
         beta_logit = False
-    per_value = gv is not None or len(np.shape(beta)) == 4
+    per_value = gv is not None or (beta is not None and len(np.shape(beta)) == 4)
     _check_channel_shapes(gk, gv, beta, per_value, dims)
     g, gate = _kernel_decay(frame, backend, g, gk, gv, gate, per_value, dims)
     A_log, dt_bias, lower_bound = gate if gate is not None else (None, None, None)
@@ -193,7 +197,7 @@ def _check_channel_shapes(gk, gv, beta, per_value, dims):
         _shape_of(gk, "gk", {(B, T, HV, K)}, f"[B,T,HV,K] = {[B, T, HV, K]}")
     if gv is not None:
         _shape_of(gv, "gv", {(B, T, HV, V)}, f"[B,T,HV,V] = {[B, T, HV, V]}")
-    if per_value:
+    if per_value and beta is not None:
         _shape_of(beta, "beta", {(B, T, HV), (B, T, HV, V)},
                   f"[B,T,HV] = {[B, T, HV]} or per value channel [B,T,HV,V] = {[B, T, HV, V]}")
 
@@ -249,9 +253,9 @@ def _per_value_heads(frame, arrays, state_v_first, dims):
     a = dict(arrays)
     a["v"] = arrays["v"].reshape((B, T, HV * V, 1))
     beta = arrays["beta"]
-    if len(np.shape(beta)) == 3:
+    if beta is not None and len(np.shape(beta)) == 3:
         beta = beta[..., None] * frame.ones((B, T, HV, V))
-    a["beta"] = beta.reshape((B, T, HV * V))
+    a["beta"] = None if beta is None else beta.reshape((B, T, HV * V))
     h0 = arrays["h0"]
     if h0 is not None:
         n = np.shape(h0)[0]

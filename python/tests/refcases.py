@@ -11,8 +11,34 @@ import linseq
 from linseq import ops
 
 
+def _gla_call(case, variant):
+    """A KDA case without beta: fla's GLA (decay per channel) or simple GLA (per head)."""
+    from linseq.compat import fla
+    m = case.meta
+    scale = None if m.get("scale_is_default", True) else m["scale"]
+    cu = case.get("cu_seqlens")
+    per_channel = m["decay"] == "per_channel"
+
+    def fn(q, k, v, g, h0=None):
+        if variant == "chunked":
+            f = fla.chunk_gla if per_channel else fla.chunk_simple_gla
+        else:
+            f = fla.fused_recurrent_gla if per_channel else fla.fused_recurrent_simple_gla
+        return f(q, k, v, g, scale=scale, initial_state=h0, output_final_state=True,
+                 cu_seqlens=cu)
+
+    def numpy_grads(inputs, upstream):
+        kin = ops.KdaInputs(inputs["q"], inputs["k"], inputs["v"], None, inputs["g"],
+                            h0=inputs.get("h0"), cu_seqlens=cu, scale=scale)
+        return ops.kda_backward(kin, upstream["d_o"], upstream.get("d_ht"), mode=variant)
+
+    return (["q", "k", "v", "g", "h0"], fn, ["o", "ht"], ["d_o", "d_ht"], numpy_grads)
+
+
 def _kda_call(case, variant):
     m = case.meta
+    if "beta" not in m["inputs"]:
+        return _gla_call(case, variant)
     scale = None if m.get("scale_is_default", True) else m["scale"]
     l2 = m["use_qk_l2norm"]
     cu = case.get("cu_seqlens")
@@ -92,6 +118,10 @@ def supported(meta):
                  "ddt_bias": "dt_bias"}
     if any(g in grads and i not in inputs for g, i in at_absent.items()):
         return False
+    if op == "kda" and "beta" not in inputs:  # gated linear attention: fla's signatures
+        return (m.get("decay") in ("per_channel", "per_head") and not m["use_qk_l2norm"] and
+                (m.get("HV") or m["H"]) == m["H"] and not m.get("state_v_first") and
+                not m.get("gate_in_kernel"))
     if op == "kda":
         return (m.get("decay") in ("per_channel", "per_head") and
                 (m.get("HV") or m["H"]) == m["H"] and not m.get("state_v_first") and

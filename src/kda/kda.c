@@ -92,6 +92,14 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "lower_bound = %g; expected a finite value <= 0 (0 = default gate)",
                        (double)p->lower_bound);
+    if (!p->beta && op != &ls_op_kda) /* the segment summaries are the delta rule's */
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER,
+                       "'beta' is NULL; the segment summaries need the delta rule's beta "
+                       "[B,T,HV] (gated linear attention has no context-parallel form here)");
+    if (!p->beta && ls_on_cuda(exec))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "'beta' is NULL (gated linear attention, no delta rule): the CUDA "
+                       "backend runs the delta rule only; pass beta, or run on the CPU");
     if (!isfinite(p->scale))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "scale = %g; expected a finite value (0 = K^-0.5)", (double)p->scale);
@@ -101,6 +109,7 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
     pl->group = HV / p->H;
     pl->n_seqs = n_seqs;
     pl->gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
+    pl->delta = p->beta != NULL;
     pl->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->K));
     pl->chunk = 0;
     pl->segment = 64;

@@ -117,6 +117,10 @@ linseq_status kda_check_option_grads(const char *fn, const linseq_kda_problem *p
     if (p->decay == LINSEQ_DECAY_NONE && gr->dg)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "grads->dg is given but decay is LINSEQ_DECAY_NONE (there is no g)");
+    if (!p->beta && gr->dbeta)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "grads->dbeta is given but 'beta' is NULL (no delta rule: there is no "
+                       "beta)");
     if (!p->gate_in_kernel && (gr->dA_log || gr->ddt_bias))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "grads->%s is given but gate_in_kernel is false",

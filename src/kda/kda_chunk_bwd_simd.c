@@ -22,7 +22,9 @@
  * to its own scale, as the recurrent backward does.
  * Finally dg_t = sum_{r >= t} dG_r inside the chunk (the earlier chunks see g_t only through
  * the state, whose gradient dS0 carries on), and tokens whose g was raised to the floor get 0:
- * every factor they enter is an exact float32 zero. */
+ * every factor they enter is an exact float32 zero.
+ * Without the delta rule (gated linear attention) Vn = V: dV = dVn, and the solve, its Akk
+ * and the Kbg S0 term have no gradient to pass. */
 #include <string.h>
 
 #include "kda/kda_backward.h"
@@ -333,9 +335,13 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
                     w->dVn + n * V, V, true);
     }
 
+    if (!pl->delta) {
+        for (int64_t r = 0; r < Lc; r++) vscale_to(V, -1.0f, w->dVn + r * V, w->dR + r * V);
+        memset(w->dkbg, 0, (size_t)(Lc * K) * sizeof(float));
+    }
     /* M Vn = R: -dR = -M^{-T} dVn by back substitution in 16-row blocks, into w->dR. The
      * forward's Mneg = -M below the diagonal: -dR_r = -dVn_r + sum_{c>r} Mneg[c,r] (-dR_c). */
-    for (int64_t n = (Lc - 1) / SC * SC; n >= 0; n -= SC) {
+    for (int64_t n = (Lc - 1) / SC * SC; pl->delta && n >= 0; n -= SC) {
         const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
         for (int64_t r = n; r < after; r++) vscale_to(V, -1.0f, w->dVn + r * V, w->dR + r * V);
         if (after < Lc)
@@ -344,8 +350,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         kda_substitute_rows(w->dR, V, V, after - 1, n - 1, cw->Mneg, 1, C);
     }
     /* dM = -dR Vn^T = (w->dR) Vn^T, strictly lower; M[r,c] = beta_r Akk[r,c] */
-    ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
-    for (int64_t r = 0; r < Lc; r++) {
+    if (pl->delta) ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
+    for (int64_t r = 0; pl->delta && r < Lc; r++) {
         const float *dM = w->dAe + r * C;
         float *dAkk = w->dAkk + r * C;
         w->dbeta[r] += ls_vdot(r, dM, cw->Akk + r * C);
@@ -354,12 +360,14 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     }
 
     /* R = diag(beta) V - Kbg S0, with -dR in w->dR */
-    for (int64_t r = 0; r < Lc; r++) {
+    for (int64_t r = 0; pl->delta && r < Lc; r++) {
         const float *v = p->v + ((first + r) * HV + hv) * V;
         w->dbeta[r] -= ls_vdot(V, v, w->dR + r * V);
     }
-    ls_gemm(Lc, K, V, w->dR, V, 1, w->ST, K, w->dkbg, K, false);
-    ls_gemm(K, V, Lc, cw->kbg, 1, K, w->dR, V, w->dS0, V, true);
+    if (pl->delta) {
+        ls_gemm(Lc, K, V, w->dR, V, 1, w->ST, K, w->dkbg, K, false);
+        ls_gemm(K, V, Lc, cw->kbg, 1, K, w->dR, V, w->dS0, V, true);
+    }
 
     for (int64_t r = 0; r < Lc; r++) {
         const float *k = cw->ks + r * K, *eG = cw->eG + r * gK, *eL = cw->eL + r * gK;
@@ -416,8 +424,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
             add_dG(w->dG + r * gK, gK, K, cw->ks + r * K, w->dY + r * K, -1.0f);
         }
     }
-    scores_backward(pl, w, cw, Lc, w->dAkk, cw->ks, cw->ks);
-    for (int64_t r = 0; r < Lc; r++) {
+    if (pl->delta) scores_backward(pl, w, cw, Lc, w->dAkk, cw->ks, cw->ks);
+    for (int64_t r = 0; pl->delta && r < Lc; r++) {
         ls_vaxpy(K, 1.0f, w->dX + r * K, w->dks + r * K);
         ls_vaxpy(K, 1.0f, w->dY + r * K, w->dks + r * K);
         if (has_decay) {

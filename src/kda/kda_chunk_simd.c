@@ -23,7 +23,10 @@
  * with n the first row of i and e the last row of j (n > e >= c): three products of decays,
  * so the block is a matrix product of scaled rows and scaled columns; the 16 x 16 diagonal
  * blocks run their products element by element. Each g is first raised to -110 at most: its
- * a_t is then an exact float32 zero either way. */
+ * a_t is then an exact float32 zero either way.
+ * Without the delta rule (gated linear attention, pl->delta false) there is nothing to solve:
+ * Vnew = V, and Akk is not needed (the products skip it; the diagonal blocks, which form it in
+ * the same pass as Aqk, leave it unread). */
 #include <string.h>
 
 #include "kda/kda_chunk.h"
@@ -164,7 +167,7 @@ static void diagonal_block_per_channel(const kda_chunk_ws *w, int64_t n, int64_t
     }
 }
 
-static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C, bool delta)
 {
     const int64_t S = KDA_SUB_CHUNK;
     /* Column side, once per chunk: row c of sub-chunk j scaled by e^{G_e - G_c} (e the last
@@ -200,10 +203,11 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
             }
             if (j > 0) vmul3(K, w->dscale, w->tot + j * K, w->dscale);
         }
-        ls_gemm(2 * m, n, K, w->xt, K, 1, w->yts, C, w->sc, C, false);
+        ls_gemm(delta ? 2 * m : m, n, K, w->xt, K, 1, w->yts, C, w->sc, C, false);
         for (int64_t rr = 0; rr < m; rr++) {
             memcpy(w->Aqk + (n + rr) * C, w->sc + rr * C, (size_t)n * sizeof(float));
-            memcpy(w->Akk + (n + rr) * C, w->sc + (m + rr) * C, (size_t)n * sizeof(float));
+            if (delta)
+                memcpy(w->Akk + (n + rr) * C, w->sc + (m + rr) * C, (size_t)n * sizeof(float));
         }
     }
     for (int64_t n = 0; n < Lc; n += S)
@@ -215,14 +219,14 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
  * over the lower triangle of 16-row blocks (the blocks above the diagonal are never read).
  * Row r of M is row r - 1 times a_r, one vector multiply per row; the solve's factor
  * Mneg = -beta_r Akk is formed in the same pass. */
-static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C, bool delta)
 {
     const int64_t S = KDA_SUB_CHUNK;
     ls_transpose(Lc, K, w->ks, K, w->yt, C);
     for (int64_t n = 0; n < Lc; n += S) {
         const int64_t m = Lc - n < S ? Lc - n : S;
         ls_gemm(m, n + m, K, w->qs + n * K, K, 1, w->yt, C, w->Aqk + n * C, C, false);
-        ls_gemm(m, n + m, K, w->ks + n * K, K, 1, w->yt, C, w->Akk + n * C, C, false);
+        if (delta) ls_gemm(m, n + m, K, w->ks + n * K, K, 1, w->yt, C, w->Akk + n * C, C, false);
     }
     float *mask = w->sc; /* [C]: row r of M left of the diagonal */
     w->Akk[0] = 0.0f;
@@ -231,6 +235,7 @@ static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_
         mask[r - 1] = w->a[r];
         float *aqk = w->Aqk + r * C, *akk = w->Akk + r * C;
         vmul3(r, aqk, mask, aqk);
+        if (!delta) continue;
         vmul3(r, akk, mask, akk);
         akk[r] = 0.0f;
         vmul_scalar(r, akk, -w->beta[r], w->Mneg + r * C);
@@ -275,11 +280,12 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
     for (int64_t i = 0; i < K; i++) w->decay_last[i] = w->eG[(Lc - 1) * gK + (per_channel ? i : 0)];
 
     if (!per_channel) {
-        scores_per_head(w, Lc, K, C);
+        scores_per_head(w, Lc, K, C, pl->delta);
         return;
     }
-    scores_per_channel(w, Lc, K, C);
-    for (int64_t r = 1; r < Lc; r++) vmul_scalar(r, w->Akk + r * C, -w->beta[r], w->Mneg + r * C);
+    scores_per_channel(w, Lc, K, C, pl->delta);
+    for (int64_t r = 1; pl->delta && r < Lc; r++)
+        vmul_scalar(r, w->Akk + r * C, -w->beta[r], w->Mneg + r * C);
 }
 
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
@@ -288,6 +294,14 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
     const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, S = KDA_SUB_CHUNK;
     const int64_t n = j1 - j0;
     float *vnew = w->vnew + j0;
+    if (!pl->delta) { /* gated linear attention writes v itself */
+        for (int64_t r = 0; r < Lc; r++) {
+            float *vn = vnew + r * V;
+            const float *v = kda_token_span(pl, pl->p->v, ((first + r) * HV + hv) * V + j0, n, vn);
+            if (v != vn) memcpy(vn, v, (size_t)n * sizeof(float));
+        }
+        return;
+    }
     ls_gemm(Lc, n, K, w->kbg, K, 1, S0 + j0, V, vnew, V, false);
     for (int64_t r = 0; r < Lc; r++) {
         const int64_t v_at = ((first + r) * HV + hv) * V + j0;

@@ -26,7 +26,11 @@ typedef struct kda_plan {
     float scale;
     int chunk;   /* chunk size (chunked mode), 0 in recurrent mode */
     int segment; /* recurrent mode: tokens between saved states */
-    bool bf16;   /* the per-token tensors (q, k, v, beta, g, o) are bfloat16: the kernels
+    /* The delta rule (beta given). Without it the op is gated linear attention: the update
+     * S <- diag(a) S + k v^T writes v itself, nothing is predicted or solved, and beta is 1
+     * wherever a kernel reads it. */
+    bool delta;
+    bool bf16; /* the per-token tensors (q, k, v, beta, g, o) are bfloat16: the kernels
                   * widen them as they load them and round o once as they store it */
     /* Set (to 1) by a kernel whose pass over g met a positive log decay, outside the
      * contract g <= 0 (kda_positive_g_status); NULL: not watched. */

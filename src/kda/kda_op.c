@@ -147,8 +147,9 @@ static const ls_tensor_desc tensors[] = {
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
     LS_INPUT("v", v, .required = true, .dims = "[B,T,HV,V]", .shape = ls_op_kda_shape_token_value,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("beta", beta, .required = true, .dims = "[B,T,HV]", .shape = ls_op_kda_shape_beta,
-             .dist = LS_DIST_SIGMOID, .token = true),
+    /* optional: without beta the op is gated linear attention (no delta rule) */
+    LS_INPUT("beta", beta, .dims = "[B,T,HV]", .shape = ls_op_kda_shape_beta,
+             .dist = LS_DIST_SIGMOID, .bench = true, .token = true),
     LS_INPUT("g", g, .required = true, .dims = LS_OP_KDA_G_DIMS, .shape = ls_op_kda_shape_g,
              .dist = LS_DIST_LOGSIGMOID, .token = true),
     LS_INPUT("h0", h0, .dims = LS_OP_KDA_STATE_DIMS, .shape = ls_op_kda_shape_state,

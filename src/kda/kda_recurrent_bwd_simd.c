@@ -94,6 +94,7 @@ static void token_backward(const kda_bwd *b, const rec_ws *w, int64_t tok, int64
     kda_row_decays(pl, w->g, w->a); /* exactly as the forward */
     for (int64_t i = 0; i < K; i++) w->ak[i] = w->a[i] * w->ks[i];
     const float kq = ls_vdot(K, w->ks, w->qs);
+    const bool delta = pl->delta;
     const float *v = p->v + (tok * HV + hv) * V;
     const float *dout = b->d_o + (tok * HV + hv) * V;
     /* per-row vector partial sums: S.do, dS.u, S.dpred, S.dS' */
@@ -127,13 +128,15 @@ static void token_backward(const kda_bwd *b, const rec_ws *w, int64_t tok, int64
         for (int c = 0; c < nv; c++) {
             const int64_t wc = c == nv - 1 ? w_last : VW;
             const vf vin = load_w(v + j0 + c * VW, wc);
-            const vf resid = vf_sub(vin, pred[c]);
+            const vf resid = delta ? vf_sub(vin, pred[c]) : vin;
             u[c] = vf_mul(vb, resid);
             du[c] = vf_fmadd(vkq, vdo[c], du[c]); /* o's share of dS_t, (k . qs) do */
             udo_acc = vf_fmadd(u[c], vdo[c], udo_acc);
             dbeta_acc = vf_fmadd(du[c], resid, dbeta_acc);
             store_w(w->dv + j0 + c * VW, vf_mul(vb, du[c]), wc);
-            dp[c] = vf_mul(vf_sub(vf_zero(), vb), du[c]);
+            /* without the delta rule (beta 1) nothing was predicted: no gradient flows back
+             * through pred */
+            dp[c] = delta ? vf_mul(vf_sub(vf_zero(), vb), du[c]) : vf_zero();
         }
         /* pass 2: the row sums dS_i . u, S_i . dpred, S_i . dS'_i, and dS <- diag(a) dS' */
         for (int64_t i = 0; i < K; i++) {

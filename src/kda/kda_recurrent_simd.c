@@ -8,7 +8,8 @@
  * blocks of four vectors: the two products read the block, then the update rewrites it while
  * it is still in L1. One read and one write of the state per token. With bf16 per-token
  * tensors the token's v row is widened into scratch and its o row summed there and rounded
- * once: the arithmetic is the float32 path's on the widened values. */
+ * once: the arithmetic is the float32 path's on the widened values. Without the delta rule
+ * (gated linear attention) u = v: pred is neither formed nor used. */
 #include <string.h>
 
 #include "kda/kda_simd.h"
@@ -20,7 +21,7 @@ enum { COLS = 4 }; /* vectors per column block */
  * registers (called with run-time sizes it ran 1.6x slower). */
 static inline __attribute__((always_inline)) void
 column_block(int64_t K, int64_t V, float *S, int64_t j0, int nv, int64_t w_last, const float *a,
-             const float *ak, const float *aq, const float *ks, float qk, float beta,
+             const float *ak, const float *aq, const float *ks, float qk, float beta, bool delta,
              const float *v, float *out)
 {
     vf acc_p[COLS], acc_o[COLS], u[COLS];
@@ -49,7 +50,7 @@ column_block(int64_t K, int64_t V, float *S, int64_t j0, int nv, int64_t w_last,
     for (int c = 0; c < nv; c++) {
         const int64_t w = c == nv - 1 ? w_last : VW;
         const vf vin = w == VW ? vf_load(v + j0 + c * VW) : vf_load_n(v + j0 + c * VW, w);
-        u[c] = vf_mul(vb, vf_sub(vin, acc_p[c]));
+        u[c] = delta ? vf_mul(vb, vf_sub(vin, acc_p[c])) : vin;
         if (out) {
             const vf o = vf_fmadd(vqk, u[c], acc_o[c]);
             if (w == VW)
@@ -111,11 +112,11 @@ void LS_ISA_FN(kda_recurrent_item)(const kda_plan *pl, int64_t tok0, int64_t len
         for (int64_t jb = j0; jb < j1; jb += block) {
             const int64_t w = j1 - jb < block ? j1 - jb : block;
             if (w == block) {
-                column_block(K, V, S, jb, COLS, VW, a, ak, aq, ks, qk, beta, v, out);
+                column_block(K, V, S, jb, COLS, VW, a, ak, aq, ks, qk, beta, pl->delta, v, out);
             } else {
                 const int nv = (int)((w + VW - 1) / VW);
                 column_block(K, V, S, jb, nv, w - (int64_t)(nv - 1) * VW, a, ak, aq, ks, qk, beta,
-                             v, out);
+                             pl->delta, v, out);
             }
         }
         if (o && pl->bf16) kda_token_store_bf16(o, at + j0, j1 - j0, o_row + j0);
@@ -157,7 +158,7 @@ void LS_ISA_FN(kda_decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, 
         }
         const vf pred = vf_hsum_lanes(acc_p), o_pre = vf_hsum_lanes(acc_o);
         const vf vin = rows == VW ? vf_load(v + j0) : vf_load_n(v + j0, rows);
-        const vf u = vf_mul(vf_set1(beta), vf_sub(vin, pred));
+        const vf u = pl->delta ? vf_mul(vf_set1(beta), vf_sub(vin, pred)) : vin;
         const vf ov = vf_fmadd(vf_set1(qk), u, o_pre);
         float ubuf[VW];
         vf_store(ubuf, u);

@@ -126,7 +126,7 @@ static void load_token(ref_walk *w, int64_t t, int64_t hv)
         w->q[i] *= w->rq;
         w->k[i] *= w->rk;
     }
-    w->beta = p->beta[t * w->HV + hv];
+    w->beta = p->beta ? p->beta[t * w->HV + hv] : 1.0; /* no beta: no delta rule */
     if (p->beta_is_logit) w->beta = ls_sigmoid(w->beta);
     const int64_t gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? K : 1;
     for (int64_t i = 0; i < K; i++) {
@@ -159,8 +159,8 @@ static void step(const ref_walk *w, const float *v, double *S, double *pred)
     for (int64_t j = 0; j < V; j++) {
         double acc = 0.0;
         for (int64_t i = 0; i < K; i++) acc += S[i * V + j] * w->k[i];
-        pred[j] = acc;
-        w->u[j] = w->beta * (v[j] - acc);
+        pred[j] = w->p->beta ? acc : 0.0; /* without the delta rule nothing is predicted */
+        w->u[j] = w->beta * (v[j] - pred[j]);
     }
     /* (3) rank-1 write */
     for (int64_t i = 0; i < K; i++)
@@ -279,8 +279,8 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
                 for (int64_t j = 0; j < V; j++) {
                     double acc = 0.0;
                     for (int64_t i = 0; i < K; i++) acc += Sd[i * V + j] * w.k[i];
-                    pred[j] = acc;
-                    w.u[j] = w.beta * (v[j] - acc);
+                    pred[j] = p->beta ? acc : 0.0;
+                    w.u[j] = w.beta * (v[j] - pred[j]);
                 }
                 /* (4) o = S_t^T (scale q) */
                 for (int64_t i = 0; i < K; i++) {
@@ -307,7 +307,7 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
                 for (int64_t j = 0; j < V; j++) {
                     dbeta += du[j] * (v[j] - pred[j]);
                     gr->dv[(t * HV + hv) * V + j] = w.beta * du[j];
-                    du[j] *= -w.beta; /* now d pred */
+                    du[j] *= p->beta ? -w.beta : 0.0; /* now d pred */
                 }
                 for (int64_t i = 0; i < K; i++) {
                     double acc = 0.0;
@@ -328,7 +328,7 @@ linseq_status ls_kda_reference_backward(const linseq_kda_problem *p, const float
                 }
                 /* the in-kernel options */
                 if (p->beta_is_logit) dbeta *= w.beta * (1.0 - w.beta);
-                gr->dbeta[t * HV + hv] = dbeta;
+                if (gr->dbeta) gr->dbeta[t * HV + hv] = dbeta;
                 for (int64_t gi = 0; gi < gK && p->decay != LINSEQ_DECAY_NONE; gi++) {
                     double d = 0.0;
                     if (gK == K) {

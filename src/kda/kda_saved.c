@@ -23,7 +23,8 @@ enum {
     FLAG_GATE_IN_KERNEL = 4,
     FLAG_H0 = 8,
     FLAG_A_LOG = 16,
-    FLAG_DT_BIAS = 32
+    FLAG_DT_BIAS = 32,
+    FLAG_NO_DELTA = 64 /* beta NULL: gated linear attention */
 };
 
 typedef struct {
@@ -97,7 +98,8 @@ static saved_header header_of(const kda_plan *pl)
     const linseq_kda_problem *p = pl->p;
     h.decay = p->decay;
     h.flags = (p->qk_l2norm ? FLAG_L2NORM : 0) | (p->beta_is_logit ? FLAG_BETA_LOGIT : 0) |
-              (p->gate_in_kernel ? FLAG_GATE_IN_KERNEL : 0) | (p->h0 ? FLAG_H0 : 0);
+              (p->gate_in_kernel ? FLAG_GATE_IN_KERNEL : 0) | (p->h0 ? FLAG_H0 : 0) |
+              (p->beta ? 0 : FLAG_NO_DELTA);
     if (p->gate_in_kernel) h.flags |= (p->A_log ? FLAG_A_LOG : 0) | (p->dt_bias ? FLAG_DT_BIAS : 0);
     h.lower_bound = p->gate_in_kernel ? p->lower_bound : 0.0f;
     h.seqlens = ls_seqlens_fingerprint(p->cu_seqlens, p->n_seqs, p->B, p->T);
@@ -115,10 +117,11 @@ void kda_saved_write_header(const kda_plan *pl, void *saved)
 /* " qk_l2norm beta_is_logit ..." for the flags in f, written into buf. */
 static const char *flag_names(int64_t f, char *buf, size_t size)
 {
-    snprintf(buf, size, "%s%s%s%s%s%s", f & FLAG_L2NORM ? " qk_l2norm" : "",
+    snprintf(buf, size, "%s%s%s%s%s%s%s", f & FLAG_L2NORM ? " qk_l2norm" : "",
              f & FLAG_BETA_LOGIT ? " beta_is_logit" : "",
              f & FLAG_GATE_IN_KERNEL ? " gate_in_kernel" : "", f & FLAG_H0 ? " h0" : "",
-             f & FLAG_A_LOG ? " A_log" : "", f & FLAG_DT_BIAS ? " dt_bias" : "");
+             f & FLAG_A_LOG ? " A_log" : "", f & FLAG_DT_BIAS ? " dt_bias" : "",
+             f & FLAG_NO_DELTA ? " no_delta(beta NULL)" : "");
     if (!buf[0]) snprintf(buf, size, " none");
     return buf;
 }

@@ -133,7 +133,7 @@ static inline void kda_norm_scale(int64_t n, const float *x, bool l2norm, float 
 }
 
 /* One token of value head hv after the in-kernel options: qs = scale * l2norm(q), ks =
- * l2norm(k) (or q * scale, k), *beta after the sigmoid when beta is a logit, g[gK] the log
+ * l2norm(k) (or q * scale, k), *beta after the sigmoid when beta is a logit (1 without beta), g[gK] the log
  * decay after the gate (0 without decay). tok is a flattened token index. */
 static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv, float *qs,
                                     float *ks, float *beta, float *g)
@@ -144,7 +144,7 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
     kda_norm_scale(K, kda_token_span(pl, p->q, (tok * H + h) * K, K, qs), p->qk_l2norm, pl->scale,
                    qs);
     kda_norm_scale(K, kda_token_span(pl, p->k, (tok * H + h) * K, K, ks), p->qk_l2norm, 1.0f, ks);
-    const float b = kda_token_value(pl, p->beta, tok * HV + hv);
+    const float b = p->beta ? kda_token_value(pl, p->beta, tok * HV + hv) : 1.0f;
     *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
     if (p->decay == LINSEQ_DECAY_NONE) {
         g[0] = 0.0f;

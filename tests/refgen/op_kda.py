@@ -46,8 +46,9 @@ def draw(rng, c):
     x['k'] = (rng.standard_normal((B, T, H, K)) if c.get('use_qk_l2norm')
               else _unit_rows(rng, (B, T, H, K), 0.6, 1.2))
     x['v'] = rng.standard_normal((B, T, HV, V))
-    x['beta'] = (rng.normal(0, 1.5, (B, T, HV)) if c.get('beta_is_logit')
-                 else rng.uniform(0.05, 0.95, (B, T, HV)))
+    if not c.get('no_delta'):  # without beta: gated linear attention
+        x['beta'] = (rng.normal(0, 1.5, (B, T, HV)) if c.get('beta_is_logit')
+                     else rng.uniform(0.05, 0.95, (B, T, HV)))
     if c.get('gate_in_kernel') and c.get('g_style') == 'hard':
         # softplus(g + dt_bias) in about (0.85, 1.6) times e^A_log = g_mag: g in about
         # (-1.6 g_mag, -0.85 g_mag) on every token
@@ -73,12 +74,14 @@ def _l2norm(x):
 
 
 def _kda_token(S, q, k, v, beta, g, decay):
-    """One token for every value head: S [HV,K,V]; returns (new S, o [HV,V])."""
+    """One token for every value head: S [HV,K,V]; returns (new S, o [HV,V]). beta None:
+    no delta rule, the write is k v^T."""
     if decay == 'per_channel':
         S = exp(g).reshape(*g.shape, 1) * S          # decay first
     elif decay == 'per_head':
         S = exp(g).reshape(g.shape[0], 1, 1) * S
-    u = beta.reshape(beta.shape[0], 1) * (v - einsum('hkv,hk->hv', S, k))  # vs decayed S
+    u = v if beta is None else \
+        beta.reshape(beta.shape[0], 1) * (v - einsum('hkv,hk->hv', S, k))  # vs decayed S
     S = S + einsum('hk,hv->hkv', k, u)                # rank-1 write
     return S, einsum('hkv,hk->hv', S, q)               # read the updated state
 
@@ -94,7 +97,9 @@ def forward(x, m):
         A_log = x['A_log'].reshape(HV, 1) if decay == 'per_channel' else x['A_log']
         bias = x['dt_bias'].reshape(HV, K) if decay == 'per_channel' else x['dt_bias']
         g = kda_decay_from_gate(g, A_log, bias, m.get('lower_bound') or 0.0)
-    beta = sigmoid(x['beta']) if m.get('beta_is_logit') else x['beta']
+    beta = x.get('beta')
+    if beta is not None and m.get('beta_is_logit'):
+        beta = sigmoid(beta)
     h0 = x['h0'].transpose(0, 1, 3, 2) if m.get('state_v_first') else x['h0']
     spans = sequences(m, T) or [(b, 0, T) for b in range(B)]
     o_rows, finals = {}, []
@@ -106,7 +111,7 @@ def forward(x, m):
             if m.get('use_qk_l2norm'):
                 q, k = _l2norm(q), _l2norm(k)
             q = m['scale'] * q                          # scale after the norm
-            S, o = _kda_token(S, q, k, x['v'][b, t], beta[b, t],
+            S, o = _kda_token(S, q, k, x['v'][b, t], None if beta is None else beta[b, t],
                               None if g is None else g[b, t], decay)
             o_rows[(b, t)] = o
         finals.append(S)
@@ -145,7 +150,7 @@ def _kda_optional(c):
 
 
 def _kda_grads(c, inputs, with_h0=True):
-    names = ['q', 'k', 'v', 'beta'] + (['g'] if (c.get('decay') or 'none') != 'none' else [])
+    names = ['q', 'k', 'v'] + ([] if c.get('no_delta') else ['beta']) + (['g'] if (c.get('decay') or 'none') != 'none' else [])
     names = with_state_grad(c, inputs, 'h0', names) if with_h0 else names
     return names + (['A_log', 'dt_bias'] if c.get('gate_in_kernel') else [])
 
@@ -227,6 +232,15 @@ CASES = [
         l2=False, g_style='hard', g_mag=34.5),
     kda('kda_hard_gik_pc_B1_T140_H1_HV2_K8_V8_g30_l2_h0', 1017, 1, 140, 1, 8, 8,
         'per_channel', HV=2, gate_in_kernel=True, g_style='hard', g_mag=30.0),
+    # Without beta: gated linear attention (fla's GLA, simple GLA, plain linear attention).
+    kda('kda_gla_pc_B2_T70_H2_K8_V8_g0.3_nol2_h0', 1018, 2, 70, 2, 8, 8, 'per_channel',
+        l2=False, no_delta=True),
+    kda('kda_gla_varlen2_ph_B1_T40_H2_K8_V8_g0.5_nol2_h0', 1021, 1, 40, 2, 8, 8, 'per_head',
+        cu=[0, 15, 40], N=2, l2=False, g_mag=0.5, no_delta=True),
+    kda('kda_gla_varlen3_ph_B1_T90_H2_K8_V16_gik_nol2_h0_empty', 1019, 1, 90, 2, 8, 16,
+        'per_head', cu=[0, 40, 40, 90], N=3, gate_in_kernel=True, l2=False, no_delta=True),
+    kda('kda_gla_none_B1_T33_H1_K4_V8_vfirst_l2_noh0_dh0', 1020, 1, 33, 1, 4, 8, 'none',
+        state_v_first=True, h0=False, dstate_at_zero=True, no_delta=True),
     # The segment summary (context parallelism): P and R of every sequence, T across chunk
     # boundaries; q is given although it does not enter, so its gradient must come out zero.
     kda_segment('kda_segment_pc_B2_T37_H2_K8_V8_g0.05_l2', 1401, 2, 37, 2, 8, 8, 'per_channel',
@@ -250,6 +264,8 @@ CHECKS = [
     kda('gik_pc', 4, 1, 3, 1, 3, 2, 'per_channel', gate_in_kernel=True, d_state=False),
     kda('gik_ph_lb', 5, 1, 3, 1, 2, 2, 'per_head', gate_in_kernel=True, lower_bound=-3.0),
     kda('varlen_empty', 6, 1, 4, 1, 2, 2, 'per_channel', cu=[0, 1, 1, 4]),
+    kda('gla_pc_vfirst', 7, 1, 3, 1, 3, 2, 'per_channel', state_v_first=True, no_delta=True),
+    kda('gla_gik_ph', 8, 1, 3, 1, 2, 2, 'per_head', gate_in_kernel=True, no_delta=True),
     kda_segment('kda_segment_pc', 16, 1, 3, 1, 3, 2, 'per_channel'),
     kda_segment('kda_segment_gik_vfirst_varlen', 17, 1, 4, 1, 2, 2, 'per_head', HV=2,
                 gate_in_kernel=True, state_v_first=True, cu=[0, 1, 1, 4]),

@@ -17,13 +17,14 @@ def kda_bf16_storage(q, k, v, beta, g):
     bfloat16 (is_bf16). Any other mix of dtypes runs in float32, every input converted once,
     as with float16 or float64: an input is never rounded to bfloat16. The state, h0, A_log
     and dt_bias are float32 on either path (converted when given otherwise)."""
-    return all(is_bf16(x) for x in (q, k, v, beta)) and (g is None or is_bf16(g))
+    return all(is_bf16(x) for x in (q, k, v)) and all(x is None or is_bf16(x) for x in (beta, g))
 
 
 class KdaInputs:
     """One KDA problem: the converted arrays (kept alive here) and the C struct over them.
 
-    q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV]; g [B,T,HV,K] (per channel), [B,T,HV]
+    q, k [B,T,H,K]; v [B,T,HV,V]; beta [B,T,HV], or None for no delta rule (gated linear
+    attention: the state takes k v^T as it is); g [B,T,HV,K] (per channel), [B,T,HV]
     (per head) or None (no decay); h0 [N,HV,K,V] ([N,HV,V,K] with state_v_first), N = B or
     the number of sequences with cu_seqlens; A_log [HV]; dt_bias [HV*K] (or [HV,K]) per
     channel, [HV] per head.
@@ -51,7 +52,7 @@ class KdaInputs:
             raise ValueError(f"v: the value heads HV = {HV} must be a multiple of the query "
                              f"heads H = {H}")
         self.v = vv
-        self.beta = token(beta, "beta", (B, T, HV), "[B,T,HV]")
+        self.beta = None if beta is None else token(beta, "beta", (B, T, HV), "[B,T,HV]")
         decay = _lib.DECAY_NONE
         self.g = None
         if g is not None:
@@ -122,6 +123,9 @@ def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threa
     dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
     `saved` is the block kda_forward_train returned for the same inputs and settings."""
     _float32_only(inputs, "kda_backward")
+    if inputs.beta is None:  # no delta rule: there is no beta to differentiate
+        names = wanted if wanted is not None else [t["name"] for t in _lib.op_tensors("kda", "grad")]
+        wanted = [name for name in names if name != "dbeta"]
     ex = make_exec(mode, chunk_size, threads)
     d_o, d_ht = upstream("kda", inputs, (d_o, d_ht))
     out, grads_struct = grads("kda", inputs, wanted)
