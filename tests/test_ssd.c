@@ -15,33 +15,18 @@
 
 static ls_isa test_isa = LS_ISA_SCALAR;
 
+/* one spec a line reads as a table (clang-format would put one field a line) */
+/* clang-format off */
 static const ssd_spec specs[] = {
     {.B = 1, .T = 1, .H = 2, .P = 8, .N = 4, .h0 = true, .D = true},
     {.B = 2, .T = 70, .H = 4, .P = 16, .N = 8, .G = 2, .z = true, .D = true},
-    {.B = 1,
-     .T = 130,
-     .H = 6,
-     .P = 20,
-     .N = 17,
-     .G = 3,
-     .h0 = true,
-     .softplus = true,
-     .dt_max = 0.6f,
-     .D = true,
-     .D_per_channel = true},
+    {.B = 1, .T = 130, .H = 6, .P = 20, .N = 17, .G = 3, .h0 = true, .softplus = true,
+     .dt_max = 0.6f, .D = true, .D_per_channel = true},
     {.B = 2, .T = 65, .H = 2, .P = 64, .N = 128, .h0 = true, .n_first = true, .z = true},
-    {.B = 1,
-     .T = 130,
-     .H = 3,
-     .P = 16,
-     .N = 8,
-     .h0 = true,
-     .softplus = true,
-     .z = true,
-     .D = true,
-     .cu = ssd_cu_empty,
-     .n_seqs = 4},
+    {.B = 1, .T = 130, .H = 3, .P = 16, .N = 8, .h0 = true, .softplus = true, .z = true,
+     .D = true, .cu = ssd_cu_empty, .n_seqs = 4},
 };
+/* clang-format on */
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
 /* ---- forward -------------------------------------------------------------------------- */
@@ -224,31 +209,16 @@ static void check_gradient(const char *what, ssd_fixture *e, float *input, const
 
 static void test_backward(void)
 {
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
     static const ssd_spec small[] = {
         {.B = 2, .T = 11, .H = 4, .P = 3, .N = 5, .G = 2, .h0 = true, .D = true, .z = true},
-        {.B = 1,
-         .T = 23,
-         .H = 2,
-         .P = 4,
-         .N = 3,
-         .h0 = true,
-         .softplus = true,
-         .dt_max = 0.6f,
-         .D = true,
-         .D_per_channel = true,
-         .n_first = true},
-        {.B = 1,
-         .T = 130,
-         .H = 3,
-         .P = 16,
-         .N = 8,
-         .h0 = true,
-         .softplus = true,
-         .z = true,
-         .D = true,
-         .cu = ssd_cu_empty,
-         .n_seqs = 4},
+        {.B = 1, .T = 23, .H = 2, .P = 4, .N = 3, .h0 = true, .softplus = true, .dt_max = 0.6f,
+         .D = true, .D_per_channel = true, .n_first = true},
+        {.B = 1, .T = 130, .H = 3, .P = 16, .N = 8, .h0 = true, .softplus = true, .z = true,
+         .D = true, .cu = ssd_cu_empty, .n_seqs = 4},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
         const ssd_spec *s = &small[i];
         ssd_fixture e;

@@ -37,35 +37,18 @@ static void reference(const linseq_ssd_problem *p, double *P, double *R)
 
 static ls_isa test_isa = LS_ISA_SCALAR;
 
-/* h0 is drawn for the map (the problem itself has none). */
+/* h0 is drawn for the map (the problem itself has none); one spec a line reads as a table
+ * (clang-format would put one field a line) */
+/* clang-format off */
 static const ssd_spec SPECS[] = {
     {.name = "plain", .B = 2, .T = 70, .H = 2, .P = 8, .N = 4, .G = 1, .h0 = true},
-    {.name = "softplus, clamp, groups, D, z, N-first",
-     .B = 1,
-     .T = 90,
-     .H = 4,
-     .P = 8,
-     .N = 6,
-     .G = 2,
-     .h0 = true,
-     .D = true,
-     .D_per_channel = true,
-     .z = true,
-     .softplus = true,
-     .dt_max = 0.25f,
-     .n_first = true},
-    {.name = "varlen with an empty sequence, softplus",
-     .B = 1,
-     .T = 130,
-     .H = 2,
-     .P = 4,
-     .N = 8,
-     .G = 1,
-     .h0 = true,
-     .softplus = true,
-     .cu = ssd_cu_empty,
-     .n_seqs = 4},
+    {.name = "softplus, clamp, groups, D, z, N-first", .B = 1, .T = 90, .H = 4, .P = 8, .N = 6,
+     .G = 2, .h0 = true, .D = true, .D_per_channel = true, .z = true, .softplus = true,
+     .dt_max = 0.25f, .n_first = true},
+    {.name = "varlen with an empty sequence, softplus", .B = 1, .T = 130, .H = 2, .P = 4, .N = 8,
+     .G = 1, .h0 = true, .softplus = true, .cu = ssd_cu_empty, .n_seqs = 4},
 };
+/* clang-format on */
 #define N_SPECS (sizeof SPECS / sizeof SPECS[0])
 
 /* A fixture's problem without h0, and the upstream gradients of P and R (n_p of them). */
