@@ -3,185 +3,30 @@
  * softplus, the dt clamp, N-first states, packed sequences with an empty one); decode == the
  * recurrent forward one token at a time; hT == h0 in place; thread counts bitwise; the
  * backward against central differences of the double reference; the invalid arguments each
- * named. The numeric tests run through ls_ssd_*_isa once per ISA the CPU has. */
+ * named. The numeric tests run through ls_ssd_*_isa once per ISA the CPU has; the problems
+ * and the double reference are ssd_fixture.c's. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ssd/ssd.h"
+#include "ssd_fixture.h"
 #include "testutil.h"
-
-/* ---- the definition (docs/semantics.md) in double, one token at a time --------------- */
-
-static double ref_softplus(double x) { return x > 20.0 ? x : log1p(exp(x)); }
-
-/* dt of token (b, t, h) as the recurrence uses it. */
-static double ref_dt(const linseq_ssd_problem *p, int64_t bt, int64_t h)
-{
-    double d = p->dt[bt * p->H + h];
-    if (p->dt_softplus) d = ref_softplus(d + (p->dt_bias ? p->dt_bias[h] : 0.0));
-    if (p->dt_max > p->dt_min) d = fmin(fmax(d, p->dt_min), p->dt_max);
-    return d;
-}
-
-/* Index of state element (row, h, p, n) in the problem's state layout. */
-static int64_t ref_state_at(const linseq_ssd_problem *p, int64_t row, int64_t h, int64_t i,
-                            int64_t n)
-{
-    const int64_t base = (row * p->H + h) * p->P * p->N;
-    return p->state_n_first ? base + n * p->P + i : base + i * p->N + n;
-}
-
-/* y [B,T,H,P] and hT (the state layout), either may be NULL. */
-static void ssd_reference(const linseq_ssd_problem *p, double *y, double *hT)
-{
-    const int64_t H = p->H, P = p->P, N = p->N, G = p->G ? p->G : 1;
-    const int64_t n_seqs = p->cu_seqlens ? p->n_seqs : p->B;
-    double *S = malloc((size_t)(P * N) * sizeof *S);
-    for (int64_t s = 0; s < n_seqs; s++)
-        for (int64_t h = 0; h < H; h++) {
-            const int64_t g = h / (H / G);
-            const int64_t first = p->cu_seqlens ? p->cu_seqlens[s] : s * p->T;
-            const int64_t last = p->cu_seqlens ? p->cu_seqlens[s + 1] : (s + 1) * p->T;
-            for (int64_t i = 0; i < P; i++)
-                for (int64_t n = 0; n < N; n++)
-                    S[i * N + n] = p->h0 ? p->h0[ref_state_at(p, s, h, i, n)] : 0.0;
-            for (int64_t bt = first; bt < last; bt++) {
-                const double d = ref_dt(p, bt, h), decay = exp(d * p->A[h]);
-                const float *x = p->x + (bt * H + h) * P;
-                const float *Bv = p->B_proj + (bt * G + g) * N, *Cv = p->C_proj + (bt * G + g) * N;
-                for (int64_t i = 0; i < P; i++) {
-                    double acc = 0.0;
-                    for (int64_t n = 0; n < N; n++) {
-                        S[i * N + n] = decay * S[i * N + n] + d * x[i] * Bv[n];
-                        acc += S[i * N + n] * Cv[n];
-                    }
-                    if (p->D_skip) acc += p->D_skip[p->D_per_channel ? h * P + i : h] * x[i];
-                    if (p->z) {
-                        const double z = p->z[(bt * H + h) * P + i];
-                        acc *= z / (1.0 + exp(-z));
-                    }
-                    if (y) y[(bt * H + h) * P + i] = acc;
-                }
-            }
-            for (int64_t i = 0; hT && i < P; i++)
-                for (int64_t n = 0; n < N; n++) hT[ref_state_at(p, s, h, i, n)] = S[i * N + n];
-        }
-    free(S);
-}
-
-/* ---- test data ------------------------------------------------------------------------ */
 
 static ls_isa test_isa = LS_ISA_SCALAR;
 
-typedef struct spec {
-    int64_t B, T, H, P, N, G;
-    bool h0, D, D_per_channel, z, softplus, clamp, n_first;
-    const int64_t *cu; /* with n_seqs */
-    int64_t n_seqs;
-} spec;
-
-typedef struct ssd_data {
-    linseq_ssd_problem p;
-    float *x, *dt, *A, *Bp, *Cp, *D, *z, *h0, *dt_bias;
-    size_t n_y, n_s;
-} ssd_data;
-
-static int64_t seqs(const spec *s) { return s->cu ? s->n_seqs : s->B; }
-
-static ssd_data make(const spec *s, uint64_t seed)
-{
-    tu_rng r = {seed};
-    const int64_t G = s->G ? s->G : 1, BT = s->B * s->T;
-    ssd_data e = {.n_y = (size_t)(BT * s->H * s->P), .n_s = (size_t)(seqs(s) * s->H * s->P * s->N)};
-    e.x = tu_alloc(e.n_y);
-    e.dt = tu_alloc((size_t)(BT * s->H));
-    e.A = tu_alloc((size_t)s->H);
-    e.Bp = tu_alloc((size_t)(BT * G * s->N));
-    e.Cp = tu_alloc((size_t)(BT * G * s->N));
-    tu_fill_normal(&r, e.x, e.n_y, 1.0);
-    tu_fill_uniform(&r, e.dt, (size_t)(BT * s->H), s->softplus ? -4.0 : 0.01,
-                    s->softplus ? 0.0 : 0.3);
-    tu_fill_uniform(&r, e.A, (size_t)s->H, -4.0, -0.5);
-    tu_fill_normal(&r, e.Bp, (size_t)(BT * G * s->N), 1.0);
-    tu_fill_normal(&r, e.Cp, (size_t)(BT * G * s->N), 1.0);
-    if (s->D) {
-        const size_t nd = (size_t)(s->D_per_channel ? s->H * s->P : s->H);
-        e.D = tu_alloc(nd);
-        tu_fill_normal(&r, e.D, nd, 1.0);
-    }
-    if (s->z) {
-        e.z = tu_alloc(e.n_y);
-        tu_fill_normal(&r, e.z, e.n_y, 1.0);
-    }
-    if (s->h0) {
-        e.h0 = tu_alloc(e.n_s);
-        tu_fill_normal(&r, e.h0, e.n_s, 0.5);
-    }
-    if (s->softplus) {
-        e.dt_bias = tu_alloc((size_t)s->H);
-        tu_fill_uniform(&r, e.dt_bias, (size_t)s->H, -1.0, 1.0);
-    }
-    e.p = (linseq_ssd_problem){.B = s->B,
-                               .T = s->T,
-                               .H = s->H,
-                               .P = s->P,
-                               .N = s->N,
-                               .G = s->G,
-                               .cu_seqlens = s->cu,
-                               .n_seqs = s->n_seqs,
-                               .x = e.x,
-                               .dt = e.dt,
-                               .A = e.A,
-                               .B_proj = e.Bp,
-                               .C_proj = e.Cp,
-                               .D_skip = e.D,
-                               .z = e.z,
-                               .h0 = e.h0,
-                               .dt_bias = e.dt_bias,
-                               .dt_softplus = s->softplus,
-                               .D_per_channel = s->D_per_channel,
-                               .state_n_first = s->n_first,
-                               .dt_min = s->clamp ? 0.05f : 0.0f,
-                               .dt_max = s->clamp ? 0.6f : 0.0f};
-    return e;
-}
-
-static void drop(ssd_data *e)
-{
-    free(e->x), free(e->dt), free(e->A), free(e->Bp), free(e->Cp), free(e->D), free(e->z);
-    free(e->h0), free(e->dt_bias);
-}
-
-static const int64_t cu_empty[] = {0, 37, 37, 100, 130};
-
-static const spec specs[] = {
+/* one spec a line reads as a table (clang-format would put one field a line) */
+/* clang-format off */
+static const ssd_spec specs[] = {
     {.B = 1, .T = 1, .H = 2, .P = 8, .N = 4, .h0 = true, .D = true},
     {.B = 2, .T = 70, .H = 4, .P = 16, .N = 8, .G = 2, .z = true, .D = true},
-    {.B = 1,
-     .T = 130,
-     .H = 6,
-     .P = 20,
-     .N = 17,
-     .G = 3,
-     .h0 = true,
-     .softplus = true,
-     .clamp = true,
-     .D = true,
-     .D_per_channel = true},
+    {.B = 1, .T = 130, .H = 6, .P = 20, .N = 17, .G = 3, .h0 = true, .softplus = true,
+     .dt_max = 0.6f, .D = true, .D_per_channel = true},
     {.B = 2, .T = 65, .H = 2, .P = 64, .N = 128, .h0 = true, .n_first = true, .z = true},
-    {.B = 1,
-     .T = 130,
-     .H = 3,
-     .P = 16,
-     .N = 8,
-     .h0 = true,
-     .softplus = true,
-     .z = true,
-     .D = true,
-     .cu = cu_empty,
-     .n_seqs = 4},
+    {.B = 1, .T = 130, .H = 3, .P = 16, .N = 8, .h0 = true, .softplus = true, .z = true,
+     .D = true, .cu = ssd_cu_empty, .n_seqs = 4},
 };
+/* clang-format on */
 #define N_SPECS (sizeof specs / sizeof specs[0])
 
 /* ---- forward -------------------------------------------------------------------------- */
@@ -197,7 +42,8 @@ static void test_against_reference(void)
                  {LINSEQ_MODE_CHUNKED, 32},
                  {LINSEQ_MODE_CHUNKED, 128}};
     for (size_t i = 0; i < N_SPECS; i++) {
-        ssd_data e = make(&specs[i], 100 + i);
+        ssd_fixture e;
+        ssd_fixture_make(&e, &specs[i], 100 + i);
         double *ry = malloc(e.n_y * sizeof(double)), *rh = malloc(e.n_s * sizeof(double));
         ssd_reference(&e.p, ry, rh);
         for (size_t k = 0; k < sizeof execs / sizeof execs[0]; k++) {
@@ -211,27 +57,52 @@ static void test_against_reference(void)
             free(y), free(hT);
         }
         free(ry), free(rh);
-        drop(&e);
+        ssd_fixture_free(&e);
     }
+}
+
+/* Token t of every request of p as a T = 1 problem without h0: each per-token input p has,
+ * sliced into the buffers of `one` (a fixture of p's spec at T = 1). */
+static linseq_ssd_problem token_step(const linseq_ssd_problem *p, int64_t t, ssd_fixture *one)
+{
+    linseq_ssd_problem step = *p;
+    step.T = 1, step.h0 = NULL;
+    const int64_t hp = p->H * p->P, gn = (p->G ? p->G : 1) * p->N;
+    const struct {
+        const float **input;
+        float *token;
+        int64_t width;
+    } parts[] = {{&step.x, one->x, hp},
+                 {&step.z, one->z, hp},
+                 {&step.dt, one->dt, p->H},
+                 {&step.B_proj, one->Bp, gn},
+                 {&step.C_proj, one->Cp, gn}};
+    for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+        if (!*parts[k].input) continue;
+        tu_slice_tokens(*parts[k].input, p->B, p->T, parts[k].width, t, 1, parts[k].token);
+        *parts[k].input = parts[k].token;
+    }
+    return step;
 }
 
 /* Decode over a pool with mapped rows (one padding request), one token at a time, gives the
  * bits of the recurrent forward; rows not named stay untouched. */
 static void test_decode_steps(void)
 {
-    spec s = {.B = 3,
-              .T = 9,
-              .H = 4,
-              .P = 16,
-              .N = 8,
-              .G = 2,
-              .h0 = true,
-              .D = true,
-              .z = true,
-              .softplus = true};
+    ssd_spec s = {.B = 3,
+                  .T = 9,
+                  .H = 4,
+                  .P = 16,
+                  .N = 8,
+                  .G = 2,
+                  .h0 = true,
+                  .D = true,
+                  .z = true,
+                  .softplus = true};
     for (int n_first = 0; n_first < 2; n_first++) {
         s.n_first = n_first;
-        ssd_data e = make(&s, 7);
+        ssd_fixture e;
+        ssd_fixture_make(&e, &s, 7);
         const int64_t n_rows = 6, rows[] = {4, -1, 1}, row_size = s.H * s.P * s.N;
         const int64_t tok = s.H * s.P;
         float *y = tu_alloc(e.n_y), *hT = tu_alloc(e.n_s);
@@ -245,21 +116,14 @@ static void test_decode_steps(void)
             if (rows[b] >= 0)
                 memcpy(pool + rows[b] * row_size, e.h0 + b * row_size, (size_t)row_size * 4);
         memcpy(pool0, pool, (size_t)(n_rows * row_size) * sizeof(float));
-        const int64_t nbc = 2 * s.N; /* G N per token */
-        float *xt = tu_alloc((size_t)(s.B * tok)), *zt = tu_alloc((size_t)(s.B * tok));
-        float *dtt = tu_alloc((size_t)(s.B * s.H)), *bt = tu_alloc((size_t)(s.B * nbc));
-        float *ct = tu_alloc((size_t)(s.B * nbc)), *yt = tu_alloc((size_t)(s.B * tok));
-        float *ys = tu_alloc(e.n_y);
+        ssd_spec one_token = s;
+        one_token.T = 1;
+        ssd_fixture one;
+        ssd_fixture_alloc(&one, &one_token);
+        float *yt = tu_alloc((size_t)(s.B * tok)), *ys = tu_alloc(e.n_y);
         bool padding_zero = true;
         for (int64_t t = 0; t < s.T; t++) {
-            tu_slice_tokens(e.x, s.B, s.T, tok, t, 1, xt);
-            tu_slice_tokens(e.z, s.B, s.T, tok, t, 1, zt);
-            tu_slice_tokens(e.dt, s.B, s.T, s.H, t, 1, dtt);
-            tu_slice_tokens(e.Bp, s.B, s.T, nbc, t, 1, bt);
-            tu_slice_tokens(e.Cp, s.B, s.T, nbc, t, 1, ct);
-            linseq_ssd_problem step = e.p;
-            step.T = 1, step.h0 = NULL, step.x = xt, step.z = zt, step.dt = dtt;
-            step.B_proj = bt, step.C_proj = ct;
+            const linseq_ssd_problem step = token_step(&e.p, t, &one);
             tu_poison(yt, (size_t)(s.B * tok) * sizeof(float));
             CHECK_OK(ls_ssd_decode_isa(&step, NULL, pool, n_rows, rows, yt, test_isa));
             for (int64_t i = 0; i < tok; i++) padding_zero &= yt[tok + i] == 0.0f;
@@ -277,16 +141,17 @@ static void test_decode_steps(void)
             if (row != 4 && row != 1)
                 CHECK(tu_same_bits(pool + row * row_size, pool0 + row * row_size, (size_t)row_size),
                       "decode: row %lld, named by no request, changed", (long long)row);
-        free(y), free(hT), free(pool), free(pool0), free(xt), free(zt), free(dtt), free(bt);
-        free(ct), free(yt), free(ys);
-        drop(&e);
+        free(y), free(hT), free(pool), free(pool0), free(yt), free(ys);
+        ssd_fixture_free(&one);
+        ssd_fixture_free(&e);
     }
 }
 
 /* hT == h0 in place, and thread counts, bitwise. */
 static void test_in_place_and_threads(void)
 {
-    ssd_data e = make(&specs[2], 11);
+    ssd_fixture e;
+    ssd_fixture_make(&e, &specs[2], 11);
     float *y = tu_alloc(e.n_y), *hT = tu_alloc(e.n_s), *y2 = tu_alloc(e.n_y);
     float *h2 = tu_alloc(e.n_s);
     linseq_exec one = {.threads = 1};
@@ -301,7 +166,7 @@ static void test_in_place_and_threads(void)
     CHECK(tu_same_bits(e.h0, hT, e.n_s) && tu_same_bits(y, y2, e.n_y),
           "in place: h0 after the call, or y, differs");
     free(y), free(hT), free(y2), free(h2);
-    drop(&e);
+    ssd_fixture_free(&e);
 }
 
 /* ---- backward ------------------------------------------------------------------------- */
@@ -319,8 +184,8 @@ static double ref_loss(const linseq_ssd_problem *p, const float *d_y, const floa
 }
 
 /* Each gradient against the central difference of the double loss at a few elements. */
-static void check_gradient(const char *what, ssd_data *e, float *input, const float *grad, size_t n,
-                           const float *d_y, const float *d_hT)
+static void check_gradient(const char *what, ssd_fixture *e, float *input, const float *grad,
+                           size_t n, const float *d_y, const float *d_hT)
 {
     double worst = 0.0;
     for (size_t k = 0; k < 6 && k < n; k++) {
@@ -344,41 +209,25 @@ static void check_gradient(const char *what, ssd_data *e, float *input, const fl
 
 static void test_backward(void)
 {
-    static const spec small[] = {
+    /* one spec a line reads as a table (clang-format would put one field a line) */
+    /* clang-format off */
+    static const ssd_spec small[] = {
         {.B = 2, .T = 11, .H = 4, .P = 3, .N = 5, .G = 2, .h0 = true, .D = true, .z = true},
-        {.B = 1,
-         .T = 23,
-         .H = 2,
-         .P = 4,
-         .N = 3,
-         .h0 = true,
-         .softplus = true,
-         .clamp = true,
-         .D = true,
-         .D_per_channel = true,
-         .n_first = true},
-        {.B = 1,
-         .T = 130,
-         .H = 3,
-         .P = 16,
-         .N = 8,
-         .h0 = true,
-         .softplus = true,
-         .z = true,
-         .D = true,
-         .cu = cu_empty,
-         .n_seqs = 4},
+        {.B = 1, .T = 23, .H = 2, .P = 4, .N = 3, .h0 = true, .softplus = true, .dt_max = 0.6f,
+         .D = true, .D_per_channel = true, .n_first = true},
+        {.B = 1, .T = 130, .H = 3, .P = 16, .N = 8, .h0 = true, .softplus = true, .z = true,
+         .D = true, .cu = ssd_cu_empty, .n_seqs = 4},
     };
+    /* clang-format on */
     for (size_t i = 0; i < sizeof small / sizeof small[0]; i++) {
-        const spec *s = &small[i];
-        ssd_data e = make(s, 300 + i);
+        const ssd_spec *s = &small[i];
+        ssd_fixture e;
+        ssd_fixture_make(&e, s, 300 + i);
         tu_rng r = {400 + i};
         float *d_y = tu_alloc(e.n_y), *d_hT = tu_alloc(e.n_s);
         tu_fill_normal(&r, d_y, e.n_y, 1.0);
         tu_fill_normal(&r, d_hT, e.n_s, 1.0);
-        const int64_t G = s->G ? s->G : 1, BT = s->B * s->T;
-        const size_t n_dt = (size_t)(BT * s->H), n_bc = (size_t)(BT * G * s->N);
-        const size_t n_d = (size_t)(s->D_per_channel ? s->H * s->P : s->H);
+        const size_t n_dt = e.n_dt, n_bc = e.n_bc, n_d = e.n_d;
         linseq_ssd_grads g = {.dx = tu_alloc(e.n_y),
                               .ddt = tu_alloc(n_dt),
                               .dA = tu_alloc((size_t)s->H),
@@ -417,7 +266,7 @@ static void test_backward(void)
         free(g1.dx), free(g1.dB_proj);
         free(g.dx), free(g.ddt), free(g.dA), free(g.dB_proj), free(g.dC_proj), free(g.dD_skip);
         free(g.dz), free(g.dh0), free(g.ddt_bias), free(d_y), free(d_hT);
-        drop(&e);
+        ssd_fixture_free(&e);
     }
 }
 
@@ -425,7 +274,8 @@ static void test_backward(void)
 
 static void test_bad_inputs(void)
 {
-    ssd_data e = make(&specs[1], 17);
+    ssd_fixture e;
+    ssd_fixture_make(&e, &specs[1], 17);
     float *y = tu_alloc(e.n_y), *hT = tu_alloc(e.n_s);
     linseq_ssd_problem p = e.p;
     p.G = 3;
@@ -448,28 +298,23 @@ static void test_bad_inputs(void)
     CHECK_OK(linseq_ssd_forward(&e.p, NULL, y, hT));
     CHECK(linseq_last_error()[0] == '\0', "a success left the message \"%s\"", linseq_last_error());
     free(y), free(hT);
-    drop(&e);
+    ssd_fixture_free(&e);
+}
+
+/* The numeric tests, through ls_ssd_*_isa with this ISA. */
+static void numeric_tests(ls_isa isa)
+{
+    test_isa = isa;
+    test_against_reference();
+    test_decode_steps();
+    test_in_place_and_threads();
+    test_backward();
 }
 
 int main(void)
 {
-    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
-        if (!ls_isa_available((ls_isa)isa)) {
-            printf("ssd %s: not available on this CPU, skipped\n", ls_isa_name((ls_isa)isa));
-            continue;
-        }
-        test_isa = (ls_isa)isa;
-        const tu_mark mark = tu_mark_now();
-        test_against_reference();
-        test_decode_steps();
-        test_in_place_and_threads();
-        test_backward();
-        tu_mark tally = {0, 0};
-        tu_tally_add(&tally, mark);
-        char label[64];
-        snprintf(label, sizeof label, "ssd %s", ls_isa_name(test_isa));
-        tu_report(label, tally, "vs the double reference, decode, in place, threads, gradients");
-    }
+    ssd_each_isa("ssd", numeric_tests,
+                 "vs the double reference, decode, in place, threads, gradients");
     test_bad_inputs();
     return tu_finish("test_ssd");
 }

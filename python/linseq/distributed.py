@@ -511,6 +511,50 @@ def _check_local(cp, name, tensor, dim=1):
                          f"[1, {cp.end - cp.start}, ...], got {_shape(tensor)}")
 
 
+def _cut(runner, a, lo, hi):
+    """The runner's inputs over local tokens [lo, hi): the per-token ones sliced."""
+    return {n: (a[n][:, lo:hi] if n in runner.per_token and a[n] is not None else a[n])
+            for n in runner.names}
+
+
+def _pieces_from_here(runner, a, run):
+    """The pieces that start on this rank (all but a first one continuing from the previous
+    rank) in one call, run(a, lo, hi, h0, offsets), from their sequences' rows of h0: its
+    (outputs, final states), or None when no piece starts here."""
+    cp = runner.cp
+    first = 1 if cp.receives else 0
+    offsets = cp.local_offsets[first:]
+    if len(offsets) <= 1:
+        return None
+    h0 = a["h0"]
+    if h0 is not None:
+        h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
+    return run(a, offsets[0], offsets[-1], h0, offsets)
+
+
+def _rerun_finish(runner, a, run, s_in, shape, empty):
+    """The outputs of a runner that reruns its first piece from the true start state s_in
+    (SSM1, SSD): (outputs along time, final states [N, *shape] of the sequences ending here).
+    A rank inside one sequence runs its whole range from s_in; any other joins that first
+    piece's run to the pieces summarize ran (runner.rest). empty: the outputs of no token."""
+    cp = runner.cp
+    if cp.through:
+        T = cp.end - cp.start
+        y = run(a, 0, T, s_in[None])[0] if T else empty
+        return y, _final_states(cp, [], shape, s_in)
+    pieces, rows = [], []
+    if cp.receives:
+        y_head, h_head = run(a, 0, cp.local_offsets[1], s_in[None])
+        pieces.append(y_head)
+        rows.append((cp.piece_seqs[0], h_head[0]))
+    if runner.rest is not None:
+        pieces.append(runner.rest[0])
+        first = 1 if cp.receives else 0
+        rows += list(zip(cp.piece_seqs[first:], runner.rest[1]))
+    rows = [(n, r) for n, r in rows if n in cp.ends_here]
+    return _joined(pieces, empty), _final_states(cp, rows, shape, s_in)
+
+
 # ------------------------------------------------------------------------------------------
 # KDA / Gated DeltaNet
 # ------------------------------------------------------------------------------------------
@@ -536,8 +580,7 @@ class _KdaRunner:
         return torch.zeros(self.HV, self.K, self.V)
 
     def _kda(self, a, lo, hi, h0, offsets=None):
-        cut = {n: (a[n][:, lo:hi] if n in ("q", "k", "v", "g", "beta") else a[n])
-               for n in self.names}
+        cut = _cut(self, a, lo, hi)
         gate = kda_gate(self.options["gate_in_kernel"], cut["A_log"], cut["dt_bias"],
                         self.lower_bound)
         return delta_rule("chunked", self.options["chunk_size"], "torch", cut["q"], cut["k"],
@@ -563,16 +606,10 @@ class _KdaRunner:
     def summarize(self, leaves):
         a = dict(zip(self.names, leaves))
         cp = self.cp
-        self.head = self.rest = None
+        self.head = None
         if cp.receives:
             self.head = self._affine_head(a, cp.local_offsets[1] if cp.piece_seqs else 0)
-        first = 1 if cp.receives else 0
-        offsets = cp.local_offsets[first:]
-        if len(offsets) > 1:
-            h0 = a["h0"]
-            if h0 is not None:
-                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
-            self.rest = self._kda(a, offsets[0], offsets[-1], h0, offsets)
+        self.rest = _pieces_from_here(self, a, self._kda)
         if not cp.sends:
             return ()
         return self.head if cp.through else (self.rest[1][-1],)
@@ -676,8 +713,7 @@ class _Ssm1Runner:
         return torch.zeros(self.D, self.N)
 
     def _scan(self, a, lo, hi, h0, offsets=None):
-        c = {n: (a[n][:, lo:hi] if n in self.per_token and a[n] is not None else a[n])
-             for n in self.names}
+        c = _cut(self, a, lo, hi)
         arrays = dict(x=c["x"], dt=c["dt"], A=c["A"], B=c["B"], C=c["C"], D=c["D"],
                       gate=c["gate"], h0=h0, dt_bias=c["dt_bias"])
         y, h = TorchBackend.run(SSM1, arrays, _rebased(offsets), self.options)
@@ -700,14 +736,7 @@ class _Ssm1Runner:
             return (torch.ones(self.D, self.N), self.zero_state())
         if cp.through:
             return (self._decay(a), self._scan(a, 0, T, None)[1][0])
-        first = 1 if cp.receives else 0
-        offsets = cp.local_offsets[first:]
-        self.rest = None
-        if len(offsets) > 1:
-            h0 = a["h0"]
-            if h0 is not None:
-                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
-            self.rest = self._scan(a, offsets[0], offsets[-1], h0, offsets)
+        self.rest = _pieces_from_here(self, a, self._scan)
         return (self.rest[1][-1],) if cp.sends else ()
 
     def advance(self, summary, s_in):
@@ -718,24 +747,8 @@ class _Ssm1Runner:
 
     def finish(self, leaves, summary, s_in):
         a = dict(zip(self.names, leaves))
-        cp = self.cp
-        T = cp.end - cp.start
         empty = a["x"].new_zeros((1, 0, self.D))
-        if cp.through:
-            y = self._scan(a, 0, T, s_in[None])[0] if T else empty
-            return y, _final_states(cp, [], (self.D, self.N), s_in)
-        pieces, rows = [], []
-        if cp.receives:
-            y_head, h_head = self._scan(a, 0, cp.local_offsets[1], s_in[None])
-            pieces.append(y_head)
-            rows.append((cp.piece_seqs[0], h_head[0]))
-        if self.rest is not None:
-            pieces.append(self.rest[0])
-            first = 1 if cp.receives else 0
-            rows += list(zip(cp.piece_seqs[first:], self.rest[1]))
-        rows = [(n, r) for n, r in rows if n in cp.ends_here]
-        y = _joined(pieces, empty)
-        return y, _final_states(cp, rows, (self.D, self.N), s_in)
+        return _rerun_finish(self, a, self._scan, s_in, (self.D, self.N), empty)
 
 
 def state_space_v1(hidden_states, A, B, C, D, dt, gate=None, initial_state=None, act_fn=None,
@@ -799,12 +812,8 @@ class _SsdRunner:
     def zero_state(self):
         return torch.zeros(self.H, self.P, self.N)
 
-    def _cut(self, a, lo, hi):
-        return {n: (a[n][:, lo:hi] if n in self.per_token and a[n] is not None else a[n])
-                for n in self.names}
-
     def _ssd(self, a, lo, hi, h0, offsets=None):
-        arrays = dict(self._cut(a, lo, hi), h0=h0)
+        arrays = dict(_cut(self, a, lo, hi), h0=h0)
         return TorchBackend.run(SSD, arrays, _rebased(offsets), self.options)
 
     def _summary(self, a):
@@ -821,14 +830,7 @@ class _SsdRunner:
             return (torch.ones(self.H), self.zero_state())
         if cp.through:
             return self._summary(a)
-        first = 1 if cp.receives else 0
-        offsets = cp.local_offsets[first:]
-        self.rest = None
-        if len(offsets) > 1:
-            h0 = a["h0"]
-            if h0 is not None:
-                h0 = h0.index_select(0, torch.tensor(cp.piece_seqs[first:], dtype=torch.int64))
-            self.rest = self._ssd(a, offsets[0], offsets[-1], h0, offsets)
+        self.rest = _pieces_from_here(self, a, self._ssd)
         return (self.rest[1][-1],) if cp.sends else ()
 
     def advance(self, summary, s_in):
@@ -839,24 +841,8 @@ class _SsdRunner:
 
     def finish(self, leaves, summary, s_in):
         a = dict(zip(self.names, leaves))
-        cp = self.cp
-        T = cp.end - cp.start
-        shape = (self.H, self.P, self.N)
         empty = a["x"].new_zeros((1, 0, self.H, self.P))
-        if cp.through:
-            y = self._ssd(a, 0, T, s_in[None])[0] if T else empty
-            return y, _final_states(cp, [], shape, s_in)
-        pieces, rows = [], []
-        if cp.receives:
-            y_head, h_head = self._ssd(a, 0, cp.local_offsets[1], s_in[None])
-            pieces.append(y_head)
-            rows.append((cp.piece_seqs[0], h_head[0]))
-        if self.rest is not None:
-            pieces.append(self.rest[0])
-            first = 1 if cp.receives else 0
-            rows += list(zip(cp.piece_seqs[first:], self.rest[1]))
-        rows = [(n, r) for n, r in rows if n in cp.ends_here]
-        return _joined(pieces, empty), _final_states(cp, rows, shape, s_in)
+        return _rerun_finish(self, a, self._ssd, s_in, (self.H, self.P, self.N), empty)
 
 
 def ssd(x, dt, A, B, C, D=None, z=None, initial_state=None, *, dt_softplus=False,

@@ -1,8 +1,7 @@
-/* linseq_ssd_forward and linseq_ssd_decode: validation through the op's description (below),
+/* linseq_ssd_forward and linseq_ssd_decode: validation through the op's description (ssd_op.c),
  * then the kernels of ssd_simd.c over work items (sequence, head). Each item's arithmetic is
  * the same whichever thread runs it, so results are bitwise identical for every thread
  * count. */
-#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,156 +11,7 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "optable/check.h"
-#include "optable/op_shapes.h"
 #include "ssd/ssd.h"
-
-/* ---- the op's description (optable.h): sizes, tensors, calls ---------------------------- */
-
-typedef linseq_ssd_problem P;
-
-static const P *ssd(const void *p) { return p; }
-static int64_t state_rows(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
-static int64_t groups(const P *p) { return p->G ? p->G : 1; }
-
-int ls_ssd_shape_hp(const void *v, int64_t *d)
-{
-    const P *p = ssd(v);
-    return ls_dims(d, 4, p->B, p->T, p->H, p->P);
-}
-int ls_ssd_shape_dt(const void *v, int64_t *d)
-{
-    return ls_dims(d, 3, ssd(v)->B, ssd(v)->T, ssd(v)->H);
-}
-int ls_ssd_shape_heads(const void *v, int64_t *d) { return ls_dims(d, 1, ssd(v)->H); }
-int ls_ssd_shape_bc(const void *v, int64_t *d)
-{
-    const P *p = ssd(v);
-    return ls_dims(d, 4, p->B, p->T, groups(p), p->N);
-}
-int ls_ssd_shape_d_skip(const void *v, int64_t *d)
-{
-    const P *p = ssd(v);
-    return p->D_per_channel ? ls_dims(d, 2, p->H, p->P) : ls_dims(d, 1, p->H);
-}
-/* Gradients of optional inputs exist only with them (dh0 also without h0: at zeros). */
-int ls_ssd_shape_d_skip_grad(const void *v, int64_t *d)
-{
-    return ssd(v)->D_skip ? ls_ssd_shape_d_skip(v, d) : 0;
-}
-int ls_ssd_shape_z_grad(const void *v, int64_t *d) { return ssd(v)->z ? ls_ssd_shape_hp(v, d) : 0; }
-int ls_ssd_shape_dt_bias(const void *v, int64_t *d)
-{
-    return ssd(v)->dt_softplus ? ls_ssd_shape_heads(v, d) : 0;
-}
-int ls_ssd_shape_state(const void *v, int64_t *d)
-{
-    const P *p = ssd(v);
-    return p->state_n_first ? ls_dims(d, 4, state_rows(p), p->H, p->N, p->P)
-                            : ls_dims(d, 4, state_rows(p), p->H, p->P, p->N);
-}
-
-static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
-{
-    return linseq_ssd_forward(p, exec, out[0], out[1]);
-}
-
-static linseq_status backward(const void *p, const linseq_exec *exec, const float *const *up,
-                              const void *grads)
-{
-    linseq_ssd_grads g;
-    memcpy(&g, grads, sizeof g);
-    return linseq_ssd_backward(p, exec, up[0], up[1], &g);
-}
-
-static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
-                            const int64_t *rows, float *const *out)
-{
-    return linseq_ssd_decode(v, exec, pool, n_rows, rows, out[0]);
-}
-
-/* README "Benchmarks": per token and head, the state update and read-out (2 P N each) of the
- * recurrence; the chunked form does more (the scores) to run in matrix products. */
-double ls_ssd_flops(const void *v, const linseq_exec *exec)
-{
-    (void)exec;
-    const P *p = ssd(v);
-    return 4.0 * (double)p->B * (double)p->T * (double)p->H * (double)p->P * (double)p->N;
-}
-
-static void bench_options(void *v) { ((P *)v)->G = 1; }
-
-const ls_size_desc ls_op_ssd_sizes[LS_SSD_N_SIZES] = {
-    {"B", offsetof(P, B), true, 1},   {"T", offsetof(P, T), true, 512},
-    {"H", offsetof(P, H), true, 48},  {"P", offsetof(P, P), true, 64},
-    {"N", offsetof(P, N), true, 128}, {"G", offsetof(P, G), false, 0},
-};
-
-const ls_option_desc ls_op_ssd_options[LS_SSD_N_OPTIONS] = {
-    {"dt_softplus", "dt_softplus", LS_CTYPE_BOOL, offsetof(P, dt_softplus), NULL, 0},
-    {"D_per_channel", "D_per_channel", LS_CTYPE_BOOL, offsetof(P, D_per_channel), NULL, 0},
-    {"state_n_first", "state_n_first", LS_CTYPE_BOOL, offsetof(P, state_n_first), NULL, 0},
-    {"dt_min", "dt_min", LS_CTYPE_F32, offsetof(P, dt_min), NULL, 0},
-    {"dt_max", "dt_max", LS_CTYPE_F32, offsetof(P, dt_max), NULL, 0},
-};
-
-/* A: mamba's -exp(A_log) with A_log = log(U(1, 16)); dt: its usual range. */
-typedef linseq_ssd_grads G;
-static const ls_tensor_desc tensors[] = {
-    LS_INPUT("x", x, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = ls_ssd_shape_dt,
-             .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
-    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = ls_ssd_shape_heads,
-             .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
-    LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("D", D_skip, .dims = "[H] ([H,P] D_per_channel)", .shape = ls_ssd_shape_d_skip,
-             .case_flag = "has_D", .dist = LS_DIST_UNIFORM, .a = 1, .b = 1, .bench = true),
-    LS_INPUT("z", z, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .case_flag = "has_z",
-             .dist = LS_DIST_NORMAL, .a = 1, .bench = true, .token = true),
-    LS_INPUT("h0", h0, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-             .shape = ls_ssd_shape_state, .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5),
-    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = ls_ssd_shape_dt_bias,
-             .case_flag = "has_dt_bias", .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
-    LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
-              .token = true),
-    LS_OUTPUT("hT", 1, .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-              .shape = ls_ssd_shape_state, .alias_of = "h0"),
-    LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
-                .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_UPSTREAM("d_hT", 1, "hT", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-                .shape = ls_ssd_shape_state, .case_flag = "has_dhT", .dist = LS_DIST_NORMAL,
-                .a = 1),
-    LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
-    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = ls_ssd_shape_dt, .token = true),
-    LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = ls_ssd_shape_heads),
-    LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
-    LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
-    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)",
-            .shape = ls_ssd_shape_d_skip_grad),
-    LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_z_grad, .token = true),
-    LS_GRAD("dh0", dh0, "h0", .dims = "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)",
-            .shape = ls_ssd_shape_state),
-    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[H]", .shape = ls_ssd_shape_dt_bias),
-};
-
-const ls_op ls_op_ssd = {
-    LS_OP_STRUCTS_OF(linseq_ssd_problem, linseq_ssd_grads, ls_op_ssd_sizes, ls_op_ssd_options,
-                     tensors),
-    LS_OP_VARLEN(linseq_ssd_problem),
-    .name = "ssd",
-    .forward = forward,
-    .backward = backward,
-    .flops = ls_ssd_flops,
-    .bench_options = bench_options,
-    .bench_fwdbwd = true,
-    .decode = decode,
-    .decode_state = "h0",
-    .decode_state_out = "hT",
-    .has_modes = true,
-};
 
 /* ---- the entry points ------------------------------------------------------------------ */
 
@@ -173,7 +23,7 @@ linseq_status ls_ssd_check_problem(ls_args *a, const struct ls_op *op, const lin
 {
     linseq_status st = ls_op_check_problem(a->fn, op, p, exec, false);
     if (st) return st;
-    if (groups(p) > p->H || p->H % groups(p) != 0)
+    if (ls_ssd_groups(p) > p->H || p->H % ls_ssd_groups(p) != 0)
         return ls_fail(a->fn, LINSEQ_ERR_SHAPE_MISMATCH,
                        "G = %lld must divide H = %lld (each group's B and C serve H / G heads)",
                        (long long)p->G, (long long)p->H);
@@ -206,7 +56,7 @@ linseq_status ls_ssd_check_values(const char *fn, const struct ls_op *op,
 /* The problem's sizes, inputs and options into the plan (its buffers set by the caller). */
 static void plan(ssd_plan *pl, const linseq_ssd_problem *p, const linseq_exec *exec, bool decode)
 {
-    pl->T = p->T, pl->H = p->H, pl->P = p->P, pl->N = p->N, pl->G = groups(p);
+    pl->T = p->T, pl->H = p->H, pl->P = p->P, pl->N = p->N, pl->G = ls_ssd_groups(p);
     pl->cu = p->cu_seqlens, pl->x = p->x, pl->dt = p->dt, pl->A = p->A;
     pl->Bp = p->B_proj, pl->Cp = p->C_proj, pl->D = p->D_skip, pl->z = p->z;
     pl->dt_bias = p->dt_bias, pl->dt_softplus = p->dt_softplus;
@@ -220,7 +70,7 @@ static linseq_status run(const char *fn, ssd_plan *pl, const linseq_ssd_problem 
                          const linseq_exec *exec, ls_isa isa, bool decode)
 {
     plan(pl, p, exec, decode);
-    const int64_t n_items = state_rows(p) * p->H;
+    const int64_t n_items = ls_ssd_state_rows(p) * p->H;
     const int n_threads = ls_resolve_threads(exec, n_items, ls_ssd_flops(p, exec));
     pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk);
     linseq_status st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,
@@ -343,8 +193,8 @@ static linseq_status alloc_backward(const char *fn, ssd_plan *pl, int64_t n_item
 static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd_problem *p,
                                   const linseq_exec *exec, ls_isa isa, const linseq_ssd_grads *g)
 {
-    const int64_t n_seqs = state_rows(p), n_items = n_seqs * p->H;
-    const bool shares = groups(p) < p->H && (g->dB_proj || g->dC_proj);
+    const int64_t n_seqs = ls_ssd_state_rows(p), n_items = n_seqs * p->H;
+    const bool shares = ls_ssd_groups(p) < p->H && (g->dB_proj || g->dC_proj);
     pl->n_tokens = p->B * p->T;
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
     pl->scratch_floats = ssd_bwd_scratch_floats(p->P, p->N, pl->chunk, longest);

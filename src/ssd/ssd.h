@@ -9,28 +9,20 @@
 #include "linseq.h"
 #include "simd/isa.h"
 
-/* The descriptions of the op (ssd.c) and of its segment summary (ssd_segment.c), which their
- * entry points validate through; the summary shares the op's problem, grads, sizes, options
- * and shapes. */
+/* The descriptions of the op and of its segment summary (ssd_op.c), which their entry points
+ * (ssd.c, ssd_segment.c) validate through. */
 struct ls_op;
 extern const struct ls_op ls_op_ssd, ls_op_ssd_segment;
-/* ls_op_ssd_sizes and ls_op_ssd_options (ssd.c) have these lengths: ssd_segment.c declares
- * them (this header stays free of the op table's types for the kernels). */
-#define LS_SSD_N_SIZES 6
-#define LS_SSD_N_OPTIONS 5
 
-/* Shape functions (ls_shape_fn) of the problem's tensors: x, z, y "[B,T,H,P]"; dt "[B,T,H]";
- * A "[H]"; B, C "[B,T,G,N]"; D_skip "[H]" or "[H,P]"; a state "[N_seq,H,P,N]" (N-first
- * "[N_seq,H,N,P]"); the gradients of the optional inputs, which exist only with them. */
-int ls_ssd_shape_hp(const void *p, int64_t *d);
-int ls_ssd_shape_dt(const void *p, int64_t *d);
-int ls_ssd_shape_heads(const void *p, int64_t *d);
-int ls_ssd_shape_bc(const void *p, int64_t *d);
-int ls_ssd_shape_d_skip(const void *p, int64_t *d);
-int ls_ssd_shape_d_skip_grad(const void *p, int64_t *d);
-int ls_ssd_shape_z_grad(const void *p, int64_t *d);
-int ls_ssd_shape_dt_bias(const void *p, int64_t *d);
-int ls_ssd_shape_state(const void *p, int64_t *d);
+/* The groups of B and C: G, or 1 when G is 0. */
+static inline int64_t ls_ssd_groups(const linseq_ssd_problem *p) { return p->G ? p->G : 1; }
+
+/* The sequences, each with its state row: the batch rows, or n_seqs with cu_seqlens. */
+static inline int64_t ls_ssd_state_rows(const linseq_ssd_problem *p)
+{
+    return p->cu_seqlens ? p->n_seqs : p->B;
+}
+
 /* Per token and head, the recurrence's 4 P N. */
 double ls_ssd_flops(const void *p, const linseq_exec *exec);
 

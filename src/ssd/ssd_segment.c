@@ -6,8 +6,7 @@
  * R is the SSD forward's final state with the outputs skipped (the kernels carry the state
  * alone when y is NULL), and its gradients the SSD backward with d_y = 0; P and its gradients
  * are computed here from the per-head sums of dt, in double, one sequence after another: the
- * same bits for any thread count. */
-#include <float.h>
+ * same bits for any thread count. The description, shared with the SSD op, is in ssd_op.c. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,90 +17,7 @@
 #include "core/status.h"
 #include "core/validate.h"
 #include "optable/check.h"
-#include "optable/op_shapes.h"
 #include "ssd/ssd.h"
-
-/* ---- the description: SSD's problem, grads, sizes and options; outputs P and R ------------ */
-
-typedef linseq_ssd_problem P;
-typedef linseq_ssd_grads G;
-
-extern const ls_size_desc ls_op_ssd_sizes[LS_SSD_N_SIZES];
-extern const ls_option_desc ls_op_ssd_options[LS_SSD_N_OPTIONS];
-
-static int64_t n_seqs_of(const P *p) { return p->cu_seqlens ? p->n_seqs : p->B; }
-
-static int shape_transition(const void *v, int64_t *d)
-{
-    const P *p = v;
-    return ls_dims(d, 2, n_seqs_of(p), p->H);
-}
-
-static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
-{
-    return linseq_ssd_segment_forward(p, exec, out[0], out[1]);
-}
-
-static linseq_status backward(const void *p, const linseq_exec *exec, const float *const *up,
-                              const void *grads)
-{
-    linseq_ssd_grads g;
-    memcpy(&g, grads, sizeof g);
-    return linseq_ssd_segment_backward(p, exec, up[0], up[1], &g);
-}
-
-static void bench_options(void *v) { ((P *)v)->G = 1; }
-
-#define STATE_DIMS "[N_seq,H,P,N] ([N_seq,H,N,P] state_n_first)"
-static const ls_tensor_desc tensors[] = {
-    LS_INPUT("x", x, .required = true, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("dt", dt, .required = true, .dims = "[B,T,H]", .shape = ls_ssd_shape_dt,
-             .dist = LS_DIST_LOG_UNIFORM, .a = 1e-3, .b = 1e-1, .token = true),
-    LS_INPUT("A", A, .required = true, .dims = "[H]", .shape = ls_ssd_shape_heads,
-             .dist = LS_DIST_UNIFORM, .a = -16, .b = -1, LS_VALUES_IN(-FLT_MAX, 0)),
-    LS_INPUT("B", B_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("C", C_proj, .required = true, .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc,
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("D", D_skip, .dims = "[H] ([H,P] D_per_channel)", .shape = ls_ssd_shape_d_skip,
-             .case_flag = "has_D", .dist = LS_DIST_UNIFORM, .a = 1, .b = 1),
-    LS_INPUT("z", z, .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .case_flag = "has_z",
-             .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("h0", h0, .dims = "none (must be NULL)", .shape = ls_shape_none),
-    LS_INPUT("dt_bias", dt_bias, .dims = "[H]", .shape = ls_ssd_shape_dt_bias,
-             .case_flag = "has_dt_bias", .dist = LS_DIST_INV_SOFTPLUS_DT, .a = 1e-3, .b = 1e-1),
-    LS_OUTPUT("P", 0, .required = true, .dims = "[N_seq,H]", .shape = shape_transition),
-    LS_OUTPUT("R", 1, .dims = STATE_DIMS, .shape = ls_ssd_shape_state),
-    LS_UPSTREAM("d_P", 0, "P", .dims = "[N_seq,H]", .shape = shape_transition,
-                .dist = LS_DIST_NORMAL, .a = 1),
-    LS_UPSTREAM("d_R", 1, "R", .dims = STATE_DIMS, .shape = ls_ssd_shape_state,
-                .dist = LS_DIST_NORMAL, .a = 1),
-    LS_GRAD("dx", dx, "x", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_hp, .token = true),
-    LS_GRAD("ddt", ddt, "dt", .dims = "[B,T,H]", .shape = ls_ssd_shape_dt, .token = true),
-    LS_GRAD("dA", dA, "A", .dims = "[H]", .shape = ls_ssd_shape_heads),
-    LS_GRAD("dB", dB_proj, "B", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
-    LS_GRAD("dC", dC_proj, "C", .dims = "[B,T,G,N]", .shape = ls_ssd_shape_bc, .token = true),
-    LS_GRAD("dD", dD_skip, "D", .dims = "[H] ([H,P] D_per_channel)",
-            .shape = ls_ssd_shape_d_skip_grad),
-    LS_GRAD("dz", dz, "z", .dims = "[B,T,H,P]", .shape = ls_ssd_shape_z_grad, .token = true),
-    LS_GRAD("dh0", dh0, "h0", .dims = "none (must be NULL)", .shape = ls_shape_none),
-    LS_GRAD("ddt_bias", ddt_bias, "dt_bias", .dims = "[H]", .shape = ls_ssd_shape_dt_bias),
-};
-
-const ls_op ls_op_ssd_segment = {
-    LS_OP_STRUCTS_OF(linseq_ssd_problem, linseq_ssd_grads, ls_op_ssd_sizes, ls_op_ssd_options,
-                     tensors),
-    LS_OP_VARLEN(linseq_ssd_problem),
-    .name = "ssd_segment",
-    .entry_stem = "linseq_ssd_segment",
-    .forward = forward,
-    .backward = backward,
-    .flops = ls_ssd_flops, /* the forward's: R comes from its state updates */
-    .bench_options = bench_options,
-    .bench_fwdbwd = true,
-    .has_modes = true,
-};
 
 /* ---- the entry points ------------------------------------------------------------------ */
 
@@ -178,7 +94,7 @@ linseq_status ls_ssd_segment_forward_isa(const linseq_ssd_problem *p, const lins
         bare.z = NULL;
         if ((st = ls_ssd_run_forward(a.fn, &bare, exec, isa, NULL, R))) return st;
     }
-    const int64_t n_seqs = n_seqs_of(p), H = p->H;
+    const int64_t n_seqs = ls_ssd_state_rows(p), H = p->H;
     for (int64_t n = 0; n < n_seqs; n++)
         for (int64_t h = 0; h < H; h++)
             P_out[n * H + h] = (float)exp((double)p->A[h] * dt_sum(p, n, h));
@@ -201,7 +117,7 @@ linseq_status linseq_ssd_segment_forward(const linseq_ssd_problem *p, const lins
 static void add_transition_grads(const linseq_ssd_problem *p, const float *d_P,
                                  const linseq_ssd_grads *g, double *sums)
 {
-    const int64_t n_seqs = n_seqs_of(p), H = p->H;
+    const int64_t n_seqs = ls_ssd_state_rows(p), H = p->H;
     double *dA = sums, *dbias = sums + H;
     for (int64_t h = 0; h < 2 * H; h++) sums[h] = 0.0;
     for (int64_t n = 0; n < n_seqs; n++) {
@@ -229,7 +145,7 @@ static void add_transition_grads(const linseq_ssd_problem *p, const float *d_P,
 /* The gradients of what the summary does not read: zeros. */
 static void zero_unused_grads(const linseq_ssd_problem *p, const linseq_ssd_grads *g)
 {
-    const int64_t BT = p->B * p->T, n_groups = p->G ? p->G : 1;
+    const int64_t BT = p->B * p->T, n_groups = ls_ssd_groups(p);
     if (g->dC_proj) memset(g->dC_proj, 0, (size_t)(BT * n_groups * p->N) * sizeof(float));
     if (g->dD_skip)
         memset(g->dD_skip, 0, (size_t)(p->D_per_channel ? p->H * p->P : p->H) * sizeof(float));
