@@ -82,6 +82,7 @@ def main():
     if rank == 0:
         print(f"{cp.world} ranks: outputs, final states and gradients "
               f"{'match' if verdict.item() else 'DO NOT match'} the single-process run")
+    dist.barrier()  # no rank closes its connections while a peer may still be sending
     dist.destroy_process_group()
     raise SystemExit(0 if verdict.item() else 1)
 

@@ -72,6 +72,9 @@ def _entry(rank, world, port, errors, fn, args):
                             world_size=world, timeout=datetime.timedelta(seconds=120))
     try:
         fn(rank, world, *args)
+        # no rank tears its connections down while a peer may still be sending on them
+        # (gloo aborts the peer, SIGABRT, when it does)
+        dist.barrier()
     except BaseException as e:
         with open(os.path.join(errors, f"rank{rank}"), "w") as f:
             f.write(f"{type(e).__name__}: {e}")
