@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Whole models on linseq against transformers' own PyTorch fallback: prefill and decode
-tokens/s of KimiLinearForCausalLM (KDA), Qwen3NextForCausalLM (Gated DeltaNet) and
-MambaForCausalLM (Mamba1 scan), and the share of each step spent inside the kernel functions.
+tokens/s of KimiLinearForCausalLM (KDA), Qwen3NextForCausalLM (Gated DeltaNet),
+MambaForCausalLM (Mamba1 scan) and Lfm2ForCausalLM (gated short conv), and the share of each
+step spent inside the kernel functions.
 
 Both routes run in one process with the same threads: `linseq.integrations.transformers`'s
 `routing("linseq")` and `routing("torch")` (transformers' PyTorch fallback, the reference even
@@ -16,7 +17,8 @@ cache and keeps the last logits only; decode is one token per sequence per step 
 prompt, B sequences at once (tokens/s = B / step time). The greedy tokens of the decode runs
 are compared between the routes.
 
-    python3 tools/model_bench.py [--quick] [--models kimi,qwen3next,mamba] [--prefill 512,4096]
+    python3 tools/model_bench.py [--quick] [--models kimi,qwen3next,mamba,lfm2]
+        [--prefill 512,4096]
         [--decode-batch 1,16] [--decode-steps 16] [--repeats 3] [--threads N] [--contend N]
         [--save-json FILE] [--from-json FILE...] [--plot FILE]
 
@@ -56,9 +58,9 @@ KERNEL_LABELS = {
 CALL_TARGETS = {"KDA chunk": 50.0, "GDN chunk": 8.0, "Mamba scan": 30.0}
 PREFILL_SHARE_TARGET = 0.05   # linseq's kernels at most 5% of a prefill step
 ROUTES_ORDER = ("linseq", "torch")
-MODEL_NAMES = ("kimi", "qwen3next", "mamba")
+MODEL_NAMES = ("kimi", "qwen3next", "mamba", "lfm2")
 TITLES = {"kimi": "Kimi Linear (KDA)", "qwen3next": "Qwen3-Next (Gated DeltaNet)",
-          "mamba": "Mamba"}
+          "mamba": "Mamba", "lfm2": "LFM2 (short conv)"}
 
 
 # ------------------------------------------------------------------------------------------
@@ -102,6 +104,15 @@ def model_config(name, quick):
             vocab_size=vocab, hidden_size=hidden, state_size=16, expand=2, conv_kernel=4,
             num_hidden_layers=2 if quick else 16, use_mambapy=False,
             pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    if name == "lfm2":
+        # conv layers (in_proj -> B, C, x; C * conv3(B * x)) with attention at every third
+        return tf.Lfm2ForCausalLM, tf.Lfm2Config(
+            vocab_size=vocab, hidden_size=hidden, intermediate_size=inner,
+            block_auto_adjust_ff_dim=False, num_hidden_layers=4 if quick else 16,
+            num_attention_heads=max(2, heads), num_key_value_heads=max(2, heads // 2),
+            layer_types=["full_attention" if i % 3 == 2 else "conv"
+                         for i in range(4 if quick else 16)],
+            pad_token_id=0, bos_token_id=1, eos_token_id=2)
     raise SystemExit(f"model_bench: unknown model {name!r} (expected one of {MODEL_NAMES})")
 
 
@@ -119,6 +130,12 @@ def describe(name, config, n_params):
     if name == "mamba":
         shape = (f"hidden {config.hidden_size}, {config.num_hidden_layers} Mamba layers "
                  f"(d_inner {config.intermediate_size}, N {config.state_size})")
+    elif name == "lfm2":
+        n_conv = config.layer_types.count("conv")
+        shape = (f"hidden {config.hidden_size}, {config.num_hidden_layers} layers ({n_conv} "
+                 f"gated short conv of width {config.conv_L_cache}, "
+                 f"{config.num_hidden_layers - n_conv} full attention), "
+                 f"dense MLP {config.intermediate_size}")
     else:
         n_full = config.layer_types.count("full_attention")
         heads = (f"{config.linear_num_heads} heads" if name == "kimi" else
@@ -465,7 +482,8 @@ def plot(results, out, meta):
     import matplotlib.ticker
 
     labels, speedups, bounds, colours = [], [], [], []
-    palette = {"kimi": "tab:blue", "qwen3next": "tab:orange", "mamba": "tab:green"}
+    palette = {"kimi": "tab:blue", "qwen3next": "tab:orange", "mamba": "tab:green",
+               "lfm2": "tab:purple"}
     for res in results:
         for row in res["rows"]:
             if row.get("contend"):

@@ -21,17 +21,20 @@ def load_tool():
     return tool
 
 
-# model -> (kernel function of a prefill, of a decode step)
+# model -> (kernel function of a prefill, of a decode step) besides the conv's (LFM2: none)
 SEQUENCE_KERNEL = {"kimi": ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"),
                    "qwen3next": ("torch_chunk_gated_delta_rule",
                                  "torch_recurrent_gated_delta_rule"),
-                   "mamba": ("mamba_selective_scan", "mamba_selective_state_update")}
+                   "mamba": ("mamba_selective_scan", "mamba_selective_state_update"),
+                   "lfm2": ("causal_conv1d_fn", "causal_conv1d_update")}
 
 
 def linear_layers(tool, name):
     _, config = tool.model_config(name, quick=True)
     types = getattr(config, "layer_types", None)
-    return config.num_hidden_layers if types is None else types.count("linear_attention")
+    if types is None:
+        return config.num_hidden_layers
+    return types.count("conv" if config.model_type == "lfm2" else "linear_attention")
 
 
 def test_quick_run_times_every_kernel_call_and_agrees_on_tokens(capsys):

@@ -1,6 +1,6 @@
 """torch.compile(fullgraph=True) of Hugging Face transformers' Kimi Linear (KDA), Qwen3-Next
-(Gated DeltaNet), Mamba (Mamba1) and Mamba2 (SSD) models on linseq's kernels, routed there by
-linseq.integrations.transformers.
+(Gated DeltaNet), Mamba (Mamba1), Mamba2 (SSD) and LFM2 (gated short conv) models on linseq's
+kernels, routed there by linseq.integrations.transformers.
 
 fullgraph=True raises at the first graph break, so a passing compile is the whole model as
 one graph. The graphs AOT autograd hands to the compiler are recorded: each must call
@@ -9,7 +9,8 @@ fail), and the compiled model must equal the eager one on linseq: a prefill that
 cache (logits and the cache's conv and recurrent states), a decode step that updates those
 states in place, and a training step's loss and gradients. Tiny random-weight
 models; backend aot_eager (the traced graph, no code generation) keeps the file fast. Packed
-sequences (cu_seq_lens_q) compile as one graph too (and in Bamba, a Mamba2 hybrid).
+sequences (cu_seq_lens_q) compile as one graph too (and in Bamba, a Mamba2 hybrid, and
+LFM2).
 """
 
 import pytest
@@ -65,22 +66,34 @@ def _bamba():
         mamba_chunk_size=32, **TOKENS))
 
 
-MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba, "mamba2": _mamba2}
+def _lfm2():
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+        num_attention_heads=2, num_key_value_heads=1, conv_bias=True,
+        block_auto_adjust_ff_dim=False, layer_types=["conv", "full_attention", "conv"],
+        **TOKENS))
+
+
+MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "mamba": _mamba, "mamba2": _mamba2,
+          "lfm2": _lfm2}
 # packed sequences: the ops that must read them inside the graph
 PACKED_OPS = {"kimi_linear": {"linseq.kda", "linseq.causal_conv_seq_idx"},
               "qwen3_next": {"linseq.kda", "linseq.causal_conv_seq_idx"},
-              "bamba": {"linseq.ssd_seq_idx", "linseq.causal_conv_seq_idx"}}
+              "bamba": {"linseq.ssd_seq_idx", "linseq.causal_conv_seq_idx"},
+              "lfm2": {"linseq.causal_conv_seq_idx"}}
 
 # the linseq custom ops each compiled graph must call (KDA and Gated DeltaNet share
 # linseq::kda; Mamba's training step is its fused mixer, linseq's conv and scan)
 PREFILL_OPS = {"kimi_linear": {"linseq.kda", "linseq.causal_conv1d"},
                "qwen3_next": {"linseq.kda", "linseq.causal_conv1d"},
                "mamba": {"linseq.ssm1", "linseq.causal_conv1d"},
-               "mamba2": {"linseq.ssd", "linseq.causal_conv1d"}}
+               "mamba2": {"linseq.ssd", "linseq.causal_conv1d"},
+               "lfm2": {"linseq.causal_conv1d"}}
 DECODE_OPS = {"kimi_linear": {"linseq.kda", "linseq.conv_state_update"},
               "qwen3_next": {"linseq.kda", "linseq.conv_state_update"},
               "mamba": {"linseq.mamba_state_update", "linseq.conv_state_update"},
-              "mamba2": {"linseq.mamba_state_update", "linseq.conv_state_update"}}
+              "mamba2": {"linseq.mamba_state_update", "linseq.conv_state_update"},
+              "lfm2": {"linseq.conv_state_update"}}
 TRAINING_OPS = {name: ops | {op + "_backward" for op in ops}
                 for name, ops in PREFILL_OPS.items()}
 

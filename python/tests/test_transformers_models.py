@@ -1,12 +1,15 @@
 """Hugging Face transformers' models on linseq, end to end: tiny random-weight Kimi Linear
 (KDA), Qwen3-Next and Qwen3.5 (Gated DeltaNet), Mamba and FalconMamba (Mamba1), Mamba2,
-Bamba, GraniteMoeHybrid (Granite 4.0-H), NemotronH, FalconH1 and Zamba2 (Mamba2's SSD) through
-linseq.integrations.transformers, against transformers' own PyTorch path (routing "torch").
+Bamba, GraniteMoeHybrid (Granite 4.0-H), NemotronH, FalconH1 and Zamba2 (Mamba2's SSD), LFM2
+and LFM2-MoE (gated short conv) through linseq.integrations.transformers, against
+transformers' own PyTorch path (routing "torch").
 
 Per model: greedy generation with the cache gives the same tokens and logits within float32
 rounding; the logits of a float32 run are as close to a float64 run of the PyTorch path as
 the PyTorch path's own float32 logits (factor 2); a training step's gradients match; packed
 sequences (cu_seq_lens_q, as DataCollatorWithFlattening passes them) equal separate runs.
+LFM2's layers mask the padding themselves: a left-padded prefill, a chunk continuing from the
+cache and decode steps give the PyTorch path's logits and cache conv states.
 The linseq functions are counted, so a route that silently fell back would fail.
 """
 
@@ -128,15 +131,33 @@ def _zamba2():
         **TOKENS))
 
 
+# LFM2's short conv: in_proj -> B, C, x; C * conv(B * x); conv_bias in one, not the other
+_LFM2 = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+             num_attention_heads=2, num_key_value_heads=1, conv_L_cache=3,
+             layer_types=["conv", "full_attention", "conv"], **TOKENS)
+
+
+def _lfm2():
+    return transformers.Lfm2ForCausalLM(transformers.Lfm2Config(
+        conv_bias=True, block_auto_adjust_ff_dim=False, **_LFM2))
+
+
+def _lfm2_moe():
+    return transformers.Lfm2MoeForCausalLM(transformers.Lfm2MoeConfig(
+        moe_intermediate_size=32, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+        **_LFM2))
+
+
+LFM2_MODELS = {"lfm2": _lfm2, "lfm2_moe": _lfm2_moe}
 SSD_MODELS = {"mamba2": _mamba2, "bamba": _bamba, "granitemoehybrid": _granite_hybrid,
               "nemotron_h": _nemotron_h, "falcon_h1": _falcon_h1, "zamba2": _zamba2}
 MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5,
-          "mamba": _mamba, "falcon_mamba": _falcon_mamba, **SSD_MODELS}
+          "mamba": _mamba, "falcon_mamba": _falcon_mamba, **SSD_MODELS, **LFM2_MODELS}
 # Not packable in transformers itself: Mamba's and Mamba2's models do not pass the packing
 # keywords to their blocks, and GraniteMoeHybrid's attention layers without rotary positions
 # do not keep packed sequences apart (its Mamba2 layers alone do: checked by hand)
 PACKABLE = ["kimi_linear", "qwen3_next", "qwen3_5", "bamba", "nemotron_h", "falcon_h1",
-            "zamba2"]
+            "zamba2", *LFM2_MODELS]
 
 # the linseq functions each model's prefill, decode and training must reach
 LINSEQ_FUNCTIONS = {
@@ -152,6 +173,8 @@ LINSEQ_FUNCTIONS["falcon_mamba"] = LINSEQ_FUNCTIONS["mamba"]
 LINSEQ_FUNCTIONS.update({name: {"mamba_chunk_scan_combined", "selective_state_update",
                                 "causal_conv1d_fn", "causal_conv1d_update"}
                          for name in SSD_MODELS})
+LINSEQ_FUNCTIONS.update({name: {"causal_conv1d_fn", "causal_conv1d_update"}
+                         for name in LFM2_MODELS})
 # a training step: Mamba's is the fused mixer (transformers' own mamba_inner_fn is a stub);
 # FalconMamba's fused mixer is not routed (see ROUTES), its layer runs unfused
 TRAINING_FUNCTIONS = {
@@ -162,6 +185,7 @@ TRAINING_FUNCTIONS = {
     "falcon_mamba": {"selective_scan_fn", "causal_conv1d_fn"},
     # transformers' fused Mamba2 mixer is a stub: the unfused layer runs on linseq's conv and SSD
     **{name: {"mamba_chunk_scan_combined", "causal_conv1d_fn"} for name in SSD_MODELS},
+    **{name: {"causal_conv1d_fn"} for name in LFM2_MODELS},
 }
 
 
@@ -199,7 +223,7 @@ def linseq_calls(monkeypatch):
 def _model(name, seed=0):
     torch.manual_seed(seed)
     model = MODELS[name]()
-    if model.config.model_type in ("kimi_linear", "qwen3_next"):
+    if model.config.model_type in ("kimi_linear", "qwen3_next", "lfm2_moe"):
         model.set_experts_implementation("eager")   # grouped_mm has no float64 kernel
     if "mamba" not in model.config.model_type:
         # a slow decay (exp(A_log) = 0.05): the delta rule remembers tens of tokens, across
@@ -350,6 +374,59 @@ def test_packed_sequences_equal_separate_runs(name, linseq_calls):
                        use_cache=False).logits
     assert {"causal_conv1d_fn"} <= set(linseq_calls)
     assert _relative_error(packed, separate) < 1e-5
+
+
+def _conv_states(cache):
+    """The cache's conv state tensors, one per conv layer."""
+    return [layer.conv_states[0] for layer in cache.layers
+            if getattr(layer, "conv_states", None)]
+
+
+def _padded_prefill_chunk_and_decode(model, ids, mask):
+    """(logits of each call, conv states after each call, the conv state tensors the decode
+    steps found) of a left-padded prefill, a 5-token chunk continuing from the cache (the
+    conv reads the cached state through transformers' concatenation) and 3 decode steps
+    (in-place state updates)."""
+    logits, states = [], []
+    out = model(ids[:, :20], attention_mask=mask[:, :20], use_cache=True)
+    logits.append(out.logits)
+    states.append([s.clone() for s in _conv_states(out.cache)])
+    out = model(ids[:, 20:], attention_mask=mask, cache=out.cache, use_cache=True)
+    logits.append(out.logits)
+    states.append([s.clone() for s in _conv_states(out.cache)])
+    decoded_into = _conv_states(out.cache)
+    for _ in range(3):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], 1)
+        out = model(out.logits[:, -1:].argmax(-1), attention_mask=mask, cache=out.cache,
+                    use_cache=True)
+        logits.append(out.logits)
+        states.append([s.clone() for s in _conv_states(out.cache)])
+    assert all(a is b for a, b in zip(_conv_states(out.cache), decoded_into, strict=True))
+    return logits, states
+
+
+@pytest.mark.parametrize("name", LFM2_MODELS)
+def test_padded_prefill_chunk_and_decode_match_pytorch_path(name, linseq_calls):
+    model = _model(name).eval()
+    ids = _tokens((2, 25), 5)
+    mask = torch.ones_like(ids)
+    mask[0, :7] = 0   # row 0 left-padded: the layer zeroes those tokens before in_proj
+    runs = {}
+    for kind in ("torch", "linseq"):
+        linseq_calls.clear()
+        with linseq_hf.routing(kind), torch.no_grad():
+            runs[kind] = _padded_prefill_chunk_and_decode(model, ids, mask)
+        if kind == "linseq":
+            assert {"causal_conv1d_fn", "causal_conv1d_update"} <= set(linseq_calls)
+            # 2 conv layers: prefill, chunk, then one in-place update per decode step
+            assert len(linseq_calls["causal_conv1d_update"]) == 2 * 3
+    (torch_logits, torch_states), (logits, states) = runs["torch"], runs["linseq"]
+    for got, want in zip(logits, torch_logits, strict=True):
+        assert _relative_error(got, want) < 1e-5
+    for got_step, want_step in zip(states, torch_states, strict=True):
+        assert len(want_step) == 2
+        for got, want in zip(got_step, want_step, strict=True):
+            assert _relative_error(got, want) < 1e-6
 
 
 @pytest.mark.parametrize("name", ["qwen3_next", "mamba"])

@@ -10,7 +10,8 @@
 
 Which functions: the module-level kernel functions of Kimi Linear (KDA), Qwen3-Next,
 Qwen3.5 and Qwen3.5-MoE (Gated DeltaNet), Mamba and FalconMamba (Mamba1), Mamba2, Bamba,
-GraniteMoeHybrid, NemotronH, FalconH1 and Zamba2 (Mamba2's SSD), all listed in ROUTES. Each
+GraniteMoeHybrid, NemotronH, FalconH1 and Zamba2 (Mamba2's SSD), and LFM2 and LFM2-MoE
+(their gated short conv), all listed in ROUTES. Each
 adapter takes exactly the arguments the transformers function takes and calls linseq's
 drop-ins (linseq.compat.fla, .mamba_ssm, .mamba_ssd, .causal_conv1d); the [B,D,T] conv and scan
 tensors reach them as the model's views, and the conv and SSM cache states are updated in
@@ -258,6 +259,10 @@ ROUTES = {
     # linseq's conv and scan instead (equal where the fused one would be: no padding)
     **{f"transformers.models.{m}.modeling_{m}": _MAMBA2
        for m in ("mamba2", "bamba", "granitemoehybrid", "nemotron_h", "falcon_h1", "zamba2")},
+    # LFM2's short conv: the layer masks the padding, gates (B*x before the conv, C* after)
+    # and concatenates the cached conv state in front of a multi-token chunk itself; only the
+    # conv (no activation) and the decode step's in-place state update are linseq's
+    **{f"transformers.models.{m}.modeling_{m}": _CONV for m in ("lfm2", "lfm2_moe")},
 }
 
 
