@@ -226,6 +226,52 @@ LINSEQ_API linseq_status linseq_op_backward(const char *op_name, const void *pro
                                             const void *grads);
 
 /* ------------------------------------------------------------------------------------ */
+/* State pools as serving engines hold them                                              */
+/* ------------------------------------------------------------------------------------ */
+/*
+ * A decode step over a pool laid out as a serving engine keeps it (vLLM's caches, for one):
+ * rows some elements apart (pages of which the state is one part), int32 or int64 slot
+ * indices, a padding index of the engine's choosing, the new state written to another slot
+ * than the one read (speculative decoding, prefix caching), and bfloat16 or half states.
+ * The step reads the state of each request widened to float32, computes in float32 exactly as
+ * linseq_op_decode, and writes each new state once, rounded to the pool's type (to nearest
+ * even). Against a float32 pool the error of a half-precision one is that rounding, once per
+ * step: 2^-9 (bf16) or 2^-12 (f16) relative per element, accumulated over the steps.
+ *
+ * Request b is padding when src_rows[b] is negative, or equals pad_value with has_pad_value:
+ * its outputs are 0 and no row is read or written (its dst_rows entry is not read). Every
+ * other request reads row src_rows[b] and writes row dst_rows[b] (its own row without
+ * dst_rows), both in [0, n_rows). Every source row is read before any row is written, so a
+ * request may write the row another one reads; two requests may read the same row, but not
+ * write the same one. Everything (indices, strides, the op's own checks) is checked before the
+ * first write: a refused call leaves every row of the pool as it was.
+ */
+typedef enum linseq_pool_dtype {
+    LINSEQ_POOL_F32 = 0,
+    LINSEQ_POOL_BF16 = 1,
+    LINSEQ_POOL_F16 = 2 /* IEEE binary16 */
+} linseq_pool_dtype;
+
+typedef struct linseq_state_pool {
+    void *data;         /* row r starts at element r * row_stride */
+    int64_t n_rows;     /* rows an index may name */
+    int64_t row_stride; /* elements from one row to the next, >= the state's; 0: the state's */
+    linseq_pool_dtype dtype;
+    const void *src_rows; /* [B] int32 or int64: the row request b reads; NULL: row b */
+    const void *dst_rows; /* [B]: the row it writes; NULL: the row it reads */
+    int index_bits;       /* 32 or 64 (0: 64) */
+    bool has_pad_value;   /* src_rows[b] == pad_value marks padding too (e.g. a null block 0) */
+    int64_t pad_value;
+} linseq_state_pool;
+
+/* One token per request for the op named op_name (its entry has "decode"), over `pool`: the
+ * problem and outputs as linseq_op_decode's. CPU only. */
+LINSEQ_API linseq_status linseq_op_decode_pool(const char *op_name, const void *problem,
+                                               const linseq_exec *exec,
+                                               const linseq_state_pool *pool,
+                                               float *const *outputs);
+
+/* ------------------------------------------------------------------------------------ */
 /* Shared enums                                                                          */
 /* ------------------------------------------------------------------------------------ */
 

@@ -383,3 +383,27 @@ linseq_status job_run(const job *j, int threads, float *const *out)
     }
     return LINSEQ_ERR_UNSUPPORTED;
 }
+
+bool job_is_decode(const job *j) { return j->kind == J_DECODE; }
+const char *job_op_name(const job *j) { return j->op->name; }
+int64_t job_pool_rows(const job *j) { return j->pool_rows; }
+const int64_t *job_rows(const job *j) { return j->rows; }
+const float *job_pool0(const job *j) { return j->pool0; }
+
+int64_t job_requests(const job *j)
+{
+    const ls_size_desc *B = size_named(j->op, "B");
+    return B ? ls_size_get(B, j->problem) : 0;
+}
+
+linseq_status job_run_decode_pool(const job *j, int threads, const linseq_state_pool *pool,
+                                  float *const *outputs)
+{
+    linseq_exec ex = j->exec;
+    ex.threads = threads;
+    float *out_args[LS_OP_MAX_OUT] = {0}, *grads[LS_OP_MAX_GRADS] = {0};
+    float *out[JOB_MAX_OUT] = {0};
+    for (int k = 1; k < j->n_out; k++) out[k] = outputs[k - 1];
+    sort_outputs(j, out, out_args, grads);
+    return linseq_op_decode_pool(j->op->name, j->problem, &ex, pool, out_args);
+}

@@ -5,7 +5,9 @@
 #ifndef LS_TEST_OP_JOBS_H
 #define LS_TEST_OP_JOBS_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "linseq.h"
 
@@ -27,5 +29,18 @@ size_t job_output_len(const job *j, int k); /* floats */
  * job_output_len(j, k) floats). Inputs are only read, so any number of threads may run the
  * same job at once into their own outputs. */
 linseq_status job_run(const job *j, int threads, float *const *out);
+
+/* A decode job (every op with a decode step has one): its op's name, its requests' rows
+ * (NULL: row b) over a pool of job_pool_rows rows, that pool before the step (out[0] of
+ * job_run is it after), and the step through linseq_op_decode_pool over `pool`, which the
+ * caller lays out and fills; outputs: job_run's out[1..]. */
+bool job_is_decode(const job *j);
+const char *job_op_name(const job *j);
+int64_t job_requests(const job *j);
+const int64_t *job_rows(const job *j);
+int64_t job_pool_rows(const job *j);
+const float *job_pool0(const job *j);
+linseq_status job_run_decode_pool(const job *j, int threads, const linseq_state_pool *pool,
+                                  float *const *outputs);
 
 #endif

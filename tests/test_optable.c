@@ -488,6 +488,9 @@ int main(void)
     const ls_op *const *ops = ls_ops(&n_ops);
     const ls_field *ef = ls_exec_fields(&n_exec);
     check_tiling("linseq_exec", ef, n_exec, sizeof(linseq_exec));
+    int n_pool;
+    const ls_field *pf = ls_state_pool_fields(&n_pool);
+    check_tiling("linseq_state_pool", pf, n_pool, sizeof(linseq_state_pool));
     for (int i = 0; i < n_ops; i++) {
         check_op(ops[i]);
         CHECK(ls_op_find(ops[i]->name) == ops[i], "ls_op_find(%s)", ops[i]->name);

@@ -83,10 +83,11 @@ def struct_class(desc):
 
 
 def struct_classes(table):
-    """{class name: ctypes class} of every struct a table describes: linseq_exec (as Exec)
-    and each op's problem and grads structs; a forward-only op ("grads": null) has no grads
+    """{class name: ctypes class} of every struct a table describes: linseq_exec (as Exec),
+    linseq_state_pool (as StatePool) and each op's problem and grads structs; a forward-only op ("grads": null) has no grads
     struct. Ops may share a struct (kda_segment reads linseq_kda_problem): one class each."""
-    structs = {"Exec": struct_class(table["exec"])}
+    structs = {"Exec": struct_class(table["exec"]),
+               "StatePool": struct_class(table["state_pool"])}
     for op in table["ops"]:
         for part in ("problem", "grads"):
             if op[part] is not None:
@@ -120,6 +121,7 @@ def _bind(lib):
         "linseq_op_shapes": (_int, [ctypes.c_char_p, _p, _int, P(_int), P(ctypes.c_int64)]),
         "linseq_op_forward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p)]),
         "linseq_op_decode": (_int, [ctypes.c_char_p, _p, P(Exec), _p, _i64, _p, P(_p)]),
+        "linseq_op_decode_pool": (_int, [ctypes.c_char_p, _p, P(Exec), P(StatePool), P(_p)]),
         "linseq_op_backward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p), _p]),
         "linseq_last_error": (ctypes.c_char_p, []),
         "linseq_version": (ctypes.c_char_p, []),

@@ -154,7 +154,7 @@ linseq_status ls_op_add_tensors(ls_args *a, const ls_op *op, const void *p, ls_o
     return LINSEQ_OK;
 }
 
-static int64_t size_named(const ls_op *op, const void *p, const char *name)
+int64_t ls_op_size_named(const ls_op *op, const void *p, const char *name)
 {
     for (int i = 0; i < op->n_sizes; i++)
         if (strcmp(op->sizes[i].name, name) == 0) return ls_size_get(&op->sizes[i], p);
@@ -176,7 +176,7 @@ linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float
                                size_t token_bytes)
 {
     const char *fn = a->fn;
-    const int64_t T = size_named(op, p, "T"), B = size_named(op, p, "B");
+    const int64_t T = ls_op_size_named(op, p, "T"), B = ls_op_size_named(op, p, "B");
     if (T != 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
                        "T = %lld; decode takes exactly one token per request (T = 1)",
@@ -200,7 +200,7 @@ linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float
 linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
                                       int64_t n_rows, const int64_t *rows)
 {
-    return rows ? ls_check_state_rows(fn, rows, size_named(op, p, "B"), n_rows) : LINSEQ_OK;
+    return rows ? ls_check_state_rows(fn, rows, ls_op_size_named(op, p, "B"), n_rows) : LINSEQ_OK;
 }
 
 linseq_status ls_op_check_values(const char *fn, const ls_op *op, const void *p,

@@ -53,6 +53,12 @@ linseq_status ls_op_check_values(const char *fn, const ls_op *op, const void *p,
 linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
                                int64_t n_rows, const int64_t *rows, float *const *out,
                                size_t token_bytes);
+/* The size of that name under problem p (0 when the op has none). */
+int64_t ls_op_size_named(const ls_op *op, const void *p, const char *name);
+/* A decode step over a serving engine's pool (linseq_op_decode_pool, decode_pool.c). */
+linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
+                                const linseq_exec *exec, const linseq_state_pool *pool,
+                                float *const *out);
 linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
                                       int64_t n_rows, const int64_t *rows);
 

@@ -80,6 +80,24 @@ const ls_field *ls_exec_fields(int *count)
     return exec_fields;
 }
 
+#define POOL_FIELD(f, t)                                                                           \
+    {                                                                                              \
+#f, t, offsetof(linseq_state_pool, f), sizeof(((linseq_state_pool *)0)->f)                 \
+    }
+static const ls_field pool_fields[] = {
+    POOL_FIELD(data, LS_CTYPE_PTR),       POOL_FIELD(n_rows, LS_CTYPE_I64),
+    POOL_FIELD(row_stride, LS_CTYPE_I64), POOL_FIELD(dtype, LS_CTYPE_ENUM),
+    POOL_FIELD(src_rows, LS_CTYPE_PTR),   POOL_FIELD(dst_rows, LS_CTYPE_PTR),
+    POOL_FIELD(index_bits, LS_CTYPE_INT), POOL_FIELD(has_pad_value, LS_CTYPE_BOOL),
+    POOL_FIELD(pad_value, LS_CTYPE_I64),
+};
+
+const ls_field *ls_state_pool_fields(int *count)
+{
+    *count = (int)(sizeof pool_fields / sizeof pool_fields[0]);
+    return pool_fields;
+}
+
 /* ---------------------------------------------------------------------------------- */
 /* JSON                                                                               */
 /* ---------------------------------------------------------------------------------- */
@@ -208,6 +226,11 @@ static void build_json(void)
     put(&t, "{\"version\":\"%s\",\"exec\":{\"type\":\"linseq_exec\",\"size\":%zu,\"fields\":",
         linseq_version(), sizeof(linseq_exec));
     put_fields(&t, ef, n_exec);
+    int n_pool;
+    const ls_field *pf = ls_state_pool_fields(&n_pool);
+    put(&t, "},\"state_pool\":{\"type\":\"linseq_state_pool\",\"size\":%zu,\"fields\":",
+        sizeof(linseq_state_pool));
+    put_fields(&t, pf, n_pool);
     put(&t, "},\"ops\":[");
     for (int i = 0; i < n_ops; i++) {
         if (i) put(&t, ",");

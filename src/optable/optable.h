@@ -217,6 +217,8 @@ linseq_status ls_op_backward(const ls_op *op, const void *p, const linseq_exec *
 int ls_op_fields(const ls_op *op, bool grads, ls_field *out);
 /* The fields of linseq_exec. */
 const ls_field *ls_exec_fields(int *count);
+/* The fields of linseq_state_pool, likewise ("state_pool" in the JSON). */
+const ls_field *ls_state_pool_fields(int *count);
 
 /* The tensors of a role, in table order: the i-th of them, or NULL past the end. */
 const ls_tensor_desc *ls_op_tensor(const ls_op *op, ls_op_role role, int i);

@@ -218,6 +218,62 @@ def decode(op, arrays, state, state_rows=None, sizes=None, *, threads=0, **optio
                  if t["name"] != desc["decode"]["state_out"])
 
 
+_POOL_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+
+
+def _pool_rows(rows, name, B):
+    """An int32 or int64 index array [B] kept as given (the library reads either), or None."""
+    if rows is None:
+        return None, 0
+    arr = np.ascontiguousarray(rows)
+    if arr.dtype not in (np.int32, np.int64) or arr.shape != (B,):
+        raise ValueError(f"{name}: expected an int32 or int64 array of shape [B] = [{B}], got "
+                         f"{arr.dtype} {list(arr.shape)}")
+    return arr, arr.dtype.itemsize * 8
+
+
+def decode_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *, pad_value=None,
+                threads=0, **options):
+    """One token per request of op over a serving engine's pool (linseq_op_decode_pool):
+    `pool` [R, *state] a NumPy array of float32, float16 or bfloat16 (ml_dtypes) whose rows
+    may lie any stride apart (a view of larger pages) but are each C-contiguous; src_rows
+    and dst_rows [B] int32 or int64 (dst None: in place); pad_value marks padding besides
+    negative rows. Writes the new states into the pool's rows; returns the other outputs."""
+    desc = _lib.op_desc(op)
+    if not desc.get("decode"):
+        raise ValueError(f"{op}: the library's table gives it no decode step")
+    if not isinstance(pool, np.ndarray) or pool.dtype.name not in _POOL_DTYPES:
+        raise TypeError(f"pool: expected a NumPy array of float32, float16 or bfloat16, got "
+                        f"{type(pool).__name__} {getattr(pool, 'dtype', '')}")
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    want = shapes[desc["decode"]["state"]]
+    if pool.ndim < 1 or (want is not None and tuple(pool.shape[1:]) != want[1:]):
+        raise ValueError(f"pool: expected rows of shape {list(want[1:])}, got "
+                         f"{list(pool.shape[1:])}")
+    if pool.shape[0] and (not pool.flags.writeable or not pool[0].flags.c_contiguous or
+                          pool.strides[0] % pool.itemsize or
+                          pool.strides[0] < pool[0].size * pool.itemsize):
+        raise ValueError("pool: each row must be C-contiguous and writable, rows at a positive "
+                         "stride of whole elements, no closer than a row")
+    src, src_bits = _pool_rows(src_rows, "src_rows", problem.B)
+    dst, dst_bits = _pool_rows(dst_rows, "dst_rows", problem.B)
+    if src is not None and dst is not None and src_bits != dst_bits:
+        raise ValueError("src_rows, dst_rows: expected the same integer type")
+    spec = _lib.StatePool(data=pool.ctypes.data, n_rows=pool.shape[0],
+                          row_stride=pool.strides[0] // pool.itemsize,
+                          dtype=_POOL_DTYPES[pool.dtype.name], src_rows=pointer(src),
+                          dst_rows=pointer(dst), index_bits=src_bits or dst_bits or 64,
+                          has_pad_value=pad_value is not None,
+                          pad_value=0 if pad_value is None else int(pad_value))
+    outs, ptrs = _outputs(op, shapes, skip=desc["decode"]["state_out"])
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_decode_pool(op.encode(), ctypes.byref(problem),
+                                              ctypes.byref(ex), ctypes.byref(spec), ptrs))
+    del kept
+    return tuple(o for o, t in zip(outs, _lib.op_tensors(op, "output"))
+                 if t["name"] != desc["decode"]["state_out"])
+
+
 def backward(op, arrays, upstream, sizes=None, *, cu_seqlens=None, threads=0, **options):
     """The backward of op on float32 arrays: `upstream` maps its upstream tensors' names
     (d_y, ...) to arrays (absent: NULL); returns {gradient name: array} for every gradient

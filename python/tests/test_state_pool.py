@@ -1,0 +1,65 @@
+"""linseq.ops.decode_pool (linseq_op_decode_pool) from NumPy: a serving engine's pool —
+pages of which the state is one part, int32 slot indices, a null block as padding,
+destination slots apart from the source slots, float16 and bfloat16 states — gives the
+plain decode's results on the same states (bitwise; the half pools rounded once on write),
+and a refused call leaves the pool as it was."""
+
+import numpy as np
+import pytest
+
+from linseq import LinseqError, ops
+
+rng = np.random.default_rng(3)
+B, H, P, N, ROWS = 3, 2, 4, 5, 6
+STEP = {"x": rng.standard_normal((B, 1, H, P), np.float32),
+        "dt": np.full((B, 1, H), 0.3, np.float32), "A": -np.ones(H, np.float32),
+        "B": rng.standard_normal((B, 1, 1, N), np.float32),
+        "C": rng.standard_normal((B, 1, 1, N), np.float32)}
+
+
+def _pages(states, extra=3):
+    """Pool pages of `extra` more floats than a state each, the state first (a view)."""
+    pages = np.full((states.shape[0], states[0].size + extra), -7.0, np.float32)
+    pages[:, :states[0].size] = states.reshape(states.shape[0], -1)
+    return pages, pages[:, :states[0].size].reshape(states.shape)
+
+
+def test_pages_int32_null_block_and_destinations():
+    states = rng.standard_normal((ROWS, H, P, N)).astype(np.float32)
+    src = np.array([4, 0, 2], np.int32)          # request 1 names the null block 0: padding
+    dst = np.array([5, 3, 1], np.int32)          # its dst is never read
+    want_states = states.copy()
+    (want_y,) = ops.decode("ssd", STEP, want_states, np.array([4, -1, 2]))
+    pages, pool = _pages(states)
+    before = pages.copy()
+    (y,) = ops.decode_pool("ssd", STEP, pool, src, dst, pad_value=0)
+    assert np.array_equal(y, want_y)
+    assert np.array_equal(pool[5], want_states[4]) and np.array_equal(pool[1], want_states[2])
+    untouched = [0, 2, 3, 4]                     # sources and the padding's dst stay
+    assert np.array_equal(pages[untouched], before[untouched])
+    assert np.all(pages[:, -3:] == -7.0)        # the rest of each page too
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_pools_round_once(dtype):
+    if dtype == "bfloat16":
+        ml_dtypes = pytest.importorskip("ml_dtypes")
+        dtype = ml_dtypes.bfloat16
+    states = rng.standard_normal((ROWS, H, P, N)).astype(dtype)
+    wide = states.astype(np.float32)
+    (want_y,) = ops.decode("ssd", STEP, wide, np.array([1, 3, 5]))
+    (y,) = ops.decode_pool("ssd", STEP, states, np.array([1, 3, 5]))
+    assert np.array_equal(y, want_y)
+    assert np.array_equal(states.view(np.uint16), wide.astype(dtype).view(np.uint16))
+
+
+def test_refusals_leave_the_pool():
+    states = rng.standard_normal((ROWS, H, P, N)).astype(np.float32)
+    before = states.copy()
+    with pytest.raises(LinseqError, match="both write pool row"):
+        ops.decode_pool("ssd", STEP, states, np.array([1, 2, 3]), np.array([4, 4, 5]))
+    with pytest.raises(LinseqError, match="src_rows"):
+        ops.decode_pool("ssd", STEP, states, np.array([1, 2, ROWS], np.int32))
+    with pytest.raises(ValueError, match="src_rows"):
+        ops.decode_pool("ssd", STEP, states, np.array([1.0, 2.0, 3.0]))
+    assert np.array_equal(states, before)

@@ -1,0 +1,208 @@
+/* A decode step over a state pool as a serving engine holds it (linseq_state_pool), for every
+ * op with a decode step, from its description alone.
+ *
+ * The indices are read into int64 rows (padding: -1) and checked, all before any write. A pool
+ * the op's own decode takes as it is (float32, contiguous rows, each request writing the row
+ * it reads) goes to it directly and is updated in place. Any other pool is gathered: the
+ * source rows of the live requests, widened to float32, into a contiguous block the op
+ * decodes in place; only when it succeeds is each new state written to its destination row,
+ * rounded once to the pool's type. So every source row is read before any row is written,
+ * and a refusal by the op itself (a positive log decay, say) leaves the pool untouched too. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/device.h"
+#include "core/half_float.h"
+#include "core/status.h"
+#include "optable/check.h"
+
+/* Elements of one request's state: the decode state's shape without its first (row) dim. */
+static int64_t state_elements(const ls_op *op, const void *p)
+{
+    const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t d[LS_OP_MAX_DIMS], n = 1;
+    const int nd = t->shape(p, d);
+    for (int i = 1; i < nd; i++) n = ls_mul_sat(n, d[i]);
+    return n;
+}
+
+static size_t pool_elem_bytes(linseq_pool_dtype dtype) { return dtype == LINSEQ_POOL_F32 ? 4 : 2; }
+
+static linseq_status check_pool(const char *fn, const linseq_state_pool *pool, int64_t row,
+                                const linseq_exec *exec)
+{
+    if (!pool) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'pool' is NULL");
+    if (ls_on_cuda(exec))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "exec->device is CUDA; %s runs on the CPU only",
+                       fn);
+    if (!pool->data) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "'pool->data' is NULL");
+    if (pool->dtype != LINSEQ_POOL_F32 && pool->dtype != LINSEQ_POOL_BF16 &&
+        pool->dtype != LINSEQ_POOL_F16)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "pool->dtype = %d; expected LINSEQ_POOL_F32, _BF16 or _F16",
+                       (int)pool->dtype);
+    if (pool->index_bits != 0 && pool->index_bits != 32 && pool->index_bits != 64)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "pool->index_bits = %d; expected 32 or 64 (0: 64)", pool->index_bits);
+    if (pool->n_rows < 1)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE, "pool->n_rows = %lld; expected >= 1",
+                       (long long)pool->n_rows);
+    const int64_t stride = pool->row_stride ? pool->row_stride : row;
+    if (stride < row)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "pool->row_stride = %lld; expected >= %lld, the elements of one state "
+                       "(or 0 for that)",
+                       (long long)pool->row_stride, (long long)row);
+    const int64_t span = ls_mul_sat(ls_mul_sat(pool->n_rows - 1, stride) + row,
+                                    (int64_t)pool_elem_bytes(pool->dtype));
+    if (span >= INT64_MAX / 2)
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                       "pool: %lld rows %lld elements apart overflow the address range",
+                       (long long)pool->n_rows, (long long)stride);
+    if ((uintptr_t)pool->data % pool_elem_bytes(pool->dtype))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "'pool->data' is not aligned to its elements");
+    return LINSEQ_OK;
+}
+
+static int64_t index_at(const linseq_state_pool *pool, const void *rows, int64_t b)
+{
+    if (pool->index_bits == 32) return ((const int32_t *)rows)[b];
+    return ((const int64_t *)rows)[b];
+}
+
+/* The rows of each request as int64 (src -1: padding), checked: in range, and no row written
+ * by two requests. */
+static linseq_status read_rows(const char *fn, const linseq_state_pool *pool, int64_t B,
+                               int64_t *src, int64_t *dst)
+{
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t s = pool->src_rows ? index_at(pool, pool->src_rows, b) : b;
+        const bool pad = s < 0 || (pool->has_pad_value && s == pool->pad_value);
+        src[b] = pad ? -1 : s;
+        dst[b] = pad ? -1 : pool->dst_rows ? index_at(pool, pool->dst_rows, b) : s;
+        if (pad) continue;
+        if (s >= pool->n_rows)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "pool->src_rows[%lld] = %lld; expected a row in [0, %lld), a negative "
+                           "index or the pad value (padding); nothing was written",
+                           (long long)b, (long long)s, (long long)pool->n_rows);
+        if (dst[b] < 0 || dst[b] >= pool->n_rows)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "pool->dst_rows[%lld] = %lld; expected a row in [0, %lld) for a request "
+                           "that is not padding; nothing was written",
+                           (long long)b, (long long)dst[b], (long long)pool->n_rows);
+    }
+    return LINSEQ_OK;
+}
+
+static int compare_i64(const void *x, const void *y)
+{
+    const int64_t a = *(const int64_t *)x, b = *(const int64_t *)y;
+    return (a > b) - (a < b);
+}
+
+/* Two live requests writing one row: found in a sorted copy, reported with both requests. */
+static linseq_status check_distinct(const char *fn, const int64_t *dst, int64_t B, int64_t *work)
+{
+    memcpy(work, dst, (size_t)B * sizeof *work);
+    qsort(work, (size_t)B, sizeof *work, compare_i64);
+    for (int64_t i = 1; i < B; i++) {
+        if (work[i] < 0 || work[i] != work[i - 1]) continue;
+        int64_t first = -1, second = -1;
+        for (int64_t b = 0; b < B && second < 0; b++) {
+            if (dst[b] != work[i]) continue;
+            if (first < 0)
+                first = b;
+            else
+                second = b;
+        }
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "requests %lld and %lld both write pool row %lld; each row may be written "
+                       "by one request of a call; nothing was written",
+                       (long long)first, (long long)second, (long long)work[i]);
+    }
+    return LINSEQ_OK;
+}
+
+static void *row_at(const linseq_state_pool *pool, int64_t r, int64_t stride)
+{
+    return (unsigned char *)pool->data + (size_t)(r * stride) * pool_elem_bytes(pool->dtype);
+}
+
+static void widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n)
+{
+    if (pool->dtype == LINSEQ_POOL_F32) {
+        memcpy(to, from, (size_t)n * sizeof *to);
+        return;
+    }
+    const uint16_t *h = from;
+    for (int64_t i = 0; i < n; i++)
+        to[i] = pool->dtype == LINSEQ_POOL_BF16 ? ls_bf16_to_f32(h[i]) : ls_f16_to_f32(h[i]);
+}
+
+static void narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n)
+{
+    if (pool->dtype == LINSEQ_POOL_F32) {
+        memcpy(to, from, (size_t)n * sizeof *from);
+        return;
+    }
+    uint16_t *h = to;
+    for (int64_t i = 0; i < n; i++)
+        h[i] = pool->dtype == LINSEQ_POOL_BF16 ? ls_f32_to_bf16(from[i]) : ls_f32_to_f16(from[i]);
+}
+
+/* The gathered form: live request b decodes row slot[b] of a float32 block; its new state
+ * goes to its destination row only after the whole step succeeded. */
+static linseq_status decode_gathered(const char *fn, const ls_op *op, const void *p,
+                                     const linseq_exec *exec, const linseq_state_pool *pool,
+                                     int64_t B, int64_t row, const int64_t *src, const int64_t *dst,
+                                     int64_t *slot, float *const *out)
+{
+    const int64_t stride = pool->row_stride ? pool->row_stride : row;
+    int64_t live = 0;
+    for (int64_t b = 0; b < B; b++) slot[b] = src[b] < 0 ? -1 : live++;
+    const int64_t block_rows = live ? live : 1;
+    if (ls_mul_sat(block_rows, row) > (int64_t)(SIZE_MAX / 2 / sizeof(float)))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "pool: %lld states of %lld elements",
+                       (long long)live, (long long)row);
+    float *block = malloc((size_t)(block_rows * row) * sizeof *block);
+    if (!block)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY,
+                       "pool: could not allocate %lld float32 states of %lld elements",
+                       (long long)block_rows, (long long)row);
+    memset(block, 0, (size_t)row * sizeof *block); /* a block of padding only is still defined */
+    for (int64_t b = 0; b < B; b++)
+        if (slot[b] >= 0) widen(pool, row_at(pool, src[b], stride), block + slot[b] * row, row);
+    const linseq_status st = op->decode(p, exec, block, block_rows, slot, out);
+    if (!st)
+        for (int64_t b = 0; b < B; b++)
+            if (slot[b] >= 0)
+                narrow(pool, block + slot[b] * row, row_at(pool, dst[b], stride), row);
+    free(block);
+    return st;
+}
+
+linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
+                                const linseq_exec *exec, const linseq_state_pool *pool,
+                                float *const *out)
+{
+    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
+    const int64_t B = ls_op_size_named(op, p, "B"), row = state_elements(op, p);
+    linseq_status st = check_pool(fn, pool, row, exec);
+    if (st) return st;
+    if (B < 1) return op->decode(p, exec, pool->data, pool->n_rows, NULL, out); /* its refusal */
+    int64_t *rows = malloc((size_t)(4 * B) * sizeof *rows);
+    if (!rows)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",
+                       (long long)(4 * B));
+    int64_t *src = rows, *dst = rows + B, *work = rows + 2 * B;
+    if (!(st = read_rows(fn, pool, B, src, dst)) && !(st = check_distinct(fn, dst, B, work))) {
+        bool in_place =
+            pool->dtype == LINSEQ_POOL_F32 && (!pool->row_stride || pool->row_stride == row);
+        for (int64_t b = 0; b < B && in_place; b++) in_place = dst[b] == src[b];
+        st = in_place ? op->decode(p, exec, pool->data, pool->n_rows, src, out)
+                      : decode_gathered(fn, op, p, exec, pool, B, row, src, dst, work, out);
+    }
+    free(rows);
+    return st;
+}

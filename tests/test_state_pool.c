@@ -1,0 +1,313 @@
+/* linseq_op_decode_pool, the state pools of serving engines, for every op with a decode step
+ * (the op_jobs catalog): int32 indices, strided rows, destination rows apart from the source
+ * rows, a pad value, bfloat16 and half pools; each against the plain in-place decode of the
+ * same requests (bitwise: the pool layer moves and rounds states, it computes nothing), and
+ * every refusal leaves every byte of the pool as it was. Also the half-float conversions
+ * themselves: exact widening, and narrowing to nearest even at every midpoint. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half_float.h"
+#include "op_jobs.h"
+#include "testutil.h"
+
+/* One decode job's reference: the in-place step on its contiguous float32 pool. */
+typedef struct {
+    const job *j;
+    int64_t B, n_rows, row;
+    const int64_t *rows;
+    float *out[JOB_MAX_OUT]; /* job_run's: out[0] the pool after */
+    int n_out;
+} reference;
+
+static void reference_make(reference *r, const job *j)
+{
+    memset(r, 0, sizeof *r);
+    r->j = j;
+    r->B = job_requests(j);
+    r->n_rows = job_pool_rows(j);
+    r->rows = job_rows(j);
+    r->n_out = job_outputs(j);
+    r->row = (int64_t)job_output_len(j, 0) / r->n_rows;
+    for (int k = 0; k < r->n_out; k++) r->out[k] = tu_alloc(job_output_len(j, k));
+    CHECK_OK(job_run(j, 2, r->out));
+}
+
+static void reference_free(reference *r)
+{
+    for (int k = 0; k < r->n_out; k++) free(r->out[k]);
+}
+
+static float **outputs_alloc(const reference *r)
+{
+    float **o = calloc(JOB_MAX_OUT, sizeof *o);
+    for (int k = 1; k < r->n_out; k++) o[k - 1] = tu_alloc_poisoned(job_output_len(r->j, k));
+    return o;
+}
+
+static bool outputs_equal(const reference *r, float **o)
+{
+    bool same = true;
+    for (int k = 1; k < r->n_out; k++)
+        same &= tu_same_bits(o[k - 1], r->out[k], job_output_len(r->j, k));
+    for (int k = 1; k < r->n_out; k++) free(o[k - 1]);
+    free(o);
+    return same;
+}
+
+static int32_t *rows32(const reference *r)
+{
+    int32_t *x = malloc((size_t)r->B * sizeof *x);
+    for (int64_t b = 0; b < r->B; b++) x[b] = (int32_t)(r->rows ? r->rows[b] : b);
+    return x;
+}
+
+/* int32 indices over rows `stride` floats apart, every gap holding a sentinel: the rows
+ * come out as the reference's, the gaps untouched. */
+static void check_strided(const reference *r, int64_t stride, const char *what)
+{
+    const int64_t n = r->n_rows * stride;
+    float *data = tu_alloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) data[i] = -777.0f;
+    for (int64_t q = 0; q < r->n_rows; q++)
+        memcpy(data + q * stride, job_pool0(r->j) + q * r->row, (size_t)r->row * sizeof(float));
+    int32_t *idx = rows32(r);
+    linseq_state_pool pool = {
+        .data = data, .n_rows = r->n_rows, .row_stride = stride, .src_rows = idx, .index_bits = 32};
+    float **o = outputs_alloc(r);
+    CHECK_OK(job_run_decode_pool(r->j, 3, &pool, o));
+    bool rows_ok = true, gaps_ok = true;
+    for (int64_t q = 0; q < r->n_rows; q++) {
+        rows_ok &= tu_same_bits(data + q * stride, r->out[0] + q * r->row, (size_t)r->row);
+        for (int64_t i = r->row; i < stride; i++) gaps_ok &= data[q * stride + i] == -777.0f;
+    }
+    CHECK(outputs_equal(r, o) && rows_ok && gaps_ok, "%s %s: outputs %s, rows %s, gaps %s",
+          job_name(r->j), what, "compared", rows_ok ? "equal" : "DIFFER",
+          gaps_ok ? "untouched" : "WRITTEN");
+    free(idx);
+    free(data);
+}
+
+/* Each live request writes row src + n_rows of a pool twice as tall: the lower half stays
+ * as it was, the upper half receives the reference's new states. */
+static void check_destinations(const reference *r)
+{
+    const int64_t n_rows = 2 * r->n_rows, half = r->n_rows * r->row;
+    float *data = tu_alloc((size_t)(2 * half));
+    memcpy(data, job_pool0(r->j), (size_t)half * sizeof(float));
+    memcpy(data + half, job_pool0(r->j), (size_t)half * sizeof(float));
+    int64_t *src = malloc((size_t)r->B * sizeof *src), *dst = malloc((size_t)r->B * sizeof *dst);
+    for (int64_t b = 0; b < r->B; b++) {
+        src[b] = r->rows ? r->rows[b] : b;
+        dst[b] = src[b] < 0 ? -5 : src[b] + r->n_rows; /* a padding request's dst is not read */
+    }
+    linseq_state_pool pool = {.data = data, .n_rows = n_rows, .src_rows = src, .dst_rows = dst};
+    float **o = outputs_alloc(r);
+    CHECK_OK(job_run_decode_pool(r->j, 2, &pool, o));
+    const bool same_out = outputs_equal(r, o);
+    bool ok = tu_same_bits(data, job_pool0(r->j), (size_t)half);
+    for (int64_t b = 0; b < r->B; b++)
+        if (src[b] >= 0)
+            ok &= tu_same_bits(data + dst[b] * r->row, r->out[0] + src[b] * r->row, (size_t)r->row);
+    CHECK(same_out && ok, "%s: separate destination rows: outputs %s, pool %s", job_name(r->j),
+          same_out ? "equal" : "DIFFER", ok ? "as expected" : "WRONG");
+    free(src);
+    free(dst);
+    free(data);
+}
+
+/* pad_value marks request 0 as padding: as if its row were negative. */
+static void check_pad_value(const reference *r)
+{
+    const int64_t n = r->n_rows * r->row;
+    float *a = tu_alloc((size_t)n), *b = tu_alloc((size_t)n);
+    memcpy(a, job_pool0(r->j), (size_t)n * sizeof(float));
+    memcpy(b, a, (size_t)n * sizeof(float));
+    int64_t *by_value = malloc((size_t)r->B * sizeof *by_value);
+    int64_t *negative = malloc((size_t)r->B * sizeof *negative);
+    for (int64_t q = 0; q < r->B; q++) by_value[q] = negative[q] = r->rows ? r->rows[q] : q;
+    negative[0] = -1;
+    linseq_state_pool pa = {.data = a,
+                            .n_rows = r->n_rows,
+                            .src_rows = by_value,
+                            .has_pad_value = true,
+                            .pad_value = by_value[0]};
+    linseq_state_pool pb = {.data = b, .n_rows = r->n_rows, .src_rows = negative};
+    float **oa = outputs_alloc(r), **ob = outputs_alloc(r);
+    CHECK_OK(job_run_decode_pool(r->j, 2, &pa, oa));
+    CHECK_OK(job_run_decode_pool(r->j, 2, &pb, ob));
+    bool same = tu_same_bits(a, b, (size_t)n);
+    for (int k = 1; k < r->n_out; k++) {
+        same &= tu_same_bits(oa[k - 1], ob[k - 1], job_output_len(r->j, k));
+        free(oa[k - 1]);
+        free(ob[k - 1]);
+    }
+    free(oa);
+    free(ob);
+    CHECK(same, "%s: pad_value differs from a negative row", job_name(r->j));
+    free(by_value);
+    free(negative);
+    free(a);
+    free(b);
+}
+
+/* A half-precision pool is the float32 step on its widened values, rounded once on write. */
+static void check_half_pool(const reference *r, linseq_pool_dtype dtype)
+{
+    const int64_t n = r->n_rows * r->row;
+    uint16_t *h = malloc((size_t)n * sizeof *h);
+    float *wide = tu_alloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        const float x = job_pool0(r->j)[i];
+        h[i] = dtype == LINSEQ_POOL_BF16 ? ls_f32_to_bf16(x) : ls_f32_to_f16(x);
+        wide[i] = dtype == LINSEQ_POOL_BF16 ? ls_bf16_to_f32(h[i]) : ls_f16_to_f32(h[i]);
+    }
+    linseq_state_pool pw = {.data = wide, .n_rows = r->n_rows, .src_rows = r->rows};
+    linseq_state_pool ph = {.data = h, .n_rows = r->n_rows, .src_rows = r->rows, .dtype = dtype};
+    float **ow = outputs_alloc(r), **oh = outputs_alloc(r);
+    CHECK_OK(job_run_decode_pool(r->j, 2, &pw, ow));
+    CHECK_OK(job_run_decode_pool(r->j, 1, &ph, oh));
+    bool same = true;
+    for (int k = 1; k < r->n_out; k++) {
+        same &= tu_same_bits(ow[k - 1], oh[k - 1], job_output_len(r->j, k));
+        free(ow[k - 1]);
+        free(oh[k - 1]);
+    }
+    free(ow);
+    free(oh);
+    for (int64_t i = 0; i < n; i++)
+        same &=
+            h[i] == (dtype == LINSEQ_POOL_BF16 ? ls_f32_to_bf16(wide[i]) : ls_f32_to_f16(wide[i]));
+    CHECK(same, "%s: %s pool differs from the float32 step rounded once", job_name(r->j),
+          dtype == LINSEQ_POOL_BF16 ? "bf16" : "f16");
+    free(h);
+    free(wide);
+}
+
+/* A refused call names what it refuses and leaves the pool's bytes as they were. */
+static void expect_refusal(const reference *r, linseq_state_pool pool, size_t bytes,
+                           const char *needle, const char *what)
+{
+    unsigned char *before = malloc(bytes);
+    memcpy(before, pool.data, bytes);
+    float **o = outputs_alloc(r);
+    const linseq_status st = job_run_decode_pool(r->j, 2, &pool, o);
+    for (int k = 1; k < r->n_out; k++) free(o[k - 1]);
+    free(o);
+    CHECK(st != LINSEQ_OK && strstr(linseq_last_error(), needle),
+          "%s %s: status %d, message '%s' (expected to name '%s')", job_name(r->j), what, (int)st,
+          linseq_last_error(), needle);
+    CHECK(memcmp(before, pool.data, bytes) == 0, "%s %s: the pool was written", job_name(r->j),
+          what);
+    free(before);
+}
+
+static void check_refusals(const reference *r)
+{
+    const int64_t n = 2 * r->n_rows * r->row;
+    float *data = tu_alloc((size_t)n);
+    memcpy(data, job_pool0(r->j), (size_t)(n / 2) * sizeof(float));
+    memcpy(data + n / 2, job_pool0(r->j), (size_t)(n / 2) * sizeof(float));
+    int64_t *src = malloc((size_t)r->B * sizeof *src), *dst = malloc((size_t)r->B * sizeof *dst);
+    int64_t live = 0, first = -1, second = -1;
+    for (int64_t b = 0; b < r->B; b++) {
+        src[b] = dst[b] = r->rows ? r->rows[b] : b;
+        if (src[b] < 0) continue;
+        live++;
+        if (first < 0)
+            first = b;
+        else if (second < 0)
+            second = b;
+    }
+    const size_t bytes = (size_t)n * sizeof(float);
+    const linseq_state_pool ok = {.data = data,
+                                  .n_rows = 2 * r->n_rows,
+                                  .src_rows = src,
+                                  .dst_rows = dst,
+                                  .dtype = LINSEQ_POOL_F32};
+    linseq_state_pool p = ok;
+    if (live >= 2) {
+        dst[second] = dst[first] + r->n_rows; /* gathered form: a real destination */
+        dst[first] = dst[second];
+        expect_refusal(r, p, bytes, "both write pool row", "two requests, one row");
+        dst[first] = src[first];
+        dst[second] = src[second];
+    }
+    src[first] = 2 * r->n_rows;
+    expect_refusal(r, p, bytes, "pool->src_rows", "a row past the pool");
+    src[first] = dst[first];
+    dst[first] = -3;
+    expect_refusal(r, p, bytes, "pool->dst_rows", "a padding destination for a live request");
+    dst[first] = src[first];
+    p.row_stride = r->row - 1;
+    expect_refusal(r, p, bytes, "pool->row_stride", "rows overlapping each other");
+    p = ok;
+    p.index_bits = 16;
+    expect_refusal(r, p, bytes, "pool->index_bits", "16-bit indices");
+    p = ok;
+    p.dtype = (linseq_pool_dtype)9;
+    expect_refusal(r, p, bytes, "pool->dtype", "an unknown element type");
+    free(src);
+    free(dst);
+    free(data);
+}
+
+static void test_every_decode_op(void)
+{
+    job *list;
+    const int n = jobs_make(&list);
+    int covered = 0;
+    for (int i = 0; i < n; i++) {
+        const job *j = job_at(list, i);
+        if (!job_is_decode(j)) continue;
+        reference r;
+        reference_make(&r, j);
+        check_strided(&r, r.row, "int32, contiguous (in place)");
+        check_strided(&r, r.row + 5, "int32, rows 5 floats apart (gathered)");
+        check_destinations(&r);
+        check_pad_value(&r);
+        check_half_pool(&r, LINSEQ_POOL_BF16);
+        check_half_pool(&r, LINSEQ_POOL_F16);
+        check_refusals(&r);
+        reference_free(&r);
+        covered++;
+    }
+    CHECK(covered >= 4, "only %d decode jobs in the catalog", covered);
+    jobs_free(list, n);
+}
+
+/* Widening is exact and narrowing rounds to nearest even: every half (and bfloat16 with the
+ * same exponent bits) survives the round trip, and the float32 midpoint between two
+ * neighbours goes to the one whose last bit is 0. */
+static void test_half_conversions(void)
+{
+    int bad_trip = 0, bad_mid = 0;
+    for (uint32_t h = 0; h < 0x7c00u; h++) { /* every finite non-negative half */
+        for (int neg = 0; neg < 2; neg++) {
+            const uint16_t x = (uint16_t)(h | (neg ? 0x8000u : 0));
+            bad_trip += ls_f32_to_f16(ls_f16_to_f32(x)) != x;
+            bad_trip += ls_f32_to_bf16(ls_bf16_to_f32(x)) != x;
+        }
+        if (h + 1 < 0x7c00u) {
+            const double lo = ls_f16_to_f32((uint16_t)h), hi = ls_f16_to_f32((uint16_t)(h + 1));
+            const uint16_t even = (h & 1u) ? (uint16_t)(h + 1) : (uint16_t)h;
+            bad_mid += ls_f32_to_f16((float)((lo + hi) / 2)) != even;
+        }
+    }
+    CHECK(bad_trip == 0 && bad_mid == 0, "half conversions: %d round trips, %d midpoints wrong",
+          bad_trip, bad_mid);
+    CHECK(ls_f32_to_f16(65519.0f) == 0x7bffu && ls_f32_to_f16(65520.0f) == 0x7c00u &&
+              ls_f32_to_f16(-INFINITY) == 0xfc00u && isnan(ls_f16_to_f32(ls_f32_to_f16(NAN))),
+          "half conversions: overflow to infinity at 65520, NaN kept");
+    CHECK(ls_f16_to_f32(0x0001u) == 0x1p-24f && ls_f32_to_f16(0x1p-25f) == 0 &&
+              ls_f32_to_f16(0x1.8p-25f) == 1,
+          "half conversions: the smallest subnormal and its rounding");
+}
+
+int main(void)
+{
+    test_half_conversions();
+    test_every_decode_op();
+    return tu_finish("test_state_pool");
+}
