@@ -18,9 +18,10 @@ test-backend-ops.cpp). The table in docs/performance.md was taken at ggml commit
 The lines inserted below are found by pattern; another commit may move them, and the script
 then stops with a message naming what it did not find.
 
-ggml's perf list has none of these shapes, so a ggml checkout needs a few lines of ours first.
-`--prepare-ggml DIR` inserts them into DIR/tests/test-backend-ops.cpp and builds the program
-(CPU backend only, Release, ggml's default -march=native: its best case on this machine):
+ggml's perf list has none of these shapes but the SSD ones at B=1, so a ggml checkout needs a
+few lines of ours first. `--prepare-ggml DIR` inserts them into DIR/tests/test-backend-ops.cpp
+and builds the program (CPU backend only, Release, ggml's default -march=native: its best case
+on this machine):
 
   * at the top of make_test_cases_perf(), a block that, when the environment has
     SIDE_BY_SIDE_CASES set, adds only the cases below and returns (print them with
