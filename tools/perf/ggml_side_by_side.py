@@ -7,7 +7,7 @@ linseq op, and prints a markdown table: case | ggml time | linseq time | ggml / 
 medians over the rounds, and the range of the per-round ratios), with the load average, the
 thread count and the command line. The VM's speed drifts from day to day, so only the ratios of
 one run mean anything. Needs python3 only; not run by make or CI; about 90 s per round (3
-minutes at the default --rounds 2).
+minutes at the default --rounds 2), and 3.5 minutes more per round for the eight SSD cases.
 
 ggml: the standalone repository, https://github.com/ggml-org/ggml (its tests/ hold
 test-backend-ops.cpp). The table in docs/performance.md was taken at ggml commit d99724f2
@@ -18,9 +18,10 @@ test-backend-ops.cpp). The table in docs/performance.md was taken at ggml commit
 The lines inserted below are found by pattern; another commit may move them, and the script
 then stops with a message naming what it did not find.
 
-ggml's perf list has none of these shapes, so a ggml checkout needs a few lines of ours first.
-`--prepare-ggml DIR` inserts them into DIR/tests/test-backend-ops.cpp and builds the program
-(CPU backend only, Release, ggml's default -march=native: its best case on this machine):
+ggml's perf list has none of these shapes but the SSD ones at B=1, so a ggml checkout needs a
+few lines of ours first. `--prepare-ggml DIR` inserts them into DIR/tests/test-backend-ops.cpp
+and builds the program (CPU backend only, Release, ggml's default -march=native: its best case
+on this machine):
 
   * at the top of make_test_cases_perf(), a block that, when the environment has
     SIDE_BY_SIDE_CASES set, adds only the cases below and returns (print them with
@@ -38,7 +39,7 @@ ggml's perf list has none of these shapes, so a ggml checkout needs a few lines 
 Then:
     make BUILD=build/ggmlcmp -j2 build/ggmlcmp/linseq
     python3 tools/perf/ggml_side_by_side.py --ggml DIR/build/bin/test-backend-ops \\
-        --cli build/ggmlcmp/linseq --threads 2 --rounds 2 [--cases kda,ssm1] [--json-out F]
+        --cli build/ggmlcmp/linseq --threads 2 --rounds 2 [--cases kda,ssm1,ssd] [--json-out F]
 
 ggml's CPU backend runs its graphs with OpenMP (GGML_OPENMP is on by default), so its runs get
 OMP_WAIT_POLICY=active (--no-omp-active drops it); linseq runs its own thread pool.
@@ -52,6 +53,10 @@ What each side does (like with like where ggml allows it; the table's notes say 
   (cache-warm at B=1 and 8; at B=32 its 64 MiB come from memory either way).
   SSM1: ggml's SSM_SCAN in the Mamba1 form (head_dim 1, A [D, N], one group) applies softplus
   to dt and returns y = C h; linseq's bench adds the D skip and the silu(z) gate (no softplus).
+  SSD (Mamba2): ggml's SSM_SCAN with head_dim > 1 (a scalar decay per head) runs token by
+  token on the CPU at any length (its chunked SSD path is CUDA's); linseq's bench
+  times the chunked form, as for SSM1 with the D skip and the gate and without the softplus.
+  Decode reuses one set of states on both sides: 1.5 MiB a sequence at H=48, 5 MiB at H=128.
   conv: ggml's SSM_CONV is the bare depthwise convolution over a channel-major [D, W-1+T]
   window; linseq's bench op adds the bias and the silu. ggml's SSM_CONV_BIAS_SILU perf case
   cannot stand in: perf mode repeats only the graph's last node (the silu), and the CPU
@@ -77,7 +82,8 @@ KDA_SHAPE = "--H 32 --K 128 --V 128"
 # key, label, ggml op, ggml perf case (C++ constructor call), ggml vars to match, linseq bench
 # arguments, note. The constructor arguments: test_gated_delta_net(type, heads, head size,
 # tokens per sequence, sequences, v_repeat, permuted, kda); test_ssm_scan(type, d_state,
-# head_dim (1 = Mamba1), heads (= D channels), groups, tokens, sequences);
+# head_dim (1 = Mamba1, > 1 = Mamba2), heads (= D channels in Mamba1), groups, tokens,
+# sequences);
 # test_ssm_conv(type, {W-1+T, D, sequences, 1}, {W, D, 1, 1}).
 CASES = [
     ("gdn", "Gated DeltaNet fwd (per-head decay) H=32 K=V=128 T=512", "GATED_DELTA_NET",
@@ -110,6 +116,19 @@ CASES = [
      "test_ssm_scan(GGML_TYPE_F32, 16, 1, 4096, 1, 1, 1)",
      {"d_state": "16", "head_dim": "1", "n_head": "4096", "n_seq_tokens": "1", "n_seqs": "1"},
      "ssm1-decode --B 1 --D 4096 --N 16", "ssm"),
+] + [
+    (f"ssd-h{h}-p{p}{'-decode' if t == 1 else ''}-b{b}",
+     f"SSD {'decode' if t == 1 else 'fwd'} H={h} P={p} N=128{' T=512' if t > 1 else ''}, B={b}",
+     "SSM_SCAN", f"test_ssm_scan(GGML_TYPE_F32, 128, {p}, {h}, 1, {t}, {b})",
+     {"d_state": "128", "head_dim": str(p), "n_head": str(h), "n_group": "1",
+      "n_seq_tokens": str(t), "n_seqs": str(b)},
+     f"ssd-decode --B {b} --H {h} --P {p} --N 128" if t == 1 else
+     f"ssd --B {b} --T {t} --H {h} --P {p} --N 128", "ssd-dec" if t == 1 else "ssd")
+    # the two Mamba2 shapes of ggml's own perf list (there at B=1 only)
+    for h, p in ((48, 64), (128, 80))
+    for t in (512, 1)
+    for b in (1, 8)
+] + [
     ("conv", "conv D=4096 W=4 T=512", "SSM_CONV",
      "test_ssm_conv(GGML_TYPE_F32, {515, 4096, 1, 1}, {4, 4096, 1, 1})",
      {"ne_a": "[515,4096,1,1]", "ne_b": "[4,4096,1,1]"},
@@ -122,6 +141,10 @@ NOTES = {
     "dec": "one recurrent step each; ggml: q/k l2norm outside the timed op, new state to a "
            "new tensor; linseq: l2norm inside, state in place",
     "ssm": "ggml: softplus(dt), y = C h; linseq: no softplus, + D skip and silu(z) gate",
+    "ssd": "ggml: recurrent, token by token, softplus(dt), y = C h; linseq: chunked (64), "
+           "no softplus, + D skip and silu(z) gate",
+    "ssd-dec": "one recurrent step each; ggml: softplus(dt), y = C h, new state to a new "
+               "tensor; linseq: no softplus, + D skip and silu(z) gate, state in place",
     "conv": "ggml: bare conv on a channel-major [D, W-1+T] window (no bias, no silu); "
             "linseq: conv + bias + silu on [T, D]",
 }
