@@ -7,7 +7,10 @@
  *     Y   = diag(exp(lam)) (C St) + M U,   M[i,j] = (C_i . B_j) exp(lam_i - lam_j), j <= i
  *     St' = exp(lam_{n-1}) St + B^T W,     W_j = exp(lam_{n-1} - lam_j) U_j,  U_j = dt_j x_j
  * Each exponent is a difference of partial sums taken directly (never exp(lam_i) exp(-lam_j),
- * which overflows under hard decay). The recurrent form (and decode) updates St token by token.
+ * which overflows under hard decay). The recurrent form (and decode) updates the state token by
+ * token in the layout it is stored in: St [N,P] for N-first states, S [P,N] (mamba's) for the
+ * default, each row of S along N in vectors, so that a decode step reads and writes the pool's
+ * row where it lies, with no transposition.
  * Without y (pl->y NULL: the segment summary's R) only the state is carried.
  * An item's arithmetic does not depend on the thread that runs it. */
 #include <math.h>
@@ -39,6 +42,51 @@ static void recurrent_item(const ssd_plan *pl, const ssd_item *it, float *St, fl
         }
         if (pl->y) finish_token(pl, it, t, ys);
     }
+}
+
+/* The same recurrence on S [P,N]: row p of S takes e S_p + (d x_p) B, and y_p = C . S_p, the
+ * sum over n in vector lanes, then across them. */
+static void recurrent_item_pn(const ssd_plan *pl, const ssd_item *it, float *S, float *ys)
+{
+    const int64_t P = pl->P, N = pl->N;
+    const float A = pl->A[it->h];
+    for (int64_t t = 0; t < it->n_tokens; t++) {
+        const float d = step_dt(pl, it, t);
+        const vf e = vf_set1(expf(d * A));
+        const float *x = pl->x + at_hp(pl, it, t);
+        const float *Bt = pl->Bp + at_gn(pl, it, t), *Ct = pl->Cp + at_gn(pl, it, t);
+        for (int64_t p = 0; p < P; p++) {
+            float *row = S + p * N;
+            const vf u = vf_set1(d * x[p]);
+            vf acc = vf_zero();
+            for (int64_t n = 0; n < N; n += VW) {
+                const int64_t m = N - n < VW ? N - n : VW;
+                const vf v = vf_fmadd(e, vf_load_n(row + n, m), vf_mul(vf_load_n(Bt + n, m), u));
+                vf_store_n(row + n, v, m);
+                acc = vf_fmadd(vf_load_n(Ct + n, m), v, acc);
+            }
+            ys[p] = vf_hsum(acc);
+        }
+        if (pl->y) finish_token(pl, it, t, ys);
+    }
+}
+
+/* The recurrent item in mamba's [P,N] layout: on the state row itself when the call updates
+ * it in place (decode, or hT == h0), else on a copy. */
+static void recurrent_item_in_place(const ssd_plan *pl, const ssd_item *it, float *scratch)
+{
+    const int64_t size = pl->P * pl->N, at = (it->row * pl->H + it->h) * size;
+    float *ys = scratch + ssd_round16(size);
+    if (pl->s0 && pl->s0 == pl->sT) {
+        recurrent_item_pn(pl, it, pl->sT + at, ys);
+        return;
+    }
+    if (pl->s0)
+        memcpy(scratch, pl->s0 + at, (size_t)size * sizeof *scratch);
+    else
+        memset(scratch, 0, (size_t)size * sizeof *scratch);
+    recurrent_item_pn(pl, it, scratch, ys);
+    if (pl->sT) memcpy(pl->sT + at, scratch, (size_t)size * sizeof *scratch);
 }
 
 /* ---- chunked ------------------------------------------------------------------------------ */
@@ -83,6 +131,8 @@ void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
         for (int64_t c0 = 0; c0 < it.n_tokens; c0 += L)
             chunk_step(pl, &it, c0, it.n_tokens - c0 < L ? it.n_tokens - c0 : L, &c);
         if (pl->sT) store_state(pl, &it, c.St);
+    } else if (!pl->n_first) {
+        recurrent_item_in_place(pl, &it, scratch);
     } else {
         float *St = scratch, *ys = scratch + ssd_round16(pl->N * pl->P);
         load_state(pl, &it, St);
