@@ -271,6 +271,18 @@ LINSEQ_API linseq_status linseq_op_decode_pool(const char *op_name, const void *
                                                const linseq_state_pool *pool,
                                                float *const *outputs);
 
+/* A prefill (forward) of the op named op_name (its entry has "decode") whose sequences' states
+ * live in `pool`: sequence s (a batch row, or a packed sequence with cu_seqlens) starts from
+ * row src_rows[s] where has_initial_state[s] (NULL: everywhere), from zeros otherwise, and
+ * its final state is written to row dst_rows[s] (its source row without dst_rows); a padding
+ * sequence starts from zeros and its final state is not kept. The problem's initial state
+ * must be NULL; outputs as linseq_op_forward's, the final state's slot ignored. CPU only. */
+LINSEQ_API linseq_status linseq_op_forward_pool(const char *op_name, const void *problem,
+                                                const linseq_exec *exec,
+                                                const linseq_state_pool *pool,
+                                                const bool *has_initial_state,
+                                                float *const *outputs);
+
 /* ------------------------------------------------------------------------------------ */
 /* Shared enums                                                                          */
 /* ------------------------------------------------------------------------------------ */

@@ -305,9 +305,61 @@ static void test_half_conversions(void)
           "half conversions: the smallest subnormal and its rounding");
 }
 
+/* The prefill over a pool (EMA: a state of D floats per sequence): rows 3 floats apart in a
+ * half-precision pool, int32 indices, a sequence without an initial state, another that is
+ * padding, destinations apart from the sources; against linseq_ema_forward from the gathered
+ * states. Then a refusal that leaves every byte. */
+static void test_prefill_pool(void)
+{
+    enum { B = 3, T = 9, D = 5, ROWS = 6, STRIDE = D + 3 };
+    tu_rng rng = {77};
+    float x[B * T * D], a[D], h0[B * D] = {0}, y_want[B * T * D], h_want[B * D];
+    float y[B * T * D];
+    tu_fill_normal(&rng, x, B * T * D, 1.0);
+    tu_fill_uniform(&rng, a, D, 0.5, 0.95);
+    uint16_t data[ROWS * STRIDE], before[ROWS * STRIDE];
+    for (int i = 0; i < ROWS * STRIDE; i++) data[i] = ls_f32_to_f16((float)tu_normal(&rng));
+    memcpy(before, data, sizeof data);
+    const int32_t src[B] = {4, 1, -1}, dst[B] = {2, 5, 0};
+    const bool has[B] = {true, false, true};
+    for (int d = 0; d < D; d++) h0[d] = ls_f16_to_f32(data[4 * STRIDE + d]);
+    linseq_ema_problem p = {.B = B, .T = T, .D = D, .x = x, .a = a, .h0 = h0};
+    CHECK_OK(linseq_ema_forward(&p, NULL, y_want, h_want));
+    p.h0 = NULL;
+    linseq_state_pool pool = {.data = data,
+                              .n_rows = ROWS,
+                              .row_stride = STRIDE,
+                              .dtype = LINSEQ_POOL_F16,
+                              .src_rows = src,
+                              .dst_rows = dst,
+                              .index_bits = 32};
+    float *out[2] = {y, NULL};
+    CHECK_OK(linseq_op_forward_pool("ema", &p, NULL, &pool, has, out));
+    bool ok = tu_same_bits(y, y_want, B * T * D);
+    for (int d = 0; d < D; d++) {
+        ok &= data[2 * STRIDE + d] == ls_f32_to_f16(h_want[d]);
+        ok &= data[5 * STRIDE + d] == ls_f32_to_f16(h_want[D + d]);
+    }
+    for (int r = 0; r < ROWS; r++)
+        for (int i = 0; i < STRIDE; i++)
+            if (r != 2 && r != 5) ok &= data[r * STRIDE + i] == before[r * STRIDE + i];
+    CHECK(ok, "prefill over a half pool: outputs or rows differ from the gathered forward");
+    memcpy(before, data, sizeof data);
+    const int32_t clash[B] = {2, 2, 0};
+    pool.dst_rows = clash;
+    CHECK_FAILS(linseq_op_forward_pool("ema", &p, NULL, &pool, has, out), LINSEQ_ERR_INVALID_VALUE,
+                "both write pool row");
+    CHECK(memcmp(before, data, sizeof data) == 0, "a refused prefill wrote the pool");
+    p.h0 = h0;
+    pool.dst_rows = dst;
+    CHECK_FAILS(linseq_op_forward_pool("ema", &p, NULL, &pool, has, out), LINSEQ_ERR_INVALID_VALUE,
+                "problem->h0 must be NULL");
+}
+
 int main(void)
 {
     test_half_conversions();
+    test_prefill_pool();
     test_every_decode_op();
     return tu_finish("test_state_pool");
 }

@@ -63,3 +63,61 @@ def test_refusals_leave_the_pool():
     with pytest.raises(ValueError, match="src_rows"):
         ops.decode_pool("ssd", STEP, states, np.array([1.0, 2.0, 3.0]))
     assert np.array_equal(states, before)
+
+
+def _kda_inputs(B, T, H=2, K=8, V=6):
+    return {"q": rng.standard_normal((B, T, H, K), np.float32),
+            "k": rng.standard_normal((B, T, H, K), np.float32) * 0.3,
+            "v": rng.standard_normal((B, T, H, V), np.float32),
+            "beta": np.full((B, T, H), 0.5, np.float32),
+            "g": -np.abs(rng.standard_normal((B, T, H, K))).astype(np.float32) * 0.2}
+
+
+PREFILLS = {
+    "ssd": lambda B, T: ({"x": rng.standard_normal((B, T, H, P), np.float32),
+                          "dt": np.full((B, T, H), 0.2, np.float32),
+                          "A": -np.ones(H, np.float32),
+                          "B": rng.standard_normal((B, T, 1, N), np.float32),
+                          "C": rng.standard_normal((B, T, 1, N), np.float32)}, {}),
+    "kda": lambda B, T: (_kda_inputs(B, T), {"decay": "per_channel"}),
+    "ema": lambda B, T: ({"x": rng.standard_normal((B, T, 5), np.float32),
+                          "a": np.full(5, 0.8, np.float32)}, {}),
+}
+
+
+@pytest.mark.parametrize("op", sorted(PREFILLS))
+@pytest.mark.parametrize("varlen", [False, True])
+def test_prefill_from_and_into_pool_rows(op, varlen):
+    """vLLM's prefill: each sequence starts from its slot where has_initial_state, from zeros
+    elsewhere, and its final state goes to its slot (here: another slot, int32 indices, pool
+    rows inside larger pages): the plain forward with the gathered initial states."""
+    if varlen and op == "ema":
+        pytest.skip("ema takes no packed sequences")
+    arrays, options = PREFILLS[op](1 if varlen else 3, 20)
+    cu = np.array([0, 7, 7, 20]) if varlen else None   # the middle sequence is empty
+    n = 3
+    state_shape = ops.run(op, arrays, cu_seqlens=cu, **options)[-1].shape[1:]
+    states = rng.standard_normal((8,) + state_shape).astype(np.float32)
+    src = np.array([5, 2, 6], np.int32)
+    dst = np.array([1, 3, 7], np.int32)
+    has = np.array([True, False, True])
+    h0 = np.where(has.reshape((n,) + (1,) * len(state_shape)), states[src], 0).astype(np.float32)
+    want = ops.run(op, dict(arrays, h0=h0), cu_seqlens=cu, **options)
+    pages, pool = _pages(states)
+    before = pages.copy()
+    got = ops.forward_pool(op, arrays, pool, src, dst, has, cu_seqlens=cu, **options)
+    assert all(np.array_equal(g, w) for g, w in zip(got, want[:-1]))
+    assert np.array_equal(pool[dst], want[-1])
+    others = [r for r in range(8) if r not in dst]
+    assert np.array_equal(pages[others], before[others])
+
+
+def test_prefill_refusals_leave_the_pool():
+    arrays, _ = PREFILLS["ssd"](3, 10)
+    states = rng.standard_normal((ROWS, H, P, N)).astype(np.float16)
+    before = states.copy()
+    with pytest.raises(LinseqError, match="both write pool row"):
+        ops.forward_pool("ssd", arrays, states, np.array([0, 1, 2]), np.array([3, 3, 4]))
+    with pytest.raises(ValueError, match="has_initial_state"):
+        ops.forward_pool("ssd", arrays, states, np.array([0, 1, 2]), has_initial_state=[True])
+    assert np.array_equal(states.view(np.uint16), before.view(np.uint16))

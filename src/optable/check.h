@@ -55,10 +55,14 @@ linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float
                                size_t token_bytes);
 /* The size of that name under problem p (0 when the op has none). */
 int64_t ls_op_size_named(const ls_op *op, const void *p, const char *name);
-/* A decode step over a serving engine's pool (linseq_op_decode_pool, decode_pool.c). */
+/* A decode step over a serving engine's pool (linseq_op_decode_pool, state_pool.c). */
 linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
                                 const linseq_exec *exec, const linseq_state_pool *pool,
                                 float *const *out);
+/* A prefill whose sequences start from and end in the pool's rows (linseq_op_forward_pool). */
+linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
+                                 const linseq_exec *exec, const linseq_state_pool *pool,
+                                 const bool *has_initial_state, float *const *out);
 linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
                                       int64_t n_rows, const int64_t *rows);
 

@@ -232,31 +232,22 @@ def _pool_rows(rows, name, B):
     return arr, arr.dtype.itemsize * 8
 
 
-def decode_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *, pad_value=None,
-                threads=0, **options):
-    """One token per request of op over a serving engine's pool (linseq_op_decode_pool):
-    `pool` [R, *state] a NumPy array of float32, float16 or bfloat16 (ml_dtypes) whose rows
-    may lie any stride apart (a view of larger pages) but are each C-contiguous; src_rows
-    and dst_rows [B] int32 or int64 (dst None: in place); pad_value marks padding besides
-    negative rows. Writes the new states into the pool's rows; returns the other outputs."""
-    desc = _lib.op_desc(op)
-    if not desc.get("decode"):
-        raise ValueError(f"{op}: the library's table gives it no decode step")
+def _pool_spec(pool, row_shape, count, src_rows, dst_rows, pad_value):
+    """The linseq_state_pool over a NumPy pool [R, *row_shape] for `count` requests or
+    sequences, and the index arrays it points at (kept alive by the caller)."""
     if not isinstance(pool, np.ndarray) or pool.dtype.name not in _POOL_DTYPES:
         raise TypeError(f"pool: expected a NumPy array of float32, float16 or bfloat16, got "
                         f"{type(pool).__name__} {getattr(pool, 'dtype', '')}")
-    problem, shapes, kept = _problem(op, arrays, sizes, options)
-    want = shapes[desc["decode"]["state"]]
-    if pool.ndim < 1 or (want is not None and tuple(pool.shape[1:]) != want[1:]):
-        raise ValueError(f"pool: expected rows of shape {list(want[1:])}, got "
+    if pool.ndim < 1 or tuple(pool.shape[1:]) != tuple(row_shape):
+        raise ValueError(f"pool: expected rows of shape {list(row_shape)}, got "
                          f"{list(pool.shape[1:])}")
     if pool.shape[0] and (not pool.flags.writeable or not pool[0].flags.c_contiguous or
                           pool.strides[0] % pool.itemsize or
                           pool.strides[0] < pool[0].size * pool.itemsize):
         raise ValueError("pool: each row must be C-contiguous and writable, rows at a positive "
                          "stride of whole elements, no closer than a row")
-    src, src_bits = _pool_rows(src_rows, "src_rows", problem.B)
-    dst, dst_bits = _pool_rows(dst_rows, "dst_rows", problem.B)
+    src, src_bits = _pool_rows(src_rows, "src_rows", count)
+    dst, dst_bits = _pool_rows(dst_rows, "dst_rows", count)
     if src is not None and dst is not None and src_bits != dst_bits:
         raise ValueError("src_rows, dst_rows: expected the same integer type")
     spec = _lib.StatePool(data=pool.ctypes.data, n_rows=pool.shape[0],
@@ -265,13 +256,65 @@ def decode_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *, p
                           dst_rows=pointer(dst), index_bits=src_bits or dst_bits or 64,
                           has_pad_value=pad_value is not None,
                           pad_value=0 if pad_value is None else int(pad_value))
-    outs, ptrs = _outputs(op, shapes, skip=desc["decode"]["state_out"])
+    return spec, (src, dst)
+
+
+def _pool_op(op):
+    desc = _lib.op_desc(op)
+    if not desc.get("decode"):
+        raise ValueError(f"{op}: the library's table gives it no decode step (and no state pool)")
+    return desc["decode"]
+
+
+def _without_state(op, outs, state_out):
+    return tuple(o for o, t in zip(outs, _lib.op_tensors(op, "output")) if t["name"] != state_out)
+
+
+def decode_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *, pad_value=None,
+                threads=0, **options):
+    """One token per request of op over a serving engine's pool (linseq_op_decode_pool):
+    `pool` [R, *state] a NumPy array of float32, float16 or bfloat16 (ml_dtypes) whose rows
+    may lie any stride apart (a view of larger pages) but are each C-contiguous; src_rows
+    and dst_rows [B] int32 or int64 (dst None: in place); pad_value marks padding besides
+    negative rows. Writes the new states into the pool's rows; returns the other outputs."""
+    roles = _pool_op(op)
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    spec, rows = _pool_spec(pool, shapes[roles["state"]][1:], problem.B, src_rows, dst_rows,
+                            pad_value)
+    outs, ptrs = _outputs(op, shapes, skip=roles["state_out"])
     ex = make_exec(mode="default", threads=threads)
     _lib.check(_lib.lib.linseq_op_decode_pool(op.encode(), ctypes.byref(problem),
                                               ctypes.byref(ex), ctypes.byref(spec), ptrs))
-    del kept
-    return tuple(o for o, t in zip(outs, _lib.op_tensors(op, "output"))
-                 if t["name"] != desc["decode"]["state_out"])
+    del kept, rows
+    return _without_state(op, outs, roles["state_out"])
+
+
+def forward_pool(op, arrays, pool, src_rows=None, dst_rows=None, has_initial_state=None,
+                 sizes=None, *, cu_seqlens=None, pad_value=None, threads=0, **options):
+    """A prefill of op whose sequences start from and end in a serving engine's pool
+    (linseq_op_forward_pool): sequence s starts from row src_rows[s] where
+    has_initial_state[s] (None: everywhere), from zeros otherwise, and its final state goes
+    to row dst_rows[s] (None: its source row). Pool and rows as decode_pool's. Returns the
+    outputs but the final state."""
+    roles = _pool_op(op)
+    given = {n: a for n, a in arrays.items() if a is not None}
+    problem, shapes, kept = _problem(op, given, sizes, options, cu_seqlens)
+    state_shape = shapes[roles["state"]]
+    spec, rows = _pool_spec(pool, state_shape[1:], state_shape[0], src_rows, dst_rows,
+                            pad_value)
+    has = None
+    if has_initial_state is not None:
+        has = np.ascontiguousarray(has_initial_state, dtype=np.bool_)
+        if has.shape != (state_shape[0],):
+            raise ValueError(f"has_initial_state: expected [N] = [{state_shape[0]}] booleans, "
+                             f"got shape {list(has.shape)}")
+    outs, ptrs = _outputs(op, shapes, skip=roles["state_out"])
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_forward_pool(op.encode(), ctypes.byref(problem),
+                                               ctypes.byref(ex), ctypes.byref(spec),
+                                               pointer(has), ptrs))
+    del kept, rows
+    return _without_state(op, outs, roles["state_out"])
 
 
 def backward(op, arrays, upstream, sizes=None, *, cu_seqlens=None, threads=0, **options):

@@ -1,13 +1,14 @@
-/* A decode step over a state pool as a serving engine holds it (linseq_state_pool), for every
- * op with a decode step, from its description alone.
+/* The state pools of serving engines (linseq_state_pool) for every op with a decode step,
+ * from its description alone: a decode step over the pool, and a prefill (forward) whose
+ * sequences start from and end in pool rows.
  *
  * The indices are read into int64 rows (padding: -1) and checked, all before any write. A pool
  * the op's own decode takes as it is (float32, contiguous rows, each request writing the row
- * it reads) goes to it directly and is updated in place. Any other pool is gathered: the
- * source rows of the live requests, widened to float32, into a contiguous block the op
- * decodes in place; only when it succeeds is each new state written to its destination row,
- * rounded once to the pool's type. So every source row is read before any row is written,
- * and a refusal by the op itself (a positive log decay, say) leaves the pool untouched too. */
+ * it reads) goes to it directly and is updated in place. Any other pool, and every prefill,
+ * is gathered: the source rows, widened to float32, into a contiguous block the op runs in
+ * place; only when it succeeds is each new state written to its destination row, rounded
+ * once to the pool's type. So every source row is read before any row is written, and a
+ * refusal by the op itself (a positive log decay, say) leaves the pool untouched too. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +125,14 @@ static linseq_status check_distinct(const char *fn, const int64_t *dst, int64_t 
     return LINSEQ_OK;
 }
 
+/* The sequences (or requests) of problem p: the rows of its state tensor. */
+static int64_t state_count(const ls_op *op, const void *p)
+{
+    const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t d[LS_OP_MAX_DIMS];
+    return t->shape(p, d) ? d[0] : 0;
+}
+
 static void *row_at(const linseq_state_pool *pool, int64_t r, int64_t stride)
 {
     return (unsigned char *)pool->data + (size_t)(r * stride) * pool_elem_bytes(pool->dtype);
@@ -203,6 +212,75 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
         st = in_place ? op->decode(p, exec, pool->data, pool->n_rows, src, out)
                       : decode_gathered(fn, op, p, exec, pool, B, row, src, dst, work, out);
     }
+    free(rows);
+    return st;
+}
+
+/* The float32 block of n states the prefill starts from (zeros where a sequence has no
+ * initial state or is padding) into *block. */
+static linseq_status gather_initial(const char *fn, const linseq_state_pool *pool, int64_t n,
+                                    int64_t row, const int64_t *src, const bool *has_initial_state,
+                                    float **block)
+{
+    const int64_t stride = pool->row_stride ? pool->row_stride : row;
+    if (ls_mul_sat(n, row) > (int64_t)(SIZE_MAX / 2 / sizeof(float)))
+        return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "pool: %lld states of %lld elements",
+                       (long long)n, (long long)row);
+    *block = calloc((size_t)(n * row), sizeof **block);
+    if (!*block)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld states",
+                       (long long)n);
+    for (int64_t s = 0; s < n; s++)
+        if (src[s] >= 0 && (!has_initial_state || has_initial_state[s]))
+            widen(pool, row_at(pool, src[s], stride), *block + s * row, row);
+    return LINSEQ_OK;
+}
+
+/* The forward on a copy of the problem whose initial and final states are `block`. */
+static linseq_status forward_from(const char *fn, const ls_op *op, const void *p,
+                                  const linseq_exec *exec, float *const *out, float *block)
+{
+    void *problem = malloc(op->problem_size);
+    if (!problem) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "could not copy the problem");
+    memcpy(problem, p, op->problem_size);
+    ls_tensor_set(ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state), problem, block);
+    float *outputs[LS_OP_MAX_OUT] = {0};
+    for (int i = 0; ls_op_tensor(op, LS_ROLE_OUTPUT, i); i++) outputs[i] = out[i];
+    /* the final states replace the initial ones in place */
+    outputs[ls_op_tensor_named(op, LS_ROLE_OUTPUT, op->decode_state_out)->offset] = block;
+    const linseq_status st = op->forward(problem, exec, outputs);
+    free(problem);
+    return st;
+}
+
+linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
+                                 const linseq_exec *exec, const linseq_state_pool *pool,
+                                 const bool *has_initial_state, float *const *out)
+{
+    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
+    const ls_tensor_desc *h0 = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    if (ls_tensor_get(h0, p))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "problem->%s must be NULL: the sequences start from the pool's rows",
+                       h0->field);
+    const int64_t n = state_count(op, p), row = state_elements(op, p);
+    linseq_status st = check_pool(fn, pool, row, exec);
+    if (st) return st;
+    if (n < 1) return op->forward(p, exec, out); /* its own refusal of the sizes */
+    int64_t *rows = malloc((size_t)(3 * n) * sizeof *rows);
+    if (!rows)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",
+                       (long long)(3 * n));
+    int64_t *src = rows, *dst = rows + n, *work = rows + 2 * n;
+    float *block = NULL;
+    if (!(st = read_rows(fn, pool, n, src, dst)) && !(st = check_distinct(fn, dst, n, work)) &&
+        !(st = gather_initial(fn, pool, n, row, src, has_initial_state, &block)) &&
+        !(st = forward_from(fn, op, p, exec, out, block))) {
+        const int64_t stride = pool->row_stride ? pool->row_stride : row;
+        for (int64_t s = 0; s < n; s++)
+            if (src[s] >= 0) narrow(pool, block + s * row, row_at(pool, dst[s], stride), row);
+    }
+    free(block);
     free(rows);
     return st;
 }
