@@ -11,7 +11,7 @@ round, each side runs a few batches of calls (one warm-up call first; vLLM first
 rounds, last in even ones) and its per-call time is the median over the batches. The table
 gives the medians over the rounds and the range of the per-round ratios, with the load
 average and the command line. The VM's speed drifts, so only the ratios of one run mean
-anything. Not run by make or CI; about 5 minutes at the defaults.
+anything. Not run by make or CI; about 2 minutes at the defaults.
 
 Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree:
     make -j2 lib
@@ -39,14 +39,12 @@ import argparse
 import ctypes
 import datetime
 import json
-import math
 import os
 import shlex
 import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 import vllm
@@ -628,7 +626,7 @@ def report(args, results, errors, load_before, load_after):
             f"round(s) ({args.long_rounds} at T={LONG_T}) of {args.batches} timed batches a "
             f"side. Times: per call, medians over the rounds; ratio: the median's, then the "
             f"range of the per-round ratios; least / least: the ratio of each side's fastest "
-            f"batch (what the kernels do when nothing else runs); met/missed by the "
+            f"batch, the one other work disturbed least; met/missed by the "
             f"median's.\n")
     out = [head, table(results)]
     if errors:
