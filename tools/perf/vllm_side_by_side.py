@@ -17,7 +17,7 @@ Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree
     make -j2 lib
     PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so \\
         "$(sh scripts/vllm-venv.sh)/bin/python" tools/perf/vllm_side_by_side.py \\
-        [--threads 1,2] [--rounds 3] [--cases gdn,conv] [--write docs/performance.md]
+        [--threads 1,2] [--rounds 5] [--cases gdn,conv] [--write docs/performance.md]
 
 Threads: torch.set_num_threads(n) for vLLM (OpenMP), the exec's thread count for linseq (its
 own pool), n in --threads. A short sleep separates the sides, so that neither runs beside the
