@@ -9,8 +9,8 @@
 # that version by a constraints file, which also makes pip pick the torchvision built for it
 # (0.28.0) and a torchaudio that accepts it (2.11.1, which asks for torch>=2.11). Made once:
 # a stamp file naming the versions marks a complete environment, and a later run with the
-# same versions does nothing. DIR is relative to the tree's root. Prints the environment's folder
-# (absolute) last, alone on stdout (pip's output goes to stderr):
+# same versions does nothing. DIR is relative to the tree's root. Prints the environment's
+# folder (absolute) last, alone on stdout (pip's output goes to stderr):
 #     VENV=$(sh scripts/vllm-venv.sh)
 set -e
 cd "$(dirname "$0")/.."
