@@ -343,6 +343,22 @@ static void test_conv_pools(void)
     conv_pool_make(&c, 4, 2, 33, 1, 1, 6, 26);
     check_conv_decode(&c, rows, cache, "W = 1");
     conv_pool_free(&c);
+    /* one token, no cache_seqlens (its own path): ragged channel blocks, the common width
+     * and others, a longer state, W = 1, channel_first x, no bias */
+    static const int64_t one_token[][3] = {{4, 3, 70}, {3, 6, 37}, {5, 4, 21}, {1, 1, 18}};
+    for (size_t i = 0; i < sizeof one_token / sizeof one_token[0]; i++) {
+        const int64_t W = one_token[i][0], L = one_token[i][1], D = one_token[i][2];
+        char what[64];
+        conv_pool_make(&c, 4, 1, D, W, L, 6, 30 + i);
+        snprintf(what, sizeof what, "one token, W %lld, state_len %lld, D %lld", (long long)W,
+                 (long long)L, (long long)D);
+        check_conv_decode(&c, rows, NULL, what);
+        if (L == W - 1) check_conv_decode_is_forward(&c, rows);
+        c.p.channel_first = true; /* with T = 1 the layouts hold the same floats */
+        c.p.bias = NULL;
+        check_conv_decode(&c, rows, NULL, "one token, channel_first, no bias");
+        conv_pool_free(&c);
+    }
 }
 
 static void conv_expect_fail(conv_pool *c, const linseq_conv1d_problem *p, float *state,

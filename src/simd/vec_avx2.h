@@ -20,6 +20,7 @@ static inline vf vf_mul(vf a, vf b) { return _mm256_mul_ps(a, b); }
 static inline vf vf_div(vf a, vf b) { return _mm256_div_ps(a, b); }
 static inline vf vf_sqrt(vf a) { return _mm256_sqrt_ps(a); }
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
+static inline float vf_fmadd1(float a, float b, float c) { return fmaf(a, b, c); }
 static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm256_fnmadd_ps(a, b, c); }
 static inline vf vf_max(vf lo, vf x) { return _mm256_max_ps(lo, x); }
 static inline vf vf_min(vf hi, vf x) { return _mm256_min_ps(hi, x); }

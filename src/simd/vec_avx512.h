@@ -25,6 +25,7 @@ static inline vf vf_div(vf a, vf b) { return _mm512_div_ps(a, b); }
 static inline vf vf_sqrt(vf a) { return _mm512_sqrt_ps(a); }
 /* a * b + c and c - a * b, one rounding */
 static inline vf vf_fmadd(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
+static inline float vf_fmadd1(float a, float b, float c) { return fmaf(a, b, c); }
 static inline vf vf_fnmadd(vf a, vf b, vf c) { return _mm512_fnmadd_ps(a, b, c); }
 /* NaN in x passes through: when an operand is NaN these return the second one */
 static inline vf vf_max(vf lo, vf x) { return _mm512_max_ps(lo, x); }

@@ -21,6 +21,8 @@ static inline vf vf_div(vf a, vf b) { return a / b; }
 static inline vf vf_sqrt(vf a) { return sqrtf(a); }
 /* Two roundings here: without hardware FMA, fmaf is a slow library call. */
 static inline vf vf_fmadd(vf a, vf b, vf c) { return a * b + c; }
+/* One lane of vf_fmadd, rounded as it is (here: twice; fused in the vector layers). */
+static inline float vf_fmadd1(float a, float b, float c) { return a * b + c; }
 static inline vf vf_fnmadd(vf a, vf b, vf c) { return c - a * b; }
 static inline vf vf_max(vf lo, vf x) { return x != x ? x : (x > lo ? x : lo); }
 static inline vf vf_min(vf hi, vf x) { return x != x ? x : (x < hi ? x : hi); }

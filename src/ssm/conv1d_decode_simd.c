@@ -8,7 +8,12 @@
  * activation in vector form), so a decode step gives the forward's bits for the same window.
  * The state row is updated after the window has read it: shifted left by T with the new inputs
  * appended, or the new inputs written at positions (cache_seqlens + i) % state_len in token
- * order. */
+ * order.
+ * One token without cache_seqlens (every decode step of a model) takes a shorter way: each
+ * channel's taps run over its state row and new input where they lie, in scalars with the
+ * vector lane's rounding (vf_fmadd1), and the row shifts by one; only the activation runs in
+ * vectors, on the block's sums. Gathering 16 channels' rows of W-1 floats into vectors cost
+ * more than the arithmetic. */
 #include <string.h>
 
 #include "ssm/ssm_kernels.h"
@@ -34,9 +39,49 @@ static void advance_state(const conv1d_decode_plan *pl, float *row, const float 
         for (int64_t i = 0; i < T; i++) row[(start + i) % L] = x_new[i * SSM_LANES];
         return;
     }
-    if (T < L) memmove(row, row + T, (size_t)(L - T) * sizeof(float));
+    /* a few floats per channel: a call to memmove would cost more than the move */
+    for (int64_t i = 0; i + T < L; i++) row[i] = row[i + T];
     const int64_t keep = T < L ? T : L; /* the newest inputs that fit */
     for (int64_t i = 0; i < keep; i++) row[L - keep + i] = x_new[(T - keep + i) * SSM_LANES];
+}
+
+/* The taps and the shift of one token over `lanes` channels' rows of L floats; sums[l] the
+ * pre-activation. Always inlined, so that the common width (W 4, L 3) is called with constant
+ * sizes and its loops unroll: with run-time sizes the loop control cost twice the work. */
+static inline __attribute__((always_inline)) void
+one_token_taps(const float *weight, const float *bias, int64_t W, int64_t L, int64_t lanes,
+               float *state, const float *x, float *sums)
+{
+    for (int64_t l = 0; l < lanes; l++) {
+        const float *w = weight + l * W;
+        float *row = state + l * L, *window = row + L - (W - 1); /* the W-1 previous inputs */
+        float acc = bias ? bias[l] : 0.0f;
+        for (int64_t j = 0; j < W - 1; j++) acc = vf_fmadd1(w[j], window[j], acc);
+        sums[l] = vf_fmadd1(w[W - 1], x[l], acc);
+        /* shift by one, carried from the end (a forward copy loop becomes a memmove call) */
+        float carry = x[l];
+        for (int64_t i = L - 1; i >= 0; i--) {
+            const float old = row[i];
+            row[i] = carry;
+            carry = old;
+        }
+    }
+}
+
+/* One token, no cache_seqlens: lanes channels from d0, state rows of L floats at `state`,
+ * the new inputs at x, y into y_row. */
+static void one_token_block(const conv1d_decode_plan *pl, int64_t d0, int64_t lanes, float *state,
+                            const float *x, float *y_row)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    const float *weight = p->weight + d0 * p->W, *bias = p->bias ? p->bias + d0 : NULL;
+    _Alignas(64) float sums[SSM_LANES] = {0};
+    if (p->W == 4 && pl->state_len == 3)
+        one_token_taps(weight, bias, 4, 3, lanes, state, x, sums);
+    else
+        one_token_taps(weight, bias, p->W, pl->state_len, lanes, state, x, sums);
+    for (int64_t s = 0; s < STRIPS; s++)
+        vf_store_part(y_row + s * VW, vf_act(pl->act, vf_load(sums + s * VW)), lanes - s * VW);
 }
 
 void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
@@ -58,10 +103,16 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
         ssm_rows_flush(&y, (ssm_prefetch){0, 0});
         return;
     }
+    float *state = pl->state + (row * D + d0) * L; /* channel d0 + l at state[l * L] */
+    if (T == 1 && !pl->cache_seqlens) {
+        const ssm_rows x = ssm_rows_in(&pl->x, T, b * T, T, (ssm_prefetch){0, 0}, d0, lanes, win);
+        one_token_block(pl, d0, lanes, state, x.p, y.p);
+        ssm_rows_flush(&y, (ssm_prefetch){0, 0});
+        return;
+    }
     /* Lanes past a ragged block read zeros and store nothing. */
     if (lanes < SSM_LANES) memset(taps, 0, (size_t)(W + W - 1 + T) * SSM_LANES * sizeof(float));
     ls_transpose_copy(taps, SSM_LANES, p->weight + d0 * W, W, lanes, W);
-    float *state = pl->state + (row * D + d0) * L; /* channel d0 + l at state[l * L] */
     const int64_t start = pl->cache_seqlens ? pl->cache_seqlens[b] % L : 0;
     for (int64_t i = 0; i < W - 1; i++) {
         const int64_t pos = previous_position(pl, start, i);
