@@ -71,7 +71,7 @@ def test_refusals_name_what_is_wrong():
     with pytest.raises(ValueError, match=r"a: expected shape \[D\] = \[4\]"):
         linseq.ops.run("ema", {"x": x, "a": a[:3]})
     with pytest.raises(ValueError, match="no decode step"):
-        linseq.ops.decode("causal_conv1d", {"x": x}, np.zeros((1, 4, 3), np.float32))
+        linseq.ops.decode("kda_gate", {"g_raw": x}, np.zeros((1, 4, 3), np.float32))
     with pytest.raises(ValueError, match="not an op"):
         linseq.ops.run("frob", {})
 

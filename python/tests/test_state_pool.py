@@ -7,7 +7,7 @@ and a refused call leaves the pool as it was."""
 import numpy as np
 import pytest
 
-from linseq import LinseqError, ops
+from linseq import LinseqError, _lib, ops
 
 rng = np.random.default_rng(3)
 B, H, P, N, ROWS = 3, 2, 4, 5, 6
@@ -82,6 +82,9 @@ PREFILLS = {
     "kda": lambda B, T: (_kda_inputs(B, T), {"decay": "per_channel"}),
     "ema": lambda B, T: ({"x": rng.standard_normal((B, T, 5), np.float32),
                           "a": np.full(5, 0.8, np.float32)}, {}),
+    "causal_conv1d": lambda B, T: ({"x": rng.standard_normal((B, T, 6), np.float32),
+                                    "weight": rng.standard_normal((6, 4), np.float32)},
+                                   {"activation": "silu"}),
 }
 
 
@@ -102,7 +105,8 @@ def test_prefill_from_and_into_pool_rows(op, varlen):
     dst = np.array([1, 3, 7], np.int32)
     has = np.array([True, False, True])
     h0 = np.where(has.reshape((n,) + (1,) * len(state_shape)), states[src], 0).astype(np.float32)
-    want = ops.run(op, dict(arrays, h0=h0), cu_seqlens=cu, **options)
+    state_input = _lib.op_desc(op)["decode"]["state"]   # h0, conv_state
+    want = ops.run(op, dict(arrays, **{state_input: h0}), cu_seqlens=cu, **options)
     pages, pool = _pages(states)
     before = pages.copy()
     got = ops.forward_pool(op, arrays, pool, src, dst, has, cu_seqlens=cu, **options)

@@ -108,6 +108,16 @@ static const ls_tensor_desc tensors[] = {
             .shape = shape_state),
 };
 
+/* The table's decode step: each request's state row holds the W-1 previous inputs per
+ * channel and shifts by the new token (linseq_conv1d_decode with state_len W-1, no
+ * cache_seqlens), so the generic pool calls reach the conv as every other op with a state. */
+static linseq_status decode(const void *v, const linseq_exec *exec, float *pool, int64_t n_rows,
+                            const int64_t *rows, float *const *out)
+{
+    const P *p = v;
+    return linseq_conv1d_decode(p, exec, pool, n_rows, p->W - 1, rows, NULL, out[0]);
+}
+
 const ls_op ls_op_conv1d = {
     LS_OP_STRUCTS(linseq_conv1d_problem, linseq_conv1d_grads),
     LS_OP_OPTIONS(options),
@@ -120,4 +130,7 @@ const ls_op ls_op_conv1d = {
     .flops = flops,
     .bench_options = bench_options,
     .bench_name = "conv",
+    .decode = decode,
+    .decode_state = "conv_state",
+    .decode_state_out = "conv_state_out",
 };
