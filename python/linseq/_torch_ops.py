@@ -30,7 +30,7 @@ import typing
 import numpy as np
 import torch
 
-from . import _lib, _opspec, _torch_direct, ops
+from . import _lib, _opspec, _torch_direct, _torch_native, ops
 
 AVAILABLE = all(hasattr(torch.library, n)
                 for n in ("custom_op", "register_fake", "register_autograd"))
@@ -292,6 +292,7 @@ def _define_decode():
 
     op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
                                  schema=schema)
+    eager = _torch_native.provide(op, decode)
 
     @op.register_fake
     def _(*args):
@@ -301,8 +302,13 @@ def _define_decode():
                            dtype=kda_output_dtype(given, train=False))
 
     def call(arrays, state, state_rows, opts):
-        return op(*[arrays.get(k) for k in layout.spec.arrays], state, state_rows,
-                  *[getattr(opts, f) for f in layout.fields])
+        tensors = [arrays.get(k) for k in layout.spec.arrays]
+        options = [getattr(opts, f) for f in layout.fields]
+        if eager is None or not _torch_direct.direct_call(*tensors, state, state_rows):
+            return op(*tensors, state, state_rows, *options)
+        o = eager(*tensors, state, state_rows, *options)
+        torch.autograd.graph.increment_version(state)  # what the op's dispatch does
+        return o
 
     return call
 
@@ -375,4 +381,15 @@ def pool_update_op(name, schema, decode, fake):
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", decode, mutates_args=("state",),
                                  schema=schema)
     op.register_fake(fake)
+    _EAGER[name] = _torch_native.provide(op, decode)
     return op
+
+
+_EAGER = {}  # pool_update_op's name -> its eager entry (_torch_native.provide), or None
+
+
+def eager_entry(name):
+    """The C++ CPU kernel of the pool update op `name`, called without its dispatch through
+    Python (for plain CPU tensors outside tracing: _torch_direct.direct_call), or None where
+    the C++ kernels are not loaded."""
+    return _EAGER.get(name)
