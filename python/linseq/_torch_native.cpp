@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -121,6 +122,9 @@ linseq_exec cpu_exec(linseq_mode mode, linseq_dtype dtype)
 
 const float *f32_ptr(const OptTensor &t) { return t ? t->const_data_ptr<float>() : nullptr; }
 
+/* The calls passed on to the Python bodies so far (linseq_torch_native_passed_on). */
+std::atomic<int64_t> passed_on{0};
+
 /* linseq::<op>_fallback: the Python body of the op, for a call the kernel does not take. */
 c10::OperatorHandle fallback(const char *op)
 {
@@ -189,6 +193,7 @@ Tensor conv_state_update(const Tensor &x, const Tensor &state, const Tensor &wei
 {
     const ConvCall call{x, state, weight, bias, activation, cache_seqlens, rows};
     if (bound() && conv_common(call)) return conv_run(call);
+    passed_on++;
     static const auto general =
         fallback("conv_state_update")
             .typed<Tensor(const Tensor &, const Tensor &, const Tensor &, const OptTensor &,
@@ -284,6 +289,7 @@ Tensor mamba_state_update(const Tensor &state, const Tensor &rows, const Tensor 
 {
     const ScanCall call{state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus};
     if (bound() && scan_common(call)) return scan_run(call);
+    passed_on++;
     static const auto general =
         fallback("mamba_state_update")
             .typed<Tensor(const Tensor &, const Tensor &, const Tensor &, const Tensor &,
@@ -411,6 +417,7 @@ Tensor kda_decode(const OptTensor &q, const OptTensor &k, const OptTensor &v, co
         const auto dtype = kda_storage(call);
         if (dtype && kda_common(call, *dtype)) return kda_run(call, *dtype);
     }
+    passed_on++;
     static const auto general =
         fallback("kda_decode")
             .typed<Tensor(const OptTensor &, const OptTensor &, const OptTensor &,
@@ -450,6 +457,9 @@ NATIVE_API const char *linseq_torch_native_entry_name(int index)
     static const char *const names[] = {"kda_decode", "conv1d_decode", "ssm1_decode", "last_error"};
     return index >= 0 && index < 4 ? names[index] : nullptr;
 }
+
+/* How many calls the kernels have passed on to the ops' Python bodies. */
+NATIVE_API int64_t linseq_torch_native_passed_on(void) { return passed_on.load(); }
 
 /* sizeof a struct this library fills, by its C name (0: unknown), so that the loader can
  * refuse a liblinseq whose layout differs from the header this was compiled with. */

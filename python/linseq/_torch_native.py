@@ -79,6 +79,7 @@ def _checked_and_bound(path):
         if native.linseq_torch_native_bind(name, address.value) != 0:
             raise OSError(f"it refused the entry point {name.decode()}")
         index += 1
+    native.linseq_torch_native_passed_on.restype = ctypes.c_int64
     return native
 
 
@@ -121,3 +122,9 @@ def provide(op, body):
     library.impl(f"{name}_fallback", body, "CompositeExplicitAutograd")
     _FALLBACKS.append(library)
     return functools.partial(op._opoverload._handle.redispatch_boxed, _CPU)
+
+
+def passed_on():
+    """How many calls the C++ kernels have passed on to the ops' Python bodies (a dtype to
+    convert, a call to refuse by name): what a decode step that should stay in C++ checks."""
+    return _native.linseq_torch_native_passed_on() if AVAILABLE else 0
