@@ -109,6 +109,16 @@ def spec_inputs(spec, arrays, cu, opts, train):
     return spec.inputs(arrays, cu, opts, bf16=not train)
 
 
+_EAGER = {}  # decode op name -> its eager entry (_torch_native.provide), or None
+
+
+def eager_entry(name):
+    """The C++ CPU kernel of the decode op `name` (kda_decode or a pool_update_op), called
+    without its dispatch through Python (for plain CPU tensors outside tracing:
+    _torch_direct.direct_call), or None where the C++ kernels are not loaded."""
+    return _EAGER.get(name)
+
+
 class _Layout:
     """Packs and unpacks the arguments of one spec's ops: the arrays in spec order,
     cu_seqlens, the option fields, then per op its own tail."""
@@ -292,7 +302,7 @@ def _define_decode():
 
     op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
                                  schema=schema)
-    eager = _torch_native.provide(op, decode)
+    eager = _EAGER["kda_decode"] = _torch_native.provide(op, decode)
 
     @op.register_fake
     def _(*args):
@@ -384,12 +394,3 @@ def pool_update_op(name, schema, decode, fake):
     _EAGER[name] = _torch_native.provide(op, decode)
     return op
 
-
-_EAGER = {}  # pool_update_op's name -> its eager entry (_torch_native.provide), or None
-
-
-def eager_entry(name):
-    """The C++ CPU kernel of the pool update op `name`, called without its dispatch through
-    Python (for plain CPU tensors outside tracing: _torch_direct.direct_call), or None where
-    the C++ kernels are not loaded."""
-    return _EAGER.get(name)

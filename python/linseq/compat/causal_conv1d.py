@@ -468,16 +468,16 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          f"{dim} and state_len >= width-1 = {width - 1}, got "
                          f"{list(conv_state.shape)}")
     rows = _int_vector(conv_state_indices, "conv_state_indices", batch)
+    seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
+    # eager on plain tensors: the op's body without torch.library's dispatch (same result)
+    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
     if rows is None:
         if conv_state.shape[0] != batch:
             raise ValueError(f"conv_state: expected {batch} rows (one per request) without "
                              f"conv_state_indices, got {conv_state.shape[0]}")
-        rows = torch.arange(batch)
-    seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
+        rows = _torch_direct.identity_rows(batch) if direct else torch.arange(batch)
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
-    # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
     if not direct:  # (plain CPU tensors all: on one device)
         check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
                               cache_seqlens=seqlens, conv_state_indices=rows))
