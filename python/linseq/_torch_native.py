@@ -34,6 +34,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def cache_key(source, header_dir):
+    """What a build depends on: a new source, header, torch version or C++ ABI builds anew."""
     key = hashlib.sha256()
     for path in (source, os.path.join(header_dir, "linseq.h")):
         with open(path, "rb") as f:
@@ -56,11 +57,16 @@ def _build_at_first_use():
     return (None, why) if why else (target, None)
 
 
+_registered = False  # the library's kernels are in the dispatcher (bound or not)
+
+
 def _checked_and_bound(path):
     """Loads the library into torch's dispatcher and hands it the library's entry points,
     after checking that it fills the structs as the loaded liblinseq lays them out. Until
     bound, its kernels pass every call to the Python bodies."""
     torch.ops.load_library(path)
+    global _registered
+    _registered = True
     native = ctypes.CDLL(path)
     native.linseq_torch_native_struct_size.argtypes = [ctypes.c_char_p]
     native.linseq_torch_native_struct_size.restype = ctypes.c_int64
@@ -109,11 +115,12 @@ _CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.CPU)
 
 def provide(op, body):
     """For the custom op `op` (a torch.library.custom_op) whose CPU kernel the library holds:
-    defines linseq::<op>_fallback, its Python `body`, for the calls that kernel passes on.
+    defines linseq::<op>_fallback, its Python `body`, for the calls that kernel passes on
+    (every call, where the library was loaded but refused: then it is never bound).
     Returns the eager entry: the op's CPU kernel called without the dispatch through its
     Python autograd and ADInplaceOrView kernels (for plain CPU tensors outside tracing, where
     those do nothing: _torch_direct.direct_call), or None without the library."""
-    if not AVAILABLE:
+    if not _registered:
         return None
     schema = str(op._opoverload._schema)
     name = schema[len(NAMESPACE) + 2:schema.index("(")]
@@ -121,6 +128,8 @@ def provide(op, body):
     library.define(f"{name}_fallback{schema[schema.index('('):]}")
     library.impl(f"{name}_fallback", body, "CompositeExplicitAutograd")
     _FALLBACKS.append(library)
+    if not AVAILABLE:
+        return None
     return functools.partial(op._opoverload._handle.redispatch_boxed, _CPU)
 
 

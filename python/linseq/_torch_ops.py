@@ -302,7 +302,7 @@ def _define_decode():
 
     op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
                                  schema=schema)
-    eager = _EAGER["kda_decode"] = _torch_native.provide(op, decode)
+    _EAGER["kda_decode"] = _torch_native.provide(op, decode)
 
     @op.register_fake
     def _(*args):
@@ -314,6 +314,7 @@ def _define_decode():
     def call(arrays, state, state_rows, opts):
         tensors = [arrays.get(k) for k in layout.spec.arrays]
         options = [getattr(opts, f) for f in layout.fields]
+        eager = _EAGER["kda_decode"]
         if eager is None or not _torch_direct.direct_call(*tensors, state, state_rows):
             return op(*tensors, state, state_rows, *options)
         o = eager(*tensors, state, state_rows, *options)

@@ -201,7 +201,8 @@ import torch, linseq
 from linseq import _torch_native
 from linseq.compat import causal_conv1d as cc
 g = torch.Generator().manual_seed(8)
-pool, x, w = torch.randn(2, 6, 3, generator=g), torch.randn(2, 6, generator=g), torch.randn(6, 4, generator=g)
+pool, x = torch.randn(2, 6, 3, generator=g), torch.randn(2, 6, generator=g)
+w = torch.randn(6, 4, generator=g)
 y = cc.causal_conv1d_update(x, pool, w, None, "silu")
 print("RESULT", _torch_native.AVAILABLE, _torch_native._native._name if _torch_native.AVAILABLE
       else None, y.tolist(), pool.tolist())

@@ -363,8 +363,8 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
             and (z is None or z.shape == (b, d))
             and all(t is None or t.shape == (d,) for t in (D, dt_bias))):
         return None
-    args = (state[:, None], _torch_direct.identity_rows(b), x, dt, A, B[:, None], C[:, None], D, z, dt_bias,
-            bool(dt_softplus))
+    args = (state[:, None], _torch_direct.identity_rows(b), x, dt, A, B[:, None], C[:, None],
+            D, z, dt_bias, bool(dt_softplus))
     # the C++ kernel passes a call it does not take to _scan_decode, which returns float32
     # and does not check the pool's layout: only float32 tensors and a dense pool go there
     native = _SCAN_EAGER is not _scan_decode and state.is_contiguous() and all(
