@@ -21,6 +21,10 @@ ops.kda_bf16_storage) and return o as torch.bfloat16; the fake implementations d
 same dtype from the same rule. With `train` the forward runs in float32, as the backward
 needs.
 
+The decode ops (kda_decode and the pool updates) may also have C++ CPU kernels
+(_torch_native), which the dispatcher then prefers to the Python bodies defined here;
+eager_entry gives the drop-ins those kernels without torch's dispatch through Python.
+
 Needs torch.library.custom_op (PyTorch 2.4 and later); AVAILABLE says whether it is there.
 """
 
@@ -394,4 +398,3 @@ def pool_update_op(name, schema, decode, fake):
     op.register_fake(fake)
     _EAGER[name] = _torch_native.provide(op, decode)
     return op
-
