@@ -397,22 +397,8 @@ Tensor kda_decode(const OptTensor &q, const OptTensor &k, const OptTensor &v, co
                   bool state_v_first, bool gate_in_kernel, std::optional<double> lower_bound,
                   c10::string_view exec_mode, int64_t chunk_size)
 {
-    const KdaCall call{q,
-                       k,
-                       v,
-                       beta,
-                       g,
-                       h0,
-                       A_log,
-                       dt_bias,
-                       state,
-                       state_rows,
-                       scale,
-                       qk_l2norm,
-                       beta_is_logit,
-                       state_v_first,
-                       gate_in_kernel,
-                       lower_bound};
+    const KdaCall call(q, k, v, beta, g, h0, A_log, dt_bias, state, state_rows, scale, qk_l2norm,
+                       beta_is_logit, state_v_first, gate_in_kernel, lower_bound);
     if (bound() && kda_plain_options(call)) {
         const auto dtype = kda_storage(call);
         if (dtype && kda_common(call, *dtype)) return kda_run(call, *dtype);
