@@ -3,6 +3,7 @@ Python imports: by setup.py when `pip install .` runs where torch is importable,
 linseq._torch_native at first use. Imports nothing of linseq, so that setup.py can load it
 from the source tree before the package exists."""
 
+import logging
 import os
 import shutil
 import subprocess
@@ -10,11 +11,24 @@ import subprocess
 import torch
 
 
+def _cpp_extension():
+    """torch.utils.cpp_extension, without the warning its import logs on a machine without a
+    CUDA runtime (nothing here uses CUDA)."""
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torch.utils import cpp_extension
+    finally:
+        log.setLevel(level)
+    return cpp_extension
+
+
 def compile_command(source, header_dir, output):
     """The compiler's command line: torch's include and library folders and its
     _GLIBCXX_USE_CXX11_ABI from torch.utils.cpp_extension (no ninja, no Python headers: the
     library holds no Python module). None when there is no C++ compiler ($CXX, else c++)."""
-    from torch.utils import cpp_extension
+    cpp_extension = _cpp_extension()
     compiler = shutil.which(os.environ.get("CXX") or "c++")
     if compiler is None:
         return None
