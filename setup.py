@@ -5,9 +5,12 @@ runtime dependency is NumPy; building needs a C compiler and make, as the C libr
 does. Where jax's XLA FFI header is found it also carries liblinseq_xla_ffi.so, through which
 linseq.jax calls the library as XLA custom calls (scripts/build-xla-ffi.sh); it always carries
 their source and linseq.h, from which linseq.jax builds them at first use where pip's build
-environment had no jax (linseq/_jax_ffi.py).
+environment had no jax (linseq/_jax_ffi.py). Likewise, where torch is importable, it carries
+liblinseq_torch_native.so, the C++ CPU kernels of the decode custom ops, and always their
+source (linseq/_torch_native.py builds them at first use).
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -44,6 +47,8 @@ class BuildWithLibrary(build_py):
         os.makedirs(os.path.dirname(header), exist_ok=True)
         shutil.copyfile(os.path.join(ROOT, "include", "linseq.h"), header)
         self.build_xla_ffi(os.path.join(os.path.dirname(target), "liblinseq_xla_ffi.so"))
+        self.build_torch_native(os.path.join(os.path.dirname(target),
+                                             "liblinseq_torch_native.so"))
 
     @staticmethod
     def build_xla_ffi(target):
@@ -56,6 +61,28 @@ class BuildWithLibrary(build_py):
         status = subprocess.call(["sh", script, target], env=env)
         if status not in (0, 3):  # 3: no header, nothing built (the script says so)
             raise subprocess.CalledProcessError(status, ["sh", script, target])
+
+
+    @staticmethod
+    def build_torch_native(target):
+        """The decode custom ops' C++ CPU kernels (python/linseq/_torch_native.cpp), where
+        this Python imports torch (pip's isolated build environment has none: pip install
+        --no-build-isolation, or pip install torch first). Without them linseq builds them
+        at first use, or runs the ops' Python bodies (linseq/_torch_native.py)."""
+        try:
+            import torch  # noqa: F401
+        except ImportError:
+            print("setup.py: no torch here: linseq builds its torch kernels at first use")
+            return
+        here = os.path.join(ROOT, "python", "linseq")
+        spec = importlib.util.spec_from_file_location(
+            "_torch_native_build", os.path.join(here, "_torch_native_build.py"))
+        builder = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(builder)
+        why = builder.build(os.path.join(here, "_torch_native.cpp"),
+                            os.path.join(ROOT, "include"), target)
+        if why:
+            print(f"setup.py: no torch kernels built ({why}); linseq tries again at first use")
 
 
 class BinaryDistribution(Distribution):

@@ -7,7 +7,13 @@ layer, Kimi Linear and Qwen3-Next one causal_conv1d_update and one recurrent del
 Python cost decides whether linseq's step is faster than the fallback's. Each row is the
 median over --repeat timed calls (after warm-up) of the same call, in microseconds.
 
-    python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300]
+    python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300] [--ops]
+
+--ops adds the decode custom ops themselves (kda_decode, conv_state_update,
+mamba_state_update) at the models' sizes: "C++" the op called through torch's dispatch (its
+C++ CPU kernel after torch.library's Python autograd and in-place kernels), "eager" the same
+kernel called as the drop-ins call it on plain tensors (_torch_ops.eager_entry), "Python" the
+op's Python body (linseq::<op>_fallback).
 
 At the defaults it took 26 s on a 2-core machine (load average near 4).
 """
@@ -100,11 +106,46 @@ def calls(b):
                            8, 16, 128, 128, per_channel=False))
 
 
+def _op_calls(b):
+    """The decode custom ops themselves at the models' sizes (torch.ops.linseq.*: their C++
+    CPU kernels where built, linseq._torch_native), beside the same call of the op's Python
+    body (linseq::<op>_fallback), each pool updated in place."""
+    from linseq import _torch_native
+    if not _torch_native.AVAILABLE:
+        print(f"(no C++ kernels: {_torch_native.WHY_NOT}; op rows skipped)")
+        return []
+    g = torch.Generator().manual_seed(2)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    rows = torch.arange(b)
+    calls = []
+    for dim in (2048, 3072, 4096):  # Mamba's, Kimi's and Qwen3-Next's conv channels
+        args = (r(b, dim, 1), r(b, dim, 3), r(dim, 4), None, "silu", None, rows)
+        calls.append((f"conv_state_update dim {dim}", "conv_state_update", args))
+    dim, n = 2048, 16
+    args = (r(b, 1, dim, n) * 0.1, rows, r(b, dim), r(b, dim) * 0.1, -torch.rand(dim, n),
+            r(b, 1, n), r(b, 1, n), r(dim), r(b, dim), r(dim) * 0.1, True)
+    calls.append((f"mamba_state_update dim {dim} N {n}", "mamba_state_update", args))
+    for heads, value_heads, k in ((16, 16, 64), (8, 16, 128)):  # Kimi's, Qwen3-Next's
+        args = (r(b, 1, heads, k), r(b, 1, heads, k), r(b, 1, value_heads, k),
+                torch.rand(b, 1, value_heads), -torch.rand(b, 1, value_heads, k), None, None,
+                None, r(b, value_heads, k, k) * 0.1, rows, None, True, False, False, False,
+                None, "recurrent", 64)
+        calls.append((f"kda_decode HV {value_heads} K=V {k}", "kda_decode", args))
+    from linseq import _torch_ops
+    return [(label, [lambda op=getattr(torch.ops.linseq, name), a=args: op(*a),
+                     lambda op=_torch_ops.eager_entry(name), a=args: op(*a),
+                     lambda op=getattr(torch.ops.linseq, name + "_fallback"), a=args: op(*a)])
+            for label, name, args in calls]
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=300)
+    parser.add_argument("--ops", action="store_true",
+                        help="also time the decode custom ops themselves (C++ kernel vs "
+                             "the op's Python body)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     linseq_hf.enable()  # imports the drop-ins the adapters call; the fallbacks are unwrapped
@@ -116,6 +157,12 @@ def main():
         for label, ours, theirs in calls(args.batch):
             t_ours, t_theirs = _median_us(ours, args.repeat), _median_us(theirs, args.repeat)
             print(f"{label:46s} {t_ours:9.1f} {t_theirs:9.1f} {t_theirs / t_ours:7.2f}x")
+        if args.ops:
+            print(f"\n{'op (torch.ops.linseq.*)':46s} {'C++':>9s} {'eager':>9s} "
+                  f"{'Python':>9s}")
+            for label, fns in _op_calls(args.batch):
+                times = [_median_us(fn, args.repeat) for fn in fns]
+                print(f"{label:46s} " + " ".join(f"{t:9.1f}" for t in times))
 
 
 if __name__ == "__main__":

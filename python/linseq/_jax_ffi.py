@@ -69,39 +69,31 @@ def _bind_and_register(path):
     return handlers
 
 
-def _cache_dir():
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.environ.get("LINSEQ_CACHE_DIR") or os.path.join(base, "linseq")
-
-
 def _build_at_first_use():
     """(the path of handlers compiled from the package's source into the cache, or None, why
     not). The cache key covers the source, linseq.h and the jax header folder, so a new
     version of any of them compiles anew."""
     here = os.path.dirname(os.path.abspath(__file__))
     source = os.path.join(here, "_xla_ffi.c")
-    # the installed package carries linseq.h in include/; a source tree has it at the top
-    headers = [d for d in (os.path.join(here, "include"),
-                           os.path.join(here, os.pardir, os.pardir, "include"))
-               if os.path.exists(os.path.join(d, "linseq.h"))]
-    if not os.path.exists(source) or not headers:
+    header_dir = _lib.header_dir()
+    if not os.path.exists(source) or header_dir is None:
         return None, "the package carries no handler source (_xla_ffi.c, include/linseq.h)"
     include = jax.ffi.include_dir()
     compiler = shutil.which(os.environ.get("CC") or "cc")
     if compiler is None:
         return None, f"no C compiler ({os.environ.get('CC') or 'cc'}) to build them at first use"
     key = hashlib.sha256()
-    for path in (source, os.path.join(headers[0], "linseq.h")):
+    for path in (source, os.path.join(header_dir, "linseq.h")):
         with open(path, "rb") as f:
             key.update(f.read())
     key.update(os.path.abspath(include).encode() + jax.__version__.encode())
-    target = os.path.join(_cache_dir(), "xla-ffi-" + key.hexdigest()[:16], LIBRARY_NAME)
+    target = os.path.join(_lib.cache_dir(), "xla-ffi-" + key.hexdigest()[:16], LIBRARY_NAME)
     if os.path.exists(target):
         return target, None
     os.makedirs(os.path.dirname(target), exist_ok=True)
     partial = f"{target}.{os.getpid()}.tmp"
     command = [compiler, "-std=c11", "-O2", "-fPIC", "-fvisibility=hidden", "-shared",
-               "-I" + headers[0], "-isystem", include, source, "-o", partial]
+               "-I" + header_dir, "-isystem", include, source, "-o", partial]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         return None, (f"building them at first use failed: {' '.join(command)}: "

@@ -41,6 +41,23 @@ class LinseqError(ValueError):
         self.status = status
 
 
+def cache_dir():
+    """Where linseq keeps what it compiles at first use: $LINSEQ_CACHE_DIR, else
+    $XDG_CACHE_HOME/linseq, else ~/.cache/linseq."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("LINSEQ_CACHE_DIR") or os.path.join(base, "linseq")
+
+
+def header_dir():
+    """The folder of linseq.h, for what is compiled at first use: include/ in the installed
+    package, the tree's top in a source checkout; None when neither has it."""
+    for d in (os.path.join(_HERE, "include"), os.path.join(_HERE, os.pardir, os.pardir,
+                                                           "include")):
+        if os.path.exists(os.path.join(d, "linseq.h")):
+            return d
+    return None
+
+
 def _library_path():
     override = os.environ.get("LINSEQ_LIBRARY")
     if override:

@@ -51,6 +51,18 @@ def direct_call(*tensors):
     return all(t is None or (type(t) in _PLAIN and t.is_cpu) for t in tensors)
 
 
+_IDENTITY_ROWS = {}  # batch -> torch.arange(batch)
+
+
+def identity_rows(batch):
+    """torch.arange(batch) (request b in pool row b), one tensor per batch size, for the eager
+    decode calls: a model makes one per layer and token, and the ops only read their rows."""
+    rows = _IDENTITY_ROWS.get(batch)
+    if rows is None:
+        rows = _IDENTITY_ROWS[batch] = torch.arange(batch)
+    return rows
+
+
 def _f32(t):
     """Whether an optional tensor is a float32 CPU tensor with an aligned data pointer."""
     return t is None or (t.dtype is _F32 and t.is_cpu and t.data_ptr() % _ELEMENT == 0)

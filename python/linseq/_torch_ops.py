@@ -21,6 +21,10 @@ ops.kda_bf16_storage) and return o as torch.bfloat16; the fake implementations d
 same dtype from the same rule. With `train` the forward runs in float32, as the backward
 needs.
 
+The decode ops (kda_decode and the pool updates) may also have C++ CPU kernels
+(_torch_native), which the dispatcher then prefers to the Python bodies defined here;
+eager_entry gives the drop-ins those kernels without torch's dispatch through Python.
+
 Needs torch.library.custom_op (PyTorch 2.4 and later); AVAILABLE says whether it is there.
 """
 
@@ -30,7 +34,7 @@ import typing
 import numpy as np
 import torch
 
-from . import _lib, _opspec, _torch_direct, ops
+from . import _lib, _opspec, _torch_direct, _torch_native, ops
 
 AVAILABLE = all(hasattr(torch.library, n)
                 for n in ("custom_op", "register_fake", "register_autograd"))
@@ -107,6 +111,16 @@ def spec_inputs(spec, arrays, cu, opts, train):
     """spec.inputs, with bfloat16 storage kept (KDA's rule) where the forward is not for
     training: the library's training forward and backward take float32."""
     return spec.inputs(arrays, cu, opts, bf16=not train)
+
+
+_EAGER = {}  # decode op name -> its eager entry (_torch_native.provide), or None
+
+
+def eager_entry(name):
+    """The C++ CPU kernel of the decode op `name` (kda_decode or a pool_update_op), called
+    without its dispatch through Python (for plain CPU tensors outside tracing:
+    _torch_direct.direct_call), or None where the C++ kernels are not loaded."""
+    return _EAGER.get(name)
 
 
 class _Layout:
@@ -292,6 +306,7 @@ def _define_decode():
 
     op = torch.library.custom_op(f"{NAMESPACE}::kda_decode", decode, mutates_args=("state",),
                                  schema=schema)
+    _EAGER["kda_decode"] = _torch_native.provide(op, decode)
 
     @op.register_fake
     def _(*args):
@@ -301,8 +316,14 @@ def _define_decode():
                            dtype=kda_output_dtype(given, train=False))
 
     def call(arrays, state, state_rows, opts):
-        return op(*[arrays.get(k) for k in layout.spec.arrays], state, state_rows,
-                  *[getattr(opts, f) for f in layout.fields])
+        tensors = [arrays.get(k) for k in layout.spec.arrays]
+        options = [getattr(opts, f) for f in layout.fields]
+        eager = _EAGER["kda_decode"]
+        if eager is None or not _torch_direct.direct_call(*tensors, state, state_rows):
+            return op(*tensors, state, state_rows, *options)
+        o = eager(*tensors, state, state_rows, *options)
+        torch.autograd.graph.increment_version(state)  # what the op's dispatch does
+        return o
 
     return call
 
@@ -375,4 +396,5 @@ def pool_update_op(name, schema, decode, fake):
     op = torch.library.custom_op(f"{NAMESPACE}::{name}", decode, mutates_args=("state",),
                                  schema=schema)
     op.register_fake(fake)
+    _EAGER[name] = _torch_native.provide(op, decode)
     return op

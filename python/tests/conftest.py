@@ -130,6 +130,7 @@ def kernel_calls(monkeypatch):
         return result
     monkeypatch.setattr(ops, "forward_train", forward_train)
     _spy_direct_decodes(monkeypatch, seen)
+    python_decode_bodies(monkeypatch)
     return seen
 
 
@@ -153,6 +154,24 @@ def seen_pointers(monkeypatch):
                 getattr(module, "ptr", None) is real:
             monkeypatch.setattr(module, "ptr", spy)
     return seen
+
+
+def python_decode_bodies(monkeypatch):
+    """The decode ops' Python bodies in place of their C++ kernels' eager entries
+    (linseq._torch_native), for the tests that watch what Python hands the library: the C++
+    kernels hand it the same pointers (test_torch_native compares the two bit for bit)."""
+    try:
+        import torch
+    except ImportError:
+        return
+    from linseq import _torch_ops
+    if _torch_ops.eager_entry("conv_state_update") is None:
+        return
+    from linseq.compat import causal_conv1d, mamba_ssm
+    monkeypatch.setattr(causal_conv1d, "_CONV_EAGER", causal_conv1d._conv_decode)
+    monkeypatch.setattr(mamba_ssm, "_SCAN_EAGER", mamba_ssm._scan_decode)
+    monkeypatch.setitem(_torch_ops._EAGER, "kda_decode",
+                        torch.ops.linseq.kda_decode_fallback.default)
 
 
 def _spy_direct_decodes(monkeypatch, seen):

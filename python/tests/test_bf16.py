@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from conftest import require
+from conftest import python_decode_bodies, require
 
 torch = require("torch")
 ml_dtypes = require("ml_dtypes")
@@ -46,6 +46,7 @@ def c_calls(monkeypatch):
     spy("linseq_kda_forward", 0)
     spy("linseq_kda_forward_train", 0)
     spy("linseq_kda_decode", 3)
+    python_decode_bodies(monkeypatch)
     return seen
 
 

@@ -258,6 +258,10 @@ _CONV_DECODE = _conv_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_upd
     "conv_state_update", "(Tensor x, Tensor(a!) state, Tensor weight, Tensor? bias, "
     "str? activation, Tensor? cache_seqlens, Tensor rows) -> Tensor", _conv_decode,
     _conv_decode_fake)
+# the op's C++ kernel without its dispatch through Python, for the eager calls of plain
+# tensors (None without the C++ kernels: then the Python body)
+_CONV_EAGER = (_torch_ops.eager_entry("conv_state_update") if _torch_ops.AVAILABLE else None) \
+    or _conv_decode
 
 
 def _through_float32_rows(pool, rows, decode):
@@ -464,20 +468,20 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
                          f"{dim} and state_len >= width-1 = {width - 1}, got "
                          f"{list(conv_state.shape)}")
     rows = _int_vector(conv_state_indices, "conv_state_indices", batch)
+    seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
+    # eager on plain tensors: the op's body without torch.library's dispatch (same result)
+    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
     if rows is None:
         if conv_state.shape[0] != batch:
             raise ValueError(f"conv_state: expected {batch} rows (one per request) without "
                              f"conv_state_indices, got {conv_state.shape[0]}")
-        rows = torch.arange(batch)
-    seqlens = _int_vector(cache_seqlens, "cache_seqlens", batch)
+        rows = _torch_direct.identity_rows(batch) if direct else torch.arange(batch)
     if bias is not None and tuple(bias.shape) != (dim,):
         raise ValueError(f"bias: expected shape [dim] = [{dim}], got {list(bias.shape)}")
-    # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    direct = _torch_direct.direct_call(x3, conv_state, weight, bias, seqlens, rows)
     if not direct:  # (plain CPU tensors all: on one device)
         check_one_device(dict(x=x, conv_state=conv_state, weight=weight, bias=bias,
                               cache_seqlens=seqlens, conv_state_indices=rows))
-    update = _conv_decode if direct else _CONV_DECODE
+    update = _CONV_EAGER if direct else _CONV_DECODE
     with torch.no_grad():
         out = update(x3, conv_state, weight, bias, act, seqlens, rows).to(x.dtype)
     return out[:, :, 0] if squeeze else out

@@ -147,6 +147,10 @@ _SCAN_DECODE = _scan_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_upd
     "mamba_state_update", "(Tensor(a!) state, Tensor rows, Tensor x, Tensor dt, Tensor A, "
     "Tensor B, Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus) -> Tensor",
     _scan_decode, _scan_decode_fake)
+# the op's C++ kernel without its dispatch through Python, for the eager calls of plain
+# tensors (None without the C++ kernels: then the Python body)
+_SCAN_EAGER = (_torch_ops.eager_entry("mamba_state_update") if _torch_ops.AVAILABLE else None) \
+    or _scan_decode
 
 
 # ------------------------------------------------------------------------------------------
@@ -340,7 +344,7 @@ def selective_state_update(state, x, dt, A, B, C, D=None, z=None, dt_bias=None,
     args = (pool, rows, flat(x, batch, dim), flat(dt, batch, dim), flat(A, dim, dstate), B, C,
             flat(D, dim), flat(z, batch, dim), flat(dt_bias, dim), bool(dt_softplus))
     # eager on plain tensors: the op's body without torch.library's dispatch (same result)
-    update = _scan_decode if _torch_direct.direct_call(*args[:10]) else _SCAN_DECODE
+    update = _SCAN_EAGER if _torch_direct.direct_call(*args[:10]) else _SCAN_DECODE
     with torch.no_grad():
         y = update(*args)
     out = y.reshape(per_token).to(x.dtype)
@@ -359,9 +363,14 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
             and (z is None or z.shape == (b, d))
             and all(t is None or t.shape == (d,) for t in (D, dt_bias))):
         return None
+    args = (state[:, None], _torch_direct.identity_rows(b), x, dt, A, B[:, None], C[:, None],
+            D, z, dt_bias, bool(dt_softplus))
+    # the C++ kernel passes a call it does not take to _scan_decode, which returns float32
+    # and does not check the pool's layout: only float32 tensors and a dense pool go there
+    native = _SCAN_EAGER is not _scan_decode and state.is_contiguous() and all(
+        t is None or t.dtype is torch.float32 for t in (state, x, dt, A, B, C, D, z, dt_bias))
     with torch.no_grad():
-        return _torch_direct.ssm1_decode(state[:, None], torch.arange(b), x, dt, A, B[:, None],
-                                         C[:, None], D, z, dt_bias, bool(dt_softplus))
+        return (_SCAN_EAGER if native else _torch_direct.ssm1_decode)(*args)
 
 
 def _row_indices(rows, batch):

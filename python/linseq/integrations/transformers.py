@@ -302,7 +302,7 @@ def _routed(adapter, resolved, qualified):
     @functools.wraps(resolved)
     def routed(*args, **kwargs):
         tensors = _tensors(args, kwargs)
-        if any(t.device.type != "cpu" for t in tensors):
+        if not all(t.is_cpu for t in tensors):
             return resolved(*args, **kwargs)
         if not any(t.dtype in declined for t in tensors):
             try:
