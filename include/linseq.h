@@ -271,6 +271,20 @@ LINSEQ_API linseq_status linseq_op_decode_pool(const char *op_name, const void *
                                                const linseq_state_pool *pool,
                                                float *const *outputs);
 
+/* Several tokens per request (speculative decoding), as T decode steps of the op named op_name
+ * in one call: the problem has T >= 1 tokens per request, its per-token tensors [B,T,...]
+ * dense (channel_first and strided views are refused), outputs likewise. Request b starts
+ * from row src_rows[b] and the state after its token t goes to row dst_rows[b*T + t]
+ * (dst_rows [B,T]); without dst_rows only the state after the last token is kept, in the
+ * request's own row. A serving engine that accepted n of the previous call's tokens resumes
+ * from the row that token's state went to (vLLM: its slot table's entry n - 1), which rolls
+ * the state, and the conv's window, back to the last accepted token. Nothing is written to
+ * the pool unless every step succeeds. CPU only. */
+LINSEQ_API linseq_status linseq_op_decode_tokens_pool(const char *op_name, const void *problem,
+                                                      const linseq_exec *exec,
+                                                      const linseq_state_pool *pool,
+                                                      float *const *outputs);
+
 /* A prefill (forward) of the op named op_name (its entry has "decode") whose sequences' states
  * live in `pool`: sequence s (a batch row, or a packed sequence with cu_seqlens) starts from
  * row src_rows[s] where has_initial_state[s] (NULL: everywhere), from zeros otherwise, and

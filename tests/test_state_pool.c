@@ -356,10 +356,51 @@ static void test_prefill_pool(void)
                 "problem->h0 must be NULL");
 }
 
+/* Several tokens per request (EMA, T = 3): each token's state in its own row of a bf16
+ * pool, equal to the forward over that prefix rounded once; padding touches nothing. */
+static void test_several_tokens(void)
+{
+    enum { B = 2, T = 3, D = 4, ROWS = 8 };
+    tu_rng rng = {78};
+    float x[B * T * D], a[D], y[B * T * D];
+    tu_fill_normal(&rng, x, B * T * D, 1.0);
+    tu_fill_uniform(&rng, a, D, 0.5, 0.95);
+    uint16_t data[ROWS * D], before[ROWS * D];
+    for (int i = 0; i < ROWS * D; i++) data[i] = ls_f32_to_bf16((float)tu_normal(&rng));
+    memcpy(before, data, sizeof data);
+    const int64_t src[B] = {6, -1}, dst[B * T] = {1, 2, 3, 6, 6, 6};
+    linseq_ema_problem p = {.B = B, .T = T, .D = D, .x = x, .a = a};
+    linseq_state_pool pool = {
+        .data = data, .n_rows = ROWS, .dtype = LINSEQ_POOL_BF16, .src_rows = src, .dst_rows = dst};
+    float *out[2] = {y, NULL};
+    CHECK_OK(linseq_op_decode_tokens_pool("ema", &p, NULL, &pool, out));
+    float h0[D], hT[D], y1[T * D];
+    for (int d = 0; d < D; d++) h0[d] = ls_bf16_to_f32(before[6 * D + d]);
+    bool ok = true;
+    for (int t = 1; t <= T; t++) {
+        linseq_ema_problem prefix = {.B = 1, .T = t, .D = D, .x = x, .a = a, .h0 = h0};
+        CHECK_OK(linseq_ema_forward(&prefix, NULL, y1, hT));
+        for (int d = 0; d < D; d++) ok &= data[dst[t - 1] * D + d] == ls_f32_to_bf16(hT[d]);
+        if (t == T) ok &= tu_same_bits(y, y1, T * D);
+    }
+    for (int i = 0; i < T * D; i++) ok &= y[T * D + i] == 0.0f; /* the padding request */
+    for (int r = 0; r < ROWS; r++)
+        if (r != 1 && r != 2 && r != 3)
+            ok &= memcmp(data + r * D, before + r * D, D * sizeof(uint16_t)) == 0;
+    CHECK(ok, "several tokens: a state, an output or an untouched row differs");
+    const int64_t clash[B * T] = {1, 2, 1, 6, 6, 6};
+    pool.dst_rows = clash;
+    memcpy(before, data, sizeof data);
+    CHECK_FAILS(linseq_op_decode_tokens_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_INVALID_VALUE,
+                "both write pool row");
+    CHECK(memcmp(before, data, sizeof data) == 0, "a refused call wrote the pool");
+}
+
 int main(void)
 {
     test_half_conversions();
     test_prefill_pool();
+    test_several_tokens();
     test_every_decode_op();
     return tu_finish("test_state_pool");
 }

@@ -139,6 +139,8 @@ def _bind(lib):
         "linseq_op_forward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p)]),
         "linseq_op_decode": (_int, [ctypes.c_char_p, _p, P(Exec), _p, _i64, _p, P(_p)]),
         "linseq_op_decode_pool": (_int, [ctypes.c_char_p, _p, P(Exec), P(StatePool), P(_p)]),
+        "linseq_op_decode_tokens_pool": (_int, [ctypes.c_char_p, _p, P(Exec), P(StatePool),
+                                                P(_p)]),
         "linseq_op_forward_pool": (_int, [ctypes.c_char_p, _p, P(Exec), P(StatePool), _p,
                                           P(_p)]),
         "linseq_op_backward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p), _p]),

@@ -125,3 +125,48 @@ def test_prefill_refusals_leave_the_pool():
     with pytest.raises(ValueError, match="has_initial_state"):
         ops.forward_pool("ssd", arrays, states, np.array([0, 1, 2]), has_initial_state=[True])
     assert np.array_equal(states.view(np.uint16), before.view(np.uint16))
+
+
+@pytest.mark.parametrize("op", sorted(PREFILLS))
+def test_several_tokens_keep_each_state(op):
+    """Speculative decoding: T tokens per request in one call equal T one-token calls (bit
+    for bit), each token's state kept in its own row; padding untouched; and the last state
+    is the forward's over the T tokens."""
+    T = 4
+    arrays, options = PREFILLS[op](3, T)
+    state_input = _lib.op_desc(op)["decode"]["state"]
+    state_shape = ops.run(op, arrays, **options)[-1].shape[1:]
+    states = rng.standard_normal((20,) + state_shape).astype(np.float32)
+    src = np.array([3, -1, 7], np.int32)                 # request 1 is padding
+    dst = np.array([[10, 11, 12, 13], [0, 0, 0, 0], [14, 15, 16, 17]], np.int32)
+    pages, pool = _pages(states)
+    before = pages.copy()
+    got = ops.decode_tokens_pool(op, arrays, pool, src, dst, **options)
+    live = [0, 2]
+    steps, rows = states.copy(), src.copy()
+    for t in range(T):
+        token = {n: (a[:, t:t + 1] if np.ndim(a) >= 2 and np.shape(a)[:2] == (3, T) else a)
+                 for n, a in arrays.items()}
+        outs = ops.decode_pool(op, token, steps, rows, np.where(rows < 0, -1, dst[:, t]),
+                               **options)
+        for g, o in zip(got, outs):
+            assert np.array_equal(g[:, t:t + 1], o)
+        assert np.array_equal(pool[dst[live, t]], steps[dst[live, t]])
+        rows = np.where(rows < 0, -1, dst[:, t]).astype(np.int32)
+    untouched = [r for r in range(20) if r not in dst[live].ravel()]
+    assert np.array_equal(pages[untouched], before[untouched])
+    h0 = np.stack([states[3], np.zeros(state_shape, np.float32), states[7]])
+    final = ops.run(op, dict(arrays, **{state_input: h0}), **options)[-1]
+    np.testing.assert_allclose(pool[dst[live, -1]], final[live], rtol=1e-5, atol=1e-5)
+
+
+def test_several_tokens_refusal_at_a_later_token_writes_nothing():
+    """KDA refuses a positive log decay: here in the third token only. Nothing is written,
+    not even the states of the first two tokens."""
+    arrays, options = PREFILLS["kda"](2, 3)
+    arrays["g"][:, 2] = 0.5
+    states = np.zeros((8, 2, 8, 6), np.float32)
+    with pytest.raises(LinseqError, match="g"):
+        ops.decode_tokens_pool("kda", arrays, states, np.array([0, 1]),
+                               np.array([[2, 3, 4], [5, 6, 7]]), **options)
+    assert not states.any()

@@ -1,5 +1,5 @@
-/* Every op's calls by the op's name (linseq_op_forward, _decode, _decode_pool, _forward_pool,
- * _backward), for bindings that
+/* Every op's calls by the op's name (linseq_op_forward, _decode, _decode_pool,
+ * _decode_tokens_pool, _forward_pool, _backward), for bindings that
  * drive every op from the table: what they add to the op's own entry points is the lookup and
  * the refusal of a call the op does not have. */
 #include <string.h>
@@ -65,6 +65,19 @@ linseq_status linseq_op_decode_pool(const char *op_name, const void *problem,
     if (!op->decode) return no_call(fn, op, "decode step");
     if (!outputs) return no_array(fn, "outputs");
     return ls_op_decode_pool(fn, op, problem, exec, pool, outputs);
+}
+
+linseq_status linseq_op_decode_tokens_pool(const char *op_name, const void *problem,
+                                           const linseq_exec *exec, const linseq_state_pool *pool,
+                                           float *const *outputs)
+{
+    static const char fn[] = "linseq_op_decode_tokens_pool";
+    const ls_op *op;
+    linseq_status st = find(fn, op_name, &op);
+    if (st) return st;
+    if (!op->decode) return no_call(fn, op, "decode step");
+    if (!outputs) return no_array(fn, "outputs");
+    return ls_op_decode_tokens_pool(fn, op, problem, exec, pool, outputs);
 }
 
 linseq_status linseq_op_forward_pool(const char *op_name, const void *problem,

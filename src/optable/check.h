@@ -63,6 +63,10 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
 linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
                                  const linseq_exec *exec, const linseq_state_pool *pool,
                                  const bool *has_initial_state, float *const *out);
+/* Several tokens per request over the pool, each token's state kept (state_pool_tokens.c). */
+linseq_status ls_op_decode_tokens_pool(const char *fn, const ls_op *op, const void *p,
+                                       const linseq_exec *exec, const linseq_state_pool *pool,
+                                       float *const *out);
 linseq_status ls_op_check_decode_rows(const char *fn, const ls_op *op, const void *p,
                                       int64_t n_rows, const int64_t *rows);
 

@@ -16,9 +16,10 @@
 #include "core/half_float.h"
 #include "core/status.h"
 #include "optable/check.h"
+#include "optable/state_pool.h"
 
 /* Elements of one request's state: the decode state's shape without its first (row) dim. */
-static int64_t state_elements(const ls_op *op, const void *p)
+int64_t ls_pool_state_elements(const ls_op *op, const void *p)
 {
     const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
     int64_t d[LS_OP_MAX_DIMS], n = 1;
@@ -27,10 +28,10 @@ static int64_t state_elements(const ls_op *op, const void *p)
     return n;
 }
 
-static size_t pool_elem_bytes(linseq_pool_dtype dtype) { return dtype == LINSEQ_POOL_F32 ? 4 : 2; }
+size_t ls_pool_elem_bytes(linseq_pool_dtype dtype) { return dtype == LINSEQ_POOL_F32 ? 4 : 2; }
 
-static linseq_status check_pool(const char *fn, const linseq_state_pool *pool, int64_t row,
-                                const linseq_exec *exec)
+linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64_t row,
+                            const linseq_exec *exec)
 {
     if (!pool) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'pool' is NULL");
     if (ls_on_cuda(exec))
@@ -55,17 +56,17 @@ static linseq_status check_pool(const char *fn, const linseq_state_pool *pool, i
                        "(or 0 for that)",
                        (long long)pool->row_stride, (long long)row);
     const int64_t span = ls_mul_sat(ls_mul_sat(pool->n_rows - 1, stride) + row,
-                                    (int64_t)pool_elem_bytes(pool->dtype));
+                                    (int64_t)ls_pool_elem_bytes(pool->dtype));
     if (span >= INT64_MAX / 2)
         return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                        "pool: %lld rows %lld elements apart overflow the address range",
                        (long long)pool->n_rows, (long long)stride);
-    if ((uintptr_t)pool->data % pool_elem_bytes(pool->dtype))
+    if ((uintptr_t)pool->data % ls_pool_elem_bytes(pool->dtype))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "'pool->data' is not aligned to its elements");
     return LINSEQ_OK;
 }
 
-static int64_t index_at(const linseq_state_pool *pool, const void *rows, int64_t b)
+int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_t b)
 {
     if (pool->index_bits == 32) return ((const int32_t *)rows)[b];
     return ((const int64_t *)rows)[b];
@@ -77,10 +78,10 @@ static linseq_status read_rows(const char *fn, const linseq_state_pool *pool, in
                                int64_t *src, int64_t *dst)
 {
     for (int64_t b = 0; b < B; b++) {
-        const int64_t s = pool->src_rows ? index_at(pool, pool->src_rows, b) : b;
+        const int64_t s = pool->src_rows ? ls_pool_index_at(pool, pool->src_rows, b) : b;
         const bool pad = s < 0 || (pool->has_pad_value && s == pool->pad_value);
         src[b] = pad ? -1 : s;
-        dst[b] = pad ? -1 : pool->dst_rows ? index_at(pool, pool->dst_rows, b) : s;
+        dst[b] = pad ? -1 : pool->dst_rows ? ls_pool_index_at(pool, pool->dst_rows, b) : s;
         if (pad) continue;
         if (s >= pool->n_rows)
             return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
@@ -103,20 +104,28 @@ static int compare_i64(const void *x, const void *y)
 }
 
 /* Two live requests writing one row: found in a sorted copy, reported with both requests. */
-static linseq_status check_distinct(const char *fn, const int64_t *dst, int64_t B, int64_t *work)
+linseq_status ls_pool_check_distinct(const char *fn, const int64_t *dst, int64_t n, int64_t tokens,
+                                     int64_t *work)
 {
-    memcpy(work, dst, (size_t)B * sizeof *work);
-    qsort(work, (size_t)B, sizeof *work, compare_i64);
-    for (int64_t i = 1; i < B; i++) {
+    memcpy(work, dst, (size_t)n * sizeof *work);
+    qsort(work, (size_t)n, sizeof *work, compare_i64);
+    for (int64_t i = 1; i < n; i++) {
         if (work[i] < 0 || work[i] != work[i - 1]) continue;
         int64_t first = -1, second = -1;
-        for (int64_t b = 0; b < B && second < 0; b++) {
-            if (dst[b] != work[i]) continue;
+        for (int64_t k = 0; k < n && second < 0; k++) {
+            if (dst[k] != work[i]) continue;
             if (first < 0)
-                first = b;
+                first = k;
             else
-                second = b;
+                second = k;
         }
+        if (tokens > 1)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "request %lld token %lld and request %lld token %lld both write pool "
+                           "row %lld; each row may be written once in a call; nothing was written",
+                           (long long)(first / tokens), (long long)(first % tokens),
+                           (long long)(second / tokens), (long long)(second % tokens),
+                           (long long)work[i]);
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "requests %lld and %lld both write pool row %lld; each row may be written "
                        "by one request of a call; nothing was written",
@@ -133,12 +142,12 @@ static int64_t state_count(const ls_op *op, const void *p)
     return t->shape(p, d) ? d[0] : 0;
 }
 
-static void *row_at(const linseq_state_pool *pool, int64_t r, int64_t stride)
+void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride)
 {
-    return (unsigned char *)pool->data + (size_t)(r * stride) * pool_elem_bytes(pool->dtype);
+    return (unsigned char *)pool->data + (size_t)(r * stride) * ls_pool_elem_bytes(pool->dtype);
 }
 
-static void widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n)
+void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n)
 {
     if (pool->dtype == LINSEQ_POOL_F32) {
         memcpy(to, from, (size_t)n * sizeof *to);
@@ -149,7 +158,7 @@ static void widen(const linseq_state_pool *pool, const void *from, float *to, in
         to[i] = pool->dtype == LINSEQ_POOL_BF16 ? ls_bf16_to_f32(h[i]) : ls_f16_to_f32(h[i]);
 }
 
-static void narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n)
+void ls_pool_narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n)
 {
     if (pool->dtype == LINSEQ_POOL_F32) {
         memcpy(to, from, (size_t)n * sizeof *from);
@@ -181,12 +190,13 @@ static linseq_status decode_gathered(const char *fn, const ls_op *op, const void
                        (long long)block_rows, (long long)row);
     memset(block, 0, (size_t)row * sizeof *block); /* a block of padding only is still defined */
     for (int64_t b = 0; b < B; b++)
-        if (slot[b] >= 0) widen(pool, row_at(pool, src[b], stride), block + slot[b] * row, row);
+        if (slot[b] >= 0)
+            ls_pool_widen(pool, ls_pool_row(pool, src[b], stride), block + slot[b] * row, row);
     const linseq_status st = op->decode(p, exec, block, block_rows, slot, out);
     if (!st)
         for (int64_t b = 0; b < B; b++)
             if (slot[b] >= 0)
-                narrow(pool, block + slot[b] * row, row_at(pool, dst[b], stride), row);
+                ls_pool_narrow(pool, block + slot[b] * row, ls_pool_row(pool, dst[b], stride), row);
     free(block);
     return st;
 }
@@ -196,8 +206,8 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
                                 float *const *out)
 {
     if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
-    const int64_t B = ls_op_size_named(op, p, "B"), row = state_elements(op, p);
-    linseq_status st = check_pool(fn, pool, row, exec);
+    const int64_t B = ls_op_size_named(op, p, "B"), row = ls_pool_state_elements(op, p);
+    linseq_status st = ls_pool_check(fn, pool, row, exec);
     if (st) return st;
     if (B < 1) return op->decode(p, exec, pool->data, pool->n_rows, NULL, out); /* its refusal */
     int64_t *rows = malloc((size_t)(4 * B) * sizeof *rows);
@@ -205,7 +215,8 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",
                        (long long)(4 * B));
     int64_t *src = rows, *dst = rows + B, *work = rows + 2 * B;
-    if (!(st = read_rows(fn, pool, B, src, dst)) && !(st = check_distinct(fn, dst, B, work))) {
+    if (!(st = read_rows(fn, pool, B, src, dst)) &&
+        !(st = ls_pool_check_distinct(fn, dst, B, 1, work))) {
         bool in_place =
             pool->dtype == LINSEQ_POOL_F32 && (!pool->row_stride || pool->row_stride == row);
         for (int64_t b = 0; b < B && in_place; b++) in_place = dst[b] == src[b];
@@ -232,7 +243,7 @@ static linseq_status gather_initial(const char *fn, const linseq_state_pool *poo
                        (long long)n);
     for (int64_t s = 0; s < n; s++)
         if (src[s] >= 0 && (!has_initial_state || has_initial_state[s]))
-            widen(pool, row_at(pool, src[s], stride), *block + s * row, row);
+            ls_pool_widen(pool, ls_pool_row(pool, src[s], stride), *block + s * row, row);
     return LINSEQ_OK;
 }
 
@@ -263,8 +274,8 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "problem->%s must be NULL: the sequences start from the pool's rows",
                        h0->field);
-    const int64_t n = state_count(op, p), row = state_elements(op, p);
-    linseq_status st = check_pool(fn, pool, row, exec);
+    const int64_t n = state_count(op, p), row = ls_pool_state_elements(op, p);
+    linseq_status st = ls_pool_check(fn, pool, row, exec);
     if (st) return st;
     if (n < 1) return op->forward(p, exec, out); /* its own refusal of the sizes */
     int64_t *rows = malloc((size_t)(3 * n) * sizeof *rows);
@@ -273,12 +284,14 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
                        (long long)(3 * n));
     int64_t *src = rows, *dst = rows + n, *work = rows + 2 * n;
     float *block = NULL;
-    if (!(st = read_rows(fn, pool, n, src, dst)) && !(st = check_distinct(fn, dst, n, work)) &&
+    if (!(st = read_rows(fn, pool, n, src, dst)) &&
+        !(st = ls_pool_check_distinct(fn, dst, n, 1, work)) &&
         !(st = gather_initial(fn, pool, n, row, src, has_initial_state, &block)) &&
         !(st = forward_from(fn, op, p, exec, out, block))) {
         const int64_t stride = pool->row_stride ? pool->row_stride : row;
         for (int64_t s = 0; s < n; s++)
-            if (src[s] >= 0) narrow(pool, block + s * row, row_at(pool, dst[s], stride), row);
+            if (src[s] >= 0)
+                ls_pool_narrow(pool, block + s * row, ls_pool_row(pool, dst[s], stride), row);
     }
     free(block);
     free(rows);

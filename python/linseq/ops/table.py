@@ -289,6 +289,36 @@ def decode_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *, p
     return _without_state(op, outs, roles["state_out"])
 
 
+def decode_tokens_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=None, *,
+                       pad_value=None, threads=0, **options):
+    """T tokens per request of op over a serving engine's pool, as T decode steps
+    (linseq_op_decode_tokens_pool; speculative decoding): arrays hold [B,T,...] per-token
+    inputs; request b starts from row src_rows[b] and the state after its token t goes to row
+    dst_rows[b, t] (dst_rows [B,T]; None: only the last token's state, to the source row).
+    Pool and rows as decode_pool's. Returns the [B,T,...] outputs but the state."""
+    roles = _pool_op(op)
+    problem, shapes, kept = _problem(op, arrays, sizes, options)
+    dst = None if dst_rows is None else np.ascontiguousarray(dst_rows).reshape(-1)
+    count = getattr(problem, "T", 1)
+    if dst is not None and dst.shape != (problem.B * count,):
+        raise ValueError(f"dst_rows: expected [B,T] = [{problem.B},{count}] row indices, got "
+                         f"{list(np.shape(dst_rows))}")
+    spec, rows = _pool_spec(pool, shapes[roles["state"]][1:], problem.B, src_rows, None,
+                            pad_value)
+    dst, dst_bits = _pool_rows(dst, "dst_rows", problem.B * count)
+    if dst is not None:
+        if src_rows is not None and dst_bits != spec.index_bits:
+            raise ValueError("src_rows, dst_rows: expected the same integer type")
+        spec.dst_rows, spec.index_bits = pointer(dst), dst_bits
+    outs, ptrs = _outputs(op, shapes, skip=roles["state_out"])
+    ex = make_exec(mode="default", threads=threads)
+    _lib.check(_lib.lib.linseq_op_decode_tokens_pool(op.encode(), ctypes.byref(problem),
+                                                     ctypes.byref(ex), ctypes.byref(spec),
+                                                     ptrs))
+    del kept, rows, dst
+    return _without_state(op, outs, roles["state_out"])
+
+
 def forward_pool(op, arrays, pool, src_rows=None, dst_rows=None, has_initial_state=None,
                  sizes=None, *, cu_seqlens=None, pad_value=None, threads=0, **options):
     """A prefill of op whose sequences start from and end in a serving engine's pool

@@ -1,0 +1,26 @@
+/* Internal: what the pool entry points share (state_pool.c: decode and prefill over a pool;
+ * state_pool_tokens.c: several tokens per request). */
+#ifndef LS_OPTABLE_STATE_POOL_H
+#define LS_OPTABLE_STATE_POOL_H
+
+#include "optable/optable.h"
+
+/* Elements of one request's state: the decode state's shape without its first (row) dim. */
+int64_t ls_pool_state_elements(const ls_op *op, const void *p);
+size_t ls_pool_elem_bytes(linseq_pool_dtype dtype);
+/* The pool struct itself: its pointers, enums, n_rows, the stride against `row` elements, the
+ * span, alignment; CPU only. */
+linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64_t row,
+                            const linseq_exec *exec);
+/* Entry i of an index array of the pool's index type. */
+int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_t i);
+/* No row (>= 0) named twice among dst[0..n), entry k being request k / tokens (token
+ * k % tokens) in the message; work holds n int64. */
+linseq_status ls_pool_check_distinct(const char *fn, const int64_t *dst, int64_t n, int64_t tokens,
+                                     int64_t *work);
+void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride);
+/* A state row to float32, and back rounded once to the pool's type. */
+void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n);
+void ls_pool_narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n);
+
+#endif
