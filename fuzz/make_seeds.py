@@ -125,6 +125,22 @@ POOL_SIZES = {
 POOL_VARLEN = ('kda', 'ssm1', 'ssd')
 
 
+# fz_size's special values (fuzz_util.c) and fuzz_state_pool's huge ones
+FZ_SPECIAL = [0, -1, -2**63, 2**63 - 1, 2**62, -2**40, 2**61, 2**32 + 1, 2**62 - 1, 0, 2, 3]
+POOL_HUGE = [2**40, 2**62 - 1, 2**63 - 1, 2**32 + 1]
+
+
+def pool_size(v, required):
+    """pick_size: small values by index, 0 for an optional size's default, anything else
+    through fz_size's special values."""
+    small = [1, 2, 3, 4, 5, 8]
+    if v in small:
+        return bytes([small.index(v) + (0 if required else 160)])
+    if v == 0 and not required:
+        return bytes([0])
+    return bytes([250, 244 + FZ_SPECIAL.index(v)])
+
+
 def pool_index_list(rows):
     """make_indices: None (NULL), else each entry a row r >= 0, -1 (padding) or 'pad'."""
     if rows is None:
@@ -141,11 +157,9 @@ def state_pool(op, sizes, prefill=False, T=1, varlen=None, mode=0, chunk=0, n_ro
     """fuzz_state_pool: sizes {name: value}; stride_extra None (row_stride 0) or 0 (the state's
     size) or k (k more); dtype 0 f32, 1 bf16, 2 f16; bits 0, 32, 64 or 16 (refused); pad None
     or the pad value (a row)."""
-    small = [1, 2, 3, 4, 5, 8]
     out = bytes([table_ops().index(op), prefill])
     for name, required in POOL_SIZES[op]:
-        v = sizes.get(name, 1 if required else 0)
-        out += bytes([small.index(v) + (0 if required else 160)]) if v else bytes([0])
+        out += pool_size(sizes.get(name, 1 if required else 0), required)
     if prefill:
         out += bytes([T - 1])
     out += bytes([0])  # the benchmark's options
@@ -156,7 +170,7 @@ def state_pool(op, sizes, prefill=False, T=1, varlen=None, mode=0, chunk=0, n_ro
         else:
             out += bytes([1])
     out += bytes([mode, [0, 16, 32, 64, 128].index(chunk)]) + bytes(4)
-    out += bytes([0, n_rows - 1])
+    out += bytes([14, POOL_HUGE.index(n_rows)]) if n_rows in POOL_HUGE else bytes([0, n_rows - 1])
     out += bytes([0]) if stride_extra is None else bytes([3]) if stride_extra == 0 else \
         bytes([4, stride_extra - 1])
     out += bytes([dtype, {0: 0, 64: 1, 32: 2, 16: 6}[bits], pad is not None])
@@ -286,6 +300,17 @@ def main():
         'kda', {'B': 2, 'H': 1, 'K': 4, 'V': 4}, n_rows=3, src=[0, 1], dst=[2, 2]))
     write('state_pool', 'refuse-index-bits', state_pool(
         'ema', {'B': 2, 'D': 3}, n_rows=2, dtype=1, bits=16, src=[1, 0]))
+    # the sizes fuzz_state_pool found mishandled (tests/test_state_pool.c): a span past int64,
+    # B past the index work, a negative size in a gathered decode and in a prefill, and
+    # inputs that overflow with a B the pool layer allocated for
+    write('state_pool', 'regress-span', state_pool('ema', {'D': 8}, n_rows=2**63 - 1))
+    write('state_pool', 'regress-index-count', state_pool('ema', {'B': 2**61}, n_rows=1))
+    write('state_pool', 'regress-negative-decode', state_pool(
+        'ema', {'B': 2, 'D': -1}, n_rows=2, stride_extra=2))
+    write('state_pool', 'regress-negative-prefill', state_pool(
+        'ssd', {'H': 2, 'P': -1, 'N': 2}, prefill=True, T=5, n_rows=2))
+    write('state_pool', 'regress-inputs-overflow', state_pool(
+        'ema', {'B': 2**32 + 1, 'D': 2**32 + 1}, n_rows=4, stride_extra=0))
 
     # .npy: every version and dtype the reader takes, and the shapes it must handle.
     write('npy', 'f4-2x3', npy('<f4', (2, 3), f32([0.5, -1, 2, 3.25, -0.0, 1e-3])))
