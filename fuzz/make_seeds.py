@@ -8,8 +8,9 @@ Seeds are inputs that decode to valid problems of every family and option the ta
 and case folders of the kinds the reference data holds. With REFDATA (the reference-case
 folder: the generated one, `python3 tests/refgen/gen.py build/refcases`, or another set with
 the same case names) two small reference cases are added to the case corpus as they are. The encoders
-below mirror the decoders of fuzz_kda.c, fuzz_ssm1.c, fuzz_conv1d.c and fuzz_case.c; the
-seeds the fuzzer found itself (regress-* and the merged ones) are not written here.
+below mirror the decoders of fuzz_kda.c, fuzz_ssm1.c, fuzz_conv1d.c, fuzz_case.c and
+fuzz_state_pool.c; the seeds the fuzzer found itself (regress-* and the merged ones) are not
+written here.
 """
 import json
 import os
@@ -105,6 +106,81 @@ def conv1d(B, T, D, W, bias=True, state=True, act=0, out_kind=1, varlen=None, bi
     return out
 
 
+def table_ops():
+    """The op table's order (src/optable/optable.c's all_ops): fuzz_state_pool picks an op by
+    its index there."""
+    with open(os.path.join(HERE, '..', 'src', 'optable', 'optable.c')) as f:
+        text = f.read()
+    body = text[text.index('all_ops[] = {'):]
+    return re.findall(r'&ls_op_(\w+)', body[:body.index('};')])
+
+
+# fuzz_state_pool's sizes per op, in the table's order: (name, required)
+POOL_SIZES = {
+    'kda': [('B', 1), ('T', 1), ('H', 1), ('HV', 0), ('K', 1), ('V', 1)],
+    'ssm1': [('B', 1), ('T', 1), ('D', 1), ('N', 1), ('G', 0)],
+    'ema': [('B', 1), ('T', 1), ('D', 1)],
+    'ssd': [('B', 1), ('T', 1), ('H', 1), ('P', 1), ('N', 1), ('G', 0)],
+}
+POOL_VARLEN = ('kda', 'ssm1', 'ssd')
+
+
+# fz_size's special values (fuzz_util.c) and fuzz_state_pool's huge ones
+FZ_SPECIAL = [0, -1, -2**63, 2**63 - 1, 2**62, -2**40, 2**61, 2**32 + 1, 2**62 - 1, 0, 2, 3]
+POOL_HUGE = [2**40, 2**62 - 1, 2**63 - 1, 2**32 + 1]
+
+
+def pool_size(v, required):
+    """pick_size: small values by index, 0 for an optional size's default, anything else
+    through fz_size's special values."""
+    small = [1, 2, 3, 4, 5, 8]
+    if v in small:
+        return bytes([small.index(v) + (0 if required else 160)])
+    if v == 0 and not required:
+        return bytes([0])
+    return bytes([250, 244 + FZ_SPECIAL.index(v)])
+
+
+def pool_index_list(rows):
+    """make_indices: None (NULL), else each entry a row r >= 0, -1 (padding) or 'pad'."""
+    if rows is None:
+        return bytes([0])
+    out = bytes([1])
+    for r in rows:
+        out += bytes([11]) if r == 'pad' else bytes([9]) if r < 0 else bytes([0, r])
+    return out
+
+
+def state_pool(op, sizes, prefill=False, T=1, varlen=None, mode=0, chunk=0, n_rows=None,
+               stride_extra=None, dtype=0, bits=0, pad=None, src=None, dst=None,
+               has_initial=None):
+    """fuzz_state_pool: sizes {name: value}; stride_extra None (row_stride 0) or 0 (the state's
+    size) or k (k more); dtype 0 f32, 1 bf16, 2 f16; bits 0, 32, 64 or 16 (refused); pad None
+    or the pad value (a row)."""
+    out = bytes([table_ops().index(op), prefill])
+    for name, required in POOL_SIZES[op]:
+        out += pool_size(sizes.get(name, 1 if required else 0), required)
+    if prefill:
+        out += bytes([T - 1])
+    out += bytes([0])  # the benchmark's options
+    if prefill and op in POOL_VARLEN and T <= 64:
+        if varlen:
+            n, cuts = varlen
+            out += bytes([0, n - 1]) + b''.join(struct.pack('<I', c) for c in cuts) + bytes([0])
+        else:
+            out += bytes([1])
+    out += bytes([mode, [0, 16, 32, 64, 128].index(chunk)]) + bytes(4)
+    out += bytes([14, POOL_HUGE.index(n_rows)]) if n_rows in POOL_HUGE else bytes([0, n_rows - 1])
+    out += bytes([0]) if stride_extra is None else bytes([3]) if stride_extra == 0 else \
+        bytes([4, stride_extra - 1])
+    out += bytes([dtype, {0: 0, 64: 1, 32: 2, 16: 6}[bits], pad is not None])
+    out += bytes([0, pad if pad is not None else 0])
+    out += pool_index_list(src) + pool_index_list(dst)
+    if prefill:
+        out += bytes([0]) if has_initial is None else bytes([1] + list(has_initial))
+    return out + bytes([0])  # aligned
+
+
 def npy(descr, shape, data, major=1, fortran=False):
     dims = ', '.join(str(d) for d in shape) + (',' if len(shape) == 1 else '')
     head = "{'descr': '%s', 'fortran_order': %s, 'shape': (%s), }" % (
@@ -189,6 +265,52 @@ def main():
     write('conv1d', 'short-t', conv1d(2, 2, 6, 6, bias=False, out_kind=2))
     write('conv1d', 'varlen', conv1d(1, 70, 5, 4, varlen=(2, [40]), act=4))
     write('conv1d', 'wide-d', conv1d(1, 3, 530, 3, act=3, big_d=True))
+
+    # state pools: every op with a decode step, both calls, each pool type and index width,
+    # rows apart, destinations apart from the sources, padding by a negative row and by the
+    # pad value, packed sequences, a sequence without an initial state; and refusals (two
+    # requests writing one row, 16-bit indices) that must leave the pool as it was.
+    write('state_pool', 'kda-decode-bf16', state_pool(
+        'kda', {'B': 3, 'H': 2, 'K': 8, 'V': 4}, n_rows=6, stride_extra=3, dtype=1, bits=32,
+        src=[3, -1, 0], dst=[5, 0, 1]))
+    write('state_pool', 'kda-decode-inplace', state_pool(
+        'kda', {'B': 4, 'H': 1, 'HV': 2, 'K': 4, 'V': 8}, n_rows=5, bits=64, src=[4, 0, 2, 1]))
+    write('state_pool', 'kda-prefill-varlen', state_pool(
+        'kda', {'H': 1, 'K': 8, 'V': 8}, prefill=True, T=20, varlen=(3, [5, 12]), mode=2,
+        chunk=16, n_rows=5, dtype=2, bits=32, src=[4, -1, 1], dst=[0, 0, 3],
+        has_initial=[1, 0, 1]))
+    write('state_pool', 'ssm1-decode-pad', state_pool(
+        'ssm1', {'B': 3, 'D': 5, 'N': 4}, n_rows=4, stride_extra=1, dtype=2, pad=1,
+        src=[0, 2, 'pad'], dst=[1, 3, 0]))
+    write('state_pool', 'ssm1-prefill', state_pool(
+        'ssm1', {'B': 2, 'D': 8, 'N': 3}, prefill=True, T=9, n_rows=3, dtype=1,
+        src=[2, 0], has_initial=[0, 1]))
+    write('state_pool', 'ema-decode', state_pool(
+        'ema', {'B': 5, 'D': 8}, n_rows=8, stride_extra=2, bits=32, src=[7, 1, -1, 3, 0]))
+    write('state_pool', 'ema-prefill-f16', state_pool(
+        'ema', {'B': 3, 'D': 4}, prefill=True, T=7, n_rows=6, stride_extra=0, dtype=2,
+        src=[4, 1, -1], dst=[2, 5, 0], has_initial=[1, 0, 1]))
+    write('state_pool', 'ssd-decode', state_pool(
+        'ssd', {'B': 3, 'H': 2, 'P': 4, 'N': 4}, n_rows=5, bits=64, src=[1, 3, 4],
+        dst=[0, 1, 2]))
+    write('state_pool', 'ssd-prefill-varlen', state_pool(
+        'ssd', {'H': 2, 'P': 4, 'N': 2}, prefill=True, T=24, varlen=(2, [10]), mode=2,
+        chunk=16, n_rows=4, stride_extra=5, dtype=1, src=[3, 0]))
+    write('state_pool', 'refuse-same-dst', state_pool(
+        'kda', {'B': 2, 'H': 1, 'K': 4, 'V': 4}, n_rows=3, src=[0, 1], dst=[2, 2]))
+    write('state_pool', 'refuse-index-bits', state_pool(
+        'ema', {'B': 2, 'D': 3}, n_rows=2, dtype=1, bits=16, src=[1, 0]))
+    # the sizes fuzz_state_pool found mishandled (tests/test_state_pool.c): a span past int64,
+    # B past the index work, a negative size in a gathered decode and in a prefill, and
+    # inputs that overflow with a B the pool layer allocated for
+    write('state_pool', 'regress-span', state_pool('ema', {'D': 8}, n_rows=2**63 - 1))
+    write('state_pool', 'regress-index-count', state_pool('ema', {'B': 2**61}, n_rows=1))
+    write('state_pool', 'regress-negative-decode', state_pool(
+        'ema', {'B': 2, 'D': -1}, n_rows=2, stride_extra=2))
+    write('state_pool', 'regress-negative-prefill', state_pool(
+        'ssd', {'H': 2, 'P': -1, 'N': 2}, prefill=True, T=5, n_rows=2))
+    write('state_pool', 'regress-inputs-overflow', state_pool(
+        'ema', {'B': 2**32 + 1, 'D': 2**32 + 1}, n_rows=4, stride_extra=0))
 
     # .npy: every version and dtype the reader takes, and the shapes it must handle.
     write('npy', 'f4-2x3', npy('<f4', (2, 3), f32([0.5, -1, 2, 3.25, -0.0, 1e-3])))

@@ -396,8 +396,75 @@ static void test_several_tokens(void)
     CHECK(memcmp(before, data, sizeof data) == 0, "a refused call wrote the pool");
 }
 
+/* Rows so many and so large that the pool's byte span overflows int64 (found by
+ * fuzz_state_pool): refused as an overflow, the span computed without overflowing itself
+ * (the sum of the last row's start and its size overflowed: undefined, which the sanitizer
+ * build of this test reports). */
+static void test_pool_span_overflow(void)
+{
+    float x[1] = {0}, a[1] = {0.5f}, y[1], data[4] = {0};
+    const linseq_ema_problem p = {.B = 1, .T = 1, .D = (int64_t)1 << 60, .x = x, .a = a};
+    const linseq_state_pool pool = {.data = data, .n_rows = (int64_t)1 << 62};
+    float *out[2] = {y, NULL};
+    CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "overflow the address range");
+    CHECK(data[0] == 0.0f && data[3] == 0.0f, "a pool too large to address was written");
+}
+
+/* So many requests (or sequences) that the pool layer's own index work overflows although
+ * every tensor's bytes fit (found by fuzz_state_pool): refused as an overflow before that
+ * work is sized, for both calls (the prefill's wrapped to a few bytes, then read past). */
+static void test_pool_index_count_overflow(void)
+{
+    float x[1] = {0}, a[1] = {0.5f}, y[1], data[1] = {0};
+    const linseq_ema_problem p = {.B = (int64_t)1 << 60, .T = 1, .D = 1, .x = x, .a = a};
+    const linseq_state_pool pool = {.data = data, .n_rows = 1};
+    float *out[2] = {y, NULL};
+    CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "indices overflow");
+    CHECK_FAILS(linseq_op_forward_pool("ema", &p, NULL, &pool, NULL, out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "indices overflow");
+    CHECK_FAILS(linseq_op_decode_tokens_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "indices overflow");
+    CHECK(data[0] == 0.0f, "a refused call wrote the pool");
+}
+
+/* A negative size (found by fuzz_state_pool) makes the state's size negative: refused by the
+ * op's own size check, naming the size, before the pool layer sizes any block by it; in the
+ * gathered decode (rows apart) and in the prefill. */
+static void test_pool_negative_size(void)
+{
+    float x[1] = {0}, a[1] = {0.5f}, y[1], data[2] = {0};
+    const linseq_ema_problem p = {.B = 1, .T = 1, .D = -4, .x = x, .a = a};
+    const linseq_state_pool pool = {.data = data, .n_rows = 1, .row_stride = 2};
+    float *out[2] = {y, NULL};
+    CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_INVALID_SIZE,
+                "D = -4");
+    CHECK_FAILS(linseq_op_forward_pool("ema", &p, NULL, &pool, NULL, out), LINSEQ_ERR_INVALID_SIZE,
+                "D = -4");
+    CHECK_FAILS(linseq_op_decode_tokens_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_INVALID_SIZE,
+                "D = -4");
+}
+
+/* B and D whose input x overflows (found by fuzz_state_pool): refused as the op refuses x,
+ * before the pool layer allocates the indices of B requests. */
+static void test_pool_inputs_checked_first(void)
+{
+    float x[1] = {0}, a[1] = {0.5f}, y[1], data[4] = {0};
+    const int64_t big = ((int64_t)1 << 32) + 1;
+    const linseq_ema_problem p = {.B = big, .T = 1, .D = big, .x = x, .a = a};
+    const linseq_state_pool pool = {.data = data, .n_rows = 4};
+    float *out[2] = {y, NULL};
+    CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "'x'");
+}
+
 int main(void)
 {
+    test_pool_inputs_checked_first();
+    test_pool_negative_size();
+    test_pool_span_overflow();
+    test_pool_index_count_overflow();
     test_half_conversions();
     test_prefill_pool();
     test_several_tokens();

@@ -2,7 +2,9 @@
  * from its description alone: a decode step over the pool, and a prefill (forward) whose
  * sequences start from and end in pool rows.
  *
- * The indices are read into int64 rows (padding: -1) and checked, all before any write. A pool
+ * The problem's sizes and inputs are checked first, as the op checks them, so that nothing
+ * here is sized by a size the op would refuse (negative, or overflowing its tensors). The
+ * indices are read into int64 rows (padding: -1) and checked, all before any write. A pool
  * the op's own decode takes as it is (float32, contiguous rows, each request writing the row
  * it reads) goes to it directly and is updated in place. Any other pool, and every prefill,
  * is gathered: the source rows, widened to float32, into a contiguous block the op runs in
@@ -55,8 +57,9 @@ linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64
                        "pool->row_stride = %lld; expected >= %lld, the elements of one state "
                        "(or 0 for that)",
                        (long long)pool->row_stride, (long long)row);
-    const int64_t span = ls_mul_sat(ls_mul_sat(pool->n_rows - 1, stride) + row,
-                                    (int64_t)ls_pool_elem_bytes(pool->dtype));
+    int64_t span; /* the last row's end: saturated, as the sum may overflow too */
+    if (__builtin_add_overflow(ls_mul_sat(pool->n_rows - 1, stride), row, &span)) span = INT64_MAX;
+    span = ls_mul_sat(span, (int64_t)ls_pool_elem_bytes(pool->dtype));
     if (span >= INT64_MAX / 2)
         return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                        "pool: %lld rows %lld elements apart overflow the address range",
@@ -64,6 +67,22 @@ linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64
     if ((uintptr_t)pool->data % ls_pool_elem_bytes(pool->dtype))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "'pool->data' is not aligned to its elements");
     return LINSEQ_OK;
+}
+
+linseq_status ls_pool_check_index_count(const char *fn, const char *what, int64_t n, int per)
+{
+    if (n <= (int64_t)(PTRDIFF_MAX / ((size_t)per * sizeof(int64_t)))) return LINSEQ_OK;
+    return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                   "%s = %lld: the pool's indices overflow the address range", what, (long long)n);
+}
+
+linseq_status ls_pool_check_problem(const char *fn, const ls_op *op, const void *p,
+                                    const linseq_exec *exec)
+{
+    linseq_status st = ls_op_check_problem(fn, op, p, exec, true);
+    ls_args a = {.fn = fn};
+    if (!st) st = ls_op_add_tensors(&a, op, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
+    return st ? st : ls_args_validate(&a);
 }
 
 int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_t b)
@@ -206,10 +225,12 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
                                 float *const *out)
 {
     if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
-    const int64_t B = ls_op_size_named(op, p, "B"), row = ls_pool_state_elements(op, p);
-    linseq_status st = ls_pool_check(fn, pool, row, exec);
+    linseq_status st = ls_pool_check_problem(fn, op, p, exec);
     if (st) return st;
+    const int64_t B = ls_op_size_named(op, p, "B"), row = ls_pool_state_elements(op, p);
+    if ((st = ls_pool_check(fn, pool, row, exec))) return st;
     if (B < 1) return op->decode(p, exec, pool->data, pool->n_rows, NULL, out); /* its refusal */
+    if ((st = ls_pool_check_index_count(fn, "B", B, 4))) return st;
     int64_t *rows = malloc((size_t)(4 * B) * sizeof *rows);
     if (!rows)
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",
@@ -274,10 +295,12 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "problem->%s must be NULL: the sequences start from the pool's rows",
                        h0->field);
-    const int64_t n = state_count(op, p), row = ls_pool_state_elements(op, p);
-    linseq_status st = ls_pool_check(fn, pool, row, exec);
+    linseq_status st = ls_pool_check_problem(fn, op, p, exec);
     if (st) return st;
+    const int64_t n = state_count(op, p), row = ls_pool_state_elements(op, p);
+    if ((st = ls_pool_check(fn, pool, row, exec))) return st;
     if (n < 1) return op->forward(p, exec, out); /* its own refusal of the sizes */
+    if ((st = ls_pool_check_index_count(fn, "sequences", n, 3))) return st;
     int64_t *rows = malloc((size_t)(3 * n) * sizeof *rows);
     if (!rows)
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",

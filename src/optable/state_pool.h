@@ -12,6 +12,14 @@ size_t ls_pool_elem_bytes(linseq_pool_dtype dtype);
  * span, alignment; CPU only. */
 linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64_t row,
                             const linseq_exec *exec);
+/* The op's own checks of the problem's sizes and input tensors (their byte sizes too), before
+ * the pool layer sizes any work by them: a negative size would make the state's size
+ * negative, and a B whose tensors overflow would size the indices' work past any memory. */
+linseq_status ls_pool_check_problem(const char *fn, const ls_op *op, const void *p,
+                                    const linseq_exec *exec);
+/* The work of `per` int64 indices for each of n requests must be addressable: an absurd n
+ * (the op's own tensors overflow too) is refused before the product overflows. */
+linseq_status ls_pool_check_index_count(const char *fn, const char *what, int64_t n, int per);
 /* Entry i of an index array of the pool's index type. */
 int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_t i);
 /* No row (>= 0) named twice among dst[0..n), entry k being request k / tokens (token

@@ -129,13 +129,16 @@ linseq_status ls_op_decode_tokens_pool(const char *fn, const ls_op *op, const vo
                                        float *const *out)
 {
     if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
+    linseq_status st = ls_pool_check_problem(fn, op, p, exec);
+    if (st) return st;
     const int64_t B = ls_op_size_named(op, p, "B"), T = ls_op_size_named(op, p, "T");
     const int64_t row = ls_pool_state_elements(op, p);
-    linseq_status st = ls_pool_check(fn, pool, row, exec);
-    if (st) return st;
-    if (B < 1 || T < 1 || ls_mul_sat(B, T) > INT64_MAX / 8)
+    if ((st = ls_pool_check(fn, pool, row, exec))) return st;
+    if (B < 1 || T < 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE, "B = %lld, T = %lld; expected both >= 1",
                        (long long)B, (long long)T);
+    /* B (2T + 2) indices: src, dst and their sort per token, the slots */
+    if ((st = ls_pool_check_index_count(fn, "B (T + 1)", ls_mul_sat(B, T + 1), 2))) return st;
     for (int i = 0; i < op->n_strides; i++) {
         const linseq_strides *s = (const void *)((const char *)p + op->strides[i].offset);
         if (s->batch || s->token || s->channel || s->state)
