@@ -379,6 +379,10 @@ static void check_pool_bytes(const pool_case *c, const unsigned char *now,
         return;
     }
     const size_t row_bytes = (size_t)c->row * c->elem, stride_bytes = (size_t)c->stride * c->elem;
+    if (stride_bytes == 0) { /* states of no element (a conv of width 1): nothing to write */
+        if (memcmp(now, before, c->pool_bytes) != 0) fz_die("a pool of empty rows was written");
+        return;
+    }
     for (int64_t r = 0; r < c->pool.n_rows; r++) {
         const size_t at = (size_t)r * stride_bytes;
         const size_t gap = r + 1 < c->pool.n_rows ? stride_bytes - row_bytes : 0;
