@@ -321,7 +321,8 @@ typedef enum linseq_activation {
 /* ------------------------------------------------------------------------------------ */
 /*
  * Per (sequence, value head), with S a K x V state, for t = 0 .. T-1:
- *     q_t, k_t  <- q_t / sqrt(|q_t|^2 + 1e-6), likewise k_t      (if qk_l2norm)
+ *     q_t, k_t  <- q_t / sqrt(|q_t|^2 + eps), likewise k_t       (if qk_l2norm; eps =
+ *                                                                l2norm_eps, 0: 1e-6)
  *     q_t       <- scale * q_t
  *     S   <- diag(exp(g_t)) S               decay first (per head: exp(g_t) * S)
  *     u_t <- beta_t (v_t - S^T k_t)         delta against the decayed state
@@ -374,7 +375,7 @@ typedef struct linseq_kda_problem {
 
     linseq_decay decay;
     float scale;        /* 0 = K^-0.5; any finite non-zero value otherwise */
-    bool qk_l2norm;     /* normalise q and k over K in the kernel (eps 1e-6 inside the sqrt) */
+    bool qk_l2norm;     /* normalise q and k over K in the kernel (eps inside the sqrt) */
     bool beta_is_logit; /* beta holds logits; the kernel applies a sigmoid */
     bool state_v_first; /* h0/ht are [.,V,K] instead of [.,K,V] */
 
@@ -382,6 +383,7 @@ typedef struct linseq_kda_problem {
     const float *A_log;   /* [HV]; NULL = zeros (exp(A_log) = 1) */
     const float *dt_bias; /* [HV*K] per channel, [HV] per head; NULL = zeros */
     float lower_bound;    /* 0: default gate; < 0: lower-bound gate */
+    float l2norm_eps;     /* of qk_l2norm: 0 = 1e-6 (fla's); vLLM's kernels use 1e-5 */
 } linseq_kda_problem;
 
 /* o [B,T,HV,V] (required); ht NULL or the state layout. ht may be the same pointer as h0

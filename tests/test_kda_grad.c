@@ -1010,9 +1010,56 @@ static void test_public_entry_points(void)
     free_case(&c);
 }
 
+/* A problem's own l2norm eps (vLLM's kernels use 1e-5; 0.05 here, so that it matters at
+ * these norms): the reference's backward against finite differences of its forward, every
+ * kernel against the reference, and the eps is read (the output moves with it). */
+static void test_l2norm_eps(uint64_t seed)
+{
+    kda_spec s = {.B = 1,
+                  .T = 70,
+                  .H = 1,
+                  .HV = 2,
+                  .K = 8,
+                  .V = 6,
+                  .decay = LINSEQ_DECAY_PER_CHANNEL,
+                  .l2norm = true,
+                  .with_h0 = true,
+                  .gmag = 0.4,
+                  .regime = GATE_RAND,
+                  .seed = seed};
+    grad_case c;
+    make_case(&c, &s, true, false, 0);
+    for (size_t i = 0; i < c.f.n_qk; i++) c.f.q[i] *= 0.1f, c.f.k[i] *= 0.1f; /* |x| ~ eps */
+    c.f.p.l2norm_eps = 0.05f;
+    ref_grads rg;
+    ref_grads_alloc(&rg, &c);
+    CHECK_OK(ls_kda_reference_backward(&c.f.p, c.d_o, c.d_ht, &rg.g));
+    fd_check(&c, "l2norm_eps q", c.f.q, c.f.n_qk, rg.g.dq);
+    fd_check(&c, "l2norm_eps k", c.f.k, c.f.n_qk, rg.g.dk);
+    ref_grads_free(&rg);
+    check_backward(&c, "l2norm_eps 0.05");
+    float *o_ref = tu_alloc(c.n_o), *o = tu_alloc(c.n_o);
+    CHECK_OK(ls_kda_reference(&c.f.p, o_ref, NULL));
+    for (int m = 0; m < 2 * LS_ISA_COUNT; m++) {
+        test_isa = (ls_isa)(m / 2);
+        if (!ls_isa_available(test_isa)) continue;
+        const linseq_exec ex = {.mode = m % 2 ? LINSEQ_MODE_CHUNKED : LINSEQ_MODE_RECURRENT};
+        CHECK_OK(kda_forward(&c.f.p, &ex, o, NULL));
+        CHECK(tu_rel_err(o, o_ref, c.n_o) <= TOL_GRAD, "l2norm_eps forward %s mode %d: %.3g",
+              ls_isa_name(test_isa), m % 2, tu_rel_err(o, o_ref, c.n_o));
+    }
+    free(o_ref);
+    free(o);
+    const double with = loss(&c);
+    c.f.p.l2norm_eps = 0.0f;
+    CHECK(fabs(loss(&c) - with) > 1e-3 * fabs(with), "l2norm_eps changes nothing: %g", with);
+    free_case(&c);
+}
+
 int main(void)
 {
     test_reference_against_finite_differences();
+    test_l2norm_eps(901);
     test_gate_backward(); /* plain C, the same on every ISA */
     for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
         if (!ls_isa_available((ls_isa)isa)) {

@@ -9,8 +9,14 @@
 
 #include "core/activation.h"
 
-/* Added to |x|^2 before the root of the q/k l2norm: x / sqrt(|x|^2 + eps). */
+/* Added to |x|^2 before the root of the q/k l2norm, x / sqrt(|x|^2 + eps), unless the problem
+ * sets its own (l2norm_eps, as the float32 value it holds). */
 #define LS_KDA_L2NORM_EPS 1e-6
+
+static inline LS_HOST_DEVICE double ls_kda_l2norm_eps(float option)
+{
+    return option > 0.0f ? (double)option : LS_KDA_L2NORM_EPS;
+}
 
 /* The log decay every chunked computation sees: g raised to this floor (NaN stays NaN).
  * e^-110 is an exact float32 zero in every product with factors <= 1, so nothing below it
@@ -18,16 +24,16 @@
 #define LS_KDA_LOG_DECAY_FLOOR (-110.0f)
 
 /* 1 / sqrt(|x|^2 + eps) of the l2norm, the root always taken in double (sumsq: |x|^2). */
-static inline LS_HOST_DEVICE double ls_kda_l2norm_rsqrt(double sumsq)
+static inline LS_HOST_DEVICE double ls_kda_l2norm_rsqrt(double sumsq, double eps)
 {
-    return 1.0 / sqrt(sumsq + LS_KDA_L2NORM_EPS);
+    return 1.0 / sqrt(sumsq + eps);
 }
 
 /* The factor a q or k row is multiplied by with the l2norm: scale / sqrt(|x|^2 + eps),
  * rounded to float before the scale as every kernel does. */
-static inline LS_HOST_DEVICE float ls_kda_l2norm_factorf(float sumsq, float scale)
+static inline LS_HOST_DEVICE float ls_kda_l2norm_factorf(float sumsq, float scale, double eps)
 {
-    return (float)ls_kda_l2norm_rsqrt((double)sumsq) * scale;
+    return (float)ls_kda_l2norm_rsqrt((double)sumsq, eps) * scale;
 }
 
 /* The decay after the in-kernel gate: -exp(A_log) softplus(raw + bias), or, with a lower

@@ -86,8 +86,8 @@ __global__ void __launch_bounds__(NT)
         }
         sq = warp_sum(sq);
         sk = warp_sum(sk);
-        mq = ls_kda_l2norm_factorf(sq, scale);
-        mk = ls_kda_l2norm_factorf(sk, 1.0f);
+        mq = ls_kda_l2norm_factorf(sq, scale, LS_KDA_L2NORM_EPS);
+        mk = ls_kda_l2norm_factorf(sk, 1.0f, LS_KDA_L2NORM_EPS);
     }
     float dot = 0.0f;
     for (int64_t i = lane; i < K; i += 32) {
@@ -150,7 +150,7 @@ __device__ __forceinline__ void finish_row(const float *P, const Elem *x, Elem *
     }
     ss = warp_sum(ss);
     dot = warp_sum(dot);
-    const double r = ls_kda_l2norm_rsqrt((double)ss);
+    const double r = ls_kda_l2norm_rsqrt((double)ss, LS_KDA_L2NORM_EPS);
     const float vr = (float)r, vc = (float)(r * r * r * (double)dot);
     for (int64_t i = lane; i < K; i += 32) ls_st(out, i, fmaf(-vc, ls_ld(x, i), vr * gsum(i)));
 }

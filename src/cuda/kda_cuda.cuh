@@ -25,7 +25,7 @@ __device__ __forceinline__ float sigmoid(float z) { return ls_sigmoidf(z); }
 // CPU's kda_norm_scale), scale without.
 __device__ __forceinline__ float norm_factor(float sumsq, bool l2norm, float scale)
 {
-    return l2norm ? ls_kda_l2norm_factorf(sumsq, scale) : scale;
+    return l2norm ? ls_kda_l2norm_factorf(sumsq, scale, LS_KDA_L2NORM_EPS) : scale;
 }
 
 // The log decay of one (token, value head, channel) as the recurrence sees it: g itself, or

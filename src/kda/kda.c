@@ -100,6 +100,14 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "'beta' is NULL (gated linear attention, no delta rule): the CUDA "
                        "backend runs the delta rule only; pass beta, or run on the CPU");
+    if (!(p->l2norm_eps >= 0.0f) || isinf(p->l2norm_eps))
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "l2norm_eps = %g; expected a finite value >= 0 (0 = 1e-6)",
+                       (double)p->l2norm_eps);
+    if (p->l2norm_eps != 0.0f && ls_on_cuda(exec))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "l2norm_eps = %g: the CUDA backend uses the default 1e-6 only",
+                       (double)p->l2norm_eps);
     if (!isfinite(p->scale))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "scale = %g; expected a finite value (0 = K^-0.5)", (double)p->scale);
@@ -111,6 +119,7 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
     pl->gK = p->decay == LINSEQ_DECAY_PER_CHANNEL ? p->K : 1;
     pl->delta = p->beta != NULL;
     pl->scale = p->scale != 0.0f ? p->scale : (float)(1.0 / sqrt((double)p->K));
+    pl->l2norm_eps = ls_kda_l2norm_eps(p->l2norm_eps);
     pl->chunk = 0;
     pl->segment = 64;
     pl->bf16 = false;

@@ -10,11 +10,11 @@
 /* dx = r dxhat - r^3 x (x . dxhat) with r = 1/sqrt(|x|^2 + eps), in place on dx (holding
  * dxhat * mul on entry... after the scaling below). The products are vector dot products; r
  * and r^3 (x . dxhat) are formed in double. */
-static void l2norm_backward_row(int64_t K, const float *x, float mul, float *dx)
+static void l2norm_backward_row(int64_t K, const float *x, float mul, double eps, float *dx)
 {
     if (mul != 1.0f) ls_vscale(K, mul, dx);
     const double ss = (double)ls_vdot(K, x, x), dot = (double)ls_vdot(K, x, dx);
-    const double r = ls_kda_l2norm_rsqrt(ss);
+    const double r = ls_kda_l2norm_rsqrt(ss, eps);
     const vf vr = vf_set1((float)r), vc = vf_set1((float)(r * r * r * dot));
     int64_t i = 0;
     for (; i + VW <= K; i += VW)
@@ -35,10 +35,11 @@ void LS_ISA_FN(kda_bwd_chain_qk)(const kda_bwd *b, int64_t tok0, int64_t len, in
         const int64_t at = (tok * H + h) * K;
         if (gr->dq) {
             if (p->qk_l2norm)
-                l2norm_backward_row(K, p->q + at, pl->scale, gr->dq + at);
+                l2norm_backward_row(K, p->q + at, pl->scale, pl->l2norm_eps, gr->dq + at);
             else
                 ls_vscale(K, pl->scale, gr->dq + at);
         }
-        if (gr->dk && p->qk_l2norm) l2norm_backward_row(K, p->k + at, 1.0f, gr->dk + at);
+        if (gr->dk && p->qk_l2norm)
+            l2norm_backward_row(K, p->k + at, 1.0f, pl->l2norm_eps, gr->dk + at);
     }
 }

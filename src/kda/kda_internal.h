@@ -24,8 +24,9 @@ typedef struct kda_plan {
     int64_t n_seqs; /* state rows: B, or the varlen sequence count */
     int64_t gK;     /* decay values per token and head: K, or 1 (per head / none) */
     float scale;
-    int chunk;   /* chunk size (chunked mode), 0 in recurrent mode */
-    int segment; /* recurrent mode: tokens between saved states */
+    double l2norm_eps; /* of the q/k l2norm: the problem's, or the default */
+    int chunk;         /* chunk size (chunked mode), 0 in recurrent mode */
+    int segment;       /* recurrent mode: tokens between saved states */
     /* The delta rule (beta given). Without it the op is gated linear attention: the update
      * S <- diag(a) S + k v^T writes v itself, nothing is predicted or solved, and beta is 1
      * wherever a kernel reads it. */

@@ -137,6 +137,7 @@ const ls_option_desc ls_op_kda_options[LS_OP_KDA_N_OPTIONS] = {
     {"state_v_first", "state_v_first", LS_CTYPE_BOOL, offsetof(P, state_v_first), NULL, 0},
     {"gate_in_kernel", "gate_in_kernel", LS_CTYPE_BOOL, offsetof(P, gate_in_kernel), NULL, 0},
     {"lower_bound", "lower_bound", LS_CTYPE_F32, offsetof(P, lower_bound), NULL, 0},
+    {"l2norm_eps", "l2norm_eps", LS_CTYPE_F32, offsetof(P, l2norm_eps), NULL, 0},
 };
 
 typedef linseq_kda_grads G;

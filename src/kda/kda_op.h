@@ -39,7 +39,7 @@ int ls_op_kda_shape_dt_bias(const void *p, int64_t *d);     /* LS_OP_KDA_DT_BIAS
 /* The sizes and options of linseq_kda_problem, declared with their lengths so that LS_COUNT
  * sees them (kda_op.c defines them with the same: a row too many draws a warning). */
 #define LS_OP_KDA_N_SIZES 6
-#define LS_OP_KDA_N_OPTIONS 7
+#define LS_OP_KDA_N_OPTIONS 8
 extern const ls_size_desc ls_op_kda_sizes[LS_OP_KDA_N_SIZES];
 extern const ls_option_desc ls_op_kda_options[LS_OP_KDA_N_OPTIONS];
 

@@ -120,8 +120,9 @@ static void load_token(ref_walk *w, int64_t t, int64_t hv)
         qn += w->q[i] * w->q[i];
         kn += w->k[i] * w->k[i];
     }
-    w->rq = p->qk_l2norm ? ls_kda_l2norm_rsqrt(qn) : 1.0;
-    w->rk = p->qk_l2norm ? ls_kda_l2norm_rsqrt(kn) : 1.0;
+    const double eps = ls_kda_l2norm_eps(p->l2norm_eps);
+    w->rq = p->qk_l2norm ? ls_kda_l2norm_rsqrt(qn, eps) : 1.0;
+    w->rk = p->qk_l2norm ? ls_kda_l2norm_rsqrt(kn, eps) : 1.0;
     for (int64_t i = 0; i < K; i++) {
         w->q[i] *= w->rq;
         w->k[i] *= w->rk;

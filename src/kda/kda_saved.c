@@ -32,7 +32,7 @@ typedef struct {
     int64_t chunked, chunk, K, V, HV, tokens, n_seqs;
     int64_t decay, flags;
     float lower_bound;
-    uint32_t pad;
+    float l2norm_eps; /* as the problem gives it (0: the default) */
     uint64_t seqlens; /* ls_seqlens_fingerprint */
 } saved_header;
 
@@ -102,6 +102,7 @@ static saved_header header_of(const kda_plan *pl)
               (p->beta ? 0 : FLAG_NO_DELTA);
     if (p->gate_in_kernel) h.flags |= (p->A_log ? FLAG_A_LOG : 0) | (p->dt_bias ? FLAG_DT_BIAS : 0);
     h.lower_bound = p->gate_in_kernel ? p->lower_bound : 0.0f;
+    h.l2norm_eps = p->qk_l2norm ? p->l2norm_eps : 0.0f;
     h.seqlens = ls_seqlens_fingerprint(p->cu_seqlens, p->n_seqs, p->B, p->T);
     return h;
 }
@@ -155,15 +156,17 @@ linseq_status kda_saved_check_header(const char *fn, const kda_plan *pl, const v
                        "the forward's cu_seqlens)",
                        (long long)want.n_seqs);
     if (h.flags != want.flags || h.decay != want.decay ||
-        memcmp(&h.lower_bound, &want.lower_bound, sizeof h.lower_bound) != 0) {
+        memcmp(&h.lower_bound, &want.lower_bound, sizeof h.lower_bound) != 0 ||
+        memcmp(&h.l2norm_eps, &want.l2norm_eps, sizeof h.l2norm_eps) != 0) {
         char had[96], has[96];
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "'saved' was written for a problem with decay %lld, lower_bound %g and "
-                       "options:%s; this problem has decay %lld, lower_bound %g and options:%s "
-                       "(pass the forward's problem)",
-                       (long long)h.decay, (double)h.lower_bound,
+                       "'saved' was written for a problem with decay %lld, lower_bound %g, "
+                       "l2norm_eps %g and options:%s; this problem has decay %lld, lower_bound "
+                       "%g, l2norm_eps %g and options:%s (pass the forward's problem)",
+                       (long long)h.decay, (double)h.lower_bound, (double)h.l2norm_eps,
                        flag_names(h.flags, had, sizeof had), (long long)want.decay,
-                       (double)want.lower_bound, flag_names(want.flags, has, sizeof has));
+                       (double)want.lower_bound, (double)want.l2norm_eps,
+                       flag_names(want.flags, has, sizeof has));
     }
     return LINSEQ_OK;
 }

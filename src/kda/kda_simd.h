@@ -123,9 +123,10 @@ static inline void kda_row_decays(const kda_plan *pl, const float *g, float *a)
 
 /* out = x * r * scale with r = 1/sqrt(|x|^2 + eps) (l2norm, ls_kda_l2norm_factorf) or
  * out = x * scale. */
-static inline void kda_norm_scale(int64_t n, const float *x, bool l2norm, float scale, float *out)
+static inline void kda_norm_scale(int64_t n, const float *x, bool l2norm, float scale, double eps,
+                                  float *out)
 {
-    const float mul = l2norm ? ls_kda_l2norm_factorf(ls_vdot(n, x, x), scale) : scale;
+    const float mul = l2norm ? ls_kda_l2norm_factorf(ls_vdot(n, x, x), scale, eps) : scale;
     const vf m = vf_set1(mul);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) vf_store(out + i, vf_mul(vf_load(x + i), m));
@@ -142,8 +143,9 @@ static inline void kda_load_token_v(const kda_plan *pl, int64_t tok, int64_t hv,
     const int64_t K = p->K, H = p->H, HV = pl->HV, h = hv / pl->group;
     /* bf16 rows are widened into the outputs and scaled there in place */
     kda_norm_scale(K, kda_token_span(pl, p->q, (tok * H + h) * K, K, qs), p->qk_l2norm, pl->scale,
-                   qs);
-    kda_norm_scale(K, kda_token_span(pl, p->k, (tok * H + h) * K, K, ks), p->qk_l2norm, 1.0f, ks);
+                   pl->l2norm_eps, qs);
+    kda_norm_scale(K, kda_token_span(pl, p->k, (tok * H + h) * K, K, ks), p->qk_l2norm, 1.0f,
+                   pl->l2norm_eps, ks);
     const float b = p->beta ? kda_token_value(pl, p->beta, tok * HV + hv) : 1.0f;
     *beta = p->beta_is_logit ? ls_sigmoidf(b) : b;
     if (p->decay == LINSEQ_DECAY_NONE) {

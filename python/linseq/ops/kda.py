@@ -27,7 +27,7 @@ class KdaInputs:
     attention: the state takes k v^T as it is); g [B,T,HV,K] (per channel), [B,T,HV]
     (per head) or None (no decay); h0 [N,HV,K,V] ([N,HV,V,K] with state_v_first), N = B or
     the number of sequences with cu_seqlens; A_log [HV]; dt_bias [HV*K] (or [HV,K]) per
-    channel, [HV] per head.
+    channel, [HV] per head. l2norm_eps: the eps of qk_l2norm (None: 1e-6; vLLM uses 1e-5).
 
     bf16=True allows bfloat16 storage (kda_bf16_storage decides; self.bf16 says what was
     chosen): the per-token arrays are then kept as uint16 views of the caller's bfloat16
@@ -37,7 +37,8 @@ class KdaInputs:
 
     def __init__(self, q, k, v, beta, g=None, *, h0=None, cu_seqlens=None, scale=None,
                  qk_l2norm=False, beta_is_logit=False, state_v_first=False,
-                 gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, bf16=False):
+                 gate_in_kernel=False, A_log=None, dt_bias=None, lower_bound=None, bf16=False,
+                 l2norm_eps=None):
         self.bf16 = bool(bf16) and kda_bf16_storage(q, k, v, beta, g)
         token, token_ndim = (as_bf16, as_bf16_ndim) if self.bf16 else (as_f32, as_f32_ndim)
         self.q = token_ndim(q, "q", (4,), "q of shape [B,T,H,K]")
@@ -87,8 +88,16 @@ class KdaInputs:
             qk_l2norm=bool(qk_l2norm), beta_is_logit=bool(beta_is_logit),
             state_v_first=bool(state_v_first), gate_in_kernel=bool(gate_in_kernel),
             A_log=ptr(self.A_log), dt_bias=ptr(self.dt_bias),
-            lower_bound=0.0 if lower_bound is None else float(lower_bound))
+            lower_bound=0.0 if lower_bound is None else float(lower_bound),
+            l2norm_eps=0.0 if l2norm_eps is None else _positive(l2norm_eps, "l2norm_eps"))
         check_inputs("kda", self)
+
+
+def _positive(value, name):
+    value = float(value)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} = {value}; expected a finite value > 0")
+    return value
 
 
 def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
