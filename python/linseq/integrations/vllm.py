@@ -177,6 +177,62 @@ def _state_update(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
     return out
 
 
+# ------------------------------------------------------------------------------------------
+# The layer: one pre-hook on its output projection
+# ------------------------------------------------------------------------------------------
+
+def _unit_stride_rows(projection, args):
+    """The output projection's input with unit-stride rows, as vLLM's CPU GEMMs (oneDNN,
+    the packed small-GEMM kernel) require: a batch of decodes and prefills reaches it as a
+    [tokens, dim] transposed view of the two outputs concatenated, refused as it lies."""
+    x = args[0]
+    if x.is_cpu and x.dim() == 2 and x.stride(-1) != 1:
+        return (x.contiguous(), *args[1:])
+    return None
+
+
+_layer_class = {}   # "MambaMixer" -> linseq's subclass, once made
+
+
+def _mixer_subclass():
+    """vLLM's MambaMixer with the pre-hook on its out_proj: no method of vLLM's replaced."""
+    if not _layer_class:
+        from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+
+        class LinseqMambaMixer(MambaMixer):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                self.out_proj.register_forward_pre_hook(_unit_stride_rows)
+
+        _layer_class["MambaMixer"] = LinseqMambaMixer
+    return _layer_class["MambaMixer"]
+
+
+def _register_layer():
+    """Registers the subclass through vLLM's out-of-tree hook for the layer (for the layers
+    built from now on); one that another plugin registered is left alone."""
+    try:
+        from vllm.model_executor.custom_op import op_registry_oot
+        from vllm.model_executor.layers.mamba.mamba_mixer import MambaMixer
+    except Exception as exc:
+        _log.debug("linseq: MambaMixer's pre-hook skipped: %s", exc)
+        return False
+    ours = _mixer_subclass()
+    if op_registry_oot.get("MambaMixer", ours) is not ours:
+        _log.debug("linseq: MambaMixer's pre-hook skipped: another out-of-tree MambaMixer")
+        return False
+    if "MambaMixer" not in op_registry_oot:
+        MambaMixer.register_oot(ours, name="MambaMixer")
+    return True
+
+
+def _unregister_layer():
+    if "MambaMixer" in _layer_class:
+        from vllm.model_executor.custom_op import op_registry_oot
+        if op_registry_oot.get("MambaMixer") is _layer_class["MambaMixer"]:
+            del op_registry_oot["MambaMixer"]
+
+
 # vLLM module -> function name -> linseq adapter
 ROUTES = {_MIXER: {"selective_scan_fn": _selective_scan,
                    "selective_state_update": _state_update}}
@@ -239,6 +295,8 @@ def enable():
                 _installed[key] = _routed(adapter, _outside[key], ".".join(key))
             setattr(module, name, _installed[key])
             routed.append(".".join(key))
+    if routed and _register_layer():
+        routed.append(f"{_MIXER}.MambaMixer.out_proj (pre-hook)")
     return tuple(routed)
 
 
@@ -250,6 +308,7 @@ def disable():
         if getattr(module, key[1], None) is fn:
             setattr(module, key[1], _outside[key])
             restored.append(".".join(key))
+    _unregister_layer()
     return tuple(restored)
 
 
