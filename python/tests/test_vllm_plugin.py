@@ -129,3 +129,34 @@ def test_prefix_caching_is_refused_by_name():
                                     query_start_loc=torch.tensor([0, 3], dtype=torch.int32),
                                     cache_indices=torch.tensor([1], dtype=torch.int32),
                                     block_idx_first_scheduled_token=torch.zeros(1))
+
+
+def test_decode_step_on_a_bf16_pool_into_other_slots():
+    """vLLM's decode call on a bfloat16 pool, each request read from one slot and written to
+    another, vLLM's null block 0 as padding; naive.ssm1 (float64) is the reference."""
+    import torch.nn.functional as F
+
+    import naive
+    g = torch.Generator().manual_seed(1)
+    b, d, N = 3, 6, 4
+    pool = torch.randn(8, d, N, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    x, dt, z = (torch.randn(b, d, generator=g) for _ in range(3))
+    A = -torch.rand(d, N, generator=g) - 0.5
+    B, C = torch.randn(b, N, generator=g), torch.randn(b, N, generator=g)
+    D, dt_bias = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    src = torch.tensor([[2], [0], [5]], dtype=torch.int32)   # request 1: padding
+    dst = torch.tensor([[6], [0], [1]], dtype=torch.int32)
+    out = torch.empty(b, d)
+    linseq_vllm._state_update(pool, x, dt, A, B, C, D, dt_bias, z=z, dt_softplus=True,
+                              state_batch_indices=src, dst_state_batch_indices=dst, out=out)
+    step = F.softplus(dt + dt_bias)
+    for i, (s, t) in ((0, (2, 6)), (2, (5, 1))):
+        def one(v):
+            return v[i][None, None]
+        y, h = naive.ssm1(one(x), A, one(B), one(C), D, one(step), gate=one(z),
+                          h0=before[s].float()[None])
+        torch.testing.assert_close(out[i], y[0, 0].float(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(pool[t].float(), h[0].float(), rtol=8e-3, atol=1e-3)
+    untouched = [r for r in range(8) if r not in (6, 1)]
+    assert torch.equal(pool[untouched], before[untouched])

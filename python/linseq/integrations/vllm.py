@@ -23,6 +23,11 @@ second copy of the layer's forward, and only for layers built after the plugin w
 Rebinding the two names the layer calls is the narrowest change that survives vLLM's
 structure, as linseq.integrations.transformers does for transformers' model modules. A
 call with tensors off the CPU goes to vLLM's function.
+
+One thing more, not a kernel: a batch that mixes decodes and prefills reaches the layer's
+out_proj as a transposed view, which vLLM's CPU GEMMs refuse whatever ran the scan. The
+plugin registers (register_oot) a MambaMixer subclass that only adds a pre-hook on out_proj
+giving it unit-stride rows; it applies to models built after enable().
 """
 
 import functools
@@ -55,21 +60,23 @@ def _numpy_pool(pool):
     return pool.detach().numpy()
 
 
-def _on_pool(pool, rows, pad_value, run):
-    """run(numpy pool, rows, pad_value) on vLLM's pool where NumPy can see it; otherwise on
-    a float32 copy of the rows `rows` names (pad_value marks padding), written back after
-    the step."""
+def _on_pool(pool, src, dst, pad_value, run):
+    """run(numpy pool, src rows, dst rows, pad_value) on vLLM's pool where NumPy can see it;
+    otherwise on a float32 copy of the rows src and dst name (pad_value marks padding),
+    written back after the step."""
     import torch
     arr = _numpy_pool(pool)
     if arr is not None:
-        return run(arr, rows.numpy(), pad_value)
-    used = rows != pad_value
-    named = rows[used].long()
+        return run(arr, src.numpy(), dst.numpy(), pad_value)
+    both = torch.cat([src, dst])
+    used = both != pad_value
+    named, local_index = torch.unique(both[used].long(), return_inverse=True)
     local = torch.zeros((max(named.numel(), 1),) + tuple(pool.shape[1:]))
     local[:named.numel()] = pool[named].to(torch.float32)
-    local_rows = torch.full_like(rows, -1)   # negative: padding to the library
-    local_rows[used] = torch.arange(named.numel(), dtype=rows.dtype)
-    out = run(local.numpy(), local_rows.numpy(), None)
+    local_rows = torch.full_like(both, -1)   # negative: padding to the library
+    local_rows[used] = local_index.to(both.dtype)
+    local_src, local_dst = local_rows[:src.numel()], local_rows[src.numel():]
+    out = run(local.numpy(), local_src.numpy(), local_dst.numpy(), None)
     pool[named] = local[:named.numel()].to(pool.dtype)
     return out
 
@@ -104,6 +111,7 @@ def _selective_scan(u, ssm_states, delta, A, B, C, D=None, z=None, delta_bias=No
     state written to its slot cache_indices[i] (null_block_id: padding), started from that
     slot where has_initial_state[i]. The output goes into z (delta without z), returned."""
     import numpy as np
+    import torch
 
     from .. import ops
     given = [n for n in _PREFIX_CACHING_ARGS if prefix_caching.get(n) is not None]
@@ -115,35 +123,35 @@ def _selective_scan(u, ssm_states, delta, A, B, C, D=None, z=None, delta_bias=No
                          f"query_start_loc and cache_indices, got u {list(u.shape)}")
     B, C = (P[0] if P.dim() == 3 else P for P in (B, C))
     rows = _rows(cache_indices, "cache_indices")
-    has = None if has_initial_state is None else has_initial_state.detach().numpy()
+    # vLLM's None: no prompt has a state yet (to forward_pool, None means every one has)
+    has = (np.zeros(rows.shape[0], np.bool_) if has_initial_state is None
+           else has_initial_state.detach().numpy())
     arrays = dict(x=_tokens(u), dt=_tokens(delta), A=A.detach(), B=_tokens(B), C=_tokens(C),
                   D=None if D is None else D.detach(), gate=_tokens(z),
                   dt_bias=None if delta_bias is None else delta_bias.detach())
 
-    def run(pool, slots, pad_value):
-        return ops.forward_pool("ssm1", arrays, pool, slots, None, has,
+    def run(pool, src, dst, pad_value):
+        return ops.forward_pool("ssm1", arrays, pool, src, dst, has,
                                 cu_seqlens=query_start_loc.numpy().astype(np.int64),
                                 pad_value=pad_value, dt_softplus=bool(delta_softplus),
                                 activation="silu")
 
-    (y,) = _on_pool(ssm_states, rows, null_block_id, run)
+    (y,) = _on_pool(ssm_states, rows, rows, null_block_id, run)
     out = delta if z is None else z
-    out.copy_(_torch_view(y)[0].transpose(0, 1))
+    out.copy_(torch.from_numpy(y)[0].transpose(0, 1))
     return out
-
-
-def _torch_view(arr):
-    import torch
-    return torch.from_numpy(arr)
 
 
 def _state_update(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
                   state_batch_indices=None, dst_state_batch_indices=None, null_block_id=0,
                   out=None, **speculative):
-    """vLLM's decode step (its dispatcher's order: D, dt_bias, z): state [slots, dim, dstate]; x, dt, z [batch, dim]; B, C
-    [batch, dstate]; A [dim, dstate]; D, dt_bias [dim]; request i reads slot
+    """vLLM's decode step (its dispatcher's order: D, dt_bias, z): state [slots, dim,
+    dstate]; x, dt, z [batch, dim]; B, C [batch, dstate]; A [dim, dstate]; D, dt_bias
+    [dim]; request i reads slot
     state_batch_indices[i] and writes dst_state_batch_indices[i] (null_block_id: padding,
     output 0). The output goes into out [batch, dim] (a new tensor without it), returned."""
+    import torch
+
     from .. import ops
     if speculative.get("num_accepted_tokens") is not None or \
             speculative.get("cu_seqlens") is not None:
@@ -156,21 +164,18 @@ def _state_update(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
     src = _rows(state_batch_indices, "state_batch_indices")
     dst = src if dst_state_batch_indices is None else _rows(dst_state_batch_indices,
                                                             "dst_state_batch_indices")
-    if not (dst is src or bool((dst == src).all())):
-        raise NotImplementedError("dst_state_batch_indices: linseq's route of vLLM's Mamba1 "
-                                  "decode updates each slot in place")
     arrays = dict(x=x.detach()[:, None], dt=dt.detach()[:, None], A=A.detach(),
                   B=B.detach()[:, None], C=C.detach()[:, None],
                   D=None if D is None else D.detach(),
                   gate=None if z is None else z.detach()[:, None],
                   dt_bias=None if dt_bias is None else dt_bias.detach())
 
-    def run(pool, slots, pad_value):
-        return ops.decode_pool("ssm1", arrays, pool, slots, None, pad_value=pad_value,
+    def run(pool, src, dst, pad_value):
+        return ops.decode_pool("ssm1", arrays, pool, src, dst, pad_value=pad_value,
                                dt_softplus=bool(dt_softplus), activation="silu")
 
-    (y,) = _on_pool(state, src, null_block_id, run)
-    y = _torch_view(y)[:, 0]
+    (y,) = _on_pool(state, src, dst, null_block_id, run)
+    y = torch.from_numpy(y)[:, 0]
     if out is None:
         return y.to(x.dtype)
     out.copy_(y)
