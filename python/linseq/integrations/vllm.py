@@ -7,14 +7,18 @@
     linseq_vllm.enable()          # by hand, without the entry point (same effect)
     linseq_vllm.disable()         # back to vLLM's own functions
 
-Why: vLLM's CPU build has the Mamba1 decode step and the causal conv, but not the prefill
-scan (its `selective_scan_fn` calls a CUDA/ROCm-only custom op), so a Mamba or FalconMamba
-model fails at its first prompt. Routed, the prefill scan runs on linseq's SSM1 op over
-vLLM's own state pool (linseq.ops.forward_pool: packed prompts by query_start_loc, the
-int32 slot of each prompt, vLLM's null block as padding, has_initial_state for a prompt
-continued over several steps), and the decode step (`selective_state_update`) on the same
-op's decode step over the pool (linseq.ops.decode_pool), so that a request's state is
-written and read by one implementation. vLLM's CPU causal conv is left as it is.
+Why: vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
+(`selective_scan_fn`) calls a CUDA/ROCm-only custom op, and its CPU decode step
+(`selective_state_update`) indexes the state as Mamba2's [slots, heads, dim, dstate].
+Routed, the prefill scan runs on linseq's SSM1 op over vLLM's own state pool
+(linseq.ops.forward_pool: packed prompts by query_start_loc, the int32 slot of each prompt,
+vLLM's null block as padding, has_initial_state for a prompt continued over several steps),
+and the decode step on the same op's decode step over the pool (linseq.ops.decode_pool).
+vLLM's CPU causal conv is left as it is.
+
+Not covered: a bfloat16 model on a CPU with AVX512-BF16 (or Arm bf16), where vLLM
+prepacks the conv weight (width 4) into a layout its Mamba1 layer then cannot reshape (an
+IndexError in vLLM's layer before any kernel runs); float32 models run.
 
 Why the mixer module's globals are rebound: vLLM's Mamba1 layer (MambaMixer) calls the
 functions it imported into its own module at import time. vLLM's out-of-tree hook for the
