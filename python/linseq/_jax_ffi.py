@@ -49,16 +49,9 @@ def _candidates():
 
 def _bind_and_register(path):
     handlers = ctypes.CDLL(path)
-    handlers.linseq_xla_ffi_bind.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-    handlers.linseq_xla_ffi_bind.restype = ctypes.c_int
-    handlers.linseq_xla_ffi_entry_name.argtypes = [ctypes.c_int]
-    handlers.linseq_xla_ffi_entry_name.restype = ctypes.c_char_p
-    index = 0
-    while (name := handlers.linseq_xla_ffi_entry_name(index)) is not None:
-        address = ctypes.cast(getattr(_lib.lib, "linseq_" + name.decode()), ctypes.c_void_p)
-        if handlers.linseq_xla_ffi_bind(name, address.value) != 0:
-            raise ImportError(f"linseq: {path} refused the entry point {name.decode()}")
-        index += 1
+    refused = _lib.bind_entry_points(handlers, "linseq_xla_ffi")
+    if refused:
+        raise ImportError(f"linseq: {path} refused the entry point {refused}")
     handlers.linseq_xla_ffi_struct_capacity.restype = ctypes.c_int64
     global _STRUCT_CAPACITY
     _STRUCT_CAPACITY = handlers.linseq_xla_ffi_struct_capacity()

@@ -293,3 +293,20 @@ def set_num_threads(n):
 
 def get_num_threads():
     return lib.linseq_get_num_threads()
+
+
+def bind_entry_points(native, prefix):
+    """Hands a separately built library (the XLA FFI handlers, the native PyTorch kernels) the
+    C entry points it calls, as the loaded liblinseq's addresses: it lists them by
+    <prefix>_entry_name(i) and takes each through <prefix>_bind(name, address). Returns the
+    name of one it refused, or None."""
+    entry_name, bind = getattr(native, prefix + "_entry_name"), getattr(native, prefix + "_bind")
+    entry_name.argtypes, entry_name.restype = [ctypes.c_int], ctypes.c_char_p
+    bind.argtypes, bind.restype = [ctypes.c_char_p, ctypes.c_void_p], ctypes.c_int
+    index = 0
+    while (name := entry_name(index)) is not None:
+        address = ctypes.cast(getattr(lib, "linseq_" + name.decode()), ctypes.c_void_p)
+        if bind(name, address.value) != 0:
+            return name.decode()
+        index += 1
+    return None

@@ -76,15 +76,9 @@ def _checked_and_bound(path):
                  "linseq_ssm1_problem"):
         if native.linseq_torch_native_struct_size(name.encode()) != sizes.get(name):
             raise OSError(f"{name} is laid out otherwise than in the loaded liblinseq")
-    native.linseq_torch_native_entry_name.argtypes = [ctypes.c_int]
-    native.linseq_torch_native_entry_name.restype = ctypes.c_char_p
-    native.linseq_torch_native_bind.argtypes = [ctypes.c_char_p, ctypes.c_void_p]
-    index = 0
-    while (name := native.linseq_torch_native_entry_name(index)) is not None:
-        address = ctypes.cast(getattr(_lib.lib, "linseq_" + name.decode()), ctypes.c_void_p)
-        if native.linseq_torch_native_bind(name, address.value) != 0:
-            raise OSError(f"it refused the entry point {name.decode()}")
-        index += 1
+    refused = _lib.bind_entry_points(native, "linseq_torch_native")
+    if refused:
+        raise OSError(f"it refused the entry point {refused}")
     native.linseq_torch_native_passed_on.restype = ctypes.c_int64
     return native
 
