@@ -323,9 +323,8 @@ static void fuzz_kda_main(fz_in *in)
         p->v = NULL;
         bad = true;
         break;
-    case 4:
+    case 4: /* no delta rule: gated linear attention, a valid problem */
         p->beta = NULL;
-        bad = true;
         break;
     default: break;
     }
@@ -376,6 +375,7 @@ static void fuzz_kda_main(fz_in *in)
     unsigned mask = grad_mask;
     if (!p->gate_in_kernel && (f2 & 7) != 1) mask &= 0x3f; /* dA_log, ddt_bias need the gate */
     if (!want_g && (f2 & 7) != 2) mask &= ~16u;
+    if (!p->beta) mask &= ~8u; /* without beta there is no dbeta to ask for */
     grads_alloc(&g1, &c, mask);
     const float *d_o_saved = c.d_o.p;
     bool bwd_bad = bad || (state_big && (p->h0 || c.d_ht.p || g1.g.dh0));
