@@ -323,9 +323,7 @@ static void fuzz_kda_main(fz_in *in)
         p->v = NULL;
         bad = true;
         break;
-    case 4: /* no delta rule: gated linear attention, a valid problem */
-        p->beta = NULL;
-        break;
+    case 4: /* no delta rule: gated linear attention, a valid problem */ p->beta = NULL; break;
     default: break;
     }
     c.nice = nice;
