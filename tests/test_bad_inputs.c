@@ -545,8 +545,11 @@ static void kda_output_rows(op_id op)
 static void kda_forward_rows(op_id op)
 {
     kda_rule_rows(op);
-    /* ht may be h0 itself (in place), nothing else that touches it */
-    ROW(op, LINSEQ_ERR_ALIASING, "exactly the same buffer", c->ht = A->h0 - 1);
+    /* ht may be h0 itself (in place), nothing else that touches it: here ht starts one float
+     * before h0, formed inside g's pad (h0 - 1 would index h0 out of its bounds) */
+    _Static_assert(offsetof(arena, h0) == offsetof(arena, g_pad) + PAD * sizeof(float),
+                   "h0 follows g's pad directly");
+    ROW(op, LINSEQ_ERR_ALIASING, "exactly the same buffer", c->ht = A->g_pad + (PAD - 1));
 }
 
 static void kda_decode_rows(void)

@@ -111,6 +111,14 @@ def _expect(exc, words, call):
         assert w in str(info.value), (w, str(info.value))
 
 
+def _expect_refused(framework, entry, defaults, over, exc, words):
+    """Calls the front end's entry with the defaults replaced by over (arrays converted)."""
+    fns, to = _front(framework)
+    a = dict(defaults, **over)
+    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
+    _expect(exc, words, lambda: getattr(fns, entry)(**a))
+
+
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("label,over,exc,words", KDA_ROWS, ids=[r[0] for r in KDA_ROWS])
 def test_kda_refuses(framework, label, over, exc, words):
@@ -172,10 +180,7 @@ SSM_ROWS = [
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("label,over,exc,words", SSM_ROWS, ids=[r[0] for r in SSM_ROWS])
 def test_ssm1_refuses(framework, label, over, exc, words):
-    fns, to = _front(framework)
-    a = dict(_ssm_arrays(), **over)
-    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
-    _expect(exc, words, lambda: fns.state_space_v1(**a))
+    _expect_refused(framework, "state_space_v1", _ssm_arrays(), over, exc, words)
 
 
 def _ssd_arrays():
@@ -203,10 +208,7 @@ SSD_ROWS = [
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("label,over,exc,words", SSD_ROWS, ids=[r[0] for r in SSD_ROWS])
 def test_state_space_v2_refuses(framework, label, over, exc, words):
-    fns, to = _front(framework)
-    a = dict(_ssd_arrays(), **over)
-    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
-    _expect(exc, words, lambda: fns.state_space_v2(**a))
+    _expect_refused(framework, "state_space_v2", _ssd_arrays(), over, exc, words)
 
 
 CONV_ROWS = [
@@ -225,10 +227,8 @@ CONV_ROWS = [
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("label,over,exc,words", CONV_ROWS, ids=[r[0] for r in CONV_ROWS])
 def test_conv1d_refuses(framework, label, over, exc, words):
-    fns, to = _front(framework)
-    a = dict(dict(x=np.ones((1, 4, 6), f32), weight=np.ones((6, 4), f32)), **over)
-    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
-    _expect(exc, words, lambda: fns.causal_conv1d(**a))
+    defaults = dict(x=np.ones((1, 4, 6), f32), weight=np.ones((6, 4), f32))
+    _expect_refused(framework, "causal_conv1d", defaults, over, exc, words)
 
 
 GATE_ROWS = [
@@ -246,11 +246,9 @@ GATE_ROWS = [
 @pytest.mark.parametrize("framework", FRAMEWORKS)
 @pytest.mark.parametrize("label,over,exc,words", GATE_ROWS, ids=[r[0] for r in GATE_ROWS])
 def test_kda_decay_refuses(framework, label, over, exc, words):
-    fns, to = _front(framework)
-    a = dict(dict(gate=np.ones((1, 5, H, K), f32), A_log=np.zeros(H, f32),
-                  dt_bias=np.zeros(H * K, f32)), **over)
-    a = {n: (to(x) if isinstance(x, np.ndarray) else x) for n, x in a.items()}
-    _expect(exc, words, lambda: fns.kda_decay(**a))
+    defaults = dict(gate=np.ones((1, 5, H, K), f32), A_log=np.zeros(H, f32),
+                    dt_bias=np.zeros(H * K, f32))
+    _expect_refused(framework, "kda_decay", defaults, over, exc, words)
 
 
 @pytest.mark.parametrize("value", [2**31, 2**32, -1, 2**64, 1.5, True, "2"])
