@@ -24,6 +24,7 @@ it.
 """
 
 import contextlib
+import sys
 
 import numpy as np
 
@@ -143,6 +144,14 @@ def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, g
     """One call of the C KDA op (or, with return_intermediate_states, one more in pieces):
     o in out_like's dtype, the final state or None (and the chunk start states). delta=False:
     gated linear attention (beta must be None)."""
+    if (mode == "recurrent" and delta and gk is None and gv is None and gate is None
+            and cu_seqlens is None and not neg_eigval and not intermediate):
+        step = _eager_token_step(q, k, v, beta, g, initial_state, scale=scale,
+                                 qk_l2norm=qk_l2norm, beta_is_logit=beta_logit,
+                                 state_v_first=state_v_first)
+        if step is not None:
+            o, ht = step
+            return o.to(out_like.dtype), ht if output_final_state else None
     values = [q, k, v, g, gk, gv, beta, initial_state, cu_seqlens] + list(gate or ())
     framework = framework or framework_of(values)
     backend = backend_for(values, framework)
@@ -181,6 +190,16 @@ def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, g
     with frame.no_grad():
         h = _chunk_start_states(frame, backend, arrays, opts, cu_seqlens, chunk_size)
     return result + (backend.cast(state_out(h), k),)
+
+
+def _eager_token_step(q, *args, **kwargs):
+    """A decode step from PyTorch straight to the decode op's C++ kernel
+    (_torch_direct.kda_token_step), or None: not torch tensors, or not that common form."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(q, torch.Tensor):
+        return None
+    from . import _torch_direct
+    return _torch_direct.kda_token_step(q, *args, **kwargs)
 
 
 def _dims(q, v):

@@ -11,7 +11,9 @@ way with its full checks and messages:
 - ssm1_decode, conv1d_decode: one decode step into a float32 C-contiguous pool, with int64
   row indices (mamba-ssm's and causal-conv1d's state updates);
 - kda_forward: KDA's inference forward over float32 CPU tensors (what the recurrent T = 1
-  entries of fla make, one token per call, and any other call of the common form).
+  entries of fla make, one token per call, and any other call of the common form);
+- kda_token_step: fla's recurrent entries at T = 1 without gradients (a model's decode
+  step), on the decode op's C++ kernel over a copy of the initial state.
 
 Every size that sets how far the library reads a pointer is checked here against the tensor
 behind it (the library trusts its struct's sizes); what the library validates itself (row
@@ -226,3 +228,64 @@ def kda_forward(arrays, opts):
     _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(problem), ctypes.byref(ex),
                                            o.data_ptr(), ht.data_ptr()))
     return o, ht
+
+
+_KDA_DECODE = []  # [the decode op's eager C++ entry or None], looked up on first use
+
+
+def _kda_decode_entry():
+    if not _KDA_DECODE:
+        from . import _torch_ops
+        _KDA_DECODE.append(_torch_ops.eager_entry("kda_decode") if _torch_ops.AVAILABLE
+                           else None)
+    return _KDA_DECODE[0]
+
+
+def _token_step_shapes(q, k, v, beta, g):
+    """(B, HV, K, V) when q, k, v, beta and g are one token per sequence of consistent
+    shapes, else None (the general path refuses them by name)."""
+    if q.dim() != 4 or v.dim() != 4 or q.shape[1] != 1 or k.shape != q.shape:
+        return None
+    B, _, H, K = q.shape
+    HV, V = v.shape[2], v.shape[3]
+    if v.shape[:2] != (B, 1) or min(B, H, K, HV, V) < 1 or HV % H or \
+            beta.shape != (B, 1, HV):
+        return None
+    if g is not None and g.shape != (B, 1, HV) and g.shape != (B, 1, HV, K):
+        return None
+    return B, HV, K, V
+
+
+def kda_token_step(q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logit, state_v_first):
+    """fla's recurrent call at T = 1 for inference (no tensor needing a gradient, plain CPU
+    tensors, eager): (o [B,1,HV,V], ht) where ht is a new float32 state (h0, if given, is
+    left as it was), by the decode op's C++ kernel on a copy of h0 (zeros without it); None
+    for anything else. The C++ kernel passes dtypes and layouts it does not take to the
+    op's Python body, which converts them. States [K,V]-first only: there the decode
+    kernel gives the recurrent forward's bits; on V-first states it sums in another order
+    (equal within rounding), and a call should not change its bits with requires_grad."""
+    step = _kda_decode_entry()
+    if step is None or k is None or v is None or beta is None or state_v_first:
+        return None
+    if scale is not None and (not isinstance(scale, (int, float)) or scale != scale
+                              or scale == 0 or abs(scale) == float("inf")):
+        return None
+    tensors = (q, k, v, beta, g, h0)
+    if not direct_call(*tensors) or (torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in tensors)):
+        return None
+    dims = _token_step_shapes(q, k, v, beta, g)
+    if dims is None:
+        return None
+    B, HV, K, V = dims
+    shape = (B, HV, K, V)
+    if h0 is None:
+        state = torch.zeros(shape, dtype=_F32)
+    elif _f32_dense(h0, shape):
+        state = h0.clone()
+    else:
+        return None
+    o = step(q, k, v, beta, g, None, None, None, state, None,
+             None if scale is None else float(scale), bool(qk_l2norm), bool(beta_is_logit),
+             False, False, None, "recurrent", 64)
+    return o, state

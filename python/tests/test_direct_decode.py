@@ -11,7 +11,7 @@ from linseq.compat import causal_conv1d as cc  # noqa: E402
 from linseq.compat import fla  # noqa: E402
 from linseq.compat import mamba_ssm as ms  # noqa: E402
 
-_DIRECT = ("ssm1_decode", "conv1d_decode", "kda_forward")
+_DIRECT = ("ssm1_decode", "conv1d_decode", "kda_forward", "kda_token_step")
 
 
 def _random(gen, *shape):
@@ -60,8 +60,8 @@ def test_direct_equals_general_path(monkeypatch, make, batch):
     for name in _DIRECT:
         real = getattr(_torch_direct, name)
 
-        def spy(*args, real=real):
-            result = real(*args)
+        def spy(*args, real=real, **kwargs):
+            result = real(*args, **kwargs)
             taken.append(result is not None)
             return result
         monkeypatch.setattr(_torch_direct, name, spy)
@@ -71,11 +71,74 @@ def test_direct_equals_general_path(monkeypatch, make, batch):
         out = [step(state) for _ in range(3)]
     assert any(taken), "the direct path was not taken"
     for name in _DIRECT:
-        monkeypatch.setattr(_torch_direct, name, lambda *args: None)
+        monkeypatch.setattr(_torch_direct, name, lambda *args, **kwargs: None)
     with torch.no_grad():
         general = [step(general_state) for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(out, general))
     assert torch.equal(state, general_state)
+
+
+def _token_step_call(gen, dtype, per_channel, with_h0, output_final_state, requires_grad):
+    """fla's recurrent entry at T = 1 (a decode step of Kimi Linear or Qwen3-Next)."""
+    b, h, hv, k, v = 2, 2, 4, 8, 6
+    q, kk = _random(gen, b, 1, h, k).to(dtype), _random(gen, b, 1, h, k).to(dtype)
+    vv = _random(gen, b, 1, hv, v).to(dtype).requires_grad_(requires_grad)
+    decay = (b, 1, hv, k) if per_channel else (b, 1, hv)
+    g = -torch.rand(*decay, generator=gen).to(dtype)
+    beta = torch.rand(b, 1, hv, generator=gen).to(dtype)
+    h0 = _random(gen, b, hv, k, v) * 0.3 if with_h0 else None
+    entry = fla.fused_recurrent_kda if per_channel else fla.fused_recurrent_gated_delta_rule
+    return h0, lambda: entry(q, kk, vv, g=g, beta=beta, initial_state=h0,
+                             output_final_state=output_final_state,
+                             use_qk_l2norm_in_kernel=True)
+
+
+def _spy_token_step(monkeypatch):
+    """A list that gets, per call of _torch_direct.kda_token_step, whether it took the call."""
+    taken, real = [], _torch_direct.kda_token_step
+
+    def spy(*args, **kwargs):
+        result = real(*args, **kwargs)
+        taken.append(result is not None)
+        return result
+    monkeypatch.setattr(_torch_direct, "kda_token_step", spy)
+    return taken
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("with_h0,output_final_state", [(True, True), (False, True),
+                                                        (True, False)])
+def test_token_step_equals_general_path(monkeypatch, dtype, per_channel, with_h0,
+                                        output_final_state):
+    """fla's recurrent entries at T = 1 without gradients go to the decode op's C++ kernel
+    over a copy of the initial state: the general path's output and final state bit for bit,
+    the caller's initial state untouched."""
+    if not _torch_native.AVAILABLE:
+        pytest.skip("no C++ decode kernels: the token step is not offered")
+    taken = _spy_token_step(monkeypatch)
+    h0, call = _token_step_call(torch.Generator().manual_seed(3), dtype, per_channel, with_h0,
+                                output_final_state, requires_grad=False)
+    h0_before = None if h0 is None else h0.clone()
+    with torch.no_grad():
+        o, ht = call()
+    assert taken == [True], "the token step was not taken"
+    assert h0 is None or torch.equal(h0, h0_before)
+    monkeypatch.setattr(_torch_direct, "kda_token_step", lambda *a, **kw: None)
+    with torch.no_grad():
+        o_general, ht_general = call()
+    assert o.dtype == o_general.dtype and torch.equal(o, o_general)
+    assert (ht is None) == (ht_general is None) == (not output_final_state)
+    assert ht is None or torch.equal(ht, ht_general)
+
+
+def test_token_step_not_taken_where_gradients_are_recorded(monkeypatch):
+    taken = _spy_token_step(monkeypatch)
+    _, call = _token_step_call(torch.Generator().manual_seed(4), torch.float32, True, True, True,
+                               requires_grad=True)
+    o, ht = call()
+    assert taken == [False]  # the general path, which records the graph
+    assert o.grad_fn is not None and ht.grad_fn is not None
 
 
 def test_direct_call_only_for_plain_eager_tensors():
