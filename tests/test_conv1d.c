@@ -1081,6 +1081,87 @@ static void test_vector_activations(void)
 
 /* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
  * given ls_isa_active(). */
+/* [N][D][L] <-> [N][L][D] (L = W-1): to_tap_major picks the direction. */
+static void transpose_states(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                             bool to_tap_major)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t i = 0; i < L; i++) {
+                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
+                if (to_tap_major)
+                    dst[ld] = src[dl];
+                else
+                    dst[dl] = src[ld];
+            }
+}
+
+/* state_tap_major orders the same values otherwise: the forward and backward over [N,W-1,D]
+ * states give the bits of the default layout's for y, dx, dweight and dbias, and its states
+ * and state gradients transposed; varlen and ragged spans included (2 threads). The reference
+ * in that layout agrees too. */
+static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *label)
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    const int64_t n = sp->cu_seqlens ? sp->n_seqs : sp->B, D = sp->D, L = sp->W - 1;
+    const linseq_exec ex = {.threads = 2};
+    float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state);
+    float *y_tm = tu_alloc_poisoned(c.n_y), *st_tm = tu_alloc_poisoned(c.n_state);
+    float *tm_in = tu_alloc(c.n_state), *back = tu_alloc(c.n_state);
+    transpose_states(tm_in, c.state, n, D, L, true);
+    CHECK_OK(conv_forward(&c.p, &ex, y, st));
+    conv_data t = c;
+    t.p.state_tap_major = true, t.p.conv_state = tm_in;
+    CHECK_OK(conv_forward(&t.p, &ex, y_tm, st_tm));
+    transpose_states(back, st_tm, n, D, L, false);
+    CHECK(tu_same_bits(y, y_tm, c.n_y) && tu_same_bits(back, st, c.n_state),
+          "%s %s tap-major forward differs from the [N,D,W-1] one", ls_isa_name(test_isa), label);
+    ls_conv1d_reference(&t.p, y, st);
+    CHECK(tu_rel_err(y_tm, y, c.n_y) <= 1e-6 && tu_same_bits(st_tm, st, c.n_state),
+          "%s %s tap-major forward vs the reference", ls_isa_name(test_isa), label);
+
+    conv_bwd b, bt;
+    conv_bwd_make(&b, &c, true, seed + 1);
+    conv_bwd_make(&bt, &t, true, seed + 1);
+    transpose_states(bt.d_state_out, b.d_state_out, n, D, L, true);
+    conv_run_backward(&c, &b, &ex);
+    conv_run_backward(&t, &bt, &ex);
+    transpose_states(back, bt.g[CG_DSTATE], n, D, L, false);
+    for (int k = 0; k < N_CONV_GRADS; k++)
+        CHECK(tu_same_bits(k == CG_DSTATE ? back : bt.g[k], b.g[k], b.n[k]),
+              "%s %s tap-major backward: %s differs from the [N,D,W-1] one", ls_isa_name(test_isa),
+              label, conv_grad_names[k]);
+    conv_run_reference_backward(&t, &bt);
+    for (int k = 0; k < N_CONV_GRADS; k++)
+        CHECK(tu_rel_err_d(bt.g[k], bt.ref[k], bt.n[k]) <= CONV_BWD_TOL,
+              "%s %s tap-major backward: %s vs the reference", ls_isa_name(test_isa), label,
+              conv_grad_names[k]);
+    conv_bwd_free(&b), conv_bwd_free(&bt);
+    free(y), free(st), free(y_tm), free(st_tm), free(tm_in), free(back);
+    conv_free(&c);
+}
+
+static void test_state_tap_major(void)
+{
+    const conv_spec dense = {
+        .B = 3, .T = 40, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
+    check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4");
+    const conv_spec short_seq = {.B = 2, .T = 2, .D = 37, .W = 5, .state = true};
+    check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5");
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    const conv_spec varlen = {.B = 1,
+                              .T = 51,
+                              .D = 70,
+                              .W = 3,
+                              .bias = true,
+                              .state = true,
+                              .act = LINSEQ_ACT_GELU_TANH,
+                              .cu_seqlens = cu,
+                              .n_seqs = 4};
+    check_tap_major(&varlen, 6020, "varlen D=70 W=3");
+}
+
 static void test_public_entry_points(void)
 {
     conv_spec sp = {
@@ -1138,6 +1219,7 @@ int main(void)
         test_backward_threads();
         test_backward_width_one();
         test_backward_large_inputs();
+        test_state_tap_major();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

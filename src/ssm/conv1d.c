@@ -66,6 +66,10 @@ static linseq_status check_cuda_layout(const char *fn, const linseq_conv1d_probl
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "channel_first is set; the CUDA backend takes the token-major layout "
                        "[B,T,D] only (run on the CPU, or pass channel_first = false)");
+    if (p->state_tap_major)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "state_tap_major is set; the CUDA backend takes conv states "
+                       "[N_seq,D,W-1] only (run on the CPU, or pass state_tap_major = false)");
     if (!ssm_strides_zero(p->x_strides))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "x_strides is set; the CUDA backend takes a dense x only (all strides "
@@ -178,8 +182,12 @@ static linseq_status check_decode(ls_args *a, const linseq_conv1d_problem *p, fl
                        (long long)n_state_rows, (long long)p->B);
     ls_arg(a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
     ls_arg(a, "cache_seqlens", "B", cache_seqlens, false, LS_IN, sizeof(int64_t), 1, p->B);
-    ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
-           n_state_rows, p->D, state_len);
+    if (p->state_tap_major)
+        ls_arg(a, "state", "n_state_rows,state_len,D", state, true, LS_OUT, sizeof(float), 3,
+               n_state_rows, state_len, p->D);
+    else
+        ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
+               n_state_rows, p->D, state_len);
     float *const out[] = {y, NULL}; /* the state is the pool's */
     return ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, te);
 }
@@ -225,20 +233,26 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
                              .rows = state_rows,
                              .cache_seqlens = cache_seqlens,
                              .act = conv1d_activation(p)};
-    const int64_t n_items = p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
+    /* Tap-major rows stepped one token: vectors straight from the rows, a span over every
+     * request (conv1d_decode_span_item); else one item per request and block of channels. */
+    const bool by_span = p->state_tap_major && p->T == 1 && !cache_seqlens && pl.x.channel == 1;
+    const int64_t n_items = by_span ? (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN
+                                    : p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
     const int n_threads = ls_resolve_threads(
         exec, n_items, 2.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->W);
     int64_t thread_floats, total_bytes;
-    if (p->W > INT64_MAX / 4 / SSM_LANES || p->T > INT64_MAX / 4 / SSM_LANES ||
-        !ls_mul_ok(&thread_floats, 2, CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
-                   (int64_t)SSM_LANES) ||
+    if (p->W > INT64_MAX / 4 / CONV1D_SPAN || p->T > INT64_MAX / 4 / SSM_LANES ||
+        !ls_mul_ok(&thread_floats, 2, by_span ? p->W : CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
+                   (int64_t)(by_span ? CONV1D_SPAN : SSM_LANES)) ||
         !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)) ||
         !(pl.workspace = aligned_alloc(64, (size_t)total_bytes)))
         return ls_fail(a.fn, LINSEQ_ERR_OUT_OF_MEMORY,
                        "could not allocate the decode workspace (W = %lld, T = %lld)",
                        (long long)p->W, (long long)p->T);
     pl.thread_floats = (size_t)thread_floats;
-    ls_parallel_for_static(n_items, n_threads, ls_ssm_kernels(isa)->conv1d_decode_item, &pl);
+    const ssm_kernels *kern = ls_ssm_kernels(isa);
+    ls_parallel_for_static(n_items, n_threads,
+                           by_span ? kern->conv1d_decode_span_item : kern->conv1d_decode_item, &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }

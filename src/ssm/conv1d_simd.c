@@ -142,6 +142,18 @@ static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, i
     return r;
 }
 
+/* The W-1 = taps positions of `width` channels' state (strides ss) into cols [taps][SPAN]. */
+static void copy_state_in(float *cols, const float *state, conv1d_state_strides ss, int64_t taps,
+                          int64_t width)
+{
+    if (ss.channel == 1) {
+        for (int64_t i = 0; i < taps; i++)
+            memcpy(cols + i * SPAN, state + i * ss.position, (size_t)width * sizeof(float));
+    } else {
+        ls_transpose_copy(cols, SPAN, state, ss.channel, width, taps);
+    }
+}
+
 void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
 {
     const conv1d_plan *pl = ctx;
@@ -156,8 +168,11 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
     if (t0 > 0 && t0 >= len) return; /* past a shorter sequence's end */
     const int64_t t1 = len - t0 < pl->chunk ? len : t0 + pl->chunk;
-    /* The state rows of this span: channel d0 + l starts at state[l * (W-1)]. */
-    const float *state = W > 1 && p->conv_state ? p->conv_state + (seq * D + d0) * (W - 1) : NULL;
+    /* The state of this span: channel d0 + l, position i at state[l * ss.channel + i *
+     * ss.position]. */
+    const conv1d_state_strides ss = conv1d_state_layout(p, W - 1);
+    const int64_t state_at = seq * (W - 1) * D + d0 * ss.channel;
+    const float *state = W > 1 && p->conv_state ? p->conv_state + state_at : NULL;
 
     float *taps = pl->workspace + (size_t)thread * pl->thread_floats;
     float *cols = taps + W * SPAN, *tiles = taps + CONV1D_FWD_FLOATS(W);
@@ -165,7 +180,7 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     if (width < SPAN || !state) memset(taps, 0, CONV1D_FWD_FLOATS(W) * sizeof(float));
     const conv_rows r = item_rows(pl, tiles, start, t0, t1, d0, width);
     ls_transpose_copy(taps, SPAN, p->weight + d0 * W, W, width, W);
-    if (state && t0 == 0) ls_transpose_copy(cols, SPAN, state, W - 1, width, W - 1);
+    if (state && t0 == 0) copy_state_in(cols, state, ss, W - 1, width);
 
     /* Whole blocks run the main loop from token W-1 on; the first W-1 tokens (which may read
      * the state) and a ragged last block run the general one. */
@@ -186,13 +201,13 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     /* state_out = xs[len .. len + W-2], read from x or from the copy of the old state in cols.
      * Only the first chunk's item read the state, and it is this one. */
     if (W > 1 && pl->state_out && t0 == 0) {
-        for (int64_t l = 0; l < width; l++) {
-            float *out_row = pl->state_out + (seq * D + d0 + l) * (W - 1);
-            for (int64_t i = 0; i < W - 1; i++) {
-                const int64_t k = len + i;
-                out_row[i] = k < W - 1 ? cols[k * SPAN + l]
-                                       : *ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0 + l);
-            }
+        float *out = pl->state_out + state_at;
+        for (int64_t i = 0; i < W - 1; i++) {
+            const int64_t k = len + i;
+            for (int64_t l = 0; l < width; l++)
+                out[l * ss.channel + i * ss.position] =
+                    k < W - 1 ? cols[k * SPAN + l]
+                              : *ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0 + l);
         }
     }
 }
