@@ -631,7 +631,10 @@ LINSEQ_API linseq_status linseq_ssm1_segment_backward(const linseq_ssm1_problem 
  * state (conv_state, conv_state_out, dconv_state, d_conv_state_out, and the rows of a decode
  * pool, [n_state_rows,state_len,D] then) is [N_seq,W-1,D]: the D channels of one position
  * contiguous, as vLLM keeps its conv states; the values are the same, only their order
- * differs (the CUDA backend takes the default layout only).
+ * differs. With weight_tap_major, weight and dweight are [W,D]: a tap's D weights contiguous,
+ * as a serving engine packs them once (weight transposed), so that a decode step reads them
+ * as vectors instead of transposing [D,W] on every call. (The CUDA backend takes the default
+ * layouts only.)
  * Other layouts, as SSM1's: channel_first makes y, d_y and dx dense [B,D,T] (causal-conv1d's
  * layout), and x may carry element strides (x_strides: batch, token, channel; state 0; all
  * zero = dense in the problem's layout). */
@@ -646,6 +649,7 @@ typedef struct linseq_conv1d_problem {
     bool channel_first;           /* y, d_y, dx [B,D,T] */
     linseq_strides x_strides;     /* all zero: dense */
     bool state_tap_major;         /* conv states [N_seq,W-1,D] instead of [N_seq,D,W-1] */
+    bool weight_tap_major;        /* weight, dweight [W,D] instead of [D,W] */
 } linseq_conv1d_problem;
 
 /* y [B,T,D] (required); conv_state_out NULL or [N_seq,D,W-1], may be the same pointer as

@@ -1096,59 +1096,79 @@ static void transpose_states(float *dst, const float *src, int64_t n, int64_t D,
             }
 }
 
-/* state_tap_major orders the same values otherwise: the forward and backward over [N,W-1,D]
- * states give the bits of the default layout's for y, dx, dweight and dbias, and its states
- * and state gradients transposed; varlen and ragged spans included (2 threads). The reference
- * in that layout agrees too. */
-static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *label)
+/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
+ * false), or back with back = true. */
+static void transpose_states_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                                bool tap_major, bool back)
+{
+    if (tap_major)
+        transpose_states(dst, src, n, D, L, !back);
+    else
+        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+}
+
+/* state_tap_major and weight_tap_major order the same values otherwise: the forward and
+ * backward with either or both give the bits of the default layouts' for y, dx and dbias, and
+ * their states, weight gradient and state gradient transposed; varlen and ragged spans
+ * included (2 threads). The reference in those layouts agrees too. */
+static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *label, bool states,
+                            bool weights)
 {
     conv_data c;
     conv_make(&c, sp, seed);
-    const int64_t n = sp->cu_seqlens ? sp->n_seqs : sp->B, D = sp->D, L = sp->W - 1;
+    const int64_t n = sp->cu_seqlens ? sp->n_seqs : sp->B, D = sp->D, W = sp->W, L = W - 1;
+    const size_t n_w = (size_t)(D * W);
     const linseq_exec ex = {.threads = 2};
     float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state);
     float *y_tm = tu_alloc_poisoned(c.n_y), *st_tm = tu_alloc_poisoned(c.n_state);
-    float *tm_in = tu_alloc(c.n_state), *back = tu_alloc(c.n_state);
-    transpose_states(tm_in, c.state, n, D, L, true);
+    float *tm_in = tu_alloc(c.n_state), *tm_w = tu_alloc(n_w);
+    float *back = tu_alloc(c.n_state > n_w ? c.n_state : n_w);
+    transpose_states_as(tm_in, c.state, n, D, L, states, false);
+    transpose_states_as(tm_w, c.weight, 1, D, W, weights, false);
     CHECK_OK(conv_forward(&c.p, &ex, y, st));
     conv_data t = c;
-    t.p.state_tap_major = true, t.p.conv_state = tm_in;
+    t.p.state_tap_major = states, t.p.weight_tap_major = weights;
+    t.p.conv_state = tm_in, t.p.weight = tm_w;
     CHECK_OK(conv_forward(&t.p, &ex, y_tm, st_tm));
-    transpose_states(back, st_tm, n, D, L, false);
+    transpose_states_as(back, st_tm, n, D, L, states, true);
     CHECK(tu_same_bits(y, y_tm, c.n_y) && tu_same_bits(back, st, c.n_state),
-          "%s %s tap-major forward differs from the [N,D,W-1] one", ls_isa_name(test_isa), label);
+          "%s %s tap-major (states %d, weight %d) forward differs from the default layouts'",
+          ls_isa_name(test_isa), label, states, weights);
     ls_conv1d_reference(&t.p, y, st);
     CHECK(tu_rel_err(y_tm, y, c.n_y) <= 1e-6 && tu_same_bits(st_tm, st, c.n_state),
-          "%s %s tap-major forward vs the reference", ls_isa_name(test_isa), label);
+          "%s %s tap-major (states %d, weight %d) forward vs the reference", ls_isa_name(test_isa),
+          label, states, weights);
 
     conv_bwd b, bt;
     conv_bwd_make(&b, &c, true, seed + 1);
     conv_bwd_make(&bt, &t, true, seed + 1);
-    transpose_states(bt.d_state_out, b.d_state_out, n, D, L, true);
+    transpose_states_as(bt.d_state_out, b.d_state_out, n, D, L, states, false);
     conv_run_backward(&c, &b, &ex);
     conv_run_backward(&t, &bt, &ex);
-    transpose_states(back, bt.g[CG_DSTATE], n, D, L, false);
-    for (int k = 0; k < N_CONV_GRADS; k++)
-        CHECK(tu_same_bits(k == CG_DSTATE ? back : bt.g[k], b.g[k], b.n[k]),
-              "%s %s tap-major backward: %s differs from the [N,D,W-1] one", ls_isa_name(test_isa),
-              label, conv_grad_names[k]);
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        const float *got = bt.g[k];
+        if (k == CG_DSTATE) transpose_states_as(back, got, n, D, L, states, true), got = back;
+        if (k == CG_DW) transpose_states_as(back, got, 1, D, W, weights, true), got = back;
+        CHECK(tu_same_bits(got, b.g[k], b.n[k]),
+              "%s %s tap-major (states %d, weight %d) backward: %s differs from the default "
+              "layouts'",
+              ls_isa_name(test_isa), label, states, weights, conv_grad_names[k]);
+    }
     conv_run_reference_backward(&t, &bt);
     for (int k = 0; k < N_CONV_GRADS; k++)
         CHECK(tu_rel_err_d(bt.g[k], bt.ref[k], bt.n[k]) <= CONV_BWD_TOL,
-              "%s %s tap-major backward: %s vs the reference", ls_isa_name(test_isa), label,
-              conv_grad_names[k]);
+              "%s %s tap-major (states %d, weight %d) backward: %s vs the reference",
+              ls_isa_name(test_isa), label, states, weights, conv_grad_names[k]);
     conv_bwd_free(&b), conv_bwd_free(&bt);
-    free(y), free(st), free(y_tm), free(st_tm), free(tm_in), free(back);
+    free(y), free(st), free(y_tm), free(st_tm), free(tm_in), free(tm_w), free(back);
     conv_free(&c);
 }
 
-static void test_state_tap_major(void)
+static void test_tap_major_layouts(void)
 {
     const conv_spec dense = {
         .B = 3, .T = 40, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
-    check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4");
     const conv_spec short_seq = {.B = 2, .T = 2, .D = 37, .W = 5, .state = true};
-    check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5");
     static const int64_t cu[] = {0, 3, 3, 50, 51};
     const conv_spec varlen = {.B = 1,
                               .T = 51,
@@ -1159,7 +1179,12 @@ static void test_state_tap_major(void)
                               .act = LINSEQ_ACT_GELU_TANH,
                               .cu_seqlens = cu,
                               .n_seqs = 4};
-    check_tap_major(&varlen, 6020, "varlen D=70 W=3");
+    for (int layouts = 1; layouts < 4; layouts++) {
+        const bool states = layouts & 1, weights = layouts & 2;
+        check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4", states, weights);
+        check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5", states, weights);
+        check_tap_major(&varlen, 6020, "varlen D=70 W=3", states, weights);
+    }
 }
 
 static void test_public_entry_points(void)
@@ -1219,7 +1244,7 @@ int main(void)
         test_backward_threads();
         test_backward_width_one();
         test_backward_large_inputs();
-        test_state_tap_major();
+        test_tap_major_layouts();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

@@ -376,37 +376,59 @@ static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D
             }
 }
 
-/* Tap-major rows hold the same values in another order: a decode over them gives the bits of
- * the decode over the [D,L] pool for y, and that pool's new rows transposed; 1 and 3 threads
- * (the one-token step runs by channel spans over every request). Then the double reference
- * and the forward from each row, in the tap-major layout. */
-static void check_conv_tap_major(conv_pool *c, const int64_t *rows, const int64_t *cache,
-                                 const char *what)
+/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
+ * false), or back with back = true. */
+static void transpose_rows_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                              bool tap_major, bool back)
+{
+    if (tap_major)
+        transpose_rows(dst, src, n, D, L, !back);
+    else
+        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+}
+
+/* Tap-major rows (states) and a [W,D] weight (weights) hold the same values in another
+ * order: a decode over them gives the bits of the decode in the default layouts for y, and
+ * that pool's new rows transposed; 1 and 3 threads (the one-token step over tap-major rows
+ * runs by channel spans over every request). Then the double reference and the forward from
+ * each row, in those layouts. */
+static void check_conv_layouts(conv_pool *c, const int64_t *rows, const int64_t *cache,
+                               const char *what, bool states, bool weights)
 {
     const int64_t B = c->p.B, T = c->p.T, D = c->p.D, L = c->L;
     const size_t pool_floats = (size_t)(c->n_rows * D * L), n_y = (size_t)(B * T * D);
     float *ref_pool = tu_alloc(pool_floats), *tm_pool = tu_alloc(pool_floats);
     float *back = tu_alloc(pool_floats), *y_ref = tu_alloc(n_y), *y = tu_alloc_poisoned(n_y);
+    float *weight = tu_alloc((size_t)(D * c->p.W));
+    transpose_rows_as(weight, c->weight, 1, D, c->p.W, weights, false);
     linseq_conv1d_problem tm = c->p;
-    tm.state_tap_major = true;
+    tm.state_tap_major = states, tm.weight_tap_major = weights, tm.weight = weight;
     for (int threads = 1; threads <= 3; threads += 2) {
         const linseq_exec ex = {.threads = threads};
         memcpy(ref_pool, c->pool, pool_floats * sizeof(float));
-        transpose_rows(tm_pool, c->pool, c->n_rows, D, L, true);
+        transpose_rows_as(tm_pool, c->pool, c->n_rows, D, L, states, false);
         CHECK_OK(
             ls_conv1d_decode_isa(&c->p, &ex, ref_pool, c->n_rows, L, rows, cache, y_ref, test_isa));
         CHECK_OK(ls_conv1d_decode_isa(&tm, &ex, tm_pool, c->n_rows, L, rows, cache, y, test_isa));
-        transpose_rows(back, tm_pool, c->n_rows, D, L, false);
+        transpose_rows_as(back, tm_pool, c->n_rows, D, L, states, true);
         CHECK(tu_same_bits(y, y_ref, n_y) && tu_same_bits(back, ref_pool, pool_floats),
-              "%s conv tap-major %s, %d threads: differs from the [D,state_len] rows",
-              ls_isa_name(test_isa), what, threads);
+              "%s conv %s, tap-major states %d weight %d, %d threads: differs from the default "
+              "layouts'",
+              ls_isa_name(test_isa), what, states, weights, threads);
     }
     conv_pool tc = *c;
     tc.p = tm;
     check_conv_decode(&tc, rows, cache, what);
     if (rows && !cache && L == c->p.W - 1 && c->p.W > 1 && !c->p.channel_first)
         check_conv_decode_is_forward(&tc, rows);
-    free(ref_pool), free(tm_pool), free(back), free(y_ref), free(y);
+    free(ref_pool), free(tm_pool), free(back), free(y_ref), free(y), free(weight);
+}
+
+static void check_conv_tap_major(conv_pool *c, const int64_t *rows, const int64_t *cache,
+                                 const char *what)
+{
+    for (int layouts = 1; layouts < 4; layouts++)
+        check_conv_layouts(c, rows, cache, what, layouts & 1, layouts & 2);
 }
 
 static void test_conv_tap_major(void)

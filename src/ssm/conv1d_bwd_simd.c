@@ -410,7 +410,7 @@ void LS_ISA_FN(ls_conv1d_bwd_item)(void *ctx, int64_t item, int thread)
         bks[b].col = b * SSM_LANES;
         bks[b].d0 = (b0 + b) * SSM_LANES;
         bks[b].lanes = D - bks[b].d0 < SSM_LANES ? D - bks[b].d0 : SSM_LANES;
-        ls_transpose_copy(tls[b].taps, SSM_LANES, p->weight + bks[b].d0 * W, W, bks[b].lanes, W);
+        conv1d_taps_in(tls[b].taps, SSM_LANES, p, bks[b].d0, bks[b].lanes);
     }
 
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
@@ -418,8 +418,8 @@ void LS_ISA_FN(ls_conv1d_bwd_item)(void *ctx, int64_t item, int thread)
 
     for (int64_t b = 0; b < nb; b++) {
         if (pl->grads->dweight)
-            ls_transpose_copy(pl->grads->dweight + bks[b].d0 * W, W, tls[b].dw_sum, SSM_LANES, W,
-                              bks[b].lanes);
+            conv1d_taps_out(pl->grads->dweight, p, bks[b].d0, bks[b].lanes, tls[b].dw_sum,
+                            SSM_LANES);
         if (pl->grads->dbias)
             memcpy(pl->grads->dbias + bks[b].d0, tls[b].db_sum,
                    (size_t)bks[b].lanes * sizeof(float));

@@ -33,6 +33,18 @@ static double padded_input(const linseq_conv1d_problem *p, state_col state, int6
     return p->x[(start + k - (W - 1)) * p->D + d];
 }
 
+/* weight[d][j] in the problem's layout; its index for dweight. */
+static int64_t weight_index(const linseq_conv1d_problem *p, int64_t d, int64_t j)
+{
+    const conv1d_weight_strides ws = conv1d_weight_layout(p);
+    return d * ws.channel + j * ws.tap;
+}
+
+static double weight_at(const linseq_conv1d_problem *p, int64_t d, int64_t j)
+{
+    return p->weight[weight_index(p, d, j)];
+}
+
 /* The outputs of one forward: either float (rounded on store) or double, each may be NULL. */
 typedef struct ref_outputs {
     float *y, *state_out;
@@ -45,7 +57,7 @@ static double pre_activation(const linseq_conv1d_problem *p, state_col state, in
 {
     double acc = p->bias ? p->bias[d] : 0.0;
     for (int64_t j = 0; j < p->W; j++)
-        acc += (double)p->weight[d * p->W + j] * padded_input(p, state, start, d, t + j);
+        acc += weight_at(p, d, j) * padded_input(p, state, start, d, t + j);
     return acc;
 }
 
@@ -121,9 +133,9 @@ linseq_status ls_conv1d_backward_reference(const linseq_conv1d_problem *p, const
                 const double d_pre = d_y[(start + t) * D + d] * ls_activate_grad_ref(act, pre);
                 if (grads->dbias) grads->dbias[d] += d_pre;
                 for (int64_t j = 0; j < W; j++) {
-                    dxs[t + j] += d_pre * p->weight[d * W + j];
+                    dxs[t + j] += d_pre * weight_at(p, d, j);
                     if (grads->dweight)
-                        grads->dweight[d * W + j] +=
+                        grads->dweight[weight_index(p, d, j)] +=
                             d_pre * padded_input(p, conv_state, start, d, t + j);
                 }
             }
@@ -179,7 +191,7 @@ linseq_status ls_conv1d_decode_reference(const linseq_conv1d_problem *p, float *
             for (int64_t t = 0; t < T; t++) xs[W - 1 + t] = x_at(p, b, t, d);
             for (int64_t t = 0; t < T; t++) {
                 double acc = p->bias ? p->bias[d] : 0.0;
-                for (int64_t j = 0; j < W; j++) acc += (double)p->weight[d * W + j] * xs[t + j];
+                for (int64_t j = 0; j < W; j++) acc += weight_at(p, d, j) * xs[t + j];
                 y[(b * T + t) * D + d] = ls_activate_ref(act, acc);
             }
             if (cache_seqlens) {

@@ -179,7 +179,7 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     /* Lanes past D read zeros. */
     if (width < SPAN || !state) memset(taps, 0, CONV1D_FWD_FLOATS(W) * sizeof(float));
     const conv_rows r = item_rows(pl, tiles, start, t0, t1, d0, width);
-    ls_transpose_copy(taps, SPAN, p->weight + d0 * W, W, width, W);
+    conv1d_taps_in(taps, SPAN, p, d0, width);
     if (state && t0 == 0) copy_state_in(cols, state, ss, W - 1, width);
 
     /* Whole blocks run the main loop from token W-1 on; the first W-1 tokens (which may read

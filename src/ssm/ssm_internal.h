@@ -124,6 +124,17 @@ static inline int64_t conv1d_state_at(const linseq_conv1d_problem *p, int64_t r,
     return r * L * p->D + d * ss.channel + i * ss.position;
 }
 
+/* weight[d][j] (and dweight's) at d * channel + j * tap: [D,W], or [W,D] tap-major. */
+typedef struct conv1d_weight_strides {
+    int64_t channel, tap;
+} conv1d_weight_strides;
+
+static inline conv1d_weight_strides conv1d_weight_layout(const linseq_conv1d_problem *p)
+{
+    return p->weight_tap_major ? (conv1d_weight_strides){1, p->D}
+                               : (conv1d_weight_strides){p->W, 1};
+}
+
 /* The public entry points with the kernels' instruction set as an argument: linseq_X(...) is
  * ls_X_isa(..., ls_isa_active()) once LINSEQ_ISA has been checked (ls_isa_resolve). isa must
  * be one ls_isa_available() accepts. The tests call these to run every kernel the CPU can
