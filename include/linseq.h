@@ -171,10 +171,11 @@ typedef struct linseq_exec {
      * y; conv x, y; the standalone gate's g_raw and g; and the gradients of all of these) are
      * bfloat16; states, parameters and their gradients stay float32, and all arithmetic
      * accumulates in float32. The pointers keep their float types in the structs.
-     * On LINSEQ_DEVICE_CPU only linseq_kda_forward and linseq_kda_decode take BF16 (any
-     * other call returns LINSEQ_ERR_UNSUPPORTED naming itself and the dtype): their results
-     * are those of the float32 call on the same values widened to float32, bit for bit, with
-     * o rounded once to nearest even; the state is float32 as always. */
+     * On LINSEQ_DEVICE_CPU only linseq_kda_forward, linseq_kda_decode and
+     * linseq_conv1d_forward (x and y dense [B,T,D] there) take BF16 (any other call returns
+     * LINSEQ_ERR_UNSUPPORTED naming itself and the dtype): their results are those of the
+     * float32 call on the same values widened to float32, bit for bit, with o (y) rounded once
+     * to nearest even; the state is float32 as always. */
     linseq_dtype dtype;
 } linseq_exec;
 

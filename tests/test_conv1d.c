@@ -16,6 +16,7 @@
 #include <float.h>
 
 #include "core/activation.h"
+#include "core/half_float.h"
 #include "simd/isa.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
@@ -1187,6 +1188,78 @@ static void test_tap_major_layouts(void)
     }
 }
 
+/* A bfloat16 x and y (exec->dtype = LINSEQ_DTYPE_BF16): y the float32 call's on the widened
+ * x, rounded once to nearest even, and the state the same floats; 1 and 3 threads, ragged
+ * spans, packed sequences, tap-major layouts. */
+static void check_bf16_forward(const conv_spec *sp, uint64_t seed, const char *label,
+                               bool tap_major)
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    c.p.state_tap_major = c.p.weight_tap_major = tap_major;
+    uint16_t *x16 = malloc(c.n_y * sizeof *x16), *y16 = malloc(c.n_y * sizeof *y16);
+    if (!x16 || !y16) exit(2);
+    for (size_t i = 0; i < c.n_y; i++) {
+        x16[i] = ls_f32_to_bf16(c.x[i]);
+        c.x[i] = ls_bf16_to_f32(x16[i]);
+    }
+    float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state), *st16 = tu_alloc_poisoned(c.n_state);
+    CHECK_OK(conv_forward(&c.p, NULL, y, st));
+    linseq_conv1d_problem q = c.p;
+    q.x = (const float *)(const void *)x16;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        const linseq_exec ex = {.threads = threads, .dtype = LINSEQ_DTYPE_BF16};
+        memset(y16, 0xff, c.n_y * sizeof *y16);
+        CHECK_OK(conv_forward(&q, &ex, (float *)(void *)y16, st16));
+        bool same = tu_same_bits(st16, st, c.n_state);
+        for (size_t i = 0; i < c.n_y; i++) same &= y16[i] == ls_f32_to_bf16(y[i]);
+        CHECK(same,
+              "%s %s bf16 forward (%d threads, tap-major %d): not the float32 call's "
+              "rounded",
+              ls_isa_name(test_isa), label, threads, tap_major);
+    }
+    free(x16), free(y16), free(y), free(st), free(st16);
+    conv_free(&c);
+}
+
+static void test_bf16_forward(void)
+{
+    const conv_spec dense = {
+        .B = 2, .T = 150, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
+    const conv_spec short_seq = {.B = 3, .T = 2, .D = 37, .W = 5, .state = true};
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    const conv_spec varlen = {.B = 1,
+                              .T = 51,
+                              .D = 70,
+                              .W = 3,
+                              .bias = true,
+                              .state = true,
+                              .act = LINSEQ_ACT_GELU_TANH,
+                              .cu_seqlens = cu,
+                              .n_seqs = 4};
+    for (int tm = 0; tm < 2; tm++) {
+        check_bf16_forward(&dense, 7000, "B=2 T=150 D=300 W=4", tm);
+        check_bf16_forward(&short_seq, 7010, "T=2 < W-1, D=37 W=5", tm);
+        check_bf16_forward(&varlen, 7020, "varlen D=70 W=3", tm);
+    }
+    /* a bf16 x is dense token-major: channel_first and strides are refused, nothing written */
+    conv_data c;
+    conv_make(&c, &dense, 7030);
+    float *y = tu_alloc(c.n_y);
+    memset(y, 0x5a, c.n_y * sizeof *y);
+    const linseq_exec ex = {.dtype = LINSEQ_DTYPE_BF16};
+    linseq_conv1d_problem q = c.p;
+    q.channel_first = true;
+    CHECK_FAILS(conv_forward(&q, &ex, y, NULL), LINSEQ_ERR_UNSUPPORTED, "channel_first");
+    q.channel_first = false, q.x_strides = (linseq_strides){150 * 300, 300, 1, 0};
+    CHECK_FAILS(conv_forward(&q, &ex, y, NULL), LINSEQ_ERR_UNSUPPORTED, "x_strides");
+    bool untouched = true;
+    for (size_t i = 0; i < c.n_y; i++) untouched &= ((const uint8_t *)(void *)y)[4 * i] == 0x5a;
+    CHECK(untouched, "a refused bf16 forward wrote y");
+    free(y);
+    conv_free(&c);
+}
+
 static void test_public_entry_points(void)
 {
     conv_spec sp = {
@@ -1245,6 +1318,7 @@ int main(void)
         test_backward_width_one();
         test_backward_large_inputs();
         test_tap_major_layouts();
+        test_bf16_forward();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

@@ -20,7 +20,8 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
 {
     conv1d_plan pl = {.p = p, .y = y, .state_out = state_out, .act = conv1d_activation(p)};
     pl.x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
-    pl.x_tiled = pl.x.channel != 1;
+    pl.bf16 = ls_token_bytes(exec) == 2;
+    pl.x_tiled = pl.x.channel != 1 || pl.bf16;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.n_blocks = (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN;
@@ -37,7 +38,7 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     if (p->W > INT64_MAX / CONV1D_SPAN / 8) return LINSEQ_ERR_OUT_OF_MEMORY;
     const int64_t thread_floats =
         CONV1D_FWD_FLOATS(p->W) +
-        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first);
+        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first || pl.bf16);
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;
@@ -53,10 +54,23 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
  * the argument table `a` (whose fn names the entry point). Run first by every entry point, so
  * the backward and decode accept exactly the problems the forward accepts. */
 static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
-                                   const linseq_exec *exec)
+                                   const linseq_exec *exec, bool cpu_bf16)
 {
-    linseq_status st = ls_op_check_problem(a->fn, &ls_op_conv1d, p, exec, false);
+    linseq_status st = ls_op_check_problem(a->fn, &ls_op_conv1d, p, exec, cpu_bf16);
     return st ? st : ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
+}
+
+/* The CPU forward's bfloat16 x and y are dense [B,T,D]: what a serving engine passes. */
+static linseq_status check_cpu_bf16(const char *fn, const linseq_conv1d_problem *p,
+                                    const linseq_exec *exec)
+{
+    if (ls_token_bytes(exec) != 2 || ls_on_cuda(exec)) return LINSEQ_OK;
+    if (p->channel_first || !ssm_strides_zero(p->x_strides))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->dtype = LINSEQ_DTYPE_BF16 with %s; on the CPU a bfloat16 x and y "
+                       "are dense [B,T,D] (channel_first = false, x_strides all zero)",
+                       p->channel_first ? "channel_first" : "x_strides");
+    return LINSEQ_OK;
 }
 
 /* The CUDA kernels read and write the token-major layout only. */
@@ -99,8 +113,8 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_forward"};
-    linseq_status st = check_problem(&a, p, exec);
-    if (st) return st;
+    linseq_status st = check_problem(&a, p, exec, true);
+    if (st || (st = check_cpu_bf16(a.fn, p, exec))) return st;
     const int64_t W = p->W;
     float *const out[] = {y, conv_state_out};
     if ((st = ls_op_add_tensors(&a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
@@ -124,7 +138,7 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_backward"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, p, exec, false);
     if (st) return st;
     if (!grads)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
@@ -210,7 +224,7 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_decode"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, p, exec, false);
     if (st) return st;
     const size_t te = ls_token_bytes(exec);
     if ((st =

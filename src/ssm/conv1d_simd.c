@@ -14,9 +14,12 @@
  * Other layouts: an x whose channels are not contiguous (channel-first, a strided view) is
  * packed for the item's tokens (and the W-1 before them) into a token-major tile first, and a
  * channel-first y is computed into a tile and transposed into place after the item, so the
- * loops below always read and write token rows (conv_rows). */
+ * loops below always read and write token rows (conv_rows). A bfloat16 x (dense [B,T,D]) is
+ * widened into that tile likewise, and y computed into the tile after it, then rounded into
+ * place once: the bits of the float32 call on the widened x, y rounded to nearest even. */
 #include <string.h>
 
+#include "simd/bf16.h"
 #include "ssm/ssm_kernels.h"
 #include "ssm/ssm_layout.h"
 #include "ssm/ssm_vec.h"
@@ -121,6 +124,17 @@ static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, i
     const int64_t W = p->W, T = p->T;
     conv_rows r = {ssm_view_at(v, T, start, d0), 0, v->token, NULL, 0, p->D};
     float *y_tile = tiles;
+    if (pl->bf16) {
+        const int64_t lo = t0 > W - 1 ? t0 - (W - 1) : 0, count = t1 - lo;
+        const uint16_t *src = (const uint16_t *)(const void *)p->x + (start + lo) * p->D + d0;
+        for (int64_t k = 0; k < count; k++)
+            for (int64_t c = 0; c < width; c += VW)
+                vf_store(tiles + k * SPAN + c, width - c >= VW
+                                                   ? vf_load_bf16(src + k * p->D + c)
+                                                   : vf_load_bf16_n(src + k * p->D + c, width - c));
+        const int64_t y_at = (pl->chunk + W - 1) * SPAN;
+        return (conv_rows){tiles, lo, SPAN, tiles + y_at, t0, SPAN};
+    }
     if (pl->x_tiled) {
         const int64_t lo = t0 > W - 1 ? t0 - (W - 1) : 0, count = t1 - lo;
         const float *src = ssm_view_at(v, T, start + lo, d0);
@@ -140,6 +154,14 @@ static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, i
         r.y = pl->y + start * p->D + d0;
     }
     return r;
+}
+
+/* x of (packed) token tok, channel d, as float32. */
+static float x_value(const conv1d_plan *pl, int64_t tok, int64_t d)
+{
+    if (pl->bf16)
+        return ls_bf16_to_f32(((const uint16_t *)(const void *)pl->p->x)[tok * pl->p->D + d]);
+    return *ssm_view_at(&pl->x, pl->p->T, tok, d);
 }
 
 /* The W-1 = taps positions of `width` channels' state (strides ss) into cols [taps][SPAN]. */
@@ -194,7 +216,18 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
                        d0 + b * SSM_LANES, lanes);
     }
     if (full && head < t1) run_full_blocks(pl, &r, taps, head, t1, d0, full);
-    if (p->channel_first) /* y's tile into [B,D,T] */
+    if (pl->bf16) /* y's tile rounded into [B,T,D] */
+        for (int64_t t = t0; t < t1; t++) {
+            uint16_t *dst = (uint16_t *)(void *)pl->y + (start + t) * D + d0;
+            for (int64_t c = 0; c < width; c += VW) {
+                const vf v = vf_load(y_row(&r, t) + c);
+                if (width - c >= VW)
+                    vf_store_bf16(dst + c, v);
+                else
+                    vf_store_bf16_n(dst + c, v, width - c);
+            }
+        }
+    else if (p->channel_first) /* y's tile into [B,D,T] */
         ls_transpose_copy(pl->y + ((start / p->T) * D + d0) * p->T + start % p->T + t0, p->T, r.y,
                           SPAN, t1 - t0, width);
 
@@ -206,8 +239,7 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
             const int64_t k = len + i;
             for (int64_t l = 0; l < width; l++)
                 out[l * ss.channel + i * ss.position] =
-                    k < W - 1 ? cols[k * SPAN + l]
-                              : *ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0 + l);
+                    k < W - 1 ? cols[k * SPAN + l] : x_value(pl, start + k - (W - 1), d0 + l);
         }
     }
 }
