@@ -134,3 +134,22 @@ def test_refusals_leave_the_tap_major_pool():
         ops.decode_pool("causal_conv1d", {"x": step, "weight": weight_t.T.copy()}, states,
                         np.array([1, 2, 3]), **opts)
     assert np.array_equal(states.view(np.uint16), before.view(np.uint16))
+
+
+def test_bf16_forward_is_the_float32_call_rounded():
+    """A bfloat16 x (a serving engine's activations): y in bfloat16, the float32 call on the
+    widened x rounded once; the state the same floats; tap-major layouts too."""
+    bf16 = _bf16()
+    x = rng.standard_normal((2, 33, D)).astype(bf16)
+    weight_t = (rng.standard_normal((W, D)) * 0.5).astype(np.float32)
+    state = rng.standard_normal((2, W - 1, D)).astype(np.float32)
+    kw = dict(conv_state=state, activation="silu", state_tap_major=True, weight_tap_major=True)
+    y, s = ops.conv1d_forward(ops.Conv1dInputs(x, weight_t, bf16=True, **kw))
+    y32, s32 = ops.conv1d_forward(ops.Conv1dInputs(x.astype(np.float32), weight_t, **kw))
+    assert y.dtype == bf16
+    assert np.array_equal(y.view(np.uint16), y32.astype(bf16).view(np.uint16))
+    assert np.array_equal(s, s32)
+    y_ref, _ = conv_reference(x[0].astype(np.float32), weight_t.T, state[0])
+    assert rel_err(y[0].astype(np.float32), y_ref) < 2 ** -8
+    with pytest.raises(ValueError, match="float32 x"):
+        ops.conv1d_backward(ops.Conv1dInputs(x, weight_t, bf16=True, **kw), y32)

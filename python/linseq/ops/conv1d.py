@@ -6,7 +6,8 @@ import ctypes
 import numpy as np
 
 from .. import _lib
-from .._arrays import as_f32_ndim, as_f32_strided, as_row_indices, check_pool, ptr
+from .._arrays import (as_bf16_ndim, as_f32_ndim, as_f32_strided, as_row_indices, bf16_result,
+                       check_pool, is_bf16, ptr)
 from ._common import (activation_code, check_inputs, grads, make_exec, optional, outputs,
                       pointer, sequences, strides, upstream)
 
@@ -18,6 +19,9 @@ class Conv1dInputs:
     problem (conv_state, conv_state_out, their gradients, a decode pool's rows) in that order.
     With weight_tap_major the weight (and dweight) is [W,D], packed once by the caller
     (weight.T made contiguous), which a decode step reads in place.
+    bf16=True with a bfloat16 x (is_bf16) keeps x in bfloat16 storage, dense [B,T,D] (a
+    C-contiguous copy if it is not), and conv1d_forward returns y in bfloat16 (self.bf16
+    says what was taken; the forward only).
 
     x is read where it lies: a float32 view with non-negative strides (a transposed tensor,
     a slice of xBC) reaches the kernels as the caller's memory (problem.x is its pointer),
@@ -26,10 +30,18 @@ class Conv1dInputs:
 
     def __init__(self, x, weight, bias=None, *, conv_state=None, cu_seqlens=None,
                  activation=None, channel_first=False, state_tap_major=False,
-                 weight_tap_major=False):
+                 weight_tap_major=False, bf16=False):
         cf = bool(channel_first)
         what = "[B,D,T]" if cf else "[B,T,D]"
-        self.x, sx = as_f32_strided(x, "x", (3,), f"x of shape {what}")
+        self.bf16 = bool(bf16) and is_bf16(x)
+        if self.bf16 and cf:
+            raise ValueError("x: bfloat16 storage takes the token-major layout [B,T,D]; pass "
+                             "channel_first=False, or bf16=False")
+        if self.bf16:
+            self.x = as_bf16_ndim(x, "x", (3,), "x of shape [B,T,D]")
+            sx = (0, 0, 0)  # dense
+        else:
+            self.x, sx = as_f32_strided(x, "x", (3,), f"x of shape {what}")
         B, T, D = (self.x.shape[0], self.x.shape[2], self.x.shape[1]) if cf else self.x.shape
         x_strides = (sx[0], sx[2], sx[1], 0) if cf else (sx[0], sx[1], sx[2], 0)
         packed = bool(weight_tap_major)
@@ -71,17 +83,24 @@ class Conv1dInputs:
 
 
 def conv1d_forward(inputs, *, threads=0, final_state=True):
-    """(y [B,T,D] ([B,D,T] channel first), conv_state_out [N_seq,D,W-1] or None)."""
-    ex = make_exec(threads=threads)
-    (y, state), out = outputs("causal_conv1d", inputs, final_state)
+    """(y [B,T,D] ([B,D,T] channel first), conv_state_out [N_seq,D,W-1] or None). y is
+    bfloat16 when x is (Conv1dInputs.bf16; see bf16_result), float32 otherwise."""
+    ex = make_exec(threads=threads, bf16=inputs.bf16)
+    (y, state), out = outputs("causal_conv1d", inputs, final_state, first_bf16=inputs.bf16)
     _lib.check(_lib.lib.linseq_conv1d_forward(ctypes.byref(inputs.problem), ctypes.byref(ex),
                                               *out))
-    return y, state
+    return (bf16_result(y) if inputs.bf16 else y), state
+
+
+def _float32_only(inputs, what):
+    if inputs.bf16:
+        raise ValueError(f"{what}: takes a float32 x; build Conv1dInputs with bf16=False")
 
 
 def conv1d_backward(inputs, d_y, d_state=None, *, threads=0, wanted=None):
     """dict of dx (in the problem's layout), dweight (in the weight's given shape), dbias,
     dconv_state."""
+    _float32_only(inputs, "conv1d_backward")
     ex = make_exec(threads=threads)
     d_y, d_state = upstream("causal_conv1d", inputs, (d_y, d_state))
     out, grads_struct = grads("causal_conv1d", inputs, wanted)
@@ -101,6 +120,7 @@ def conv1d_decode(inputs, state, state_rows=None, cache_seqlens=None, *, threads
     cache_seqlens (int [B], optional, each >= 0): the rows are circular buffers and request b's
     new inputs go to positions (cache_seqlens[b] + i) % state_len (see linseq.h); without it
     each row is a shift register. Returns y in the problem's layout ([B,T,D] or [B,D,T])."""
+    _float32_only(inputs, "conv1d_decode")
     if inputs.conv_state is not None or inputs.cu_seqlens is not None:
         raise ValueError("conv_state, cu_seqlens: decode reads the state pool instead")
     check_pool(state, "state")
