@@ -80,10 +80,12 @@ static linseq_status check_cuda_layout(const char *fn, const linseq_conv1d_probl
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "channel_first is set; the CUDA backend takes the token-major layout "
                        "[B,T,D] only (run on the CPU, or pass channel_first = false)");
-    if (p->state_tap_major)
+    if (p->state_tap_major || p->weight_tap_major)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
-                       "state_tap_major is set; the CUDA backend takes conv states "
-                       "[N_seq,D,W-1] only (run on the CPU, or pass state_tap_major = false)");
+                       "%s is set; the CUDA backend takes conv states [N_seq,D,W-1] and a "
+                       "weight [D,W] only (run on the CPU, or pass %s = false)",
+                       p->state_tap_major ? "state_tap_major" : "weight_tap_major",
+                       p->state_tap_major ? "state_tap_major" : "weight_tap_major");
     if (!ssm_strides_zero(p->x_strides))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "x_strides is set; the CUDA backend takes a dense x only (all strides "
