@@ -15,7 +15,9 @@
  * was; a successful one writes only the destination rows of live requests (the other rows
  * and the gaps between rows keep their bytes), gives padding requests of a decode zero
  * outputs and never writes the state's own output slot; threads 1 and 3 give the same bits,
- * in the pool and in every output. */
+ * in the pool and in every output. An op with the option state_tap_major (the conv, whose
+ * weight_tap_major is fuzzed with the other options) runs again in the other state layout
+ * from the pool with its rows transposed: the same status and outputs, the pool transposed. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -467,6 +469,63 @@ static void check_threads(const pool_case *c, const unsigned char *before, linse
                            "outputs for one thread and three");
 }
 
+/* The option "state_tap_major" of an op that has it (the conv: states [N,D,L] or [N,L,D]). */
+static const ls_option_desc *tap_major_option(const ls_op *op)
+{
+    for (int i = 0; i < op->n_options; i++)
+        if (!strcmp(op->options[i].key, "state_tap_major")) return &op->options[i];
+    return NULL;
+}
+
+/* Each row's [a][b] elements of `from` as [b][a] in `to` (the bytes past the rows copied). */
+static void transpose_rows(const pool_case *c, unsigned char *to, const unsigned char *from,
+                           int64_t a, int64_t b)
+{
+    memcpy(to, from, c->pool_bytes);
+    for (int64_t r = 0; r < c->pool.n_rows; r++) {
+        const size_t at = (size_t)(r * c->stride) * c->elem;
+        for (int64_t i = 0; i < a; i++)
+            for (int64_t j = 0; j < b; j++)
+                memcpy(to + at + (size_t)(j * a + i) * c->elem,
+                       from + at + (size_t)(i * b + j) * c->elem, c->elem);
+    }
+}
+
+/* The same call with the state layout flipped (an op with state_tap_major) from the pool with
+ * every row transposed: the same status and outputs, and the pool after it transposed. */
+static void check_other_layout(const pool_case *c, const unsigned char *before, linseq_status st)
+{
+    const ls_option_desc *o = tap_major_option(c->op);
+    const ls_tensor_desc *t = ls_op_tensor_named(c->op, LS_ROLE_INPUT, c->op->decode_state);
+    int64_t d[LS_OP_MAX_DIMS];
+    if (!o || c->row < 1 || t->shape(c->problem, d) != 3 ||
+        described_bytes(c) != (int64_t)c->pool_bytes) /* a refused pool without its bytes */
+        return;
+    pool_case flipped = *c;
+    bool tap_major;
+    memcpy(&tap_major, c->problem + o->offset, sizeof tap_major);
+    tap_major = !tap_major;
+    memcpy(flipped.problem + o->offset, &tap_major, sizeof tap_major);
+    const size_t skew = (uintptr_t)c->pool.data % 2;
+    unsigned char *data = (unsigned char *)fz_alloc_bytes(c->pool_bytes + skew) + skew;
+    transpose_rows(c, data, before, d[1], d[2]);
+    flipped.pool.data = data;
+    float *out[LS_OP_MAX_OUT] = {0};
+    for (int k = 0; k < LS_OP_MAX_OUT; k++)
+        if (c->out[k]) out[k] = fz_alloc(c->out_bytes[k] / sizeof(float));
+    const linseq_status st2 = call(&flipped, 1, &flipped.pool, out);
+    if (st2 != st) fz_die("status %d in one state layout, %d in the other", (int)st, (int)st2);
+    if (st != LINSEQ_OK) return;
+    unsigned char *back = fz_alloc_bytes(c->pool_bytes);
+    transpose_rows(c, back, data, d[2], d[1]);
+    if (memcmp(back, c->pool.data, c->pool_bytes) != 0)
+        fz_die("the pool differs between the state layouts (rows transposed)");
+    for (int k = 0; k < LS_OP_MAX_OUT; k++)
+        if (c->out[k] && k != c->state_slot)
+            fz_expect_same(c->out[k], out[k], c->out_bytes[k] / sizeof(float),
+                           "outputs in one state layout and the other");
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -494,6 +553,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(before, c.pool.data, c.pool_bytes);
         const linseq_status st = run_checked(&c, before);
         check_threads(&c, before, st);
+        check_other_layout(&c, before, st);
     }
     fz_free_all();
     return 0;

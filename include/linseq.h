@@ -171,10 +171,11 @@ typedef struct linseq_exec {
      * y; conv x, y; the standalone gate's g_raw and g; and the gradients of all of these) are
      * bfloat16; states, parameters and their gradients stay float32, and all arithmetic
      * accumulates in float32. The pointers keep their float types in the structs.
-     * On LINSEQ_DEVICE_CPU only linseq_kda_forward and linseq_kda_decode take BF16 (any
-     * other call returns LINSEQ_ERR_UNSUPPORTED naming itself and the dtype): their results
-     * are those of the float32 call on the same values widened to float32, bit for bit, with
-     * o rounded once to nearest even; the state is float32 as always. */
+     * On LINSEQ_DEVICE_CPU only linseq_kda_forward, linseq_kda_decode and
+     * linseq_conv1d_forward (x and y dense [B,T,D] there) take BF16 (any other call returns
+     * LINSEQ_ERR_UNSUPPORTED naming itself and the dtype): their results are those of the
+     * float32 call on the same values widened to float32, bit for bit, with o (y) rounded once
+     * to nearest even; the state is float32 as always. */
     linseq_dtype dtype;
 } linseq_exec;
 
@@ -627,7 +628,14 @@ LINSEQ_API linseq_status linseq_ssm1_segment_backward(const linseq_ssm1_problem 
  *     y[t,d] = act(bias[d] + sum_{j<W} weight[d,j] xs[d,t+j])      weight[d,W-1] hits x_t
  *     conv_state_out = the last W-1 columns of xs                   (zero-padded on the left)
  * Layouts: x, y [B,T,D]; weight [D,W]; bias [D]; conv_state, conv_state_out [N_seq,D,W-1],
- * oldest input first (N_seq = B, or n_seqs with cu_seqlens).
+ * oldest input first (N_seq = B, or n_seqs with cu_seqlens). With state_tap_major every conv
+ * state (conv_state, conv_state_out, dconv_state, d_conv_state_out, and the rows of a decode
+ * pool, [n_state_rows,state_len,D] then) is [N_seq,W-1,D]: the D channels of one position
+ * contiguous, as vLLM keeps its conv states; the values are the same, only their order
+ * differs. With weight_tap_major, weight and dweight are [W,D]: a tap's D weights contiguous,
+ * as a serving engine packs them once (weight transposed), so that a decode step reads them
+ * as vectors instead of transposing [D,W] on every call. (The CUDA backend takes the default
+ * layouts only.)
  * Other layouts, as SSM1's: channel_first makes y, d_y and dx dense [B,D,T] (causal-conv1d's
  * layout), and x may carry element strides (x_strides: batch, token, channel; state 0; all
  * zero = dense in the problem's layout). */
@@ -641,6 +649,8 @@ typedef struct linseq_conv1d_problem {
     linseq_activation activation; /* DEFAULT = identity */
     bool channel_first;           /* y, d_y, dx [B,D,T] */
     linseq_strides x_strides;     /* all zero: dense */
+    bool state_tap_major;         /* conv states [N_seq,W-1,D] instead of [N_seq,D,W-1] */
+    bool weight_tap_major;        /* weight, dweight [W,D] instead of [D,W] */
 } linseq_conv1d_problem;
 
 /* y [B,T,D] (required); conv_state_out NULL or [N_seq,D,W-1], may be the same pointer as
@@ -667,7 +677,8 @@ LINSEQ_API linseq_status linseq_conv1d_backward(const linseq_conv1d_problem *pro
 /* causal-conv1d's update step for a batch of requests, over a pool of conv states.
  * problem: B requests of T >= 1 new tokens each (x [B,T,D], or [B,D,T] with channel_first,
  * strides allowed), weight, bias and activation as the forward; conv_state and cu_seqlens must
- * be NULL. state: a pool [n_state_rows, D, state_len] (state_len >= W-1 and >= 1), updated in
+ * be NULL. state: a pool [n_state_rows, D, state_len] ([n_state_rows, state_len, D] with
+ * state_tap_major; state_len >= W-1 and >= 1), updated in
  * place; state_rows (int64 [B], optional) maps request b to its row (NULL: row b, then
  * n_state_rows >= B); a negative row is a padding request: its y rows are 0 and no state is
  * touched; two requests may not share a row. Rows not named are never read or written.

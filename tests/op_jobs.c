@@ -96,6 +96,13 @@ static const job_spec specs[] = {
      0, NULL, 0},
     {"causal_conv1d", "backward (3 packed sequences)", J_BACKWARD,
      "B=1 T=90 D=200 W=4 activation=silu", 0, 0, CU_SSM, 3},
+    /* vLLM's layouts: [N,W-1,D] states, a [W,D] weight */
+    {"causal_conv1d", "forward (tap-major states and weight)", J_FORWARD,
+     "B=2 T=100 D=300 W=4 activation=silu state_tap_major=1 weight_tap_major=1", 0, 0, NULL, 0},
+    {"causal_conv1d", "backward (tap-major states, 3 packed sequences)", J_BACKWARD,
+     "B=1 T=90 D=200 W=4 activation=silu state_tap_major=1", 0, 0, CU_SSM, 3},
+    {"causal_conv1d", "decode (tap-major states and weight, a padding request)", J_DECODE,
+     "B=3 T=1 D=300 W=4 activation=silu state_tap_major=1 weight_tap_major=1", 0, 0, NULL, 0},
 };
 #define N_SPECS ((int)(sizeof specs / sizeof specs[0]))
 

@@ -406,10 +406,12 @@ static const exec_case exec_cases[] = {
 };
 #define N_EXEC_CASES ((int)(sizeof exec_cases / sizeof exec_cases[0]))
 
-/* The calls whose CPU kernels also take bf16 per-token tensors (test_kda_bf16.c). */
+/* The calls whose CPU kernels also take bf16 per-token tensors (test_kda_bf16.c,
+ * test_conv1d.c). */
 static bool cpu_bf16(const char *fn)
 {
-    return strcmp(fn, "linseq_kda_forward") == 0 || strcmp(fn, "linseq_kda_decode") == 0;
+    return strcmp(fn, "linseq_kda_forward") == 0 || strcmp(fn, "linseq_kda_decode") == 0 ||
+           strcmp(fn, "linseq_conv1d_forward") == 0;
 }
 
 static void exec_rows(op_id op)

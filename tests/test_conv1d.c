@@ -16,6 +16,7 @@
 #include <float.h>
 
 #include "core/activation.h"
+#include "core/half_float.h"
 #include "simd/isa.h"
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_kernels.h"
@@ -1081,6 +1082,184 @@ static void test_vector_activations(void)
 
 /* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
  * given ls_isa_active(). */
+/* [N][D][L] <-> [N][L][D] (L = W-1): to_tap_major picks the direction. */
+static void transpose_states(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                             bool to_tap_major)
+{
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t i = 0; i < L; i++) {
+                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
+                if (to_tap_major)
+                    dst[ld] = src[dl];
+                else
+                    dst[dl] = src[ld];
+            }
+}
+
+/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
+ * false), or back with back = true. */
+static void transpose_states_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                                bool tap_major, bool back)
+{
+    if (tap_major)
+        transpose_states(dst, src, n, D, L, !back);
+    else
+        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+}
+
+/* state_tap_major and weight_tap_major order the same values otherwise: the forward and
+ * backward with either or both give the bits of the default layouts' for y, dx and dbias, and
+ * their states, weight gradient and state gradient transposed; varlen and ragged spans
+ * included (2 threads). The reference in those layouts agrees too. */
+static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *label, bool states,
+                            bool weights)
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    const int64_t n = sp->cu_seqlens ? sp->n_seqs : sp->B, D = sp->D, W = sp->W, L = W - 1;
+    const size_t n_w = (size_t)(D * W);
+    const linseq_exec ex = {.threads = 2};
+    float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state);
+    float *y_tm = tu_alloc_poisoned(c.n_y), *st_tm = tu_alloc_poisoned(c.n_state);
+    float *tm_in = tu_alloc(c.n_state), *tm_w = tu_alloc(n_w);
+    float *back = tu_alloc(c.n_state > n_w ? c.n_state : n_w);
+    transpose_states_as(tm_in, c.state, n, D, L, states, false);
+    transpose_states_as(tm_w, c.weight, 1, D, W, weights, false);
+    CHECK_OK(conv_forward(&c.p, &ex, y, st));
+    conv_data t = c;
+    t.p.state_tap_major = states, t.p.weight_tap_major = weights;
+    t.p.conv_state = tm_in, t.p.weight = tm_w;
+    CHECK_OK(conv_forward(&t.p, &ex, y_tm, st_tm));
+    transpose_states_as(back, st_tm, n, D, L, states, true);
+    CHECK(tu_same_bits(y, y_tm, c.n_y) && tu_same_bits(back, st, c.n_state),
+          "%s %s tap-major (states %d, weight %d) forward differs from the default layouts'",
+          ls_isa_name(test_isa), label, states, weights);
+    ls_conv1d_reference(&t.p, y, st);
+    CHECK(tu_rel_err(y_tm, y, c.n_y) <= 1e-6 && tu_same_bits(st_tm, st, c.n_state),
+          "%s %s tap-major (states %d, weight %d) forward vs the reference", ls_isa_name(test_isa),
+          label, states, weights);
+
+    conv_bwd b, bt;
+    conv_bwd_make(&b, &c, true, seed + 1);
+    conv_bwd_make(&bt, &t, true, seed + 1);
+    transpose_states_as(bt.d_state_out, b.d_state_out, n, D, L, states, false);
+    conv_run_backward(&c, &b, &ex);
+    conv_run_backward(&t, &bt, &ex);
+    for (int k = 0; k < N_CONV_GRADS; k++) {
+        const float *got = bt.g[k];
+        if (k == CG_DSTATE) transpose_states_as(back, got, n, D, L, states, true), got = back;
+        if (k == CG_DW) transpose_states_as(back, got, 1, D, W, weights, true), got = back;
+        CHECK(tu_same_bits(got, b.g[k], b.n[k]),
+              "%s %s tap-major (states %d, weight %d) backward: %s differs from the default "
+              "layouts'",
+              ls_isa_name(test_isa), label, states, weights, conv_grad_names[k]);
+    }
+    conv_run_reference_backward(&t, &bt);
+    for (int k = 0; k < N_CONV_GRADS; k++)
+        CHECK(tu_rel_err_d(bt.g[k], bt.ref[k], bt.n[k]) <= CONV_BWD_TOL,
+              "%s %s tap-major (states %d, weight %d) backward: %s vs the reference",
+              ls_isa_name(test_isa), label, states, weights, conv_grad_names[k]);
+    conv_bwd_free(&b), conv_bwd_free(&bt);
+    free(y), free(st), free(y_tm), free(st_tm), free(tm_in), free(tm_w), free(back);
+    conv_free(&c);
+}
+
+static void test_tap_major_layouts(void)
+{
+    const conv_spec dense = {
+        .B = 3, .T = 40, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
+    const conv_spec short_seq = {.B = 2, .T = 2, .D = 37, .W = 5, .state = true};
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    const conv_spec varlen = {.B = 1,
+                              .T = 51,
+                              .D = 70,
+                              .W = 3,
+                              .bias = true,
+                              .state = true,
+                              .act = LINSEQ_ACT_GELU_TANH,
+                              .cu_seqlens = cu,
+                              .n_seqs = 4};
+    for (int layouts = 1; layouts < 4; layouts++) {
+        const bool states = layouts & 1, weights = layouts & 2;
+        check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4", states, weights);
+        check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5", states, weights);
+        check_tap_major(&varlen, 6020, "varlen D=70 W=3", states, weights);
+    }
+}
+
+/* A bfloat16 x and y (exec->dtype = LINSEQ_DTYPE_BF16): y the float32 call's on the widened
+ * x, rounded once to nearest even, and the state the same floats; 1 and 3 threads, ragged
+ * spans, packed sequences, tap-major layouts. */
+static void check_bf16_forward(const conv_spec *sp, uint64_t seed, const char *label,
+                               bool tap_major)
+{
+    conv_data c;
+    conv_make(&c, sp, seed);
+    c.p.state_tap_major = c.p.weight_tap_major = tap_major;
+    uint16_t *x16 = malloc(c.n_y * sizeof *x16), *y16 = malloc(c.n_y * sizeof *y16);
+    if (!x16 || !y16) exit(2);
+    for (size_t i = 0; i < c.n_y; i++) {
+        x16[i] = ls_f32_to_bf16(c.x[i]);
+        c.x[i] = ls_bf16_to_f32(x16[i]);
+    }
+    float *y = tu_alloc(c.n_y), *st = tu_alloc(c.n_state), *st16 = tu_alloc_poisoned(c.n_state);
+    CHECK_OK(conv_forward(&c.p, NULL, y, st));
+    linseq_conv1d_problem q = c.p;
+    q.x = (const float *)(const void *)x16;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        const linseq_exec ex = {.threads = threads, .dtype = LINSEQ_DTYPE_BF16};
+        memset(y16, 0xff, c.n_y * sizeof *y16);
+        CHECK_OK(conv_forward(&q, &ex, (float *)(void *)y16, st16));
+        bool same = tu_same_bits(st16, st, c.n_state);
+        for (size_t i = 0; i < c.n_y; i++) same &= y16[i] == ls_f32_to_bf16(y[i]);
+        CHECK(same,
+              "%s %s bf16 forward (%d threads, tap-major %d): not the float32 call's "
+              "rounded",
+              ls_isa_name(test_isa), label, threads, tap_major);
+    }
+    free(x16), free(y16), free(y), free(st), free(st16);
+    conv_free(&c);
+}
+
+static void test_bf16_forward(void)
+{
+    const conv_spec dense = {
+        .B = 2, .T = 150, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
+    const conv_spec short_seq = {.B = 3, .T = 2, .D = 37, .W = 5, .state = true};
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    const conv_spec varlen = {.B = 1,
+                              .T = 51,
+                              .D = 70,
+                              .W = 3,
+                              .bias = true,
+                              .state = true,
+                              .act = LINSEQ_ACT_GELU_TANH,
+                              .cu_seqlens = cu,
+                              .n_seqs = 4};
+    for (int tm = 0; tm < 2; tm++) {
+        check_bf16_forward(&dense, 7000, "B=2 T=150 D=300 W=4", tm);
+        check_bf16_forward(&short_seq, 7010, "T=2 < W-1, D=37 W=5", tm);
+        check_bf16_forward(&varlen, 7020, "varlen D=70 W=3", tm);
+    }
+    /* a bf16 x is dense token-major: channel_first and strides are refused, nothing written */
+    conv_data c;
+    conv_make(&c, &dense, 7030);
+    float *y = tu_alloc(c.n_y);
+    memset(y, 0x5a, c.n_y * sizeof *y);
+    const linseq_exec ex = {.dtype = LINSEQ_DTYPE_BF16};
+    linseq_conv1d_problem q = c.p;
+    q.channel_first = true;
+    CHECK_FAILS(conv_forward(&q, &ex, y, NULL), LINSEQ_ERR_UNSUPPORTED, "channel_first");
+    q.channel_first = false, q.x_strides = (linseq_strides){150 * 300, 300, 1, 0};
+    CHECK_FAILS(conv_forward(&q, &ex, y, NULL), LINSEQ_ERR_UNSUPPORTED, "x_strides");
+    bool untouched = true;
+    for (size_t i = 0; i < c.n_y; i++) untouched &= ((const uint8_t *)(void *)y)[4 * i] == 0x5a;
+    CHECK(untouched, "a refused bf16 forward wrote y");
+    free(y);
+    conv_free(&c);
+}
+
 static void test_public_entry_points(void)
 {
     conv_spec sp = {
@@ -1138,6 +1317,8 @@ int main(void)
         test_backward_threads();
         test_backward_width_one();
         test_backward_large_inputs();
+        test_tap_major_layouts();
+        test_bf16_forward();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

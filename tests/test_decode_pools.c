@@ -361,6 +361,102 @@ static void test_conv_pools(void)
     }
 }
 
+/* [rows][D][L] <-> [rows][L][D]: to_tap_major picks the direction. */
+static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D, int64_t L,
+                           bool to_tap_major)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t i = 0; i < L; i++) {
+                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
+                if (to_tap_major)
+                    dst[ld] = src[dl];
+                else
+                    dst[dl] = src[ld];
+            }
+}
+
+/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
+ * false), or back with back = true. */
+static void transpose_rows_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
+                              bool tap_major, bool back)
+{
+    if (tap_major)
+        transpose_rows(dst, src, n, D, L, !back);
+    else
+        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+}
+
+/* Tap-major rows (states) and a [W,D] weight (weights) hold the same values in another
+ * order: a decode over them gives the bits of the decode in the default layouts for y, and
+ * that pool's new rows transposed; 1 and 3 threads (the one-token step over tap-major rows
+ * runs by channel spans over every request). Then the double reference and the forward from
+ * each row, in those layouts. */
+static void check_conv_layouts(conv_pool *c, const int64_t *rows, const int64_t *cache,
+                               const char *what, bool states, bool weights)
+{
+    const int64_t B = c->p.B, T = c->p.T, D = c->p.D, L = c->L;
+    const size_t pool_floats = (size_t)(c->n_rows * D * L), n_y = (size_t)(B * T * D);
+    float *ref_pool = tu_alloc(pool_floats), *tm_pool = tu_alloc(pool_floats);
+    float *back = tu_alloc(pool_floats), *y_ref = tu_alloc(n_y), *y = tu_alloc_poisoned(n_y);
+    float *weight = tu_alloc((size_t)(D * c->p.W));
+    transpose_rows_as(weight, c->weight, 1, D, c->p.W, weights, false);
+    linseq_conv1d_problem tm = c->p;
+    tm.state_tap_major = states, tm.weight_tap_major = weights, tm.weight = weight;
+    for (int threads = 1; threads <= 3; threads += 2) {
+        const linseq_exec ex = {.threads = threads};
+        memcpy(ref_pool, c->pool, pool_floats * sizeof(float));
+        transpose_rows_as(tm_pool, c->pool, c->n_rows, D, L, states, false);
+        CHECK_OK(
+            ls_conv1d_decode_isa(&c->p, &ex, ref_pool, c->n_rows, L, rows, cache, y_ref, test_isa));
+        CHECK_OK(ls_conv1d_decode_isa(&tm, &ex, tm_pool, c->n_rows, L, rows, cache, y, test_isa));
+        transpose_rows_as(back, tm_pool, c->n_rows, D, L, states, true);
+        CHECK(tu_same_bits(y, y_ref, n_y) && tu_same_bits(back, ref_pool, pool_floats),
+              "%s conv %s, tap-major states %d weight %d, %d threads: differs from the default "
+              "layouts'",
+              ls_isa_name(test_isa), what, states, weights, threads);
+    }
+    conv_pool tc = *c;
+    tc.p = tm;
+    check_conv_decode(&tc, rows, cache, what);
+    if (rows && !cache && L == c->p.W - 1 && c->p.W > 1 && !c->p.channel_first)
+        check_conv_decode_is_forward(&tc, rows);
+    free(ref_pool), free(tm_pool), free(back), free(y_ref), free(y), free(weight);
+}
+
+static void check_conv_tap_major(conv_pool *c, const int64_t *rows, const int64_t *cache,
+                                 const char *what)
+{
+    for (int layouts = 1; layouts < 4; layouts++)
+        check_conv_layouts(c, rows, cache, what, layouts & 1, layouts & 2);
+}
+
+static void test_conv_tap_major(void)
+{
+    conv_pool c;
+    const int64_t rows[] = {4, -1, 0, 2}, cache[] = {0, 5, 6, 7 * 5 + 2};
+    /* one token: the span path (D past one span of channels, ragged; W 4 and others); then
+     * several tokens, a circular buffer, channel_first x */
+    static const int64_t shapes[][4] = {{1, 4, 3, 300}, {1, 3, 6, 37}, {1, 5, 4, 21},
+                                        {1, 1, 1, 18},  {3, 4, 7, 70}, {9, 3, 4, 40}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        const int64_t T = shapes[i][0], W = shapes[i][1], L = shapes[i][2], D = shapes[i][3];
+        char what[80];
+        conv_pool_make(&c, 4, T, D, W, L, 6, 40 + i);
+        snprintf(what, sizeof what, "T %lld, W %lld, state_len %lld, D %lld", (long long)T,
+                 (long long)W, (long long)L, (long long)D);
+        check_conv_tap_major(&c, rows, NULL, what);
+        check_conv_tap_major(&c, NULL, NULL, what);
+        check_conv_tap_major(&c, rows, cache, what);
+        if (T == 1) {
+            c.p.channel_first = true; /* T = 1: x's floats are the same */
+            c.p.bias = NULL;
+            check_conv_tap_major(&c, rows, NULL, "one token, channel_first, no bias");
+        }
+        conv_pool_free(&c);
+    }
+}
+
 static void conv_expect_fail(conv_pool *c, const linseq_conv1d_problem *p, float *state,
                              int64_t n_rows, int64_t L, const int64_t *rows, const int64_t *cache,
                              float *y, linseq_status want, const char *needle)
@@ -428,6 +524,7 @@ int main(void)
         const tu_mark mark = tu_mark_now();
         test_pools();
         test_conv_pools();
+        test_conv_tap_major();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

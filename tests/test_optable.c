@@ -482,6 +482,35 @@ static void check_forward_only_twin(void)
     check_op(&twin);
 }
 
+/* A tensor's dims text under the options: the alternative a boolean option names when set,
+ * and its shape agrees (the conv's tap-major weight and states). */
+static void check_dims_under_options(void)
+{
+    const ls_op *op = ls_op_find("causal_conv1d");
+    const ls_tensor_desc *w = ls_op_tensor_named(op, LS_ROLE_INPUT, "weight");
+    const ls_tensor_desc *s = ls_op_tensor_named(op, LS_ROLE_INPUT, "conv_state");
+    linseq_conv1d_problem p = {.B = 2, .T = 3, .D = 5, .W = 4};
+    char text[64];
+    int64_t d[LS_OP_MAX_DIMS];
+    CHECK(!strcmp(ls_tensor_dims(op, w, &p, text, sizeof text), "[D,W]") && w->shape(&p, d) == 2 &&
+              d[0] == 5 && d[1] == 4,
+          "conv weight: dims %s", text);
+    p.weight_tap_major = true;
+    CHECK(!strcmp(ls_tensor_dims(op, w, &p, text, sizeof text), "[W,D]") && w->shape(&p, d) == 2 &&
+              d[0] == 4 && d[1] == 5,
+          "conv weight_tap_major: dims %s", text);
+    CHECK(!strcmp(ls_tensor_dims(op, s, &p, text, sizeof text), "[N_seq,D,W-1]"),
+          "conv state: dims %s", text);
+    p.state_tap_major = true;
+    CHECK(!strcmp(ls_tensor_dims(op, s, &p, text, sizeof text), "[N_seq,W-1,D]") &&
+              s->shape(&p, d) == 3 && d[1] == 3 && d[2] == 5,
+          "conv state_tap_major: dims %s", text);
+    CHECK(!strcmp(
+              ls_tensor_dims(op, ls_op_tensor_named(op, LS_ROLE_INPUT, "x"), &p, text, sizeof text),
+              "[B,T,D]"),
+          "conv x: dims %s", text);
+}
+
 int main(void)
 {
     int n_ops, n_exec;
@@ -498,6 +527,7 @@ int main(void)
     check_forward_only_twin();
     check_calls_by_name_refused();
     check_json();
+    check_dims_under_options();
     int64_t dims[LINSEQ_OP_MAX_DIMS];
     linseq_kda_problem kp = {.B = 1, .T = 1, .H = 1, .K = 1, .V = 1};
     CHECK(linseq_op_tensor_shape("frob", "q", &kp, dims) == -1, "unknown op");

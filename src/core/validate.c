@@ -284,8 +284,9 @@ static linseq_status check_exec(const char *fn, const linseq_exec *ex, bool cpu_
     if (ex->dtype == LINSEQ_DTYPE_BF16 && ex->device != LINSEQ_DEVICE_CUDA && !cpu_bf16)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "exec->dtype = LINSEQ_DTYPE_BF16, but on LINSEQ_DEVICE_CPU this call "
-                       "takes float32 tensors (bf16 on the CPU: linseq_kda_forward and "
-                       "linseq_kda_decode; every op on LINSEQ_DEVICE_CUDA)");
+                       "takes float32 tensors (bf16 on the CPU: linseq_kda_forward, "
+                       "linseq_kda_decode and linseq_conv1d_forward; every op on "
+                       "LINSEQ_DEVICE_CUDA)");
     return LINSEQ_OK;
 }
 

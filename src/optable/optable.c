@@ -2,6 +2,7 @@
 #include "optable/optable.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 /* The descriptions, each defined in its family's folder. Adding an op: its name here and in
@@ -52,6 +53,29 @@ const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_op_role role, const
         if (op->tensors[t].role == role && strcmp(op->tensors[t].name, name) == 0)
             return &op->tensors[t];
     return NULL;
+}
+
+const char *ls_tensor_dims(const ls_op *op, const ls_tensor_desc *t, const void *p, char *buf,
+                           size_t n)
+{
+    const char *dims = t->dims, *alt = strstr(dims, "] (["), *end = strrchr(dims, ' ');
+    size_t len = strlen(dims);
+    if (alt && end && end > alt && dims[len - 1] == ')') {
+        const size_t key_len = len - 1 - (size_t)(end + 1 - dims);
+        bool set = false;
+        for (int i = 0; i < op->n_options; i++) {
+            const ls_option_desc *o = &op->options[i];
+            if (o->type == LS_CTYPE_BOOL && strlen(o->key) == key_len &&
+                strncmp(o->key, end + 1, key_len) == 0)
+                memcpy(&set, (const unsigned char *)p + o->offset, sizeof set);
+        }
+        if (set)
+            dims = alt + 3, len = (size_t)(end - dims);
+        else
+            len = (size_t)(alt + 1 - dims);
+    }
+    snprintf(buf, n, "%.*s", (int)len, dims);
+    return buf;
 }
 
 bool ls_tensor_count(const ls_tensor_desc *t, const void *p, int64_t *count)

@@ -226,6 +226,12 @@ int ls_op_count(const ls_op *op, ls_op_role role);
 /* The tensor of that name and role, or NULL. */
 const ls_tensor_desc *ls_op_tensor_named(const ls_op *op, ls_op_role role, const char *name);
 
+/* t's dims text under the problem p's options, into buf (n bytes, truncated): dims of the form
+ * "[D,W] ([W,D] weight_tap_major)" give the second when that boolean option is set, the first
+ * otherwise; other dims as they are. Returns buf. */
+const char *ls_tensor_dims(const ls_op *op, const ls_tensor_desc *t, const void *p, char *buf,
+                           size_t n);
+
 /* Elements of a tensor under p (0 when it does not exist); false when the count does not
  * fit in int64. */
 bool ls_tensor_count(const ls_tensor_desc *t, const void *p, int64_t *count);

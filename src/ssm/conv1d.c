@@ -20,7 +20,8 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
 {
     conv1d_plan pl = {.p = p, .y = y, .state_out = state_out, .act = conv1d_activation(p)};
     pl.x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
-    pl.x_tiled = pl.x.channel != 1;
+    pl.bf16 = ls_token_bytes(exec) == 2;
+    pl.x_tiled = pl.x.channel != 1 || pl.bf16;
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.n_blocks = (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN;
@@ -37,7 +38,7 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     if (p->W > INT64_MAX / CONV1D_SPAN / 8) return LINSEQ_ERR_OUT_OF_MEMORY;
     const int64_t thread_floats =
         CONV1D_FWD_FLOATS(p->W) +
-        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first);
+        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first || pl.bf16);
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;
@@ -53,10 +54,23 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
  * the argument table `a` (whose fn names the entry point). Run first by every entry point, so
  * the backward and decode accept exactly the problems the forward accepts. */
 static linseq_status check_problem(ls_args *a, const linseq_conv1d_problem *p,
-                                   const linseq_exec *exec)
+                                   const linseq_exec *exec, bool cpu_bf16)
 {
-    linseq_status st = ls_op_check_problem(a->fn, &ls_op_conv1d, p, exec, false);
+    linseq_status st = ls_op_check_problem(a->fn, &ls_op_conv1d, p, exec, cpu_bf16);
     return st ? st : ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
+}
+
+/* The CPU forward's bfloat16 x and y are dense [B,T,D]: what a serving engine passes. */
+static linseq_status check_cpu_bf16(const char *fn, const linseq_conv1d_problem *p,
+                                    const linseq_exec *exec)
+{
+    if (ls_token_bytes(exec) != 2 || ls_on_cuda(exec)) return LINSEQ_OK;
+    if (p->channel_first || !ssm_strides_zero(p->x_strides))
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "exec->dtype = LINSEQ_DTYPE_BF16 with %s; on the CPU a bfloat16 x and y "
+                       "are dense [B,T,D] (channel_first = false, x_strides all zero)",
+                       p->channel_first ? "channel_first" : "x_strides");
+    return LINSEQ_OK;
 }
 
 /* The CUDA kernels read and write the token-major layout only. */
@@ -66,6 +80,12 @@ static linseq_status check_cuda_layout(const char *fn, const linseq_conv1d_probl
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "channel_first is set; the CUDA backend takes the token-major layout "
                        "[B,T,D] only (run on the CPU, or pass channel_first = false)");
+    if (p->state_tap_major || p->weight_tap_major)
+        return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                       "%s is set; the CUDA backend takes conv states [N_seq,D,W-1] and a "
+                       "weight [D,W] only (run on the CPU, or pass %s = false)",
+                       p->state_tap_major ? "state_tap_major" : "weight_tap_major",
+                       p->state_tap_major ? "state_tap_major" : "weight_tap_major");
     if (!ssm_strides_zero(p->x_strides))
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                        "x_strides is set; the CUDA backend takes a dense x only (all strides "
@@ -95,8 +115,8 @@ linseq_status ls_conv1d_forward_isa(const linseq_conv1d_problem *p, const linseq
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_forward"};
-    linseq_status st = check_problem(&a, p, exec);
-    if (st) return st;
+    linseq_status st = check_problem(&a, p, exec, true);
+    if (st || (st = check_cpu_bf16(a.fn, p, exec))) return st;
     const int64_t W = p->W;
     float *const out[] = {y, conv_state_out};
     if ((st = ls_op_add_tensors(&a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, ls_token_bytes(exec))))
@@ -120,7 +140,7 @@ linseq_status ls_conv1d_backward_isa(const linseq_conv1d_problem *p, const linse
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_backward"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, p, exec, false);
     if (st) return st;
     if (!grads)
         return ls_fail(a.fn, LINSEQ_ERR_NULL_POINTER,
@@ -178,8 +198,12 @@ static linseq_status check_decode(ls_args *a, const linseq_conv1d_problem *p, fl
                        (long long)n_state_rows, (long long)p->B);
     ls_arg(a, "state_rows", "B", state_rows, false, LS_IN, sizeof(int64_t), 1, p->B);
     ls_arg(a, "cache_seqlens", "B", cache_seqlens, false, LS_IN, sizeof(int64_t), 1, p->B);
-    ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
-           n_state_rows, p->D, state_len);
+    if (p->state_tap_major)
+        ls_arg(a, "state", "n_state_rows,state_len,D", state, true, LS_OUT, sizeof(float), 3,
+               n_state_rows, state_len, p->D);
+    else
+        ls_arg(a, "state", "n_state_rows,D,state_len", state, true, LS_OUT, sizeof(float), 3,
+               n_state_rows, p->D, state_len);
     float *const out[] = {y, NULL}; /* the state is the pool's */
     return ls_op_add_tensors(a, &ls_op_conv1d, p, LS_ROLE_OUTPUT, out, te);
 }
@@ -202,7 +226,7 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_decode"};
-    linseq_status st = check_problem(&a, p, exec);
+    linseq_status st = check_problem(&a, p, exec, false);
     if (st) return st;
     const size_t te = ls_token_bytes(exec);
     if ((st =
@@ -225,20 +249,26 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
                              .rows = state_rows,
                              .cache_seqlens = cache_seqlens,
                              .act = conv1d_activation(p)};
-    const int64_t n_items = p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
+    /* Tap-major rows stepped one token: vectors straight from the rows, a span over every
+     * request (conv1d_decode_span_item); else one item per request and block of channels. */
+    const bool by_span = p->state_tap_major && p->T == 1 && !cache_seqlens && pl.x.channel == 1;
+    const int64_t n_items = by_span ? (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN
+                                    : p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
     const int n_threads = ls_resolve_threads(
         exec, n_items, 2.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->W);
     int64_t thread_floats, total_bytes;
-    if (p->W > INT64_MAX / 4 / SSM_LANES || p->T > INT64_MAX / 4 / SSM_LANES ||
-        !ls_mul_ok(&thread_floats, 2, CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
-                   (int64_t)SSM_LANES) ||
+    if (p->W > INT64_MAX / 4 / CONV1D_SPAN || p->T > INT64_MAX / 4 / SSM_LANES ||
+        !ls_mul_ok(&thread_floats, 2, by_span ? p->W : CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
+                   (int64_t)(by_span ? CONV1D_SPAN : SSM_LANES)) ||
         !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)) ||
         !(pl.workspace = aligned_alloc(64, (size_t)total_bytes)))
         return ls_fail(a.fn, LINSEQ_ERR_OUT_OF_MEMORY,
                        "could not allocate the decode workspace (W = %lld, T = %lld)",
                        (long long)p->W, (long long)p->T);
     pl.thread_floats = (size_t)thread_floats;
-    ls_parallel_for_static(n_items, n_threads, ls_ssm_kernels(isa)->conv1d_decode_item, &pl);
+    const ssm_kernels *kern = ls_ssm_kernels(isa);
+    ls_parallel_for_static(n_items, n_threads,
+                           by_span ? kern->conv1d_decode_span_item : kern->conv1d_decode_item, &pl);
     free(pl.workspace);
     return LINSEQ_OK;
 }

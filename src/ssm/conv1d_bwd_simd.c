@@ -92,14 +92,14 @@ LS_INLINE vf padded_input(const conv1d_plan *pl, const bwd_rows *r, const conv_b
 LS_INLINE void store_dxs(const conv1d_plan *pl, const bwd_rows *r, const conv_block *bk,
                          int64_t seq, int64_t k, int64_t s, vf v)
 {
-    const int64_t D = pl->p->D, W = pl->p->W, valid = bk->lanes - s * VW;
+    const int64_t W = pl->p->W, valid = bk->lanes - s * VW;
     if (k < W - 1) {
         float *dstate = pl->grads->dconv_state;
         if (!dstate) return;
         float lane[VW];
         vf_store(lane, v);
         for (int64_t l = 0; l < VW && l < valid; l++)
-            dstate[(seq * D + bk->d0 + s * VW + l) * (W - 1) + k] = lane[l];
+            dstate[conv1d_state_at(pl->p, seq, bk->d0 + s * VW + l, k, W - 1)] = lane[l];
     } else if (pl->grads->dx) {
         vf_store_part(dx_row(r, k - (W - 1)) + bk->col + s * VW, v, valid);
     }
@@ -324,7 +324,7 @@ static void backward_sequence(const conv1d_plan *pl, const bwd_tiles *tt, const 
                               const conv_block *bks, int64_t nb, int64_t seq)
 {
     const linseq_conv1d_problem *p = pl->p;
-    const int64_t D = p->D, W = p->W, d0 = bks[0].d0;
+    const int64_t W = p->W, d0 = bks[0].d0;
     const int64_t width = bks[nb - 1].col + bks[nb - 1].lanes;
     int64_t start, len;
     ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
@@ -334,11 +334,14 @@ static void backward_sequence(const conv1d_plan *pl, const bwd_tiles *tt, const 
         const conv_bwd_tile *tl = &tls[b];
         const conv_block *bk = &bks[b];
         if (W > 1) {
+            const conv1d_state_strides ss = conv1d_state_layout(p, W - 1);
             const float *state =
-                p->conv_state ? p->conv_state + (seq * D + bk->d0) * (W - 1) : NULL;
+                p->conv_state ? p->conv_state + conv1d_state_at(p, seq, bk->d0, 0, W - 1) : NULL;
             if (!state || bk->lanes < SSM_LANES)
                 memset(tl->state_cols, 0, (size_t)(W - 1) * SSM_LANES * sizeof(float));
-            if (state) ls_transpose_copy(tl->state_cols, SSM_LANES, state, W - 1, bk->lanes, W - 1);
+            for (int64_t i = 0; state && i < W - 1; i++)
+                for (int64_t l = 0; l < bk->lanes; l++)
+                    tl->state_cols[i * SSM_LANES + l] = state[l * ss.channel + i * ss.position];
         }
     }
     for (int64_t c0 = 0; c0 < len; c0 += CONV1D_BWD_PACK) {
@@ -359,12 +362,13 @@ static void backward_sequence(const conv1d_plan *pl, const bwd_tiles *tt, const 
     /* The last W-1 positions of xs: what remains of the sum, then the gradient of
      * conv_state_out, which copies them. */
     bwd_rows tail;
+    const conv1d_state_strides ss = conv1d_state_layout(p, W - 1);
     dx_rows_of(pl, tt, start, len - (W - 1), d0, &tail);
     for (int64_t b = 0; b < nb; b++) {
         const conv_bwd_tile *tl = &tls[b];
         const conv_block *bk = &bks[b];
         const float *d_state_out =
-            pl->d_state_out ? pl->d_state_out + (seq * D + bk->d0) * (W - 1) : NULL;
+            pl->d_state_out ? pl->d_state_out + conv1d_state_at(p, seq, bk->d0, 0, W - 1) : NULL;
         for (int64_t k = len; k < len + W - 1; k++)
             for (int64_t s = 0; s < STRIPS; s++) {
                 vf v = gather_dxs(tl, pl->ring - 1, k, k - len + 1, k < W - 1 ? k : W - 1, s);
@@ -372,7 +376,10 @@ static void backward_sequence(const conv1d_plan *pl, const bwd_tiles *tt, const 
                     float lane[VW];
                     const int64_t valid = bk->lanes - s * VW;
                     for (int64_t l = 0; l < VW; l++)
-                        lane[l] = l < valid ? d_state_out[(s * VW + l) * (W - 1) + k - len] : 0.0f;
+                        lane[l] =
+                            l < valid
+                                ? d_state_out[(s * VW + l) * ss.channel + (k - len) * ss.position]
+                                : 0.0f;
                     v = vf_add(v, vf_load(lane));
                 }
                 store_dxs(pl, &tail, bk, seq, k, s, v);
@@ -403,7 +410,7 @@ void LS_ISA_FN(ls_conv1d_bwd_item)(void *ctx, int64_t item, int thread)
         bks[b].col = b * SSM_LANES;
         bks[b].d0 = (b0 + b) * SSM_LANES;
         bks[b].lanes = D - bks[b].d0 < SSM_LANES ? D - bks[b].d0 : SSM_LANES;
-        ls_transpose_copy(tls[b].taps, SSM_LANES, p->weight + bks[b].d0 * W, W, bks[b].lanes, W);
+        conv1d_taps_in(tls[b].taps, SSM_LANES, p, bks[b].d0, bks[b].lanes);
     }
 
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
@@ -411,8 +418,8 @@ void LS_ISA_FN(ls_conv1d_bwd_item)(void *ctx, int64_t item, int thread)
 
     for (int64_t b = 0; b < nb; b++) {
         if (pl->grads->dweight)
-            ls_transpose_copy(pl->grads->dweight + bks[b].d0 * W, W, tls[b].dw_sum, SSM_LANES, W,
-                              bks[b].lanes);
+            conv1d_taps_out(pl->grads->dweight, p, bks[b].d0, bks[b].lanes, tls[b].dw_sum,
+                            SSM_LANES);
         if (pl->grads->dbias)
             memcpy(pl->grads->dbias + bks[b].d0, tls[b].db_sum,
                    (size_t)bks[b].lanes * sizeof(float));

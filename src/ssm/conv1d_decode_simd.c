@@ -28,36 +28,38 @@ static int64_t previous_position(const conv1d_decode_plan *pl, int64_t start, in
     return pos < 0 ? pos + L : pos;
 }
 
-/* The state row of one channel after the step; win_col is the channel's column of the window
- * (stride SSM_LANES), whose rows W-1 .. W-2+T are the new inputs. */
-static void advance_state(const conv1d_decode_plan *pl, float *row, const float *win_col,
-                          int64_t start)
+/* The state row of one channel after the step (position i at row[i * step]); win_col is the
+ * channel's column of the window (stride SSM_LANES), whose rows W-1 .. W-2+T are the new
+ * inputs. */
+static void advance_state(const conv1d_decode_plan *pl, float *row, int64_t step,
+                          const float *win_col, int64_t start)
 {
     const int64_t L = pl->state_len, T = pl->p->T, W = pl->p->W;
     const float *x_new = win_col + (W - 1) * SSM_LANES;
     if (pl->cache_seqlens) {
-        for (int64_t i = 0; i < T; i++) row[(start + i) % L] = x_new[i * SSM_LANES];
+        for (int64_t i = 0; i < T; i++) row[(start + i) % L * step] = x_new[i * SSM_LANES];
         return;
     }
     /* a few floats per channel: a call to memmove would cost more than the move */
-    for (int64_t i = 0; i + T < L; i++) row[i] = row[i + T];
+    for (int64_t i = 0; i + T < L; i++) row[i * step] = row[(i + T) * step];
     const int64_t keep = T < L ? T : L; /* the newest inputs that fit */
-    for (int64_t i = 0; i < keep; i++) row[L - keep + i] = x_new[(T - keep + i) * SSM_LANES];
+    for (int64_t i = 0; i < keep; i++)
+        row[(L - keep + i) * step] = x_new[(T - keep + i) * SSM_LANES];
 }
 
 /* The taps and the shift of one token over `lanes` channels' rows of L floats; sums[l] the
  * pre-activation. Always inlined, so that the common width (W 4, L 3) is called with constant
  * sizes and its loops unroll: with run-time sizes the loop control cost twice the work. */
 static inline __attribute__((always_inline)) void
-one_token_taps(const float *weight, const float *bias, int64_t W, int64_t L, int64_t lanes,
-               float *state, const float *x, float *sums)
+one_token_taps(const float *weight, conv1d_weight_strides ws, const float *bias, int64_t W,
+               int64_t L, int64_t lanes, float *state, const float *x, float *sums)
 {
     for (int64_t l = 0; l < lanes; l++) {
-        const float *w = weight + l * W;
+        const float *w = weight + l * ws.channel;                /* tap j at w[j * ws.tap] */
         float *row = state + l * L, *window = row + L - (W - 1); /* the W-1 previous inputs */
         float acc = bias ? bias[l] : 0.0f;
-        for (int64_t j = 0; j < W - 1; j++) acc = vf_fmadd1(w[j], window[j], acc);
-        sums[l] = vf_fmadd1(w[W - 1], x[l], acc);
+        for (int64_t j = 0; j < W - 1; j++) acc = vf_fmadd1(w[j * ws.tap], window[j], acc);
+        sums[l] = vf_fmadd1(w[(W - 1) * ws.tap], x[l], acc);
         /* shift by one, carried from the end (a forward copy loop becomes a memmove call) */
         float carry = x[l];
         for (int64_t i = L - 1; i >= 0; i--) {
@@ -74,12 +76,13 @@ static void one_token_block(const conv1d_decode_plan *pl, int64_t d0, int64_t la
                             const float *x, float *y_row)
 {
     const linseq_conv1d_problem *p = pl->p;
-    const float *weight = p->weight + d0 * p->W, *bias = p->bias ? p->bias + d0 : NULL;
+    const conv1d_weight_strides ws = conv1d_weight_layout(p);
+    const float *weight = p->weight + d0 * ws.channel, *bias = p->bias ? p->bias + d0 : NULL;
     _Alignas(64) float sums[SSM_LANES] = {0};
     if (p->W == 4 && pl->state_len == 3)
-        one_token_taps(weight, bias, 4, 3, lanes, state, x, sums);
+        one_token_taps(weight, ws, bias, 4, 3, lanes, state, x, sums);
     else
-        one_token_taps(weight, bias, p->W, pl->state_len, lanes, state, x, sums);
+        one_token_taps(weight, ws, bias, p->W, pl->state_len, lanes, state, x, sums);
     for (int64_t s = 0; s < STRIPS; s++)
         vf_store_part(y_row + s * VW, vf_act(pl->act, vf_load(sums + s * VW)), lanes - s * VW);
 }
@@ -103,8 +106,9 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
         ssm_rows_flush(&y, (ssm_prefetch){0, 0});
         return;
     }
-    float *state = pl->state + (row * D + d0) * L; /* channel d0 + l at state[l * L] */
-    if (T == 1 && !pl->cache_seqlens) {
+    const conv1d_state_strides ss = conv1d_state_layout(p, L);
+    float *state = pl->state + conv1d_state_at(p, row, d0, 0, L);
+    if (T == 1 && !pl->cache_seqlens && !p->state_tap_major) {
         const ssm_rows x = ssm_rows_in(&pl->x, T, b * T, T, (ssm_prefetch){0, 0}, d0, lanes, win);
         one_token_block(pl, d0, lanes, state, x.p, y.p);
         ssm_rows_flush(&y, (ssm_prefetch){0, 0});
@@ -112,11 +116,12 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
     }
     /* Lanes past a ragged block read zeros and store nothing. */
     if (lanes < SSM_LANES) memset(taps, 0, (size_t)(W + W - 1 + T) * SSM_LANES * sizeof(float));
-    ls_transpose_copy(taps, SSM_LANES, p->weight + d0 * W, W, lanes, W);
+    conv1d_taps_in(taps, SSM_LANES, p, d0, lanes);
     const int64_t start = pl->cache_seqlens ? pl->cache_seqlens[b] % L : 0;
     for (int64_t i = 0; i < W - 1; i++) {
         const int64_t pos = previous_position(pl, start, i);
-        for (int64_t l = 0; l < lanes; l++) win[i * SSM_LANES + l] = state[l * L + pos];
+        for (int64_t l = 0; l < lanes; l++)
+            win[i * SSM_LANES + l] = state[l * ss.channel + pos * ss.position];
     }
     float *x_rows = win + (W - 1) * SSM_LANES;
     const ssm_rows x = ssm_rows_in(&pl->x, T, b * T, T, (ssm_prefetch){0, 0}, d0, lanes, x_rows);
@@ -134,5 +139,72 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
             vf_store_part(y.p + k * y.stride + s * VW, vf_act(pl->act, acc), valid);
         }
     ssm_rows_flush(&y, (ssm_prefetch){0, 0});
-    for (int64_t l = 0; l < lanes; l++) advance_state(pl, state + l * L, win + l, start);
+    for (int64_t l = 0; l < lanes; l++)
+        advance_state(pl, state + l * ss.channel, ss.position, win + l, start);
+}
+
+/* One token of every request over a span of tap-major rows, W and act constants when inlined
+ * (see conv1d_decode_span_item): per strip, bias then the W taps in order with one fma each,
+ * then the activation, as the forward computes; then the row moves by one position. */
+LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const float *taps, int64_t tap_stride,
+                              int64_t W, linseq_activation act, int64_t d0, int64_t width)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t D = p->D, L = pl->state_len;
+    const float *bias = p->bias ? p->bias + d0 : NULL;
+    for (int64_t b = 0; b < p->B; b++) {
+        const int64_t row = pl->rows ? pl->rows[b] : b;
+        const float *x = pl->x.base + b * pl->x.batch + d0;
+        float *y = pl->y + b * D + d0;
+        if (row < 0) { /* padding request: y = 0, no state touched */
+            memset(y, 0, (size_t)width * sizeof(float));
+            continue;
+        }
+        float *st = pl->state + row * L * D + d0; /* position i at st + i * D */
+        const float *prev = st + (L - (W - 1)) * D;
+        for (int64_t c = 0; c < width; c += VW) {
+            const int64_t valid = width - c;
+            vf acc = bias ? vf_load_part(bias + c, valid) : vf_zero();
+            for (int64_t j = 0; j < W - 1; j++)
+                acc = vf_fmadd(vf_load_part(taps + j * tap_stride + c, valid),
+                               vf_load_part(prev + j * D + c, valid), acc);
+            const vf x_new = vf_load_part(x + c, valid);
+            acc = vf_fmadd(vf_load_part(taps + (W - 1) * tap_stride + c, valid), x_new, acc);
+            vf_store_part(y + c, vf_act(act, acc), valid);
+            for (int64_t i = 0; i + 1 < L; i++)
+                vf_store_part(st + i * D + c, vf_load_part(st + (i + 1) * D + c, valid), valid);
+            vf_store_part(st + (L - 1) * D + c, x_new, valid);
+        }
+    }
+}
+
+void LS_ISA_FN(ls_conv1d_decode_span_item)(void *ctx, int64_t item, int thread)
+{
+    const conv1d_decode_plan *pl = ctx;
+    const linseq_conv1d_problem *p = pl->p;
+    const int64_t W = p->W, d0 = item * CONV1D_SPAN;
+    const int64_t width = p->D - d0 < CONV1D_SPAN ? p->D - d0 : CONV1D_SPAN;
+    /* the span's taps, tap j at taps + j * tap_stride: a tap-major weight in place, else
+     * transposed into the thread's [W][CONV1D_SPAN] */
+    const float *taps = p->weight + d0;
+    int64_t tap_stride = p->D;
+    if (!p->weight_tap_major) {
+        float *own = pl->workspace + (size_t)thread * pl->thread_floats;
+        ls_transpose_copy(own, CONV1D_SPAN, p->weight + d0 * W, W, width, W);
+        taps = own, tap_stride = CONV1D_SPAN;
+    }
+#define TAP_MAJOR_SPAN_FOR(ACT)                                                                    \
+    if (W == 4)                                                                                    \
+        tap_major_span(pl, taps, tap_stride, 4, ACT, d0, width);                                   \
+    else                                                                                           \
+        tap_major_span(pl, taps, tap_stride, W, ACT, d0, width);                                   \
+    break
+    switch (pl->act) {
+    case LINSEQ_ACT_SILU: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_SILU);
+    case LINSEQ_ACT_SIGMOID: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_SIGMOID);
+    case LINSEQ_ACT_GELU_TANH: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_GELU_TANH);
+    case LINSEQ_ACT_RELU: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_RELU);
+    default: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_IDENTITY);
+    }
+#undef TAP_MAJOR_SPAN_FOR
 }

@@ -17,7 +17,11 @@ static int shape_token(const void *v, int64_t *d)
     return p->channel_first ? ls_dims(d, 3, p->B, p->D, p->T) : ls_dims(d, 3, p->B, p->T, p->D);
 }
 
-static int shape_weight(const void *v, int64_t *d) { return ls_dims(d, 2, conv(v)->D, conv(v)->W); }
+static int shape_weight(const void *v, int64_t *d)
+{
+    const P *p = conv(v);
+    return p->weight_tap_major ? ls_dims(d, 2, p->W, p->D) : ls_dims(d, 2, p->D, p->W);
+}
 static int shape_channels(const void *v, int64_t *d) { return ls_dims(d, 1, conv(v)->D); }
 static int shape_bias_grad(const void *v, int64_t *d)
 {
@@ -28,7 +32,9 @@ static int shape_bias_grad(const void *v, int64_t *d)
 static int shape_state(const void *v, int64_t *d)
 {
     const P *p = conv(v);
-    return ls_dims(d, 3, state_rows(p), p->D, p->W >= 1 ? p->W - 1 : (int64_t)-1); /* -1: refused */
+    const int64_t taps = p->W >= 1 ? p->W - 1 : (int64_t)-1; /* -1: refused */
+    return p->state_tap_major ? ls_dims(d, 3, state_rows(p), taps, p->D)
+                              : ls_dims(d, 3, state_rows(p), p->D, taps);
 }
 
 static linseq_status forward(const void *p, const linseq_exec *exec, float *const *out)
@@ -70,6 +76,8 @@ static const ls_option_desc options[] = {
     {"activation", "activation", LS_CTYPE_ENUM, offsetof(P, activation), ls_activation_names,
      LINSEQ_ACT_IDENTITY},
     {"channel_first", "channel_first", LS_CTYPE_BOOL, offsetof(P, channel_first), NULL, 0},
+    {"state_tap_major", "state_tap_major", LS_CTYPE_BOOL, offsetof(P, state_tap_major), NULL, 0},
+    {"weight_tap_major", "weight_tap_major", LS_CTYPE_BOOL, offsetof(P, weight_tap_major), NULL, 0},
 };
 
 /* x_strides step over (batch, token, channel). */
@@ -85,27 +93,28 @@ static const ls_strides_desc strides[] = {
 /* The weight and bias as torch initialises a conv: U(-1/sqrt(W), 1/sqrt(W)); the benchmark
  * draws them at W = 4. */
 typedef linseq_conv1d_grads G;
+#define WEIGHT_DIMS "[D,W] ([W,D] weight_tap_major)"
+#define STATE_DIMS "[N_seq,D,W-1] ([N_seq,W-1,D] state_tap_major)"
 static const ls_tensor_desc tensors[] = {
     LS_INPUT("x", x, .required = true, .dims = "[B,T,D]", .shape = shape_token,
              .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_INPUT("weight", weight, .required = true, .dims = "[D,W]", .shape = shape_weight,
+    LS_INPUT("weight", weight, .required = true, .dims = WEIGHT_DIMS, .shape = shape_weight,
              .dist = LS_DIST_UNIFORM, .a = -0.5, .b = 0.5),
     LS_INPUT("bias", bias, .dims = "[D]", .shape = shape_channels, .case_flag = "has_bias",
              .dist = LS_DIST_UNIFORM, .a = -0.5, .b = 0.5, .bench = true),
-    LS_INPUT("conv_state", conv_state, .dims = "[N_seq,D,W-1]", .shape = shape_state,
+    LS_INPUT("conv_state", conv_state, .dims = STATE_DIMS, .shape = shape_state,
              .case_flag = "has_state", .dist = LS_DIST_NORMAL, .a = 1),
     LS_OUTPUT("y", 0, .required = true, .dims = "[B,T,D]", .shape = shape_token, .token = true),
-    LS_OUTPUT("conv_state_out", 1, .dims = "[N_seq,D,W-1]", .shape = shape_state,
+    LS_OUTPUT("conv_state_out", 1, .dims = STATE_DIMS, .shape = shape_state,
               .alias_of = "conv_state"),
     LS_UPSTREAM("d_y", 0, "y", .required = true, .dims = "[B,T,D]", .shape = shape_token,
                 .dist = LS_DIST_NORMAL, .a = 1, .token = true),
-    LS_UPSTREAM("d_conv_state_out", 1, "conv_state_out", .dims = "[N_seq,D,W-1]",
-                .shape = shape_state, .dist = LS_DIST_NORMAL, .a = 1),
+    LS_UPSTREAM("d_conv_state_out", 1, "conv_state_out", .dims = STATE_DIMS, .shape = shape_state,
+                .dist = LS_DIST_NORMAL, .a = 1),
     LS_GRAD("dx", dx, "x", .dims = "[B,T,D]", .shape = shape_token, .token = true),
-    LS_GRAD("dweight", dweight, "weight", .dims = "[D,W]", .shape = shape_weight),
+    LS_GRAD("dweight", dweight, "weight", .dims = WEIGHT_DIMS, .shape = shape_weight),
     LS_GRAD("dbias", dbias, "bias", .dims = "[D]", .shape = shape_bias_grad),
-    LS_GRAD("dconv_state", dconv_state, "conv_state", .dims = "[N_seq,D,W-1]",
-            .shape = shape_state),
+    LS_GRAD("dconv_state", dconv_state, "conv_state", .dims = STATE_DIMS, .shape = shape_state),
 };
 
 /* The table's decode step: each request's state row holds the W-1 previous inputs per

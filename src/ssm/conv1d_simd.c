@@ -14,9 +14,12 @@
  * Other layouts: an x whose channels are not contiguous (channel-first, a strided view) is
  * packed for the item's tokens (and the W-1 before them) into a token-major tile first, and a
  * channel-first y is computed into a tile and transposed into place after the item, so the
- * loops below always read and write token rows (conv_rows). */
+ * loops below always read and write token rows (conv_rows). A bfloat16 x (dense [B,T,D]) is
+ * widened into that tile likewise, and y computed into the tile after it, then rounded into
+ * place once: the bits of the float32 call on the widened x, y rounded to nearest even. */
 #include <string.h>
 
+#include "simd/bf16.h"
 #include "ssm/ssm_kernels.h"
 #include "ssm/ssm_layout.h"
 #include "ssm/ssm_vec.h"
@@ -121,6 +124,17 @@ static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, i
     const int64_t W = p->W, T = p->T;
     conv_rows r = {ssm_view_at(v, T, start, d0), 0, v->token, NULL, 0, p->D};
     float *y_tile = tiles;
+    if (pl->bf16) {
+        const int64_t lo = t0 > W - 1 ? t0 - (W - 1) : 0, count = t1 - lo;
+        const uint16_t *src = (const uint16_t *)(const void *)p->x + (start + lo) * p->D + d0;
+        for (int64_t k = 0; k < count; k++)
+            for (int64_t c = 0; c < width; c += VW)
+                vf_store(tiles + k * SPAN + c, width - c >= VW
+                                                   ? vf_load_bf16(src + k * p->D + c)
+                                                   : vf_load_bf16_n(src + k * p->D + c, width - c));
+        const int64_t y_at = (pl->chunk + W - 1) * SPAN;
+        return (conv_rows){tiles, lo, SPAN, tiles + y_at, t0, SPAN};
+    }
     if (pl->x_tiled) {
         const int64_t lo = t0 > W - 1 ? t0 - (W - 1) : 0, count = t1 - lo;
         const float *src = ssm_view_at(v, T, start + lo, d0);
@@ -142,6 +156,26 @@ static conv_rows item_rows(const conv1d_plan *pl, float *tiles, int64_t start, i
     return r;
 }
 
+/* x of (packed) token tok, channel d, as float32. */
+static float x_value(const conv1d_plan *pl, int64_t tok, int64_t d)
+{
+    if (pl->bf16)
+        return ls_bf16_to_f32(((const uint16_t *)(const void *)pl->p->x)[tok * pl->p->D + d]);
+    return *ssm_view_at(&pl->x, pl->p->T, tok, d);
+}
+
+/* The W-1 = taps positions of `width` channels' state (strides ss) into cols [taps][SPAN]. */
+static void copy_state_in(float *cols, const float *state, conv1d_state_strides ss, int64_t taps,
+                          int64_t width)
+{
+    if (ss.channel == 1) {
+        for (int64_t i = 0; i < taps; i++)
+            memcpy(cols + i * SPAN, state + i * ss.position, (size_t)width * sizeof(float));
+    } else {
+        ls_transpose_copy(cols, SPAN, state, ss.channel, width, taps);
+    }
+}
+
 void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
 {
     const conv1d_plan *pl = ctx;
@@ -156,16 +190,19 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
     ssm_seq_range(p->cu_seqlens, p->T, seq, &start, &len);
     if (t0 > 0 && t0 >= len) return; /* past a shorter sequence's end */
     const int64_t t1 = len - t0 < pl->chunk ? len : t0 + pl->chunk;
-    /* The state rows of this span: channel d0 + l starts at state[l * (W-1)]. */
-    const float *state = W > 1 && p->conv_state ? p->conv_state + (seq * D + d0) * (W - 1) : NULL;
+    /* The state of this span: channel d0 + l, position i at state[l * ss.channel + i *
+     * ss.position]. */
+    const conv1d_state_strides ss = conv1d_state_layout(p, W - 1);
+    const int64_t state_at = seq * (W - 1) * D + d0 * ss.channel;
+    const float *state = W > 1 && p->conv_state ? p->conv_state + state_at : NULL;
 
     float *taps = pl->workspace + (size_t)thread * pl->thread_floats;
     float *cols = taps + W * SPAN, *tiles = taps + CONV1D_FWD_FLOATS(W);
     /* Lanes past D read zeros. */
     if (width < SPAN || !state) memset(taps, 0, CONV1D_FWD_FLOATS(W) * sizeof(float));
     const conv_rows r = item_rows(pl, tiles, start, t0, t1, d0, width);
-    ls_transpose_copy(taps, SPAN, p->weight + d0 * W, W, width, W);
-    if (state && t0 == 0) ls_transpose_copy(cols, SPAN, state, W - 1, width, W - 1);
+    conv1d_taps_in(taps, SPAN, p, d0, width);
+    if (state && t0 == 0) copy_state_in(cols, state, ss, W - 1, width);
 
     /* Whole blocks run the main loop from token W-1 on; the first W-1 tokens (which may read
      * the state) and a ragged last block run the general one. */
@@ -179,20 +216,30 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
                        d0 + b * SSM_LANES, lanes);
     }
     if (full && head < t1) run_full_blocks(pl, &r, taps, head, t1, d0, full);
-    if (p->channel_first) /* y's tile into [B,D,T] */
+    if (pl->bf16) /* y's tile rounded into [B,T,D] */
+        for (int64_t t = t0; t < t1; t++) {
+            uint16_t *dst = (uint16_t *)(void *)pl->y + (start + t) * D + d0;
+            for (int64_t c = 0; c < width; c += VW) {
+                const vf v = vf_load(y_row(&r, t) + c);
+                if (width - c >= VW)
+                    vf_store_bf16(dst + c, v);
+                else
+                    vf_store_bf16_n(dst + c, v, width - c);
+            }
+        }
+    else if (p->channel_first) /* y's tile into [B,D,T] */
         ls_transpose_copy(pl->y + ((start / p->T) * D + d0) * p->T + start % p->T + t0, p->T, r.y,
                           SPAN, t1 - t0, width);
 
     /* state_out = xs[len .. len + W-2], read from x or from the copy of the old state in cols.
      * Only the first chunk's item read the state, and it is this one. */
     if (W > 1 && pl->state_out && t0 == 0) {
-        for (int64_t l = 0; l < width; l++) {
-            float *out_row = pl->state_out + (seq * D + d0 + l) * (W - 1);
-            for (int64_t i = 0; i < W - 1; i++) {
-                const int64_t k = len + i;
-                out_row[i] = k < W - 1 ? cols[k * SPAN + l]
-                                       : *ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0 + l);
-            }
+        float *out = pl->state_out + state_at;
+        for (int64_t i = 0; i < W - 1; i++) {
+            const int64_t k = len + i;
+            for (int64_t l = 0; l < width; l++)
+                out[l * ss.channel + i * ss.position] =
+                    k < W - 1 ? cols[k * SPAN + l] : x_value(pl, start + k - (W - 1), d0 + l);
         }
     }
 }

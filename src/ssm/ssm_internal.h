@@ -106,6 +106,35 @@ static inline linseq_activation conv1d_activation(const linseq_conv1d_problem *p
     return p->activation == LINSEQ_ACT_DEFAULT ? LINSEQ_ACT_IDENTITY : p->activation;
 }
 
+/* Where a conv state's entries lie: entry (row r, channel d, position i) of rows of L
+ * positions is at r * L * D + d * channel + i * position, [D,L] rows or tap-major [L,D]. */
+typedef struct conv1d_state_strides {
+    int64_t channel, position;
+} conv1d_state_strides;
+
+static inline conv1d_state_strides conv1d_state_layout(const linseq_conv1d_problem *p, int64_t L)
+{
+    return p->state_tap_major ? (conv1d_state_strides){1, p->D} : (conv1d_state_strides){L, 1};
+}
+
+static inline int64_t conv1d_state_at(const linseq_conv1d_problem *p, int64_t r, int64_t d,
+                                      int64_t i, int64_t L)
+{
+    const conv1d_state_strides ss = conv1d_state_layout(p, L);
+    return r * L * p->D + d * ss.channel + i * ss.position;
+}
+
+/* weight[d][j] (and dweight's) at d * channel + j * tap: [D,W], or [W,D] tap-major. */
+typedef struct conv1d_weight_strides {
+    int64_t channel, tap;
+} conv1d_weight_strides;
+
+static inline conv1d_weight_strides conv1d_weight_layout(const linseq_conv1d_problem *p)
+{
+    return p->weight_tap_major ? (conv1d_weight_strides){1, p->D}
+                               : (conv1d_weight_strides){p->W, 1};
+}
+
 /* The public entry points with the kernels' instruction set as an argument: linseq_X(...) is
  * ls_X_isa(..., ls_isa_active()) once LINSEQ_ISA has been checked (ls_isa_resolve). isa must
  * be one ls_isa_available() accepts. The tests call these to run every kernel the CPU can

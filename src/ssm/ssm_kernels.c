@@ -8,7 +8,9 @@
         .ssm1_bwd_item = ls_ssm1_bwd_item_##sfx,                                                   \
         .ssm1_bwd_reduce_item = ls_ssm1_bwd_reduce_item_##sfx,                                     \
         .conv1d_item = ls_conv1d_item_##sfx, .conv1d_bwd_item = ls_conv1d_bwd_item_##sfx,          \
-        .conv1d_decode_item = ls_conv1d_decode_item_##sfx, .vmath_n = ls_ssm_vmath_n_##sfx,        \
+        .conv1d_decode_item = ls_conv1d_decode_item_##sfx,                                         \
+        .conv1d_decode_span_item = ls_conv1d_decode_span_item_##sfx,                               \
+        .vmath_n = ls_ssm_vmath_n_##sfx,                                                           \
     }
 
 /* Indexed by ls_isa; other targets compile the portable kernels only. */

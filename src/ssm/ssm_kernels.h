@@ -101,6 +101,7 @@ typedef struct conv1d_plan {
     linseq_activation act;
     ssm_view x;                       /* x in its layout */
     bool x_tiled;                     /* x's channels are not contiguous: packed in tiles */
+    bool bf16;                        /* forward: x and y bfloat16 (dense [B,T,D]), via tiles */
     float *y, *state_out;             /* forward */
     const float *d_y, *d_state_out;   /* backward */
     const linseq_conv1d_grads *grads; /* backward */
@@ -163,6 +164,12 @@ typedef struct conv1d_decode_plan {
 
 LS_ISA_DECLARE(void, ls_conv1d_decode_item, (void *plan, int64_t item, int thread));
 
+/* One token per request over tap-major rows without cache_seqlens, x's channels contiguous: one
+ * item per span of CONV1D_SPAN channels, over every request (the span's taps, [W][CONV1D_SPAN]
+ * per thread, transposed once for all of them). */
+#define CONV1D_DECODE_SPAN_FLOATS(W) ((W)*CONV1D_SPAN)
+LS_ISA_DECLARE(void, ls_conv1d_decode_span_item, (void *plan, int64_t item, int thread));
+
 /* ---- the activations as the kernels compute them, over arrays (for tests) ------------- */
 
 typedef enum ls_ssm_vfn {
@@ -186,6 +193,7 @@ typedef struct ssm_kernels {
     void (*conv1d_item)(void *plan, int64_t item, int thread);
     void (*conv1d_bwd_item)(void *plan, int64_t item, int thread);
     void (*conv1d_decode_item)(void *plan, int64_t item, int thread);
+    void (*conv1d_decode_span_item)(void *plan, int64_t item, int thread);
     void (*vmath_n)(ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y);
 } ssm_kernels;
 

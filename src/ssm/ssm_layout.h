@@ -12,6 +12,35 @@
 #include "ssm/ssm_internal.h"
 #include "ssm/ssm_vec.h"
 
+#include <string.h>
+
+/* taps[j * stride + l] = weight of channel d0 + l, tap j, for l < lanes: a conv's weights of
+ * a block of channels as the kernels read them (copied rows from a tap-major weight). */
+static inline void conv1d_taps_in(float *taps, int64_t stride, const linseq_conv1d_problem *p,
+                                  int64_t d0, int64_t lanes)
+{
+    const int64_t W = p->W;
+    if (p->weight_tap_major) {
+        for (int64_t j = 0; j < W; j++)
+            memcpy(taps + j * stride, p->weight + j * p->D + d0, (size_t)lanes * sizeof(float));
+    } else {
+        ls_transpose_copy(taps, stride, p->weight + d0 * W, W, lanes, W);
+    }
+}
+
+/* The inverse for dweight: dw[j * stride + l] into channel d0 + l, tap j. */
+static inline void conv1d_taps_out(float *dweight, const linseq_conv1d_problem *p, int64_t d0,
+                                   int64_t lanes, const float *dw, int64_t stride)
+{
+    const int64_t W = p->W;
+    if (p->weight_tap_major) {
+        for (int64_t j = 0; j < W; j++)
+            memcpy(dweight + j * p->D + d0, dw + j * stride, (size_t)lanes * sizeof(float));
+    } else {
+        ls_transpose_copy(dweight + d0 * W, W, dw, stride, W, lanes);
+    }
+}
+
 /* Token k's row of channels: p + k * stride. */
 typedef struct ssm_rows {
     const float *p;

@@ -507,8 +507,10 @@ static bool setup_op(loader *L)
         const ls_tensor_desc *t = &op->tensors[i];
         if (t->role != LS_ROLE_INPUT) continue;
         const float *data = NULL;
+        char dims_text[96];
+        ls_tensor_dims(op, t, c->problem, dims_text, sizeof dims_text);
         if (!shape_of(L, t, &ndim, dims) ||
-            (ndim && !input_f32(L, t->name, t->required, t->dims, ndim, dims, &data)))
+            (ndim && !input_f32(L, t->name, t->required, dims_text, ndim, dims, &data)))
             return false;
         ls_tensor_set(t, c->problem, data);
     }

@@ -26,8 +26,11 @@ other's threads still spinning.
 Dtypes: vLLM's GDN and conv kernels take bfloat16 activations (the GDN state float32); its
 Mamba2 scan is given bfloat16 x, B, C and float32 dt, as the Mamba2 mixer does. linseq runs
 each case in float32 (every input widened once, outside the timing) and, where its CPU
-kernels take bfloat16 storage (the GDN forward and decode), on vLLM's bfloat16 tensors
-themselves. linseq's GDN calls compute the gate in the kernel (decay
+kernels take bfloat16 storage (the GDN forward and decode, the conv forward), on vLLM's
+bfloat16 tensors themselves. linseq's conv runs in vLLM's layouts: conv states [slots, W-1, D]
+(state_tap_major) and the weight packed once as [W, D] (weight_tap_major), as vLLM packs its
+own (causal_conv1d_weight_pack, not timed); its update keeps a float32 pool where vLLM's is
+bfloat16. linseq's GDN calls compute the gate in the kernel (decay
 -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) from the raw a and b), where vLLM's
 prefill is given g and beta by its separate fused_gdn_gating_cpu (not timed); its decode
 fuses the gate as linseq does.
@@ -266,10 +269,17 @@ class ConvPrefill:
         self.qsl = torch.tensor([0, T], dtype=torch.int32)
         self.slots = torch.zeros(1, dtype=torch.int32)
         self.has_initial = torch.zeros(1, dtype=torch.bool)
-        self.inputs = Conv1dInputs(self.x.float()[None], self.weight.float(),
-                                   conv_state=torch.zeros(1, D, W - 1), activation="silu")
-        self.y = torch.empty(1, T, D)
-        self.state_out = torch.empty(1, D, W - 1)
+        # linseq in vLLM's layouts too: states [N_seq, W-1, D] (state_tap_major), the weight
+        # packed once, [W, D] (weight_tap_major); x and y bf16 as vLLM's, or float32
+        self.linseq = {}
+        for dtype in ("bf16", "f32"):
+            x = self.x[None] if dtype == "bf16" else self.x.float()[None]
+            inputs = Conv1dInputs(x, self.weight.float().t().contiguous(),
+                                  conv_state=torch.zeros(1, W - 1, D), activation="silu",
+                                  state_tap_major=True, weight_tap_major=True,
+                                  bf16=dtype == "bf16")
+            y = torch.empty(1, T, D, dtype=BF16 if dtype == "bf16" else F32)
+            self.linseq[dtype] = (inputs, y, torch.empty(1, W - 1, D))
 
     def vllm_call(self):
         return vllm_ops.causal_conv1d_fwd_cpu(
@@ -279,18 +289,22 @@ class ConvPrefill:
             is_weight_packed=True).transpose(0, 1)
 
     def linseq_call(self, dtype, threads):
-        ex = make_exec(threads=threads)
-        problem, ex_p = ctypes.byref(self.inputs.problem), ctypes.byref(ex)
-        y_p, s_p, fn = ptr(self.y), ptr(self.state_out), _lib.lib.linseq_conv1d_forward
+        inputs, y, state_out = self.linseq[dtype]
+        ex = make_exec(threads=threads, bf16=dtype == "bf16")
+        problem, ex_p = ctypes.byref(inputs.problem), ctypes.byref(ex)
+        y_p, s_p, fn = ptr(y), ptr(state_out), _lib.lib.linseq_conv1d_forward
         return lambda: check(fn(problem, ex_p, y_p, s_p))
 
     def errors(self):
         y_ref, s_ref = conv_reference(self.x, self.weight, torch.zeros(self.D, self.W - 1))
         y_v = self.vllm_call()
-        self.linseq_call("f32", 1)()
-        return {"vllm": rel_err(y_v, y_ref), "vllm_state": rel_err(self.pool[0], s_ref),
-                "linseq_f32": rel_err(self.y[0], y_ref),
-                "linseq_f32_state": rel_err(self.state_out[0], s_ref)}
+        out = {"vllm": rel_err(y_v, y_ref), "vllm_state": rel_err(self.pool[0], s_ref)}
+        for dtype in ("bf16", "f32"):
+            self.linseq_call(dtype, 1)()
+            _, y, state_out = self.linseq[dtype]
+            out[f"linseq_{dtype}"] = rel_err(y[0], y_ref)
+        out["linseq_f32_state"] = rel_err(state_out[0].t(), s_ref)
+        return out
 
 
 class ConvUpdate:
@@ -306,9 +320,10 @@ class ConvUpdate:
         self.state0 = rand(B, D, W - 1).to(BF16)
         self.pool = self.state0.transpose(1, 2).contiguous().transpose(1, 2)  # SD layout
         self.slots = torch.arange(B, dtype=torch.int32)
-        self.inputs = Conv1dInputs(self.x.float()[:, None], self.weight.float(),
-                                   activation="silu")
-        self.linseq_pool = self.state0.float().contiguous()
+        self.inputs = Conv1dInputs(self.x.float()[:, None], self.weight.float().t().contiguous(),
+                                   activation="silu", state_tap_major=True,
+                                   weight_tap_major=True)
+        self.linseq_pool = self.state0.float().transpose(1, 2).contiguous()  # vLLM's layout
         self.y = torch.empty(B, 1, D)
 
     def vllm_call(self):
@@ -330,11 +345,11 @@ class ConvUpdate:
         s_ref = torch.stack([r[1] for r in refs])
         self.pool.copy_(self.state0)
         y_v = self.vllm_call()
-        self.linseq_pool.copy_(self.state0.float())
+        self.linseq_pool.copy_(self.state0.float().transpose(1, 2))
         self.linseq_call("f32", 1)()
         return {"vllm": rel_err(y_v, y_ref), "vllm_state": rel_err(self.pool, s_ref),
                 "linseq_f32": rel_err(self.y[:, 0], y_ref),
-                "linseq_f32_state": rel_err(self.linseq_pool, s_ref)}
+                "linseq_f32_state": rel_err(self.linseq_pool.transpose(1, 2), s_ref)}
 
 
 # ------------------------------------------------------------------------------------------
@@ -512,12 +527,13 @@ def make_cases():
 
 # round 3's targets: vLLM / linseq at least this
 TARGETS = {("gdn", "bf16"): 1.5, ("gdn", "f32"): 1.0, ("gdn-decode", "bf16"): 1.3,
-           ("gdn-decode", "f32"): 1.3, ("conv", "f32"): 1.3, ("conv-update", "f32"): 1.3,
+           ("gdn-decode", "f32"): 1.3, ("conv", "bf16"): 1.3, ("conv", "f32"): 1.3,
+           ("conv-update", "f32"): 1.3,
            ("mamba2", "f32"): 2.0}
 
 
 def linseq_dtypes(case):
-    return ("bf16", "f32") if case.op in ("gdn", "gdn-decode") else ("f32",)
+    return ("bf16", "f32") if case.op in ("gdn", "gdn-decode", "conv") else ("f32",)
 
 
 def batch_time(fn, calls):

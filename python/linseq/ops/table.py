@@ -25,9 +25,20 @@ from .._arrays import as_f32, as_row_indices, check_pool
 from ._common import make_exec, pointer, sequences
 
 _PLAIN_DIMS = re.compile(r"^\[([A-Za-z_][A-Za-z0-9_]*(?:,[A-Za-z_][A-Za-z0-9_]*)*)\]$")
+# "[D,W] ([W,D] weight_tap_major)": the dims, and other dims under a boolean option
+_OPTION_DIMS = re.compile(r"^(\[[^\]]*\]) \((\[[^\]]*\]) ([A-Za-z_][A-Za-z0-9_]*)\)$")
 
 
-def _sizes(desc, arrays, given):
+def _dims_under(dims, options):
+    """A tensor's dims under the call's options: the alternative a boolean option names when
+    it is set."""
+    m = _OPTION_DIMS.match(dims)
+    if m is None:
+        return dims
+    return m.group(2) if options.get(m.group(3)) else m.group(1)
+
+
+def _sizes(desc, arrays, given, options):
     """The problem's sizes: `given`, then those an input's plain dims name ([B,T,D])."""
     names = [s["name"] for s in desc["sizes"]]
     unknown = set(given) - set(names)
@@ -35,7 +46,7 @@ def _sizes(desc, arrays, given):
         raise ValueError(f"sizes: {desc['name']} has {names}, got {sorted(unknown)}")
     sizes = dict(given)
     for t in desc["tensors"]:
-        m = _PLAIN_DIMS.match(t["dims"]) if t["role"] == "input" else None
+        m = _PLAIN_DIMS.match(_dims_under(t["dims"], options)) if t["role"] == "input" else None
         arr = arrays.get(t["name"])
         if m is None or arr is None or arr.ndim != len(m.group(1).split(",")):
             continue
@@ -71,7 +82,7 @@ def _problem(op, arrays, sizes, options, cu_seqlens=None):
         raise ValueError(f"arrays: {op} takes {sorted(inputs)}, got {sorted(unknown)}")
     arrays = {n: as_f32(a, n) for n, a in arrays.items() if a is not None}
     problem = _lib.problem_class(op)()
-    for name, n in _sizes(desc, arrays, sizes or {}).items():
+    for name, n in _sizes(desc, arrays, sizes or {}, options).items():
         setattr(problem, name, n)
     _set_options(problem, desc, options)
     for name, arr in arrays.items():
@@ -109,7 +120,7 @@ def shapes_of(op, shapes, n_seqs=None, sizes=None, **options):
     desc = _lib.op_desc(op)
     given = {n: _ShapeOnly(s) for n, s in shapes.items() if s is not None}
     problem = _lib.problem_class(op)()
-    for name, n in _sizes(desc, given, sizes or {}).items():
+    for name, n in _sizes(desc, given, sizes or {}, options).items():
         setattr(problem, name, n)
     _set_options(problem, desc, options)
     for t in desc["tensors"]:
