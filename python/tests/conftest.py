@@ -164,9 +164,10 @@ def python_decode_bodies(monkeypatch):
         import torch
     except ImportError:
         return
-    from linseq import _torch_ops
-    if _torch_ops.eager_entry("conv_state_update") is None:
+    from linseq import _torch_native, _torch_ops
+    if not _torch_native.AVAILABLE:
         return
+    # (not the conv op's own entry: that op exists only once compat.causal_conv1d is imported)
     from linseq.compat import causal_conv1d, mamba_ssm
     monkeypatch.setattr(causal_conv1d, "_CONV_EAGER", causal_conv1d._conv_decode)
     monkeypatch.setattr(mamba_ssm, "_SCAN_EAGER", mamba_ssm._scan_decode)
