@@ -341,6 +341,7 @@ def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source
 
 
 _conv_unpacking = {}   # packed weight shape -> the flat packed position of each weight
+_conv_weights = {}     # (data_ptr, shape, version) of a packed weight -> its float32 rows
 
 
 def _unpacked_conv_weight(packed):
@@ -366,8 +367,16 @@ def _unpacked_conv_weight(packed):
 
 
 def _conv_weight(weight, is_weight_packed):
-    w = _unpacked_conv_weight(weight) if is_weight_packed else weight
-    return _f32(w.reshape(w.shape[0], w.shape[-1]))
+    """The conv weight [dim, width] as float32 NumPy; a packed one unpacked once (a layer's
+    weight does not change while it serves; its version counter tells if it did)."""
+    if not is_weight_packed:
+        return _f32(weight.reshape(weight.shape[0], weight.shape[-1]))
+    key = (weight.data_ptr(), tuple(weight.shape), weight._version)
+    if key not in _conv_weights:
+        if len(_conv_weights) > 4096:   # weights of engines gone
+            _conv_weights.clear()
+        _conv_weights[key] = _f32(_unpacked_conv_weight(weight))
+    return _conv_weights[key]
 
 
 def _conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices,
