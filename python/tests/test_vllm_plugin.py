@@ -8,7 +8,8 @@ transformers' float32 model; and each routed op against vLLM's op on the same te
 against a float64 definition.
 
 Skipped unless vLLM and transformers import (vLLM's CPU build lives in its own environment,
-made by scripts/vllm-venv.sh; `make test-python` runs this file there). By hand:
+made by scripts/vllm-venv.sh; `make test-python` runs this file there, where a missing one
+is an error). By hand:
     <vllm venv>/bin/python -m pytest python/tests/test_vllm_plugin.py
 with PYTHONPATH=python and LINSEQ_LIBRARY naming the built library. vLLM finds the plugin as
 an installed linseq would offer it: through the `vllm.general_plugins` entry point that
@@ -22,10 +23,19 @@ import sys
 
 import pytest
 
-vllm = pytest.importorskip("vllm")
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-tomllib = pytest.importorskip("tomllib")
+
+def _module(name):
+    """The module, or the whole file skipped without it; LINSEQ_REQUIRE_VLLM=1 (the vLLM
+    environment's run of scripts/test-python.sh) makes a missing one an error instead."""
+    if os.environ.get("LINSEQ_REQUIRE_VLLM") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
+vllm = _module("vllm")
+transformers = _module("transformers")
+torch = _module("torch")
+tomllib = _module("tomllib")
 
 from conftest import ROOT  # noqa: E402
 
