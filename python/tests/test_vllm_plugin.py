@@ -533,3 +533,27 @@ def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
         torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+
+
+def test_a_call_the_route_declines_runs_on_vllms_op():
+    """softplus_beta 2 (linseq's gate has beta 1): the routed function gives vLLM's result,
+    written to vLLM's pool as vLLM's op writes it."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v, a, b = _gdn_tokens(2, g)
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(3, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    linseq_vllm.enable()
+    routed = _vllm_ops().fused_sigmoid_gating_delta_rule_update_cpu
+    vllms = linseq_vllm._outside[("vllm._custom_ops",
+                                  "fused_sigmoid_gating_delta_rule_update_cpu")]
+    assert routed is not vllms
+    outs, pools = [], []
+    for fn in (routed, vllms):
+        pools.append(pool.clone())
+        outs.append(fn(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
+                       initial_state_source=pools[-1],
+                       initial_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+                       cu_seqlens=torch.arange(3, dtype=torch.int32),
+                       use_qk_l2norm_in_kernel=True, softplus_beta=2.0))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
+    assert not torch.equal(pools[0], pool)
