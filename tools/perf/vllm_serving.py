@@ -11,9 +11,10 @@ linseq/integrations/vllm.py).
 One engine per model; its ops are switched between the sides with linseq's enable() and
 disable() (the plugin rebinds the names vLLM's layers call at call time), so both sides run
 in the same engine, caches and threads. Each round runs, per side (the first side
-alternating from round to round): one prompt of --prompt tokens with 1 new token (its time:
-TTFT, a whole prefill), then --batch prompts of 16 tokens with 1 new token and with
-1 + --new tokens (decode tokens per second: batch * new over the difference). The table
+alternating from round to round): one prompt of --prompt tokens with 1 new token (TTFT: its
+engine steps, a whole prefill), then --batch prompts of 16 tokens with 1 + --new tokens
+(decode tokens per second: the batch over the median time of the engine steps after the
+prefill; the engine runs in this process, each step synchronously). The table
 gives the medians over the rounds and the range of the per-round ratios, with the load
 average and the command line. The VM's speed drifts, so only the ratios of one run mean
 much. Not run by make or CI; about 5 minutes at the defaults.
@@ -88,23 +89,33 @@ class Engine:
                             max_model_len=args.prompt + 64,
                             max_num_batched_tokens=max(args.prompt, 2048), seed=0,
                             enable_prefix_caching=False)
+        self.requests = 0
         self.long = [[(7 * i + 3) % 256 for i in range(args.prompt)]]
         self.short = [[(11 * i + 5 * b) % 256 for i in range(16)] for b in range(args.batch)]
 
-    def seconds(self, prompts, new_tokens):
+    def step_seconds(self, prompts, new_tokens):
+        """The prompts as requests of new_tokens tokens each; the time of each engine step
+        until all are done (the engine runs in this process, each step synchronously)."""
+        engine = self.llm.llm_engine
         params = self.vllm.SamplingParams(max_tokens=new_tokens, temperature=0.0,
                                           ignore_eos=True)
-        start = time.perf_counter()
-        self.llm.generate([{"prompt_token_ids": p} for p in prompts], params,
-                          use_tqdm=False)
-        return time.perf_counter() - start
+        for p in prompts:
+            self.requests += 1
+            engine.add_request(f"timed-{self.requests}", {"prompt_token_ids": p}, params)
+        seconds = []
+        while engine.has_unfinished_requests():
+            start = time.perf_counter()
+            engine.step()
+            seconds.append(time.perf_counter() - start)
+        return seconds
 
     def measure(self):
-        """(TTFT in seconds, decode tokens per second)."""
-        ttft = self.seconds(self.long, 1)
-        first = self.seconds(self.short, 1)
-        whole = self.seconds(self.short, 1 + self.args.new)
-        return ttft, self.args.batch * self.args.new / max(whole - first, 1e-9)
+        """(TTFT in seconds: the steps until the long prompt's first token, decode tokens
+        per second: the batch over the median decode step, the steps after the batch's
+        prefill)."""
+        ttft = sum(self.step_seconds(self.long, 1))
+        decode_steps = self.step_seconds(self.short, 1 + self.args.new)[1:]
+        return ttft, self.args.batch / statistics.median(decode_steps)
 
 
 def switch(side):
@@ -185,7 +196,7 @@ def header(args, load_before):
             f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after. {args.rounds} "
             f"alternating round(s) after one warm-up a side. TTFT: one prompt of "
             f"{args.prompt} tokens, 1 new token; decode: {args.batch} prompts of 16 tokens, "
-            f"{args.new} new tokens each. Medians over the rounds; ratios: the medians', "
+            f"{args.new} new tokens each, tokens/s by the median step. Medians over the rounds; ratios: the medians', "
             f"then the range of the per-round ratios; best / best: the ratio of each side's best "
             f"round (above 1: linseq faster).\n\n")
 
