@@ -6,6 +6,10 @@
 # liblinseq with the Makefile), then pytest with every framework required (nothing skipped).
 # The reference cases: the generated ones (tests/refgen, written to build/refcases), and
 # REFDATA (default ../shared/refdata) as well when that folder exists.
+# Then the vLLM plugin's tests (python/tests/test_vllm_plugin.py) in vLLM's CPU build, whose
+# environment scripts/vllm-venv.sh makes under build/ (once: later runs find its stamp and do
+# nothing), with linseq from this tree and the library built above. LINSEQ_TEST_VLLM=0 leaves
+# them out (no environment made, nothing downloaded).
 set -e
 cd "$(dirname "$0")/.."
 REFDATA=${1:-../shared/refdata}
@@ -46,3 +50,17 @@ cd build
 LINSEQ_JAX_CALLS=ffi LINSEQ_REFDATA=$CASES LINSEQ_REQUIRE_FRAMEWORKS=1 \
     TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(pwd)/torchinductor} \
     "venv/bin/python" -m pytest -q ../python/tests
+
+if [ "${LINSEQ_TEST_VLLM:-1}" = 0 ]; then
+    echo "test-python.sh: LINSEQ_TEST_VLLM=0: the vLLM plugin's tests left out"
+    exit 0
+fi
+cd ..
+VLLM_PYTHON=$(sh scripts/vllm-venv.sh)/bin/python
+"$VLLM_PYTHON" -m pip install -q --disable-pip-version-check pytest
+LIBRARY=$(cd / && "$VENV_PYTHON" -c \
+    'import linseq, os; print(os.path.join(os.path.dirname(linseq.__file__), "liblinseq.so"))')
+cd build
+PYTHONPATH=$(cd .. && pwd)/python LINSEQ_LIBRARY=$LIBRARY LINSEQ_REQUIRE_VLLM=1 \
+    TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-$(pwd)/torchinductor-vllm} \
+    "$VLLM_PYTHON" -m pytest -q ../python/tests/test_vllm_plugin.py

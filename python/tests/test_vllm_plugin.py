@@ -1,9 +1,15 @@
-"""linseq's vLLM plugin serves Mamba and FalconMamba in vLLM's CPU build, and the tokens vLLM
-generates equal transformers' float32 greedy tokens of the same weights (an independent
-reference: transformers' own PyTorch scan, no linseq in it).
+"""linseq's vLLM plugin in vLLM's CPU build.
+
+Mamba and FalconMamba (which vLLM's CPU build cannot run alone): the tokens vLLM generates
+equal transformers' float32 greedy tokens of the same weights (an independent reference:
+transformers' own PyTorch scan, no linseq in it). Gated DeltaNet (Qwen3.5): a tiny model
+served with linseq and with vLLM's own kernels by one engine, against each other and
+transformers' float32 model; and each routed op against vLLM's op on the same tensors, both
+against a float64 definition.
 
 Skipped unless vLLM and transformers import (vLLM's CPU build lives in its own environment,
-made by scripts/vllm-venv.sh; `make test` does not run this file). Run it there:
+made by scripts/vllm-venv.sh; `make test-python` runs this file there, where a missing one
+is an error). By hand:
     <vllm venv>/bin/python -m pytest python/tests/test_vllm_plugin.py
 with PYTHONPATH=python and LINSEQ_LIBRARY naming the built library. vLLM finds the plugin as
 an installed linseq would offer it: through the `vllm.general_plugins` entry point that
@@ -17,10 +23,19 @@ import sys
 
 import pytest
 
-vllm = pytest.importorskip("vllm")
-transformers = pytest.importorskip("transformers")
-torch = pytest.importorskip("torch")
-tomllib = pytest.importorskip("tomllib")
+
+def _module(name):
+    """The module, or the whole file skipped without it; LINSEQ_REQUIRE_VLLM=1 (the vLLM
+    environment's run of scripts/test-python.sh) makes a missing one an error instead."""
+    if os.environ.get("LINSEQ_REQUIRE_VLLM") == "1":
+        return importlib.import_module(name)
+    return pytest.importorskip(name)
+
+
+vllm = _module("vllm")
+transformers = _module("transformers")
+torch = _module("torch")
+tomllib = _module("tomllib")
 
 from conftest import ROOT  # noqa: E402
 
@@ -160,3 +175,385 @@ def test_decode_step_on_a_bf16_pool_into_other_slots():
         torch.testing.assert_close(pool[t].float(), h[0].float(), rtol=8e-3, atol=1e-3)
     untouched = [r for r in range(8) if r not in (6, 1)]
     assert torch.equal(pool[untouched], before[untouched])
+
+
+# ------------------------------------------------------------------------------------------
+# Gated DeltaNet and its conv: linseq's adapters against vLLM's own CPU ops on the same
+# tensors, both against float64 definitions
+# ------------------------------------------------------------------------------------------
+
+def _vllm_ops():
+    import vllm._custom_ops as vllm_ops
+    return vllm_ops
+
+
+def _gdn_reference(q, k, v, g, beta, h0, eps=1e-5):   # eps: vLLM's l2norm
+    """One sequence of the gated delta rule in float64, token by token: q, k [T, H, K], v
+    [T, HV, V], g (log decay), beta [T, HV], h0 [HV, K, V]. Returns o [T, HV, V] and the
+    final state."""
+    q, k, v, g, beta = (t.double() for t in (q, k, v, g, beta))
+    K, group = q.shape[-1], v.shape[1] // q.shape[1]
+    q = (q / torch.sqrt((q * q).sum(-1, keepdim=True) + eps)) * K ** -0.5
+    k = k / torch.sqrt((k * k).sum(-1, keepdim=True) + eps)
+    q, k = q.repeat_interleave(group, 1), k.repeat_interleave(group, 1)
+    S = h0.double().clone()
+    o = torch.zeros(v.shape, dtype=torch.float64)
+    for t in range(q.shape[0]):
+        S = S * g[t].exp()[:, None, None]
+        u = beta[t][:, None] * (v[t] - torch.einsum("hkv,hk->hv", S, k[t]))
+        S = S + torch.einsum("hk,hv->hkv", k[t], u)
+        o[t] = torch.einsum("hkv,hk->hv", S, q[t])
+    return o, S
+
+
+def _gdn_gate(a, b, A_log, dt_bias):
+    """Qwen3-Next's decay and beta from the raw a, b, in float64."""
+    g = -A_log.double().exp() * torch.nn.functional.softplus(a.double() + dt_bias.double())
+    return g, torch.sigmoid(b.double())
+
+
+def _paged_pool(slots, *row, generator, scale=0.1):
+    """A float32 pool whose rows lie a page apart, wider than a row (a view of vLLM's cache
+    pages), filled with random states."""
+    n = int(torch.tensor(row).prod())
+    pages = torch.randn(slots, n + 16, generator=generator) * scale
+    return pages[:, :n].unflatten(1, row)
+
+
+def _close(got, want, what, tol=2e-2):
+    """Within tol of the largest |want| (bfloat16 inputs and outputs)."""
+    err = (got.double() - want.double()).abs().max().item()
+    scale = max(want.double().abs().max().item(), 1e-6)
+    assert err <= tol * scale, f"{what}: error {err:.3g} over {scale:.3g}"
+
+
+HV, HEAD_DIM = 4, 128   # vLLM's CPU GDN prefill takes head dim 128 only
+
+
+def _gdn_tokens(n, g, H=2):
+    """q, k [1, n, H, 128], v [1, n, HV, 128] and the raw a, b [n, HV], in bfloat16 (vLLM's
+    CPU GDN ops take bfloat16 activations)."""
+    def rand(*shape):
+        return torch.randn(*shape, generator=g).to(torch.bfloat16)
+    return (rand(1, n, H, HEAD_DIM), rand(1, n, H, HEAD_DIM), rand(1, n, HV, HEAD_DIM),
+            rand(n, HV), rand(n, HV))
+
+
+def _gdn_params(g):
+    """A_log [HV] float32 and dt_bias [HV] bfloat16, as vLLM's layer holds them."""
+    A_log = torch.log(torch.empty(HV).uniform_(1, 16, generator=g))
+    return A_log, (torch.randn(HV, generator=g) * 0.5).to(torch.bfloat16)
+
+
+def test_gdn_prefill_equals_vllms_op_and_float64():
+    """Three prompts packed, one of them empty; two continue from their slots, one starts
+    from zeros (vLLM's layer zeroes its slot); the pool's rows a page apart."""
+    g = torch.Generator().manual_seed(2)
+    cu = torch.tensor([0, 21, 21, 60], dtype=torch.int32)
+    slots = torch.tensor([5, 2, 0], dtype=torch.int32)
+    has_initial = torch.tensor([True, True, False])
+    q, k, v, a, b = _gdn_tokens(60, g)
+    A_log, dt_bias = _gdn_params(g)
+    gate, beta = _vllm_ops().fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = _paged_pool(7, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    pool[slots[~has_initial].long()] = 0
+    before = pool.clone()
+    pools, outs = {}, {}
+    for side, fn in (("vllm", _vllm_ops().chunk_gated_delta_rule_cpu),
+                     ("linseq", linseq_vllm._chunk_gated_delta_rule)):
+        pools[side] = pool.clone()
+        outs[side], _ = fn(query=q, key=k, value=v, g=gate, beta=beta,
+                           initial_state=pools[side], output_final_state=True, cu_seqlens=cu,
+                           head_first=False, use_qk_l2norm_in_kernel=True,
+                           initial_state_indices=slots)
+    g64, beta64 = _gdn_gate(a, b, A_log, dt_bias.float())
+    for s in range(3):
+        span = slice(int(cu[s]), int(cu[s + 1]))
+        o, S = _gdn_reference(q[0, span], k[0, span], v[0, span], g64[span], beta64[span],
+                              before[slots[s]])
+        for side in outs:
+            if span.stop > span.start:
+                _close(outs[side][0, span], o, f"{side} o of prompt {s}")
+            _close(pools[side][slots[s]], S, f"{side} state of prompt {s}", tol=1e-2)
+    untouched = [r for r in range(7) if r not in slots.tolist()]
+    assert torch.equal(pools["linseq"][untouched], before[untouched])
+
+
+def test_gdn_decode_equals_vllms_op_and_float64():
+    """One token per request over the pool, the fused gate from the raw a, b; a request
+    padded with slot -1 (linseq's side only: vLLM's op reads and writes row -1 of the pool)
+    gets output 0 and leaves the pool as it was."""
+    g = torch.Generator().manual_seed(3)
+    n = 4
+    slots = torch.tensor([3, 0, -1, 6], dtype=torch.int32)
+    q, k, v, a, b = _gdn_tokens(n, g)
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(8, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    before = pool.clone()
+    real = slots >= 0
+    vllm_pool = pool.clone()
+    o_vllm = _vllm_ops().fused_sigmoid_gating_delta_rule_update_cpu(
+        A_log=A_log, dt_bias=dt_bias, q=q[:, real], k=k[:, real], v=v[:, real], a=a[real],
+        b=b[real], initial_state_source=vllm_pool, initial_state_indices=slots[real],
+        cu_seqlens=torch.arange(int(real.sum()) + 1, dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True)
+    o = linseq_vllm._gated_delta_update(
+        A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+        initial_state_indices=slots, cu_seqlens=torch.arange(n + 1, dtype=torch.int32),
+        use_qk_l2norm_in_kernel=True)
+    assert o.shape == (n, 1, HV, HEAD_DIM) and o_vllm.shape == (int(real.sum()), 1, HV, HEAD_DIM)
+    g64, beta64 = _gdn_gate(a, b, A_log, dt_bias.float())
+    for i, j in ((0, 0), (1, 1), (3, 2)):
+        ref_o, ref_S = _gdn_reference(q[0, i:i + 1], k[0, i:i + 1], v[0, i:i + 1],
+                                      g64[i:i + 1], beta64[i:i + 1], before[slots[i]])
+        _close(o[i], ref_o, f"linseq o of request {i}")
+        _close(o_vllm[j], ref_o, f"vllm o of request {i}")
+        # linseq's state is exact in float32 (the bfloat16 inputs widened exactly)
+        _close(pool[slots[i]], ref_S, f"linseq state of request {i}", tol=1e-5)
+        _close(vllm_pool[slots[i]], ref_S, f"vllm state of request {i}", tol=1e-2)
+    assert torch.all(o[2] == 0)
+    untouched = [r for r in range(8) if r not in (3, 0, 6)]
+    assert torch.equal(pool[untouched], before[untouched])
+
+
+def test_gdn_speculative_decode_equals_vllms_op_and_float64():
+    """Three draft tokens per request, each request resuming from the slot of its last
+    accepted token and leaving the state after each draft token in that token's slot."""
+    g = torch.Generator().manual_seed(4)
+    n, T = 2, 3
+    spec_slots = torch.tensor([[1, 4, 7, 2], [3, 5, 6, 0]], dtype=torch.int32)
+    accepted = torch.tensor([2, 1], dtype=torch.int32)
+    cu = torch.arange(0, n * T + 1, T, dtype=torch.int32)
+    q, k, v, a, b = _gdn_tokens(n * T, g)
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(8, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    before = pool.clone()
+    # the layer's spec call: q, k, v [tokens, heads, dim]
+    args = dict(A_log=A_log, dt_bias=dt_bias, q=q[0], k=k[0], v=v[0], a=a, b=b,
+                spec_state_indices=spec_slots, num_accepted_tokens=accepted, cu_seqlens=cu,
+                use_qk_l2norm_in_kernel=True)
+    vllm_pool = pool.clone()
+    o_vllm = _vllm_ops().fused_sigmoid_gating_delta_rule_update_spec_cpu(
+        initial_state_source=vllm_pool, **args)
+    o = linseq_vllm._gated_delta_update_spec(initial_state_source=pool, **args)
+    g64, beta64 = _gdn_gate(a, b, A_log, dt_bias.float())
+    for i in range(n):
+        S = before[spec_slots[i, accepted[i] - 1]]
+        for t in range(T):
+            at = slice(i * T + t, i * T + t + 1)
+            ref_o, S = _gdn_reference(q[0, at], k[0, at], v[0, at], g64[at], beta64[at], S)
+            _close(o.reshape(n * T, HV, HEAD_DIM)[at], ref_o, f"linseq o {i},{t}")
+            _close(o_vllm.reshape(n * T, HV, HEAD_DIM)[at], ref_o, f"vllm o {i},{t}")
+            _close(pool[spec_slots[i, t]], S, f"linseq state {i},{t}", tol=1e-5)
+            _close(vllm_pool[spec_slots[i, t]], S, f"vllm state {i},{t}", tol=1e-2)
+    assert torch.equal(pool[spec_slots[:, T:].reshape(-1).long()],
+                       before[spec_slots[:, T:].reshape(-1).long()])
+
+
+def _conv_reference(x, weight, bias, state):
+    """silu(causal conv) of x [T, dim] after the width-1 inputs in state [dim, width-1], in
+    float64; and the last width-1 inputs."""
+    width, T = weight.shape[1], x.shape[0]
+    xs = torch.cat([state.double(), x.double().t()], dim=1)
+    y = sum(weight.double()[:, j:j + 1] * xs[:, j:j + T] for j in range(width))
+    return torch.nn.functional.silu(y + bias.double()[:, None]).t(), xs[:, -(width - 1):]
+
+
+def _conv_setup(g, slots, dim=64, width=4):
+    """A bfloat16 weight, vLLM's packing of it, and a bfloat16 conv-state pool in vLLM's
+    default layout: [slots, width-1, dim] memory seen as [slots, dim, width-1]."""
+    weight = (torch.randn(dim, width, generator=g) * 0.5).to(torch.bfloat16)
+    bias = (torch.randn(dim, generator=g) * 0.5).to(torch.bfloat16)
+    packed = _vllm_ops().causal_conv1d_weight_pack(weight.contiguous().clone())
+    pool = torch.randn(slots, width - 1, dim, generator=g).to(torch.bfloat16).transpose(1, 2)
+    return weight, bias, packed, pool
+
+
+def test_conv_prefill_equals_vllms_op_and_float64():
+    """Three packed prompts (one empty), one continuing from its slot; vLLM's packed weight
+    and its default conv-state layout; an empty prompt padded with slot -1 on linseq's side
+    (vLLM's op writes out of the pool's bounds for it)."""
+    g = torch.Generator().manual_seed(5)
+    weight, bias, packed, pool = _conv_setup(g, 6)
+    cu = torch.tensor([0, 9, 9, 14, 14], dtype=torch.int32)
+    slots = torch.tensor([4, 1, 2, -1], dtype=torch.int32)
+    has_initial = torch.tensor([True, False, False, False])
+    x = torch.randn(14, 64, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    outs, pools = {}, {}
+    for side, fn, n in (("vllm", _vllm_ops().causal_conv1d_fwd_cpu, 3),
+                        ("linseq", linseq_vllm._conv_forward, 4)):
+        pools[side] = pool.transpose(1, 2).clone().transpose(1, 2)
+        outs[side] = fn(x=x.transpose(0, 1), weight=packed, bias=bias, conv_states=pools[side],
+                        query_start_loc=cu[:n + 1], cache_indices=slots[:n],
+                        has_initial_state=has_initial[:n], silu_activation=True,
+                        is_weight_packed=True).transpose(0, 1)
+    for s in range(3):
+        span = slice(int(cu[s]), int(cu[s + 1]))
+        start = before[slots[s]] if has_initial[s] else torch.zeros(64, 3)
+        y, state = _conv_reference(x[span], weight, bias, start)
+        for side in outs:
+            if span.stop > span.start:
+                _close(outs[side][span], y, f"{side} y of prompt {s}")
+                _close(pools[side][slots[s]], state, f"{side} state of prompt {s}")
+    untouched = [0, 3, 5]
+    assert torch.equal(pools["linseq"][untouched], before[untouched])
+
+
+def test_conv_decode_equals_vllms_op_and_float64():
+    g = torch.Generator().manual_seed(6)
+    weight, bias, packed, pool = _conv_setup(g, 5)
+    slots = torch.tensor([3, 0, -1], dtype=torch.int32)   # -1: padding, linseq's side only
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    outs, pools = {}, {}
+    for side, fn, n in (("vllm", _vllm_ops().causal_conv1d_update_cpu, 2),
+                        ("linseq", linseq_vllm._conv_update, 3)):
+        pools[side] = pool.transpose(1, 2).clone().transpose(1, 2)
+        outs[side] = fn(x=x[:n], conv_states=pools[side], weight=packed, bias=bias,
+                        silu_activation=True, conv_state_indices=slots[:n],
+                        is_weight_packed=True)
+    assert torch.all(outs["linseq"][2] == 0)
+    for i in (0, 1):
+        y, state = _conv_reference(x[i:i + 1], weight, bias, before[slots[i]])
+        for side in outs:
+            _close(outs[side][i], y[0], f"{side} y of request {i}")
+            _close(pools[side][slots[i]], state, f"{side} state of request {i}")
+    assert torch.equal(pools["linseq"][[1, 2, 4]], before[[1, 2, 4]])
+    assert torch.equal(pools["linseq"], pools["vllm"])
+
+
+# ------------------------------------------------------------------------------------------
+# A tiny Qwen3.5-like model served by vLLM: linseq against vLLM's kernels and transformers
+# ------------------------------------------------------------------------------------------
+
+def _tiny_gdn_model(kind, path):
+    """A random 2-layer model with one Gated DeltaNet layer and one full-attention layer
+    (head dims 128, as vLLM's CPU GDN prefill requires), Qwen3.5-like (dense) or
+    Qwen3-Next-like (4 experts, 2 per token), saved at path, its weights rounded to bfloat16
+    (the dtype vLLM's CPU GDN layer runs in) so that transformers' float32 model computes on
+    the same weights."""
+    sizes = dict(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=2, num_key_value_heads=1, head_dim=32,
+                 linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=128,
+                 linear_value_head_dim=128, layer_types=["linear_attention", "full_attention"],
+                 tie_word_embeddings=False, max_position_embeddings=256)
+    if kind == "qwen3_next":
+        config = transformers.Qwen3NextConfig(num_experts=4, num_experts_per_tok=2,
+                                              moe_intermediate_size=32,
+                                              shared_expert_intermediate_size=32, **sizes)
+        model_class = transformers.Qwen3NextForCausalLM
+    else:
+        config = transformers.Qwen3_5TextConfig(**sizes)
+        model_class = transformers.Qwen3_5ForCausalLM
+    torch.manual_seed(0)
+    model = model_class(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not any(s in name for s in ("A_log", "dt_bias", "norm")):
+                p.normal_(0.0, 0.5)
+            p.copy_(p.to(torch.bfloat16).float())
+    model.save_pretrained(path)
+    return model
+
+
+def _prompt_logprobs(output):
+    """The log-probability vLLM gives each prompt token after the first."""
+    return torch.tensor([next(iter(d.values())).logprob for d in output.prompt_logprobs[1:]])
+
+
+def _reference_logprobs(model, tokens):
+    """transformers' float32 log-probabilities [len(tokens) - 1, vocab] of each next token."""
+    with torch.no_grad():
+        logits = model(torch.tensor([tokens])).logits[0, :-1].double()
+    return torch.log_softmax(logits, -1)
+
+
+# bfloat16 activations: log-probabilities of vLLM's kernels stray from the float32 reference
+# by up to a few percent of their size (measured: 2%), linseq's by as much
+LOGPROB_TOLERANCE = dict(rtol=0.03, atol=0.05)
+
+
+def _spy_on_pool_ops(monkeypatch):
+    """The (function, op) pairs of linseq.ops' pool functions called, as a list filled in."""
+    from linseq import ops
+    calls = []
+    for name in ("forward_pool", "decode_pool"):
+        def spy(op, *args, _fn=getattr(ops, name), _name=name, **kwargs):
+            calls.append((_name, op))
+            return _fn(op, *args, **kwargs)
+        monkeypatch.setattr(ops, name, spy)
+    return calls
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
+        kind, offline_vllm, tmp_path, monkeypatch):
+    """One engine, its GDN ops routed to linseq, then vLLM's own, then linseq again (the
+    same outputs). Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
+    prefilled over several steps (resuming from their slots) while short ones decode. The
+    prompt log-probabilities of linseq, vLLM's kernels and transformers' float32 model of the
+    same weights agree within bfloat16's noise; each token linseq generates greedily is, by
+    transformers' log-probabilities after the same tokens, the most likely one or within
+    that noise of it (bfloat16 can swap two near-equal tokens, and the sequences part)."""
+    model = _tiny_gdn_model(kind, tmp_path)
+    calls = _spy_on_pool_ops(monkeypatch)
+    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+                   max_model_len=64, max_num_batched_tokens=16, enforce_eager=True, seed=0,
+                   enable_prefix_caching=False)
+    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                                 prompt_logprobs=0)
+    runs = {}
+    try:
+        for side in ("linseq", "vllm", "linseq again"):
+            (linseq_vllm.disable if side == "vllm" else linseq_vllm.enable)()
+            calls.clear()
+            runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
+                                                 for op in ("kda", "causal_conv1d")}
+            assert set(calls) == want, side
+    finally:
+        linseq_vllm.enable()
+        del llm
+        gc.collect()
+    generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
+    assert generated == [list(o.outputs[0].token_ids) for o in runs["linseq again"]]
+    assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
+    for i, prompt in enumerate(PROMPTS):
+        ref = _reference_logprobs(model, prompt + generated[i])
+        positions = torch.arange(len(prompt) - 1, ref.shape[0])
+        chosen = ref[positions, torch.tensor(generated[i])]
+        best = ref[positions].max(-1).values
+        torch.testing.assert_close(chosen, best, **LOGPROB_TOLERANCE)
+        if len(prompt) == 1:
+            continue
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
+        assert torch.equal(ours, _prompt_logprobs(runs["linseq again"][i]).double())
+        torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+
+
+def test_a_call_the_route_declines_runs_on_vllms_op():
+    """softplus_beta 2 (linseq's gate has beta 1): the routed function gives vLLM's result,
+    written to vLLM's pool as vLLM's op writes it."""
+    g = torch.Generator().manual_seed(7)
+    q, k, v, a, b = _gdn_tokens(2, g)
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(3, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    linseq_vllm.enable()
+    routed = _vllm_ops().fused_sigmoid_gating_delta_rule_update_cpu
+    vllms = linseq_vllm._outside[("vllm._custom_ops",
+                                  "fused_sigmoid_gating_delta_rule_update_cpu")]
+    assert routed is not vllms
+    outs, pools = [], []
+    for fn in (routed, vllms):
+        pools.append(pool.clone())
+        outs.append(fn(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
+                       initial_state_source=pools[-1],
+                       initial_state_indices=torch.tensor([2, 0], dtype=torch.int32),
+                       cu_seqlens=torch.arange(3, dtype=torch.int32),
+                       use_qk_l2norm_in_kernel=True, softplus_beta=2.0))
+    assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
+    assert not torch.equal(pools[0], pool)

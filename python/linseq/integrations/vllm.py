@@ -1,4 +1,5 @@
-"""vLLM's Mamba1 layers (Mamba, FalconMamba) on linseq, for vLLM's CPU build: a vLLM plugin.
+"""vLLM's Mamba1 layers (Mamba, FalconMamba) and Gated DeltaNet layers (Qwen3-Next, Qwen3.5)
+on linseq, for vLLM's CPU build: a vLLM plugin.
 
     pip install "linseq[vllm]"    # registers the plugin: vLLM calls register() at start-up
     LINSEQ_VLLM=0 vllm serve ...  # installed but left off
@@ -7,31 +8,50 @@
     linseq_vllm.enable()          # by hand, without the entry point (same effect)
     linseq_vllm.disable()         # back to vLLM's own functions
 
-Why: vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
+Mamba1. vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
 (`selective_scan_fn`) calls a CUDA/ROCm-only custom op, and its CPU decode step
 (`selective_state_update`) indexes the state as Mamba2's [slots, heads, dim, dstate].
 Routed, the prefill scan runs on linseq's SSM1 op over vLLM's own state pool
 (linseq.ops.forward_pool: packed prompts by query_start_loc, the int32 slot of each prompt,
 vLLM's null block as padding, has_initial_state for a prompt continued over several steps),
 and the decode step on the same op's decode step over the pool (linseq.ops.decode_pool).
-vLLM's CPU causal conv is left as it is.
+vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is.
 
-Not covered: a bfloat16 model on a CPU with AVX512-BF16 (or Arm bf16), where vLLM
+Gated DeltaNet. vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
+vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
+[slots, HV, K, V] in place: the chunked prefill of the packed prompts
+(chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
+layer zeroes the slots of new prompts first), the decode step with the gate fused
+(fused_sigmoid_gating_delta_rule_update_cpu: decay -exp(A_log) softplus(a + dt_bias) and
+beta = sigmoid(b) in linseq's kernel), the speculative decode step
+(fused_sigmoid_gating_delta_rule_update_spec_cpu: from the slot of the last accepted token,
+the state after each draft token to that token's slot), and the layer's causal conv
+(causal_conv1d_fwd_cpu, causal_conv1d_update_cpu: the weight vLLM prepacked unpacked, the
+conv state in vLLM's layouts). q and k are l2-normalised with vLLM's eps (1e-5). A call an
+adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
+varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
+On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
+
+Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
+block untouched, its output 0.
+
+Not covered: a bfloat16 Mamba1 model on a CPU with AVX512-BF16 (or Arm bf16), where vLLM
 prepacks the conv weight (width 4) into a layout its Mamba1 layer then cannot reshape (an
-IndexError in vLLM's layer before any kernel runs); float32 models run.
+IndexError in vLLM's layer before any kernel runs); float32 Mamba1 models run. vLLM's GDN
+layer runs in bfloat16 only.
 
-Why the mixer module's globals are rebound: vLLM's Mamba1 layer (MambaMixer) calls the
-functions it imported into its own module at import time. vLLM's out-of-tree hook for the
-layer (`PluggableLayer.register_oot`) replaces the whole layer class, which would mean a
-second copy of the layer's forward, and only for layers built after the plugin was loaded.
-Rebinding the two names the layer calls is the narrowest change that survives vLLM's
-structure, as linseq.integrations.transformers does for transformers' model modules. A
-call with tensors off the CPU goes to vLLM's function.
+Why module globals are rebound: vLLM's layers call the functions they imported into their
+own modules at import time (the Mamba1 mixer), or vllm._custom_ops' functions by attribute
+(the GDN layer). vLLM's out-of-tree hook for a layer (`PluggableLayer.register_oot`)
+replaces the whole layer class, which would mean a second copy of the layer's forward, and
+only for layers built after the plugin was loaded. Rebinding the names the layer calls is
+the narrowest change that survives vLLM's structure, as linseq.integrations.transformers
+does for transformers' model modules.
 
-One thing more, not a kernel: a batch that mixes decodes and prefills reaches the layer's
-out_proj as a transposed view, which vLLM's CPU GEMMs refuse whatever ran the scan. The
-plugin registers (register_oot) a MambaMixer subclass that only adds a pre-hook on out_proj
-giving it unit-stride rows; it applies to models built after enable().
+One thing more, not a kernel: a batch that mixes decodes and prefills reaches the Mamba1
+layer's out_proj as a transposed view, which vLLM's CPU GEMMs refuse whatever ran the scan.
+The plugin registers (register_oot) a MambaMixer subclass that only adds a pre-hook on
+out_proj giving it unit-stride rows; it applies to models built after enable().
 """
 
 import functools
@@ -47,6 +67,7 @@ _log = logging.getLogger(__name__)
 OPT_OUT_VARIABLE = "LINSEQ_VLLM"   # "0": register() leaves vLLM as it is
 
 _MIXER = "vllm.model_executor.layers.mamba.mamba_mixer"
+_CUSTOM_OPS = "vllm._custom_ops"
 _PREFIX_CACHING_ARGS = ("block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
                         "initial_state_idx")
 
@@ -56,24 +77,27 @@ _PREFIX_CACHING_ARGS = ("block_idx_first_scheduled_token", "block_idx_last_sched
 # ------------------------------------------------------------------------------------------
 
 def _numpy_pool(pool):
-    """vLLM's state pool [slots, dim, dstate] (a view of its cache pages) as a NumPy array on
-    the same memory, or None for a dtype NumPy lacks (bfloat16)."""
+    """vLLM's state pool [slots, ...] (a view of its cache pages) as a NumPy array on the same
+    memory, or None where linseq cannot read it in place: a dtype NumPy lacks (bfloat16), or
+    rows that are not C-contiguous (the conv state's default layout, [slots, width-1, dim]
+    seen as [slots, dim, width-1])."""
     import torch
-    if pool.dtype not in (torch.float32, torch.float16):
+    if pool.dtype not in (torch.float32, torch.float16) or pool.dim() < 2 or \
+            not pool[0].is_contiguous():
         return None
     return pool.detach().numpy()
 
 
 def _on_pool(pool, src, dst, pad_value, run):
     """run(numpy pool, src rows, dst rows, pad_value) on vLLM's pool where NumPy can see it;
-    otherwise on a float32 copy of the rows src and dst name (pad_value marks padding),
-    written back after the step."""
+    otherwise on a float32 copy of the rows src and dst name (pad_value and negative rows
+    mark padding), written back after the step."""
     import torch
     arr = _numpy_pool(pool)
     if arr is not None:
         return run(arr, src.numpy(), dst.numpy(), pad_value)
     both = torch.cat([src, dst])
-    used = both != pad_value
+    used = both >= 0 if pad_value is None else (both >= 0) & (both != pad_value)
     named, local_index = torch.unique(both[used].long(), return_inverse=True)
     local = torch.zeros((max(named.numel(), 1),) + tuple(pool.shape[1:]))
     local[:named.numel()] = pool[named].to(torch.float32)
@@ -187,6 +211,230 @@ def _state_update(state, x, dt, A, B, C, D, dt_bias, z=None, dt_softplus=False,
 
 
 # ------------------------------------------------------------------------------------------
+# Adapters: vLLM CPU's Gated DeltaNet ops (Qwen3-Next, Qwen3.5) and their conv, on linseq
+# ------------------------------------------------------------------------------------------
+
+class _Declined(Exception):
+    """Raised by an adapter, before it writes anything, for a call whose arguments it does
+    not take (a layout or option linseq's route does not cover): vLLM's own op runs it."""
+
+
+GDN_L2NORM_EPS = 1e-5   # vLLM CPU's GDN kernels: q / sqrt(sum q^2 + eps), likewise k
+
+
+def _f32(t):
+    """A tensor (bfloat16 included) as a float32 NumPy array, None as None."""
+    import torch
+    return None if t is None else t.detach().to(torch.float32).contiguous().numpy()
+
+
+def _gdn_gate_options(use_qk_l2norm_in_kernel, eps=GDN_L2NORM_EPS):
+    return dict(decay="per_head", use_qk_l2norm=bool(use_qk_l2norm_in_kernel),
+                l2norm_eps=float(eps))
+
+
+def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_final_state,
+                            cu_seqlens, head_first, use_qk_l2norm_in_kernel,
+                            initial_state_indices, eps=GDN_L2NORM_EPS):
+    """vLLM's GDN prefill: query, key [1, tokens, H, K], value [1, tokens, HV, V] of the
+    prompts packed by cu_seqlens; g [1, tokens, HV] (log decay) and beta [1, tokens, HV] from
+    its gating op; initial_state the pool [slots, HV, K, V]. Prompt i starts from slot
+    initial_state_indices[i] (vLLM's layer zeroes the slots of new prompts first) and its
+    final state goes back there. Returns (o [1, tokens, HV, V] in value's dtype, the pool)."""
+    import numpy as np
+    import torch
+
+    from .. import ops
+    if head_first or not output_final_state or query.dim() != 4 or query.shape[0] != 1:
+        raise _Declined
+    rows = _rows(initial_state_indices, "initial_state_indices")
+    arrays = dict(q=_f32(query), k=_f32(key), v=_f32(value), beta=_f32(beta), g=_f32(g))
+
+    def run(pool, src, dst, pad_value):
+        return ops.forward_pool("kda", arrays, pool, src, dst,
+                                np.ones(rows.shape[0], np.bool_),
+                                cu_seqlens=cu_seqlens.numpy().astype(np.int64),
+                                pad_value=pad_value,
+                                **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
+
+    (o,) = _on_pool(initial_state, rows, rows, None, run)
+    return torch.from_numpy(o).to(value.dtype), initial_state
+
+
+def _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, tokens):
+    """The fused-gate KDA inputs of vLLM's decode ops: q, k [(1,) batch*tokens, H, K], v
+    [(1,) batch*tokens, HV, V], a, b [batch*tokens, HV] (raw gate input, beta logits) as
+    linseq's [batch, tokens, ...]."""
+    def per_request(t):
+        return _f32(t).reshape(batch, tokens, *t.shape[-2 if t.dim() >= 3 else -1:])
+    return dict(q=per_request(q), k=per_request(k), v=per_request(v), beta=per_request(b),
+                g=per_request(a), A_log=_f32(A_log), dt_bias=_f32(dt_bias))
+
+
+def _check_softplus(softplus_beta, softplus_threshold):
+    """linseq's gate is softplus with beta 1; vLLM's threshold (x itself above it) differs
+    from it by less than exp(-threshold), nothing in float32 from 20 on."""
+    if softplus_beta != 1.0 or softplus_threshold < 20.0:
+        raise _Declined
+
+
+def _gated_delta_update(A_log, dt_bias, q, k, v, a, b, initial_state_source,
+                        initial_state_indices, cu_seqlens, use_qk_l2norm_in_kernel,
+                        softplus_beta=1.0, softplus_threshold=20.0):
+    """vLLM's GDN decode step with its gate fused: one token per request (cu_seqlens
+    0, 1, ..., batch), request i read from and written to slot initial_state_indices[i]
+    (negative: padding, output 0) of the pool [slots, HV, K, V]; the decay
+    -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) computed in linseq's kernel.
+    Returns o [batch, 1, HV, V] in v's dtype."""
+    import torch
+
+    from .. import ops
+    _check_softplus(softplus_beta, softplus_threshold)
+    batch = a.shape[0]
+    if cu_seqlens is not None and not torch.equal(
+            cu_seqlens.long(), torch.arange(batch + 1, device=cu_seqlens.device)):
+        raise _Declined   # several tokens per request: vLLM's kernel runs them
+    rows = _rows(initial_state_indices, "initial_state_indices")
+    arrays = _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, 1)
+
+    def run(pool, src, dst, pad_value):
+        return ops.decode_pool("kda", arrays, pool, src, dst, pad_value=pad_value,
+                               gate_in_kernel=True, beta_is_logit=True,
+                               **_gdn_gate_options(use_qk_l2norm_in_kernel))
+
+    (o,) = _on_pool(initial_state_source, rows, rows, None, run)
+    return torch.from_numpy(o).to(v.dtype)
+
+
+def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source,
+                             spec_state_indices, num_accepted_tokens, cu_seqlens,
+                             use_qk_l2norm_in_kernel, softplus_beta=1.0,
+                             softplus_threshold=20.0):
+    """vLLM's speculative GDN decode: request i runs its draft tokens (the same count T for
+    every request here) from slot spec_state_indices[i, num_accepted_tokens[i] - 1], the
+    state after its token t going to slot spec_state_indices[i, t] (what a rollback resumes
+    from). Returns o [1, batch*T, HV, V] in v's dtype."""
+    import torch
+
+    from .. import ops
+    _check_softplus(softplus_beta, softplus_threshold)
+    batch = spec_state_indices.shape[0]
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
+    if batch == 0 or lengths.numel() != batch or not torch.all(lengths == lengths[0]) or \
+            not 1 <= int(lengths[0]) <= spec_state_indices.shape[1] or \
+            bool(torch.any(num_accepted_tokens < 1)):
+        raise _Declined
+    tokens = int(lengths[0])
+    slots = spec_state_indices.contiguous()
+    src = slots.gather(1, num_accepted_tokens.long()[:, None] - 1)[:, 0].contiguous()
+    dst = slots[:, :tokens].contiguous()
+    arrays = _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, tokens)
+
+    def run(pool, src_rows, dst_rows, pad_value):
+        return ops.decode_tokens_pool("kda", arrays, pool, src_rows,
+                                      dst_rows.reshape(batch, tokens), pad_value=pad_value,
+                                      gate_in_kernel=True, beta_is_logit=True,
+                                      **_gdn_gate_options(use_qk_l2norm_in_kernel))
+
+    (o,) = _on_pool(initial_state_source, src, dst.reshape(-1), None, run)
+    return torch.from_numpy(o).reshape(1, batch * tokens, *o.shape[2:]).to(v.dtype)
+
+
+_conv_unpacking = {}   # packed weight shape -> the flat packed position of each weight
+_conv_weights = {}     # (data_ptr, shape, version) of a packed weight -> its float32 rows
+
+
+def _unpacked_conv_weight(packed):
+    """The [dim, width] conv weight from the layout vLLM's causal_conv1d_weight_pack gives
+    it (on CPUs with AVX512-BF16 vLLM packs the layer's weight at load time). The layout is
+    learnt from vLLM's own pack of two probes whose values name each weight's position
+    (integers below 256, exact in bfloat16); one that is not a permutation is declined."""
+    import torch
+    import vllm._custom_ops as vllm_ops
+    shape = tuple(packed.shape)
+    if shape not in _conv_unpacking:
+        n = packed.numel()
+        position = torch.arange(n).view(shape)
+        low, high = (vllm_ops.causal_conv1d_weight_pack(p.to(torch.bfloat16).contiguous())
+                     for p in (position % 256, position // 256))
+        held = (high.double() * 256 + low.double()).long().reshape(-1)
+        if not torch.equal(torch.sort(held).values, torch.arange(n)):
+            raise _Declined
+        where = torch.empty_like(held)
+        where[held] = torch.arange(n)
+        _conv_unpacking[shape] = where
+    return packed.reshape(-1)[_conv_unpacking[shape]].view(shape)
+
+
+def _conv_weight(weight, is_weight_packed):
+    """The conv weight [dim, width] as float32 NumPy; a packed one unpacked once (a layer's
+    weight does not change while it serves; its version counter tells if it did)."""
+    if not is_weight_packed:
+        return _f32(weight.reshape(weight.shape[0], weight.shape[-1]))
+    key = (weight.data_ptr(), tuple(weight.shape), weight._version)
+    if key not in _conv_weights:
+        if len(_conv_weights) > 4096:   # weights of engines gone
+            _conv_weights.clear()
+        _conv_weights[key] = _f32(_unpacked_conv_weight(weight))
+    return _conv_weights[key]
+
+
+def _conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices,
+                  has_initial_state, silu_activation, is_weight_packed):
+    """vLLM's CPU causal conv over packed prompts: x [dim, tokens] by query_start_loc;
+    conv_states [slots, dim, width-1] (any strides); prompt i continues from slot
+    cache_indices[i] where has_initial_state[i] (None: nowhere), from zeros otherwise, and
+    leaves its last width-1 inputs there (negative: padding). Returns [dim, tokens]."""
+    import numpy as np
+    import torch
+
+    from .. import ops
+    if x.dim() != 2 or query_start_loc is None or cache_indices is None or \
+            conv_states is None:
+        raise _Declined
+    arrays = dict(x=_f32(x.transpose(0, 1))[None], weight=_conv_weight(weight, is_weight_packed),
+                  bias=_f32(bias))
+    if conv_states.shape[-1] != arrays["weight"].shape[1] - 1:
+        raise _Declined   # a wider buffer (speculative decoding): vLLM's op runs it
+    rows = _rows(cache_indices, "cache_indices")
+    has = (np.zeros(rows.shape[0], np.bool_) if has_initial_state is None
+           else has_initial_state.detach().numpy())
+
+    def run(pool, src, dst, pad_value):
+        return ops.forward_pool("causal_conv1d", arrays, pool, src, dst, has,
+                                cu_seqlens=query_start_loc.numpy().astype(np.int64),
+                                pad_value=pad_value,
+                                activation="silu" if silu_activation else "identity")
+
+    (y,) = _on_pool(conv_states, rows, rows, None, run)
+    return torch.from_numpy(y[0]).to(x.dtype).transpose(0, 1)
+
+
+def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indices,
+                 is_weight_packed, num_accepted_tokens=None):
+    """vLLM's CPU causal conv decode step: x [batch, dim] one token per request, request i
+    on slot conv_state_indices[i] (negative: padding) of conv_states [slots, dim, width-1].
+    Returns [batch, dim]."""
+    import torch
+
+    from .. import ops
+    if num_accepted_tokens is not None or x.dim() != 2 or conv_state_indices is None:
+        raise _Declined
+    arrays = dict(x=_f32(x)[:, None], weight=_conv_weight(weight, is_weight_packed),
+                  bias=_f32(bias))
+    if conv_states.shape[-1] != arrays["weight"].shape[1] - 1:
+        raise _Declined
+    rows = _rows(conv_state_indices, "conv_state_indices")
+
+    def run(pool, src, dst, pad_value):
+        return ops.decode_pool("causal_conv1d", arrays, pool, src, dst, pad_value=pad_value,
+                               activation="silu" if silu_activation else "identity")
+
+    (y,) = _on_pool(conv_states, rows, rows, None, run)
+    return torch.from_numpy(y[:, 0]).to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------
 # The layer: one pre-hook on its output projection
 # ------------------------------------------------------------------------------------------
 
@@ -242,9 +490,16 @@ def _unregister_layer():
             del op_registry_oot["MambaMixer"]
 
 
-# vLLM module -> function name -> linseq adapter
+# vLLM module -> function name -> linseq adapter. The GDN layer (and, for its conv, any CPU
+# layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time.
 ROUTES = {_MIXER: {"selective_scan_fn": _selective_scan,
-                   "selective_state_update": _state_update}}
+                   "selective_state_update": _state_update},
+          _CUSTOM_OPS: {"chunk_gated_delta_rule_cpu": _chunk_gated_delta_rule,
+                        "fused_sigmoid_gating_delta_rule_update_cpu": _gated_delta_update,
+                        "fused_sigmoid_gating_delta_rule_update_spec_cpu":
+                            _gated_delta_update_spec,
+                        "causal_conv1d_fwd_cpu": _conv_forward,
+                        "causal_conv1d_update_cpu": _conv_update}}
 
 
 # ------------------------------------------------------------------------------------------
@@ -257,14 +512,19 @@ _installed = {}   # (module, name) -> the routed function linseq put there
 
 def _routed(adapter, original, qualified):
     """The function installed: the adapter for a call whose tensors are all on the CPU,
-    vLLM's function for any other."""
+    vLLM's function for any other, and for one the adapter declines."""
     import torch
 
     @functools.wraps(original)
     def routed(*args, **kwargs):
         on_cpu = all(t.is_cpu for t in (*args, *kwargs.values())
                      if isinstance(t, torch.Tensor))
-        return (adapter if on_cpu else original)(*args, **kwargs)
+        if on_cpu:
+            try:
+                return adapter(*args, **kwargs)
+            except _Declined:
+                pass
+        return original(*args, **kwargs)
     routed.linseq_route = qualified
     return routed
 
@@ -279,9 +539,9 @@ def _takes_as_given(adapter, original):
 
 
 def enable():
-    """Route vLLM's Mamba1 scan and decode step to linseq (idempotent). Returns the
-    "module.function" names routed; a module or function this vLLM lacks, or whose
-    signature changed, is skipped (logged at debug level)."""
+    """Route vLLM's Mamba1 scan and decode step, and its CPU GDN and conv ops, to linseq
+    (idempotent). Returns the "module.function" names routed; a module or function this
+    vLLM lacks, or whose signature changed, is skipped (logged at debug level)."""
     routed = []
     for module_name, functions in ROUTES.items():
         try:
@@ -325,8 +585,9 @@ def register():
     """The `vllm.general_plugins` entry point: vLLM calls it in every process it starts
     (more than once is harmless). LINSEQ_VLLM=0 leaves vLLM's functions in place."""
     if os.environ.get(OPT_OUT_VARIABLE, "1").strip().lower() in ("0", "false", "off", "no"):
-        _log.info("linseq: %s=0, vLLM's Mamba1 layers left as they are", OPT_OUT_VARIABLE)
+        _log.info("linseq: %s=0, vLLM's Mamba1 and GDN layers left as they are",
+                  OPT_OUT_VARIABLE)
         return ()
     routed = enable()
-    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba1 layer found)")
+    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba1 or GDN op found)")
     return routed
