@@ -94,8 +94,8 @@ static void shapes(const variant *vs, int nv)
                                 mag += fabs(t);
                             }
                             const double c0 = acc ? fabs((double)C0[i * N + j]) : 0.0;
-                            const double bound = mag * (0x1p-7 + 0x1p-16) +
-                                                 (c0 + mag) * (double)(K + 1) * 0x1p-24;
+                            const double bound =
+                                mag * (0x1p-7 + 0x1p-16) + (c0 + mag) * (double)(K + 1) * 0x1p-24;
                             const double err = fabs((double)want[i * N + j] - exact);
                             if (bound > 0 && err / bound > worst_ratio) worst_ratio = err / bound;
                             CHECK(err <= bound, "M=%lld N=%lld K=%lld (%lld,%lld): error %g > %g",
@@ -142,8 +142,7 @@ static void edges(const variant *vs, int nv)
         CHECK(r == 0x1p+0f + 0x1.02p+0f, "%s: operands rounded: %a", v->name, (double)r);
         /* a subnormal result: the instruction flushes it, FMA keeps it */
         r = one_pair(v, 0.0f, 0x1p-70f, 0x1p-70f, 0.0f, 0.0f);
-        CHECK(v->dot ? r == 0.0f : r == 0x1p-140f, "%s: subnormal result %a", v->name,
-              (double)r);
+        CHECK(v->dot ? r == 0.0f : r == 0x1p-140f, "%s: subnormal result %a", v->name, (double)r);
     }
     printf("  edges: order, rounding, subnormals as documented on %d variants\n", nv);
 }

@@ -92,8 +92,8 @@ static inline vw bf16_pair_words(vf even, vf odd)
 static inline vw bf16_row_words(vf x0, vf x1)
 {
     const __m256i lo = _mm512_cvtepi32_epi16(bf16_lanes_ftz(x0));
-    return _mm512_inserti64x4(_mm512_castsi256_si512(lo),
-                              _mm512_cvtepi32_epi16(bf16_lanes_ftz(x1)), 1);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), _mm512_cvtepi32_epi16(bf16_lanes_ftz(x1)),
+                              1);
 }
 
 #elif LS_ISA == 1
@@ -137,8 +137,10 @@ static inline vw bf16_row_words(vf x0, vf x1)
 {
     /* every lane is <= 0xffff, so the unsigned saturating packs keep it as it is */
     const __m256i h0 = bf16_lanes_ftz(x0), h1 = bf16_lanes_ftz(x1);
-    const __m128i lo = _mm_packus_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
-    const __m128i hi = _mm_packus_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
+    const __m128i lo =
+        _mm_packus_epi32(_mm256_castsi256_si128(h0), _mm256_extracti128_si256(h0, 1));
+    const __m128i hi =
+        _mm_packus_epi32(_mm256_castsi256_si128(h1), _mm256_extracti128_si256(h1, 1));
     return _mm256_set_m128i(hi, lo);
 }
 
@@ -174,10 +176,10 @@ static inline void ls_pack_bf16_pairs(int64_t K, int64_t N, const float *src, in
         for (; j + VW <= N; j += VW)
             vw_store(d + j, bf16_pair_words(vf_load(e + j), o ? vf_load(o + j) : vf_zero()));
         if (j < N)
-            vw_store_n(d + j,
-                       bf16_pair_words(vf_load_n(e + j, N - j),
-                                       o ? vf_load_n(o + j, N - j) : vf_zero()),
-                       N - j);
+            vw_store_n(
+                d + j,
+                bf16_pair_words(vf_load_n(e + j, N - j), o ? vf_load_n(o + j, N - j) : vf_zero()),
+                N - j);
     }
 }
 
@@ -243,8 +245,7 @@ static inline void gemm_bf16_tile_full(int64_t Kw, const uint32_t *A, int64_t a_
 /* mr <= GEMM_MR rows by one vector column of width w <= VW, widened operands. */
 static inline void gemm_bf16_tile_edge(int64_t mr, int64_t w, int64_t Kw, const uint32_t *A,
                                        int64_t a_rs, int64_t a_cs, const uint32_t *B, int64_t ldb,
-                                       float *C, int64_t ldc, bool accumulate,
-                                       const float *c_scale)
+                                       float *C, int64_t ldc, bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
     for (int64_t i = 0; i < mr; i++) {
@@ -267,11 +268,9 @@ static inline void gemm_bf16_tile_edge(int64_t mr, int64_t w, int64_t Kw, const 
 #define LS_BF16_DOT_TARGET __attribute__((target("avx512bf16")))
 
 /* The same tiles with vdpbf16ps: one instruction per word and vector does both steps. */
-LS_BF16_DOT_TARGET static inline void gemm_dot_tile_full(int64_t Kw, const uint32_t *A,
-                                                         int64_t a_rs, int64_t a_cs,
-                                                         const uint32_t *B, int64_t ldb, float *C,
-                                                         int64_t ldc, bool accumulate,
-                                                         const float *c_scale)
+LS_BF16_DOT_TARGET static inline void
+gemm_dot_tile_full(int64_t Kw, const uint32_t *A, int64_t a_rs, int64_t a_cs, const uint32_t *B,
+                   int64_t ldb, float *C, int64_t ldc, bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR][GEMM_NV];
 #pragma GCC unroll 8
@@ -312,8 +311,8 @@ LS_BF16_DOT_TARGET static inline void gemm_dot_tile_edge(int64_t mr, int64_t w, 
     for (int64_t q = 0; q < Kw; q++) {
         const __m512bh b = (__m512bh)vw_load_n(B + q * ldb, w);
         for (int64_t i = 0; i < mr; i++)
-            acc[i] = _mm512_dpbf16_ps(
-                acc[i], (__m512bh)_mm512_set1_epi32((int)A[i * a_rs + q * a_cs]), b);
+            acc[i] = _mm512_dpbf16_ps(acc[i],
+                                      (__m512bh)_mm512_set1_epi32((int)A[i * a_rs + q * a_cs]), b);
     }
     for (int64_t i = 0; i < mr; i++) vf_store_n(C + i * ldc, acc[i], w);
 }
@@ -339,18 +338,18 @@ LS_BF16_DOT_TARGET static inline void gemm_dot_tile_edge(int64_t mr, int64_t w, 
     } while (0)
 
 static inline void ls_gemm_bf16_widened(int64_t M, int64_t N, int64_t Kw, const uint32_t *A,
-                                        int64_t a_rs, int64_t a_cs, const uint32_t *B,
-                                        int64_t ldb, float *C, int64_t ldc, bool accumulate,
+                                        int64_t a_rs, int64_t a_cs, const uint32_t *B, int64_t ldb,
+                                        float *C, int64_t ldc, bool accumulate,
                                         const float *c_scale)
 {
     LS_GEMM_BF16_TILES(gemm_bf16);
 }
 
 #if LS_HAVE_BF16_DOT
-LS_BF16_DOT_TARGET static void ls_gemm_bf16_dot(int64_t M, int64_t N, int64_t Kw,
-                                                const uint32_t *A, int64_t a_rs, int64_t a_cs,
-                                                const uint32_t *B, int64_t ldb, float *C,
-                                                int64_t ldc, bool accumulate, const float *c_scale)
+LS_BF16_DOT_TARGET static void ls_gemm_bf16_dot(int64_t M, int64_t N, int64_t Kw, const uint32_t *A,
+                                                int64_t a_rs, int64_t a_cs, const uint32_t *B,
+                                                int64_t ldb, float *C, int64_t ldc, bool accumulate,
+                                                const float *c_scale)
 {
     LS_GEMM_BF16_TILES(gemm_dot);
 }
