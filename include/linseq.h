@@ -181,16 +181,17 @@ typedef struct linseq_exec {
      * are those of the float32 call on the same values widened to float32, bit for bit, with
      * o rounded once to nearest even; the state is float32 as always. */
     linseq_dtype dtype;
-    /* BF16: a permission to run the products inside a chunk with bfloat16 operands and
-     * float32 accumulation, about twice as fast on CPUs with AVX512-BF16 (vdpbf16ps); F32 (the
+    /* BF16: a permission to run the products that only the output reads with bfloat16
+     * operands and float32 accumulation, faster on CPUs with AVX512-BF16 (vdpbf16ps); F32 (the
      * default) keeps every product in float32. Applies to the CPU's chunked KDA forward
      * (linseq_kda_forward in chunked mode), with either dtype; every other call computes as
-     * with F32. There the operands of the products with the chunk-start state (q S, k S), of
-     * the in-chunk output (Aqk Vnew) and of the state update (k^T Vnew) are each rounded once
-     * to bf16 after the normalisation and the decay scaling; the scores, the solve, the decay
-     * products and the state itself stay float32. Every ISA computes the same bits (without
-     * AVX512-BF16, on operands widened back to float32), for any thread count. Error against
-     * float64 at K = V = 128: docs/semantics.md. */
+     * with F32. There the operands of q S (the chunk-start state read by q), of Aqk Vnew (the
+     * in-chunk output) and, with one decay per head, of Aqk's q k^T are each rounded once to
+     * bf16 after the normalisation and the decay scaling. Everything the state depends on
+     * stays float32: the final state is bit for bit F32's. Every ISA runs these products with
+     * the same arithmetic (without AVX512-BF16, on operands widened back to float32); results
+     * do not depend on the thread count. Error against float64 (o within about 2x F32's at
+     * K = V = 128): docs/semantics.md. */
     linseq_products products;
 } linseq_exec;
 
