@@ -42,7 +42,7 @@ typedef struct kda_chunk_ws {
     /* bf16 products only (pl->bf16_products): the operands of the output's products packed
      * as simd/gemm_bf16.h describes, Kw = ceil(K/2) and Cw = C/2 words */
     uint32_t *qg_w;   /* [C,Kw] rows of qg */
-    uint32_t *Aqk_w;  /* [C,Cw] rows of Aqk, zeros above the diagonal */
+    uint32_t *Aqk_w;  /* [C,Cw] rows of Aqk before their 16-row block (rows >= 16) */
     uint32_t *S0_w;   /* [Kw,V] pairs of rows of the chunk-start state */
     uint32_t *vnew_w; /* [Cw,V] pairs of token rows of vnew */
     uint32_t *qs_w;   /* [C,Kw] rows of qs (one decay per head: Aqk = (Qs K^T) o M) */

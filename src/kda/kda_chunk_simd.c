@@ -29,8 +29,9 @@
  * the same pass as Aqk, leave it unread).
  *
  * With bf16 products (pl->bf16_products) the products that only the output reads take bf16
- * operands (simd/gemm_bf16.h): (e^G * Qs) S0, Aqk Vnew and, with one decay per head, Aqk's
- * own Qs K^T. Everything the state depends on (Akk, the solve, K S0, the update) stays
+ * operands (simd/gemm_bf16.h): (e^G * Qs) S0, Aqk Vnew between 16-row blocks (the diagonal
+ * blocks' triangles stay float32, visiting no later token) and, with one decay per head,
+ * Aqk's own Qs K^T. Everything the state depends on (Akk, the solve, K S0, the update) stays
  * float32, so the final state is bit for bit the float32 path's: rounding the operands of
  * K S0 or of the update to bf16 leaves errors of 3e-4 and 3e-3 relative in the final state
  * (K = V = 128, slow decays), above the 1e-4 the state is held to. */
@@ -260,15 +261,15 @@ static void scores_per_head(const kda_plan *pl, const kda_chunk_ws *w, int64_t L
 }
 
 /* The state-independent operands of the output's bf16 products, once per chunk: qg by rows,
- * and Aqk by rows with zeros above the diagonal (kda_chunk_output sums a row block's words
- * through the diagonal, up to the next even column). */
+ * and each 16-row block of Aqk by rows over the columns of the earlier blocks (the diagonal
+ * blocks stay float32, so that no product reaches past a row's own token). */
 static void pack_output_operands(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
 {
-    const int64_t Kw = (K + 1) / 2, Cw = C / 2;
+    const int64_t Kw = (K + 1) / 2, Cw = C / 2, S = KDA_SUB_CHUNK;
     ls_pack_bf16_rows(Lc, K, w->qg, K, w->qg_w, Kw);
-    memset(w->Aqk_w, 0, (size_t)(Lc * Cw) * sizeof *w->Aqk_w);
-    for (int64_t r = 0; r < Lc; r++)
-        ls_pack_bf16_rows(1, r + 1, w->Aqk + r * C, C, w->Aqk_w + r * Cw, Cw);
+    for (int64_t r0 = S; r0 < Lc; r0 += S)
+        ls_pack_bf16_rows(Lc - r0 < S ? Lc - r0 : S, r0, w->Aqk + r0 * C, C, w->Aqk_w + r0 * Cw,
+                          Cw);
 }
 
 void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int64_t first,
@@ -370,21 +371,24 @@ static void output_in_chunk(const kda_chunk_ws *w, int64_t Lc, int64_t C, int64_
     }
 }
 
-/* out = qg S0 + Aqk vnew over the columns [j0, j1) with bf16 operands: S0 and vnew packed
- * by pairs of rows here (their columns are this caller's), Aqk's 16-row blocks summed through
- * the diagonal (Aqk_w is zero above it). */
+/* out = qg S0 + Aqk vnew over the columns [j0, j1), the products of qg S0 and of each row
+ * block with the earlier blocks on bf16 operands (S0 and vnew packed by pairs of rows here:
+ * their columns are this caller's), the blocks' own triangles in float32 as without them. */
 static void output_bf16_products(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
                                  int64_t Lc, float *out, int64_t ld, int64_t j0, int64_t j1)
 {
-    const int64_t K = pl->p->K, V = pl->p->V, Kw = (K + 1) / 2, Cw = pl->chunk / 2;
+    const int64_t K = pl->p->K, V = pl->p->V, C = pl->chunk, Kw = (K + 1) / 2, Cw = C / 2;
     const int64_t SC = KDA_SUB_CHUNK, n = j1 - j0;
     ls_pack_bf16_pairs(K, n, S0 + j0, V, w->S0_w + j0, V);
-    ls_pack_bf16_pairs(Lc, n, w->vnew + j0, V, w->vnew_w + j0, V);
     ls_gemm_bf16(pl->bf16_dot, Lc, n, Kw, w->qg_w, Kw, 1, w->S0_w + j0, V, out, ld, false, NULL);
+    const int64_t last_block = (Lc - 1) / SC * SC; /* the rows the earlier blocks hold */
+    ls_pack_bf16_pairs(last_block, n, w->vnew + j0, V, w->vnew_w + j0, V);
     for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
         const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
-        ls_gemm_bf16(pl->bf16_dot, m, n, (r0 + m + 1) / 2, w->Aqk_w + r0 * Cw, Cw, 1,
-                     w->vnew_w + j0, V, out + r0 * ld, ld, true, NULL);
+        if (r0 > 0) /* r0 is even: whole words */
+            ls_gemm_bf16(pl->bf16_dot, m, n, r0 / 2, w->Aqk_w + r0 * Cw, Cw, 1, w->vnew_w + j0, V,
+                         out + r0 * ld, ld, true, NULL);
+        kda_triangle_rows(out, ld, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
     }
 }
 
