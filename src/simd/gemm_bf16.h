@@ -14,7 +14,7 @@
  *     c = c + a_odd b_odd;  c = c + a_even b_even
  * each step rounded once to nearest even (a product of two bf16 is exact in float32). That is
  * vdpbf16ps as Intel defines it and as a Zen 5 computes it (checked bit for bit by
- * tests/test_simd.c), which also treats subnormal inputs and results as zeros: the packing
+ * tests/test_bf16_products.c), which also treats subnormal inputs and results as zeros: the packing
  * removes the subnormal operands, so the two forms differ only where a partial sum of C falls
  * below 2^-126 (the instruction flushes it to zero; FMA keeps it). */
 #ifndef LS_SIMD_GEMM_BF16_H
@@ -116,15 +116,7 @@ static inline vf vw_odd(vw w)
 static inline vf vw_even(vw w) { return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)); }
 static inline vw bf16_lanes_ftz(vf x)
 {
-    /* bf16_round_lanes packs to 16 bits on AVX2; the same arithmetic kept in 32-bit lanes */
-    const __m256i u = _mm256_castps_si256(x), hi = _mm256_srli_epi32(u, 16);
-    const __m256i bias =
-        _mm256_add_epi32(_mm256_and_si256(hi, _mm256_set1_epi32(1)), _mm256_set1_epi32(0x7fff));
-    const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
-    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-    const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    const __m256i h = _mm256_castps_si256(
-        _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
+    const __m256i h = bf16_round_lanes32(x);
     const __m256i sub =
         _mm256_cmpeq_epi32(_mm256_and_si256(h, _mm256_set1_epi32(0x7f80)), _mm256_setzero_si256());
     return _mm256_blendv_epi8(h, _mm256_and_si256(h, _mm256_set1_epi32(0x8000)), sub);
