@@ -14,9 +14,9 @@
  *     c = c + a_odd b_odd;  c = c + a_even b_even
  * each step rounded once to nearest even (a product of two bf16 is exact in float32). That is
  * vdpbf16ps as Intel defines it and as a Zen 5 computes it (checked bit for bit by
- * tests/test_bf16_products.c), which also treats subnormal inputs and results as zeros: the packing
- * removes the subnormal operands, so the two forms differ only where a partial sum of C falls
- * below 2^-126 (the instruction flushes it to zero; FMA keeps it). */
+ * tests/test_bf16_products.c), which also treats subnormal inputs and results as zeros: the
+ * packing removes the subnormal operands, so the two forms differ only where a partial sum of
+ * C falls below 2^-126 (the instruction flushes it to zero; FMA keeps it). */
 #ifndef LS_SIMD_GEMM_BF16_H
 #define LS_SIMD_GEMM_BF16_H
 
