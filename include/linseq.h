@@ -187,11 +187,11 @@ typedef struct linseq_exec {
      * (linseq_kda_forward in chunked mode), with either dtype; every other call computes as
      * with F32. There the operands of q S (the chunk-start state read by q), of Aqk Vnew (the
      * in-chunk output) between 16-token blocks and, with one decay per head, of Aqk's q k^T
-     * are each rounded once to bf16 after the normalisation and the decay scaling. Everything the state depends on
-     * stays float32: the final state is bit for bit F32's. Every ISA runs these products with
-     * the same arithmetic (without AVX512-BF16, on operands widened back to float32); results
-     * do not depend on the thread count. Error against float64 (o within about 2x F32's at
-     * K = V = 128): docs/semantics.md. */
+     * are each rounded once to bf16 after the normalisation and the decay scaling.
+     * Everything the state depends on stays float32: the final state is bit for bit F32's.
+     * Every ISA runs these products with the same arithmetic (without AVX512-BF16, on operands
+     * widened back to float32); results do not depend on the thread count. Error against
+     * float64 (o within about 2x F32's at K = V = 128): docs/semantics.md. */
     linseq_products products;
 } linseq_exec;
 

@@ -83,8 +83,9 @@ static void shapes(const variant *vs, int nv)
                               "%s M=%lld N=%lld K=%lld accumulate=%d: not the model's bits",
                               vs[k].name, (long long)M, (long long)N, (long long)K, acc);
                     }
-                    /* |c - exact| <= sum_p |a_p b_p| (2^-7 + 2^-16: two roundings to bf16, u = 2^-8)
-                     * + (|c0| + sum_p |a_p b_p|) K 2^-24 (float32 sums), in float64 */
+                    /* |c - exact| <= sum_p |a_p b_p| (2^-7 + 2^-16: two roundings to bf16,
+                     * u = 2^-8) + (|c0| + sum_p |a_p b_p|) K 2^-24 (float32 sums), in
+                     * float64 */
                     for (int64_t i = 0; i < M; i++)
                         for (int64_t j = 0; j < N; j++) {
                             double exact = acc ? C0[i * N + j] : 0.0, mag = 0.0;
