@@ -150,6 +150,11 @@ typedef enum linseq_dtype {
                            * decode); see below */
 } linseq_dtype;
 
+typedef enum linseq_products {
+    LINSEQ_PRODUCTS_F32 = 0, /* float32 operands: the exact products of the float32 math */
+    LINSEQ_PRODUCTS_BF16 = 1 /* bfloat16 operands, float32 accumulation; see below */
+} linseq_products;
+
 typedef struct linseq_exec {
     linseq_mode mode; /* KDA and SSD; the other ops have a single algorithm */
     int chunk_size;   /* KDA and SSD chunked: 16, 32, 64 or 128; 0 = 64 */
@@ -177,6 +182,18 @@ typedef struct linseq_exec {
      * float32 call on the same values widened to float32, bit for bit, with o (y) rounded once
      * to nearest even; the state is float32 as always. */
     linseq_dtype dtype;
+    /* BF16: a permission to run the products that only the output reads with bfloat16
+     * operands and float32 accumulation, faster on CPUs with AVX512-BF16 (vdpbf16ps); F32 (the
+     * default) keeps every product in float32. Applies to the CPU's chunked KDA forward
+     * (linseq_kda_forward in chunked mode), with either dtype; every other call computes as
+     * with F32. There the operands of q S (the chunk-start state read by q), of Aqk Vnew (the
+     * in-chunk output) between 16-token blocks and, with one decay per head, of Aqk's q k^T
+     * are each rounded once to bf16 after the normalisation and the decay scaling.
+     * Everything the state depends on stays float32: the final state is bit for bit F32's.
+     * Every ISA runs these products with the same arithmetic (without AVX512-BF16, on operands
+     * widened back to float32); results do not depend on the thread count. Error against
+     * float64 (o within about 2x F32's at K = V = 128): docs/semantics.md. */
+    linseq_products products;
 } linseq_exec;
 
 /* The number of CUDA devices this build can use: 0 without CUDA support or without a GPU. */

@@ -116,6 +116,8 @@ static bool is_null(const cJSON *o, const char *key)
 }
 
 /* stdout must be exactly one line holding one JSON object. */
+static void check_usage_error(const char *const *args);
+
 static cJSON *one_object(const outcome *o, const char *what)
 {
     const char *nl = strchr(o->out, '\n');
@@ -283,6 +285,20 @@ static void test_ops(void)
         outcome_free(&o);
     }
 
+    {
+        /* --products bf16 reaches the exec and the report; a value it does not know is a
+         * usage error */
+        outcome o = run_bench(true, ARGS("kda", "--B", "1", "--T", "40", "--H", "2", "--K", "16",
+                                         "--V", "8", "--products", "bf16", TIMING, "--no-peak"));
+        cJSON *j = one_object(&o, "kda --products bf16");
+        const cJSON *pr = j ? cJSON_GetObjectItemCaseSensitive(j, "products") : NULL;
+        CHECK(cJSON_IsString(pr) && strcmp(pr->valuestring, "bf16") == 0,
+              "kda --products bf16: no \"products\": \"bf16\" in the JSON");
+        cJSON_Delete(j);
+        outcome_free(&o);
+        check_usage_error(ARGS("kda", "--products", "f16"));
+    }
+
     w = (want){"gate", 2, 32, 2.0 * 32 * 2 * 8, 4.0 * (2.0 * 32 * 2 * 8 + 2 + 2 * 8)};
     check_op("gate", &w,
              ARGS("gate", "--B", "2", "--T", "16", "--H", "2", "--K", "8", TIMING, "--no-peak"));
@@ -431,8 +447,6 @@ static int cli_processes(void)
     closedir(d);
     return n;
 }
-
-static void check_usage_error(const char *const *args);
 
 /* --contend N runs N busy processes beside the timing, says so in the result, and leaves
  * none behind. */

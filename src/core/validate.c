@@ -271,6 +271,10 @@ static linseq_status check_exec(const char *fn, const linseq_exec *ex, bool cpu_
         return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
                        "exec->dtype = %d; expected LINSEQ_DTYPE_F32 or LINSEQ_DTYPE_BF16",
                        (int)ex->dtype);
+    if ((unsigned)ex->products > (unsigned)LINSEQ_PRODUCTS_BF16)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_ENUM,
+                       "exec->products = %d; expected LINSEQ_PRODUCTS_F32 or LINSEQ_PRODUCTS_BF16",
+                       (int)ex->products);
 #ifndef LINSEQ_WITH_CUDA
     if (ex->device == LINSEQ_DEVICE_CUDA)
         return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,

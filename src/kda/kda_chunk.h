@@ -39,6 +39,14 @@ typedef struct kda_chunk_ws {
     float *tot;             /* [C/16,K] each sub-chunk's total decay */
     float *tile;            /* [C,V], bf16 only: the chunk's outputs before they are rounded
                              * (none for float32, whose outputs are summed where they lie) */
+    /* bf16 products only (pl->bf16_products): the operands of the output's products packed
+     * as simd/gemm_bf16.h describes, Kw = ceil(K/2) and Cw = C/2 words */
+    uint32_t *qg_w;   /* [C,Kw] rows of qg */
+    uint32_t *Aqk_w;  /* [C,Cw] rows of Aqk before their 16-row block (rows >= 16) */
+    uint32_t *S0_w;   /* [Kw,V] pairs of rows of the chunk-start state */
+    uint32_t *vnew_w; /* [Cw,V] pairs of token rows of vnew */
+    uint32_t *qs_w;   /* [C,Kw] rows of qs (one decay per head: Aqk = (Qs K^T) o M) */
+    uint32_t *yt_w;   /* [Kw,C] pairs of rows of yt, the same */
 } kda_chunk_ws;
 
 static inline size_t kda_align64(size_t n) { return (n + 63) & ~(size_t)63; }
@@ -49,11 +57,12 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     const size_t C = (size_t)pl->chunk, K = (size_t)pl->p->K, V = (size_t)pl->p->V;
     const size_t gK = (size_t)pl->gK, S = KDA_SUB_CHUNK;
     size_t off = 0;
-#define TAKE(field, count)                                                                         \
+#define TAKE_AS(type, field, count)                                                                \
     do {                                                                                           \
-        if (base) w->field = (float *)(void *)(base + off);                                        \
-        off += kda_align64((count) * sizeof(float));                                               \
+        if (base) w->field = (type *)(void *)(base + off);                                         \
+        off += kda_align64((count) * sizeof(type));                                                \
     } while (0)
+#define TAKE(field, count) TAKE_AS(float, field, count)
     TAKE(qs, C * K);
     TAKE(ks, C * K);
     TAKE(beta, C);
@@ -78,7 +87,15 @@ static inline size_t kda_chunk_ws_layout(const kda_plan *pl, unsigned char *base
     TAKE(dscale, K);
     TAKE(tot, (C / S + 1) * K);
     TAKE(tile, pl->bf16 ? C * V : 0);
+    const size_t Kw = (K + 1) / 2, Cw = (C + 1) / 2, words = pl->bf16_products ? 1 : 0;
+    TAKE_AS(uint32_t, qg_w, words * C * Kw);
+    TAKE_AS(uint32_t, Aqk_w, words * C * Cw);
+    TAKE_AS(uint32_t, S0_w, words * Kw * V);
+    TAKE_AS(uint32_t, vnew_w, words * Cw * V);
+    TAKE_AS(uint32_t, qs_w, words * C * Kw);
+    TAKE_AS(uint32_t, yt_w, words * Kw * C);
 #undef TAKE
+#undef TAKE_AS
     return off;
 }
 

@@ -26,11 +26,20 @@
  * a_t is then an exact float32 zero either way.
  * Without the delta rule (gated linear attention, pl->delta false) there is nothing to solve:
  * Vnew = V, and Akk is not needed (the products skip it; the diagonal blocks, which form it in
- * the same pass as Aqk, leave it unread). */
+ * the same pass as Aqk, leave it unread).
+ *
+ * With bf16 products (pl->bf16_products) the products that only the output reads take bf16
+ * operands (simd/gemm_bf16.h): (e^G * Qs) S0, Aqk Vnew between 16-row blocks (the diagonal
+ * blocks' triangles stay float32, visiting no later token) and, with one decay per head,
+ * Aqk's own Qs K^T. Everything the state depends on (Akk, the solve, K S0, the update) stays
+ * float32, so the final state is bit for bit the float32 path's: rounding the operands of
+ * K S0 or of the update to bf16 leaves errors of 3e-4 and 3e-3 relative in the final state
+ * (K = V = 128, slow decays), above the 1e-4 the state is held to. */
 #include <string.h>
 
 #include "kda/kda_chunk.h"
 #include "kda/kda_simd.h"
+#include "simd/gemm_bf16.h"
 
 /* y = x * s over n floats */
 static inline void vmul3(int64_t n, const float *x, const float *s, float *y)
@@ -219,13 +228,22 @@ static void scores_per_channel(const kda_chunk_ws *w, int64_t Lc, int64_t K, int
  * over the lower triangle of 16-row blocks (the blocks above the diagonal are never read).
  * Row r of M is row r - 1 times a_r, one vector multiply per row; the solve's factor
  * Mneg = -beta_r Akk is formed in the same pass. */
-static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C, bool delta)
+static void scores_per_head(const kda_plan *pl, const kda_chunk_ws *w, int64_t Lc, int64_t K,
+                            int64_t C, bool delta)
 {
-    const int64_t S = KDA_SUB_CHUNK;
+    const int64_t S = KDA_SUB_CHUNK, Kw = (K + 1) / 2;
     ls_transpose(Lc, K, w->ks, K, w->yt, C);
+    if (pl->bf16_products) {
+        ls_pack_bf16_rows(Lc, K, w->qs, K, w->qs_w, Kw);
+        ls_pack_bf16_pairs(K, Lc, w->yt, C, w->yt_w, C);
+    }
     for (int64_t n = 0; n < Lc; n += S) {
         const int64_t m = Lc - n < S ? Lc - n : S;
-        ls_gemm(m, n + m, K, w->qs + n * K, K, 1, w->yt, C, w->Aqk + n * C, C, false);
+        if (pl->bf16_products)
+            ls_gemm_bf16(pl->bf16_dot, m, n + m, Kw, w->qs_w + n * Kw, Kw, 1, w->yt_w, C,
+                         w->Aqk + n * C, C, false, NULL);
+        else
+            ls_gemm(m, n + m, K, w->qs + n * K, K, 1, w->yt, C, w->Aqk + n * C, C, false);
         if (delta) ls_gemm(m, n + m, K, w->ks + n * K, K, 1, w->yt, C, w->Akk + n * C, C, false);
     }
     float *mask = w->sc; /* [C]: row r of M left of the diagonal */
@@ -240,6 +258,18 @@ static void scores_per_head(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_
         akk[r] = 0.0f;
         vmul_scalar(r, akk, -w->beta[r], w->Mneg + r * C);
     }
+}
+
+/* The state-independent operands of the output's bf16 products, once per chunk: qg by rows,
+ * and each 16-row block of Aqk by rows over the columns of the earlier blocks (the diagonal
+ * blocks stay float32, so that no product reaches past a row's own token). */
+static void pack_output_operands(const kda_chunk_ws *w, int64_t Lc, int64_t K, int64_t C)
+{
+    const int64_t Kw = (K + 1) / 2, Cw = C / 2, S = KDA_SUB_CHUNK;
+    ls_pack_bf16_rows(Lc, K, w->qg, K, w->qg_w, Kw);
+    for (int64_t r0 = S; r0 < Lc; r0 += S)
+        ls_pack_bf16_rows(Lc - r0 < S ? Lc - r0 : S, r0, w->Aqk + r0 * C, C, w->Aqk_w + r0 * Cw,
+                          Cw);
 }
 
 void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int64_t first,
@@ -280,12 +310,13 @@ void LS_ISA_FN(kda_chunk_prepare)(const kda_plan *pl, const kda_chunk_ws *w, int
     for (int64_t i = 0; i < K; i++) w->decay_last[i] = w->eG[(Lc - 1) * gK + (per_channel ? i : 0)];
 
     if (!per_channel) {
-        scores_per_head(w, Lc, K, C, pl->delta);
-        return;
+        scores_per_head(pl, w, Lc, K, C, pl->delta);
+    } else {
+        scores_per_channel(w, Lc, K, C, pl->delta);
+        for (int64_t r = 1; pl->delta && r < Lc; r++)
+            vmul_scalar(r, w->Akk + r * C, -w->beta[r], w->Mneg + r * C);
     }
-    scores_per_channel(w, Lc, K, C, pl->delta);
-    for (int64_t r = 1; pl->delta && r < Lc; r++)
-        vmul_scalar(r, w->Akk + r * C, -w->beta[r], w->Mneg + r * C);
+    if (pl->bf16_products) pack_output_operands(w, Lc, K, C);
 }
 
 void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
@@ -326,11 +357,46 @@ void LS_ISA_FN(kda_chunk_solve)(const kda_plan *pl, const kda_chunk_ws *w, const
     }
 }
 
+/* out += Aqk vnew over the columns [j0, j1): by 16-row blocks, the rows of earlier blocks as
+ * one matrix product, the block's own triangle row by row. */
+static void output_in_chunk(const kda_chunk_ws *w, int64_t Lc, int64_t C, int64_t V, float *out,
+                            int64_t ld, int64_t j0, int64_t j1)
+{
+    const int64_t SC = KDA_SUB_CHUNK, n = j1 - j0;
+    for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
+        const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
+        if (r0 > 0)
+            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * ld, ld, true);
+        kda_triangle_rows(out, ld, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
+    }
+}
+
+/* out = qg S0 + Aqk vnew over the columns [j0, j1), the products of qg S0 and of each row
+ * block with the earlier blocks on bf16 operands (S0 and vnew packed by pairs of rows here:
+ * their columns are this caller's), the blocks' own triangles in float32 as without them. */
+static void output_bf16_products(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
+                                 int64_t Lc, float *out, int64_t ld, int64_t j0, int64_t j1)
+{
+    const int64_t K = pl->p->K, V = pl->p->V, C = pl->chunk, Kw = (K + 1) / 2, Cw = C / 2;
+    const int64_t SC = KDA_SUB_CHUNK, n = j1 - j0;
+    ls_pack_bf16_pairs(K, n, S0 + j0, V, w->S0_w + j0, V);
+    ls_gemm_bf16(pl->bf16_dot, Lc, n, Kw, w->qg_w, Kw, 1, w->S0_w + j0, V, out, ld, false, NULL);
+    const int64_t last_block = (Lc - 1) / SC * SC; /* the rows the earlier blocks hold */
+    ls_pack_bf16_pairs(last_block, n, w->vnew + j0, V, w->vnew_w + j0, V);
+    for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
+        const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
+        if (r0 > 0) /* r0 is even: whole words */
+            ls_gemm_bf16(pl->bf16_dot, m, n, r0 / 2, w->Aqk_w + r0 * Cw, Cw, 1, w->vnew_w + j0, V,
+                         out + r0 * ld, ld, true, NULL);
+        kda_triangle_rows(out, ld, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
+    }
+}
+
 void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, const float *S0,
                                  int64_t first, int64_t Lc, int64_t hv, float *o, int64_t j0,
                                  int64_t j1)
 {
-    const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk, SC = KDA_SUB_CHUNK;
+    const int64_t K = pl->p->K, V = pl->p->V, HV = pl->HV, C = pl->chunk;
     const int64_t n = j1 - j0;
     /* the decayed chunk-start state read by q, then the in-chunk part by row blocks; bf16
      * outputs are summed in the float tile (the same products: no result depends on where
@@ -338,12 +404,11 @@ void LS_ISA_FN(kda_chunk_output)(const kda_plan *pl, const kda_chunk_ws *w, cons
     const int64_t at = (first * HV + hv) * V + j0;
     float *out = pl->bf16 ? w->tile + j0 : o + at;
     const int64_t ld = pl->bf16 ? V : HV * V;
-    ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, ld, false);
-    for (int64_t r0 = 0; r0 < Lc; r0 += SC) {
-        const int64_t m = Lc - r0 < SC ? Lc - r0 : SC;
-        if (r0 > 0)
-            ls_gemm(m, n, r0, w->Aqk + r0 * C, C, 1, w->vnew + j0, V, out + r0 * ld, ld, true);
-        kda_triangle_rows(out, ld, w->vnew + j0, V, n, r0, r0 + m, w->Aqk, C, 1, false);
+    if (pl->bf16_products) {
+        output_bf16_products(pl, w, S0, Lc, out, ld, j0, j1);
+    } else {
+        ls_gemm(Lc, n, K, w->qg, K, 1, S0 + j0, V, out, ld, false);
+        output_in_chunk(w, Lc, C, V, out, ld, j0, j1);
     }
     if (pl->bf16)
         for (int64_t r = 0; r < Lc; r++) kda_token_store_bf16(o, at + r * HV * V, n, out + r * V);

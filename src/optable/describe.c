@@ -71,7 +71,7 @@ static const ls_field exec_fields[] = {
     EXEC_FIELD(mode, LS_CTYPE_ENUM),        EXEC_FIELD(chunk_size, LS_CTYPE_INT),
     EXEC_FIELD(threads, LS_CTYPE_INT),      EXEC_FIELD(device, LS_CTYPE_ENUM),
     EXEC_FIELD(device_index, LS_CTYPE_INT), EXEC_FIELD(stream, LS_CTYPE_PTR),
-    EXEC_FIELD(dtype, LS_CTYPE_ENUM),
+    EXEC_FIELD(dtype, LS_CTYPE_ENUM),       EXEC_FIELD(products, LS_CTYPE_ENUM),
 };
 
 const ls_field *ls_exec_fields(int *count)

@@ -60,7 +60,8 @@ static inline vf vf_load_bf16_n(const uint16_t *p, int64_t n)
     memcpy(tail, p, (size_t)n * sizeof *p);
     return vf_load_bf16(tail);
 }
-static inline __m128i bf16_round_lanes(vf x)
+/* The bf16 bits of each lane in the low half of its 32 bits (ls_f32_to_bf16's arithmetic). */
+static inline __m256i bf16_round_lanes32(vf x)
 {
     const __m256i u = _mm256_castps_si256(x), hi = _mm256_srli_epi32(u, 16);
     const __m256i bias =
@@ -68,8 +69,13 @@ static inline __m128i bf16_round_lanes(vf x)
     const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
     const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
     const __m256i quiet = _mm256_or_si256(hi, _mm256_set1_epi32(0x40));
-    const __m256i bits = _mm256_castps_si256(
+    return _mm256_castps_si256(
         _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
+}
+/* The same packed to 16 bits a lane. */
+static inline __m128i bf16_round_lanes(vf x)
+{
+    const __m256i bits = bf16_round_lanes32(x);
     /* every lane is <= 0xffff, so the unsigned saturating pack keeps it as it is */
     return _mm_packus_epi32(_mm256_castsi256_si128(bits), _mm256_extracti128_si256(bits, 1));
 }

@@ -1,6 +1,9 @@
 /* Run-time choice of the kernels' instruction set (see isa.h). */
 #include "simd/isa.h"
 
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <cpuid.h>
+#endif
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +33,18 @@ int ls_isa_available(ls_isa isa)
 {
     if ((unsigned)isa >= LS_ISA_COUNT) return 0;
     return cpu_supports(isa);
+}
+
+int ls_cpu_has_bf16_dot(void)
+{
+#if LS_HAVE_X86_KERNELS && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    /* CPUID leaf 7, subleaf 1: EAX bit 5 is AVX512_BF16 (the OS state is that of AVX-512) */
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    if (!cpu_supports(LS_ISA_AVX512) || !__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return 0;
+    return (eax >> 5) & 1u;
+#else
+    return 0;
+#endif
 }
 
 const char *ls_isa_name(ls_isa isa)

@@ -36,6 +36,10 @@ int ls_isa_available(ls_isa isa);
 
 const char *ls_isa_name(ls_isa isa);
 
+/* Whether the CPU runs the AVX-512 kernels and has AVX512-BF16 (vdpbf16ps), which their
+ * bf16-operand products use when it is there (simd/gemm_bf16.h). */
+int ls_cpu_has_bf16_dot(void);
+
 #ifndef LS_ISA
 #define LS_ISA 0
 #endif

@@ -32,7 +32,8 @@
 static const char usage_head[] =
     "bench:\n"
     "  linseq bench OP [shape] [--threads N] [--repeats N] [--warmup N] [--json]\n"
-    "               [--no-peak] [--mib N] [--dtype f32|bf16] [--contend N] [--cold]\n"
+    "               [--no-peak] [--mib N] [--dtype f32|bf16] [--products f32|bf16]\n"
+    "               [--contend N] [--cold]\n"
     "      time one op at one shape; OP is an op of the table as its forward, and its\n"
     "      training step (-fwdbwd: forward, then backward) and decode step (-decode: one\n"
     "      token for each of B requests, their states in place) where it has them:\n";
@@ -50,6 +51,8 @@ static const char usage_tail[] =
     "  --mode recurrent|chunked, --chunk-size 16|32|64|128, --decay channel|head\n"
     "  --dtype f32|bf16  the per-token tensors' type (default f32); bf16 where the op takes\n"
     "                 it on the CPU (the others refuse it); bytes count 2 per bf16 element\n"
+    "  --products f32|bf16  exec->products: bf16 lets the chunked KDA forward run its\n"
+    "                 output's products on bf16 operands (default f32)\n"
     "  --threads N    threads per call (default: all processors)\n"
     "  --repeats N    timed calls (default: enough for about 1 s, at least 10);\n"
     "                 for peak: trials per figure, the best kept (default 5)\n"
@@ -154,9 +157,10 @@ typedef struct spec {
     int64_t size[LS_OP_MAX_FIELDS]; /* of cmd->op->sizes[i]; 0: the struct's default */
     linseq_mode mode;               /* ops with modes, but decode: RECURRENT or CHUNKED */
     int chunk;
-    int decay;          /* LINSEQ_DECAY_*, or -1: as the op's bench options */
-    int threads;        /* > 0 */
-    linseq_dtype dtype; /* of the per-token tensors (--dtype) */
+    int decay;                /* LINSEQ_DECAY_*, or -1: as the op's bench options */
+    int threads;              /* > 0 */
+    linseq_dtype dtype;       /* of the per-token tensors (--dtype) */
+    linseq_products products; /* --products */
 } spec;
 
 typedef struct settings {
@@ -450,7 +454,7 @@ static void job_setup(job *j)
     memset(j->upstream, 0, sizeof j->upstream);
     memset(j->grads, 0, sizeof j->grads);
     spec_problem(&j->s, j->problem);
-    j->ex = (linseq_exec){.threads = j->s.threads, .dtype = j->s.dtype};
+    j->ex = (linseq_exec){.threads = j->s.threads, .dtype = j->s.dtype, .products = j->s.products};
     if (has_modes(&j->s)) {
         j->ex.mode = j->s.mode;
         j->ex.chunk_size = j->s.chunk;
@@ -804,8 +808,9 @@ static void label_text(const result *r, char *buf, size_t n)
     else if (mode_name(s))
         snprintf(mode, sizeof mode, " recurrent");
     if (r->decay) snprintf(decay, sizeof decay, " per-%s", r->decay);
-    snprintf(buf, n, "%s%s %s%s%s", s->cmd->name, mode, shape, decay,
-             s->dtype == LINSEQ_DTYPE_BF16 ? " bf16" : "");
+    snprintf(buf, n, "%s%s %s%s%s%s", s->cmd->name, mode, shape, decay,
+             s->dtype == LINSEQ_DTYPE_BF16 ? " bf16" : "",
+             s->products == LINSEQ_PRODUCTS_BF16 ? " bf16-products" : "");
 }
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
@@ -846,6 +851,7 @@ static void json_result(const result *r, const char *case_name)
     else
         printf(", \"decay\": null");
     printf(", \"dtype\": \"%s\"", s->dtype == LINSEQ_DTYPE_BF16 ? "bf16" : "f32");
+    printf(", \"products\": \"%s\"", s->products == LINSEQ_PRODUCTS_BF16 ? "bf16" : "f32");
     printf(", \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, \"warmup\": %d", s->threads,
            linseq_isa(), r->tm.repeats, r->tm.warmup);
     printf(", \"median_s\": %.9g, \"min_s\": %.9g, \"max_s\": %.9g", r->tm.median, r->tm.min,
@@ -990,7 +996,8 @@ typedef enum opt_id {
     O_NO_PEAK,
     O_COLD,
     O_CONTEND,
-    O_DTYPE
+    O_DTYPE,
+    O_PRODUCTS
 } opt_id;
 
 typedef struct option_def {
@@ -1014,6 +1021,7 @@ static const option_def options[] = {
     {"--cold", O_COLD, FOR_OP, true},
     {"--contend", O_CONTEND, FOR_ALL, false},
     {"--dtype", O_DTYPE, FOR_OP, false},
+    {"--products", O_PRODUCTS, FOR_OP, false},
 };
 
 /* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
@@ -1135,6 +1143,12 @@ static int set_value(const option_def *o, const char *size, const char *v, spec 
             s->dtype = LINSEQ_DTYPE_BF16;
         else
             return usage_fail("--dtype: '%s' is not f32 or bf16", v);
+        return LS_EXIT_OK;
+    case O_PRODUCTS:
+        if (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0)
+            s->products = v[0] == 'b' ? LINSEQ_PRODUCTS_BF16 : LINSEQ_PRODUCTS_F32;
+        else
+            return usage_fail("--products: '%s' is not f32 or bf16", v);
         return LS_EXIT_OK;
     default: return LS_EXIT_OK;
     }

@@ -27,13 +27,14 @@ Dtypes: vLLM's GDN and conv kernels take bfloat16 activations (the GDN state flo
 Mamba2 scan is given bfloat16 x, B, C and float32 dt, as the Mamba2 mixer does. linseq runs
 each case in float32 (every input widened once, outside the timing) and, where its CPU
 kernels take bfloat16 storage (the GDN forward and decode, the conv forward), on vLLM's
-bfloat16 tensors themselves. linseq's conv runs in vLLM's layouts: conv states [slots, W-1, D]
-(state_tap_major) and the weight packed once as [W, D] (weight_tap_major), as vLLM packs its
-own (causal_conv1d_weight_pack, not timed); its update keeps a float32 pool where vLLM's is
-bfloat16. linseq's GDN calls compute the gate in the kernel (decay
--exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) from the raw a and b), where vLLM's
-prefill is given g and beta by its separate fused_gdn_gating_cpu (not timed); its decode
-fuses the gate as linseq does.
+bfloat16 tensors themselves; and for the GDN prefill also with bf16 products (bf16p:
+exec->products = LINSEQ_PRODUCTS_BF16, the output's products on bf16 operands). linseq's conv
+runs in vLLM's layouts: conv states [slots, W-1, D] (state_tap_major) and the weight packed
+once as [W, D] (weight_tap_major), as vLLM packs its own (causal_conv1d_weight_pack, not
+timed); its update keeps a float32 pool where vLLM's is bfloat16. linseq's GDN calls compute
+the gate in the kernel (decay -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) from
+the raw a and b), where vLLM's prefill is given g and beta by its separate
+fused_gdn_gating_cpu (not timed); its decode fuses the gate as linseq does.
 
 Errors: one case per op, at one thread, each side's output against a float64 reference on
 the same (bfloat16-valued) inputs: the largest absolute error over the largest |reference|.
@@ -155,8 +156,10 @@ class GdnPrefill:
             head_first=False, use_qk_l2norm_in_kernel=True, initial_state_indices=self.slots)
 
     def linseq_call(self, dtype, threads):
-        inputs, o, ht = self.linseq[dtype]
-        ex = make_exec("chunked", 64, threads, bf16=dtype == "bf16")
+        # bf16p: the bfloat16 tensors with the output's products on bf16 operands
+        inputs, o, ht = self.linseq["bf16" if dtype == "bf16p" else dtype]
+        ex = make_exec("chunked", 64, threads, bf16=dtype != "f32",
+                       bf16_products=dtype == "bf16p")
         problem, o_p, ht_p = ctypes.byref(inputs.problem), ptr(o), ptr(ht)
         fn, ex_p = _lib.lib.linseq_kda_forward, ctypes.byref(ex)
         return lambda: check(fn(problem, ex_p, o_p, ht_p))
@@ -168,9 +171,9 @@ class GdnPrefill:
         self.pool.zero_()
         o_v, _ = self.vllm_call()
         out = {"vllm": rel_err(o_v[0], o_ref), "vllm_state": rel_err(self.pool[0], s_ref)}
-        for dtype in ("bf16", "f32"):
+        for dtype in ("bf16", "bf16p", "f32"):
             self.linseq_call(dtype, 1)()
-            _, o, ht = self.linseq[dtype]
+            _, o, ht = self.linseq["bf16" if dtype == "bf16p" else dtype]
             out[f"linseq_{dtype}"] = rel_err(o[0], o_ref)
             out[f"linseq_{dtype}_state"] = rel_err(ht[0], s_ref)
         return out
@@ -526,14 +529,15 @@ def make_cases():
 
 
 # round 3's targets: vLLM / linseq at least this
-TARGETS = {("gdn", "bf16"): 1.5, ("gdn", "f32"): 1.0, ("gdn-decode", "bf16"): 1.3,
-           ("gdn-decode", "f32"): 1.3, ("conv", "bf16"): 1.3, ("conv", "f32"): 1.3,
-           ("conv-update", "f32"): 1.3,
-           ("mamba2", "f32"): 2.0}
+TARGETS = {("gdn", "bf16"): 1.5, ("gdn", "bf16p"): 1.5, ("gdn", "f32"): 1.0,
+           ("gdn-decode", "bf16"): 1.3, ("gdn-decode", "f32"): 1.3, ("conv", "bf16"): 1.3,
+           ("conv", "f32"): 1.3, ("conv-update", "f32"): 1.3, ("mamba2", "f32"): 2.0}
 
 
 def linseq_dtypes(case):
-    return ("bf16", "f32") if case.op in ("gdn", "gdn-decode", "conv") else ("f32",)
+    if case.op == "gdn":
+        return ("bf16", "bf16p", "f32")
+    return ("bf16", "f32") if case.op in ("gdn-decode", "conv") else ("f32",)
 
 
 def batch_time(fn, calls):
@@ -608,11 +612,12 @@ def table(results):
 
 
 def error_table(errors):
-    out = ["| case | vLLM out | vLLM state | linseq bf16 out | linseq f32 out | "
-           "linseq f32 state |", "|---|---|---|---|---|---|"]
+    out = ["| case | vLLM out | vLLM state | linseq bf16 out | linseq bf16p out | "
+           "linseq bf16p state | linseq f32 out | linseq f32 state |",
+           "|---|---|---|---|---|---|---|---|"]
     for label, e in errors:
-        cells = [e.get(k) for k in ("vllm", "vllm_state", "linseq_bf16", "linseq_f32",
-                                    "linseq_f32_state")]
+        cells = [e.get(k) for k in ("vllm", "vllm_state", "linseq_bf16", "linseq_bf16p",
+                                    "linseq_bf16p_state", "linseq_f32", "linseq_f32_state")]
         out.append(f"| {label} | " + " | ".join("-" if c is None else f"{c:.1e}"
                                                  for c in cells) + " |")
     return "\n".join(out)

@@ -21,8 +21,9 @@ the library's table by its name, a new op included, from the table alone.
 
 from .._arrays import (as_bf16, as_c_int, as_cu_seqlens, as_f32, as_f32_ndim,
                        as_f32_strided, as_row_indices, is_bf16, ptr)
-from ._common import (ACTIVATIONS, DTYPE_BF16, DTYPE_F32, activation_code, forward_train,
-                      lower_bound_option, make_exec, saved_bytes, scale_option)
+from ._common import (ACTIVATIONS, DTYPE_BF16, DTYPE_F32, PRODUCTS_BF16, PRODUCTS_F32,
+                      activation_code, forward_train, lower_bound_option, make_exec,
+                      saved_bytes, scale_option)
 from .conv1d import Conv1dInputs, conv1d_backward, conv1d_decode, conv1d_forward
 from .kda import (KdaInputs, check_decode, kda_backward, kda_bf16_storage, kda_decode,
                   kda_forward, kda_forward_train)
@@ -35,7 +36,8 @@ from .table import backward_of as table_backward
 from .table import forward_of as table_forward
 
 __all__ = ["run", "decode", "decode_pool", "decode_tokens_pool", "forward_pool", "TableInputs", "shapes_of", "table_forward", "table_backward", "make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
-           "DTYPE_F32", "DTYPE_BF16", "forward_train", "saved_bytes",
+           "DTYPE_F32", "DTYPE_BF16", "PRODUCTS_F32", "PRODUCTS_BF16", "forward_train",
+           "saved_bytes",
            "KdaInputs", "kda_bf16_storage", "kda_forward", "kda_forward_train", "kda_backward",
            "kda_decode", "check_decode",
            "GateInputs", "kda_gate_forward", "kda_gate_backward",

@@ -23,15 +23,18 @@ ACTIVATIONS = {
 
 # linseq_dtype: what the per-token tensors of a call are stored as (include/linseq.h)
 DTYPE_F32, DTYPE_BF16 = 0, 1
+# linseq_products: the operands of the chunked KDA forward's output products (include/linseq.h)
+PRODUCTS_F32, PRODUCTS_BF16 = 0, 1
 
 
-def make_exec(mode="chunked", chunk_size=64, threads=0, bf16=False):
+def make_exec(mode="chunked", chunk_size=64, threads=0, bf16=False, bf16_products=False):
     if mode not in _MODES:
         raise ValueError(f"mode: expected one of {sorted(_MODES)}, got {mode!r}")
     if chunk_size not in (16, 32, 64, 128):
         raise ValueError(f"chunk_size: expected 16, 32, 64 or 128, got {chunk_size!r}")
     ex = _lib.Exec(_MODES[mode], int(chunk_size), as_c_int(threads, "threads"))
     ex.dtype = DTYPE_BF16 if bf16 else DTYPE_F32
+    ex.products = PRODUCTS_BF16 if bf16_products else PRODUCTS_F32
     return ex
 
 

@@ -100,10 +100,13 @@ def _positive(value, name):
     return value
 
 
-def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
+def kda_forward(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True,
+                bf16_products=False):
     """(o [B,T,HV,V], ht or None). o is bfloat16 when the inputs are (KdaInputs.bf16; see
-    bf16_result), float32 otherwise; ht is float32."""
-    ex = make_exec(mode, chunk_size, threads, bf16=inputs.bf16)
+    bf16_result), float32 otherwise; ht is float32. bf16_products: the chunked forward's
+    output products take bfloat16 operands (exec->products, include/linseq.h): faster where
+    the CPU has AVX512-BF16, o within a bf16 bound, ht the same bits."""
+    ex = make_exec(mode, chunk_size, threads, bf16=inputs.bf16, bf16_products=bf16_products)
     (o, ht), out = outputs("kda", inputs, final_state, first_bf16=inputs.bf16)
     _lib.check(_lib.lib.linseq_kda_forward(ctypes.byref(inputs.problem), ctypes.byref(ex), *out))
     return (bf16_result(o) if inputs.bf16 else o), ht

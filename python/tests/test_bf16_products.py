@@ -1,0 +1,62 @@
+"""ops.kda_forward(bf16_products=True): the chunked forward's output products on bfloat16
+operands (exec->products, include/linseq.h). The final state is the default call's bit for
+bit; o is within a bf16 bound of a float64 recurrence of its own; the C call receives
+LINSEQ_PRODUCTS_BF16; the recurrent mode ignores the option."""
+
+import numpy as np
+
+from linseq import ops
+
+
+def _problem(seed=0, B=1, T=150, H=2, K=64, V=48):
+    r = np.random.default_rng(seed)
+    q, k = r.standard_normal((B, T, H, K)), r.standard_normal((B, T, H, K))
+    v = r.standard_normal((B, T, H, V))
+    beta = r.uniform(0.1, 0.9, (B, T, H))
+    g = -r.uniform(0.0, 0.1, (B, T, H))
+    h0 = 0.1 * r.standard_normal((B, H, K, V))
+    return [x.astype(np.float32) for x in (q, k, v, beta, g, h0)]
+
+
+def _reference(q, k, v, beta, g, h0):
+    """o and the final state in float64, token by token (q, k l2-normalised, q * K^-0.5)."""
+    q, k, v, beta, g, S = (x.astype(np.float64) for x in (q, k, v, beta, g, h0))
+    q = q / np.sqrt((q * q).sum(-1, keepdims=True) + 1e-6) * q.shape[-1] ** -0.5
+    k = k / np.sqrt((k * k).sum(-1, keepdims=True) + 1e-6)
+    S = S.copy()
+    o = np.empty(v.shape)
+    for t in range(q.shape[1]):
+        S *= np.exp(g[:, t])[..., None, None]
+        u = beta[:, t, :, None] * (v[:, t] - np.einsum("bhkv,bhk->bhv", S, k[:, t]))
+        S += np.einsum("bhk,bhv->bhkv", k[:, t], u)
+        o[:, t] = np.einsum("bhkv,bhk->bhv", S, q[:, t])
+    return o, S
+
+
+def _inputs(arrays):
+    q, k, v, beta, g, h0 = arrays
+    return ops.KdaInputs(q, k, v, beta, g, h0=h0, qk_l2norm=True)
+
+
+def test_state_unchanged_output_within_bf16_bound():
+    arrays = _problem()
+    o_ref, s_ref = _reference(*arrays)
+    for chunk_size in (16, 64):
+        o32, h32 = ops.kda_forward(_inputs(arrays), chunk_size=chunk_size, threads=1)
+        o16, h16 = ops.kda_forward(_inputs(arrays), chunk_size=chunk_size, threads=1,
+                                   bf16_products=True)
+        assert np.array_equal(h16.view(np.uint32), h32.view(np.uint32))
+        assert not np.array_equal(o16, o32)  # the option reached the kernel
+        err = np.abs(o16 - o_ref).max() / np.abs(o_ref).max()
+        assert err <= 1e-2, err
+        assert np.abs(h16 - s_ref).max() / np.abs(s_ref).max() <= 1e-4
+
+
+def test_exec_carries_the_option_and_recurrent_ignores_it():
+    ex = ops.make_exec("chunked", 64, 1, bf16_products=True)
+    assert ex.products == ops.PRODUCTS_BF16
+    assert ops.make_exec("chunked", 64, 1).products == ops.PRODUCTS_F32
+    arrays = _problem(seed=1, T=40)
+    o_a, h_a = ops.kda_forward(_inputs(arrays), mode="recurrent", threads=1)
+    o_b, h_b = ops.kda_forward(_inputs(arrays), mode="recurrent", threads=1, bf16_products=True)
+    assert np.array_equal(o_a, o_b) and np.array_equal(h_a, h_b)
