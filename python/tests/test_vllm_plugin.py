@@ -136,6 +136,27 @@ def test_opt_out_and_disable_leave_vllms_functions(monkeypatch):
     assert (mixer.selective_scan_fn, mixer.selective_state_update) == vllms
 
 
+def test_gdn_is_routed_only_when_asked(monkeypatch):
+    ops = importlib.import_module("vllm._custom_ops")
+    linseq_vllm.disable()
+    own = ops.chunk_gated_delta_rule_cpu
+    monkeypatch.delenv(linseq_vllm.OPT_OUT_VARIABLE, raising=False)
+    assert not any("gated_delta" in name for name in linseq_vllm.register())
+    assert ops.chunk_gated_delta_rule_cpu is own
+    for value in ("all", "gdn", "mamba1,gdn"):
+        linseq_vllm.disable()
+        monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, value)
+        routed = linseq_vllm.register()
+        assert "vllm._custom_ops.chunk_gated_delta_rule_cpu" in routed, value
+        assert ops.chunk_gated_delta_rule_cpu is not own
+        assert (f"{MIXER}.selective_scan_fn" in routed) == (value != "gdn"), value
+    monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, "mamba2")
+    with pytest.raises(ValueError, match="LINSEQ_VLLM.*mamba2"):
+        linseq_vllm.register()
+    linseq_vllm.disable()
+    assert ops.chunk_gated_delta_rule_cpu is own
+
+
 def test_prefix_caching_is_refused_by_name():
     t = torch.zeros(4, 3)
     with pytest.raises(NotImplementedError, match="block_idx_first_scheduled_token"):
@@ -182,9 +203,17 @@ def test_decode_step_on_a_bf16_pool_into_other_slots():
 # tensors, both against float64 definitions
 # ------------------------------------------------------------------------------------------
 
+class _VllmOwnOps:
+    """vllm._custom_ops as vLLM defines it: its own function where linseq's plugin has put
+    one of its routes (an op-contract test compares linseq with vLLM, not with itself)."""
+
+    def __getattr__(self, name):
+        import vllm._custom_ops as vllm_ops
+        return linseq_vllm._outside.get((vllm_ops.__name__, name), getattr(vllm_ops, name))
+
+
 def _vllm_ops():
-    import vllm._custom_ops as vllm_ops
-    return vllm_ops
+    return _VllmOwnOps()
 
 
 def _gdn_reference(q, k, v, g, beta, h0, eps=1e-5):   # eps: vLLM's l2norm
@@ -506,14 +535,17 @@ def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
     runs = {}
     try:
         for side in ("linseq", "vllm", "linseq again"):
-            (linseq_vllm.disable if side == "vllm" else linseq_vllm.enable)()
+            if side == "vllm":
+                linseq_vllm.disable()
+            else:
+                linseq_vllm.enable("all")
             calls.clear()
             runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
             want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
                                                  for op in ("kda", "causal_conv1d")}
             assert set(calls) == want, side
     finally:
-        linseq_vllm.enable()
+        linseq_vllm.enable("all")
         del llm
         gc.collect()
     generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
@@ -542,8 +574,8 @@ def test_a_call_the_route_declines_runs_on_vllms_op():
     q, k, v, a, b = _gdn_tokens(2, g)
     A_log, dt_bias = _gdn_params(g)
     pool = _paged_pool(3, HV, HEAD_DIM, HEAD_DIM, generator=g)
-    linseq_vllm.enable()
-    routed = _vllm_ops().fused_sigmoid_gating_delta_rule_update_cpu
+    linseq_vllm.enable("all")
+    routed = importlib.import_module("vllm._custom_ops").fused_sigmoid_gating_delta_rule_update_cpu
     vllms = linseq_vllm._outside[("vllm._custom_ops",
                                   "fused_sigmoid_gating_delta_rule_update_cpu")]
     assert routed is not vllms

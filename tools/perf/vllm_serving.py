@@ -121,7 +121,7 @@ class Engine:
 def switch(side):
     import linseq.integrations.vllm as linseq_vllm
     if side == "linseq":
-        assert linseq_vllm.enable(), "linseq's plugin routed nothing"
+        assert linseq_vllm.enable("all"), "linseq's plugin routed nothing"
     else:
         linseq_vllm.disable()
 

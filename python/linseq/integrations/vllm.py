@@ -1,12 +1,14 @@
 """vLLM's Mamba1 layers (Mamba, FalconMamba) and Gated DeltaNet layers (Qwen3-Next, Qwen3.5)
 on linseq, for vLLM's CPU build: a vLLM plugin.
 
-    pip install "linseq[vllm]"    # registers the plugin: vLLM calls register() at start-up
-    LINSEQ_VLLM=0 vllm serve ...  # installed but left off
+    pip install "linseq[vllm]"      # registers the plugin: vLLM calls register() at start-up
+    LINSEQ_VLLM=0 vllm serve ...    # installed but left off
+    LINSEQ_VLLM=all vllm serve ...  # the GDN layers too (by default only Mamba1's: see below)
 
     import linseq.integrations.vllm as linseq_vllm
-    linseq_vllm.enable()          # by hand, without the entry point (same effect)
-    linseq_vllm.disable()         # back to vLLM's own functions
+    linseq_vllm.enable()            # by hand, without the entry point (same effect)
+    linseq_vllm.enable("all")       # with the GDN layers
+    linseq_vllm.disable()           # back to vLLM's own functions
 
 Mamba1. vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
 (`selective_scan_fn`) calls a CUDA/ROCm-only custom op, and its CPU decode step
@@ -17,7 +19,11 @@ vLLM's null block as padding, has_initial_state for a prompt continued over seve
 and the decode step on the same op's decode step over the pool (linseq.ops.decode_pool).
 vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is.
 
-Gated DeltaNet. vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
+Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
+enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
+decode state is 2-6e-3 off float64), but small models decode at about half vLLM's tokens/s
+through it (docs/performance.md), so vLLM's ops stay the default. vLLM's CPU GDN layer runs
+its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
 (chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
@@ -60,11 +66,12 @@ import inspect
 import logging
 import os
 
-__all__ = ["register", "enable", "disable", "ROUTES", "OPT_OUT_VARIABLE"]
+__all__ = ["register", "enable", "disable", "families_from", "ROUTES", "DEFAULT_FAMILIES",
+           "OPT_OUT_VARIABLE"]
 
 _log = logging.getLogger(__name__)
 
-OPT_OUT_VARIABLE = "LINSEQ_VLLM"   # "0": register() leaves vLLM as it is
+OPT_OUT_VARIABLE = "LINSEQ_VLLM"   # which families register() routes ("0": none)
 
 _MIXER = "vllm.model_executor.layers.mamba.mamba_mixer"
 _CUSTOM_OPS = "vllm._custom_ops"
@@ -492,14 +499,39 @@ def _unregister_layer():
 
 # vLLM module -> function name -> linseq adapter. The GDN layer (and, for its conv, any CPU
 # layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time.
-ROUTES = {_MIXER: {"selective_scan_fn": _selective_scan,
-                   "selective_state_update": _state_update},
-          _CUSTOM_OPS: {"chunk_gated_delta_rule_cpu": _chunk_gated_delta_rule,
-                        "fused_sigmoid_gating_delta_rule_update_cpu": _gated_delta_update,
-                        "fused_sigmoid_gating_delta_rule_update_spec_cpu":
-                            _gated_delta_update_spec,
-                        "causal_conv1d_fwd_cpu": _conv_forward,
-                        "causal_conv1d_update_cpu": _conv_update}}
+# family -> {module: {function: adapter}}
+ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
+                              "selective_state_update": _state_update}},
+          "gdn": {_CUSTOM_OPS: {"chunk_gated_delta_rule_cpu": _chunk_gated_delta_rule,
+                                "fused_sigmoid_gating_delta_rule_update_cpu":
+                                    _gated_delta_update,
+                                "fused_sigmoid_gating_delta_rule_update_spec_cpu":
+                                    _gated_delta_update_spec,
+                                "causal_conv1d_fwd_cpu": _conv_forward,
+                                "causal_conv1d_update_cpu": _conv_update}}}
+# What register() routes unless LINSEQ_VLLM names more: the layers vLLM's CPU build cannot
+# run. The GDN route is exact in float32 where vLLM's ops run in bfloat16, but slower than
+# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn.
+DEFAULT_FAMILIES = ("mamba1",)
+
+
+def families_from(value):
+    """The families a LINSEQ_VLLM value names: unset, "1" or "on": DEFAULT_FAMILIES; "0",
+    "off", "false" or "no": none; "all": every family of ROUTES; else a comma-separated list
+    of family names (an unknown name is refused by name)."""
+    value = (value or "1").strip().lower()
+    if value in ("1", "on", "true", "yes"):
+        return DEFAULT_FAMILIES
+    if value in ("0", "off", "false", "no"):
+        return ()
+    if value == "all":
+        return tuple(ROUTES)
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    unknown = [n for n in names if n not in ROUTES]
+    if unknown:
+        raise ValueError(f"{OPT_OUT_VARIABLE}: unknown family {unknown[0]!r}; expected 0, 1, "
+                         f"all or a comma-separated list of {', '.join(ROUTES)}")
+    return names
 
 
 # ------------------------------------------------------------------------------------------
@@ -538,12 +570,18 @@ def _takes_as_given(adapter, original):
     return theirs[:len(ours)] == ours
 
 
-def enable():
-    """Route vLLM's Mamba1 scan and decode step, and its CPU GDN and conv ops, to linseq
-    (idempotent). Returns the "module.function" names routed; a module or function this
-    vLLM lacks, or whose signature changed, is skipped (logged at debug level)."""
+def enable(families=DEFAULT_FAMILIES):
+    """Route the layers of `families` (names of ROUTES, or "all") to linseq: "mamba1" vLLM's
+    Mamba1 scan and decode step, "gdn" its CPU GDN and conv ops (idempotent; other families
+    are left as they are). Returns the "module.function" names routed; a module or function
+    this vLLM lacks, or whose signature changed, is skipped (logged at debug level)."""
+    families = families_from(families) if isinstance(families, str) else tuple(families)
+    unknown = [f for f in families if f not in ROUTES]
+    if unknown:
+        raise ValueError(f"families: unknown family {unknown[0]!r}; expected names of "
+                         f"{', '.join(ROUTES)}")
     routed = []
-    for module_name, functions in ROUTES.items():
+    for module_name, functions in _routes_of(families):
         try:
             module = importlib.import_module(module_name)
         except Exception as exc:  # vLLM missing, or a release without this module
@@ -564,9 +602,15 @@ def enable():
                 _installed[key] = _routed(adapter, _outside[key], ".".join(key))
             setattr(module, name, _installed[key])
             routed.append(".".join(key))
-    if routed and _register_layer():
+    if "mamba1" in families and routed and _register_layer():
         routed.append(f"{_MIXER}.MambaMixer.out_proj (pre-hook)")
     return tuple(routed)
+
+
+def _routes_of(families):
+    """(module, {function: adapter}) of each family in turn."""
+    return [(module, functions) for family in families
+            for module, functions in ROUTES[family].items()]
 
 
 def disable():
@@ -583,11 +627,12 @@ def disable():
 
 def register():
     """The `vllm.general_plugins` entry point: vLLM calls it in every process it starts
-    (more than once is harmless). LINSEQ_VLLM=0 leaves vLLM's functions in place."""
-    if os.environ.get(OPT_OUT_VARIABLE, "1").strip().lower() in ("0", "false", "off", "no"):
-        _log.info("linseq: %s=0, vLLM's Mamba1 and GDN layers left as they are",
-                  OPT_OUT_VARIABLE)
+    (more than once is harmless). Routes the families LINSEQ_VLLM names (families_from:
+    by default Mamba1's; LINSEQ_VLLM=0 leaves vLLM's functions in place)."""
+    families = families_from(os.environ.get(OPT_OUT_VARIABLE))
+    if not families:
+        _log.info("linseq: %s=0, vLLM's layers left as they are", OPT_OUT_VARIABLE)
         return ()
-    routed = enable()
+    routed = enable(families)
     _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba1 or GDN op found)")
     return routed
