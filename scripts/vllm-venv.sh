@@ -12,6 +12,8 @@
 # same versions does nothing. DIR is relative to the tree's root. Prints the environment's
 # folder (absolute) last, alone on stdout (pip's output goes to stderr):
 #     VENV=$(sh scripts/vllm-venv.sh)
+# Exit status 3: the environment was made but vLLM's CPU ops do not load on this machine
+# (its build for this CPU lacks them); any other failure, another non-zero status.
 set -e
 cd "$(dirname "$0")/.."
 VENV=${1:-build/vllm-venv}
@@ -69,7 +71,7 @@ for name in ("chunk_gated_delta_rule_cpu", "fused_sigmoid_gating_delta_rule_upda
     getattr(torch.ops._C, name)
 ') >&2 || {
     echo "vllm-venv.sh: vllm's CPU ops (torch.ops._C) do not load in $VENV" >&2
-    exit 1
+    exit 3
 }
 echo "$WANT" > "$STAMP"
 (cd "$VENV" && pwd)
