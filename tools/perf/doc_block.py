@@ -19,3 +19,11 @@ def replace_block(path, name, text, tool):
     with open(path, "w") as f:
         f.write(doc)
     print(f"wrote the table into {path}", file=sys.stderr)
+
+
+def publish(text, path, name, tool):
+    """The report `text` into the NAME block of `path` (--write), or to stdout without one."""
+    if path:
+        replace_block(path, name, text, tool)
+    else:
+        sys.stdout.write(text)

@@ -74,7 +74,7 @@ import subprocess
 import sys
 import time
 
-from doc_block import replace_block
+from doc_block import publish
 from suite_table import cpu_model
 
 KDA_SHAPE = "--H 32 --K 128 --V 128"
@@ -427,10 +427,7 @@ def main():
     results = measure(args, cases)
     load_after = loadavg()
     md = report(args, results, load_before, load_after)
-    if args.write:
-        replace_block(args.write, "ggml-table", md, "ggml_side_by_side")
-    else:
-        sys.stdout.write(md)
+    publish(md, args.write, "ggml-table", "ggml_side_by_side")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": sys.argv, "threads": args.threads, "rounds": args.rounds,

@@ -56,8 +56,8 @@ import vllm._custom_ops as vllm_ops
 from linseq import _lib
 from linseq.ops import Conv1dInputs, KdaInputs, make_exec
 
-from doc_block import replace_block
-from suite_table import cpu_model
+from doc_block import publish
+from suite_table import cpu_model, fmt_time
 
 BF16 = torch.bfloat16
 F32 = torch.float32
@@ -568,18 +568,10 @@ def measure(case, threads, rounds, batches):
             row[name], row[f"{name}_least"] = per_call(fn, batches)
             time.sleep(PAUSE_SECONDS)
         rows.append(row)
-        print(f"  {case.label}, {threads} thr, round {rnd + 1}: vLLM {fmt_s(row['vllm'])}, "
-              + ", ".join(f"linseq {d} {fmt_s(row[f'linseq_{d}'])}"
+        print(f"  {case.label}, {threads} thr, round {rnd + 1}: vLLM {fmt_time(row['vllm'])}, "
+              + ", ".join(f"linseq {d} {fmt_time(row[f'linseq_{d}'])}"
                           for d in linseq_dtypes(case)), file=sys.stderr, flush=True)
     return rows
-
-
-def fmt_s(s):
-    if s >= 1:
-        return f"{s:.3g} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.3g} ms"
-    return f"{s * 1e6:.3g} us"
 
 
 def ratio_text(x):
@@ -605,7 +597,7 @@ def table(results):
             target = TARGETS.get((case.op, dtype))
             verdict = "" if target is None else \
                 f">= {target:g}x: {'met' if v_med / l_med >= target else 'missed'}"
-            out.append(f"| {case.label} | {threads} | {fmt_s(v_med)} | {fmt_s(l_med)} "
+            out.append(f"| {case.label} | {threads} | {fmt_time(v_med)} | {fmt_time(l_med)} "
                        f"{dtype} | {ratio_text(v_med / l_med)} ({ratio_range(ratios)}) | "
                        f"{ratio_text(v_least / l_least)} | {verdict} |")
     return "\n".join(out)
@@ -693,10 +685,7 @@ def main():
             results.append((case, n, measure(case, n, rounds, args.batches)))
     load_after = loadavg()
     md = report(args, results, errors, load_before, load_after)
-    if args.write:
-        replace_block(args.write, "vllm-table", md, "vllm_side_by_side")
-    else:
-        sys.stdout.write(md)
+    publish(md, args.write, "vllm-table", "vllm_side_by_side")
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({"command": sys.argv, "vllm": vllm.__version__, "torch": torch.__version__,
