@@ -1082,32 +1082,6 @@ static void test_vector_activations(void)
 
 /* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
  * given ls_isa_active(). */
-/* [N][D][L] <-> [N][L][D] (L = W-1): to_tap_major picks the direction. */
-static void transpose_states(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
-                             bool to_tap_major)
-{
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t i = 0; i < L; i++) {
-                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
-                if (to_tap_major)
-                    dst[ld] = src[dl];
-                else
-                    dst[dl] = src[ld];
-            }
-}
-
-/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
- * false), or back with back = true. */
-static void transpose_states_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
-                                bool tap_major, bool back)
-{
-    if (tap_major)
-        transpose_states(dst, src, n, D, L, !back);
-    else
-        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
-}
-
 /* state_tap_major and weight_tap_major order the same values otherwise: the forward and
  * backward with either or both give the bits of the default layouts' for y, dx and dbias, and
  * their states, weight gradient and state gradient transposed; varlen and ragged spans
@@ -1124,14 +1098,14 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
     float *y_tm = tu_alloc_poisoned(c.n_y), *st_tm = tu_alloc_poisoned(c.n_state);
     float *tm_in = tu_alloc(c.n_state), *tm_w = tu_alloc(n_w);
     float *back = tu_alloc(c.n_state > n_w ? c.n_state : n_w);
-    transpose_states_as(tm_in, c.state, n, D, L, states, false);
-    transpose_states_as(tm_w, c.weight, 1, D, W, weights, false);
+    tu_tap_layout(tm_in, c.state, n, D, L, states, false);
+    tu_tap_layout(tm_w, c.weight, 1, D, W, weights, false);
     CHECK_OK(conv_forward(&c.p, &ex, y, st));
     conv_data t = c;
     t.p.state_tap_major = states, t.p.weight_tap_major = weights;
     t.p.conv_state = tm_in, t.p.weight = tm_w;
     CHECK_OK(conv_forward(&t.p, &ex, y_tm, st_tm));
-    transpose_states_as(back, st_tm, n, D, L, states, true);
+    tu_tap_layout(back, st_tm, n, D, L, states, true);
     CHECK(tu_same_bits(y, y_tm, c.n_y) && tu_same_bits(back, st, c.n_state),
           "%s %s tap-major (states %d, weight %d) forward differs from the default layouts'",
           ls_isa_name(test_isa), label, states, weights);
@@ -1143,13 +1117,13 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
     conv_bwd b, bt;
     conv_bwd_make(&b, &c, true, seed + 1);
     conv_bwd_make(&bt, &t, true, seed + 1);
-    transpose_states_as(bt.d_state_out, b.d_state_out, n, D, L, states, false);
+    tu_tap_layout(bt.d_state_out, b.d_state_out, n, D, L, states, false);
     conv_run_backward(&c, &b, &ex);
     conv_run_backward(&t, &bt, &ex);
     for (int k = 0; k < N_CONV_GRADS; k++) {
         const float *got = bt.g[k];
-        if (k == CG_DSTATE) transpose_states_as(back, got, n, D, L, states, true), got = back;
-        if (k == CG_DW) transpose_states_as(back, got, 1, D, W, weights, true), got = back;
+        if (k == CG_DSTATE) tu_tap_layout(back, got, n, D, L, states, true), got = back;
+        if (k == CG_DW) tu_tap_layout(back, got, 1, D, W, weights, true), got = back;
         CHECK(tu_same_bits(got, b.g[k], b.n[k]),
               "%s %s tap-major (states %d, weight %d) backward: %s differs from the default "
               "layouts'",
