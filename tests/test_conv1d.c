@@ -1080,8 +1080,41 @@ static void test_vector_activations(void)
     free(y);
 }
 
-/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
- * given ls_isa_active(). */
+/* The shapes each layout and dtype variant runs on: dense with bias and SiLU, T = 2 < W-1,
+ * and packed sequences (one of them empty) with GELU; the caller sizes the first two. */
+typedef struct conv_case {
+    conv_spec spec;
+    char label[32];
+} conv_case;
+enum { N_VARIANT_CASES = 3 };
+
+static void variant_cases(conv_case cases[N_VARIANT_CASES], int64_t dense_B, int64_t dense_T,
+                          int64_t short_B)
+{
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    cases[0] = (conv_case){.spec = {.B = dense_B,
+                                    .T = dense_T,
+                                    .D = 300,
+                                    .W = 4,
+                                    .bias = true,
+                                    .state = true,
+                                    .act = LINSEQ_ACT_SILU}};
+    snprintf(cases[0].label, sizeof cases[0].label, "B=%lld T=%lld D=300 W=4", (long long)dense_B,
+             (long long)dense_T);
+    cases[1] = (conv_case){.spec = {.B = short_B, .T = 2, .D = 37, .W = 5, .state = true},
+                           .label = "T=2 < W-1, D=37 W=5"};
+    cases[2] = (conv_case){.spec = {.B = 1,
+                                    .T = 51,
+                                    .D = 70,
+                                    .W = 3,
+                                    .bias = true,
+                                    .state = true,
+                                    .act = LINSEQ_ACT_GELU_TANH,
+                                    .cu_seqlens = cu,
+                                    .n_seqs = 4},
+                           .label = "varlen D=70 W=3"};
+}
+
 /* state_tap_major and weight_tap_major order the same values otherwise: the forward and
  * backward with either or both give the bits of the default layouts' for y, dx and dbias, and
  * their states, weight gradient and state gradient transposed; varlen and ragged spans
@@ -1141,24 +1174,13 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
 
 static void test_tap_major_layouts(void)
 {
-    const conv_spec dense = {
-        .B = 3, .T = 40, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
-    const conv_spec short_seq = {.B = 2, .T = 2, .D = 37, .W = 5, .state = true};
-    static const int64_t cu[] = {0, 3, 3, 50, 51};
-    const conv_spec varlen = {.B = 1,
-                              .T = 51,
-                              .D = 70,
-                              .W = 3,
-                              .bias = true,
-                              .state = true,
-                              .act = LINSEQ_ACT_GELU_TANH,
-                              .cu_seqlens = cu,
-                              .n_seqs = 4};
+    conv_case cases[N_VARIANT_CASES];
+    variant_cases(cases, 3, 40, 2);
     for (int layouts = 1; layouts < 4; layouts++) {
         const bool states = layouts & 1, weights = layouts & 2;
-        check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4", states, weights);
-        check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5", states, weights);
-        check_tap_major(&varlen, 6020, "varlen D=70 W=3", states, weights);
+        for (int i = 0; i < N_VARIANT_CASES; i++)
+            check_tap_major(&cases[i].spec, 6000 + 10 * (uint64_t)i, cases[i].label, states,
+                            weights);
     }
 }
 
@@ -1198,27 +1220,14 @@ static void check_bf16_forward(const conv_spec *sp, uint64_t seed, const char *l
 
 static void test_bf16_forward(void)
 {
-    const conv_spec dense = {
-        .B = 2, .T = 150, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
-    const conv_spec short_seq = {.B = 3, .T = 2, .D = 37, .W = 5, .state = true};
-    static const int64_t cu[] = {0, 3, 3, 50, 51};
-    const conv_spec varlen = {.B = 1,
-                              .T = 51,
-                              .D = 70,
-                              .W = 3,
-                              .bias = true,
-                              .state = true,
-                              .act = LINSEQ_ACT_GELU_TANH,
-                              .cu_seqlens = cu,
-                              .n_seqs = 4};
-    for (int tm = 0; tm < 2; tm++) {
-        check_bf16_forward(&dense, 7000, "B=2 T=150 D=300 W=4", tm);
-        check_bf16_forward(&short_seq, 7010, "T=2 < W-1, D=37 W=5", tm);
-        check_bf16_forward(&varlen, 7020, "varlen D=70 W=3", tm);
-    }
+    conv_case cases[N_VARIANT_CASES];
+    variant_cases(cases, 2, 150, 3);
+    for (int tm = 0; tm < 2; tm++)
+        for (int i = 0; i < N_VARIANT_CASES; i++)
+            check_bf16_forward(&cases[i].spec, 7000 + 10 * (uint64_t)i, cases[i].label, tm);
     /* a bf16 x is dense token-major: channel_first and strides are refused, nothing written */
     conv_data c;
-    conv_make(&c, &dense, 7030);
+    conv_make(&c, &cases[0].spec, 7030);
     float *y = tu_alloc(c.n_y);
     memset(y, 0x5a, c.n_y * sizeof *y);
     const linseq_exec ex = {.dtype = LINSEQ_DTYPE_BF16};
@@ -1234,6 +1243,8 @@ static void test_bf16_forward(void)
     conv_free(&c);
 }
 
+/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
+ * given ls_isa_active(). */
 static void test_public_entry_points(void)
 {
     conv_spec sp = {
