@@ -1080,32 +1080,39 @@ static void test_vector_activations(void)
     free(y);
 }
 
-/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
- * given ls_isa_active(). */
-/* [N][D][L] <-> [N][L][D] (L = W-1): to_tap_major picks the direction. */
-static void transpose_states(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
-                             bool to_tap_major)
-{
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t i = 0; i < L; i++) {
-                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
-                if (to_tap_major)
-                    dst[ld] = src[dl];
-                else
-                    dst[dl] = src[ld];
-            }
-}
+/* The shapes each layout and dtype variant runs on: dense with bias and SiLU, T = 2 < W-1,
+ * and packed sequences (one of them empty) with GELU; the caller sizes the first two. */
+typedef struct conv_case {
+    conv_spec spec;
+    char label[32];
+} conv_case;
+enum { N_VARIANT_CASES = 3 };
 
-/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
- * false), or back with back = true. */
-static void transpose_states_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
-                                bool tap_major, bool back)
+static void variant_cases(conv_case cases[N_VARIANT_CASES], int64_t dense_B, int64_t dense_T,
+                          int64_t short_B)
 {
-    if (tap_major)
-        transpose_states(dst, src, n, D, L, !back);
-    else
-        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+    static const int64_t cu[] = {0, 3, 3, 50, 51};
+    cases[0] = (conv_case){.spec = {.B = dense_B,
+                                    .T = dense_T,
+                                    .D = 300,
+                                    .W = 4,
+                                    .bias = true,
+                                    .state = true,
+                                    .act = LINSEQ_ACT_SILU}};
+    snprintf(cases[0].label, sizeof cases[0].label, "B=%lld T=%lld D=300 W=4", (long long)dense_B,
+             (long long)dense_T);
+    cases[1] = (conv_case){.spec = {.B = short_B, .T = 2, .D = 37, .W = 5, .state = true},
+                           .label = "T=2 < W-1, D=37 W=5"};
+    cases[2] = (conv_case){.spec = {.B = 1,
+                                    .T = 51,
+                                    .D = 70,
+                                    .W = 3,
+                                    .bias = true,
+                                    .state = true,
+                                    .act = LINSEQ_ACT_GELU_TANH,
+                                    .cu_seqlens = cu,
+                                    .n_seqs = 4},
+                           .label = "varlen D=70 W=3"};
 }
 
 /* state_tap_major and weight_tap_major order the same values otherwise: the forward and
@@ -1124,14 +1131,14 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
     float *y_tm = tu_alloc_poisoned(c.n_y), *st_tm = tu_alloc_poisoned(c.n_state);
     float *tm_in = tu_alloc(c.n_state), *tm_w = tu_alloc(n_w);
     float *back = tu_alloc(c.n_state > n_w ? c.n_state : n_w);
-    transpose_states_as(tm_in, c.state, n, D, L, states, false);
-    transpose_states_as(tm_w, c.weight, 1, D, W, weights, false);
+    tu_tap_layout(tm_in, c.state, n, D, L, states, false);
+    tu_tap_layout(tm_w, c.weight, 1, D, W, weights, false);
     CHECK_OK(conv_forward(&c.p, &ex, y, st));
     conv_data t = c;
     t.p.state_tap_major = states, t.p.weight_tap_major = weights;
     t.p.conv_state = tm_in, t.p.weight = tm_w;
     CHECK_OK(conv_forward(&t.p, &ex, y_tm, st_tm));
-    transpose_states_as(back, st_tm, n, D, L, states, true);
+    tu_tap_layout(back, st_tm, n, D, L, states, true);
     CHECK(tu_same_bits(y, y_tm, c.n_y) && tu_same_bits(back, st, c.n_state),
           "%s %s tap-major (states %d, weight %d) forward differs from the default layouts'",
           ls_isa_name(test_isa), label, states, weights);
@@ -1143,13 +1150,13 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
     conv_bwd b, bt;
     conv_bwd_make(&b, &c, true, seed + 1);
     conv_bwd_make(&bt, &t, true, seed + 1);
-    transpose_states_as(bt.d_state_out, b.d_state_out, n, D, L, states, false);
+    tu_tap_layout(bt.d_state_out, b.d_state_out, n, D, L, states, false);
     conv_run_backward(&c, &b, &ex);
     conv_run_backward(&t, &bt, &ex);
     for (int k = 0; k < N_CONV_GRADS; k++) {
         const float *got = bt.g[k];
-        if (k == CG_DSTATE) transpose_states_as(back, got, n, D, L, states, true), got = back;
-        if (k == CG_DW) transpose_states_as(back, got, 1, D, W, weights, true), got = back;
+        if (k == CG_DSTATE) tu_tap_layout(back, got, n, D, L, states, true), got = back;
+        if (k == CG_DW) tu_tap_layout(back, got, 1, D, W, weights, true), got = back;
         CHECK(tu_same_bits(got, b.g[k], b.n[k]),
               "%s %s tap-major (states %d, weight %d) backward: %s differs from the default "
               "layouts'",
@@ -1167,24 +1174,13 @@ static void check_tap_major(const conv_spec *sp, uint64_t seed, const char *labe
 
 static void test_tap_major_layouts(void)
 {
-    const conv_spec dense = {
-        .B = 3, .T = 40, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
-    const conv_spec short_seq = {.B = 2, .T = 2, .D = 37, .W = 5, .state = true};
-    static const int64_t cu[] = {0, 3, 3, 50, 51};
-    const conv_spec varlen = {.B = 1,
-                              .T = 51,
-                              .D = 70,
-                              .W = 3,
-                              .bias = true,
-                              .state = true,
-                              .act = LINSEQ_ACT_GELU_TANH,
-                              .cu_seqlens = cu,
-                              .n_seqs = 4};
+    conv_case cases[N_VARIANT_CASES];
+    variant_cases(cases, 3, 40, 2);
     for (int layouts = 1; layouts < 4; layouts++) {
         const bool states = layouts & 1, weights = layouts & 2;
-        check_tap_major(&dense, 6000, "B=3 T=40 D=300 W=4", states, weights);
-        check_tap_major(&short_seq, 6010, "T=2 < W-1, D=37 W=5", states, weights);
-        check_tap_major(&varlen, 6020, "varlen D=70 W=3", states, weights);
+        for (int i = 0; i < N_VARIANT_CASES; i++)
+            check_tap_major(&cases[i].spec, 6000 + 10 * (uint64_t)i, cases[i].label, states,
+                            weights);
     }
 }
 
@@ -1224,27 +1220,14 @@ static void check_bf16_forward(const conv_spec *sp, uint64_t seed, const char *l
 
 static void test_bf16_forward(void)
 {
-    const conv_spec dense = {
-        .B = 2, .T = 150, .D = 300, .W = 4, .bias = true, .state = true, .act = LINSEQ_ACT_SILU};
-    const conv_spec short_seq = {.B = 3, .T = 2, .D = 37, .W = 5, .state = true};
-    static const int64_t cu[] = {0, 3, 3, 50, 51};
-    const conv_spec varlen = {.B = 1,
-                              .T = 51,
-                              .D = 70,
-                              .W = 3,
-                              .bias = true,
-                              .state = true,
-                              .act = LINSEQ_ACT_GELU_TANH,
-                              .cu_seqlens = cu,
-                              .n_seqs = 4};
-    for (int tm = 0; tm < 2; tm++) {
-        check_bf16_forward(&dense, 7000, "B=2 T=150 D=300 W=4", tm);
-        check_bf16_forward(&short_seq, 7010, "T=2 < W-1, D=37 W=5", tm);
-        check_bf16_forward(&varlen, 7020, "varlen D=70 W=3", tm);
-    }
+    conv_case cases[N_VARIANT_CASES];
+    variant_cases(cases, 2, 150, 3);
+    for (int tm = 0; tm < 2; tm++)
+        for (int i = 0; i < N_VARIANT_CASES; i++)
+            check_bf16_forward(&cases[i].spec, 7000 + 10 * (uint64_t)i, cases[i].label, tm);
     /* a bf16 x is dense token-major: channel_first and strides are refused, nothing written */
     conv_data c;
-    conv_make(&c, &dense, 7030);
+    conv_make(&c, &cases[0].spec, 7030);
     float *y = tu_alloc(c.n_y);
     memset(y, 0x5a, c.n_y * sizeof *y);
     const linseq_exec ex = {.dtype = LINSEQ_DTYPE_BF16};
@@ -1260,6 +1243,8 @@ static void test_bf16_forward(void)
     conv_free(&c);
 }
 
+/* The public entry points run the active ISA's kernels: the same bits as the _isa entry points
+ * given ls_isa_active(). */
 static void test_public_entry_points(void)
 {
     conv_spec sp = {

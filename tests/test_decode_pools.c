@@ -361,32 +361,6 @@ static void test_conv_pools(void)
     }
 }
 
-/* [rows][D][L] <-> [rows][L][D]: to_tap_major picks the direction. */
-static void transpose_rows(float *dst, const float *src, int64_t rows, int64_t D, int64_t L,
-                           bool to_tap_major)
-{
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t d = 0; d < D; d++)
-            for (int64_t i = 0; i < L; i++) {
-                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
-                if (to_tap_major)
-                    dst[ld] = src[dl];
-                else
-                    dst[dl] = src[ld];
-            }
-}
-
-/* src in the default layout ([..][D][L]) into `dst` in the layout tap_major names (a copy when
- * false), or back with back = true. */
-static void transpose_rows_as(float *dst, const float *src, int64_t n, int64_t D, int64_t L,
-                              bool tap_major, bool back)
-{
-    if (tap_major)
-        transpose_rows(dst, src, n, D, L, !back);
-    else
-        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
-}
-
 /* Tap-major rows (states) and a [W,D] weight (weights) hold the same values in another
  * order: a decode over them gives the bits of the decode in the default layouts for y, and
  * that pool's new rows transposed; 1 and 3 threads (the one-token step over tap-major rows
@@ -400,17 +374,17 @@ static void check_conv_layouts(conv_pool *c, const int64_t *rows, const int64_t 
     float *ref_pool = tu_alloc(pool_floats), *tm_pool = tu_alloc(pool_floats);
     float *back = tu_alloc(pool_floats), *y_ref = tu_alloc(n_y), *y = tu_alloc_poisoned(n_y);
     float *weight = tu_alloc((size_t)(D * c->p.W));
-    transpose_rows_as(weight, c->weight, 1, D, c->p.W, weights, false);
+    tu_tap_layout(weight, c->weight, 1, D, c->p.W, weights, false);
     linseq_conv1d_problem tm = c->p;
     tm.state_tap_major = states, tm.weight_tap_major = weights, tm.weight = weight;
     for (int threads = 1; threads <= 3; threads += 2) {
         const linseq_exec ex = {.threads = threads};
         memcpy(ref_pool, c->pool, pool_floats * sizeof(float));
-        transpose_rows_as(tm_pool, c->pool, c->n_rows, D, L, states, false);
+        tu_tap_layout(tm_pool, c->pool, c->n_rows, D, L, states, false);
         CHECK_OK(
             ls_conv1d_decode_isa(&c->p, &ex, ref_pool, c->n_rows, L, rows, cache, y_ref, test_isa));
         CHECK_OK(ls_conv1d_decode_isa(&tm, &ex, tm_pool, c->n_rows, L, rows, cache, y, test_isa));
-        transpose_rows_as(back, tm_pool, c->n_rows, D, L, states, true);
+        tu_tap_layout(back, tm_pool, c->n_rows, D, L, states, true);
         CHECK(tu_same_bits(y, y_ref, n_y) && tu_same_bits(back, ref_pool, pool_floats),
               "%s conv %s, tap-major states %d weight %d, %d threads: differs from the default "
               "layouts'",

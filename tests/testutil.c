@@ -132,3 +132,21 @@ void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int6
         memcpy(dst + (b * T + t0) * width, src + b * len * width,
                (size_t)(len * width) * sizeof(float));
 }
+
+void tu_tap_layout(float *dst, const float *src, int64_t n, int64_t D, int64_t L, bool tap_major,
+                   bool back)
+{
+    if (!tap_major) {
+        memcpy(dst, src, (size_t)(n * D * L) * sizeof(float));
+        return;
+    }
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t d = 0; d < D; d++)
+            for (int64_t i = 0; i < L; i++) {
+                const int64_t dl = (r * D + d) * L + i, ld = (r * L + i) * D + d;
+                if (back)
+                    dst[dl] = src[ld];
+                else
+                    dst[ld] = src[dl];
+            }
+}

@@ -87,6 +87,11 @@ void tu_slice_tokens(const float *src, int64_t B, int64_t T, int64_t width, int6
 void tu_place_tokens(const float *src, int64_t B, int64_t T, int64_t width, int64_t t0, int64_t len,
                      float *dst);
 
+/* n blocks of [D][L] floats (the default conv state and weight layout) into dst in the layout
+ * tap_major names, [n][L][D] (a copy when false), or from that layout back with back = true. */
+void tu_tap_layout(float *dst, const float *src, int64_t n, int64_t D, int64_t L, bool tap_major,
+                   bool back);
+
 /* Fills with a byte pattern and checks it is intact (poisoned outputs on error). */
 void tu_poison(void *p, size_t bytes);
 bool tu_is_poisoned(const void *p, size_t bytes);

@@ -39,6 +39,17 @@ def _pages(states, extra=5):
     return pages, pages[:, :states[0].size].reshape(states.shape)
 
 
+def _bf16_pool_case(x_shape, n_rows):
+    """x of x_shape, a [W,D] weight (tap-major) and n_rows bfloat16 tap-major states inside
+    pages, drawn in that order: (bf16, x, weight_t, states, pages, pool)."""
+    bf16 = _bf16()
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    weight_t = (rng.standard_normal((W, D)) * 0.5).astype(np.float32)
+    states = rng.standard_normal((n_rows, W - 1, D)).astype(bf16)
+    pages, pool = _pages(states)
+    return bf16, x, weight_t, states, pages, pool
+
+
 def test_forward_and_decode_layouts_give_the_default_bits():
     x = rng.standard_normal((3, 9, D)).astype(np.float32)
     weight = rng.standard_normal((D, W)).astype(np.float32) * 0.5
@@ -69,12 +80,8 @@ def test_forward_and_decode_layouts_give_the_default_bits():
 def test_varlen_prefill_over_a_bf16_tap_major_pool():
     """vLLM's prefill: packed sequences (one empty), each from its slot where it has an
     initial state, its last W-1 inputs into another slot; bf16 rows inside pages."""
-    bf16 = _bf16()
     cu = np.array([0, 7, 7, 30])
-    x = rng.standard_normal((1, 30, D)).astype(np.float32)
-    weight_t = (rng.standard_normal((W, D)) * 0.5).astype(np.float32)
-    states = rng.standard_normal((8, W - 1, D)).astype(bf16)
-    pages, pool = _pages(states)
+    bf16, x, weight_t, states, pages, pool = _bf16_pool_case((1, 30, D), 8)
     before = pages.copy()
     src, dst = np.array([5, 2, 6], np.int32), np.array([1, 3, 7], np.int32)
     has = np.array([True, False, False])
@@ -98,11 +105,7 @@ def test_varlen_prefill_over_a_bf16_tap_major_pool():
 def test_decode_over_a_bf16_tap_major_pool():
     """vLLM's update: int32 slots, the null block 0 as padding, the new window written to
     other slots; y against the float64 reference from the bf16 window."""
-    bf16 = _bf16()
-    step = rng.standard_normal((3, 1, D)).astype(np.float32)
-    weight_t = (rng.standard_normal((W, D)) * 0.5).astype(np.float32)
-    states = rng.standard_normal((6, W - 1, D)).astype(bf16)
-    _, pool = _pages(states)
+    bf16, step, weight_t, states, _, pool = _bf16_pool_case((3, 1, D), 6)
     before = states.copy()
     src, dst = np.array([4, 0, 2], np.int32), np.array([5, 3, 1], np.int32)
     (y,) = ops.decode_pool("causal_conv1d", {"x": step, "weight": weight_t}, pool, src, dst,

@@ -26,12 +26,12 @@
 #define GEMM_NV 4
 #endif
 
-/* A full MR x (NV*VW) tile: C(i, j0 + ...) for rows i0 .. i0+MR. */
-static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
-                                  const float *B, int64_t ldb, float *C, int64_t ldc,
+/* A full MR x (NV*VW) tile's accumulators as a product starts: C's (each row i scaled by
+ * c_scale[i] when given) or zeros. Every tile kernel of a full tile, whatever its operands,
+ * starts and ends through these two. */
+static inline void gemm_tile_load(vf acc[GEMM_MR][GEMM_NV], const float *C, int64_t ldc,
                                   bool accumulate, const float *c_scale)
 {
-    vf acc[GEMM_MR][GEMM_NV];
 #pragma GCC unroll 8
     for (int i = 0; i < GEMM_MR; i++)
 #pragma GCC unroll 4
@@ -39,6 +39,23 @@ static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64
             acc[i][v] = accumulate ? vf_load(C + i * ldc + v * VW) : vf_zero();
             if (c_scale) acc[i][v] = vf_mul(vf_set1(c_scale[i]), acc[i][v]);
         }
+}
+
+static inline void gemm_tile_store(vf acc[GEMM_MR][GEMM_NV], float *C, int64_t ldc)
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < GEMM_MR; i++)
+#pragma GCC unroll 4
+        for (int v = 0; v < GEMM_NV; v++) vf_store(C + i * ldc + v * VW, acc[i][v]);
+}
+
+/* A full MR x (NV*VW) tile: C(i, j0 + ...) for rows i0 .. i0+MR. */
+static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64_t a_cs,
+                                  const float *B, int64_t ldb, float *C, int64_t ldc,
+                                  bool accumulate, const float *c_scale)
+{
+    vf acc[GEMM_MR][GEMM_NV];
+    gemm_tile_load(acc, C, ldc, accumulate, c_scale);
     for (int64_t p = 0; p < K; p++) {
         vf b[GEMM_NV];
 #pragma GCC unroll 4
@@ -50,10 +67,7 @@ static inline void gemm_tile_full(int64_t K, const float *A, int64_t a_rs, int64
             for (int v = 0; v < GEMM_NV; v++) acc[i][v] = vf_fmadd(a, b[v], acc[i][v]);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++) vf_store(C + i * ldc + v * VW, acc[i][v]);
+    gemm_tile_store(acc, C, ldc);
 }
 
 /* MR full rows by one vector column of width w <= VW (masked when w < VW): the column tail

@@ -198,19 +198,29 @@ static inline void ls_pack_bf16_rows(int64_t M, int64_t K, const float *src, int
  * dimension ldb, C as in ls_gemm_scaled: C = (accumulate ? C : 0) + A B, or with c_scale
  * C = diag(c_scale) C + A B. Kw: the words along the inner dimension, ceil(K/2). */
 
+/* An edge tile's accumulators, mr <= GEMM_MR rows of one column of width w <= VW (masked):
+ * as gemm_tile_load and gemm_tile_store for the full tiles. */
+static inline void gemm_edge_load(vf acc[GEMM_MR], int64_t mr, int64_t w, const float *C,
+                                  int64_t ldc, bool accumulate, const float *c_scale)
+{
+    for (int64_t i = 0; i < mr; i++) {
+        acc[i] = accumulate ? vf_load_n(C + i * ldc, w) : vf_zero();
+        if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
+    }
+}
+
+static inline void gemm_edge_store(vf acc[GEMM_MR], int64_t mr, int64_t w, float *C, int64_t ldc)
+{
+    for (int64_t i = 0; i < mr; i++) vf_store_n(C + i * ldc, acc[i], w);
+}
+
 /* A full GEMM_MR x (GEMM_NV*VW) tile, widened operands. */
 static inline void gemm_bf16_tile_full(int64_t Kw, const uint32_t *A, int64_t a_rs, int64_t a_cs,
                                        const uint32_t *B, int64_t ldb, float *C, int64_t ldc,
                                        bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR][GEMM_NV];
-#pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++) {
-            acc[i][v] = accumulate ? vf_load(C + i * ldc + v * VW) : vf_zero();
-            if (c_scale) acc[i][v] = vf_mul(vf_set1(c_scale[i]), acc[i][v]);
-        }
+    gemm_tile_load(acc, C, ldc, accumulate, c_scale);
     for (int64_t q = 0; q < Kw; q++) {
         vf bo[GEMM_NV], be[GEMM_NV];
 #pragma GCC unroll 4
@@ -228,10 +238,7 @@ static inline void gemm_bf16_tile_full(int64_t Kw, const uint32_t *A, int64_t a_
                 acc[i][v] = vf_fmadd(ae, be[v], vf_fmadd(ao, bo[v], acc[i][v]));
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++) vf_store(C + i * ldc + v * VW, acc[i][v]);
+    gemm_tile_store(acc, C, ldc);
 }
 
 /* mr <= GEMM_MR rows by one vector column of width w <= VW, widened operands. */
@@ -240,10 +247,7 @@ static inline void gemm_bf16_tile_edge(int64_t mr, int64_t w, int64_t Kw, const 
                                        float *C, int64_t ldc, bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
-    for (int64_t i = 0; i < mr; i++) {
-        acc[i] = accumulate ? vf_load_n(C + i * ldc, w) : vf_zero();
-        if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
-    }
+    gemm_edge_load(acc, mr, w, C, ldc, accumulate, c_scale);
     for (int64_t q = 0; q < Kw; q++) {
         const vw b = vw_load_n(B + q * ldb, w);
         const vf bo = vw_odd(b), be = vw_even(b);
@@ -253,7 +257,7 @@ static inline void gemm_bf16_tile_edge(int64_t mr, int64_t w, int64_t Kw, const 
                               vf_fmadd(vf_set1(bf16_word_odd(a)), bo, acc[i]));
         }
     }
-    for (int64_t i = 0; i < mr; i++) vf_store_n(C + i * ldc, acc[i], w);
+    gemm_edge_store(acc, mr, w, C, ldc);
 }
 
 #if LS_HAVE_BF16_DOT
@@ -265,13 +269,7 @@ gemm_dot_tile_full(int64_t Kw, const uint32_t *A, int64_t a_rs, int64_t a_cs, co
                    int64_t ldb, float *C, int64_t ldc, bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR][GEMM_NV];
-#pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++) {
-            acc[i][v] = accumulate ? vf_load(C + i * ldc + v * VW) : vf_zero();
-            if (c_scale) acc[i][v] = vf_mul(vf_set1(c_scale[i]), acc[i][v]);
-        }
+    gemm_tile_load(acc, C, ldc, accumulate, c_scale);
     for (int64_t q = 0; q < Kw; q++) {
         __m512bh b[GEMM_NV];
 #pragma GCC unroll 4
@@ -283,10 +281,7 @@ gemm_dot_tile_full(int64_t Kw, const uint32_t *A, int64_t a_rs, int64_t a_cs, co
             for (int v = 0; v < GEMM_NV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], a, b[v]);
         }
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < GEMM_MR; i++)
-#pragma GCC unroll 4
-        for (int v = 0; v < GEMM_NV; v++) vf_store(C + i * ldc + v * VW, acc[i][v]);
+    gemm_tile_store(acc, C, ldc);
 }
 
 LS_BF16_DOT_TARGET static inline void gemm_dot_tile_edge(int64_t mr, int64_t w, int64_t Kw,
@@ -296,17 +291,14 @@ LS_BF16_DOT_TARGET static inline void gemm_dot_tile_edge(int64_t mr, int64_t w, 
                                                          bool accumulate, const float *c_scale)
 {
     vf acc[GEMM_MR];
-    for (int64_t i = 0; i < mr; i++) {
-        acc[i] = accumulate ? vf_load_n(C + i * ldc, w) : vf_zero();
-        if (c_scale) acc[i] = vf_mul(vf_set1(c_scale[i]), acc[i]);
-    }
+    gemm_edge_load(acc, mr, w, C, ldc, accumulate, c_scale);
     for (int64_t q = 0; q < Kw; q++) {
         const __m512bh b = (__m512bh)vw_load_n(B + q * ldb, w);
         for (int64_t i = 0; i < mr; i++)
             acc[i] = _mm512_dpbf16_ps(acc[i],
                                       (__m512bh)_mm512_set1_epi32((int)A[i * a_rs + q * a_cs]), b);
     }
-    for (int64_t i = 0; i < mr; i++) vf_store_n(C + i * ldc, acc[i], w);
+    gemm_edge_store(acc, mr, w, C, ldc);
 }
 #endif
 
