@@ -170,3 +170,73 @@ def test_several_tokens_refusal_at_a_later_token_writes_nothing():
         ops.decode_tokens_pool("kda", arrays, states, np.array([0, 1]),
                                np.array([[2, 3, 4], [5, 6, 7]]), **options)
     assert not states.any()
+
+
+@pytest.mark.parametrize("op", sorted(PREFILLS))
+def test_prefill_keeps_block_states(op):
+    """Prefix caching: the state at each block boundary inside a sequence goes to its
+    block's row, bitwise the forward from the previous boundary's state over that block (the
+    outputs too); the final state, here on a boundary, goes to its destination only; a
+    boundary marked -1 keeps nothing; the empty sequence writes only its final state."""
+    varlen = op != "ema"                                  # ema takes no packed sequences
+    T = 19 if varlen else 7
+    arrays, options = PREFILLS[op](1 if varlen else 3, T)
+    cu = np.array([0, 7, 7, 19]) if varlen else None       # 7 tokens, none, 12 tokens
+    spans = [(0, 7), (7, 0), (7, 12)] if varlen else [(0, 7), (7, 7), (14, 7)]
+    state_input = _lib.op_desc(op)["decode"]["state"]
+    state_shape = ops.run(op, arrays, cu_seqlens=cu, **options)[-1].shape[1:]
+    states = rng.standard_normal((16,) + state_shape).astype(np.float32)
+    src, dst = np.array([5, 2, 6], np.int32), np.array([1, 3, 7], np.int32)
+    has = np.array([True, True, False])
+    computed = np.array([5, 3, 0], np.int32)
+    blocks = np.array([[-1, 10, -1, -1], [9, 14, -1, -1], [11, -1, 15, -1]], np.int32)
+    pages, pool = _pages(states)
+    before = pages.copy()
+    got = ops.forward_pool_blocks(op, arrays, pool, blocks, 4, src, dst, has, computed,
+                                  cu_seqlens=cu, **options)
+
+    def tokens(a, begin, end):
+        """Tokens [begin, end) of the packed token axis, as one sequence; other arrays as given."""
+        if np.ndim(a) < 2 or np.shape(a)[1] != T:
+            return a
+        return np.reshape(a, (-1,) + np.shape(a)[2:])[begin:end][None]
+
+    want_rows, want_out = {}, [[] for _ in got]
+    for s, (begin, length) in enumerate(spans):
+        h = states[src[s]] if has[s] else np.zeros(state_shape, np.float32)
+        cuts = [p - computed[s] for p in range(4, computed[s] + length, 4) if p > computed[s]]
+        for a, b in zip([0] + cuts, cuts + [length]):
+            if b > a:
+                piece = {n: tokens(x, begin + a, begin + b) for n, x in arrays.items()}
+                outs = ops.run(op, dict(piece, **{state_input: h[None]}), **options)
+                h = outs[-1][0]
+                for k, o in enumerate(outs[:-1]):
+                    want_out[k].append(o.reshape((-1,) + o.shape[2:]))
+            if b < length and blocks[s, (computed[s] + b) // 4 - 1] >= 0:
+                want_rows[blocks[s, (computed[s] + b) // 4 - 1]] = h
+        want_rows[dst[s]] = h
+    assert sorted(want_rows) == sorted([1, 3, 7, 10, 11] + ([9, 14] if not varlen else []))
+    for r, h in want_rows.items():
+        assert np.array_equal(pool[r], h), f"row {r}"
+    others = [r for r in range(16) if r not in want_rows]
+    assert np.array_equal(pages[others], before[others])
+    for g, w in zip(got, want_out):
+        assert np.array_equal(g.reshape((-1,) + g.shape[2:]), np.concatenate(w))
+
+
+def test_block_states_refusals_leave_the_pool():
+    arrays, _ = PREFILLS["ssd"](3, 10)
+    states = rng.standard_normal((ROWS, H, P, N)).astype(np.float32)
+    before = states.copy()
+    src = np.array([0, 1, 2], np.int32)
+    blocks = np.array([[3, 4], [5, -1], [-1, -1]], np.int32)
+    with pytest.raises(LinseqError, match="block 0 both go to pool row 3"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks, 4, src,
+                                np.array([3, 4, 5], np.int32))
+    with pytest.raises(LinseqError, match="block_size = 0"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks, 0, src)
+    with pytest.raises(LinseqError, match="max_blocks"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks[:, :1], 4, src)
+    with pytest.raises(ValueError, match="block_rows"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks.astype(np.int64), 4, src)
+    assert np.array_equal(states, before)
