@@ -6,8 +6,8 @@
  * states and the outputs equal the whole sequences' forward. Packed sequences with an empty
  * one (a batch for an op without cu_seqlens), a first token inside a block, a final state
  * on a boundary, a boundary not kept; float32 pools with gaps between rows and int64
- * indices, bfloat16 ones with int32 indices and a padding sequence. Every refusal leaves
- * every byte of the pool as it was. */
+ * indices, bfloat16 ones with int32 indices and a padding sequence; bfloat16 tokens where
+ * the op's CPU forward takes them. Every refusal leaves every byte of the pool as it was. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -34,11 +34,12 @@ typedef struct {
 } op_case;
 
 /* The benchmark's options at small sizes, the sequences above, realistic inputs. */
-static void case_make(op_case *c, const ls_op *op)
+static void case_make(op_case *c, const ls_op *op, bool bf16_tokens)
 {
     memset(c, 0, sizeof *c);
     c->op = op;
     c->exec.mode = op->has_modes ? LINSEQ_MODE_RECURRENT : LINSEQ_MODE_DEFAULT;
+    c->exec.dtype = bf16_tokens ? LINSEQ_DTYPE_BF16 : LINSEQ_DTYPE_F32;
     for (int i = 0; i < op->n_sizes; i++) {
         const int64_t d = op->sizes[i].bench_default;
         ls_size_set(&op->sizes[i], c->p, d > 64 ? 8 + d % 23 : d);
@@ -59,6 +60,8 @@ static void case_make(op_case *c, const ls_op *op)
         if (t->role != LS_ROLE_INPUT || !strcmp(t->name, op->decode_state)) continue;
         c->inputs[i] = tu_alloc((size_t)n);
         ls_op_fill(t, c->inputs[i], n, dims, nd, 900 + (uint64_t)i);
+        for (int64_t k = 0; bf16_tokens && t->token && k < n; k++) /* in place, k < 2k */
+            ((uint16_t *)c->inputs[i])[k] = ls_f32_to_bf16(c->inputs[i][k]);
         ls_tensor_set(t, c->p, c->inputs[i]);
     }
     const ls_tensor_desc *state = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
@@ -72,6 +75,9 @@ static void case_free(op_case *c)
 {
     for (int i = 0; i < LS_OP_MAX_TENSORS; i++) free(c->inputs[i]);
 }
+
+/* Bytes of one element of a per-token tensor. */
+static size_t token_bytes(const op_case *c) { return c->exec.dtype == LINSEQ_DTYPE_BF16 ? 2 : 4; }
 
 static void sequence_span(const op_case *c, int64_t s, int64_t *begin, int64_t *len)
 {
@@ -93,9 +99,11 @@ static void prefix_forward(const op_case *c, int64_t s, int64_t len, float *h, f
         const ls_tensor_desc *t = &op->tensors[i];
         int64_t n;
         if (!t->token || !ls_tensor_count(t, c->p, &n) || n == 0) continue;
-        const int64_t at = begin * (n / c->tokens);
-        if (t->role == LS_ROLE_INPUT && c->inputs[i]) ls_tensor_set(t, q, c->inputs[i] + at);
-        if (t->role == LS_ROLE_OUTPUT) out[t->offset] = y[t->offset] + at;
+        const size_t at = (size_t)(begin * (n / c->tokens)) * token_bytes(c);
+        if (t->role == LS_ROLE_INPUT && c->inputs[i])
+            ls_tensor_set(t, q, (unsigned char *)c->inputs[i] + at);
+        if (t->role == LS_ROLE_OUTPUT)
+            out[t->offset] = (float *)((unsigned char *)y[t->offset] + at);
     }
     for (int i = 0; i < op->n_sizes; i++) {
         if (!strcmp(op->sizes[i].name, "B")) ls_size_set(&op->sizes[i], q, 1);
@@ -244,13 +252,14 @@ static void check_states(const op_case *c, bool bf16)
     expected(c, &t, want, y_want);
     CHECK_OK(call(c, &t, BLOCK, MAX_BLOCKS, y));
     CHECK(memcmp(want, t.pool.data, t.bytes) == 0,
-          "%s, %s pool: a block state, a final state or an untouched row differs from the "
+          "%s, %s pool%s: a block state, a final state or an untouched row differs from the "
           "prefix forwards",
-          c->op->name, bf16 ? "bf16" : "f32");
+          c->op->name, bf16 ? "bf16" : "f32", token_bytes(c) == 2 ? ", bf16 tokens" : "");
     for (int k = 0; k < LS_OP_MAX_OUT; k++)
-        CHECK(!y[k] || tu_same_bits(y[k], y_want[k], (size_t)(c->token_floats[k] * c->tokens)),
-              "%s, %s pool: output %d differs from the whole sequences' forward", c->op->name,
-              bf16 ? "bf16" : "f32", k);
+        CHECK(!y[k] || !memcmp(y[k], y_want[k],
+                               (size_t)(c->token_floats[k] * c->tokens) * token_bytes(c)),
+              "%s, %s pool%s: output %d differs from the whole sequences' forward", c->op->name,
+              bf16 ? "bf16" : "f32", token_bytes(c) == 2 ? ", bf16 tokens" : "", k);
     outputs_free(y);
     outputs_free(y_want);
     free(want);
@@ -292,18 +301,33 @@ static void check_refusals(const op_case *c)
 
 int main(void)
 {
-    int n, tested = 0;
+    int n, tested = 0, bf16_tested = 0;
     const ls_op *const *ops = ls_ops(&n);
     for (int i = 0; i < n; i++) {
         if (!ops[i]->decode) continue;
         op_case c;
-        case_make(&c, ops[i]);
+        case_make(&c, ops[i], false);
         check_states(&c, false);
         check_states(&c, true);
         check_refusals(&c);
         case_free(&c);
         tested++;
+        /* bf16 tokens where the op's CPU forward takes them (KDA, the conv) */
+        case_make(&c, ops[i], true);
+        float *y[LS_OP_MAX_OUT];
+        test_pool t;
+        pool_make(&t, &c, false);
+        outputs_make(&c, y);
+        if (call(&c, &t, BLOCK, MAX_BLOCKS, y) != LINSEQ_ERR_UNSUPPORTED) {
+            check_states(&c, false);
+            bf16_tested++;
+        }
+        outputs_free(y);
+        free(t.pool.data);
+        case_free(&c);
     }
+    CHECK(bf16_tested >= 2, "bf16 tokens tested for %d ops (KDA and the conv expected)",
+          bf16_tested);
     CHECK(tested >= 5, "only %d ops with a decode step (kda, ssm1, ssd, conv, ema expected)",
           tested);
     return tu_finish("test_state_pool_blocks");
