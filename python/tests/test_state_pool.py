@@ -240,3 +240,30 @@ def test_block_states_refusals_leave_the_pool():
     with pytest.raises(ValueError, match="block_rows"):
         ops.forward_pool_blocks("ssd", arrays, states, blocks.astype(np.int64), 4, src)
     assert np.array_equal(states, before)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d", "ema"])
+def test_block_states_as_vllm_schedules_them(op):
+    """A prompt of 19 tokens prefilled in two scheduler steps (10 tokens, then 9), mapped as
+    include/linseq.h says from vLLM's prefix-caching metadata: a state table [1, max_blocks]
+    of cache blocks, block_size 4, num_computed_tokens, the initial block and the last
+    scheduled block's index. Each cache block then holds the state after its 4 tokens, and
+    the last one the final state: for these ops (each token's step exact in any split) the
+    states of one forward over the prefix, bit for bit."""
+    bs, T, table = 4, 19, np.array([[7, 3, 9, 2, 11]], np.int32)
+    arrays, options = PREFILLS[op](1, T)
+    state_shape = ops.run(op, arrays, **options)[-1].shape[1:]
+    pool = np.zeros((12,) + state_shape, np.float32)
+    for begin, end in ((0, 10), (10, T)):
+        computed = np.array([begin], np.int32)
+        last = (end - 1) // bs                            # block_idx_last_scheduled_token
+        initial = max(begin - 1, 0) // bs                 # the block of the last computed token
+        piece = {n: (a[:, begin:end] if np.ndim(a) >= 2 and np.shape(a)[1] == T else a)
+                 for n, a in arrays.items()}
+        ops.forward_pool_blocks(op, piece, pool, table, bs, table[:, initial],
+                                table[:, last], computed > 0, computed, **options)
+    for j in range(5):                                    # block j: tokens [0, min(4 (j+1), T))
+        prefix = {n: (a[:, :min(bs * (j + 1), T)] if np.ndim(a) >= 2 and np.shape(a)[1] == T
+                      else a) for n, a in arrays.items()}
+        want = ops.run(op, prefix, **options)[-1][0]
+        assert np.array_equal(pool[table[0, j]], want), f"block {j}"

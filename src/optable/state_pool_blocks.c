@@ -162,7 +162,7 @@ static linseq_status plan_writes(const char *fn, const ls_op *op, const void *p,
         }
         if (pass == 0 && !st) {
             count = *n;
-            st = ls_pool_check_index_count(fn, "block states", count, 4);
+            st = ls_pool_check_index_count(fn, "block states", count, 8);
         }
     }
     return st ? st : check_distinct(fn, *writes, *n, *writes + *n);
