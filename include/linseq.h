@@ -301,8 +301,8 @@ LINSEQ_API linseq_status linseq_op_forward_pool(const char *op_name, const void 
 /* A prefill as linseq_op_forward_pool that also keeps, for prefix caching, the state at each
  * block boundary of each sequence. The tokens are numbered from the start of each sequence's
  * prompt: sequence s's first token here is token computed_tokens[s] (the tokens computed by
- * earlier calls; NULL: 0 for every sequence), and block j holds tokens [j, j + 1) * block_size
- * (block_size >= 1). For every boundary P = (j + 1) * block_size strictly inside this call's
+ * earlier calls; NULL: 0 for every sequence), and block j holds tokens j * block_size to
+ * (j + 1) * block_size - 1 (block_size >= 1). For every boundary P = (j + 1) * block_size strictly inside this call's
  * tokens (computed_tokens[s] < P < computed_tokens[s] + its length), the state after token
  * P - 1 goes to pool row block_rows[s * max_blocks + j] (block_rows [n_seqs, max_blocks], of
  * the pool's index type, as computed_tokens); a negative entry or the pool's pad value keeps
