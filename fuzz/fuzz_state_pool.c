@@ -1,18 +1,23 @@
-/* libFuzzer target: linseq_op_decode_pool and linseq_op_forward_pool, the state pools of
- * serving engines, for every op of the table with a decode step.
+/* libFuzzer target: linseq_op_decode_pool, linseq_op_forward_pool and
+ * linseq_op_forward_pool_blocks, the state pools of serving engines, for every op of the table
+ * with a decode step.
  *
  * The input picks the op and the call (a decode step, or a prefill whose sequences start from
  * and end in pool rows), a small problem through the op table (sizes, options, packed
  * sequences; values from the table's distributions), and a linseq_state_pool whose every
  * field is fuzzed: n_rows, row_stride, dtype, index_bits, src_rows and dst_rows (int32 or
  * int64: in range, negative, the pad value, out of range, duplicates), the pad value, a
- * misaligned data pointer, and which sequences have an initial state.
+ * misaligned data pointer, and which sequences have an initial state. A prefill keeps its
+ * block boundaries' states now and then: block_size, max_blocks, the block rows and the
+ * tokens computed before the call fuzzed too (a boundary past the table, a row out of range or
+ * written twice, a negative count: refused).
  *
  * The pool's buffer has exactly the bytes the struct describes; one too large to run fast is
  * only built when the pool must be refused, and then has no usable byte. Checks, besides
  * fuzz_util's contract (inputs never written, outputs untouched on failure): a pool that
  * breaks a documented rule is refused; a refused call leaves every byte of the pool as it
- * was; a successful one writes only the destination rows of live requests (the other rows
+ * was; a successful one writes only the destination rows of live requests and the rows of
+ * their boundaries (the other rows
  * and the gaps between rows keep their bytes), gives padding requests of a decode zero
  * outputs and never writes the state's own output slot; threads 1 and 3 give the same bits,
  * in the pool and in every output. An op with the option state_tap_major (the conv, whose
@@ -29,6 +34,7 @@
 
 enum {
     MAX_REQUESTS = 12,
+    MAX_BLOCKS = 6, /* columns of a block table */
     PROBLEM_BYTES = 512,
     POOL_MAX_BYTES = 1 << 20 /* a larger pool is skipped unless it must be refused */
 };
@@ -52,6 +58,10 @@ typedef struct pool_case {
     int64_t src[MAX_REQUESTS]; /* the indices as the library reads them (sign-extended) */
     int64_t dst[MAX_REQUESTS];
     bool *has_initial; /* [n_req], or NULL: every sequence has one */
+    bool blocks;       /* linseq_op_forward_pool_blocks (a prefill) */
+    int64_t block_size, max_blocks;
+    const void *block_rows, *computed; /* in the pool's index type */
+    int64_t block_read[MAX_REQUESTS * MAX_BLOCKS], computed_read[MAX_REQUESTS];
     bool must_fail;
     linseq_exec exec;
 } pool_case;
@@ -283,6 +293,109 @@ static void pick_pool(fz_in *in, pool_case *c)
     c->stride = pl->row_stride ? pl->row_stride : c->row;
 }
 
+/* The block table and the tokens computed before the call, now and then for a prefill. */
+static void pick_blocks(fz_in *in, pool_case *c)
+{
+    if (!c->prefill || c->n_req < 1 || c->n_req > MAX_REQUESTS || fz_pick(in, 3)) return;
+    static const int64_t sizes[] = {1, 2, 3, 4, 8, 4, 0, -3};
+    c->blocks = true;
+    c->block_size = sizes[fz_pick(in, 8)];
+    c->max_blocks = fz_pick(in, 8) == 7 ? -1 : (int64_t)fz_pick(in, MAX_BLOCKS + 1);
+    const bool narrow = c->pool.index_bits == 32;
+    const size_t elem = narrow ? 4 : 8,
+                 n = (size_t)(c->n_req * (c->max_blocks > 0 ? c->max_blocks : 0));
+    if (n) {
+        void *rows = fz_alloc_bytes(n * elem);
+        for (size_t i = 0; i < n; i++) {
+            int64_t v = fz_pick(in, 3) ? -1 : pick_index(in, c, c->block_read, (int64_t)i);
+            v = narrow ? (int32_t)v : v;
+            c->block_read[i] = v;
+            memcpy((char *)rows + i * elem, narrow ? (void *)&(int32_t){(int32_t)v} : (void *)&v,
+                   elem);
+        }
+        c->block_rows = rows;
+        c->in[c->n_in] = rows;
+        c->in_bytes[c->n_in++] = n * elem;
+    }
+    if (!fz_bit(in)) return;
+    void *computed = fz_alloc_bytes((size_t)c->n_req * elem);
+    for (int64_t s = 0; s < c->n_req; s++) {
+        const int64_t v = fz_pick(in, 16) == 15 ? -1 : (int64_t)fz_pick(in, 13);
+        c->computed_read[s] = v;
+        memcpy((char *)computed + (size_t)s * elem,
+               narrow ? (void *)&(int32_t){(int32_t)v} : (void *)&v, elem);
+    }
+    c->computed = computed;
+    c->in[c->n_in] = computed;
+    c->in_bytes[c->n_in++] = (size_t)c->n_req * elem;
+}
+
+/* The tokens of sequence s in the call. */
+static int64_t sequence_length(const pool_case *c, int64_t s)
+{
+    const int64_t *cu = c->op->varlen ? ls_op_cu_seqlens(c->op, c->problem) : NULL;
+    int64_t T = 0;
+    for (int i = 0; i < c->op->n_sizes; i++)
+        if (!strcmp(c->op->sizes[i].name, "T")) T = ls_size_get(&c->op->sizes[i], c->problem);
+    return cu ? cu[s + 1] - cu[s] : T;
+}
+
+/* Calls f(c, s, row) for each kept boundary of each live sequence (row -1: a boundary not
+ * kept); false when a boundary or its row breaks the rules (linseq.h). */
+static bool each_block_write(const pool_case *c, void (*f)(const pool_case *, int64_t, void *),
+                             void *arg)
+{
+    if (!c->blocks) return true;
+    if (c->block_size < 1 || c->max_blocks < 0) return false;
+    for (int64_t s = 0; s < c->n_req; s++) {
+        const int64_t computed = c->computed ? c->computed_read[s] : 0;
+        if (computed < 0) return false;
+        if (c->src[s] < 0) continue;
+        const int64_t len = sequence_length(c, s);
+        for (int64_t P = (computed / c->block_size + 1) * c->block_size; P < computed + len;
+             P += c->block_size) {
+            const int64_t j = P / c->block_size - 1;
+            if (j >= c->max_blocks) return false;
+            const int64_t r = c->block_read[s * c->max_blocks + j];
+            if (r < 0 || (c->pool.has_pad_value && r == c->pool.pad_value)) continue;
+            if (r >= c->pool.n_rows) return false;
+            f(c, r, arg);
+        }
+    }
+    return true;
+}
+
+typedef struct {
+    int64_t rows[MAX_REQUESTS * 64];
+    int n;
+} row_list;
+
+static void add_row(const pool_case *c, int64_t r, void *arg)
+{
+    (void)c;
+    row_list *l = arg;
+    if (l->n < (int)(sizeof l->rows / sizeof l->rows[0])) l->rows[l->n++] = r;
+}
+
+/* Every row the call writes (final states and boundaries); false when the blocks break a
+ * rule. */
+static bool rows_written(const pool_case *c, row_list *l)
+{
+    l->n = 0;
+    for (int64_t b = 0; b < c->n_req && b < MAX_REQUESTS; b++)
+        if (c->src[b] >= 0) add_row(c, c->dst[b], l);
+    return each_block_write(c, add_row, l);
+}
+
+/* The problem's channel_first option, which a prefill with block states refuses. */
+static bool channel_first(const pool_case *c)
+{
+    for (int i = 0; i < c->op->n_options; i++)
+        if (!strcmp(c->op->options[i].field, "channel_first"))
+            return *(const bool *)(c->problem + c->op->options[i].offset);
+    return false;
+}
+
 /* The documented rules of the pool (linseq.h): breaking any must be refused. */
 static bool pool_breaks_rules(const pool_case *c)
 {
@@ -294,10 +407,13 @@ static bool pool_breaks_rules(const pool_case *c)
     for (int64_t b = 0; b < c->n_req; b++) {
         if (c->src[b] < 0) continue;
         if (c->src[b] >= pl->n_rows || c->dst[b] < 0 || c->dst[b] >= pl->n_rows) return true;
-        for (int64_t e = 0; e < b; e++)
-            if (c->src[e] >= 0 && c->dst[e] == c->dst[b]) return true;
     }
-    return false;
+    static row_list l;
+    if (!rows_written(c, &l)) return true;
+    for (int i = 0; i < l.n; i++)
+        for (int e = 0; e < i; e++)
+            if (l.rows[e] == l.rows[i]) return true;
+    return c->blocks && channel_first(c);
 }
 
 /* The bytes of the pool as described, or -1 when that is not a sane size. */
@@ -358,6 +474,10 @@ static linseq_status call(const pool_case *c, int threads, const linseq_state_po
 {
     linseq_exec ex = c->exec;
     ex.threads = threads;
+    if (c->blocks)
+        return linseq_op_forward_pool_blocks(c->op->name, c->problem, &ex, pool, c->has_initial,
+                                             c->block_size, c->block_rows, c->max_blocks,
+                                             c->computed, out);
     if (c->prefill)
         return linseq_op_forward_pool(c->op->name, c->problem, &ex, pool, c->has_initial, out);
     return linseq_op_decode_pool(c->op->name, c->problem, &ex, pool, out);
@@ -365,8 +485,10 @@ static linseq_status call(const pool_case *c, int threads, const linseq_state_po
 
 static bool row_written(const pool_case *c, int64_t r)
 {
-    for (int64_t b = 0; b < c->n_req && b < MAX_REQUESTS; b++)
-        if (c->src[b] >= 0 && c->dst[b] == r) return true;
+    static row_list l;
+    rows_written(c, &l);
+    for (int i = 0; i < l.n; i++)
+        if (l.rows[i] == r) return true;
     return false;
 }
 
@@ -431,7 +553,9 @@ static void trace_pool(const pool_case *c)
 static linseq_status run_checked(const pool_case *c, const unsigned char *before)
 {
     trace_pool(c);
-    fz_call_begin(c->prefill ? "linseq_op_forward_pool" : "linseq_op_decode_pool");
+    fz_call_begin(c->blocks    ? "linseq_op_forward_pool_blocks"
+                  : c->prefill ? "linseq_op_forward_pool"
+                               : "linseq_op_decode_pool");
     for (int i = 0; i < c->n_in; i++) fz_arg_in(c->in[i], c->in_bytes[i]);
     if (c->has_initial) fz_arg_in(c->has_initial, (size_t)c->n_req * sizeof(bool));
     for (int k = 0; k < LS_OP_MAX_OUT; k++) {
@@ -545,6 +669,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     bool run = make_tensors(&in, &c, in.rng) && (c.n_req <= MAX_REQUESTS || c.bad_problem);
     if (run) {
         pick_pool(&in, &c);
+        pick_blocks(&in, &c);
         c.must_fail = c.bad_problem || pool_breaks_rules(&c) || pool_overflows(&c);
         run = make_pool_data(&in, &c);
     }

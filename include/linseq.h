@@ -315,6 +315,39 @@ LINSEQ_API linseq_status linseq_op_forward_pool(const char *op_name, const void 
                                                 const bool *has_initial_state,
                                                 float *const *outputs);
 
+/* A prefill as linseq_op_forward_pool that also keeps, for prefix caching, the state at each
+ * block boundary of each sequence. The tokens are numbered from the start of each sequence's
+ * prompt: sequence s's first token here is token computed_tokens[s] (the tokens computed by
+ * earlier calls; NULL: 0 for every sequence), and block j holds tokens j * block_size to
+ * (j + 1) * block_size - 1 (block_size >= 1). For every boundary P = (j + 1) * block_size strictly inside this call's
+ * tokens (computed_tokens[s] < P < computed_tokens[s] + its length), the state after token
+ * P - 1 goes to pool row block_rows[s * max_blocks + j] (block_rows [n_seqs, max_blocks], of
+ * the pool's index type, as computed_tokens); a negative entry or the pool's pad value keeps
+ * no state there. The final state goes to dst_rows[s] as linseq_op_forward_pool's, a padding
+ * sequence keeps none, and no row is written twice in a call (a final state on a boundary is
+ * the final state's alone). Refused, with nothing written: block_size < 1, max_blocks < 0,
+ * a boundary's column j >= max_blocks, a row out of range, a negative computed_tokens,
+ * channel_first or strided inputs (the tokens must be dense [B,T,...] or packed [1,T,...]).
+ *
+ * Each sequence runs piece by piece, a piece ending at each boundary and each starting from
+ * the state the previous one ended in; the state at a boundary is bitwise the final state of
+ * a forward from the previous boundary's state over that block. Where the op computes token
+ * by token (the recurrent forms) that is bitwise the forward over the whole prefix; a chunked
+ * form restarts its chunks at each boundary, a rounding-level difference. Nothing is written
+ * to the pool unless every piece succeeds; the outputs are those of the pieces. CPU only.
+ *
+ * vLLM's prefix caching (mamba_block_size, a state_indices_tensor [n_seqs, max_blocks] of
+ * int32 cache blocks) maps as: block_rows = state_indices_tensor, max_blocks = its row
+ * length, block_size = mamba_block_size, computed_tokens = num_computed_tokens,
+ * src_rows[s] = state_indices_tensor[s, initial_state_idx[s]] (the block of the last
+ * computed token), dst_rows[s] = state_indices_tensor[s, block_idx_last_scheduled_token[s]],
+ * has_initial_state[s] = num_computed_tokens[s] > 0; the columns written are
+ * block_idx_first_scheduled_token[s] up to, not including, block_idx_last_scheduled_token[s]. */
+LINSEQ_API linseq_status linseq_op_forward_pool_blocks(
+    const char *op_name, const void *problem, const linseq_exec *exec,
+    const linseq_state_pool *pool, const bool *has_initial_state, int64_t block_size,
+    const void *block_rows, int64_t max_blocks, const void *computed_tokens, float *const *outputs);
+
 /* ------------------------------------------------------------------------------------ */
 /* Shared enums                                                                          */
 /* ------------------------------------------------------------------------------------ */

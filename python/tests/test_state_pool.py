@@ -170,3 +170,100 @@ def test_several_tokens_refusal_at_a_later_token_writes_nothing():
         ops.decode_tokens_pool("kda", arrays, states, np.array([0, 1]),
                                np.array([[2, 3, 4], [5, 6, 7]]), **options)
     assert not states.any()
+
+
+@pytest.mark.parametrize("op", sorted(PREFILLS))
+def test_prefill_keeps_block_states(op):
+    """Prefix caching: the state at each block boundary inside a sequence goes to its
+    block's row, bitwise the forward from the previous boundary's state over that block (the
+    outputs too); the final state, here on a boundary, goes to its destination only; a
+    boundary marked -1 keeps nothing; the empty sequence writes only its final state."""
+    varlen = op != "ema"                                  # ema takes no packed sequences
+    T = 19 if varlen else 7
+    arrays, options = PREFILLS[op](1 if varlen else 3, T)
+    cu = np.array([0, 7, 7, 19]) if varlen else None       # 7 tokens, none, 12 tokens
+    spans = [(0, 7), (7, 0), (7, 12)] if varlen else [(0, 7), (7, 7), (14, 7)]
+    state_input = _lib.op_desc(op)["decode"]["state"]
+    state_shape = ops.run(op, arrays, cu_seqlens=cu, **options)[-1].shape[1:]
+    states = rng.standard_normal((16,) + state_shape).astype(np.float32)
+    src, dst = np.array([5, 2, 6], np.int32), np.array([1, 3, 7], np.int32)
+    has = np.array([True, True, False])
+    computed = np.array([5, 3, 0], np.int32)
+    blocks = np.array([[-1, 10, -1, -1], [9, 14, -1, -1], [11, -1, 15, -1]], np.int32)
+    pages, pool = _pages(states)
+    before = pages.copy()
+    got = ops.forward_pool_blocks(op, arrays, pool, blocks, 4, src, dst, has, computed,
+                                  cu_seqlens=cu, **options)
+
+    def tokens(a, begin, end):
+        """Tokens [begin, end) of the packed token axis, as one sequence; other arrays as given."""
+        if np.ndim(a) < 2 or np.shape(a)[1] != T:
+            return a
+        return np.reshape(a, (-1,) + np.shape(a)[2:])[begin:end][None]
+
+    want_rows, want_out = {}, [[] for _ in got]
+    for s, (begin, length) in enumerate(spans):
+        h = states[src[s]] if has[s] else np.zeros(state_shape, np.float32)
+        cuts = [p - computed[s] for p in range(4, computed[s] + length, 4) if p > computed[s]]
+        for a, b in zip([0] + cuts, cuts + [length]):
+            if b > a:
+                piece = {n: tokens(x, begin + a, begin + b) for n, x in arrays.items()}
+                outs = ops.run(op, dict(piece, **{state_input: h[None]}), **options)
+                h = outs[-1][0]
+                for k, o in enumerate(outs[:-1]):
+                    want_out[k].append(o.reshape((-1,) + o.shape[2:]))
+            if b < length and blocks[s, (computed[s] + b) // 4 - 1] >= 0:
+                want_rows[blocks[s, (computed[s] + b) // 4 - 1]] = h
+        want_rows[dst[s]] = h
+    assert sorted(want_rows) == sorted([1, 3, 7, 10, 11] + ([9, 14] if not varlen else []))
+    for r, h in want_rows.items():
+        assert np.array_equal(pool[r], h), f"row {r}"
+    others = [r for r in range(16) if r not in want_rows]
+    assert np.array_equal(pages[others], before[others])
+    for g, w in zip(got, want_out):
+        assert np.array_equal(g.reshape((-1,) + g.shape[2:]), np.concatenate(w))
+
+
+def test_block_states_refusals_leave_the_pool():
+    arrays, _ = PREFILLS["ssd"](3, 10)
+    states = rng.standard_normal((ROWS, H, P, N)).astype(np.float32)
+    before = states.copy()
+    src = np.array([0, 1, 2], np.int32)
+    blocks = np.array([[3, 4], [5, -1], [-1, -1]], np.int32)
+    with pytest.raises(LinseqError, match="block 0 both go to pool row 3"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks, 4, src,
+                                np.array([3, 4, 5], np.int32))
+    with pytest.raises(LinseqError, match="block_size = 0"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks, 0, src)
+    with pytest.raises(LinseqError, match="max_blocks"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks[:, :1], 4, src)
+    with pytest.raises(ValueError, match="block_rows"):
+        ops.forward_pool_blocks("ssd", arrays, states, blocks.astype(np.int64), 4, src)
+    assert np.array_equal(states, before)
+
+
+@pytest.mark.parametrize("op", ["causal_conv1d", "ema"])
+def test_block_states_as_vllm_schedules_them(op):
+    """A prompt of 19 tokens prefilled in two scheduler steps (10 tokens, then 9), mapped as
+    include/linseq.h says from vLLM's prefix-caching metadata: a state table [1, max_blocks]
+    of cache blocks, block_size 4, num_computed_tokens, the initial block and the last
+    scheduled block's index. Each cache block then holds the state after its 4 tokens, and
+    the last one the final state: for these ops (each token's step exact in any split) the
+    states of one forward over the prefix, bit for bit."""
+    bs, T, table = 4, 19, np.array([[7, 3, 9, 2, 11]], np.int32)
+    arrays, options = PREFILLS[op](1, T)
+    state_shape = ops.run(op, arrays, **options)[-1].shape[1:]
+    pool = np.zeros((12,) + state_shape, np.float32)
+    for begin, end in ((0, 10), (10, T)):
+        computed = np.array([begin], np.int32)
+        last = (end - 1) // bs                            # block_idx_last_scheduled_token
+        initial = max(begin - 1, 0) // bs                 # the block of the last computed token
+        piece = {n: (a[:, begin:end] if np.ndim(a) >= 2 and np.shape(a)[1] == T else a)
+                 for n, a in arrays.items()}
+        ops.forward_pool_blocks(op, piece, pool, table, bs, table[:, initial],
+                                table[:, last], computed > 0, computed, **options)
+    for j in range(5):                                    # block j: tokens [0, min(4 (j+1), T))
+        prefix = {n: (a[:, :min(bs * (j + 1), T)] if np.ndim(a) >= 2 and np.shape(a)[1] == T
+                      else a) for n, a in arrays.items()}
+        want = ops.run(op, prefix, **options)[-1][0]
+        assert np.array_equal(pool[table[0, j]], want), f"block {j}"

@@ -104,3 +104,19 @@ linseq_status linseq_op_backward(const char *op_name, const void *problem, const
     if (!upstream) return no_array(fn, "upstream");
     return op->backward(problem, exec, upstream, grads);
 }
+
+linseq_status linseq_op_forward_pool_blocks(const char *op_name, const void *problem,
+                                            const linseq_exec *exec, const linseq_state_pool *pool,
+                                            const bool *has_initial_state, int64_t block_size,
+                                            const void *block_rows, int64_t max_blocks,
+                                            const void *computed_tokens, float *const *outputs)
+{
+    static const char fn[] = "linseq_op_forward_pool_blocks";
+    const ls_op *op;
+    linseq_status st = find(fn, op_name, &op);
+    if (st) return st;
+    if (!op->decode) return no_call(fn, op, "state pool (it has no decode step)");
+    if (!outputs) return no_array(fn, "outputs");
+    return ls_op_forward_pool_blocks(fn, op, problem, exec, pool, has_initial_state, block_size,
+                                     block_rows, max_blocks, computed_tokens, outputs);
+}

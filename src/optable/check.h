@@ -63,6 +63,12 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
 linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
                                  const linseq_exec *exec, const linseq_state_pool *pool,
                                  const bool *has_initial_state, float *const *out);
+/* A prefill over the pool that keeps each block boundary's state (state_pool_blocks.c). */
+linseq_status ls_op_forward_pool_blocks(const char *fn, const ls_op *op, const void *p,
+                                        const linseq_exec *exec, const linseq_state_pool *pool,
+                                        const bool *has_initial_state, int64_t block_size,
+                                        const void *block_rows, int64_t max_blocks,
+                                        const void *computed_tokens, float *const *out);
 /* Several tokens per request over the pool, each token's state kept (state_pool_tokens.c). */
 linseq_status ls_op_decode_tokens_pool(const char *fn, const ls_op *op, const void *p,
                                        const linseq_exec *exec, const linseq_state_pool *pool,

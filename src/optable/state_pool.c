@@ -91,10 +91,8 @@ int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_
     return ((const int64_t *)rows)[b];
 }
 
-/* The rows of each request as int64 (src -1: padding), checked: in range, and no row written
- * by two requests. */
-static linseq_status read_rows(const char *fn, const linseq_state_pool *pool, int64_t B,
-                               int64_t *src, int64_t *dst)
+linseq_status ls_pool_read_rows(const char *fn, const linseq_state_pool *pool, int64_t B,
+                                int64_t *src, int64_t *dst)
 {
     for (int64_t b = 0; b < B; b++) {
         const int64_t s = pool->src_rows ? ls_pool_index_at(pool, pool->src_rows, b) : b;
@@ -236,7 +234,7 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
         return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "pool: could not allocate %lld indices",
                        (long long)(4 * B));
     int64_t *src = rows, *dst = rows + B, *work = rows + 2 * B;
-    if (!(st = read_rows(fn, pool, B, src, dst)) &&
+    if (!(st = ls_pool_read_rows(fn, pool, B, src, dst)) &&
         !(st = ls_pool_check_distinct(fn, dst, B, 1, work))) {
         bool in_place =
             pool->dtype == LINSEQ_POOL_F32 && (!pool->row_stride || pool->row_stride == row);
@@ -248,11 +246,9 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
     return st;
 }
 
-/* The float32 block of n states the prefill starts from (zeros where a sequence has no
- * initial state or is padding) into *block. */
-static linseq_status gather_initial(const char *fn, const linseq_state_pool *pool, int64_t n,
-                                    int64_t row, const int64_t *src, const bool *has_initial_state,
-                                    float **block)
+linseq_status ls_pool_gather_initial(const char *fn, const linseq_state_pool *pool, int64_t n,
+                                     int64_t row, const int64_t *src, const bool *has_initial_state,
+                                     float **block)
 {
     const int64_t stride = pool->row_stride ? pool->row_stride : row;
     if (ls_mul_sat(n, row) > (int64_t)(SIZE_MAX / 2 / sizeof(float)))
@@ -268,9 +264,8 @@ static linseq_status gather_initial(const char *fn, const linseq_state_pool *poo
     return LINSEQ_OK;
 }
 
-/* The forward on a copy of the problem whose initial and final states are `block`. */
-static linseq_status forward_from(const char *fn, const ls_op *op, const void *p,
-                                  const linseq_exec *exec, float *const *out, float *block)
+linseq_status ls_pool_forward_from(const char *fn, const ls_op *op, const void *p,
+                                   const linseq_exec *exec, float *const *out, float *block)
 {
     void *problem = malloc(op->problem_size);
     if (!problem) return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "could not copy the problem");
@@ -307,10 +302,10 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
                        (long long)(3 * n));
     int64_t *src = rows, *dst = rows + n, *work = rows + 2 * n;
     float *block = NULL;
-    if (!(st = read_rows(fn, pool, n, src, dst)) &&
+    if (!(st = ls_pool_read_rows(fn, pool, n, src, dst)) &&
         !(st = ls_pool_check_distinct(fn, dst, n, 1, work)) &&
-        !(st = gather_initial(fn, pool, n, row, src, has_initial_state, &block)) &&
-        !(st = forward_from(fn, op, p, exec, out, block))) {
+        !(st = ls_pool_gather_initial(fn, pool, n, row, src, has_initial_state, &block)) &&
+        !(st = ls_pool_forward_from(fn, op, p, exec, out, block))) {
         const int64_t stride = pool->row_stride ? pool->row_stride : row;
         for (int64_t s = 0; s < n; s++)
             if (src[s] >= 0)

@@ -1,5 +1,6 @@
 /* Internal: what the pool entry points share (state_pool.c: decode and prefill over a pool;
- * state_pool_tokens.c: several tokens per request). */
+ * state_pool_tokens.c: several tokens per request; state_pool_blocks.c: a prefill that keeps
+ * the states at block boundaries). */
 #ifndef LS_OPTABLE_STATE_POOL_H
 #define LS_OPTABLE_STATE_POOL_H
 
@@ -26,6 +27,19 @@ int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_
  * k % tokens) in the message; work holds n int64. */
 linseq_status ls_pool_check_distinct(const char *fn, const int64_t *dst, int64_t n, int64_t tokens,
                                      int64_t *work);
+/* The rows of each of the B requests (or sequences) as int64 (src -1: padding), checked in
+ * range; dst is the row its new state goes to (-1 for padding). */
+linseq_status ls_pool_read_rows(const char *fn, const linseq_state_pool *pool, int64_t B,
+                                int64_t *src, int64_t *dst);
+/* The float32 block of n states a prefill starts from (zeros where a sequence has no initial
+ * state or is padding) into *block (the caller frees it). */
+linseq_status ls_pool_gather_initial(const char *fn, const linseq_state_pool *pool, int64_t n,
+                                     int64_t row, const int64_t *src, const bool *has_initial_state,
+                                     float **block);
+/* The forward on a copy of problem p whose initial and final states are `block`, updated in
+ * place; out as the op's forward (the final state's slot ignored). */
+linseq_status ls_pool_forward_from(const char *fn, const ls_op *op, const void *p,
+                                   const linseq_exec *exec, float *const *out, float *block);
 void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride);
 /* A state row to float32, and back rounded once to the pool's type. */
 void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n);

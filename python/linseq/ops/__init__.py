@@ -31,11 +31,13 @@ from .kda_gate import GateInputs, kda_gate_backward, kda_gate_forward
 from .ssm1 import (Ssm1Inputs, ssm1_backward, ssm1_decode, ssm1_forward,
                    ssm1_forward_train)
 from .table import (TableInputs, backward, decode, decode_pool, decode_tokens_pool, forward_pool,
-                    run, shapes_of)
+                    forward_pool_blocks, run, shapes_of)
 from .table import backward_of as table_backward
 from .table import forward_of as table_forward
 
-__all__ = ["run", "decode", "decode_pool", "decode_tokens_pool", "forward_pool", "TableInputs", "shapes_of", "table_forward", "table_backward", "make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
+__all__ = ["run", "decode", "decode_pool", "decode_tokens_pool", "forward_pool",
+           "forward_pool_blocks", "TableInputs", "shapes_of", "table_forward", "table_backward",
+           "make_exec", "scale_option", "lower_bound_option", "activation_code", "ACTIVATIONS",
            "DTYPE_F32", "DTYPE_BF16", "PRODUCTS_F32", "PRODUCTS_BF16", "forward_train",
            "saved_bytes",
            "KdaInputs", "kda_bf16_storage", "kda_forward", "kda_forward_train", "kda_backward",

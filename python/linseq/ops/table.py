@@ -330,13 +330,10 @@ def decode_tokens_pool(op, arrays, pool, src_rows=None, dst_rows=None, sizes=Non
     return _without_state(op, outs, roles["state_out"])
 
 
-def forward_pool(op, arrays, pool, src_rows=None, dst_rows=None, has_initial_state=None,
-                 sizes=None, *, cu_seqlens=None, pad_value=None, threads=0, **options):
-    """A prefill of op whose sequences start from and end in a serving engine's pool
-    (linseq_op_forward_pool): sequence s starts from row src_rows[s] where
-    has_initial_state[s] (None: everywhere), from zeros otherwise, and its final state goes
-    to row dst_rows[s] (None: its source row). Pool and rows as decode_pool's. Returns the
-    outputs but the final state."""
+def _prefill_pool(op, arrays, pool, src_rows, dst_rows, has_initial_state, sizes, cu_seqlens,
+                  pad_value, options):
+    """What forward_pool and forward_pool_blocks share: the problem, the pool's spec, the
+    has_initial_state array and the outputs, and what must stay alive through the call."""
     roles = _pool_op(op)
     given = {n: a for n, a in arrays.items() if a is not None}
     problem, shapes, kept = _problem(op, given, sizes, options, cu_seqlens)
@@ -350,11 +347,60 @@ def forward_pool(op, arrays, pool, src_rows=None, dst_rows=None, has_initial_sta
             raise ValueError(f"has_initial_state: expected [N] = [{state_shape[0]}] booleans, "
                              f"got shape {list(has.shape)}")
     outs, ptrs = _outputs(op, shapes, skip=roles["state_out"])
+    return roles, problem, spec, has, outs, ptrs, (kept, rows), state_shape[0]
+
+
+def forward_pool(op, arrays, pool, src_rows=None, dst_rows=None, has_initial_state=None,
+                 sizes=None, *, cu_seqlens=None, pad_value=None, threads=0, **options):
+    """A prefill of op whose sequences start from and end in a serving engine's pool
+    (linseq_op_forward_pool): sequence s starts from row src_rows[s] where
+    has_initial_state[s] (None: everywhere), from zeros otherwise, and its final state goes
+    to row dst_rows[s] (None: its source row). Pool and rows as decode_pool's. Returns the
+    outputs but the final state."""
+    roles, problem, spec, has, outs, ptrs, alive, _ = _prefill_pool(
+        op, arrays, pool, src_rows, dst_rows, has_initial_state, sizes, cu_seqlens, pad_value,
+        options)
     ex = make_exec(mode="default", threads=threads)
     _lib.check(_lib.lib.linseq_op_forward_pool(op.encode(), ctypes.byref(problem),
                                                ctypes.byref(ex), ctypes.byref(spec),
                                                pointer(has), ptrs))
-    del kept, rows
+    del alive
+    return _without_state(op, outs, roles["state_out"])
+
+
+def forward_pool_blocks(op, arrays, pool, block_rows, block_size, src_rows=None, dst_rows=None,
+                        has_initial_state=None, computed_tokens=None, sizes=None, *,
+                        cu_seqlens=None, pad_value=None, threads=0, mode="default", **options):
+    """forward_pool that also keeps the state at each block boundary of each sequence
+    (linseq_op_forward_pool_blocks; prefix caching): with sequence s's first token at
+    position computed_tokens[s] (None: 0) of its prompt, the state after each boundary
+    P = (j + 1) * block_size strictly inside its tokens goes to row block_rows[s, j]
+    (block_rows [N, max_blocks], negative or pad_value: not kept), the final state to
+    dst_rows[s]. block_rows, computed_tokens, src_rows and dst_rows share one integer type
+    (int32 or int64). Returns the outputs but the final state."""
+    blocks = np.ascontiguousarray(block_rows)
+    if blocks.dtype not in (np.int32, np.int64) or blocks.ndim != 2:
+        raise ValueError(f"block_rows: expected an int32 or int64 array [N, max_blocks], got "
+                         f"{blocks.dtype} {list(blocks.shape)}")
+    roles, problem, spec, has, outs, ptrs, alive, n = _prefill_pool(
+        op, arrays, pool, src_rows, dst_rows, has_initial_state, sizes, cu_seqlens, pad_value,
+        options)
+    rows_given = src_rows is not None or dst_rows is not None
+    if blocks.shape[0] != n or (rows_given and blocks.dtype.itemsize * 8 != spec.index_bits):
+        raise ValueError(f"block_rows: expected [N = {n}, max_blocks] of the rows' integer "
+                         f"type, got {blocks.dtype} {list(blocks.shape)}")
+    spec.index_bits = blocks.dtype.itemsize * 8
+    computed = None
+    if computed_tokens is not None:
+        computed = np.ascontiguousarray(computed_tokens, dtype=blocks.dtype)
+        if computed.shape != (blocks.shape[0],):
+            raise ValueError(f"computed_tokens: expected [N] = [{blocks.shape[0]}], got shape "
+                             f"{list(computed.shape)}")
+    ex = make_exec(mode=mode, threads=threads)
+    _lib.check(_lib.lib.linseq_op_forward_pool_blocks(
+        op.encode(), ctypes.byref(problem), ctypes.byref(ex), ctypes.byref(spec), pointer(has),
+        int(block_size), pointer(blocks), blocks.shape[1], pointer(computed), ptrs))
+    del alive, blocks, computed
     return _without_state(op, outs, roles["state_out"])
 
 
