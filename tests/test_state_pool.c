@@ -403,12 +403,29 @@ static void test_several_tokens(void)
 static void test_pool_span_overflow(void)
 {
     float x[1] = {0}, a[1] = {0.5f}, y[1], data[4] = {0};
-    const linseq_ema_problem p = {.B = 1, .T = 1, .D = (int64_t)1 << 60, .x = x, .a = a};
+    const linseq_ema_problem p = {.B = 1, .T = 1, .D = (int64_t)1 << 59, .x = x, .a = a};
     const linseq_state_pool pool = {.data = data, .n_rows = (int64_t)1 << 62};
     float *out[2] = {y, NULL};
     CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
                 "overflow the address range");
     CHECK(data[0] == 0.0f && data[3] == 0.0f, "a pool too large to address was written");
+}
+
+/* An output whose sizes' product overflows while every input's fits (the conv's final states
+ * [B, D, W-1] with B and W both 2^32 + 1; found by fuzz_state_pool): refused before the pool
+ * layer sizes its index work from B, which it tried to allocate (128 GiB) first. */
+static void test_output_size_overflow(void)
+{
+    float x[3] = {0}, w[3] = {0}, y[3], data[4] = {0};
+    const int64_t big = ((int64_t)1 << 32) + 1;
+    const linseq_conv1d_problem p = {.B = big, .T = 1, .D = 3, .W = big, .x = x, .weight = w};
+    const linseq_state_pool pool = {.data = data, .n_rows = 1};
+    float *out[2] = {y, NULL};
+    CHECK_FAILS(linseq_op_decode_pool("causal_conv1d", &p, NULL, &pool, out),
+                LINSEQ_ERR_SIZE_OVERFLOW, "conv_state_out");
+    CHECK_FAILS(linseq_op_forward_pool("causal_conv1d", &p, NULL, &pool, NULL, out),
+                LINSEQ_ERR_SIZE_OVERFLOW, "conv_state_out");
+    CHECK(data[0] == 0.0f && data[3] == 0.0f, "a refused call wrote the pool");
 }
 
 /* So many requests (or sequences) that the pool layer's own index work overflows although
@@ -417,7 +434,7 @@ static void test_pool_span_overflow(void)
 static void test_pool_index_count_overflow(void)
 {
     float x[1] = {0}, a[1] = {0.5f}, y[1], data[1] = {0};
-    const linseq_ema_problem p = {.B = (int64_t)1 << 60, .T = 1, .D = 1, .x = x, .a = a};
+    const linseq_ema_problem p = {.B = (int64_t)1 << 59, .T = 1, .D = 1, .x = x, .a = a};
     const linseq_state_pool pool = {.data = data, .n_rows = 1};
     float *out[2] = {y, NULL};
     CHECK_FAILS(linseq_op_decode_pool("ema", &p, NULL, &pool, out), LINSEQ_ERR_SIZE_OVERFLOW,
@@ -465,6 +482,7 @@ int main(void)
     test_pool_negative_size();
     test_pool_span_overflow();
     test_pool_index_count_overflow();
+    test_output_size_overflow();
     test_half_conversions();
     test_prefill_pool();
     test_several_tokens();

@@ -76,13 +76,32 @@ linseq_status ls_pool_check_index_count(const char *fn, const char *what, int64_
                    "%s = %lld: the pool's indices overflow the address range", what, (long long)n);
 }
 
+/* The outputs' element counts: the pool paths size their index and state blocks from B
+ * and the state's elements before the op's own checks of the outputs run, so an output whose
+ * size overflows must be refused first. The bound leaves room for the float32 copy of the
+ * states that a gathered call holds beside the output. */
+static linseq_status check_output_counts(const char *fn, const ls_op *op, const void *p)
+{
+    for (int i = 0; i < op->n_tensors; i++) {
+        const ls_tensor_desc *t = &op->tensors[i];
+        int64_t count;
+        if (t->role != LS_ROLE_OUTPUT) continue;
+        if (!ls_tensor_count(t, p, &count) || count > (int64_t)(PTRDIFF_MAX / 8))
+            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
+                           "output '%s': the product of its sizes overflows the address range",
+                           t->name);
+    }
+    return LINSEQ_OK;
+}
+
 linseq_status ls_pool_check_problem(const char *fn, const ls_op *op, const void *p,
                                     const linseq_exec *exec)
 {
     linseq_status st = ls_op_check_problem(fn, op, p, exec, true);
     ls_args a = {.fn = fn};
     if (!st) st = ls_op_add_tensors(&a, op, p, LS_ROLE_INPUT, p, ls_token_bytes(exec));
-    return st ? st : ls_args_validate(&a);
+    if (!st) st = ls_args_validate(&a);
+    return st ? st : check_output_counts(fn, op, p);
 }
 
 int64_t ls_pool_index_at(const linseq_state_pool *pool, const void *rows, int64_t b)
