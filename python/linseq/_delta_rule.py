@@ -198,8 +198,11 @@ def _eager_token_step(q, *args, **kwargs):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return None
-    from . import _torch_direct
-    return _torch_direct.kda_token_step(q, *args, **kwargs)
+    from . import _torch_direct, _torch_ops
+    if not _torch_ops.AVAILABLE:  # torch without torch.library.custom_op
+        return None
+    return _torch_direct.kda_token_step(_torch_ops.eager_entry("kda_decode"), q, *args,
+                                        **kwargs)
 
 
 def _dims(q, v):

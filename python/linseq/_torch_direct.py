@@ -230,17 +230,6 @@ def kda_forward(arrays, opts):
     return o, ht
 
 
-_KDA_DECODE = []  # [the decode op's eager C++ entry or None], looked up on first use
-
-
-def _kda_decode_entry():
-    if not _KDA_DECODE:
-        from . import _torch_ops
-        _KDA_DECODE.append(_torch_ops.eager_entry("kda_decode") if _torch_ops.AVAILABLE
-                           else None)
-    return _KDA_DECODE[0]
-
-
 def _token_step_shapes(q, k, v, beta, g):
     """(B, HV, K, V) when q, k, v, beta and g are one token per sequence of consistent
     shapes, else None (the general path refuses them by name)."""
@@ -256,15 +245,17 @@ def _token_step_shapes(q, k, v, beta, g):
     return B, HV, K, V
 
 
-def kda_token_step(q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logit, state_v_first):
+def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logit,
+                   state_v_first):
     """fla's recurrent call at T = 1 for inference (no tensor needing a gradient, plain CPU
     tensors, eager): (o [B,1,HV,V], ht) where ht is a new float32 state (h0, if given, is
     left as it was), by the decode op's C++ kernel on a copy of h0 (zeros without it); None
     for anything else. The C++ kernel passes dtypes and layouts it does not take to the
     op's Python body, which converts them. States [K,V]-first only: there the decode
     kernel gives the recurrent forward's bits; on V-first states it sums in another order
-    (equal within rounding), and a call should not change its bits with requires_grad."""
-    step = _kda_decode_entry()
+    (equal within rounding), and a call should not change its bits with requires_grad.
+    step: the decode op's eager entry (_torch_ops.eager_entry("kda_decode")), None without
+    the C++ kernels."""
     if step is None or k is None or v is None or beta is None or state_v_first:
         return None
     if scale is not None and (not isinstance(scale, (int, float)) or scale != scale
