@@ -504,14 +504,14 @@ LOGPROB_TOLERANCE = dict(rtol=0.03, atol=0.05)
 
 
 def _spy_on_pool_ops(monkeypatch):
-    """The (function, op) pairs of linseq.ops' pool functions called, as a list filled in."""
-    from linseq import ops
+    """The (pool function, op) pairs the GDN adapters called, as a list filled in."""
     calls = []
-    for name in ("forward_pool", "decode_pool"):
-        def spy(op, *args, _fn=getattr(ops, name), _name=name, **kwargs):
-            calls.append((_name, op))
-            return _fn(op, *args, **kwargs)
-        monkeypatch.setattr(ops, name, spy)
+    real = linseq_vllm._on_vllms_pool
+
+    def spy(function, op, *args, **kwargs):
+        calls.append((function, op))
+        return real(function, op, *args, **kwargs)
+    monkeypatch.setattr(linseq_vllm, "_on_vllms_pool", spy)
     return calls
 
 
