@@ -21,9 +21,10 @@ vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is
 
 Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
 enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
-decode state is 2-6e-3 off float64), but small models decode at about half vLLM's tokens/s
-through it (docs/performance.md), so vLLM's ops stay the default. vLLM's CPU GDN layer runs
-its own C++ ops, which it calls as attributes of
+decode state is 2-6e-3 off float64), but small models decode at about two thirds to three
+quarters of vLLM's tokens/s through it (docs/performance.md: the decode step widens vLLM's
+bfloat16 state rows to float32 and rounds them back), so vLLM's ops stay the default.
+vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
 (chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
@@ -33,7 +34,11 @@ beta = sigmoid(b) in linseq's kernel), the speculative decode step
 (fused_sigmoid_gating_delta_rule_update_spec_cpu: from the slot of the last accepted token,
 the state after each draft token to that token's slot), and the layer's causal conv
 (causal_conv1d_fwd_cpu, causal_conv1d_update_cpu: the weight vLLM prepacked unpacked, the
-conv state in vLLM's layouts). q and k are l2-normalised with vLLM's eps (1e-5). A call an
+conv state in vLLM's layouts). Each call passes vLLM's pool tensors to the library's
+pool functions as they lie (data pointer, row stride, dtype; the conv state as the tap-major
+pool it is) with vLLM's int32 slot tensors, its problem struct from a template per shapes
+and options (_pool_call); a pool the library cannot read in place runs on a float32 copy
+of the rows named. q and k are l2-normalised with vLLM's eps (1e-5). A call an
 adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
 varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
