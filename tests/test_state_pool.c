@@ -10,6 +10,7 @@
 
 #include "core/half_float.h"
 #include "op_jobs.h"
+#include "optable/state_pool.h"
 #include "testutil.h"
 
 /* One decode job's reference: the in-place step on its contiguous float32 pool. */
@@ -476,6 +477,39 @@ static void test_pool_inputs_checked_first(void)
                 "'x'");
 }
 
+/* The pool's bfloat16 rows are widened and rounded in blocks (ls_pool_widen, ls_pool_narrow):
+ * element for element the scalar conversions', at every length around a block's edge and for
+ * every bfloat16 value, and for floats at and around every rounding midpoint, infinities and
+ * NaNs (quiet and signalling payloads) included. */
+static void test_pool_bf16_blocks(void)
+{
+    const int64_t n = 65536 + 21; /* every bf16 bit pattern, then a tail past a whole block */
+    uint16_t *h = malloc((size_t)n * sizeof *h), *back = malloc((size_t)n * sizeof *back);
+    float *wide = tu_alloc((size_t)n), *probe = tu_alloc((size_t)n);
+    for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(i * 7919);
+    for (int64_t i = 0; i < n; i++) { /* midpoints, one below, one above, and NaN payloads */
+        uint32_t u = (uint32_t)(i & 0xffffu) << 16 | (uint32_t[]){0x8000u, 0x7fffu, 0x8001u,
+                                                                   0x0001u}[i % 4];
+        memcpy(&probe[i], &u, sizeof u);
+    }
+    const linseq_state_pool pool = {.dtype = LINSEQ_POOL_BF16};
+    int bad = 0;
+    const int64_t lengths[] = {1, 15, 16, 17, 31, 32, 33, n};
+    for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
+        const int64_t len = lengths[l];
+        ls_pool_widen(&pool, h + 3, wide, len - (len == n ? 3 : 0));
+        for (int64_t i = 0; i < len - (len == n ? 3 : 0); i++)
+            bad += !tu_same_bits(&wide[i], &(float){ls_bf16_to_f32(h[i + 3])}, 1);
+        ls_pool_narrow(&pool, probe, back, len);
+        for (int64_t i = 0; i < len; i++) bad += back[i] != ls_f32_to_bf16(probe[i]);
+    }
+    CHECK(bad == 0, "bf16 pool rows: %d elements differ from the scalar conversions", bad);
+    free(h);
+    free(back);
+    free(wide);
+    free(probe);
+}
+
 int main(void)
 {
     test_pool_inputs_checked_first();
@@ -484,6 +518,7 @@ int main(void)
     test_pool_index_count_overflow();
     test_output_size_overflow();
     test_half_conversions();
+    test_pool_bf16_blocks();
     test_prefill_pool();
     test_several_tokens();
     test_every_decode_op();

@@ -379,6 +379,33 @@ def test_gdn_speculative_decode_equals_vllms_op_and_float64():
                        before[spec_slots[:, T:].reshape(-1).long()])
 
 
+def test_gdn_decode_on_a_bf16_pool_reads_and_writes_it_in_place(monkeypatch):
+    """vLLM's bfloat16 state pool (its default, the model's dtype) goes to the library as it
+    lies, no copy of its rows (_on_pool is not called): the output is the float32 pool's
+    on the same widened values, bit for bit, and each state the float32 one rounded once."""
+    g = torch.Generator().manual_seed(8)
+    n = 3
+    slots = torch.tensor([4, 1, 6], dtype=torch.int32)
+    q, k, v, a, b = _gdn_tokens(n, g)
+    A_log, dt_bias = _gdn_params(g)
+    wide = _paged_pool(8, HV, HEAD_DIM, HEAD_DIM, generator=g).to(torch.bfloat16).float()
+    half = wide.to(torch.bfloat16)
+    before = half.clone()
+    args = dict(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b,
+                initial_state_indices=slots, cu_seqlens=torch.arange(n + 1, dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True)
+    o_wide = linseq_vllm._gated_delta_update(initial_state_source=wide, **args)
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("the bf16 pool was copied")
+    monkeypatch.setattr(linseq_vllm, "_on_pool", no_copy)
+    o_half = linseq_vllm._gated_delta_update(initial_state_source=half, **args)
+    assert torch.equal(o_half, o_wide)
+    assert torch.equal(half, wide.to(torch.bfloat16))
+    untouched = [r for r in range(8) if r not in slots.tolist()]
+    assert torch.equal(half[untouched], before[untouched])
+
+
 def _conv_reference(x, weight, bias, state):
     """silu(causal conv) of x [T, dim] after the width-1 inputs in state [dim, width-1], in
     float64; and the last width-1 inputs."""
@@ -452,6 +479,23 @@ def test_conv_decode_equals_vllms_op_and_float64():
     assert torch.equal(pools["linseq"], pools["vllm"])
 
 
+def test_conv_decode_on_a_pool_layout_the_library_cannot_read_runs_on_a_copy():
+    """A conv-state pool whose rows are contiguous in neither of linseq's layouts ([slots,
+    dim, width-1] over [width-1, slots, dim] memory) runs on a float32 copy of its rows:
+    the same outputs and states as on vLLM's default layout."""
+    g = torch.Generator().manual_seed(9)
+    weight, bias, packed, pool = _conv_setup(g, 5)
+    slots = torch.tensor([3, 0, -1], dtype=torch.int32)
+    x = torch.randn(3, 64, generator=g).to(torch.bfloat16)
+    scattered = pool.permute(2, 0, 1).contiguous().permute(1, 2, 0)
+    assert torch.equal(scattered, pool) and not scattered.transpose(1, 2)[0].is_contiguous()
+    outs = [linseq_vllm._conv_update(x=x, conv_states=p, weight=packed, bias=bias,
+                                     silu_activation=True, conv_state_indices=slots,
+                                     is_weight_packed=True) for p in (pool, scattered)]
+    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(scattered, pool)
+
+
 # ------------------------------------------------------------------------------------------
 # A tiny Qwen3.5-like model served by vLLM: linseq against vLLM's kernels and transformers
 # ------------------------------------------------------------------------------------------
@@ -504,14 +548,14 @@ LOGPROB_TOLERANCE = dict(rtol=0.03, atol=0.05)
 
 
 def _spy_on_pool_ops(monkeypatch):
-    """The (function, op) pairs of linseq.ops' pool functions called, as a list filled in."""
-    from linseq import ops
+    """The (pool function, op) pairs the GDN adapters called, as a list filled in."""
     calls = []
-    for name in ("forward_pool", "decode_pool"):
-        def spy(op, *args, _fn=getattr(ops, name), _name=name, **kwargs):
-            calls.append((_name, op))
-            return _fn(op, *args, **kwargs)
-        monkeypatch.setattr(ops, name, spy)
+    real = linseq_vllm._on_vllms_pool
+
+    def spy(function, op, *args, **kwargs):
+        calls.append((function, op))
+        return real(function, op, *args, **kwargs)
+    monkeypatch.setattr(linseq_vllm, "_on_vllms_pool", spy)
     return calls
 
 

@@ -21,9 +21,10 @@ vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is
 
 Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
 enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
-decode state is 2-6e-3 off float64), but small models decode at about half vLLM's tokens/s
-through it (docs/performance.md), so vLLM's ops stay the default. vLLM's CPU GDN layer runs
-its own C++ ops, which it calls as attributes of
+decode state is 2-6e-3 off float64), but small models decode at about two thirds to three
+quarters of vLLM's tokens/s through it (docs/performance.md: the decode step widens vLLM's
+bfloat16 state rows to float32 and rounds them back), so vLLM's ops stay the default.
+vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
 (chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
@@ -33,7 +34,11 @@ beta = sigmoid(b) in linseq's kernel), the speculative decode step
 (fused_sigmoid_gating_delta_rule_update_spec_cpu: from the slot of the last accepted token,
 the state after each draft token to that token's slot), and the layer's causal conv
 (causal_conv1d_fwd_cpu, causal_conv1d_update_cpu: the weight vLLM prepacked unpacked, the
-conv state in vLLM's layouts). q and k are l2-normalised with vLLM's eps (1e-5). A call an
+conv state in vLLM's layouts). Each call passes vLLM's pool tensors to the library's
+pool functions as they lie (data pointer, row stride, dtype; the conv state as the tap-major
+pool it is) with vLLM's int32 slot tensors, its problem struct from a template per shapes
+and options (_pool_call); a pool the library cannot read in place runs on a float32 copy
+of the rows named. q and k are l2-normalised with vLLM's eps (1e-5). A call an
 adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
 varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
@@ -114,6 +119,145 @@ def _on_pool(pool, src, dst, pad_value, run):
     out = run(local.numpy(), local_src.numpy(), local_dst.numpy(), None)
     pool[named] = local[:named.numel()].to(pool.dtype)
     return out
+
+
+# ------------------------------------------------------------------------------------------
+# The pool contract on vLLM's own tensors: one call per step, no copy of the pool
+# ------------------------------------------------------------------------------------------
+
+# torch dtype name -> linseq_pool_dtype (include/linseq.h): vLLM keeps its states in the
+# model's dtype (bfloat16) unless told otherwise, which the library reads widened in place
+_POOL_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
+_POOL_FUNCTIONS = ("decode_pool", "decode_tokens_pool", "forward_pool")
+_problem_templates = {}   # (function, op, options, input shapes, sequences) -> _Template
+_exec = []                # the one exec of every pool call, made on first use
+
+
+class _Template:
+    """What a pool call's problem depends on besides its tensors' addresses, from one call
+    checked in full by linseq.ops.TableInputs (every input's shape against the library's op
+    table under these sizes and options): the problem struct's bytes, the struct fields of
+    the inputs, the outputs' shapes, the state rows' shape."""
+
+    def __init__(self, function, op, arrays, cu_seqlens, options):
+        import numpy as np
+
+        from .. import _lib, ops
+        given = {n: a.numpy() for n, a in arrays.items() if a is not None}
+        inputs = ops.TableInputs(op, given, None if cu_seqlens is None
+                                 else cu_seqlens.numpy().astype(np.int64), None, options)
+        roles = _lib.op_desc(op)["decode"]
+        self.problem_class = type(inputs.problem)
+        self.problem_bytes = bytes(inputs.problem)
+        self.fields = {t["name"]: t["field"] for t in _lib.op_tensors(op, "input")}
+        names = [t["name"] for t in _lib.op_tensors(op, "output")]
+        self.outputs = [inputs.shapes[n] for n in names]
+        self.state_out = names.index(roles["state_out"])
+        self.row_shape = inputs.shapes[roles["state"]][1:]
+        self.state_count = inputs.shapes[roles["state"]][0]   # requests or sequences
+        self.dst_count = self.state_count * (getattr(inputs.problem, "T", 1)
+                                             if function == "decode_tokens_pool" else 1)
+
+
+def _template(function, op, arrays, cu_seqlens, options):
+    key = (function, op, tuple(sorted(options.items())),
+           tuple((n, None if a is None else tuple(a.shape)) for n, a in sorted(arrays.items())),
+           None if cu_seqlens is None else cu_seqlens.numel())
+    template = _problem_templates.get(key)
+    if template is None:
+        if len(_problem_templates) > 4096:   # prefill shapes of many step sizes
+            _problem_templates.clear()
+        template = _problem_templates[key] = _Template(function, op, arrays, cu_seqlens,
+                                                                options)
+    return template
+
+
+def _pool_layout(pool, row_shape):
+    """(data pointer, row stride in elements, linseq_pool_dtype) of vLLM's pool tensor
+    [slots, *row_shape] as it lies, or None where the library cannot read it there (another
+    dtype, rows not C-contiguous, rows closer than a row)."""
+    dtype = _POOL_DTYPES.get(str(pool.dtype).rpartition(".")[2])
+    if dtype is None or tuple(pool.shape[1:]) != tuple(row_shape) or not pool.is_cpu:
+        return None
+    expected = 1
+    for size, stride in zip(reversed(pool.shape[1:]), reversed(pool.stride()[1:])):
+        if size != 1 and stride != expected:
+            return None
+        expected *= size
+    if pool.shape[0] > 1 and pool.stride(0) < expected:
+        return None
+    return pool.data_ptr(), pool.stride(0) if pool.shape[0] > 1 else expected, dtype
+
+
+def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
+               has_initial_state=None, cu_seqlens=None, **options):
+    """linseq.ops' `function` (decode_pool, decode_tokens_pool or forward_pool) of op on
+    vLLM's pool tensor in place, its rows where they lie: arrays {the table's input name:
+    a C-contiguous float32 tensor or None}; src, dst the int32 or int64 slot tensors as vLLM
+    passes them (dst None: src; [B*T] for decode_tokens_pool); has_initial_state a bool
+    tensor, cu_seqlens an integer one (forward_pool). The problem struct and its checks come
+    from a template per shapes and options (_Template); the library checks the rest (the
+    pool's span, every index, cu_seqlens). Returns the outputs but the state (float32
+    tensors; None where absent), or None, before anything is written, where the pool's
+    layout is not one the library reads in place."""
+    import ctypes
+
+    import torch
+
+    from .. import _lib, ops
+    for name, a in arrays.items():
+        if a is not None and (a.dtype != torch.float32 or not a.is_contiguous() or
+                              not a.is_cpu):
+            raise ValueError(f"{name}: expected a C-contiguous float32 CPU tensor, got "
+                             f"{a.dtype} {list(a.shape)} strides {list(a.stride())}")
+    template = _template(function, op, arrays, cu_seqlens, options)
+    layout = _pool_layout(pool, template.row_shape)
+    if layout is None:
+        return None
+    if src.dtype not in (torch.int32, torch.int64) or not src.is_contiguous() or \
+            src.shape != (template.state_count,) or dst is not None and (
+                dst.dtype != src.dtype or not dst.is_contiguous() or
+                dst.shape != (template.dst_count,)):
+        raise ValueError(f"slot indices: expected contiguous int32 or int64 src "
+                         f"[{template.state_count}] and dst [{template.dst_count}] of one "
+                         f"type, got src {src.dtype} {list(src.shape)}" +
+                         ("" if dst is None else f", dst {dst.dtype} {list(dst.shape)}"))
+    problem = template.problem_class.from_buffer_copy(template.problem_bytes)
+    for name, a in arrays.items():
+        if a is not None:
+            setattr(problem, template.fields[name], a.data_ptr())
+    kept = [arrays, src, dst]
+    if cu_seqlens is not None:
+        cu = cu_seqlens.to(torch.int64).contiguous()
+        problem.cu_seqlens = cu.data_ptr()
+        kept.append(cu)
+    has = None
+    if has_initial_state is not None:
+        has = has_initial_state.to(torch.bool).contiguous()
+        if has.shape != (template.state_count,):
+            raise ValueError(f"has_initial_state: expected [{template.state_count}] booleans, "
+                             f"got {list(has.shape)}")
+    outs = [None if s is None or i == template.state_out else torch.empty(s, dtype=torch.float32)
+            for i, s in enumerate(template.outputs)]
+    ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[None if o is None or o.numel() == 0
+                                                    else o.data_ptr() for o in outs])
+    data, row_stride, dtype = layout
+    spec = _lib.StatePool(data=data, n_rows=pool.shape[0], row_stride=row_stride, dtype=dtype,
+                          src_rows=src.data_ptr(),
+                          dst_rows=None if dst is None else dst.data_ptr(),
+                          index_bits=src.element_size() * 8,
+                          has_pad_value=pad_value is not None,
+                          pad_value=0 if pad_value is None else int(pad_value))
+    if not _exec:
+        _exec.append(ops.make_exec(mode="default"))
+    call = getattr(_lib.lib, f"linseq_op_{function}")
+    head = (op.encode(), ctypes.byref(problem), ctypes.byref(_exec[0]), ctypes.byref(spec))
+    if function == "forward_pool":
+        _lib.check(call(*head, None if has is None else has.data_ptr(), ptrs))
+    else:
+        _lib.check(call(*head, ptrs))
+    del kept
+    return [o for i, o in enumerate(outs) if i != template.state_out]
 
 
 def _rows(indices, name):
@@ -230,9 +374,43 @@ GDN_L2NORM_EPS = 1e-5   # vLLM CPU's GDN kernels: q / sqrt(sum q^2 + eps), likew
 
 
 def _f32(t):
-    """A tensor (bfloat16 included) as a float32 NumPy array, None as None."""
+    """A tensor (bfloat16 included) as a C-contiguous float32 tensor (no copy where it is
+    one), None as None."""
     import torch
-    return None if t is None else t.detach().to(torch.float32).contiguous().numpy()
+    return None if t is None else t.detach().to(torch.float32).contiguous()
+
+
+def _on_vllms_pool(function, op, arrays, pool, src, dst=None, *, pad_value=None,
+                   has_initial_state=None, cu_seqlens=None, **options):
+    """linseq.ops' `function` of op on vLLM's pool where it lies (_pool_call); where the
+    library cannot read the pool in place, on a float32 copy of the rows named (_on_pool).
+    Returns the outputs but the state, float32 tensors."""
+    import numpy as np
+    import torch
+
+    from .. import ops
+    out = _pool_call(function, op, arrays, pool, src, dst, pad_value=pad_value,
+                     has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, **options)
+    if out is not None:
+        return out
+    given = {n: None if a is None else a.numpy() for n, a in arrays.items()}
+
+    def run(rows_pool, src_rows, dst_rows, pad):
+        if function == "forward_pool":
+            return ops.forward_pool(
+                op, given, rows_pool, src_rows, dst_rows,
+                None if has_initial_state is None else has_initial_state.numpy(),
+                cu_seqlens=None if cu_seqlens is None else cu_seqlens.numpy().astype(np.int64),
+                pad_value=pad, **options)
+        if function == "decode_tokens_pool":
+            return ops.decode_tokens_pool(op, given, rows_pool, src_rows,
+                                          dst_rows.reshape(src_rows.shape[0], -1),
+                                          pad_value=pad, **options)
+        return ops.decode_pool(op, given, rows_pool, src_rows, dst_rows, pad_value=pad,
+                               **options)
+
+    outs = _on_pool(pool, src, src if dst is None else dst, pad_value, run)
+    return [None if o is None else torch.from_numpy(o) for o in outs]
 
 
 def _gdn_gate_options(use_qk_l2norm_in_kernel, eps=GDN_L2NORM_EPS):
@@ -248,32 +426,23 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_fi
     its gating op; initial_state the pool [slots, HV, K, V]. Prompt i starts from slot
     initial_state_indices[i] (vLLM's layer zeroes the slots of new prompts first) and its
     final state goes back there. Returns (o [1, tokens, HV, V] in value's dtype, the pool)."""
-    import numpy as np
-    import torch
-
-    from .. import ops
-    if head_first or not output_final_state or query.dim() != 4 or query.shape[0] != 1:
+    if head_first or not output_final_state or query.dim() != 4 or query.shape[0] != 1 or \
+            cu_seqlens is None:
         raise _Declined
     rows = _rows(initial_state_indices, "initial_state_indices")
     arrays = dict(q=_f32(query), k=_f32(key), v=_f32(value), beta=_f32(beta), g=_f32(g))
-
-    def run(pool, src, dst, pad_value):
-        return ops.forward_pool("kda", arrays, pool, src, dst,
-                                np.ones(rows.shape[0], np.bool_),
-                                cu_seqlens=cu_seqlens.numpy().astype(np.int64),
-                                pad_value=pad_value,
-                                **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
-
-    (o,) = _on_pool(initial_state, rows, rows, None, run)
-    return torch.from_numpy(o).to(value.dtype), initial_state
+    (o,) = _on_vllms_pool("forward_pool", "kda", arrays, initial_state, rows,
+                          cu_seqlens=cu_seqlens,
+                          **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
+    return o.to(value.dtype), initial_state
 
 
 def _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, tokens):
     """The fused-gate KDA inputs of vLLM's decode ops: q, k [(1,) batch*tokens, H, K], v
     [(1,) batch*tokens, HV, V], a, b [batch*tokens, HV] (raw gate input, beta logits) as
-    linseq's [batch, tokens, ...]."""
+    linseq's [batch, tokens, ...] float32 tensors."""
     def per_request(t):
-        return _f32(t).reshape(batch, tokens, *t.shape[-2 if t.dim() >= 3 else -1:])
+        return _f32(t).view(batch, tokens, *t.shape[-2 if t.dim() >= 3 else -1:])
     return dict(q=per_request(q), k=per_request(k), v=per_request(v), beta=per_request(b),
                 g=per_request(a), A_log=_f32(A_log), dt_bias=_f32(dt_bias))
 
@@ -285,6 +454,17 @@ def _check_softplus(softplus_beta, softplus_threshold):
         raise _Declined
 
 
+def _one_token_each(cu_seqlens, batch):
+    """Whether cu_seqlens is 0, 1, ..., batch (None: vLLM's decode without it), read
+    without building a tensor to compare with."""
+    if cu_seqlens is None:
+        return True
+    if cu_seqlens.dim() != 1 or cu_seqlens.numel() != batch + 1:
+        return False
+    steps = cu_seqlens.numpy() if cu_seqlens.is_cpu else cu_seqlens.cpu().numpy()
+    return int(steps[0]) == 0 and bool((steps[1:] - steps[:-1] == 1).all())
+
+
 def _gated_delta_update(A_log, dt_bias, q, k, v, a, b, initial_state_source,
                         initial_state_indices, cu_seqlens, use_qk_l2norm_in_kernel,
                         softplus_beta=1.0, softplus_threshold=20.0):
@@ -293,24 +473,16 @@ def _gated_delta_update(A_log, dt_bias, q, k, v, a, b, initial_state_source,
     (negative: padding, output 0) of the pool [slots, HV, K, V]; the decay
     -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) computed in linseq's kernel.
     Returns o [batch, 1, HV, V] in v's dtype."""
-    import torch
-
-    from .. import ops
     _check_softplus(softplus_beta, softplus_threshold)
     batch = a.shape[0]
-    if cu_seqlens is not None and not torch.equal(
-            cu_seqlens.long(), torch.arange(batch + 1, device=cu_seqlens.device)):
+    if not _one_token_each(cu_seqlens, batch):
         raise _Declined   # several tokens per request: vLLM's kernel runs them
     rows = _rows(initial_state_indices, "initial_state_indices")
     arrays = _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, 1)
-
-    def run(pool, src, dst, pad_value):
-        return ops.decode_pool("kda", arrays, pool, src, dst, pad_value=pad_value,
-                               gate_in_kernel=True, beta_is_logit=True,
-                               **_gdn_gate_options(use_qk_l2norm_in_kernel))
-
-    (o,) = _on_pool(initial_state_source, rows, rows, None, run)
-    return torch.from_numpy(o).to(v.dtype)
+    (o,) = _on_vllms_pool("decode_pool", "kda", arrays, initial_state_source, rows,
+                          gate_in_kernel=True, beta_is_logit=True,
+                          **_gdn_gate_options(use_qk_l2norm_in_kernel))
+    return o.to(v.dtype)
 
 
 def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source,
@@ -323,7 +495,6 @@ def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source
     from). Returns o [1, batch*T, HV, V] in v's dtype."""
     import torch
 
-    from .. import ops
     _check_softplus(softplus_beta, softplus_threshold)
     batch = spec_state_indices.shape[0]
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).long()
@@ -334,21 +505,18 @@ def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source
     tokens = int(lengths[0])
     slots = spec_state_indices.contiguous()
     src = slots.gather(1, num_accepted_tokens.long()[:, None] - 1)[:, 0].contiguous()
-    dst = slots[:, :tokens].contiguous()
+    dst = slots[:, :tokens].contiguous().view(-1)
     arrays = _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, tokens)
-
-    def run(pool, src_rows, dst_rows, pad_value):
-        return ops.decode_tokens_pool("kda", arrays, pool, src_rows,
-                                      dst_rows.reshape(batch, tokens), pad_value=pad_value,
-                                      gate_in_kernel=True, beta_is_logit=True,
-                                      **_gdn_gate_options(use_qk_l2norm_in_kernel))
-
-    (o,) = _on_pool(initial_state_source, src, dst.reshape(-1), None, run)
-    return torch.from_numpy(o).reshape(1, batch * tokens, *o.shape[2:]).to(v.dtype)
+    (o,) = _on_vllms_pool("decode_tokens_pool", "kda", arrays, initial_state_source, src, dst,
+                          gate_in_kernel=True, beta_is_logit=True,
+                          **_gdn_gate_options(use_qk_l2norm_in_kernel))
+    return o.reshape(1, batch * tokens, *o.shape[2:]).to(v.dtype)
 
 
 _conv_unpacking = {}   # packed weight shape -> the flat packed position of each weight
-_conv_weights = {}     # (data_ptr, shape, version) of a packed weight -> its float32 rows
+# (data_ptr, shape, dtype, version, packed) of a layer's conv weight -> (the weight, kept so
+# that its address is not reused while it is a key, its float32 [width, dim] taps)
+_conv_weights = {}
 
 
 def _unpacked_conv_weight(packed):
@@ -373,17 +541,32 @@ def _unpacked_conv_weight(packed):
     return packed.reshape(-1)[_conv_unpacking[shape]].view(shape)
 
 
-def _conv_weight(weight, is_weight_packed):
-    """The conv weight [dim, width] as float32 NumPy; a packed one unpacked once (a layer's
-    weight does not change while it serves; its version counter tells if it did)."""
-    if not is_weight_packed:
-        return _f32(weight.reshape(weight.shape[0], weight.shape[-1]))
-    key = (weight.data_ptr(), tuple(weight.shape), weight._version)
+def _conv_taps(weight, is_weight_packed):
+    """The conv weight as float32 [width, dim] (linseq's weight_tap_major: a tap's weights
+    contiguous, what the decode step reads in place), made once per layer weight (it does
+    not change while the layer serves; its version counter tells if it did); a packed one
+    unpacked first."""
+    key = (weight.data_ptr(), tuple(weight.shape), weight.dtype, weight._version,
+           bool(is_weight_packed))
     if key not in _conv_weights:
         if len(_conv_weights) > 4096:   # weights of engines gone
             _conv_weights.clear()
-        _conv_weights[key] = _f32(_unpacked_conv_weight(weight))
-    return _conv_weights[key]
+        rows = _unpacked_conv_weight(weight) if is_weight_packed else weight
+        taps = _f32(rows.detach().reshape(rows.shape[0], rows.shape[-1]).t())
+        _conv_weights[key] = (weight, taps)
+    return _conv_weights[key][1]
+
+
+def _conv_pool(conv_states, width):
+    """vLLM's conv-state pool [slots, dim, width-1] as linseq's pool and its layout option:
+    its default layout, [slots, width-1, dim] memory seen transposed, as the tap-major pool
+    it is; otherwise as given. A buffer of another width (speculative decoding) is
+    declined."""
+    if conv_states is None or conv_states.dim() != 3 or conv_states.shape[-1] != width - 1:
+        raise _Declined
+    if conv_states.stride(1) == 1 and conv_states.shape[1] > 1:
+        return conv_states.transpose(1, 2), True
+    return conv_states, False
 
 
 def _conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices,
@@ -392,29 +575,20 @@ def _conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices,
     conv_states [slots, dim, width-1] (any strides); prompt i continues from slot
     cache_indices[i] where has_initial_state[i] (None: nowhere), from zeros otherwise, and
     leaves its last width-1 inputs there (negative: padding). Returns [dim, tokens]."""
-    import numpy as np
     import torch
-
-    from .. import ops
-    if x.dim() != 2 or query_start_loc is None or cache_indices is None or \
-            conv_states is None:
+    if x.dim() != 2 or query_start_loc is None or cache_indices is None:
         raise _Declined
-    arrays = dict(x=_f32(x.transpose(0, 1))[None], weight=_conv_weight(weight, is_weight_packed),
-                  bias=_f32(bias))
-    if conv_states.shape[-1] != arrays["weight"].shape[1] - 1:
-        raise _Declined   # a wider buffer (speculative decoding): vLLM's op runs it
+    taps = _conv_taps(weight, is_weight_packed)
+    pool, tap_major = _conv_pool(conv_states, taps.shape[0])
     rows = _rows(cache_indices, "cache_indices")
-    has = (np.zeros(rows.shape[0], np.bool_) if has_initial_state is None
-           else has_initial_state.detach().numpy())
-
-    def run(pool, src, dst, pad_value):
-        return ops.forward_pool("causal_conv1d", arrays, pool, src, dst, has,
-                                cu_seqlens=query_start_loc.numpy().astype(np.int64),
-                                pad_value=pad_value,
-                                activation="silu" if silu_activation else "identity")
-
-    (y,) = _on_pool(conv_states, rows, rows, None, run)
-    return torch.from_numpy(y[0]).to(x.dtype).transpose(0, 1)
+    has = (torch.zeros(rows.shape[0], dtype=torch.bool) if has_initial_state is None
+           else has_initial_state)
+    arrays = dict(x=_f32(x.transpose(0, 1))[None], weight=taps, bias=_f32(bias))
+    (y,) = _on_vllms_pool("forward_pool", "causal_conv1d", arrays, pool, rows,
+                          has_initial_state=has, cu_seqlens=query_start_loc,
+                          activation="silu" if silu_activation else "identity",
+                          state_tap_major=tap_major, weight_tap_major=True)
+    return y[0].to(x.dtype).transpose(0, 1)
 
 
 def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indices,
@@ -422,23 +596,16 @@ def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indic
     """vLLM's CPU causal conv decode step: x [batch, dim] one token per request, request i
     on slot conv_state_indices[i] (negative: padding) of conv_states [slots, dim, width-1].
     Returns [batch, dim]."""
-    import torch
-
-    from .. import ops
     if num_accepted_tokens is not None or x.dim() != 2 or conv_state_indices is None:
         raise _Declined
-    arrays = dict(x=_f32(x)[:, None], weight=_conv_weight(weight, is_weight_packed),
-                  bias=_f32(bias))
-    if conv_states.shape[-1] != arrays["weight"].shape[1] - 1:
-        raise _Declined
+    taps = _conv_taps(weight, is_weight_packed)
+    pool, tap_major = _conv_pool(conv_states, taps.shape[0])
     rows = _rows(conv_state_indices, "conv_state_indices")
-
-    def run(pool, src, dst, pad_value):
-        return ops.decode_pool("causal_conv1d", arrays, pool, src, dst, pad_value=pad_value,
-                               activation="silu" if silu_activation else "identity")
-
-    (y,) = _on_pool(conv_states, rows, rows, None, run)
-    return torch.from_numpy(y[:, 0]).to(x.dtype)
+    arrays = dict(x=_f32(x)[:, None], weight=taps, bias=_f32(bias))
+    (y,) = _on_vllms_pool("decode_pool", "causal_conv1d", arrays, pool, rows,
+                          activation="silu" if silu_activation else "identity",
+                          state_tap_major=tap_major, weight_tap_major=True)
+    return y[:, 0].to(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------
