@@ -488,8 +488,8 @@ static void test_pool_bf16_blocks(void)
     float *wide = tu_alloc((size_t)n), *probe = tu_alloc((size_t)n);
     for (int64_t i = 0; i < n; i++) h[i] = (uint16_t)(i * 7919);
     for (int64_t i = 0; i < n; i++) { /* midpoints, one below, one above, and NaN payloads */
-        uint32_t u = (uint32_t)(i & 0xffffu) << 16 | (uint32_t[]){0x8000u, 0x7fffu, 0x8001u,
-                                                                   0x0001u}[i % 4];
+        uint32_t u =
+            (uint32_t)(i & 0xffffu) << 16 | (uint32_t[]){0x8000u, 0x7fffu, 0x8001u, 0x0001u}[i % 4];
         memcpy(&probe[i], &u, sizeof u);
     }
     const linseq_state_pool pool = {.dtype = LINSEQ_POOL_BF16};
