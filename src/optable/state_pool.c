@@ -336,9 +336,9 @@ linseq_status ls_pool_forward_from(const char *fn, const ls_op *op, const void *
     return st;
 }
 
-linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
-                                 const linseq_exec *exec, const linseq_state_pool *pool,
-                                 const bool *has_initial_state, float *const *out)
+linseq_status ls_pool_check_prefill(const char *fn, const ls_op *op, const void *p,
+                                    const linseq_exec *exec, const linseq_state_pool *pool,
+                                    int64_t *row)
 {
     if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
     const ls_tensor_desc *h0 = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
@@ -348,8 +348,18 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
                        h0->field);
     linseq_status st = ls_pool_check_problem(fn, op, p, exec);
     if (st) return st;
-    const int64_t n = state_count(op, p), row = ls_pool_state_elements(op, p);
-    if ((st = ls_pool_check(fn, pool, row, exec))) return st;
+    *row = ls_pool_state_elements(op, p);
+    return ls_pool_check(fn, pool, *row, exec);
+}
+
+linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
+                                 const linseq_exec *exec, const linseq_state_pool *pool,
+                                 const bool *has_initial_state, float *const *out)
+{
+    int64_t row;
+    linseq_status st = ls_pool_check_prefill(fn, op, p, exec, pool, &row);
+    if (st) return st;
+    const int64_t n = state_count(op, p);
     if (n < 1) return op->forward(p, exec, out); /* its own refusal of the sizes */
     if ((st = ls_pool_check_index_count(fn, "sequences", n, 3))) return st;
     int64_t *rows = malloc((size_t)(3 * n) * sizeof *rows);

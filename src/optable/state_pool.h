@@ -18,6 +18,12 @@ linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64
  * negative, and a B whose tensors overflow would size the indices' work past any memory. */
 linseq_status ls_pool_check_problem(const char *fn, const ls_op *op, const void *p,
                                     const linseq_exec *exec);
+/* What a prefill over the pool checks first: a problem, without the initial states (they
+ * come from the pool's rows), its sizes and inputs (ls_pool_check_problem), and the pool for
+ * states of *row elements (set here). */
+linseq_status ls_pool_check_prefill(const char *fn, const ls_op *op, const void *p,
+                                    const linseq_exec *exec, const linseq_state_pool *pool,
+                                    int64_t *row);
 /* The work of `per` int64 indices for each of n requests must be addressable: an absurd n
  * (the op's own tensors overflow too) is refused before the product overflows. */
 linseq_status ls_pool_check_index_count(const char *fn, const char *what, int64_t n, int per);

@@ -231,16 +231,9 @@ linseq_status ls_op_forward_pool_blocks(const char *fn, const ls_op *op, const v
                                         const void *block_rows, int64_t max_blocks,
                                         const void *computed_tokens, float *const *out)
 {
-    if (!p) return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "argument 'problem' is NULL");
-    const ls_tensor_desc *h0 = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
-    if (ls_tensor_get(h0, p))
-        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
-                       "problem->%s must be NULL: the sequences start from the pool's rows",
-                       h0->field);
-    linseq_status st = ls_pool_check_problem(fn, op, p, exec);
-    if (st) return st;
-    const int64_t row = ls_pool_state_elements(op, p);
-    if ((st = ls_pool_check(fn, pool, row, exec)) || (st = check_layout(fn, op, p))) return st;
+    int64_t row;
+    linseq_status st = ls_pool_check_prefill(fn, op, p, exec, pool, &row);
+    if (st || (st = check_layout(fn, op, p))) return st;
     if (block_size < 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "block_size = %lld; expected >= 1 token",
                        (long long)block_size);
