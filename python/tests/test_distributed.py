@@ -80,9 +80,16 @@ def _entry(rank, world, port, errors, fn, args):
     except BaseException as e:
         with open(os.path.join(errors, f"rank{rank}"), "w") as f:
             f.write(f"{type(e).__name__}: {e}")
-        raise
-    finally:
         dist.destroy_process_group()
+        raise
+    dist.destroy_process_group()
+    # os._exit, not a return: with the rank's checks done, the interpreter's teardown can
+    # still abort it now and then ("terminate called without an active exception", a C++
+    # thread of torch's distributed stack destroyed while joinable), which mp.spawn reports
+    # as the rank failing with SIGABRT (as examples/context_parallel.py does)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _randn(gen, *shape, scale=1.0):
