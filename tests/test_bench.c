@@ -299,6 +299,27 @@ static void test_ops(void)
         check_usage_error(ARGS("kda", "--products", "f16"));
     }
 
+    {
+        /* --pool bf16: the decode's states in a bf16 pool (2 bytes an element, read and
+         * written), reported; a forward has no pool and an unknown type is a usage error */
+        const double pool = 3.0 * 2 * 16 * 16;
+        w = kda_want("kda-decode", DECODE, 3, 1, 2, 16, 16, 64, true);
+        w.bytes -= 4.0 * pool;
+        check_op("kda-decode --pool bf16", &w,
+                 ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V", "16", "--pool",
+                      "bf16", TIMING, "--no-peak"));
+        outcome o = run_bench(true, ARGS("kda-decode", "--B", "3", "--H", "2", "--K", "16", "--V",
+                                         "16", "--pool", "f16", TIMING, "--no-peak"));
+        cJSON *j = one_object(&o, "kda-decode --pool f16");
+        const cJSON *pl = j ? cJSON_GetObjectItemCaseSensitive(j, "pool") : NULL;
+        CHECK(cJSON_IsString(pl) && strcmp(pl->valuestring, "f16") == 0,
+              "kda-decode --pool f16: no \"pool\": \"f16\" in the JSON");
+        cJSON_Delete(j);
+        outcome_free(&o);
+        check_usage_error(ARGS("kda-decode", "--pool", "f64"));
+        check_usage_error(ARGS("kda", "--pool", "bf16"));
+    }
+
     w = (want){"gate", 2, 32, 2.0 * 32 * 2 * 8, 4.0 * (2.0 * 32 * 2 * 8 + 2 + 2 * 8)};
     check_op("gate", &w,
              ARGS("gate", "--B", "2", "--T", "16", "--H", "2", "--K", "8", TIMING, "--no-peak"));

@@ -265,7 +265,7 @@ static void test_every_decode_op(void)
         reference r;
         reference_make(&r, j);
         check_strided(&r, r.row, "int32, contiguous (in place)");
-        check_strided(&r, r.row + 5, "int32, rows 5 floats apart (gathered)");
+        check_strided(&r, r.row + 5, "int32, rows 5 floats apart");
         check_destinations(&r);
         check_pad_value(&r);
         check_half_pool(&r, LINSEQ_POOL_BF16);

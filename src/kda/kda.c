@@ -14,6 +14,7 @@
 #include "kda/kda_kernels.h"
 #include "kda/kda_op.h"
 #include "optable/check.h"
+#include "simd/state_rows.h"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Per-token inputs and states, shared by both kernels                                        */
@@ -508,10 +509,22 @@ typedef struct {
     const kda_plan *pl;
     float *state, *o;
     const int64_t *rows;
+    const ls_state_rows *by_row; /* a serving engine's rows (decode_rows), or NULL */
+    ls_state_widen_fn widen;
+    ls_state_narrow_fn narrow;
     unsigned char *ws;
-    size_t ws_stride;
+    size_t ws_stride, token_floats;
     const kda_kernels *kern;
 } decode_ctx;
+
+/* One head's state advanced by one token where it lies, in either layout. */
+static void advance_head(const decode_ctx *c, int64_t b, int64_t hv, float *head, float *scratch)
+{
+    if (c->pl->p->state_v_first)
+        c->kern->decode_v_first(c->pl, b, hv, head, c->o, scratch);
+    else
+        c->kern->recurrent_item(c->pl, b, 1, hv, head, c->o, scratch, 0, c->pl->p->V);
+}
 
 static void decode_item(void *ctx, int64_t item, int thread)
 {
@@ -519,20 +532,31 @@ static void decode_item(void *ctx, int64_t item, int thread)
     const kda_plan *pl = c->pl;
     const linseq_kda_problem *p = pl->p;
     const int64_t b = item / pl->HV, hv = item % pl->HV, KV = p->K * p->V;
-    const int64_t row = c->rows ? c->rows[b] : b;
+    const ls_state_rows *by_row = c->by_row;
+    const int64_t row = by_row ? by_row->src[b] : c->rows ? c->rows[b] : b;
     if (row < 0) { /* zero bits are +0 in float32 and in bf16 */
         const size_t te = kda_token_bytes(pl);
         memset((unsigned char *)c->o + (size_t)((b * pl->HV + hv) * p->V) * te, 0,
                (size_t)p->V * te);
         return;
     }
-    float *slot = c->state + (row * pl->HV + hv) * KV;
     float *scratch = (float *)(void *)(c->ws + (size_t)thread * c->ws_stride);
-    /* the state row is advanced where it lives, in either layout */
-    if (p->state_v_first)
-        c->kern->decode_v_first(pl, b, hv, slot, c->o, scratch);
-    else
-        c->kern->recurrent_item(pl, b, 1, hv, slot, c->o, scratch, 0, p->V);
+    if (!by_row) {
+        advance_head(c, b, hv, c->state + (row * pl->HV + hv) * KV, scratch);
+    } else if (!p->state_v_first && by_row->dtype != LINSEQ_POOL_F16) {
+        /* [K,V]-first float32 or bf16: read from the source row, written to the destination */
+        c->kern->decode_rows_item(pl, b, hv, ls_state_row_at(by_row->from, by_row, row, hv * KV),
+                                  ls_state_row_at(by_row->to, by_row, by_row->dst[b], hv * KV),
+                                  by_row->dtype == LINSEQ_POOL_BF16, c->o, scratch);
+    } else if (ls_state_rows_in_place(by_row, b)) {
+        advance_head(c, b, hv, ls_state_row_at(by_row->to, by_row, row, hv * KV), scratch);
+    } else { /* another type or destination: the head goes through the thread's scratch */
+        float *head = scratch + c->token_floats;
+        c->widen(by_row->dtype, ls_state_row_at(by_row->from, by_row, row, hv * KV), head, KV);
+        advance_head(c, b, hv, head, scratch);
+        c->narrow(by_row->dtype, head, ls_state_row_at(by_row->to, by_row, by_row->dst[b], hv * KV),
+                  KV);
+    }
 }
 
 /* Decode on CUDA: state_rows is device memory, so a host copy of it is checked here with the
@@ -590,36 +614,61 @@ static linseq_status decode_check_g(const char *fn, const kda_plan *pl, const in
     return LINSEQ_OK;
 }
 
-linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
-                                float *state, int64_t n_state_rows, const int64_t *state_rows,
-                                float *o, ls_isa isa)
+/* Where a decode step's states are: a float32 pool of n_rows rows (rows: the row of each
+ * request, NULL: row b), or a serving engine's rows (by_row, n_rows of them). */
+typedef struct {
+    float *state;
+    int64_t n_rows;
+    const int64_t *rows;
+    const ls_state_rows *by_row;
+} decode_states;
+
+static linseq_status decode_checks(const char *fn, const linseq_kda_problem *p,
+                                   const linseq_exec *exec, const decode_states *at, float *o,
+                                   kda_plan *pl)
 {
-    static const char fn[] = "linseq_kda_decode";
-    ls_clear_error();
-    kda_plan pl;
     linseq_status st;
-    if ((st = kda_check_problem(fn, &ls_op_kda, problem, exec, true, &pl))) return st;
-    pl.bf16 = ls_token_bytes(exec) == 2; /* decode is recurrent: only the dtype of exec applies */
-    const linseq_kda_problem *p = problem;
+    if ((st = kda_check_problem(fn, &ls_op_kda, p, exec, true, pl))) return st;
+    pl->bf16 = ls_token_bytes(exec) == 2; /* decode is recurrent: only the dtype of exec applies */
     const size_t te = ls_token_bytes(exec);
     ls_args a = {.fn = fn};
     float *const out[] = {o, NULL}; /* the state is the pool's */
     if ((st = ls_op_add_tensors(&a, &ls_op_kda, p, LS_ROLE_INPUT, p, te)) ||
-        (st = ls_op_add_decode(&a, &ls_op_kda, p, state, n_state_rows, state_rows, out, te)))
+        (st = at->by_row
+                  ? ls_op_add_decode_rows(&a, &ls_op_kda, p, at->by_row, at->n_rows, out, te)
+                  : ls_op_add_decode(&a, &ls_op_kda, p, at->state, at->n_rows, at->rows, out, te)))
         return st;
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = check_workspace(fn, &pl, &ws_stride)) ||
-        (st = check_workspace_threads(fn, &pl, exec, p->B, ws_stride)) ||
-        (st = ls_args_validate(&a)))
-        return st;
-    if (ls_on_cuda(exec)) return decode_on_cuda(fn, &pl, exec, state, n_state_rows, state_rows, o);
-    if ((st = ls_op_check_decode_rows(fn, &ls_op_kda, p, n_state_rows, state_rows)) ||
-        (st = decode_check_g(fn, &pl, state_rows)))
+    return (st = check_workspace(fn, pl, &ws_stride)) ||
+                   (st = check_workspace_threads(fn, pl, exec, p->B, ws_stride))
+               ? st
+               : ls_args_validate(&a);
+}
+
+static linseq_status kda_decode(const char *fn, const linseq_kda_problem *p,
+                                const linseq_exec *exec, const decode_states *at, float *o,
+                                ls_isa isa)
+{
+    ls_clear_error();
+    kda_plan pl;
+    linseq_status st;
+    if ((st = decode_checks(fn, p, exec, at, o, &pl))) return st;
+    if (ls_on_cuda(exec)) {
+        if (at->by_row)
+            return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED, "a state pool's rows are on the CPU only");
+        return decode_on_cuda(fn, &pl, exec, at->state, at->n_rows, at->rows, o);
+    }
+    const int64_t *rows = at->by_row ? at->by_row->src : at->rows;
+    if ((!at->by_row && (st = ls_op_check_decode_rows(fn, &ls_op_kda, p, at->n_rows, rows))) ||
+        (st = decode_check_g(fn, &pl, rows)))
         return st;
     /* Both layouts are advanced where they live, so a thread needs only the per-token
-     * scratch: a few KB, which malloc serves from its arena rather than a fresh mapping. */
-    ws_stride = (kda_recurrent_scratch_floats(&pl) * sizeof(float) + 63) & ~(size_t)63;
+     * scratch (a few KB, which malloc serves from its arena rather than a fresh mapping),
+     * and a head's state where the pool's row is not float32 or not its own destination. */
+    const size_t token_floats = (kda_recurrent_scratch_floats(&pl) + 15) & ~(size_t)15;
+    const size_t head_floats = at->by_row ? (size_t)(p->K * p->V) : 0;
+    const size_t ws_stride = ((token_floats + head_floats) * sizeof(float) + 63) & ~(size_t)63;
     const int64_t n_items = p->B * pl.HV;
     const int threads = ls_resolve_threads(exec, n_items, kda_work(&pl, p->B));
     unsigned char *ws;
@@ -628,15 +677,35 @@ linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_
     atomic_int positive_g = 0; /* the kernels' pass over g (kda_decay_row) */
     pl.positive_g = &positive_g;
     decode_ctx c = {.pl = &pl,
-                    .state = state,
+                    .state = at->state,
                     .o = o,
-                    .rows = state_rows,
+                    .rows = at->rows,
+                    .by_row = at->by_row,
                     .ws = ws,
                     .ws_stride = ws_stride,
+                    .token_floats = token_floats,
+                    .widen = LS_ISA_PICK(isa, ls_state_widen_isa),
+                    .narrow = LS_ISA_PICK(isa, ls_state_narrow_isa),
                     .kern = ls_kda_kernels(isa)};
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return kda_positive_g_status(fn, &pl);
+}
+
+linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                float *state, int64_t n_state_rows, const int64_t *state_rows,
+                                float *o, ls_isa isa)
+{
+    const decode_states at = {.state = state, .n_rows = n_state_rows, .rows = state_rows};
+    return kda_decode("linseq_kda_decode", problem, exec, &at, o, isa);
+}
+
+linseq_status ls_kda_decode_rows_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                     const ls_state_rows *rows, int64_t n_rows, float *o,
+                                     ls_isa isa)
+{
+    const decode_states at = {.n_rows = n_rows, .by_row = rows};
+    return kda_decode("linseq_op_decode_pool", problem, exec, &at, o, isa);
 }
 
 linseq_status linseq_kda_decode(const linseq_kda_problem *problem, const linseq_exec *exec,

@@ -109,6 +109,13 @@ LS_ISA_DECLARE(void, kda_recurrent_item,
                (const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S, float *o,
                 float *scratch, int64_t j0, int64_t j1));
 
+/* Decode of one token (request tok) on a [K,V]-first state read from `from` and written to
+ * `to` (the same row, or another), float32 or, with half, bf16 (widened as loaded, rounded
+ * once as stored); scratch as kda_recurrent_item's. */
+LS_ISA_DECLARE(void, kda_decode_rows_item,
+               (const kda_plan *pl, int64_t tok, int64_t hv, const void *from, void *to, bool half,
+                float *o, float *scratch));
+
 /* Decode of one token where a V-first state row [V,K] lives (no transposed copy). */
 LS_ISA_DECLARE(void, kda_decode_v_first,
                (const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o, float *scratch));

@@ -4,7 +4,8 @@
 #define KDA_KERNELS(ISA, sfx)                                                                      \
     {                                                                                              \
         .isa = ISA, .recurrent_item = kda_recurrent_item_##sfx,                                    \
-        .decode_v_first = kda_decode_v_first_##sfx, .chunk_item = kda_chunk_item_##sfx,            \
+        .decode_v_first = kda_decode_v_first_##sfx,                                                \
+        .decode_rows_item = kda_decode_rows_item_##sfx, .chunk_item = kda_chunk_item_##sfx,        \
         .chunk_prepare = kda_chunk_prepare_##sfx, .chunk_solve = kda_chunk_solve_##sfx,            \
         .chunk_output = kda_chunk_output_##sfx, .chunk_advance = kda_chunk_advance_##sfx,          \
         .recurrent_bwd_ws_bytes = kda_recurrent_bwd_ws_bytes_##sfx,                                \

@@ -97,6 +97,14 @@ static linseq_status decode(const void *p, const linseq_exec *exec, float *pool,
     return linseq_kda_decode(p, exec, pool, n_rows, rows, out[0]);
 }
 
+static linseq_status decode_rows(const void *p, const linseq_exec *exec, const ls_state_rows *rows,
+                                 int64_t n_rows, float *const *out)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_op_decode_pool", &isa);
+    return st ? st : ls_kda_decode_rows_isa(p, exec, rows, n_rows, out[0], isa);
+}
+
 /* README "Benchmarks": 7KV per token and head recurrent (and decode, one step of the
  * recurrence: a caller passes the recurrent mode), 6KV + 2CK + 2CV chunked with
  * C = min(chunk, T), also at T = 1. */
@@ -196,6 +204,7 @@ const ls_op ls_op_kda = {
     .forward_train = forward_train,
     .backward_saved = backward_saved,
     .decode = decode,
+    .decode_rows = decode_rows,
     .decode_state = "h0",
     .decode_state_out = "ht",
 };

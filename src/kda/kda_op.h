@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "optable/optable.h"
+#include "simd/isa.h"
 
 /* The descriptions of the ops on KDA's problems, which their entry points validate through. */
 extern const ls_op ls_op_kda, ls_op_kda_segment, ls_op_kda_gate;
@@ -45,5 +46,12 @@ extern const ls_option_desc ls_op_kda_options[LS_OP_KDA_N_OPTIONS];
 
 /* Per-channel decay and l2norm on: what a KDA layer runs with. */
 void ls_op_kda_bench_options(void *p);
+
+/* linseq_kda_decode over a serving engine's rows (ls_op.decode_rows) on one ISA: each
+ * head's state read and written where the pool holds it, through the thread's scratch where
+ * the row is not float32 or not its own destination. */
+linseq_status ls_kda_decode_rows_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
+                                     const ls_state_rows *rows, int64_t n_rows, float *o,
+                                     ls_isa isa);
 
 #endif

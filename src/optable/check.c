@@ -171,12 +171,10 @@ static void add_pool(ls_args *a, const ls_op *op, const void *p, const float *po
            sizeof(float), nd, n_rows, nd > 1 ? d[1] : 0, nd > 2 ? d[2] : 0, nd > 3 ? d[3] : 0);
 }
 
-linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
-                               int64_t n_rows, const int64_t *rows, float *const *out,
-                               size_t token_bytes)
+/* What every decode step checks of its problem: one token, and no state of its own. */
+static linseq_status check_decode_problem(const char *fn, const ls_op *op, const void *p)
 {
-    const char *fn = a->fn;
-    const int64_t T = ls_op_size_named(op, p, "T"), B = ls_op_size_named(op, p, "B");
+    const int64_t T = ls_op_size_named(op, p, "T");
     if (T != 1)
         return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE,
                        "T = %lld; decode takes exactly one token per request (T = 1)",
@@ -186,7 +184,17 @@ linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
                        "problem->%s must be NULL: decode reads and writes the 'state' pool",
                        ls_tensor_get(state, p) ? state->field : "cu_seqlens");
+    return LINSEQ_OK;
+}
+
+linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
+                               int64_t n_rows, const int64_t *rows, float *const *out,
+                               size_t token_bytes)
+{
+    const char *fn = a->fn;
+    const int64_t B = ls_op_size_named(op, p, "B");
     linseq_status st;
+    if ((st = check_decode_problem(fn, op, p))) return st;
     if ((st = ls_check_min(fn, "n_state_rows", n_rows, 1))) return st;
     if (!rows && n_rows < B)
         return ls_fail(fn, LINSEQ_ERR_SHAPE_MISMATCH,
@@ -194,6 +202,25 @@ linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float
                        (long long)n_rows, (long long)B);
     ls_arg(a, "state_rows", "B", rows, false, LS_IN, sizeof(int64_t), 1, B);
     add_pool(a, op, p, pool, n_rows);
+    return ls_op_add_tensors(a, op, p, LS_ROLE_OUTPUT, out, token_bytes);
+}
+
+linseq_status ls_op_add_decode_rows(ls_args *a, const ls_op *op, const void *p,
+                                    const ls_state_rows *rows, int64_t n_rows, float *const *out,
+                                    size_t token_bytes)
+{
+    linseq_status st;
+    if ((st = check_decode_problem(a->fn, op, p))) return st;
+    const ls_tensor_desc *t = ls_op_tensor_named(op, LS_ROLE_INPUT, op->decode_state);
+    int64_t d[LS_OP_MAX_DIMS], row = 1;
+    const int nd = t->shape(p, d);
+    for (int i = 1; i < nd; i++) row *= d[i];
+    /* the pool layer checked that this span fits (ls_pool_check) */
+    const int64_t span = (n_rows - 1) * rows->stride + row;
+    const size_t elem = ls_state_elem_bytes(rows->dtype);
+    ls_arg(a, "pool->data", "the pool's rows", rows->from, true, LS_OUT, elem, 1, span);
+    if (rows->to != rows->from)
+        ls_arg(a, "the destination rows", "the pool's rows", rows->to, true, LS_OUT, elem, 1, span);
     return ls_op_add_tensors(a, op, p, LS_ROLE_OUTPUT, out, token_bytes);
 }
 

@@ -53,6 +53,12 @@ linseq_status ls_op_check_values(const char *fn, const ls_op *op, const void *p,
 linseq_status ls_op_add_decode(ls_args *a, const ls_op *op, const void *p, float *pool,
                                int64_t n_rows, const int64_t *rows, float *const *out,
                                size_t token_bytes);
+/* The same for a step over rows where a serving engine's pool holds them (ls_op.decode_rows):
+ * the pool added as the span of its n_rows rows (and the destination's, where it is another
+ * buffer), its indices already checked by the pool layer. */
+linseq_status ls_op_add_decode_rows(ls_args *a, const ls_op *op, const void *p,
+                                    const ls_state_rows *rows, int64_t n_rows, float *const *out,
+                                    size_t token_bytes);
 /* The size of that name under problem p (0 when the op has none). */
 int64_t ls_op_size_named(const ls_op *op, const void *p, const char *name);
 /* A decode step over a serving engine's pool (linseq_op_decode_pool, state_pool.c). */

@@ -25,6 +25,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/state_rows.h"
 #include "linseq.h"
 
 #define LS_OP_MAX_DIMS LINSEQ_OP_MAX_DIMS
@@ -198,6 +199,12 @@ typedef struct ls_op {
      * named decode_state_out is the state itself and is not passed. */
     linseq_status (*decode)(const void *p, const linseq_exec *exec, float *pool, int64_t n_rows,
                             const int64_t *rows, float *const *out);
+    /* The same step over rows as a serving engine's pool holds them (core/state_rows.h:
+     * any element type and stride, another destination row), each request's state read
+     * once and written once, converted through the thread's own scratch. Optional: without
+     * it the pool layer gathers the rows into a float32 block for decode. */
+    linseq_status (*decode_rows)(const void *p, const linseq_exec *exec, const ls_state_rows *rows,
+                                 int64_t n_rows, float *const *out);
     const char *decode_state, *decode_state_out;
 } ls_op;
 

@@ -6,16 +6,18 @@
  * here is sized by a size the op would refuse (negative, or overflowing its tensors). The
  * indices are read into int64 rows (padding: -1) and checked, all before any write. A pool
  * the op's own decode takes as it is (float32, contiguous rows, each request writing the row
- * it reads) goes to it directly and is updated in place. Any other pool, and every prefill,
- * is gathered: the source rows, widened to float32, into a contiguous block the op runs in
- * place; only when it succeeds is each new state written to its destination row, rounded
- * once to the pool's type. So every source row is read before any row is written, and a
- * refusal by the op itself (a positive log decay, say) leaves the pool untouched too. */
+ * it reads) goes to it directly and is updated in place. Any other decode pool goes to the
+ * op's decode_rows where it has one and no request writes a row another request reads: each
+ * request's state is then read from its row and written to its destination where they lie
+ * (strided, bf16 or half), once each, after the op's checks. Every other pool, and every
+ * prefill, is gathered: the source rows, widened to float32, into a contiguous block the op
+ * runs in place; only when it succeeds is each new state written to its destination row,
+ * rounded once to the pool's type. So every source row is read before any row is written,
+ * and a refusal by the op itself (a positive log decay, say) leaves the pool untouched too. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/device.h"
-#include "core/half_float.h"
 #include "core/status.h"
 #include "optable/check.h"
 #include "optable/state_pool.h"
@@ -29,8 +31,6 @@ int64_t ls_pool_state_elements(const ls_op *op, const void *p)
     for (int i = 1; i < nd; i++) n = ls_mul_sat(n, d[i]);
     return n;
 }
-
-size_t ls_pool_elem_bytes(linseq_pool_dtype dtype) { return dtype == LINSEQ_POOL_F32 ? 4 : 2; }
 
 linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64_t row,
                             const linseq_exec *exec)
@@ -59,12 +59,12 @@ linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64
                        (long long)pool->row_stride, (long long)row);
     int64_t span; /* the last row's end: saturated, as the sum may overflow too */
     if (__builtin_add_overflow(ls_mul_sat(pool->n_rows - 1, stride), row, &span)) span = INT64_MAX;
-    span = ls_mul_sat(span, (int64_t)ls_pool_elem_bytes(pool->dtype));
+    span = ls_mul_sat(span, (int64_t)ls_state_elem_bytes(pool->dtype));
     if (span >= INT64_MAX / 2)
         return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW,
                        "pool: %lld rows %lld elements apart overflow the address range",
                        (long long)pool->n_rows, (long long)stride);
-    if ((uintptr_t)pool->data % ls_pool_elem_bytes(pool->dtype))
+    if ((uintptr_t)pool->data % ls_state_elem_bytes(pool->dtype))
         return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE, "'pool->data' is not aligned to its elements");
     return LINSEQ_OK;
 }
@@ -180,66 +180,41 @@ static int64_t state_count(const ls_op *op, const void *p)
 
 void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride)
 {
-    return (unsigned char *)pool->data + (size_t)(r * stride) * ls_pool_elem_bytes(pool->dtype);
-}
-
-/* bf16 rows are widened and rounded in blocks of POOL_LANES elements, a constant trip count
- * the compiler vectorizes at -O2 (a loop over n with the dtype tested per element ran at a
- * few ns an element, most of a bf16 pool's decode step); the tail goes element by element.
- * The arithmetic is ls_bf16_to_f32's and ls_f32_to_bf16's, bit for bit. */
-enum { POOL_LANES = 16 };
-
-static void widen_bf16(const uint16_t *restrict h, float *restrict to, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + POOL_LANES <= n; i += POOL_LANES)
-        for (int j = 0; j < POOL_LANES; j++) {
-            const uint32_t u = (uint32_t)h[i + j] << 16;
-            memcpy(&to[i + j], &u, sizeof u);
-        }
-    for (; i < n; i++) to[i] = ls_bf16_to_f32(h[i]);
-}
-
-static void narrow_bf16(const float *restrict from, uint16_t *restrict h, int64_t n)
-{
-    int64_t i = 0;
-    for (; i + POOL_LANES <= n; i += POOL_LANES)
-        for (int j = 0; j < POOL_LANES; j++) {
-            uint32_t u;
-            memcpy(&u, &from[i + j], sizeof u);
-            const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
-            const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-            h[i + j] = (uint16_t)(nan ? (u >> 16) | 0x40u : rounded);
-        }
-    for (; i < n; i++) h[i] = ls_f32_to_bf16(from[i]);
+    return (unsigned char *)pool->data + (size_t)(r * stride) * ls_state_elem_bytes(pool->dtype);
 }
 
 void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n)
 {
-    if (pool->dtype == LINSEQ_POOL_F32) {
-        memcpy(to, from, (size_t)n * sizeof *to);
-        return;
-    }
-    const uint16_t *h = from;
-    if (pool->dtype == LINSEQ_POOL_BF16) {
-        widen_bf16(h, to, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) to[i] = ls_f16_to_f32(h[i]);
+    ls_state_widen(pool->dtype, from, to, n);
 }
 
 void ls_pool_narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n)
 {
-    if (pool->dtype == LINSEQ_POOL_F32) {
-        memcpy(to, from, (size_t)n * sizeof *from);
-        return;
+    ls_state_narrow(pool->dtype, from, to, n);
+}
+
+/* True when no live request writes a row another request reads (src sorted into work, B
+ * int64): then each request can be advanced on its own (ls_op.decode_rows), and "every
+ * source row is read before any row is written" holds without a copy of the rows. */
+static bool writes_only_own_rows(const int64_t *src, const int64_t *dst, int64_t B, int64_t *work)
+{
+    memcpy(work, src, (size_t)B * sizeof *work);
+    qsort(work, (size_t)B, sizeof *work, compare_i64);
+    for (int64_t b = 0; b < B; b++) {
+        if (src[b] < 0) continue;
+        int64_t lo = 0, hi = B; /* the first entry >= dst[b] */
+        while (lo < hi) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            if (work[mid] < dst[b])
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        int64_t readers = 0;
+        for (int64_t i = lo; i < B && work[i] == dst[b] && readers < 2; i++) readers++;
+        if (readers > 1 || (readers == 1 && src[b] != dst[b])) return false;
     }
-    uint16_t *h = to;
-    if (pool->dtype == LINSEQ_POOL_BF16) {
-        narrow_bf16(from, h, n);
-        return;
-    }
-    for (int64_t i = 0; i < n; i++) h[i] = ls_f32_to_f16(from[i]);
+    return true;
 }
 
 /* The gathered form: live request b decodes row slot[b] of a float32 block; its new state
@@ -295,8 +270,18 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
         bool in_place =
             pool->dtype == LINSEQ_POOL_F32 && (!pool->row_stride || pool->row_stride == row);
         for (int64_t b = 0; b < B && in_place; b++) in_place = dst[b] == src[b];
-        st = in_place ? op->decode(p, exec, pool->data, pool->n_rows, src, out)
-                      : decode_gathered(fn, op, p, exec, pool, B, row, src, dst, work, out);
+        const ls_state_rows by_row = {.from = pool->data,
+                                      .to = pool->data,
+                                      .dtype = pool->dtype,
+                                      .stride = pool->row_stride ? pool->row_stride : row,
+                                      .src = src,
+                                      .dst = dst};
+        if (in_place)
+            st = op->decode(p, exec, pool->data, pool->n_rows, src, out);
+        else if (op->decode_rows && writes_only_own_rows(src, dst, B, work))
+            st = op->decode_rows(p, exec, &by_row, pool->n_rows, out);
+        else
+            st = decode_gathered(fn, op, p, exec, pool, B, row, src, dst, work, out);
     }
     free(rows);
     return st;

@@ -4,11 +4,11 @@
 #ifndef LS_OPTABLE_STATE_POOL_H
 #define LS_OPTABLE_STATE_POOL_H
 
+#include "core/state_rows.h"
 #include "optable/optable.h"
 
 /* Elements of one request's state: the decode state's shape without its first (row) dim. */
 int64_t ls_pool_state_elements(const ls_op *op, const void *p);
-size_t ls_pool_elem_bytes(linseq_pool_dtype dtype);
 /* The pool struct itself: its pointers, enums, n_rows, the stride against `row` elements, the
  * span, alignment; CPU only. */
 linseq_status ls_pool_check(const char *fn, const linseq_state_pool *pool, int64_t row,

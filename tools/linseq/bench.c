@@ -22,6 +22,7 @@
 #include "commands.h"
 #include "contend.h"
 #include "core/parallel.h"
+#include "core/state_rows.h"
 #include "linseq.h"
 #include "optable/optable.h"
 #include "simd/isa.h"
@@ -33,7 +34,7 @@ static const char usage_head[] =
     "bench:\n"
     "  linseq bench OP [shape] [--threads N] [--repeats N] [--warmup N] [--json]\n"
     "               [--no-peak] [--mib N] [--dtype f32|bf16] [--products f32|bf16]\n"
-    "               [--contend N] [--cold]\n"
+    "               [--contend N] [--cold] [--pool f32|bf16|f16]\n"
     "      time one op at one shape; OP is an op of the table as its forward, and its\n"
     "      training step (-fwdbwd: forward, then backward) and decode step (-decode: one\n"
     "      token for each of B requests, their states in place) where it has them:\n";
@@ -65,6 +66,10 @@ static const char usage_tail[] =
     "  --cold         decode: cycle through copies of the state filling --mib MiB, so that\n"
     "                 each call reads its state from memory; by default one state is reused\n"
     "                 (cache-warm, as llama.cpp's test-backend-ops times its ops)\n"
+    "  --pool f32|bf16|f16  decode: the states in a serving engine's pool of that element\n"
+    "                 type, each updated in place by linseq_op_decode_pool, as a serving\n"
+    "                 engine's decode step does; by default the op's own decode on float32\n"
+    "                 rows in place\n"
     "  Each result: median, min and max seconds per call, tokens/s, GFLOP/s and GB/s by the\n"
     "  formulas of README \"Benchmarks\", and the fractions of the FMA peak and the triad\n"
     "  bandwidth measured in the same process at the same thread count.\n"
@@ -161,6 +166,7 @@ typedef struct spec {
     int threads;              /* > 0 */
     linseq_dtype dtype;       /* of the per-token tensors (--dtype) */
     linseq_products products; /* --products */
+    int pool;                 /* decode: a linseq_pool_dtype (--pool), or -1: the op's decode */
 } spec;
 
 typedef struct settings {
@@ -174,7 +180,8 @@ typedef struct settings {
 
 static spec default_spec(const command *c)
 {
-    spec s = {.cmd = c, .mode = LINSEQ_MODE_CHUNKED, .chunk = 64, .decay = -1, .threads = 1};
+    spec s = {
+        .cmd = c, .mode = LINSEQ_MODE_CHUNKED, .chunk = 64, .decay = -1, .threads = 1, .pool = -1};
     for (int i = 0; i < c->op->n_sizes; i++) {
         s.size[i] = c->op->sizes[i].bench_default;
         if (c->kind == RUN_DECODE && strcmp(c->op->sizes[i].name, "T") == 0) s.size[i] = 1;
@@ -423,7 +430,13 @@ static double setup_pool(job *j)
     const ls_tensor_desc prefilled = {.name = state->name, .dist = LS_DIST_NORMAL, .a = 0.1};
     j->requests = spec_size(&j->s, "B");
     j->n_pool = pool_copies(j, n);
-    j->pool = tensor(j, &prefilled, j->n_pool * n, dims, nd);
+    const int64_t all = j->n_pool * n;
+    j->pool = tensor(j, &prefilled, all, dims, nd);
+    if (j->s.pool > 0) { /* a half pool: the same values, rounded once */
+        void *half = buffer(j, (double)all * 2.0);
+        if (half) ls_state_narrow((linseq_pool_dtype)j->s.pool, j->pool, half, all);
+        j->pool = half;
+    }
     j->rows = buffer(j, (double)(j->n_pool * j->requests) * sizeof(int64_t));
     if (j->rows)
         for (int64_t r = 0; r < j->n_pool * j->requests; r++) j->rows[r] = r;
@@ -476,7 +489,8 @@ static void job_setup(job *j)
         /* One step of the recurrence per request. */
         const linseq_exec step = {.threads = j->s.threads, .mode = LINSEQ_MODE_RECURRENT};
         j->flops = op->flops(j->problem, &step);
-        j->bytes += 4.0 * 2.0 * setup_pool(j);
+        const double state_bytes = j->s.pool > 0 ? 2.0 : 4.0;
+        j->bytes += state_bytes * 2.0 * setup_pool(j);
     }
 }
 
@@ -530,9 +544,15 @@ static linseq_status job_run(job *j)
         st = op->forward(p, &j->ex, j->out);
         return st != LINSEQ_OK ? st : op->backward(p, &j->ex, j->upstream, j->grads);
     default: {
-        const int64_t c = j->next++ % j->n_pool;
-        return op->decode(p, &j->ex, j->pool, j->n_pool * j->requests, j->rows + c * j->requests,
-                          j->out);
+        const int64_t c = j->next++ % j->n_pool, B = j->requests;
+        if (j->s.pool >= 0) {
+            const linseq_state_pool pool = {.data = j->pool,
+                                            .n_rows = j->n_pool * B,
+                                            .dtype = (linseq_pool_dtype)j->s.pool,
+                                            .src_rows = j->rows + c * B};
+            return linseq_op_decode_pool(op->name, p, &j->ex, &pool, j->out);
+        }
+        return op->decode(p, &j->ex, j->pool, j->n_pool * B, j->rows + c * B, j->out);
     }
     }
 }
@@ -808,9 +828,11 @@ static void label_text(const result *r, char *buf, size_t n)
     else if (mode_name(s))
         snprintf(mode, sizeof mode, " recurrent");
     if (r->decay) snprintf(decay, sizeof decay, " per-%s", r->decay);
-    snprintf(buf, n, "%s%s %s%s%s%s", s->cmd->name, mode, shape, decay,
+    static const char *const pool_names[] = {" f32-pool", " bf16-pool", " f16-pool"};
+    snprintf(buf, n, "%s%s %s%s%s%s%s", s->cmd->name, mode, shape, decay,
              s->dtype == LINSEQ_DTYPE_BF16 ? " bf16" : "",
-             s->products == LINSEQ_PRODUCTS_BF16 ? " bf16-products" : "");
+             s->products == LINSEQ_PRODUCTS_BF16 ? " bf16-products" : "",
+             s->pool >= 0 ? pool_names[s->pool] : "");
 }
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
@@ -852,6 +874,8 @@ static void json_result(const result *r, const char *case_name)
         printf(", \"decay\": null");
     printf(", \"dtype\": \"%s\"", s->dtype == LINSEQ_DTYPE_BF16 ? "bf16" : "f32");
     printf(", \"products\": \"%s\"", s->products == LINSEQ_PRODUCTS_BF16 ? "bf16" : "f32");
+    static const char *const pool_names[] = {"\"f32\"", "\"bf16\"", "\"f16\""};
+    printf(", \"pool\": %s", s->pool >= 0 ? pool_names[s->pool] : "null");
     printf(", \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, \"warmup\": %d", s->threads,
            linseq_isa(), r->tm.repeats, r->tm.warmup);
     printf(", \"median_s\": %.9g, \"min_s\": %.9g, \"max_s\": %.9g", r->tm.median, r->tm.min,
@@ -997,7 +1021,8 @@ typedef enum opt_id {
     O_COLD,
     O_CONTEND,
     O_DTYPE,
-    O_PRODUCTS
+    O_PRODUCTS,
+    O_POOL
 } opt_id;
 
 typedef struct option_def {
@@ -1022,6 +1047,7 @@ static const option_def options[] = {
     {"--contend", O_CONTEND, FOR_ALL, false},
     {"--dtype", O_DTYPE, FOR_OP, false},
     {"--products", O_PRODUCTS, FOR_OP, false},
+    {"--pool", O_POOL, FOR_OP, false},
 };
 
 /* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
@@ -1063,7 +1089,8 @@ static bool option_applies(const option_def *o, const char *size, const command 
     case O_MODE:
     case O_CHUNK: return c->op->has_modes && c->kind != RUN_DECODE;
     case O_DECAY: return decay_option(c->op) != NULL;
-    case O_COLD: return c->kind == RUN_DECODE;
+    case O_COLD:
+    case O_POOL: return c->kind == RUN_DECODE;
     default: return true;
     }
 }
@@ -1149,6 +1176,14 @@ static int set_value(const option_def *o, const char *size, const char *v, spec 
             s->products = v[0] == 'b' ? LINSEQ_PRODUCTS_BF16 : LINSEQ_PRODUCTS_F32;
         else
             return usage_fail("--products: '%s' is not f32 or bf16", v);
+        return LS_EXIT_OK;
+    case O_POOL:
+        if (strcmp(v, "f32") == 0 || strcmp(v, "bf16") == 0 || strcmp(v, "f16") == 0)
+            s->pool = v[0] == 'b'   ? LINSEQ_POOL_BF16
+                      : v[1] == '1' ? LINSEQ_POOL_F16
+                                    : LINSEQ_POOL_F32;
+        else
+            return usage_fail("--pool: '%s' is not f32, bf16 or f16", v);
         return LS_EXIT_OK;
     default: return LS_EXIT_OK;
     }
@@ -1425,7 +1460,10 @@ static void usage_command(FILE *f, const command *c, int width)
         usage_word(f, &col, indent, "--chunk-size");
     }
     if (decay_option(c->op)) usage_word(f, &col, indent, "--decay");
-    if (c->kind == RUN_DECODE) usage_word(f, &col, indent, "--cold");
+    if (c->kind == RUN_DECODE) {
+        usage_word(f, &col, indent, "--cold");
+        usage_word(f, &col, indent, "--pool");
+    }
     fputc('\n', f);
 }
 

@@ -1,0 +1,198 @@
+/* KDA's decode over a serving engine's rows (ls_kda_decode_rows_isa, which
+ * linseq_op_decode_pool calls for every pool but a dense float32 one updated in place): rows
+ * a stride apart with gaps, float32, bf16 and half elements, requests writing their own row
+ * or another, a padding request. The property: the new state of each request is the plain
+ * float32 decode's (ls_kda_decode_isa on the widened rows, in place) rounded once to the
+ * pool's type, written to the request's destination row only; the outputs are that decode's
+ * bit for bit; every other byte of the pool (other rows, the gaps) is unchanged. On every
+ * ISA, both state layouts, per-channel and per-head decay, the gate in the kernel or not,
+ * 1 and 3 threads, odd K and V (vector tails).
+ *
+ * And through linseq_op_decode_pool: a pool whose requests write the rows others read (a
+ * rotation) must still give every request the state of its source row as it was before the
+ * call, which the per-request path cannot do in place; the pool layer takes the gathered
+ * path there. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/half_float.h"
+#include "core/state_rows.h"
+#include "kda/kda_kernels.h"
+#include "kda/kda_op.h"
+#include "kda_fixture.h"
+#include "simd/isa.h"
+#include "testutil.h"
+
+enum { N_ROWS = 6, GAP = 5 };
+
+typedef struct {
+    const char *name;
+    int64_t K, V;
+    linseq_decay decay;
+    bool v_first, gate_in_kernel;
+} rows_case;
+
+static float widen_one(linseq_pool_dtype dtype, const void *pool, int64_t i)
+{
+    if (dtype == LINSEQ_POOL_F32) return ((const float *)pool)[i];
+    const uint16_t h = ((const uint16_t *)pool)[i];
+    return dtype == LINSEQ_POOL_BF16 ? ls_bf16_to_f32(h) : ls_f16_to_f32(h);
+}
+
+/* The bits of element i of a pool of `dtype`, for comparing rows exactly. */
+static uint32_t bits_at(linseq_pool_dtype dtype, const void *pool, int64_t i)
+{
+    if (dtype != LINSEQ_POOL_F32) return ((const uint16_t *)pool)[i];
+    uint32_t u;
+    memcpy(&u, (const float *)pool + i, sizeof u);
+    return u;
+}
+
+static uint32_t rounded_bits(linseq_pool_dtype dtype, float x)
+{
+    if (dtype == LINSEQ_POOL_BF16) return ls_f32_to_bf16(x);
+    if (dtype == LINSEQ_POOL_F16) return ls_f32_to_f16(x);
+    uint32_t u;
+    memcpy(&u, &x, sizeof u);
+    return u;
+}
+
+static kda_fixture make_case(const rows_case *rc, int64_t B)
+{
+    const kda_spec s = {.B = B,
+                        .T = 1,
+                        .H = 2,
+                        .HV = 4,
+                        .K = rc->K,
+                        .V = rc->V,
+                        .l2norm = true,
+                        .decay = rc->decay,
+                        .regime = GATE_RAND,
+                        .gmag = 0.3,
+                        .v_first = rc->v_first,
+                        .seed = 2024};
+    kda_fixture f;
+    kda_fixture_make(&f, &s);
+    f.p.h0 = NULL;
+    if (rc->gate_in_kernel) { /* g holds raw gate inputs: any sign */
+        f.p.gate_in_kernel = true;
+        for (size_t i = 0; i < f.n_g; i++) f.g[i] = f.g[i] * -4.0f + 0.5f;
+    }
+    return f;
+}
+
+/* One case on one ISA and pool type: src/dst rows with a padding request, one request in
+ * place and the others moved to rows nobody reads. */
+static void check_rows(const rows_case *rc, ls_isa isa, linseq_pool_dtype dtype, int threads)
+{
+    enum { B = 4 };
+    kda_fixture f = make_case(rc, B);
+    float *A_log = NULL, *dt_bias = NULL;
+    if (rc->gate_in_kernel) {
+        const int64_t nb = rc->decay == LINSEQ_DECAY_PER_CHANNEL ? 4 * rc->K : 4;
+        A_log = tu_alloc(4), dt_bias = tu_alloc((size_t)nb);
+        tu_rng r = {7};
+        tu_fill_uniform(&r, A_log, 4, 0.0, 2.0);
+        tu_fill_normal(&r, dt_bias, (size_t)nb, 0.5);
+        f.p.A_log = A_log, f.p.dt_bias = dt_bias;
+    }
+    const int64_t row = 4 * rc->K * rc->V, stride = row + GAP;
+    static const int64_t src[B] = {2, -1, 0, 4}, dst[B] = {3, -1, 0, 5};
+    const size_t elem = ls_state_elem_bytes(dtype), n = (size_t)(N_ROWS * stride);
+    unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
+    tu_rng r = {11};
+    for (size_t i = 0; i < n; i++) {
+        const float x = (float)(0.5 * tu_normal(&r));
+        if (dtype == LINSEQ_POOL_F32)
+            ((float *)pool)[i] = x;
+        else
+            ((uint16_t *)pool)[i] = (uint16_t)rounded_bits(dtype, x);
+    }
+    memcpy(before, pool, n * elem);
+
+    /* the reference: the plain decode on the widened rows, dense, in place */
+    float *dense = tu_alloc((size_t)(N_ROWS * row)), *o_ref = tu_alloc(f.n_v);
+    for (int64_t q = 0; q < N_ROWS; q++)
+        for (int64_t i = 0; i < row; i++)
+            dense[q * row + i] = widen_one(dtype, pool, q * stride + i);
+    const linseq_exec ex = {.threads = threads};
+    CHECK_OK(ls_kda_decode_isa(&f.p, &ex, dense, N_ROWS, src, o_ref, isa));
+
+    float *o = tu_alloc_poisoned(f.n_v);
+    const ls_state_rows rows = {
+        .from = pool, .to = pool, .dtype = dtype, .stride = stride, .src = src, .dst = dst};
+    CHECK_OK(ls_kda_decode_rows_isa(&f.p, &ex, &rows, N_ROWS, o, isa));
+
+    bool written = true, untouched = true;
+    bool is_dst[N_ROWS] = {false};
+    for (int b = 0; b < B; b++)
+        if (src[b] >= 0) {
+            is_dst[dst[b]] = true;
+            for (int64_t i = 0; i < row; i++)
+                written &= bits_at(dtype, pool, dst[b] * stride + i) ==
+                           rounded_bits(dtype, dense[src[b] * row + i]);
+        }
+    for (int64_t q = 0; q < N_ROWS; q++)
+        for (int64_t i = 0; i < stride; i++)
+            if (!is_dst[q] || i >= row)
+                untouched &=
+                    bits_at(dtype, pool, q * stride + i) == bits_at(dtype, before, q * stride + i);
+    static const char *const names[] = {"f32", "bf16", "f16"};
+    CHECK(written && untouched && tu_same_bits(o, o_ref, f.n_v),
+          "%s %s %s pool, %d threads: states %s, other bytes %s, outputs %s", rc->name,
+          ls_isa_name(isa), names[dtype], threads, written ? "as the float32 decode's" : "DIFFER",
+          untouched ? "untouched" : "WRITTEN", tu_same_bits(o, o_ref, f.n_v) ? "equal" : "DIFFER");
+    free(o), free(o_ref), free(dense), free(pool), free(before);
+    free(A_log), free(dt_bias);
+    kda_fixture_free(&f);
+}
+
+/* Requests 0, 1, 2 read rows 0, 1, 2 and write rows 1, 2, 0: each writes the row the next one
+ * reads. Through the public pool entry, bf16: each request must start from its row as it was
+ * before the call. */
+static void check_rotation(void)
+{
+    const rows_case rc = {"rotation", 16, 24, LINSEQ_DECAY_PER_CHANNEL, false, false};
+    enum { B = 3 };
+    kda_fixture f = make_case(&rc, B);
+    const int64_t row = 4 * 16 * 24;
+    uint16_t *pool = malloc((size_t)(B * row) * sizeof *pool);
+    float *dense = tu_alloc((size_t)(B * row)), *o_ref = tu_alloc(f.n_v), *o = tu_alloc(f.n_v);
+    tu_rng r = {5};
+    for (int64_t i = 0; i < B * row; i++) {
+        pool[i] = ls_f32_to_bf16((float)(0.5 * tu_normal(&r)));
+        dense[i] = ls_bf16_to_f32(pool[i]);
+    }
+    static const int64_t src[B] = {0, 1, 2}, dst[B] = {1, 2, 0};
+    CHECK_OK(linseq_kda_decode(&f.p, NULL, dense, B, src, o_ref));
+    const linseq_state_pool p = {
+        .data = pool, .n_rows = B, .dtype = LINSEQ_POOL_BF16, .src_rows = src, .dst_rows = dst};
+    float *out[] = {o};
+    CHECK_OK(linseq_op_decode_pool("kda", &f.p, &(linseq_exec){.threads = 1}, &p, out));
+    bool same = tu_same_bits(o, o_ref, f.n_v);
+    for (int b = 0; b < B; b++)
+        for (int64_t i = 0; i < row; i++)
+            same &= pool[dst[b] * row + i] == ls_f32_to_bf16(dense[src[b] * row + i]);
+    CHECK(same, "rotation through linseq_op_decode_pool: a request read a row another had written");
+    free(pool), free(dense), free(o_ref), free(o);
+    kda_fixture_free(&f);
+}
+
+int main(void)
+{
+    static const rows_case cases[] = {
+        {"K-first per-channel", 24, 19, LINSEQ_DECAY_PER_CHANNEL, false, false},
+        {"K-first per-head gated", 16, 64, LINSEQ_DECAY_PER_HEAD, false, true},
+        {"K-first per-channel gated", 13, 40, LINSEQ_DECAY_PER_CHANNEL, false, true},
+        {"V-first per-head", 24, 19, LINSEQ_DECAY_PER_HEAD, true, false},
+    };
+    for (int isa = 0; isa < LS_ISA_COUNT; isa++) {
+        if (!ls_isa_available((ls_isa)isa)) continue;
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (int dtype = 0; dtype < 3; dtype++)
+                for (int threads = 1; threads <= 3; threads += 2)
+                    check_rows(&cases[c], (ls_isa)isa, (linseq_pool_dtype)dtype, threads);
+    }
+    check_rotation();
+    return tu_finish("test_kda_decode_rows");
+}
