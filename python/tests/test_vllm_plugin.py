@@ -345,6 +345,32 @@ def test_gdn_decode_equals_vllms_op_and_float64():
     assert torch.equal(pool[untouched], before[untouched])
 
 
+def test_gdn_bf16_tokens_read_as_they_are():
+    """vLLM's bfloat16 q, k, v, a, b go to the library as they are (no float32 copies): the
+    output and the states are those of the same call on float32 copies, o rounded once to
+    bfloat16, bit for bit, on a float32 pool (rows a page apart) and a bfloat16 one."""
+    g = torch.Generator().manual_seed(9)
+    n = 3
+    slots = torch.tensor([5, -1, 1], dtype=torch.int32)
+    q, k, v, a, b = _gdn_tokens(n, g)
+    assert all(t.dtype == torch.bfloat16 for t in (q, k, v, a, b))
+    A_log, dt_bias = _gdn_params(g)
+    for pool_dtype in (torch.float32, torch.bfloat16):
+        pool = _paged_pool(8, HV, HEAD_DIM, HEAD_DIM, generator=g).to(pool_dtype)
+        wide_pool = pool.clone()
+        calls = {}
+        for name, tokens, target in (("bf16", (q, k, v, a, b), pool),
+                                     ("f32", [t.float() for t in (q, k, v, a, b)], wide_pool)):
+            tq, tk, tv, ta, tb = tokens
+            calls[name] = linseq_vllm._gated_delta_update(
+                A_log=A_log, dt_bias=dt_bias, q=tq, k=tk, v=tv, a=ta, b=tb,
+                initial_state_source=target, initial_state_indices=slots,
+                cu_seqlens=torch.arange(n + 1, dtype=torch.int32), use_qk_l2norm_in_kernel=True)
+        assert calls["bf16"].dtype == torch.bfloat16
+        assert torch.equal(calls["bf16"], calls["f32"].to(torch.bfloat16)), pool_dtype
+        assert torch.equal(pool, wide_pool), pool_dtype
+
+
 def test_gdn_speculative_decode_equals_vllms_op_and_float64():
     """Three draft tokens per request, each request resuming from the slot of its last
     accepted token and leaving the state after each draft token in that token's slot."""

@@ -130,7 +130,7 @@ def _on_pool(pool, src, dst, pad_value, run):
 _POOL_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 _POOL_FUNCTIONS = ("decode_pool", "decode_tokens_pool", "forward_pool")
 _problem_templates = {}   # (function, op, options, input shapes, sequences) -> _Template
-_exec = []                # the one exec of every pool call, made on first use
+_exec = {}                # per-token dtype ("float32", "bfloat16") -> the exec of pool calls
 
 
 class _Template:
@@ -143,15 +143,18 @@ class _Template:
         import numpy as np
 
         from .. import _lib, ops
-        given = {n: a.numpy() for n, a in arrays.items() if a is not None}
+        # the shapes are what is checked: bfloat16 tensors are checked as float32 ones
+        given = {n: a.float().numpy() for n, a in arrays.items() if a is not None}
         inputs = ops.TableInputs(op, given, None if cu_seqlens is None
                                  else cu_seqlens.numpy().astype(np.int64), None, options)
         roles = _lib.op_desc(op)["decode"]
         self.problem_class = type(inputs.problem)
         self.problem_bytes = bytes(inputs.problem)
         self.fields = {t["name"]: t["field"] for t in _lib.op_tensors(op, "input")}
+        self.token = {t["name"] for t in _lib.op_tensors(op, "input") if t.get("token")}
         names = [t["name"] for t in _lib.op_tensors(op, "output")]
         self.outputs = [inputs.shapes[n] for n in names]
+        self.token_outputs = [bool(t.get("token")) for t in _lib.op_tensors(op, "output")]
         self.state_out = names.index(roles["state_out"])
         self.row_shape = inputs.shapes[roles["state"]][1:]
         self.state_count = inputs.shapes[roles["state"]][0]   # requests or sequences
@@ -193,7 +196,10 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
                has_initial_state=None, cu_seqlens=None, **options):
     """linseq.ops' `function` (decode_pool, decode_tokens_pool or forward_pool) of op on
     vLLM's pool tensor in place, its rows where they lie: arrays {the table's input name:
-    a C-contiguous float32 tensor or None}; src, dst the int32 or int64 slot tensors as vLLM
+    a C-contiguous float32 tensor or None; the op's per-token inputs may all be bfloat16
+    instead, which the library then reads as they are (exec dtype bf16: an op that does not
+    take them refuses the call by name), its per-token outputs bfloat16 too}; src, dst the
+    int32 or int64 slot tensors as vLLM
     passes them (dst None: src; [B*T] for decode_tokens_pool); has_initial_state a bool
     tensor, cu_seqlens an integer one (forward_pool). The problem struct and its checks come
     from a template per shapes and options (_Template); the library checks the rest (the
@@ -205,12 +211,8 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
     import torch
 
     from .. import _lib, ops
-    for name, a in arrays.items():
-        if a is not None and (a.dtype != torch.float32 or not a.is_contiguous() or
-                              not a.is_cpu):
-            raise ValueError(f"{name}: expected a C-contiguous float32 CPU tensor, got "
-                             f"{a.dtype} {list(a.shape)} strides {list(a.stride())}")
     template = _template(function, op, arrays, cu_seqlens, options)
+    token_dtype = _token_dtype(template, arrays)
     layout = _pool_layout(pool, template.row_shape)
     if layout is None:
         return None
@@ -237,7 +239,8 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
         if has.shape != (template.state_count,):
             raise ValueError(f"has_initial_state: expected [{template.state_count}] booleans, "
                              f"got {list(has.shape)}")
-    outs = [None if s is None or i == template.state_out else torch.empty(s, dtype=torch.float32)
+    outs = [None if s is None or i == template.state_out else
+            torch.empty(s, dtype=token_dtype if template.token_outputs[i] else torch.float32)
             for i, s in enumerate(template.outputs)]
     ptrs = (ctypes.c_void_p * max(len(outs), 1))(*[None if o is None or o.numel() == 0
                                                     else o.data_ptr() for o in outs])
@@ -248,10 +251,11 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
                           index_bits=src.element_size() * 8,
                           has_pad_value=pad_value is not None,
                           pad_value=0 if pad_value is None else int(pad_value))
-    if not _exec:
-        _exec.append(ops.make_exec(mode="default"))
+    bf16 = token_dtype == torch.bfloat16
+    if bf16 not in _exec:
+        _exec[bf16] = ops.make_exec(mode="default", bf16=bf16)
     call = getattr(_lib.lib, f"linseq_op_{function}")
-    head = (op.encode(), ctypes.byref(problem), ctypes.byref(_exec[0]), ctypes.byref(spec))
+    head = (op.encode(), ctypes.byref(problem), ctypes.byref(_exec[bf16]), ctypes.byref(spec))
     if function == "forward_pool":
         _lib.check(call(*head, None if has is None else has.data_ptr(), ptrs))
     else:
@@ -373,6 +377,32 @@ class _Declined(Exception):
 GDN_L2NORM_EPS = 1e-5   # vLLM CPU's GDN kernels: q / sqrt(sum q^2 + eps), likewise k
 
 
+def _token_tensors(*tensors):
+    """vLLM's per-token tensors as the library reads them: as they are (C-contiguous) where
+    every one is bfloat16, the model's dtype, which the KDA and conv kernels take in place of
+    float32 with the same arithmetic on the widened values; float32 copies otherwise."""
+    import torch
+    if all(t.dtype == torch.bfloat16 and t.is_cpu for t in tensors):
+        return [t.detach().contiguous() for t in tensors]
+    return [_f32(t) for t in tensors]
+
+
+def _token_dtype(template, arrays):
+    """The dtype of the call's per-token tensors (float32, or bfloat16 where every one is),
+    after checking that each array is a C-contiguous CPU tensor of its kind's dtype."""
+    import torch
+    tokens = {arrays[n].dtype for n in template.token if arrays.get(n) is not None}
+    token_dtype = torch.bfloat16 if tokens == {torch.bfloat16} else torch.float32
+    for name, a in arrays.items():
+        want = token_dtype if name in template.token else torch.float32
+        if a is not None and (a.dtype != want or not a.is_contiguous() or not a.is_cpu):
+            raise ValueError(f"{name}: expected a C-contiguous {str(want)[6:]} CPU tensor "
+                             f"(per-token tensors all float32 or all bfloat16, the others "
+                             f"float32), got {a.dtype} {list(a.shape)} strides "
+                             f"{list(a.stride())}")
+    return token_dtype
+
+
 def _f32(t):
     """A tensor (bfloat16 included) as a C-contiguous float32 tensor (no copy where it is
     one), None as None."""
@@ -393,7 +423,7 @@ def _on_vllms_pool(function, op, arrays, pool, src, dst=None, *, pad_value=None,
                      has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, **options)
     if out is not None:
         return out
-    given = {n: None if a is None else a.numpy() for n, a in arrays.items()}
+    given = {n: None if a is None else _f32(a).numpy() for n, a in arrays.items()}
 
     def run(rows_pool, src_rows, dst_rows, pad):
         if function == "forward_pool":
@@ -430,7 +460,8 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_fi
             cu_seqlens is None:
         raise _Declined
     rows = _rows(initial_state_indices, "initial_state_indices")
-    arrays = dict(q=_f32(query), k=_f32(key), v=_f32(value), beta=_f32(beta), g=_f32(g))
+    q, k, v, beta, g = _token_tensors(query, key, value, beta, g)
+    arrays = dict(q=q, k=k, v=v, beta=beta, g=g)
     (o,) = _on_vllms_pool("forward_pool", "kda", arrays, initial_state, rows,
                           cu_seqlens=cu_seqlens,
                           **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
@@ -440,11 +471,12 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_fi
 def _gated_tokens(A_log, dt_bias, q, k, v, a, b, batch, tokens):
     """The fused-gate KDA inputs of vLLM's decode ops: q, k [(1,) batch*tokens, H, K], v
     [(1,) batch*tokens, HV, V], a, b [batch*tokens, HV] (raw gate input, beta logits) as
-    linseq's [batch, tokens, ...] float32 tensors."""
-    def per_request(t):
-        return _f32(t).view(batch, tokens, *t.shape[-2 if t.dim() >= 3 else -1:])
-    return dict(q=per_request(q), k=per_request(k), v=per_request(v), beta=per_request(b),
-                g=per_request(a), A_log=_f32(A_log), dt_bias=_f32(dt_bias))
+    linseq's [batch, tokens, ...] tensors (_token_tensors), A_log and dt_bias float32."""
+    def per_request(t, like):
+        return t.view(batch, tokens, *like.shape[-2 if like.dim() >= 3 else -1:])
+    given = (q, k, v, b, a)
+    q_, k_, v_, b_, a_ = (per_request(t, like) for t, like in zip(_token_tensors(*given), given))
+    return dict(q=q_, k=k_, v=v_, beta=b_, g=a_, A_log=_f32(A_log), dt_bias=_f32(dt_bias))
 
 
 def _check_softplus(softplus_beta, softplus_threshold):
