@@ -150,8 +150,8 @@ def test_gdn_is_routed_only_when_asked(monkeypatch):
         assert "vllm._custom_ops.chunk_gated_delta_rule_cpu" in routed, value
         assert ops.chunk_gated_delta_rule_cpu is not own
         assert (f"{MIXER}.selective_scan_fn" in routed) == (value != "gdn"), value
-    monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, "mamba2")
-    with pytest.raises(ValueError, match="LINSEQ_VLLM.*mamba2"):
+    monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, "mamba3")
+    with pytest.raises(ValueError, match="LINSEQ_VLLM.*mamba3"):
         linseq_vllm.register()
     linseq_vllm.disable()
     assert ops.chunk_gated_delta_rule_cpu is own
