@@ -903,3 +903,70 @@ def test_a_mamba2_call_the_route_declines_runs_on_vllms_op(monkeypatch):
         linseq_vllm.disable()
     assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
     assert not torch.equal(pools[0], pool)
+
+
+def _tiny_mamba2_model(path):
+    """A random 2-layer Mamba2 (8 heads of 16 channels, state 16, one group: transformers'
+    gated norm then matches vLLM's) saved at path, its weights rounded to bfloat16 (the dtype
+    vLLM serves it in) so that transformers' float32 model computes on the same weights."""
+    config = transformers.Mamba2Config(vocab_size=64, hidden_size=64, state_size=16,
+                                       num_hidden_layers=2, expand=2, conv_kernel=4,
+                                       n_groups=1, head_dim=16, num_heads=8, chunk_size=16,
+                                       tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Mamba2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not any(s in name for s in ("A_log", "dt_bias", "norm")):
+                p.normal_(0.0, 0.5)
+            p.copy_(p.to(torch.bfloat16).float())
+    model.save_pretrained(path)
+    return model
+
+
+def test_mamba2_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
+        offline_vllm, tmp_path, monkeypatch):
+    """One engine serving a tiny Mamba2, its Mamba2 layer routed to linseq, then on vLLM's
+    own kernels. Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
+    prefilled over several steps (resuming from their slots) while short ones decode. The
+    prompt log-probabilities of linseq, vLLM's kernels and transformers' float32 model of
+    the same weights agree within bfloat16's noise; each token linseq generates greedily is,
+    by transformers' log-probabilities after the same tokens, the most likely one or within
+    that noise of it."""
+    model = _tiny_mamba2_model(tmp_path)
+    calls = _spy_on_pool_ops(monkeypatch)
+    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+                   max_model_len=64, max_num_batched_tokens=16, enforce_eager=True, seed=0,
+                   enable_prefix_caching=False)
+    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                                 prompt_logprobs=0)
+    runs = {}
+    try:
+        for side in ("linseq", "vllm"):
+            linseq_vllm.disable()
+            if side == "linseq":
+                linseq_vllm.enable(("mamba2",))
+            calls.clear()
+            runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
+                                                 for op in ("ssd", "causal_conv1d")}
+            assert set(calls) == want, side
+    finally:
+        linseq_vllm.disable()
+        linseq_vllm.enable()
+        del llm
+        gc.collect()
+    generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
+    assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
+    for i, prompt in enumerate(PROMPTS):
+        ref = _reference_logprobs(model, prompt + generated[i])
+        positions = torch.arange(len(prompt) - 1, ref.shape[0])
+        chosen = ref[positions, torch.tensor(generated[i])]
+        torch.testing.assert_close(chosen, ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
+        if len(prompt) == 1:
+            continue
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
+        torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
