@@ -1,13 +1,15 @@
-"""vLLM's Mamba1 layers (Mamba, FalconMamba) and Gated DeltaNet layers (Qwen3-Next, Qwen3.5)
-on linseq, for vLLM's CPU build: a vLLM plugin.
+"""vLLM's Mamba1 layers (Mamba, FalconMamba), Gated DeltaNet layers (Qwen3-Next, Qwen3.5) and
+Mamba2 layers (Mamba2, Bamba, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2) on linseq, for
+vLLM's CPU build: a vLLM plugin.
 
     pip install "linseq[vllm]"      # registers the plugin: vLLM calls register() at start-up
     LINSEQ_VLLM=0 vllm serve ...    # installed but left off
-    LINSEQ_VLLM=all vllm serve ...  # the GDN layers too (by default only Mamba1's: see below)
+    LINSEQ_VLLM=all vllm serve ...  # the GDN and Mamba2 layers too (by default only Mamba1's)
+    LINSEQ_VLLM=mamba1,mamba2 ...   # the families named (mamba1, gdn, mamba2)
 
     import linseq.integrations.vllm as linseq_vllm
     linseq_vllm.enable()            # by hand, without the entry point (same effect)
-    linseq_vllm.enable("all")       # with the GDN layers
+    linseq_vllm.enable("all")       # with the GDN and Mamba2 layers
     linseq_vllm.disable()           # back to vLLM's own functions
 
 Mamba1. vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
@@ -42,6 +44,26 @@ of the rows named. q and k are l2-normalised with vLLM's eps (1e-5). A call an
 adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
 varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
+
+Mamba2 (family "mamba2", routed only when asked: LINSEQ_VLLM=all or mamba2, or
+enable("all")). vLLM's Mamba2 layer (MambaMixer2) calls four functions it imported into its
+module, rebound there. Its prefill scan (mamba_chunk_scan_combined_varlen) runs on linseq's
+SSD op: the layer itself gathers each prompt's state from its pool (zeros for a new prompt)
+and writes the final states the scan returns back to the pool, so the scan's pool is the
+tensor it returns, [prompts, heads, headdim, dstate] in the state dtype, which the library
+fills in place (a bfloat16 one included, each state rounded once). Its decode step
+(selective_state_update, vLLM's SSU dispatcher) runs on the SSD op's decode over vLLM's
+pool [slots, heads, headdim, dstate] in place, vLLM's null block and negative slots as
+padding; dt, dt_bias and A, which the layer expands over headdim with stride 0, are taken per
+head, and a call whose values differ along headdim is declined. Its conv (causal_conv1d_fn,
+causal_conv1d_update) runs on linseq's causal conv op with the layer's [dim, width] weight
+and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op runs): the
+states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
+decoding (num_accepted_tokens). Per call against vLLM's own functions at one thread (24
+heads of 64, dstate 128, bfloat16 pools), the prefill scan took about 0.7-0.75x vLLM's time
+and the conv 0.25-0.5x from 8 requests on, but the decode step 2.5-5x vLLM's (its bfloat16
+rows widened to float32 and rounded back, and the adapter's Python around a step of about
+0.1 ms), so vLLM's ops stay the default here too.
 
 Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
 block untouched, its output 0.
@@ -878,7 +900,8 @@ def _unregister_layer():
 
 
 # vLLM module -> function name -> linseq adapter. The GDN layer (and, for its conv, any CPU
-# layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time.
+# layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time; the Mamba
+# layers call the names they imported into their own modules.
 # family -> {module: {function: adapter}}
 ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                               "selective_state_update": _state_update}},
@@ -895,7 +918,8 @@ ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                                "causal_conv1d_update": _mixer2_conv_update}}}
 # What register() routes unless LINSEQ_VLLM names more: the layers vLLM's CPU build cannot
 # run. The GDN route is exact in float32 where vLLM's ops run in bfloat16, but slower than
-# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn.
+# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn. The
+# Mamba2 route's decode step is slower than vLLM's (see the module's docstring): likewise.
 DEFAULT_FAMILIES = ("mamba1",)
 
 
@@ -956,9 +980,10 @@ def _takes_as_given(adapter, original):
 
 def enable(families=DEFAULT_FAMILIES):
     """Route the layers of `families` (names of ROUTES, or "all") to linseq: "mamba1" vLLM's
-    Mamba1 scan and decode step, "gdn" its CPU GDN and conv ops (idempotent; other families
-    are left as they are). Returns the "module.function" names routed; a module or function
-    this vLLM lacks, or whose signature changed, is skipped (logged at debug level)."""
+    Mamba1 scan and decode step, "gdn" its CPU GDN and conv ops, "mamba2" the Mamba2 layer's
+    scan, decode step and conv (idempotent; other families are left as they are). Returns
+    the "module.function" names routed; a module or function this vLLM lacks, or whose
+    signature changed, is skipped (logged at debug level)."""
     families = families_from(families) if isinstance(families, str) else tuple(families)
     unknown = [f for f in families if f not in ROUTES]
     if unknown:
@@ -1018,5 +1043,5 @@ def register():
         _log.info("linseq: %s=0, vLLM's layers left as they are", OPT_OUT_VARIABLE)
         return ()
     routed = enable(families)
-    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba1 or GDN op found)")
+    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba or GDN op found)")
     return routed
