@@ -970,3 +970,28 @@ def test_mamba2_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
         torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+
+
+def test_mamba2_bad_shapes_are_refused_by_name_and_leave_the_pool():
+    """A decode step whose B does not match the pool's dstate, and a prefill whose
+    initial_states do not match its prompts: a ValueError naming the argument and the
+    expected shape, the pool and out as they were."""
+    g = torch.Generator().manual_seed(16)
+    args = _mamba2_decode_args(g, 2, torch.float32, True)
+    args["B"] = args["B"][..., :-1]
+    pool = torch.randn(3, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g)
+    before, out = pool.clone(), torch.zeros(2, M2_HEADS, M2_HEAD_DIM)
+    slots = torch.tensor([[2], [1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"B, C: expected \[slots, {M2_HEADS}, {M2_HEAD_DIM}"):
+        linseq_vllm._ssd_state_update(pool, state_batch_indices=slots, out=out, **args)
+    assert torch.equal(pool, before) and torch.all(out == 0)
+    x, dt, B, C, _ = _ssd_tokens(9, g, torch.float32)
+    A, D, dt_bias = _ssd_params(g)
+    out = torch.zeros(x.shape)
+    with pytest.raises(ValueError, match=r"initial_states: expected \[2, "):
+        linseq_vllm._ssd_chunk_scan(x, dt, A, B, C, 16, torch.tensor([0, 4, 9]), None, None,
+                                    torch.zeros(1), out, D=D, dt_bias=dt_bias,
+                                    initial_states=torch.zeros(3, M2_HEADS, M2_HEAD_DIM,
+                                                               M2_DSTATE),
+                                    dt_softplus=True)
+    assert torch.all(out == 0)

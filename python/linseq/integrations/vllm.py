@@ -962,8 +962,8 @@ def _routed(adapter, original, qualified):
         if on_cpu:
             try:
                 return adapter(*args, **kwargs)
-            except _Declined:
-                pass
+            except _Declined as declined:
+                _log.debug("linseq: %s declined: %s", qualified, declined)
         return original(*args, **kwargs)
     routed.linseq_route = qualified
     return routed
