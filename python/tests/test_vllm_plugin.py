@@ -5,7 +5,8 @@ equal transformers' float32 greedy tokens of the same weights (an independent re
 transformers' own PyTorch scan, no linseq in it). Gated DeltaNet (Qwen3.5): a tiny model
 served with linseq and with vLLM's own kernels by one engine, against each other and
 transformers' float32 model; and each routed op against vLLM's op on the same tensors, both
-against a float64 definition.
+against a float64 definition. Mamba2 (opt-in, family "mamba2"): the same, for a tiny Mamba2
+and the Mamba2 layer's scan, decode step and conv.
 
 Skipped unless vLLM and transformers import (vLLM's CPU build lives in its own environment,
 made by scripts/vllm-venv.sh; `make test-python` runs this file there, where a missing one
@@ -636,7 +637,7 @@ def test_a_call_the_route_declines_runs_on_vllms_op():
 
 
 # ------------------------------------------------------------------------------------------
-# Mamba2 (MambaMixer2: Mamba2, Bamba, FalconH1, GraniteMoeHybrid, NemotronH): linseq's
+# Mamba2 (MambaMixer2: Mamba2, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2): linseq's
 # adapters against vLLM's own CPU scan, decode step and conv, both against float64
 # ------------------------------------------------------------------------------------------
 

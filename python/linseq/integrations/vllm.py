@@ -1,5 +1,5 @@
 """vLLM's Mamba1 layers (Mamba, FalconMamba), Gated DeltaNet layers (Qwen3-Next, Qwen3.5) and
-Mamba2 layers (Mamba2, Bamba, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2) on linseq, for
+Mamba2 layers (Mamba2, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2) on linseq, for
 vLLM's CPU build: a vLLM plugin.
 
     pip install "linseq[vllm]"      # registers the plugin: vLLM calls register() at start-up
@@ -647,8 +647,8 @@ def _conv_step_on_pool(x, conv_states, taps, bias, silu, rows, pad_value):
 
 
 # ------------------------------------------------------------------------------------------
-# Adapters: vLLM CPU's Mamba2 layer (MambaMixer2: Mamba2, Bamba, FalconH1, GraniteMoeHybrid,
-# NemotronH, Zamba2) on linseq's SSD op and its conv
+# Adapters: vLLM CPU's Mamba2 layer (MambaMixer2: Mamba2, FalconH1, GraniteMoeHybrid, NemotronH,
+# Zamba2) on linseq's SSD op and its conv
 # ------------------------------------------------------------------------------------------
 
 _DT_UNLIMITED = (0.0, float("inf"))   # Mamba2's dt_limit when the layer sets none
