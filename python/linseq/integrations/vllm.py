@@ -59,11 +59,13 @@ head, and a call whose values differ along headdim is declined. Its conv (causal
 causal_conv1d_update) runs on linseq's causal conv op with the layer's [dim, width] weight
 and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op runs): the
 states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
-decoding (num_accepted_tokens). Per call against vLLM's own functions at one thread (24
-heads of 64, dstate 128, bfloat16 pools), the prefill scan took about 0.7-0.75x vLLM's time
-and the conv 0.25-0.5x from 8 requests on, but the decode step 2.5-5x vLLM's (its bfloat16
-rows widened to float32 and rounded back, and the adapter's Python around a step of about
-0.1 ms), so vLLM's ops stay the default here too.
+decoding (num_accepted_tokens). Per call against vLLM's own functions
+(tools/perf/vllm_mamba2_calls.py: one thread, 24 heads of 64, dstate 128, a bfloat16 pool)
+the prefill scan ran 1.0-1.5x as fast as vLLM's and the conv 2-5x from 8 requests on, but
+the decode step took 3.5-4.5x vLLM's time (the library gathers the bfloat16 rows into
+float32 and rounds them back, and the adapter's Python surrounds a step of about 0.1 ms);
+served (tools/perf/vllm_serving.py), a small Mamba2 decoded at about 0.6x vLLM's tokens/s
+with the same time to first token. So vLLM's ops stay the default here too.
 
 Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
 block untouched, its output 0.
@@ -777,8 +779,10 @@ def _ssd_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, z=None,
                          f"A {list(A.shape)}" + ("" if dt_bias is None else
                                                  f", dt_bias {list(dt_bias.shape)}"))
     src = _rows(state_batch_indices, "state_batch_indices")
-    dst = None if dst_state_batch_indices is None else _rows(dst_state_batch_indices,
-                                                             "dst_state_batch_indices")
+    # the layer passes one tensor as both: in place, without a second copy of the slots
+    dst = None if dst_state_batch_indices is None or \
+        dst_state_batch_indices is state_batch_indices else \
+        _rows(dst_state_batch_indices, "dst_state_batch_indices")
     dt, bias, options = _ssd_dt_options(dt, dt_bias, dt_softplus, _DT_UNLIMITED)
     skip, per_channel = _ssd_skip(D, heads, headdim)
     arrays = dict(x=_f32(x)[:, None], dt=dt[:, None], A=_f32(A), B=_f32(B)[:, None],
