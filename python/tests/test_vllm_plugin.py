@@ -5,7 +5,8 @@ equal transformers' float32 greedy tokens of the same weights (an independent re
 transformers' own PyTorch scan, no linseq in it). Gated DeltaNet (Qwen3.5): a tiny model
 served with linseq and with vLLM's own kernels by one engine, against each other and
 transformers' float32 model; and each routed op against vLLM's op on the same tensors, both
-against a float64 definition.
+against a float64 definition. Mamba2 (opt-in, family "mamba2"): the same, for a tiny Mamba2
+and the Mamba2 layer's scan, decode step and conv.
 
 Skipped unless vLLM and transformers import (vLLM's CPU build lives in its own environment,
 made by scripts/vllm-venv.sh; `make test-python` runs this file there, where a missing one
@@ -150,8 +151,8 @@ def test_gdn_is_routed_only_when_asked(monkeypatch):
         assert "vllm._custom_ops.chunk_gated_delta_rule_cpu" in routed, value
         assert ops.chunk_gated_delta_rule_cpu is not own
         assert (f"{MIXER}.selective_scan_fn" in routed) == (value != "gdn"), value
-    monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, "mamba2")
-    with pytest.raises(ValueError, match="LINSEQ_VLLM.*mamba2"):
+    monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, "mamba3")
+    with pytest.raises(ValueError, match="LINSEQ_VLLM.*mamba3"):
         linseq_vllm.register()
     linseq_vllm.disable()
     assert ops.chunk_gated_delta_rule_cpu is own
@@ -659,3 +660,365 @@ def test_a_call_the_route_declines_runs_on_vllms_op():
                        use_qk_l2norm_in_kernel=True, softplus_beta=2.0))
     assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
     assert not torch.equal(pools[0], pool)
+
+
+# ------------------------------------------------------------------------------------------
+# Mamba2 (MambaMixer2: Mamba2, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2): linseq's
+# adapters against vLLM's own CPU scan, decode step and conv, both against float64
+# ------------------------------------------------------------------------------------------
+
+MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
+SSU_DISPATCH = "vllm.model_executor.layers.mamba.ops.ssu_dispatch"
+M2_HEADS, M2_HEAD_DIM, M2_GROUPS, M2_DSTATE = 4, 8, 2, 16
+
+
+def _vllms_mamba2_scan():
+    """vLLM's CPU prefill scan, from the module that defines it (linseq routes the name the
+    layer imported)."""
+    from vllm.model_executor.layers.mamba.ops.ssd_combined import (
+        mamba_chunk_scan_combined_varlen)
+    return mamba_chunk_scan_combined_varlen
+
+
+def _vllms_mamba2_state_update():
+    """vLLM's CPU decode step: the backend its dispatcher runs on a CPU platform."""
+    from vllm.config.mamba import MambaConfig
+    return importlib.import_module(SSU_DISPATCH).CPUSSUBackend(MambaConfig())
+
+
+def _ssd_reference(x, dt, A, B, C, D, z, dt_bias, softplus, h0):
+    """One sequence of Mamba2's scan in float64, token by token: x, z [T, H, P], dt [T, H],
+    B, C [T, G, N], A, dt_bias [H], D [H] (or None), h0 [H, P, N]. Returns y [T, H, P] and
+    the final state."""
+    x, dt, B, C = (t.double() for t in (x, dt, B, C))
+    heads, groups = x.shape[1], B.shape[1]
+    B, C = (t.repeat_interleave(heads // groups, 1) for t in (B, C))
+    if dt_bias is not None:
+        dt = dt + dt_bias.double()
+    if softplus:
+        dt = torch.nn.functional.softplus(dt)
+    S = h0.double().clone()
+    y = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        decay = torch.exp(dt[t] * A.double())
+        S = decay[:, None, None] * S + (dt[t][:, None] * x[t])[:, :, None] * B[t][:, None, :]
+        y[t] = torch.einsum("hpn,hn->hp", S, C[t])
+        if D is not None:
+            y[t] += D.double()[:, None] * x[t]
+        if z is not None:
+            y[t] *= torch.nn.functional.silu(z[t].double())
+    return y, S
+
+
+def _ssd_tokens(n, g, dtype):
+    """x [n, H, P], dt [n, H], B, C [n, G, N], z [n, H, P] in dtype."""
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(dtype)
+    return (rand(n, M2_HEADS, M2_HEAD_DIM), rand(n, M2_HEADS, scale=0.5),
+            rand(n, M2_GROUPS, M2_DSTATE), rand(n, M2_GROUPS, M2_DSTATE),
+            rand(n, M2_HEADS, M2_HEAD_DIM))
+
+
+def _ssd_params(g):
+    """A (-exp(A_log)), D and dt_bias [H] in float32, as MambaMixer2 holds them."""
+    A = -torch.empty(M2_HEADS).uniform_(1, 4, generator=g)
+    return A, torch.randn(M2_HEADS, generator=g), torch.randn(M2_HEADS, generator=g) * 0.5
+
+
+def _same_rounded(dtype):
+    """Tolerances of two float32 results rounded to dtype once: float32 rounding apart, in
+    bfloat16 one step of it (2**-8 of the value) where the two fall either side of a tie."""
+    return dict(rtol=8e-3, atol=1e-6) if dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
+
+
+# (D and z given, dt_softplus): the layer passes D, no z, softplus; the others the op's
+# contract allows (dt_bias is added before the softplus, or alone without it)
+SSD_CASES = [(True, False, True), (True, True, True), (False, False, False)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_D_z, with_z, softplus", SSD_CASES)
+def test_mamba2_prefill_equals_vllms_op_and_float64(dtype, with_D_z, with_z, softplus):
+    """Three packed prompts, the first and last continuing from a state, the middle one new
+    (the layer passes zeros for it); the final states in the state dtype (bfloat16: the
+    library writes the returned tensor in place). The same call with initial_states None."""
+    g = torch.Generator().manual_seed(11)
+    cu = torch.tensor([0, 6, 7, 30], dtype=torch.int32)
+    x, dt, B, C, z = _ssd_tokens(30, g, dtype)
+    A, D, dt_bias = _ssd_params(g)
+    D, z = (D if with_D_z else None), (z if with_z else None)
+    if not softplus:   # dt + dt_bias is the step itself: small and positive
+        dt, dt_bias = (dt.abs() * 0.2).to(dtype), dt_bias.abs() * 0.1
+    initial = (torch.randn(3, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g) * 0.3).to(dtype)
+    initial[1] = 0
+    for given in (initial, None):
+        outs, states = {}, {}
+        for side, fn in (("vllm", _vllms_mamba2_scan()), ("linseq", linseq_vllm._ssd_chunk_scan)):
+            outs[side] = torch.full(x.shape, float("nan"), dtype=dtype)
+            states[side] = fn(x, dt, A, B, C, 16, cu, None, None, torch.zeros(1), outs[side],
+                              D=D, z=z, dt_bias=dt_bias, initial_states=given,
+                              dt_softplus=softplus, state_dtype=dtype)
+            assert states[side].dtype == dtype and states[side].shape == initial.shape
+        for s in range(3):
+            span = slice(int(cu[s]), int(cu[s + 1]))
+            h0 = initial[s] if given is not None else torch.zeros(initial.shape[1:])
+            y, S = _ssd_reference(x[span], dt[span], A, B[span], C[span], D,
+                                  None if z is None else z[span], dt_bias, softplus, h0)
+            for side in outs:
+                _close(outs[side][span], y, f"{side} y of prompt {s}", tol=1e-2)
+                _close(states[side][s], S, f"{side} state of prompt {s}", tol=1e-2)
+        # both round one float32 result once: float32 rounding apart, one bfloat16 step
+        torch.testing.assert_close(outs["linseq"], outs["vllm"], **_same_rounded(dtype))
+        torch.testing.assert_close(states["linseq"], states["vllm"], **_same_rounded(dtype))
+
+
+def _mamba2_decode_args(g, batch, dtype, with_D_z):
+    """The layer's decode call: x, z [batch, H, P], dt expanded over headdim, A over
+    headdim and dstate, D and dt_bias over headdim (stride 0, as MambaMixer2 passes them)."""
+    x, dt, B, C, z = _ssd_tokens(batch, g, dtype)
+    A, D, dt_bias = _ssd_params(g)
+    P, N = M2_HEAD_DIM, M2_DSTATE
+    return dict(x=x, dt=dt[:, :, None].expand(-1, -1, P), A=A[:, None, None].expand(-1, P, N),
+                B=B, C=C, D=D[:, None].expand(-1, P) if with_D_z else None,
+                dt_bias=dt_bias[:, None].expand(-1, P), z=z if with_D_z else None,
+                dt_softplus=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_D_z", [True, False])
+def test_mamba2_decode_equals_vllms_op_and_float64(dtype, with_D_z):
+    """One token per request over the pool in place (float32 rows a page apart, or vLLM's
+    bfloat16 pool), vLLM's [batch, 1] slot column; request 1 on vLLM's null block (0) and,
+    on linseq's side only, request 3 on slot -1 (vLLM's op indexes the pool with it): both
+    padding, output 0, no state touched."""
+    g = torch.Generator().manual_seed(12)
+    slots = torch.tensor([[4], [0], [2], [-1]], dtype=torch.int32)
+    args = _mamba2_decode_args(g, 4, dtype, with_D_z)
+    pool = _paged_pool(6, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g, scale=0.5)
+    pool = pool if dtype == torch.float32 else pool.to(dtype)
+    before = pool.clone()
+    pools, outs = {}, {}
+    for side, fn, n in (("vllm", _vllms_mamba2_state_update(), 3),
+                        ("linseq", linseq_vllm._ssd_state_update, 4)):
+        pools[side] = pool.clone()
+        outs[side] = torch.full((n, M2_HEADS, M2_HEAD_DIM), float("nan"), dtype=dtype)
+        mine = {k: v[:n] if k in ("x", "dt", "B", "C", "z") and v is not None else v
+                for k, v in args.items()}
+        fn(pools[side], state_batch_indices=slots[:n], dst_state_batch_indices=slots[:n],
+           out=outs[side], **mine)
+    D = None if args["D"] is None else args["D"][:, 0]
+    for i in (0, 2):
+        at = slice(i, i + 1)
+        y, S = _ssd_reference(args["x"][at], args["dt"][at, :, 0], args["A"][:, 0, 0],
+                              args["B"][at], args["C"][at], D,
+                              None if args["z"] is None else args["z"][at],
+                              args["dt_bias"][:, 0], True, before[slots[i, 0]])
+        for side in outs:
+            _close(outs[side][i], y[0], f"{side} y of request {i}", tol=1e-2)
+            _close(pools[side][slots[i, 0]], S, f"{side} state of request {i}", tol=1e-2)
+        torch.testing.assert_close(outs["linseq"][i], outs["vllm"][i], **_same_rounded(dtype))
+    assert torch.all(outs["linseq"][[1, 3]] == 0)
+    torch.testing.assert_close(pools["linseq"], pools["vllm"], **_same_rounded(dtype))
+    untouched = [0, 1, 3, 5]
+    assert torch.equal(pools["linseq"][untouched], before[untouched])
+
+
+def _mamba2_conv_setup(g, slots, dim=48, width=4):
+    """A bfloat16 [dim, width] weight as MambaMixer2 holds it (not packed) and a bfloat16
+    conv-state pool in vLLM's default layout ([slots, width-1, dim] memory seen as [slots,
+    dim, width-1])."""
+    weight = (torch.randn(dim, width, generator=g) * 0.5).to(torch.bfloat16)
+    bias = (torch.randn(dim, generator=g) * 0.5).to(torch.bfloat16)
+    pool = torch.randn(slots, width - 1, dim, generator=g).to(torch.bfloat16).transpose(1, 2)
+    return weight, bias, pool
+
+
+def test_mamba2_conv_prefill_equals_vllms_op_and_float64():
+    """Three packed prompts, the first continuing from its slot, the last padded with
+    vLLM's PAD_SLOT_ID (-1): no state written for it."""
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+    g = torch.Generator().manual_seed(13)
+    weight, bias, pool = _mamba2_conv_setup(g, 6)
+    cu = torch.tensor([0, 9, 14, 17], dtype=torch.int32)
+    slots = torch.tensor([4, 1, -1], dtype=torch.int32)
+    has_initial = torch.tensor([True, False, True])
+    x = torch.randn(17, 48, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    outs, pools = {}, {}
+    for side, fn in (("vllm", causal_conv1d_fn), ("linseq", linseq_vllm._mixer2_conv_forward)):
+        pools[side] = pool.transpose(1, 2).clone().transpose(1, 2)
+        outs[side] = fn(x.transpose(0, 1), weight, bias, activation="silu",
+                        conv_states=pools[side], has_initial_state=has_initial,
+                        cache_indices=slots, metadata=None,
+                        query_start_loc=cu).transpose(0, 1)
+    for s in range(2):
+        span = slice(int(cu[s]), int(cu[s + 1]))
+        start = before[slots[s]] if has_initial[s] else torch.zeros(48, 3)
+        y, state = _conv_reference(x[span], weight, bias, start)
+        for side in outs:
+            _close(outs[side][span], y, f"{side} y of prompt {s}")
+            _close(pools[side][slots[s]], state, f"{side} state of prompt {s}")
+    assert torch.equal(pools["linseq"], pools["vllm"])
+    untouched = [0, 2, 3, 5]
+    assert torch.equal(pools["linseq"][untouched], before[untouched])
+
+
+def test_mamba2_conv_decode_equals_vllms_op_and_float64():
+    """One token per request, vLLM's [batch, 1] slot column, request 1 on the null block."""
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+    g = torch.Generator().manual_seed(14)
+    weight, bias, pool = _mamba2_conv_setup(g, 5)
+    slots = torch.tensor([[3], [0], [2]], dtype=torch.int32)
+    x = torch.randn(3, 48, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    outs, pools = {}, {}
+    for side, fn in (("vllm", causal_conv1d_update), ("linseq", linseq_vllm._mixer2_conv_update)):
+        pools[side] = pool.transpose(1, 2).clone().transpose(1, 2)
+        outs[side] = fn(x, pools[side], weight, bias, "silu", conv_state_indices=slots,
+                        num_accepted_tokens=None, query_start_loc=None, max_query_len=1)
+    assert torch.all(outs["linseq"][1] == 0)
+    for i in (0, 2):
+        y, state = _conv_reference(x[i:i + 1], weight, bias, before[slots[i, 0]])
+        for side in outs:
+            _close(outs[side][i], y[0], f"{side} y of request {i}")
+            _close(pools[side][slots[i, 0]], state, f"{side} state of request {i}")
+    assert torch.equal(pools["linseq"], pools["vllm"])
+    assert torch.equal(pools["linseq"][[0, 1, 4]], before[[0, 1, 4]])
+
+
+def test_mamba2_is_routed_only_when_asked(monkeypatch):
+    mixer2 = importlib.import_module(MIXER2)
+    linseq_vllm.disable()
+    own = mixer2.mamba_chunk_scan_combined_varlen
+    monkeypatch.delenv(linseq_vllm.OPT_OUT_VARIABLE, raising=False)
+    assert not any(name.startswith(MIXER2) for name in linseq_vllm.register())
+    assert mixer2.mamba_chunk_scan_combined_varlen is own
+    for value in ("all", "mamba2", "gdn,mamba2"):
+        linseq_vllm.disable()
+        monkeypatch.setenv(linseq_vllm.OPT_OUT_VARIABLE, value)
+        routed = linseq_vllm.register()
+        assert {f"{MIXER2}.{name}" for name in ("mamba_chunk_scan_combined_varlen",
+                                                 "selective_state_update", "causal_conv1d_fn",
+                                                 "causal_conv1d_update")} <= set(routed), value
+        assert mixer2.mamba_chunk_scan_combined_varlen is not own
+    linseq_vllm.disable()
+    assert mixer2.mamba_chunk_scan_combined_varlen is own
+
+
+def test_a_mamba2_call_the_route_declines_runs_on_vllms_op(monkeypatch):
+    """A decode step whose dt differs along headdim (linseq's SSD has one dt per head): the
+    routed function gives vLLM's result, the pool written as vLLM's op writes it."""
+    g = torch.Generator().manual_seed(15)
+    args = _mamba2_decode_args(g, 2, torch.float32, True)
+    args["dt"] = args["dt"].contiguous() + torch.rand(args["dt"].shape, generator=g)
+    pool = torch.randn(3, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g)
+    slots = torch.tensor([[2], [1]], dtype=torch.int32)
+    # the backend vLLM's dispatcher runs, as an engine on a CPU platform sets it
+    monkeypatch.setattr(importlib.import_module(SSU_DISPATCH), "_mamba_ssu_backend",
+                        _vllms_mamba2_state_update())
+    linseq_vllm.enable(("mamba2",))
+    try:
+        routed = importlib.import_module(MIXER2).selective_state_update
+        assert getattr(routed, "linseq_route", None) == f"{MIXER2}.selective_state_update"
+        outs, pools = [], []
+        for fn in (routed, _vllms_mamba2_state_update()):
+            pools.append(pool.clone())
+            outs.append(torch.empty(2, M2_HEADS, M2_HEAD_DIM))
+            fn(pools[-1], state_batch_indices=slots, dst_state_batch_indices=slots,
+               out=outs[-1], **args)
+    finally:
+        linseq_vllm.disable()
+    assert torch.equal(outs[0], outs[1]) and torch.equal(pools[0], pools[1])
+    assert not torch.equal(pools[0], pool)
+
+
+def _tiny_mamba2_model(path):
+    """A random 2-layer Mamba2 (8 heads of 16 channels, state 16, one group: transformers'
+    gated norm then matches vLLM's) saved at path, its weights rounded to bfloat16 (the dtype
+    vLLM serves it in) so that transformers' float32 model computes on the same weights."""
+    config = transformers.Mamba2Config(vocab_size=64, hidden_size=64, state_size=16,
+                                       num_hidden_layers=2, expand=2, conv_kernel=4,
+                                       n_groups=1, head_dim=16, num_heads=8, chunk_size=16,
+                                       tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.Mamba2ForCausalLM(config).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not any(s in name for s in ("A_log", "dt_bias", "norm")):
+                p.normal_(0.0, 0.5)
+            p.copy_(p.to(torch.bfloat16).float())
+    model.save_pretrained(path)
+    return model
+
+
+def test_mamba2_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
+        offline_vllm, tmp_path, monkeypatch):
+    """One engine serving a tiny Mamba2, its Mamba2 layer routed to linseq, then on vLLM's
+    own kernels. Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
+    prefilled over several steps (resuming from their slots) while short ones decode. The
+    prompt log-probabilities of linseq, vLLM's kernels and transformers' float32 model of
+    the same weights agree within bfloat16's noise; each token linseq generates greedily is,
+    by transformers' log-probabilities after the same tokens, the most likely one or within
+    that noise of it."""
+    model = _tiny_mamba2_model(tmp_path)
+    calls = _spy_on_pool_ops(monkeypatch)
+    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+                   max_model_len=64, max_num_batched_tokens=16, enforce_eager=True, seed=0,
+                   enable_prefix_caching=False)
+    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
+                                 prompt_logprobs=0)
+    runs = {}
+    try:
+        for side in ("linseq", "vllm"):
+            linseq_vllm.disable()
+            if side == "linseq":
+                linseq_vllm.enable(("mamba2",))
+            calls.clear()
+            runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
+                                                 for op in ("ssd", "causal_conv1d")}
+            assert set(calls) == want, side
+    finally:
+        linseq_vllm.disable()
+        linseq_vllm.enable()
+        del llm
+        gc.collect()
+    generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
+    assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
+    for i, prompt in enumerate(PROMPTS):
+        ref = _reference_logprobs(model, prompt + generated[i])
+        positions = torch.arange(len(prompt) - 1, ref.shape[0])
+        chosen = ref[positions, torch.tensor(generated[i])]
+        torch.testing.assert_close(chosen, ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
+        if len(prompt) == 1:
+            continue
+        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+        ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
+        torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+
+
+def test_mamba2_bad_shapes_are_refused_by_name_and_leave_the_pool():
+    """A decode step whose B does not match the pool's dstate, and a prefill whose
+    initial_states do not match its prompts: a ValueError naming the argument and the
+    expected shape, the pool and out as they were."""
+    g = torch.Generator().manual_seed(16)
+    args = _mamba2_decode_args(g, 2, torch.float32, True)
+    args["B"] = args["B"][..., :-1]
+    pool = torch.randn(3, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g)
+    before, out = pool.clone(), torch.zeros(2, M2_HEADS, M2_HEAD_DIM)
+    slots = torch.tensor([[2], [1]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=rf"B, C: expected \[slots, {M2_HEADS}, {M2_HEAD_DIM}"):
+        linseq_vllm._ssd_state_update(pool, state_batch_indices=slots, out=out, **args)
+    assert torch.equal(pool, before) and torch.all(out == 0)
+    x, dt, B, C, _ = _ssd_tokens(9, g, torch.float32)
+    A, D, dt_bias = _ssd_params(g)
+    out = torch.zeros(x.shape)
+    with pytest.raises(ValueError, match=r"initial_states: expected \[2, "):
+        linseq_vllm._ssd_chunk_scan(x, dt, A, B, C, 16, torch.tensor([0, 4, 9]), None, None,
+                                    torch.zeros(1), out, D=D, dt_bias=dt_bias,
+                                    initial_states=torch.zeros(3, M2_HEADS, M2_HEAD_DIM,
+                                                               M2_DSTATE),
+                                    dt_softplus=True)
+    assert torch.all(out == 0)

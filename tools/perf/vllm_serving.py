@@ -4,9 +4,9 @@ linseq's plugin, alternating in one run: time to first token and decode tokens p
 
 Models (random weights, saved in a temporary folder): a Qwen3.5-like and a Qwen3-Next-like
 model (Gated DeltaNet layers and one full-attention layer, bfloat16: vLLM's CPU GDN layer
-runs in bfloat16 only), served by vLLM's kernels and by linseq's; Mamba and FalconMamba
-(float32), served by linseq only, since vLLM's CPU build cannot run them alone (see
-linseq/integrations/vllm.py).
+runs in bfloat16 only) and a Mamba2 (bfloat16, as such models are served), served by vLLM's
+kernels and by linseq's; Mamba and FalconMamba (float32), served by linseq only, since
+vLLM's CPU build cannot run them alone (see linseq/integrations/vllm.py).
 
 One engine per model; its ops are switched between the sides with linseq's enable() and
 disable() (the plugin rebinds the names vLLM's layers call at call time), so both sides run
@@ -23,7 +23,7 @@ Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree
     make -j2 lib
     PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so \\
         "$(sh scripts/vllm-venv.sh)/bin/python" tools/perf/vllm_serving.py \\
-        [--threads 1] [--rounds 5] [--models qwen3_5,qwen3_next,mamba,falcon_mamba] \\
+        [--threads 1] [--rounds 5] [--models qwen3_5,qwen3_next,mamba2,mamba,falcon_mamba] \\
         [--write docs/performance.md]
 
 Threads: vLLM binds its OpenMP threads to CPUs 0 .. threads-1 (VLLM_CPU_OMP_THREADS_BIND);
@@ -41,13 +41,20 @@ import time
 
 SIDES = ("vllm", "linseq")
 GDN_MODELS = ("qwen3_5", "qwen3_next")
+BOTH_SIDES = GDN_MODELS + ("mamba2",)   # the models vLLM's CPU build runs alone, in bfloat16
 
 
 def model_config(kind):
     """transformers' config and model class of a small random model of each kind: hidden
     256, 4 layers (the GDN models: 3 GDN layers, 8 value heads of 128, and 1 attention
-    layer), vocabulary 256."""
+    layer; Mamba2: 8 heads of 64 channels, state 128, one group), vocabulary 256."""
     import transformers
+    if kind == "mamba2":
+        return (transformers.Mamba2Config(vocab_size=256, hidden_size=256, state_size=128,
+                                          num_hidden_layers=4, expand=2, conv_kernel=4,
+                                          n_groups=1, head_dim=64, num_heads=8,
+                                          chunk_size=256, tie_word_embeddings=False),
+                transformers.Mamba2ForCausalLM)
     if kind in ("mamba", "falcon_mamba"):
         config_class, model_class = {
             "mamba": (transformers.MambaConfig, transformers.MambaForCausalLM),
@@ -85,7 +92,7 @@ class Engine:
         self.vllm = vllm
         self.args = args
         self.llm = vllm.LLM(model=path, skip_tokenizer_init=True, enforce_eager=True,
-                            dtype="bfloat16" if kind in GDN_MODELS else "float32",
+                            dtype="bfloat16" if kind in BOTH_SIDES else "float32",
                             max_model_len=args.prompt + 64,
                             max_num_batched_tokens=max(args.prompt, 2048), seed=0,
                             enable_prefix_caching=False)
@@ -130,7 +137,7 @@ def run_model(kind, args, folder):
     """{side: [(ttft, tokens/s) per round]} of one model."""
     path = os.path.join(folder, kind)
     save_model(kind, path)
-    sides = SIDES if kind in GDN_MODELS else ("linseq",)
+    sides = SIDES if kind in BOTH_SIDES else ("linseq",)
     switch("linseq")
     engine = Engine(kind, path, args)
     for side in sides:   # warm-up: the first requests of an engine pay one-off costs
@@ -208,7 +215,7 @@ def main():
     parser.add_argument("--prompt", type=int, default=1024, help="TTFT prompt length")
     parser.add_argument("--batch", type=int, default=8, help="decode requests")
     parser.add_argument("--new", type=int, default=32, help="decode tokens per request")
-    parser.add_argument("--models", default="qwen3_5,qwen3_next,mamba,falcon_mamba")
+    parser.add_argument("--models", default="qwen3_5,qwen3_next,mamba2,mamba,falcon_mamba")
     parser.add_argument("--write", metavar="MARKDOWN",
                         help="put the table between the vllm-serving markers of this file")
     args = parser.parse_args()

@@ -1,13 +1,15 @@
-"""vLLM's Mamba1 layers (Mamba, FalconMamba) and Gated DeltaNet layers (Qwen3-Next, Qwen3.5)
-on linseq, for vLLM's CPU build: a vLLM plugin.
+"""vLLM's Mamba1 layers (Mamba, FalconMamba), Gated DeltaNet layers (Qwen3-Next, Qwen3.5) and
+Mamba2 layers (Mamba2, FalconH1, GraniteMoeHybrid, NemotronH, Zamba2) on linseq, for
+vLLM's CPU build: a vLLM plugin.
 
     pip install "linseq[vllm]"      # registers the plugin: vLLM calls register() at start-up
     LINSEQ_VLLM=0 vllm serve ...    # installed but left off
-    LINSEQ_VLLM=all vllm serve ...  # the GDN layers too (by default only Mamba1's: see below)
+    LINSEQ_VLLM=all vllm serve ...  # the GDN and Mamba2 layers too (by default only Mamba1's)
+    LINSEQ_VLLM=mamba1,mamba2 ...   # the families named (mamba1, gdn, mamba2)
 
     import linseq.integrations.vllm as linseq_vllm
     linseq_vllm.enable()            # by hand, without the entry point (same effect)
-    linseq_vllm.enable("all")       # with the GDN layers
+    linseq_vllm.enable("all")       # with the GDN and Mamba2 layers
     linseq_vllm.disable()           # back to vLLM's own functions
 
 Mamba1. vLLM's CPU build cannot run a Mamba or FalconMamba model: its prefill scan
@@ -42,6 +44,28 @@ of the rows named. q and k are l2-normalised with vLLM's eps (1e-5). A call an
 adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
 varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
+
+Mamba2 (family "mamba2", routed only when asked: LINSEQ_VLLM=all or mamba2, or
+enable("all")). vLLM's Mamba2 layer (MambaMixer2) calls four functions it imported into its
+module, rebound there. Its prefill scan (mamba_chunk_scan_combined_varlen) runs on linseq's
+SSD op: the layer itself gathers each prompt's state from its pool (zeros for a new prompt)
+and writes the final states the scan returns back to the pool, so the scan's pool is the
+tensor it returns, [prompts, heads, headdim, dstate] in the state dtype, which the library
+fills in place (a bfloat16 one included, each state rounded once). Its decode step
+(selective_state_update, vLLM's SSU dispatcher) runs on the SSD op's decode over vLLM's
+pool [slots, heads, headdim, dstate] in place, vLLM's null block and negative slots as
+padding; dt, dt_bias and A, which the layer expands over headdim with stride 0, are taken per
+head, and a call whose values differ along headdim is declined. Its conv (causal_conv1d_fn,
+causal_conv1d_update) runs on linseq's causal conv op with the layer's [dim, width] weight
+and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op runs): the
+states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
+decoding (num_accepted_tokens). Per call against vLLM's own functions
+(tools/perf/vllm_mamba2_calls.py: one thread, 24 heads of 64, dstate 128, a bfloat16 pool)
+the prefill scan ran 1.0-1.5x as fast as vLLM's and the conv 2-5x from 8 requests on, but
+the decode step took 3.5-4.5x vLLM's time (the library gathers the bfloat16 rows into
+float32 and rounds them back, and the adapter's Python surrounds a step of about 0.1 ms);
+served (tools/perf/vllm_serving.py), a small Mamba2 decoded at about 0.6x vLLM's tokens/s
+with the same time to first token. So vLLM's ops stay the default here too.
 
 Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
 block untouched, its output 0.
@@ -79,6 +103,7 @@ _log = logging.getLogger(__name__)
 OPT_OUT_VARIABLE = "LINSEQ_VLLM"   # which families register() routes ("0": none)
 
 _MIXER = "vllm.model_executor.layers.mamba.mamba_mixer"
+_MIXER2 = "vllm.model_executor.layers.mamba.mamba_mixer2"
 _CUSTOM_OPS = "vllm._custom_ops"
 _PREFIX_CACHING_ARGS = ("block_idx_first_scheduled_token", "block_idx_last_scheduled_token",
                         "initial_state_idx")
@@ -607,18 +632,27 @@ def _conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices,
     conv_states [slots, dim, width-1] (any strides); prompt i continues from slot
     cache_indices[i] where has_initial_state[i] (None: nowhere), from zeros otherwise, and
     leaves its last width-1 inputs there (negative: padding). Returns [dim, tokens]."""
-    import torch
     if x.dim() != 2 or query_start_loc is None or cache_indices is None:
         raise _Declined
-    taps = _conv_taps(weight, is_weight_packed)
+    return _conv_prefill_on_pool(x, _conv_taps(weight, is_weight_packed), bias, conv_states,
+                                 query_start_loc, _rows(cache_indices, "cache_indices"),
+                                 has_initial_state, silu_activation, pad_value=None)
+
+
+def _conv_prefill_on_pool(x, taps, bias, conv_states, query_start_loc, rows,
+                          has_initial_state, silu, pad_value):
+    """The packed prompts' conv (x [dim, tokens]) with float32 taps [width, dim] over vLLM's
+    conv-state pool, prompt i on slot rows[i]; has_initial_state None: none has a state yet.
+    Returns [dim, tokens] in x's dtype."""
+    import torch
     pool, tap_major = _conv_pool(conv_states, taps.shape[0])
-    rows = _rows(cache_indices, "cache_indices")
     has = (torch.zeros(rows.shape[0], dtype=torch.bool) if has_initial_state is None
            else has_initial_state)
     arrays = dict(x=_f32(x.transpose(0, 1))[None], weight=taps, bias=_f32(bias))
     (y,) = _on_vllms_pool("forward_pool", "causal_conv1d", arrays, pool, rows,
-                          has_initial_state=has, cu_seqlens=query_start_loc,
-                          activation="silu" if silu_activation else "identity",
+                          pad_value=pad_value, has_initial_state=has,
+                          cu_seqlens=query_start_loc,
+                          activation="silu" if silu else "identity",
                           state_tap_major=tap_major, weight_tap_major=True)
     return y[0].to(x.dtype).transpose(0, 1)
 
@@ -630,14 +664,219 @@ def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indic
     Returns [batch, dim]."""
     if num_accepted_tokens is not None or x.dim() != 2 or conv_state_indices is None:
         raise _Declined
-    taps = _conv_taps(weight, is_weight_packed)
+    return _conv_step_on_pool(x, conv_states, _conv_taps(weight, is_weight_packed), bias,
+                              silu_activation, _rows(conv_state_indices, "conv_state_indices"),
+                              pad_value=None)
+
+
+def _conv_step_on_pool(x, conv_states, taps, bias, silu, rows, pad_value):
+    """One token per request (x [batch, dim]) of the conv with float32 taps [width, dim] over
+    vLLM's conv-state pool, request i on slot rows[i]. Returns [batch, dim] in x's dtype."""
     pool, tap_major = _conv_pool(conv_states, taps.shape[0])
-    rows = _rows(conv_state_indices, "conv_state_indices")
     arrays = dict(x=_f32(x)[:, None], weight=taps, bias=_f32(bias))
     (y,) = _on_vllms_pool("decode_pool", "causal_conv1d", arrays, pool, rows,
-                          activation="silu" if silu_activation else "identity",
+                          pad_value=pad_value, activation="silu" if silu else "identity",
                           state_tap_major=tap_major, weight_tap_major=True)
     return y[:, 0].to(x.dtype)
+
+
+# ------------------------------------------------------------------------------------------
+# Adapters: vLLM CPU's Mamba2 layer (MambaMixer2: Mamba2, FalconH1, GraniteMoeHybrid, NemotronH,
+# Zamba2) on linseq's SSD op and its conv
+# ------------------------------------------------------------------------------------------
+
+_DT_UNLIMITED = (0.0, float("inf"))   # Mamba2's dt_limit when the layer sets none
+_FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _per_head(t, name, heads, broadcast_dims):
+    """A per-head tensor the layer broadcast over its last broadcast_dims dimensions (stride
+    0: vLLM's decode expands dt, dt_bias and A to [.., heads, headdim(, dstate)]) as the
+    [.., heads] tensor it came from; one whose values differ along them is declined."""
+    if t.dim() >= broadcast_dims + 1 and t.shape[t.dim() - broadcast_dims - 1] == heads and \
+            all(t.stride(d) == 0 or t.shape[d] == 1
+                for d in range(t.dim() - broadcast_dims, t.dim())):
+        return t[(Ellipsis,) + (0,) * broadcast_dims]
+    raise _Declined(f"{name}: per-channel values (linseq's SSD takes one per head)")
+
+
+def _ssd_dt_options(dt, dt_bias, dt_softplus, dt_limit):
+    """(dt as float32, dt_bias for linseq or None, the SSD options) of vLLM's dt handling:
+    dt + dt_bias (added with or without the softplus), softplus with dt_softplus, clamped to
+    dt_limit unless it is (0, inf). linseq adds dt_bias only inside the softplus."""
+    dt = _f32(dt)
+    options = dict(dt_softplus=bool(dt_softplus))
+    if dt_bias is not None and not dt_softplus:
+        dt, dt_bias = dt + _f32(dt_bias), None
+    low, high = (float(v) for v in dt_limit)
+    if (low, high) != _DT_UNLIMITED:
+        options.update(dt_min=low, dt_max=min(high, _FLOAT32_MAX))
+    return dt, _f32(dt_bias), options
+
+
+def _ssd_skip(D, heads, headdim):
+    """vLLM's D ([heads], or [heads, headdim] broadcast or not) as linseq's D and
+    D_per_channel."""
+    if D is None:
+        return None, False
+    if D.dim() == 2 and D.shape == (heads, headdim) and D.stride(1) == 0:
+        D = D[:, 0]
+    if D.shape == (heads,):
+        return _f32(D), False
+    if D.shape == (heads, headdim):
+        return _f32(D), True
+    raise ValueError(f"D: expected [{heads}] or [{heads}, {headdim}], got {list(D.shape)}")
+
+
+def _ssd_chunk_scan(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
+                    last_chunk_indices, seq_idx, out, D=None, z=None, dt_bias=None,
+                    initial_states=None, dt_softplus=False, dt_limit=_DT_UNLIMITED,
+                    return_intermediate_states=False, state_dtype=None):
+    """vLLM's Mamba2 prefill (mamba_chunk_scan_combined_varlen): x, z [tokens, heads,
+    headdim] and dt [tokens, heads] of the prompts packed by cu_seqlens [prompts + 1]; B, C
+    [tokens, groups, dstate]; A, dt_bias [heads]; D [heads] or [heads, headdim];
+    initial_states [prompts, heads, headdim, dstate] (None: every prompt from zeros; the
+    layer gathers them from its pool, zeros for new prompts). The output goes into out
+    [tokens, heads, headdim]; returns the final states [prompts, heads, headdim, dstate] in
+    state_dtype (x's without it), which the layer writes to its pool. The returned tensor is
+    the pool the library runs on, in place, a bfloat16 one included. chunk_size and the
+    chunk metadata are vLLM's kernel's; linseq takes its own chunks (the same values within
+    float32 rounding)."""
+    import torch
+    if return_intermediate_states:
+        raise _Declined("return_intermediate_states: the states at chunk ends (vLLM's prefix "
+                        "caching checkpoints) are vLLM's kernel's")
+    if x.dim() != 3 or cu_seqlens is None or cu_seqlens.dim() != 1 or out is None:
+        raise ValueError(f"x: expected vLLM's packed [tokens, heads, headdim] prompts with "
+                         f"cu_seqlens [prompts + 1] and out, got x {list(x.shape)}")
+    tokens, heads, headdim = x.shape
+    if B.dim() != 3 or B.shape[0] != tokens or C.shape != B.shape or A.shape != (heads,) or \
+            out.shape != x.shape:
+        raise ValueError(f"B, C: expected [{tokens}, groups, dstate], A [{heads}], out "
+                         f"{list(x.shape)}; got B {list(B.shape)}, C {list(C.shape)}, "
+                         f"A {list(A.shape)}, out {list(out.shape)}")
+    prompts, dstate = cu_seqlens.shape[0] - 1, B.shape[2]
+    states = torch.empty(prompts, heads, headdim, dstate, dtype=state_dtype or x.dtype)
+    if initial_states is not None:
+        if initial_states.shape != states.shape:
+            raise ValueError(f"initial_states: expected {list(states.shape)}, got "
+                             f"{list(initial_states.shape)}")
+        states.copy_(initial_states)
+    has = torch.full((prompts,), initial_states is not None, dtype=torch.bool)
+    dt, bias, options = _ssd_dt_options(dt, dt_bias, dt_softplus, dt_limit)
+    skip, per_channel = _ssd_skip(D, heads, headdim)
+    arrays = dict(x=_f32(x)[None], dt=dt[None], A=_f32(A), B=_f32(B)[None], C=_f32(C)[None],
+                  D=skip, z=None if z is None else _f32(z)[None], dt_bias=bias)
+    rows = torch.arange(prompts, dtype=torch.int32)
+    (y,) = _on_vllms_pool("forward_pool", "ssd", arrays, states, rows, has_initial_state=has,
+                          cu_seqlens=cu_seqlens, D_per_channel=per_channel, **options)
+    out.copy_(y[0])
+    return states
+
+
+def _ssd_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, z=None,
+                      dt_softplus=False, state_batch_indices=None,
+                      dst_state_batch_indices=None, null_block_id=0, out=None,
+                      num_accepted_tokens=None, cu_seqlens=None, **unused):
+    """vLLM's Mamba2 decode step (its SSU dispatcher's selective_state_update): one token per
+    request over the pool state [slots, heads, headdim, dstate] in place; x, z [batch,
+    heads, headdim]; dt [batch, heads(, headdim)], dt_bias [heads(, headdim)] and A
+    [heads(, headdim, dstate)] per head (the layer expands them with stride 0); B, C
+    [batch, groups, dstate]; D [heads] or [heads, headdim]. Request i reads slot
+    state_batch_indices[i] and writes dst_state_batch_indices[i] (null_block_id or
+    negative: padding, output 0, no state touched). The output goes into out [batch,
+    heads, headdim] (a new tensor in x's dtype without it), returned. Speculative decoding
+    (num_accepted_tokens, several tokens per request) is declined."""
+    if num_accepted_tokens is not None:
+        raise _Declined("num_accepted_tokens: speculative decoding is vLLM's kernel's")
+    if state.dim() != 4 or x.dim() != 3 or state_batch_indices is None:
+        raise _Declined("state: a pool other than [slots, heads, headdim, dstate] with "
+                        "[batch, heads, headdim] tokens")
+    batch, heads, headdim = x.shape
+    if not _one_token_each(cu_seqlens, batch):
+        raise _Declined("cu_seqlens: several tokens per request")
+    if tuple(state.shape[1:3]) != (heads, headdim) or B.dim() != 3 or B.shape[0] != batch or \
+            C.shape != B.shape or B.shape[2] != state.shape[3]:
+        raise ValueError(f"state, B, C: expected [slots, {heads}, {headdim}, dstate] and "
+                         f"[{batch}, groups, dstate], got state {list(state.shape)}, "
+                         f"B {list(B.shape)}, C {list(C.shape)}")
+    dt = _per_head(dt, "dt", heads, 1) if dt.dim() == 3 else dt
+    A = _per_head(A, "A", heads, 2) if A.dim() == 3 else A
+    if dt_bias is not None and dt_bias.dim() == 2:
+        dt_bias = _per_head(dt_bias, "dt_bias", heads, 1)
+    if dt.shape != (batch, heads) or A.shape != (heads,) or \
+            dt_bias is not None and dt_bias.shape != (heads,):
+        raise ValueError(f"dt, A, dt_bias: expected [{batch}, {heads}], [{heads}] and "
+                         f"[{heads}] (or broadcast over headdim), got dt {list(dt.shape)}, "
+                         f"A {list(A.shape)}" + ("" if dt_bias is None else
+                                                 f", dt_bias {list(dt_bias.shape)}"))
+    src = _rows(state_batch_indices, "state_batch_indices")
+    # the layer passes one tensor as both: in place, without a second copy of the slots
+    dst = None if dst_state_batch_indices is None or \
+        dst_state_batch_indices is state_batch_indices else \
+        _rows(dst_state_batch_indices, "dst_state_batch_indices")
+    dt, bias, options = _ssd_dt_options(dt, dt_bias, dt_softplus, _DT_UNLIMITED)
+    skip, per_channel = _ssd_skip(D, heads, headdim)
+    arrays = dict(x=_f32(x)[:, None], dt=dt[:, None], A=_f32(A), B=_f32(B)[:, None],
+                  C=_f32(C)[:, None], D=skip, z=None if z is None else _f32(z)[:, None],
+                  dt_bias=bias)
+    (y,) = _on_vllms_pool("decode_pool", "ssd", arrays, state, src, dst,
+                          pad_value=null_block_id, D_per_channel=per_channel, **options)
+    if out is None:
+        return y[:, 0].to(x.dtype)
+    out.copy_(y[:, 0])
+    return out
+
+
+def _silu_from(activation, name="activation"):
+    """vLLM's conv activation (None, "silu", "swish", or a bool) as whether to apply silu."""
+    if activation in (None, False, True, "silu", "swish"):
+        return activation not in (None, False)
+    raise ValueError(f"{name}: expected None, 'silu', 'swish' or a bool, got {activation!r}")
+
+
+def _mixer2_conv_forward(x, weight, bias, conv_states, query_start_loc, cache_indices=None,
+                         has_initial_state=None, activation="silu", pad_slot_id=-1,
+                         **unused):
+    """The Mamba2 layer's prefill conv (vLLM's CPU causal_conv1d_fn): x [dim, tokens] of the
+    prompts packed by query_start_loc, weight [dim, width] as the layer holds it;
+    conv_states [slots, dim, width-1] (any strides); prompt i on slot cache_indices[i]
+    (None: slot i; pad_slot_id or negative: padding), from it where has_initial_state[i]
+    (None: from zeros). Returns [dim, tokens] in x's dtype."""
+    import torch
+    if x.dim() != 2 or weight.dim() != 2 or query_start_loc is None:
+        raise _Declined("x: a layout other than [dim, tokens] with a [dim, width] weight")
+    prompts = query_start_loc.shape[0] - 1
+    rows = (torch.arange(prompts, dtype=torch.int32) if cache_indices is None
+            else _rows(cache_indices, "cache_indices"))
+    return _conv_prefill_on_pool(x, _conv_taps(weight, False), bias, conv_states,
+                                 query_start_loc, rows, has_initial_state,
+                                 _silu_from(activation),
+                                 pad_value=None if pad_slot_id is None or pad_slot_id < 0
+                                 else pad_slot_id)
+
+
+def _mixer2_conv_update(x, conv_state, weight, bias=None, activation=None,
+                        conv_state_indices=None, query_start_loc=None, pad_slot_id=None,
+                        **kwargs):
+    """The Mamba2 layer's decode conv (vLLM's CPU causal_conv1d_update): x [batch, dim] one
+    token per request, request i on slot conv_state_indices[i] of conv_state [slots, dim,
+    width-1]; padding: pad_slot_id (None: the null_block_id keyword, else vLLM's null
+    block) or negative. Speculative decoding (num_accepted_tokens, query_start_loc) is
+    declined. Returns [batch, dim] in x's dtype."""
+    if kwargs.get("num_accepted_tokens") is not None or query_start_loc is not None:
+        raise _Declined("num_accepted_tokens: speculative decoding is vLLM's kernel's")
+    if x.dim() != 2 or weight.dim() != 2 or conv_state_indices is None:
+        raise _Declined("x: a layout other than [batch, dim] with slot indices")
+    if pad_slot_id is None:
+        pad_slot_id = kwargs.get("null_block_id")
+    if pad_slot_id is None:
+        from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
+        pad_slot_id = NULL_BLOCK_ID
+    return _conv_step_on_pool(x, conv_state, _conv_taps(weight, False), bias,
+                              _silu_from(activation),
+                              _rows(conv_state_indices, "conv_state_indices"),
+                              pad_value=pad_slot_id)
 
 
 # ------------------------------------------------------------------------------------------
@@ -697,7 +936,8 @@ def _unregister_layer():
 
 
 # vLLM module -> function name -> linseq adapter. The GDN layer (and, for its conv, any CPU
-# layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time.
+# layer) calls vLLM's CPU ops as attributes of vllm._custom_ops at call time; the Mamba
+# layers call the names they imported into their own modules.
 # family -> {module: {function: adapter}}
 ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                               "selective_state_update": _state_update}},
@@ -707,10 +947,15 @@ ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                                 "fused_sigmoid_gating_delta_rule_update_spec_cpu":
                                     _gated_delta_update_spec,
                                 "causal_conv1d_fwd_cpu": _conv_forward,
-                                "causal_conv1d_update_cpu": _conv_update}}}
+                                "causal_conv1d_update_cpu": _conv_update}},
+          "mamba2": {_MIXER2: {"mamba_chunk_scan_combined_varlen": _ssd_chunk_scan,
+                               "selective_state_update": _ssd_state_update,
+                               "causal_conv1d_fn": _mixer2_conv_forward,
+                               "causal_conv1d_update": _mixer2_conv_update}}}
 # What register() routes unless LINSEQ_VLLM names more: the layers vLLM's CPU build cannot
 # run. The GDN route is exact in float32 where vLLM's ops run in bfloat16, but slower than
-# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn.
+# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn. The
+# Mamba2 route's decode step is slower than vLLM's (see the module's docstring): likewise.
 DEFAULT_FAMILIES = ("mamba1",)
 
 
@@ -753,8 +998,8 @@ def _routed(adapter, original, qualified):
         if on_cpu:
             try:
                 return adapter(*args, **kwargs)
-            except _Declined:
-                pass
+            except _Declined as declined:
+                _log.debug("linseq: %s declined: %s", qualified, declined)
         return original(*args, **kwargs)
     routed.linseq_route = qualified
     return routed
@@ -771,9 +1016,10 @@ def _takes_as_given(adapter, original):
 
 def enable(families=DEFAULT_FAMILIES):
     """Route the layers of `families` (names of ROUTES, or "all") to linseq: "mamba1" vLLM's
-    Mamba1 scan and decode step, "gdn" its CPU GDN and conv ops (idempotent; other families
-    are left as they are). Returns the "module.function" names routed; a module or function
-    this vLLM lacks, or whose signature changed, is skipped (logged at debug level)."""
+    Mamba1 scan and decode step, "gdn" its CPU GDN and conv ops, "mamba2" the Mamba2 layer's
+    scan, decode step and conv (idempotent; other families are left as they are). Returns
+    the "module.function" names routed; a module or function this vLLM lacks, or whose
+    signature changed, is skipped (logged at debug level)."""
     families = families_from(families) if isinstance(families, str) else tuple(families)
     unknown = [f for f in families if f not in ROUTES]
     if unknown:
@@ -833,5 +1079,5 @@ def register():
         _log.info("linseq: %s=0, vLLM's layers left as they are", OPT_OUT_VARIABLE)
         return ()
     routed = enable(families)
-    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba1 or GDN op found)")
+    _log.info("linseq: routed %s", ", ".join(routed) or "nothing (no Mamba or GDN op found)")
     return routed
