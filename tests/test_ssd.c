@@ -11,6 +11,7 @@
 
 #include "ssd/ssd.h"
 #include "ssd_fixture.h"
+#include "core/half_float.h"
 #include "testutil.h"
 
 static ls_isa test_isa = LS_ISA_SCALAR;
@@ -145,6 +146,68 @@ static void test_decode_steps(void)
         ssd_fixture_free(&one);
         ssd_fixture_free(&e);
     }
+}
+
+/* One decode step over a serving engine's rows (ls_ssd_decode_rows_isa): bf16 and float32
+ * rows a stride apart, one request moved to another row, one in place, one padding; the
+ * states are the plain decode's on the widened rows, rounded once, in the destination rows
+ * only, and y is its y bit for bit; both state layouts. */
+static void test_decode_rows(void)
+{
+    ssd_spec s = {
+        .B = 3, .T = 1, .H = 4, .P = 16, .N = 8, .G = 2, .D = true, .z = true, .softplus = true};
+    enum { N_ROWS = 6, GAP = 3 };
+    static const int64_t src[] = {4, -1, 1}, dst[] = {5, -1, 1};
+    for (int n_first = 0; n_first < 2; n_first++)
+        for (int dtype = LINSEQ_POOL_F32; dtype <= LINSEQ_POOL_BF16; dtype++) {
+            s.n_first = n_first;
+            ssd_fixture e;
+            ssd_fixture_make(&e, &s, 31);
+            e.p.h0 = NULL;
+            const int64_t row = s.H * s.P * s.N, stride = row + GAP;
+            const size_t n = (size_t)(N_ROWS * stride), elem = dtype ? 2 : 4;
+            unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
+            float *dense = tu_alloc((size_t)(N_ROWS * row));
+            tu_rng r = {17};
+            for (size_t i = 0; i < n; i++) {
+                const float x = (float)tu_normal(&r);
+                if (dtype)
+                    ((uint16_t *)pool)[i] = ls_f32_to_bf16(x);
+                else
+                    ((float *)pool)[i] = x;
+            }
+            memcpy(before, pool, n * elem);
+            for (int64_t q = 0; q < N_ROWS; q++)
+                for (int64_t i = 0; i < row; i++)
+                    dense[q * row + i] = dtype ? ls_bf16_to_f32(((uint16_t *)pool)[q * stride + i])
+                                               : ((float *)pool)[q * stride + i];
+            float *y_ref = tu_alloc(e.n_y), *y = tu_alloc_poisoned(e.n_y);
+            CHECK_OK(ls_ssd_decode_isa(&e.p, NULL, dense, N_ROWS, src, y_ref, test_isa));
+            const ls_state_rows rows = {.from = pool,
+                                        .to = pool,
+                                        .dtype = (linseq_pool_dtype)dtype,
+                                        .stride = stride,
+                                        .src = src,
+                                        .dst = dst};
+            CHECK_OK(ls_ssd_decode_rows_isa(&e.p, NULL, &rows, N_ROWS, y, test_isa));
+            bool ok = tu_same_bits(y, y_ref, e.n_y);
+            for (int64_t q = 0; q < N_ROWS; q++)
+                for (int64_t i = 0; i < stride; i++) {
+                    const int64_t b = q == 5 ? 0 : q == 1 ? 2 : -1, at = q * stride + i;
+                    if (b >= 0 && i < row) {
+                        const float want = dense[src[b] * row + i];
+                        ok &= dtype ? ((uint16_t *)pool)[at] == ls_f32_to_bf16(want)
+                                    : tu_same_bits((float *)pool + at, &want, 1);
+                    } else {
+                        ok &=
+                            memcmp(pool + (size_t)at * elem, before + (size_t)at * elem, elem) == 0;
+                    }
+                }
+            CHECK(ok, "decode rows (n_first %d, %s pool): y or rows differ from the plain decode's",
+                  n_first, dtype ? "bf16" : "f32");
+            free(pool), free(before), free(dense), free(y_ref), free(y);
+            ssd_fixture_free(&e);
+        }
 }
 
 /* hT == h0 in place, and thread counts, bitwise. */
@@ -307,6 +370,7 @@ static void numeric_tests(ls_isa isa)
     test_isa = isa;
     test_against_reference();
     test_decode_steps();
+    test_decode_rows();
     test_in_place_and_threads();
     test_backward();
 }

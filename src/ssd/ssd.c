@@ -129,6 +129,24 @@ linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *
     return run(a.fn, &pl, p, exec, isa, true);
 }
 
+linseq_status ls_ssd_decode_rows_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                     const ls_state_rows *rows, int64_t n_rows, float *y,
+                                     ls_isa isa)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_op_decode_pool"};
+    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
+    if (st) return st;
+    float *const out[] = {y, NULL}; /* the states are the pool's */
+    if ((st = ls_op_add_decode_rows(&a, &ls_op_ssd, p, rows, n_rows, out, ls_token_bytes(exec))))
+        return st;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
+    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
+        return st;
+    ssd_plan pl = {.y = y, .s0 = rows->from, .sT = rows->to, .by_row = rows};
+    return run(a.fn, &pl, p, exec, isa, true);
+}
+
 /* ---- the backward ----------------------------------------------------------------------- */
 
 /* The per-head sums over the sequences, in order: dA, ddt_bias and dD from the items' slots. */

@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "core/state_rows.h"
 #include "linseq.h"
 #include "simd/isa.h"
 
@@ -42,6 +43,7 @@ typedef struct ssd_plan {
     const float *s0;
     float *sT;
     const int64_t *rows;
+    const ls_state_rows *by_row; /* a decode over a serving engine's rows (rows unused) */
     bool dt_softplus, D_per_channel, n_first, chunked;
     int64_t chunk;        /* tokens per chunk (chunked) */
     float dt_min, dt_max; /* clamp when dt_max > dt_min */
@@ -114,6 +116,12 @@ linseq_status ls_ssd_segment_forward_isa(const linseq_ssd_problem *p, const lins
 linseq_status ls_ssd_segment_backward_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
                                           const float *d_P, const float *d_R,
                                           const linseq_ssd_grads *grads, ls_isa isa);
+/* linseq_ssd_decode over a serving engine's rows (ls_op.decode_rows): each head's state read
+ * from its source row and written to its destination where they lie, through the thread's
+ * scratch unless the row is float32 and its own destination. */
+linseq_status ls_ssd_decode_rows_isa(const linseq_ssd_problem *p, const linseq_exec *exec,
+                                     const ls_state_rows *rows, int64_t n_rows, float *y,
+                                     ls_isa isa);
 linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
                                 int64_t n_state_rows, const int64_t *state_rows, float *y,
                                 ls_isa isa);

@@ -14,19 +14,20 @@
 
 /* Where one item's tokens and state lie. */
 typedef struct ssd_item {
-    int64_t b, h, g, t0, n_tokens, row;
+    int64_t s, b, h, g, t0, n_tokens, row; /* s: the sequence (a decode's request) */
 } ssd_item;
 
 static inline ssd_item locate(const ssd_plan *pl, int64_t item)
 {
     ssd_item it;
     const int64_t s = item / pl->H;
+    it.s = s;
     it.h = item % pl->H;
     it.g = it.h / (pl->H / pl->G);
     it.b = pl->cu ? 0 : s;
     it.t0 = pl->cu ? pl->cu[s] : 0;
     it.n_tokens = pl->cu ? pl->cu[s + 1] - pl->cu[s] : pl->T;
-    it.row = pl->rows ? pl->rows[s] : s;
+    it.row = pl->by_row ? pl->by_row->src[s] : pl->rows ? pl->rows[s] : s;
     return it;
 }
 

@@ -147,6 +147,14 @@ static linseq_status ssd_decode(const void *v, const linseq_exec *exec, float *p
     return linseq_ssd_decode(v, exec, pool, n_rows, rows, out[0]);
 }
 
+static linseq_status ssd_decode_rows(const void *v, const linseq_exec *exec,
+                                     const ls_state_rows *rows, int64_t n_rows, float *const *out)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_op_decode_pool", &isa);
+    return st ? st : ls_ssd_decode_rows_isa(v, exec, rows, n_rows, out[0], isa);
+}
+
 static const ls_tensor_desc ssd_tensors[] = {
     SSD_INPUTS(true, LS_INPUT("h0", h0, .dims = STATE_DIMS, .shape = shape_state,
                               .case_flag = "has_h0", .dist = LS_DIST_NORMAL, .a = 0.5)),
@@ -169,6 +177,7 @@ const ls_op ls_op_ssd = {
     .bench_options = bench_options,
     .bench_fwdbwd = true,
     .decode = ssd_decode,
+    .decode_rows = ssd_decode_rows,
     .decode_state = "h0",
     .decode_state_out = "hT",
     .has_modes = true,

@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "simd/state_rows.h"
 #include "ssd/ssd_kernel.h"
 
 /* ---- recurrent: one token at a time ----------------------------------------------------- */
@@ -89,6 +90,28 @@ static void recurrent_item_in_place(const ssd_plan *pl, const ssd_item *it, floa
     if (pl->sT) memcpy(pl->sT + at, scratch, (size_t)size * sizeof *scratch);
 }
 
+/* A decode step over a serving engine's rows (pl->by_row): the head's state, in the pool's
+ * own layout, from its source row (widened) into scratch, the step there, then to its
+ * destination row (rounded once); a float32 [P,N] row that is its own destination is
+ * stepped where it lies. */
+static void by_row_item(const ssd_plan *pl, const ssd_item *it, float *scratch)
+{
+    const ls_state_rows *r = pl->by_row;
+    const int64_t size = pl->P * pl->N, at = it->h * size, dst = r->dst[it->s];
+    float *ys = scratch + ssd_round16(size);
+    if (!pl->n_first && ls_state_rows_in_place(r, it->s)) {
+        recurrent_item_pn(pl, it, ls_state_row_at(r->to, r, dst, at), ys);
+        return;
+    }
+    LS_ISA_FN(ls_state_widen_isa)
+    (r->dtype, ls_state_row_at(r->from, r, it->row, at), scratch, size);
+    if (pl->n_first)
+        recurrent_item(pl, it, scratch, ys);
+    else
+        recurrent_item_pn(pl, it, scratch, ys);
+    LS_ISA_FN(ls_state_narrow_isa)(r->dtype, scratch, ls_state_row_at(r->to, r, dst, at), size);
+}
+
 /* ---- chunked ------------------------------------------------------------------------------ */
 
 static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c)
@@ -124,7 +147,9 @@ void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
         return;
     }
     float *scratch = pl->scratch + (int64_t)thread * pl->scratch_floats;
-    if (pl->chunked) {
+    if (pl->by_row) {
+        by_row_item(pl, &it, scratch);
+    } else if (pl->chunked) {
         const int64_t L = pl->chunk;
         chunk_bufs c = carve(scratch, pl->P, pl->N, L);
         load_state(pl, &it, c.St);
