@@ -188,8 +188,9 @@ class _Template:
 
 
 def _template(function, op, arrays, cu_seqlens, options):
-    key = (function, op, tuple(sorted(options.items())),
-           tuple((n, None if a is None else tuple(a.shape)) for n, a in sorted(arrays.items())),
+    # an adapter names its arrays and options in one order: no sorting on the hot path
+    key = (function, op, tuple(options.items()), tuple(arrays),
+           tuple(None if a is None else a.shape for a in arrays.values()),
            None if cu_seqlens is None else cu_seqlens.numel())
     template = _problem_templates.get(key)
     if template is None:
@@ -231,11 +232,7 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
     pool's span, every index, cu_seqlens). Returns the outputs but the state (float32
     tensors; None where absent), or None, before anything is written, where the pool's
     layout is not one the library reads in place."""
-    import ctypes
-
-    import torch
-
-    from .. import _lib, ops
+    ctypes, torch, _lib, ops = _modules()
     template = _template(function, op, arrays, cu_seqlens, options)
     token_dtype = _token_dtype(template, arrays)
     layout = _pool_layout(pool, template.row_shape)
@@ -402,6 +399,22 @@ class _Declined(Exception):
 GDN_L2NORM_EPS = 1e-5   # vLLM CPU's GDN kernels: q / sqrt(sum q^2 + eps), likewise k
 
 
+_loaded = []   # (ctypes, torch, linseq._lib, linseq.ops), imported on the first pool call
+
+
+def _modules():
+    """The modules a pool call uses, imported once (an import statement per call costs
+    microseconds of the call's few tens)."""
+    if not _loaded:
+        import ctypes
+
+        import torch
+
+        from .. import _lib, ops
+        _loaded.append((ctypes, torch, _lib, ops))
+    return _loaded[0]
+
+
 def _token_tensors(*tensors):
     """vLLM's per-token tensors as the library reads them: as they are (C-contiguous) where
     every one is bfloat16, the model's dtype, which the KDA and conv kernels take in place of
@@ -511,15 +524,24 @@ def _check_softplus(softplus_beta, softplus_threshold):
         raise _Declined
 
 
+_one_each = {}   # (batch, dtype) -> tensor 0, 1, ..., batch
+
+
 def _one_token_each(cu_seqlens, batch):
-    """Whether cu_seqlens is 0, 1, ..., batch (None: vLLM's decode without it), read
-    without building a tensor to compare with."""
+    """Whether cu_seqlens is 0, 1, ..., batch (None: vLLM's decode without it), compared
+    with one kept tensor of that batch size."""
     if cu_seqlens is None:
         return True
     if cu_seqlens.dim() != 1 or cu_seqlens.numel() != batch + 1:
         return False
-    steps = cu_seqlens.numpy() if cu_seqlens.is_cpu else cu_seqlens.cpu().numpy()
-    return int(steps[0]) == 0 and bool((steps[1:] - steps[:-1] == 1).all())
+    torch = _modules()[1]
+    key = (batch, cu_seqlens.dtype)
+    steps = _one_each.get(key)
+    if steps is None:
+        if len(_one_each) > 1024:
+            _one_each.clear()
+        steps = _one_each[key] = torch.arange(batch + 1, dtype=cu_seqlens.dtype)
+    return torch.equal(cu_seqlens if cu_seqlens.is_cpu else cu_seqlens.cpu(), steps)
 
 
 def _gated_delta_update(A_log, dt_bias, q, k, v, a, b, initial_state_source,
