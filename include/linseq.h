@@ -263,6 +263,11 @@ LINSEQ_API linseq_status linseq_op_backward(const char *op_name, const void *pro
  * request may write the row another one reads; two requests may read the same row, but not
  * write the same one. Everything (indices, strides, the op's own checks) is checked before the
  * first write: a refused call leaves every row of the pool as it was.
+ *
+ * Speed: KDA / Gated DeltaNet and SSD read each request's row and write its destination where
+ * they lie (a bf16 row is read and written at its own size), unless a request writes a row
+ * another request reads; every other case is gathered into a float32 block first and written
+ * back after the step.
  */
 typedef enum linseq_pool_dtype {
     LINSEQ_POOL_F32 = 0,
