@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/half_float.h"
+#include "core/state_rows.h"
 #include "simd/isa.h"
 #include "ssm/ssm_internal.h"
 #include "testutil.h"
@@ -431,6 +433,106 @@ static void test_conv_tap_major(void)
     }
 }
 
+/* The serving step (one token, tap-major states and weight): bfloat16 x and y give the
+ * float32 step's y on the widened x rounded once and its states bit for bit; over a serving
+ * engine's rows (ls_conv1d_decode_rows_isa: float32 or bf16 rows a stride apart, one request
+ * moved to another row, one in place, one padding) the rows are the float32 step's, rounded
+ * once, in the destination rows only. 1 and 3 threads; D past one span, ragged. */
+static void test_conv_serving_step(void)
+{
+    enum { B = 3, W = 4, L = 3, N_ROWS = 6, GAP = 5 };
+    const int64_t D = 300, row = L * D, stride = row + GAP;
+    static const int64_t src[B] = {4, -1, 1}, dst[B] = {5, -1, 1};
+    conv_pool c;
+    conv_pool_make(&c, B, 1, D, W, L, N_ROWS, 77);
+    float *weight = tu_alloc((size_t)(D * W));
+    tu_tap_layout(weight, c.weight, 1, D, W, true, false);
+    c.p.state_tap_major = c.p.weight_tap_major = true, c.p.weight = weight;
+    uint16_t *x16 = malloc((size_t)(B * D) * sizeof *x16), *y16 = malloc((size_t)(B * D) * 2);
+    float *x_wide = tu_alloc((size_t)(B * D)), *y_ref = tu_alloc((size_t)(B * D));
+    for (int64_t i = 0; i < B * D; i++) x_wide[i] = ls_bf16_to_f32(x16[i] = ls_f32_to_bf16(c.x[i]));
+    for (int threads = 1; threads <= 3; threads += 2)
+        for (int dtype = LINSEQ_POOL_F32; dtype <= LINSEQ_POOL_BF16; dtype++) {
+            const size_t elem = dtype ? 2 : 4, n = (size_t)(N_ROWS * stride);
+            unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
+            float *dense = tu_alloc((size_t)(N_ROWS * row));
+            tu_rng r = {3};
+            for (size_t i = 0; i < n; i++) {
+                const float v = (float)tu_normal(&r);
+                if (dtype)
+                    ((uint16_t *)pool)[i] = ls_f32_to_bf16(v);
+                else
+                    ((float *)pool)[i] = v;
+            }
+            memcpy(before, pool, n * elem);
+            for (int64_t q = 0; q < N_ROWS; q++)
+                for (int64_t i = 0; i < row; i++)
+                    dense[q * row + i] = dtype ? ls_bf16_to_f32(((uint16_t *)pool)[q * stride + i])
+                                               : ((float *)pool)[q * stride + i];
+            linseq_conv1d_problem f32 = c.p, bf = c.p;
+            f32.x = x_wide, bf.x = (const float *)(void *)x16;
+            const linseq_exec ex = {.threads = threads},
+                              ex16 = {.threads = threads, .dtype = LINSEQ_DTYPE_BF16};
+            CHECK_OK(ls_conv1d_decode_isa(&f32, &ex, dense, N_ROWS, L, src, NULL, y_ref, test_isa));
+            const ls_state_rows rows = {.from = pool,
+                                        .to = pool,
+                                        .dtype = (linseq_pool_dtype)dtype,
+                                        .stride = stride,
+                                        .src = src,
+                                        .dst = dst};
+            memset(y16, 0xff, (size_t)(B * D) * 2);
+            CHECK_OK(ls_conv1d_decode_rows_isa(&bf, &ex16, &rows, N_ROWS, (float *)(void *)y16,
+                                               test_isa));
+            bool ok = true;
+            for (int64_t i = 0; i < B * D; i++) ok &= y16[i] == ls_f32_to_bf16(y_ref[i]);
+            for (int64_t q = 0; q < N_ROWS; q++)
+                for (int64_t i = 0; i < stride; i++) {
+                    const int64_t b = q == 5 ? 0 : q == 1 ? 2 : -1, at = q * stride + i;
+                    if (b >= 0 && i < row) {
+                        const float want = dense[src[b] * row + i];
+                        ok &= dtype ? ((uint16_t *)pool)[at] == ls_f32_to_bf16(want)
+                                    : tu_same_bits((float *)pool + at, &want, 1);
+                    } else {
+                        ok &=
+                            memcmp(pool + (size_t)at * elem, before + (size_t)at * elem, elem) == 0;
+                    }
+                }
+            CHECK(ok,
+                  "%s conv serving step, %s rows, bf16 x and y, %d threads: differs from the "
+                  "float32 step rounded once",
+                  ls_isa_name(test_isa), dtype ? "bf16" : "f32", threads);
+            free(pool), free(before), free(dense);
+        }
+    /* the plain decode on a float32 pool takes bf16 x and y too, with the same bits */
+    float *pool32 = tu_alloc((size_t)(N_ROWS * row)), *pool16 = tu_alloc((size_t)(N_ROWS * row));
+    tu_tap_layout(pool32, c.pool, N_ROWS, D, L, true, false);
+    memcpy(pool16, pool32, (size_t)(N_ROWS * row) * sizeof(float));
+    linseq_conv1d_problem f32 = c.p, bf = c.p;
+    f32.x = x_wide, bf.x = (const float *)(void *)x16;
+    const linseq_exec ex16 = {.dtype = LINSEQ_DTYPE_BF16};
+    CHECK_OK(ls_conv1d_decode_isa(&f32, NULL, pool32, N_ROWS, L, src, NULL, y_ref, test_isa));
+    CHECK_OK(ls_conv1d_decode_isa(&bf, &ex16, pool16, N_ROWS, L, src, NULL, (float *)(void *)y16,
+                                  test_isa));
+    bool same = tu_same_bits(pool16, pool32, (size_t)(N_ROWS * row));
+    for (int64_t i = 0; i < B * D; i++) same &= y16[i] == ls_f32_to_bf16(y_ref[i]);
+    CHECK(same,
+          "%s conv decode, bf16 x and y over a float32 pool: differs from the float32 "
+          "step rounded once",
+          ls_isa_name(test_isa));
+    /* bf16 x and y outside the serving step: refused by name, nothing written */
+    bf.state_tap_major = false;
+    memcpy(pool16, pool32, (size_t)(N_ROWS * row) * sizeof(float));
+    CHECK(ls_conv1d_decode_isa(&bf, &ex16, pool16, N_ROWS, L, src, NULL, (float *)(void *)y16,
+                               test_isa) == LINSEQ_ERR_UNSUPPORTED &&
+              strstr(linseq_last_error(), "state_tap_major") &&
+              tu_same_bits(pool16, pool32, (size_t)(N_ROWS * row)),
+          "conv decode, bf16 x over channel-major states: not refused by name ('%s')",
+          linseq_last_error());
+    free(pool32), free(pool16);
+    free(x16), free(y16), free(x_wide), free(y_ref), free(weight);
+    conv_pool_free(&c);
+}
+
 static void conv_expect_fail(conv_pool *c, const linseq_conv1d_problem *p, float *state,
                              int64_t n_rows, int64_t L, const int64_t *rows, const int64_t *cache,
                              float *y, linseq_status want, const char *needle)
@@ -499,6 +601,7 @@ int main(void)
         test_pools();
         test_conv_pools();
         test_conv_tap_major();
+        test_conv_serving_step();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

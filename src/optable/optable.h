@@ -205,6 +205,9 @@ typedef struct ls_op {
      * it the pool layer gathers the rows into a float32 block for decode. */
     linseq_status (*decode_rows)(const void *p, const linseq_exec *exec, const ls_state_rows *rows,
                                  int64_t n_rows, float *const *out);
+    /* Whether decode_rows takes problem p over rows of that type (NULL: every problem and
+     * type); the others are gathered. */
+    bool (*decode_rows_takes)(const void *p, linseq_pool_dtype dtype);
     const char *decode_state, *decode_state_out;
 } ls_op;
 

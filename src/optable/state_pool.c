@@ -278,7 +278,9 @@ linseq_status ls_op_decode_pool(const char *fn, const ls_op *op, const void *p,
                                       .dst = dst};
         if (in_place)
             st = op->decode(p, exec, pool->data, pool->n_rows, src, out);
-        else if (op->decode_rows && writes_only_own_rows(src, dst, B, work))
+        else if (op->decode_rows &&
+                 (!op->decode_rows_takes || op->decode_rows_takes(p, pool->dtype)) &&
+                 writes_only_own_rows(src, dst, B, work))
             st = op->decode_rows(p, exec, &by_row, pool->n_rows, out);
         else
             st = decode_gathered(fn, op, p, exec, pool, B, row, src, dst, work, out);

@@ -219,6 +219,59 @@ static linseq_status check_cache_seqlens(const char *fn, const int64_t *cache_se
     return LINSEQ_OK;
 }
 
+/* The decode step a serving engine takes every token: one token over tap-major states without
+ * cache_seqlens, x dense. Its kernel (conv1d_decode_span_item) also takes bfloat16 x and y,
+ * and a serving engine's rows where they lie (ls_conv1d_decode_rows_isa). */
+static bool span_step(const linseq_conv1d_problem *p, const int64_t *cache_seqlens)
+{
+    return p->state_tap_major && p->T == 1 && !cache_seqlens && !p->channel_first &&
+           ssm_strides_zero(p->x_strides);
+}
+
+static linseq_status check_decode_bf16(const char *fn, const linseq_conv1d_problem *p,
+                                       const linseq_exec *exec, const int64_t *cache_seqlens)
+{
+    if (ls_token_bytes(exec) != 2 || span_step(p, cache_seqlens)) return LINSEQ_OK;
+    return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
+                   "exec->dtype = LINSEQ_DTYPE_BF16; the CPU decode takes bfloat16 x and y for "
+                   "one token (T = 1) over tap-major states (state_tap_major) without "
+                   "cache_seqlens, x dense [B,1,D]; this call has T = %lld, state_tap_major = %d, "
+                   "cache_seqlens %s",
+                   (long long)p->T, (int)p->state_tap_major, cache_seqlens ? "given" : "NULL");
+}
+
+/* The checked step: its items, threads and workspace, then the kernels. */
+static linseq_status decode_run(const char *fn, conv1d_decode_plan *pl, const linseq_exec *exec,
+                                ls_isa isa)
+{
+    const linseq_conv1d_problem *p = pl->p;
+    pl->x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
+    pl->act = conv1d_activation(p);
+    /* Tap-major rows stepped one token: vectors straight from the rows, a span over every
+     * request (conv1d_decode_span_item); else one item per request and block of channels. */
+    const bool by_span =
+        p->state_tap_major && p->T == 1 && !pl->cache_seqlens && pl->x.channel == 1;
+    const int64_t n_items = by_span ? (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN
+                                    : p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
+    const int n_threads = ls_resolve_threads(
+        exec, n_items, 2.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->W);
+    int64_t thread_floats, total_bytes;
+    if (p->W > INT64_MAX / 4 / CONV1D_SPAN || p->T > INT64_MAX / 4 / SSM_LANES ||
+        !ls_mul_ok(&thread_floats, 2, by_span ? p->W : CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
+                   (int64_t)(by_span ? CONV1D_SPAN : SSM_LANES)) ||
+        !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)) ||
+        !(pl->workspace = aligned_alloc(64, (size_t)total_bytes)))
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY,
+                       "could not allocate the decode workspace (W = %lld, T = %lld)",
+                       (long long)p->W, (long long)p->T);
+    pl->thread_floats = (size_t)thread_floats;
+    const ssm_kernels *kern = ls_ssm_kernels(isa);
+    ls_parallel_for_static(n_items, n_threads,
+                           by_span ? kern->conv1d_decode_span_item : kern->conv1d_decode_item, pl);
+    free(pl->workspace);
+    return LINSEQ_OK;
+}
+
 linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
                                    float *state, int64_t n_state_rows, int64_t state_len,
                                    const int64_t *state_rows, const int64_t *cache_seqlens,
@@ -226,8 +279,8 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_conv1d_decode"};
-    linseq_status st = check_problem(&a, p, exec, false);
-    if (st) return st;
+    linseq_status st = check_problem(&a, p, exec, true);
+    if (st || (st = check_decode_bf16(a.fn, p, exec, cache_seqlens))) return st;
     const size_t te = ls_token_bytes(exec);
     if ((st =
              check_decode(&a, p, state, n_state_rows, state_len, state_rows, cache_seqlens, y, te)))
@@ -240,37 +293,41 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
     if ((state_rows && (st = ls_check_state_rows(a.fn, state_rows, p->B, n_state_rows))) ||
         (st = check_cache_seqlens(a.fn, cache_seqlens, p->B)))
         return st;
-
     conv1d_decode_plan pl = {.p = p,
-                             .x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1),
                              .y = y,
                              .state = state,
                              .state_len = state_len,
                              .rows = state_rows,
                              .cache_seqlens = cache_seqlens,
-                             .act = conv1d_activation(p)};
-    /* Tap-major rows stepped one token: vectors straight from the rows, a span over every
-     * request (conv1d_decode_span_item); else one item per request and block of channels. */
-    const bool by_span = p->state_tap_major && p->T == 1 && !cache_seqlens && pl.x.channel == 1;
-    const int64_t n_items = by_span ? (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN
-                                    : p->B * ((p->D + SSM_LANES - 1) / SSM_LANES);
-    const int n_threads = ls_resolve_threads(
-        exec, n_items, 2.0 * (double)p->B * (double)p->T * (double)p->D * (double)p->W);
-    int64_t thread_floats, total_bytes;
-    if (p->W > INT64_MAX / 4 / CONV1D_SPAN || p->T > INT64_MAX / 4 / SSM_LANES ||
-        !ls_mul_ok(&thread_floats, 2, by_span ? p->W : CONV1D_DECODE_FLOATS(p->W, p->T) / SSM_LANES,
-                   (int64_t)(by_span ? CONV1D_SPAN : SSM_LANES)) ||
-        !ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)) ||
-        !(pl.workspace = aligned_alloc(64, (size_t)total_bytes)))
-        return ls_fail(a.fn, LINSEQ_ERR_OUT_OF_MEMORY,
-                       "could not allocate the decode workspace (W = %lld, T = %lld)",
-                       (long long)p->W, (long long)p->T);
-    pl.thread_floats = (size_t)thread_floats;
-    const ssm_kernels *kern = ls_ssm_kernels(isa);
-    ls_parallel_for_static(n_items, n_threads,
-                           by_span ? kern->conv1d_decode_span_item : kern->conv1d_decode_item, &pl);
-    free(pl.workspace);
-    return LINSEQ_OK;
+                             .bf16 = te == 2};
+    return decode_run(a.fn, &pl, exec, isa);
+}
+
+bool ls_conv1d_decode_rows_take(const linseq_conv1d_problem *p, linseq_pool_dtype dtype)
+{
+    return dtype != LINSEQ_POOL_F16 && span_step(p, NULL);
+}
+
+linseq_status ls_conv1d_decode_rows_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                        const ls_state_rows *rows, int64_t n_rows, float *y,
+                                        ls_isa isa)
+{
+    ls_clear_error();
+    ls_args a = {.fn = "linseq_op_decode_pool"};
+    linseq_status st = check_problem(&a, p, exec, true);
+    if (st || (st = check_decode_bf16(a.fn, p, exec, NULL))) return st;
+    float *const out[] = {y, NULL}; /* the states are the pool's */
+    if ((st = ls_op_add_decode_rows(&a, &ls_op_conv1d, p, rows, n_rows, out, ls_token_bytes(exec))))
+        return st;
+    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
+    if ((st = ssm_check_table(&a, exec, NULL, 0, p->B, p->T))) return st;
+    if (!ls_conv1d_decode_rows_take(p, rows->dtype)) /* the pool layer asks first */
+        return ls_fail(a.fn, LINSEQ_ERR_UNSUPPORTED,
+                       "internal: a conv decode over rows it "
+                       "does not take");
+    conv1d_decode_plan pl = {
+        .p = p, .y = y, .state_len = p->W - 1, .bf16 = ls_token_bytes(exec) == 2, .by_row = rows};
+    return decode_run(a.fn, &pl, exec, isa);
 }
 
 linseq_status linseq_conv1d_decode(const linseq_conv1d_problem *p, const linseq_exec *exec,

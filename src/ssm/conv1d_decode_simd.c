@@ -16,6 +16,7 @@
  * more than the arithmetic. */
 #include <string.h>
 
+#include "simd/bf16.h"
 #include "ssm/ssm_kernels.h"
 #include "ssm/ssm_layout.h"
 
@@ -143,6 +144,40 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
         advance_state(pl, state + l * ss.channel, ss.position, win + l, start);
 }
 
+/* A part-vector of a float32 or bf16 row (valid lanes; any value past VW loads a vector). */
+LS_INLINE vf half_or_f32_load(const void *row, int64_t at, int64_t valid, bool half)
+{
+    if (!half) return vf_load_part((const float *)row + at, valid);
+    const uint16_t *h = (const uint16_t *)row + at;
+    return valid >= VW ? vf_load_bf16(h) : vf_load_bf16_n(h, valid > 0 ? valid : 0);
+}
+
+LS_INLINE void half_or_f32_store(void *row, int64_t at, vf v, int64_t valid, bool half)
+{
+    if (!half) {
+        vf_store_part((float *)row + at, v, valid);
+        return;
+    }
+    uint16_t *h = (uint16_t *)row + at;
+    if (valid >= VW)
+        vf_store_bf16(h, v);
+    else if (valid > 0)
+        vf_store_bf16_n(h, v, valid);
+}
+
+/* Where request b's state is read and written: a row of the float32 pool in place, or a
+ * serving engine's source and destination rows (pl->by_row); NULL: padding. */
+LS_INLINE const void *span_rows(const conv1d_decode_plan *pl, int64_t b, void **to)
+{
+    const int64_t L = pl->state_len, D = pl->p->D;
+    const ls_state_rows *r = pl->by_row;
+    const int64_t row = r ? r->src[b] : pl->rows ? pl->rows[b] : b;
+    if (row < 0) return NULL;
+    if (!r) return *to = pl->state + row * L * D;
+    *to = ls_state_row_at(r->to, r, r->dst[b], 0);
+    return ls_state_row_at(r->from, r, row, 0);
+}
+
 /* One token of every request over a span of tap-major rows, W and act constants when inlined
  * (see conv1d_decode_span_item): per strip, bias then the W taps in order with one fma each,
  * then the activation, as the forward computes; then the row moves by one position. */
@@ -152,28 +187,32 @@ LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const float *taps, i
     const linseq_conv1d_problem *p = pl->p;
     const int64_t D = p->D, L = pl->state_len;
     const float *bias = p->bias ? p->bias + d0 : NULL;
+    const bool half_x = pl->bf16, half_state = pl->by_row && pl->by_row->dtype == LINSEQ_POOL_BF16;
     for (int64_t b = 0; b < p->B; b++) {
-        const int64_t row = pl->rows ? pl->rows[b] : b;
-        const float *x = pl->x.base + b * pl->x.batch + d0;
-        float *y = pl->y + b * D + d0;
-        if (row < 0) { /* padding request: y = 0, no state touched */
-            memset(y, 0, (size_t)width * sizeof(float));
+        const int64_t x_at = b * pl->x.batch + d0, y_at = b * D + d0;
+        void *to;
+        const void *from = span_rows(pl, b, &to);
+        if (!from) { /* padding request: y = 0, no state touched */
+            memset((unsigned char *)pl->y + (size_t)y_at * (half_x ? 2 : 4), 0,
+                   (size_t)width * (half_x ? 2 : 4));
             continue;
         }
-        float *st = pl->state + row * L * D + d0; /* position i at st + i * D */
-        const float *prev = st + (L - (W - 1)) * D;
+        /* position i of the state at i * D + d0; the shift reads i + 1 before it writes i */
+        const int64_t prev = (L - (W - 1)) * D + d0;
         for (int64_t c = 0; c < width; c += VW) {
             const int64_t valid = width - c;
             vf acc = bias ? vf_load_part(bias + c, valid) : vf_zero();
             for (int64_t j = 0; j < W - 1; j++)
                 acc = vf_fmadd(vf_load_part(taps + j * tap_stride + c, valid),
-                               vf_load_part(prev + j * D + c, valid), acc);
-            const vf x_new = vf_load_part(x + c, valid);
+                               half_or_f32_load(from, prev + j * D + c, valid, half_state), acc);
+            const vf x_new = half_or_f32_load(pl->x.base, x_at + c, valid, half_x);
             acc = vf_fmadd(vf_load_part(taps + (W - 1) * tap_stride + c, valid), x_new, acc);
-            vf_store_part(y + c, vf_act(act, acc), valid);
+            half_or_f32_store(pl->y, y_at + c, vf_act(act, acc), valid, half_x);
             for (int64_t i = 0; i + 1 < L; i++)
-                vf_store_part(st + i * D + c, vf_load_part(st + (i + 1) * D + c, valid), valid);
-            vf_store_part(st + (L - 1) * D + c, x_new, valid);
+                half_or_f32_store(to, i * D + d0 + c,
+                                  half_or_f32_load(from, (i + 1) * D + d0 + c, valid, half_state),
+                                  valid, half_state);
+            half_or_f32_store(to, (L - 1) * D + d0 + c, x_new, valid, half_state);
         }
     }
 }

@@ -127,6 +127,19 @@ static linseq_status decode(const void *v, const linseq_exec *exec, float *pool,
     return linseq_conv1d_decode(p, exec, pool, n_rows, p->W - 1, rows, NULL, out[0]);
 }
 
+static linseq_status decode_rows(const void *v, const linseq_exec *exec, const ls_state_rows *rows,
+                                 int64_t n_rows, float *const *out)
+{
+    ls_isa isa;
+    linseq_status st = ls_isa_resolve("linseq_op_decode_pool", &isa);
+    return st ? st : ls_conv1d_decode_rows_isa(v, exec, rows, n_rows, out[0], isa);
+}
+
+static bool decode_rows_takes(const void *v, linseq_pool_dtype dtype)
+{
+    return ls_conv1d_decode_rows_take(v, dtype);
+}
+
 const ls_op ls_op_conv1d = {
     LS_OP_STRUCTS(linseq_conv1d_problem, linseq_conv1d_grads),
     LS_OP_OPTIONS(options),
@@ -140,6 +153,8 @@ const ls_op ls_op_conv1d = {
     .bench_options = bench_options,
     .bench_name = "conv",
     .decode = decode,
+    .decode_rows = decode_rows,
+    .decode_rows_takes = decode_rows_takes,
     .decode_state = "conv_state",
     .decode_state_out = "conv_state_out",
 };

@@ -20,6 +20,7 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "core/validate.h"
+#include "core/state_rows.h"
 #include "linseq.h"
 #include "simd/isa.h"
 
@@ -147,6 +148,13 @@ linseq_status ls_ssm1_backward_isa(const linseq_ssm1_problem *p, const linseq_ex
 linseq_status ls_ssm1_decode_isa(const linseq_ssm1_problem *p, const linseq_exec *exec,
                                  float *state, int64_t n_state_rows, const int64_t *state_rows,
                                  float *y, ls_isa isa);
+/* The conv decode over a serving engine's rows (ls_op.decode_rows): one token over
+ * tap-major float32 or bf16 rows, read from the source row and written to the destination
+ * where they lie; what it takes (ls_op.decode_rows_takes). */
+bool ls_conv1d_decode_rows_take(const linseq_conv1d_problem *p, linseq_pool_dtype dtype);
+linseq_status ls_conv1d_decode_rows_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
+                                        const ls_state_rows *rows, int64_t n_rows, float *y,
+                                        ls_isa isa);
 linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
                                    float *state, int64_t n_state_rows, int64_t state_len,
                                    const int64_t *state_rows, const int64_t *cache_seqlens,

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/state_rows.h"
 #include "linseq.h"
 #include "simd/isa.h"
 #include "ssm/ssm_internal.h"
@@ -153,6 +154,10 @@ typedef struct conv1d_decode_plan {
     float *y, *state;
     int64_t state_len;
     const int64_t *rows, *cache_seqlens;
+    bool bf16; /* x and y bfloat16 (tap-major span only) */
+    /* a serving engine's rows (linseq_op_decode_pool; tap-major span only, float32 or bf16):
+     * state, rows unused */
+    const ls_state_rows *by_row;
     linseq_activation act;
     float *workspace;
     size_t thread_floats; /* CONV1D_DECODE_FLOATS(W, T) */
