@@ -670,7 +670,8 @@ def _conv_prefill_on_pool(x, taps, bias, conv_states, query_start_loc, rows,
     pool, tap_major = _conv_pool(conv_states, taps.shape[0])
     has = (torch.zeros(rows.shape[0], dtype=torch.bool) if has_initial_state is None
            else has_initial_state)
-    arrays = dict(x=_f32(x.transpose(0, 1))[None], weight=taps, bias=_f32(bias))
+    (tokens,) = _token_tensors(x.transpose(0, 1))   # bfloat16 x read as it is
+    arrays = dict(x=tokens[None], weight=taps, bias=_f32(bias))
     (y,) = _on_vllms_pool("forward_pool", "causal_conv1d", arrays, pool, rows,
                           pad_value=pad_value, has_initial_state=has,
                           cu_seqlens=query_start_loc,
@@ -695,7 +696,9 @@ def _conv_step_on_pool(x, conv_states, taps, bias, silu, rows, pad_value):
     """One token per request (x [batch, dim]) of the conv with float32 taps [width, dim] over
     vLLM's conv-state pool, request i on slot rows[i]. Returns [batch, dim] in x's dtype."""
     pool, tap_major = _conv_pool(conv_states, taps.shape[0])
-    arrays = dict(x=_f32(x)[:, None], weight=taps, bias=_f32(bias))
+    # bfloat16 x and y the library's one-token step takes over tap-major states only
+    (tokens,) = _token_tensors(x) if tap_major else (_f32(x),)
+    arrays = dict(x=tokens[:, None], weight=taps, bias=_f32(bias))
     (y,) = _on_vllms_pool("decode_pool", "causal_conv1d", arrays, pool, rows,
                           pad_value=pad_value, activation="silu" if silu else "identity",
                           state_tap_major=tap_major, weight_tap_major=True)
