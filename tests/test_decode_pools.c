@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "core/half_float.h"
-#include "core/state_rows.h"
+#include "rows_pool.h"
 #include "simd/isa.h"
 #include "ssm/ssm_internal.h"
 #include "testutil.h"
@@ -441,7 +441,7 @@ static void test_conv_tap_major(void)
 static void test_conv_serving_step(void)
 {
     enum { B = 3, W = 4, L = 3, N_ROWS = 6, GAP = 5 };
-    const int64_t D = 300, row = L * D, stride = row + GAP;
+    const int64_t D = 300, row = L * D;
     static const int64_t src[B] = {4, -1, 1}, dst[B] = {5, -1, 1};
     conv_pool c;
     conv_pool_make(&c, B, 1, D, W, L, N_ROWS, 77);
@@ -453,55 +453,25 @@ static void test_conv_serving_step(void)
     for (int64_t i = 0; i < B * D; i++) x_wide[i] = ls_bf16_to_f32(x16[i] = ls_f32_to_bf16(c.x[i]));
     for (int threads = 1; threads <= 3; threads += 2)
         for (int dtype = LINSEQ_POOL_F32; dtype <= LINSEQ_POOL_BF16; dtype++) {
-            const size_t elem = dtype ? 2 : 4, n = (size_t)(N_ROWS * stride);
-            unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
-            float *dense = tu_alloc((size_t)(N_ROWS * row));
-            tu_rng r = {3};
-            for (size_t i = 0; i < n; i++) {
-                const float v = (float)tu_normal(&r);
-                if (dtype)
-                    ((uint16_t *)pool)[i] = ls_f32_to_bf16(v);
-                else
-                    ((float *)pool)[i] = v;
-            }
-            memcpy(before, pool, n * elem);
-            for (int64_t q = 0; q < N_ROWS; q++)
-                for (int64_t i = 0; i < row; i++)
-                    dense[q * row + i] = dtype ? ls_bf16_to_f32(((uint16_t *)pool)[q * stride + i])
-                                               : ((float *)pool)[q * stride + i];
+            rows_pool pool;
+            rows_pool_make(&pool, (linseq_pool_dtype)dtype, N_ROWS, row, GAP, 3);
             linseq_conv1d_problem f32 = c.p, bf = c.p;
             f32.x = x_wide, bf.x = (const float *)(void *)x16;
             const linseq_exec ex = {.threads = threads},
                               ex16 = {.threads = threads, .dtype = LINSEQ_DTYPE_BF16};
-            CHECK_OK(ls_conv1d_decode_isa(&f32, &ex, dense, N_ROWS, L, src, NULL, y_ref, test_isa));
-            const ls_state_rows rows = {.from = pool,
-                                        .to = pool,
-                                        .dtype = (linseq_pool_dtype)dtype,
-                                        .stride = stride,
-                                        .src = src,
-                                        .dst = dst};
+            CHECK_OK(
+                ls_conv1d_decode_isa(&f32, &ex, pool.dense, N_ROWS, L, src, NULL, y_ref, test_isa));
+            const ls_state_rows rows = rows_pool_rows(&pool, src, dst);
             memset(y16, 0xff, (size_t)(B * D) * 2);
             CHECK_OK(ls_conv1d_decode_rows_isa(&bf, &ex16, &rows, N_ROWS, (float *)(void *)y16,
                                                test_isa));
-            bool ok = true;
+            bool ok = rows_pool_holds(&pool, pool.dense, src, dst, B);
             for (int64_t i = 0; i < B * D; i++) ok &= y16[i] == ls_f32_to_bf16(y_ref[i]);
-            for (int64_t q = 0; q < N_ROWS; q++)
-                for (int64_t i = 0; i < stride; i++) {
-                    const int64_t b = q == 5 ? 0 : q == 1 ? 2 : -1, at = q * stride + i;
-                    if (b >= 0 && i < row) {
-                        const float want = dense[src[b] * row + i];
-                        ok &= dtype ? ((uint16_t *)pool)[at] == ls_f32_to_bf16(want)
-                                    : tu_same_bits((float *)pool + at, &want, 1);
-                    } else {
-                        ok &=
-                            memcmp(pool + (size_t)at * elem, before + (size_t)at * elem, elem) == 0;
-                    }
-                }
             CHECK(ok,
                   "%s conv serving step, %s rows, bf16 x and y, %d threads: differs from the "
                   "float32 step rounded once",
                   ls_isa_name(test_isa), dtype ? "bf16" : "f32", threads);
-            free(pool), free(before), free(dense);
+            rows_pool_free(&pool);
         }
     /* the plain decode on a float32 pool takes bf16 x and y too, with the same bits */
     float *pool32 = tu_alloc((size_t)(N_ROWS * row)), *pool16 = tu_alloc((size_t)(N_ROWS * row));

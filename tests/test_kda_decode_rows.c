@@ -15,11 +15,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/half_float.h"
-#include "core/state_rows.h"
 #include "kda/kda_kernels.h"
 #include "kda/kda_op.h"
 #include "kda_fixture.h"
+#include "rows_pool.h"
 #include "simd/isa.h"
 #include "testutil.h"
 
@@ -31,31 +30,6 @@ typedef struct {
     linseq_decay decay;
     bool v_first, gate_in_kernel;
 } rows_case;
-
-static float widen_one(linseq_pool_dtype dtype, const void *pool, int64_t i)
-{
-    if (dtype == LINSEQ_POOL_F32) return ((const float *)pool)[i];
-    const uint16_t h = ((const uint16_t *)pool)[i];
-    return dtype == LINSEQ_POOL_BF16 ? ls_bf16_to_f32(h) : ls_f16_to_f32(h);
-}
-
-/* The bits of element i of a pool of `dtype`, for comparing rows exactly. */
-static uint32_t bits_at(linseq_pool_dtype dtype, const void *pool, int64_t i)
-{
-    if (dtype != LINSEQ_POOL_F32) return ((const uint16_t *)pool)[i];
-    uint32_t u;
-    memcpy(&u, (const float *)pool + i, sizeof u);
-    return u;
-}
-
-static uint32_t rounded_bits(linseq_pool_dtype dtype, float x)
-{
-    if (dtype == LINSEQ_POOL_BF16) return ls_f32_to_bf16(x);
-    if (dtype == LINSEQ_POOL_F16) return ls_f32_to_f16(x);
-    uint32_t u;
-    memcpy(&u, &x, sizeof u);
-    return u;
-}
 
 static kda_fixture make_case(const rows_case *rc, int64_t B)
 {
@@ -96,53 +70,23 @@ static void check_rows(const rows_case *rc, ls_isa isa, linseq_pool_dtype dtype,
         tu_fill_normal(&r, dt_bias, (size_t)nb, 0.5);
         f.p.A_log = A_log, f.p.dt_bias = dt_bias;
     }
-    const int64_t row = 4 * rc->K * rc->V, stride = row + GAP;
     static const int64_t src[B] = {2, -1, 0, 4}, dst[B] = {3, -1, 0, 5};
-    const size_t elem = ls_state_elem_bytes(dtype), n = (size_t)(N_ROWS * stride);
-    unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
-    tu_rng r = {11};
-    for (size_t i = 0; i < n; i++) {
-        const float x = (float)(0.5 * tu_normal(&r));
-        if (dtype == LINSEQ_POOL_F32)
-            ((float *)pool)[i] = x;
-        else
-            ((uint16_t *)pool)[i] = (uint16_t)rounded_bits(dtype, x);
-    }
-    memcpy(before, pool, n * elem);
-
+    rows_pool pool;
+    rows_pool_make(&pool, dtype, N_ROWS, 4 * rc->K * rc->V, GAP, 11);
     /* the reference: the plain decode on the widened rows, dense, in place */
-    float *dense = tu_alloc((size_t)(N_ROWS * row)), *o_ref = tu_alloc(f.n_v);
-    for (int64_t q = 0; q < N_ROWS; q++)
-        for (int64_t i = 0; i < row; i++)
-            dense[q * row + i] = widen_one(dtype, pool, q * stride + i);
+    float *o_ref = tu_alloc(f.n_v), *o = tu_alloc_poisoned(f.n_v);
     const linseq_exec ex = {.threads = threads};
-    CHECK_OK(ls_kda_decode_isa(&f.p, &ex, dense, N_ROWS, src, o_ref, isa));
-
-    float *o = tu_alloc_poisoned(f.n_v);
-    const ls_state_rows rows = {
-        .from = pool, .to = pool, .dtype = dtype, .stride = stride, .src = src, .dst = dst};
+    CHECK_OK(ls_kda_decode_isa(&f.p, &ex, pool.dense, N_ROWS, src, o_ref, isa));
+    const ls_state_rows rows = rows_pool_rows(&pool, src, dst);
     CHECK_OK(ls_kda_decode_rows_isa(&f.p, &ex, &rows, N_ROWS, o, isa));
-
-    bool written = true, untouched = true;
-    bool is_dst[N_ROWS] = {false};
-    for (int b = 0; b < B; b++)
-        if (src[b] >= 0) {
-            is_dst[dst[b]] = true;
-            for (int64_t i = 0; i < row; i++)
-                written &= bits_at(dtype, pool, dst[b] * stride + i) ==
-                           rounded_bits(dtype, dense[src[b] * row + i]);
-        }
-    for (int64_t q = 0; q < N_ROWS; q++)
-        for (int64_t i = 0; i < stride; i++)
-            if (!is_dst[q] || i >= row)
-                untouched &=
-                    bits_at(dtype, pool, q * stride + i) == bits_at(dtype, before, q * stride + i);
+    const bool states = rows_pool_holds(&pool, pool.dense, src, dst, B);
+    const bool outputs = tu_same_bits(o, o_ref, f.n_v);
     static const char *const names[] = {"f32", "bf16", "f16"};
-    CHECK(written && untouched && tu_same_bits(o, o_ref, f.n_v),
-          "%s %s %s pool, %d threads: states %s, other bytes %s, outputs %s", rc->name,
-          ls_isa_name(isa), names[dtype], threads, written ? "as the float32 decode's" : "DIFFER",
-          untouched ? "untouched" : "WRITTEN", tu_same_bits(o, o_ref, f.n_v) ? "equal" : "DIFFER");
-    free(o), free(o_ref), free(dense), free(pool), free(before);
+    CHECK(states && outputs, "%s %s %s pool, %d threads: pool %s, outputs %s", rc->name,
+          ls_isa_name(isa), names[dtype], threads,
+          states ? "as the float32 decode's rounded" : "DIFFERS", outputs ? "equal" : "DIFFER");
+    free(o), free(o_ref);
+    rows_pool_free(&pool);
     free(A_log), free(dt_bias);
     kda_fixture_free(&f);
 }
@@ -155,26 +99,22 @@ static void check_rotation(void)
     const rows_case rc = {"rotation", 16, 24, LINSEQ_DECAY_PER_CHANNEL, false, false};
     enum { B = 3 };
     kda_fixture f = make_case(&rc, B);
-    const int64_t row = 4 * 16 * 24;
-    uint16_t *pool = malloc((size_t)(B * row) * sizeof *pool);
-    float *dense = tu_alloc((size_t)(B * row)), *o_ref = tu_alloc(f.n_v), *o = tu_alloc(f.n_v);
-    tu_rng r = {5};
-    for (int64_t i = 0; i < B * row; i++) {
-        pool[i] = ls_f32_to_bf16((float)(0.5 * tu_normal(&r)));
-        dense[i] = ls_bf16_to_f32(pool[i]);
-    }
     static const int64_t src[B] = {0, 1, 2}, dst[B] = {1, 2, 0};
-    CHECK_OK(linseq_kda_decode(&f.p, NULL, dense, B, src, o_ref));
-    const linseq_state_pool p = {
-        .data = pool, .n_rows = B, .dtype = LINSEQ_POOL_BF16, .src_rows = src, .dst_rows = dst};
+    rows_pool pool;
+    rows_pool_make(&pool, LINSEQ_POOL_BF16, B, 4 * 16 * 24, 0, 5);
+    float *o_ref = tu_alloc(f.n_v), *o = tu_alloc(f.n_v);
+    CHECK_OK(linseq_kda_decode(&f.p, NULL, pool.dense, B, src, o_ref));
+    const linseq_state_pool p = {.data = pool.data,
+                                 .n_rows = B,
+                                 .dtype = LINSEQ_POOL_BF16,
+                                 .src_rows = src,
+                                 .dst_rows = dst};
     float *out[] = {o};
     CHECK_OK(linseq_op_decode_pool("kda", &f.p, &(linseq_exec){.threads = 1}, &p, out));
-    bool same = tu_same_bits(o, o_ref, f.n_v);
-    for (int b = 0; b < B; b++)
-        for (int64_t i = 0; i < row; i++)
-            same &= pool[dst[b] * row + i] == ls_f32_to_bf16(dense[src[b] * row + i]);
-    CHECK(same, "rotation through linseq_op_decode_pool: a request read a row another had written");
-    free(pool), free(dense), free(o_ref), free(o);
+    CHECK(tu_same_bits(o, o_ref, f.n_v) && rows_pool_holds(&pool, pool.dense, src, dst, B),
+          "rotation through linseq_op_decode_pool: a request read a row another had written");
+    free(o_ref), free(o);
+    rows_pool_free(&pool);
     kda_fixture_free(&f);
 }
 

@@ -11,7 +11,7 @@
 
 #include "ssd/ssd.h"
 #include "ssd_fixture.h"
-#include "core/half_float.h"
+#include "rows_pool.h"
 #include "testutil.h"
 
 static ls_isa test_isa = LS_ISA_SCALAR;
@@ -164,48 +164,17 @@ static void test_decode_rows(void)
             ssd_fixture e;
             ssd_fixture_make(&e, &s, 31);
             e.p.h0 = NULL;
-            const int64_t row = s.H * s.P * s.N, stride = row + GAP;
-            const size_t n = (size_t)(N_ROWS * stride), elem = dtype ? 2 : 4;
-            unsigned char *pool = malloc(n * elem), *before = malloc(n * elem);
-            float *dense = tu_alloc((size_t)(N_ROWS * row));
-            tu_rng r = {17};
-            for (size_t i = 0; i < n; i++) {
-                const float x = (float)tu_normal(&r);
-                if (dtype)
-                    ((uint16_t *)pool)[i] = ls_f32_to_bf16(x);
-                else
-                    ((float *)pool)[i] = x;
-            }
-            memcpy(before, pool, n * elem);
-            for (int64_t q = 0; q < N_ROWS; q++)
-                for (int64_t i = 0; i < row; i++)
-                    dense[q * row + i] = dtype ? ls_bf16_to_f32(((uint16_t *)pool)[q * stride + i])
-                                               : ((float *)pool)[q * stride + i];
+            rows_pool pool;
+            rows_pool_make(&pool, (linseq_pool_dtype)dtype, N_ROWS, s.H * s.P * s.N, GAP, 17);
             float *y_ref = tu_alloc(e.n_y), *y = tu_alloc_poisoned(e.n_y);
-            CHECK_OK(ls_ssd_decode_isa(&e.p, NULL, dense, N_ROWS, src, y_ref, test_isa));
-            const ls_state_rows rows = {.from = pool,
-                                        .to = pool,
-                                        .dtype = (linseq_pool_dtype)dtype,
-                                        .stride = stride,
-                                        .src = src,
-                                        .dst = dst};
+            CHECK_OK(ls_ssd_decode_isa(&e.p, NULL, pool.dense, N_ROWS, src, y_ref, test_isa));
+            const ls_state_rows rows = rows_pool_rows(&pool, src, dst);
             CHECK_OK(ls_ssd_decode_rows_isa(&e.p, NULL, &rows, N_ROWS, y, test_isa));
-            bool ok = tu_same_bits(y, y_ref, e.n_y);
-            for (int64_t q = 0; q < N_ROWS; q++)
-                for (int64_t i = 0; i < stride; i++) {
-                    const int64_t b = q == 5 ? 0 : q == 1 ? 2 : -1, at = q * stride + i;
-                    if (b >= 0 && i < row) {
-                        const float want = dense[src[b] * row + i];
-                        ok &= dtype ? ((uint16_t *)pool)[at] == ls_f32_to_bf16(want)
-                                    : tu_same_bits((float *)pool + at, &want, 1);
-                    } else {
-                        ok &=
-                            memcmp(pool + (size_t)at * elem, before + (size_t)at * elem, elem) == 0;
-                    }
-                }
-            CHECK(ok, "decode rows (n_first %d, %s pool): y or rows differ from the plain decode's",
+            CHECK(tu_same_bits(y, y_ref, e.n_y) && rows_pool_holds(&pool, pool.dense, src, dst, 3),
+                  "decode rows (n_first %d, %s pool): y or rows differ from the plain decode's",
                   n_first, dtype ? "bf16" : "f32");
-            free(pool), free(before), free(dense), free(y_ref), free(y);
+            free(y_ref), free(y);
+            rows_pool_free(&pool);
             ssd_fixture_free(&e);
         }
 }
