@@ -295,9 +295,20 @@ void LS_ISA_FN(ls_conv1d_item)(void *ctx, int64_t item, int thread)
         float *out = pl->state_out + state_at;
         for (int64_t i = 0; i < W - 1; i++) {
             const int64_t k = len + i;
-            for (int64_t l = 0; l < width; l++)
-                out[l * ss.channel + i * ss.position] =
-                    k < W - 1 ? cols[k * SPAN + l] : x_value(pl, start + k - (W - 1), d0 + l);
+            float *dst = out + i * ss.position;
+            if (k < W - 1) {
+                for (int64_t l = 0; l < width; l++) dst[l * ss.channel] = cols[k * SPAN + l];
+            } else if (ss.channel == 1 && pl->bf16) { /* a tap-major row from a bf16 x row */
+                ls_widen_bf16(width,
+                              (const uint16_t *)(const void *)p->x + (start + k - (W - 1)) * D + d0,
+                              dst);
+            } else if (ss.channel == 1 && pl->x.channel == 1) {
+                memcpy(dst, ssm_view_at(&pl->x, p->T, start + k - (W - 1), d0),
+                       (size_t)width * sizeof(float));
+            } else {
+                for (int64_t l = 0; l < width; l++)
+                    dst[l * ss.channel] = x_value(pl, start + k - (W - 1), d0 + l);
+            }
         }
     }
 }
