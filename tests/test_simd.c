@@ -149,6 +149,8 @@ int main(void)
         {"softplus", FNS(ls_vsoftplus_n), ref_softplus, -30.0, 30.0, 4.0},
         {"softplus", FNS(ls_vsoftplus_n), ref_softplus, -87.0, -30.0, 4.0},
         {"silu", FNS(ls_vsilu_n), ref_silu, -30.0, 30.0, 4.0},
+        {"silu", FNS(ls_vsilu_n), ref_silu, -88.0, -30.0, 4.0}, /* |x| <= 80 and beyond */
+        {"silu", FNS(ls_vsilu_n), ref_silu, 30.0, 120.0, 4.0},
         {"log1p", FNS(ls_vlog1p01_n), ref_log1p, 0.0, 1.0, 3.0},
         {"rsqrt", FNS(ls_vrsqrt_n), ref_rsqrt, 1e-6, 1e6, 1.5},
     };

@@ -48,6 +48,11 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 {
     return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, t, _CMP_GT_OQ));
 }
+/* Whether every lane of x is <= t (false when one is NaN). */
+static inline int vf_all_le(vf x, vf t)
+{
+    return _mm256_movemask_ps(_mm256_cmp_ps(x, t, _CMP_LE_OQ)) == 0xff;
+}
 /* Lane i of the result = the sum of the lanes of a[i] (eight horizontal sums at once). */
 static inline vf vf_hsum_lanes(const vf *v)
 {

@@ -46,6 +46,8 @@ static inline vf vf_select_gt(vf x, vf t, vf a, vf b)
 {
     return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), b, a);
 }
+/* Whether every lane of x is <= t (false when one is NaN). */
+static inline int vf_all_le(vf x, vf t) { return _mm512_cmp_ps_mask(x, t, _CMP_LE_OQ) == 0xffff; }
 /* r[j][i] = r[i][j] for a 16 x 16 block held in registers: unpack pairs, then quadruples,
  * then 128-bit quarters twice; vf_transpose_block does the same from memory to memory. */
 static inline void vf_transpose_regs(vf r[16])

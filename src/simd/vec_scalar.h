@@ -55,6 +55,8 @@ static inline vf vf_ldexp(vf y, vf n)
 }
 static inline vf vf_select_nonneg(vf x, vf a, vf b) { return x >= 0.0f ? a : b; }
 static inline vf vf_select_gt(vf x, vf t, vf a, vf b) { return x > t ? a : b; }
+/* Whether every lane of x is <= t (false when one is NaN). */
+static inline int vf_all_le(vf x, vf t) { return x <= t; }
 static inline float vf_hsum(vf a) { return a; }
 static inline vf vf_hsum_lanes(const vf *a) { return a[0]; }
 static inline void vf_transpose_regs(vf r[1]) { (void)r; }

@@ -21,7 +21,7 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     conv1d_plan pl = {.p = p, .y = y, .state_out = state_out, .act = conv1d_activation(p)};
     pl.x = ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1);
     pl.bf16 = ls_token_bytes(exec) == 2;
-    pl.x_tiled = pl.x.channel != 1 || pl.bf16;
+    pl.x_tiled = pl.x.channel != 1; /* a bfloat16 x is dense [B,T,D], read in place */
     const int64_t n_seqs = ssm_seq_count(p->cu_seqlens, p->n_seqs, p->B);
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, n_seqs, p->T);
     pl.n_blocks = (p->D + CONV1D_SPAN - 1) / CONV1D_SPAN;
@@ -38,7 +38,7 @@ linseq_status ls_conv1d_scan(const linseq_conv1d_problem *p, const linseq_exec *
     if (p->W > INT64_MAX / CONV1D_SPAN / 8) return LINSEQ_ERR_OUT_OF_MEMORY;
     const int64_t thread_floats =
         CONV1D_FWD_FLOATS(p->W) +
-        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first || pl.bf16);
+        CONV1D_FWD_TILE_FLOATS(p->W, pl.chunk, pl.x_tiled, p->channel_first);
     if (!ls_mul_ok(&total_bytes, 3, thread_floats, (int64_t)n_threads, (int64_t)sizeof(float)))
         return LINSEQ_ERR_OUT_OF_MEMORY;
     pl.thread_floats = (size_t)thread_floats;

@@ -102,7 +102,7 @@ typedef struct conv1d_plan {
     linseq_activation act;
     ssm_view x;                       /* x in its layout */
     bool x_tiled;                     /* x's channels are not contiguous: packed in tiles */
-    bool bf16;                        /* forward: x and y bfloat16 (dense [B,T,D]), via tiles */
+    bool bf16;                        /* forward: x and y bfloat16 (dense [B,T,D]), in place */
     float *y, *state_out;             /* forward */
     const float *d_y, *d_state_out;   /* backward */
     const linseq_conv1d_grads *grads; /* backward */
