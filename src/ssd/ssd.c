@@ -109,22 +109,33 @@ linseq_status ls_ssd_run_forward(const char *fn, const linseq_ssd_problem *p,
     return run(fn, &pl, p, exec, isa, false);
 }
 
+/* A decode step's checks: the problem, then the states as a float32 pool of n_rows rows
+ * (state, rows) or a serving engine's rows (by_row), the output, the values. */
+static linseq_status check_decode(ls_args *a, const linseq_ssd_problem *p, const linseq_exec *exec,
+                                  float *state, int64_t n_rows, const int64_t *rows,
+                                  const ls_state_rows *by_row, float *y)
+{
+    linseq_status st = ls_ssd_check_problem(a, &ls_op_ssd, p, exec);
+    if (st) return st;
+    float *const out[] = {y, NULL}; /* the states are the pool's */
+    const size_t te = ls_token_bytes(exec);
+    if ((st = by_row ? ls_op_add_decode_rows(a, &ls_op_ssd, p, by_row, n_rows, out, te)
+                     : ls_op_add_decode(a, &ls_op_ssd, p, state, n_rows, rows, out, te)))
+        return st;
+    ls_arg_structs(a, p, sizeof *p, NULL, 0, exec);
+    if ((st = ls_args_validate(a)) || (st = ls_ssd_check_values(a->fn, &ls_op_ssd, p, exec)))
+        return st;
+    return by_row ? LINSEQ_OK : ls_op_check_decode_rows(a->fn, &ls_op_ssd, p, n_rows, rows);
+}
+
 linseq_status ls_ssd_decode_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *state,
                                 int64_t n_state_rows, const int64_t *state_rows, float *y,
                                 ls_isa isa)
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_ssd_decode"};
-    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
+    linseq_status st = check_decode(&a, p, exec, state, n_state_rows, state_rows, NULL, y);
     if (st) return st;
-    float *const out[] = {y, NULL}; /* the state is the pool's */
-    if ((st = ls_op_add_decode(&a, &ls_op_ssd, p, state, n_state_rows, state_rows, out,
-                               ls_token_bytes(exec))))
-        return st;
-    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
-        return st;
-    if ((st = ls_op_check_decode_rows(a.fn, &ls_op_ssd, p, n_state_rows, state_rows))) return st;
     ssd_plan pl = {.y = y, .s0 = state, .sT = state, .rows = state_rows};
     return run(a.fn, &pl, p, exec, isa, true);
 }
@@ -135,14 +146,8 @@ linseq_status ls_ssd_decode_rows_isa(const linseq_ssd_problem *p, const linseq_e
 {
     ls_clear_error();
     ls_args a = {.fn = "linseq_op_decode_pool"};
-    linseq_status st = ls_ssd_check_problem(&a, &ls_op_ssd, p, exec);
+    linseq_status st = check_decode(&a, p, exec, NULL, n_rows, NULL, rows, y);
     if (st) return st;
-    float *const out[] = {y, NULL}; /* the states are the pool's */
-    if ((st = ls_op_add_decode_rows(&a, &ls_op_ssd, p, rows, n_rows, out, ls_token_bytes(exec))))
-        return st;
-    ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);
-    if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
-        return st;
     ssd_plan pl = {.y = y, .s0 = rows->from, .sT = rows->to, .by_row = rows};
     return run(a.fn, &pl, p, exec, isa, true);
 }
