@@ -12,9 +12,11 @@
  * rotation) must still give every request the state of its source row as it was before the
  * call, which the per-request path cannot do in place; the pool layer takes the gathered
  * path there. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/half_float.h"
 #include "kda/kda_kernels.h"
 #include "kda/kda_op.h"
 #include "kda_fixture.h"
@@ -91,6 +93,46 @@ static void check_rows(const rows_case *rc, ls_isa isa, linseq_pool_dtype dtype,
     kda_fixture_free(&f);
 }
 
+/* bf16 rows whose states hold subnormal, infinite and NaN values: the new states' rounding
+ * (AVX512-BF16's instruction where the CPU has it, which flushes subnormals, else integer
+ * arithmetic) gives ls_f32_to_bf16's bits on every ISA. Values about 1e-39 stay subnormal
+ * through a step with no decay and small k; one head of one request gets an inf and a NaN. */
+static void check_extreme_rows(ls_isa isa)
+{
+    const rows_case rc = {"extreme values", 16, 48, LINSEQ_DECAY_PER_HEAD, false, false};
+    enum { B = 2 };
+    kda_fixture f = make_case(&rc, B);
+    for (size_t i = 0; i < f.n_g; i++) f.g[i] = 0.0f;
+    for (size_t i = 0; i < f.n_v; i++) f.v[i] *= 1e-39f;
+    static const int64_t src[B] = {0, 2}, dst[B] = {1, 2};
+    rows_pool pool;
+    const int64_t row = 4 * 16 * 48;
+    rows_pool_make(&pool, LINSEQ_POOL_BF16, 3, row, 0, 23);
+    uint16_t *h = (uint16_t *)(void *)pool.data, *before = (uint16_t *)(void *)pool.before;
+    for (int64_t i = 0; i < 3 * row; i++) {
+        h[i] = ls_f32_to_bf16(ls_bf16_to_f32(h[i]) * 1e-39f);
+        if (i == 2 * row + 5) h[i] = 0x7f80;  /* +inf */
+        if (i == 2 * row + 77) h[i] = 0xffc1; /* a NaN */
+        before[i] = h[i];
+        pool.dense[i] = ls_bf16_to_f32(h[i]);
+    }
+    float *o_ref = tu_alloc(f.n_v), *o = tu_alloc_poisoned(f.n_v);
+    const linseq_exec ex = {.threads = 1};
+    CHECK_OK(ls_kda_decode_isa(&f.p, &ex, pool.dense, 3, src, o_ref, isa));
+    int subnormal = 0;
+    for (int64_t i = 0; i < row; i++) subnormal += fpclassify(pool.dense[i]) == FP_SUBNORMAL;
+    const ls_state_rows rows = rows_pool_rows(&pool, src, dst);
+    CHECK_OK(ls_kda_decode_rows_isa(&f.p, &ex, &rows, 3, o, isa));
+    CHECK(subnormal > 100 && rows_pool_holds(&pool, pool.dense, src, dst, B) &&
+              tu_same_bits(o, o_ref, f.n_v),
+          "%s: bf16 rows with subnormal (%d), inf and NaN states differ from the float32 "
+          "decode rounded once",
+          ls_isa_name(isa), subnormal);
+    free(o_ref), free(o);
+    rows_pool_free(&pool);
+    kda_fixture_free(&f);
+}
+
 /* Requests 0, 1, 2 read rows 0, 1, 2 and write rows 1, 2, 0: each writes the row the next one
  * reads. Through the public pool entry, bf16: each request must start from its row as it was
  * before the call. */
@@ -132,6 +174,7 @@ int main(void)
             for (int dtype = 0; dtype < 3; dtype++)
                 for (int threads = 1; threads <= 3; threads += 2)
                     check_rows(&cases[c], (ls_isa)isa, (linseq_pool_dtype)dtype, threads);
+        check_extreme_rows((ls_isa)isa);
     }
     check_rotation();
     return tu_finish("test_kda_decode_rows");

@@ -512,6 +512,9 @@ typedef struct {
     const ls_state_rows *by_row; /* a serving engine's rows (decode_rows), or NULL */
     ls_state_widen_fn widen;
     ls_state_narrow_fn narrow;
+    /* kern->decode_rows_item, or its AVX512-BF16 form where the CPU has the instruction */
+    void (*rows_item)(const kda_plan *pl, int64_t tok, int64_t hv, const void *from, void *to,
+                      bool half, float *o, float *scratch);
     unsigned char *ws;
     size_t ws_stride, token_floats;
     const kda_kernels *kern;
@@ -545,9 +548,9 @@ static void decode_item(void *ctx, int64_t item, int thread)
         advance_head(c, b, hv, c->state + (row * pl->HV + hv) * KV, scratch);
     } else if (!p->state_v_first && by_row->dtype != LINSEQ_POOL_F16) {
         /* [K,V]-first float32 or bf16: read from the source row, written to the destination */
-        c->kern->decode_rows_item(pl, b, hv, ls_state_row_at(by_row->from, by_row, row, hv * KV),
-                                  ls_state_row_at(by_row->to, by_row, by_row->dst[b], hv * KV),
-                                  by_row->dtype == LINSEQ_POOL_BF16, c->o, scratch);
+        c->rows_item(pl, b, hv, ls_state_row_at(by_row->from, by_row, row, hv * KV),
+                     ls_state_row_at(by_row->to, by_row, by_row->dst[b], hv * KV),
+                     by_row->dtype == LINSEQ_POOL_BF16, c->o, scratch);
     } else if (ls_state_rows_in_place(by_row, b)) {
         advance_head(c, b, hv, ls_state_row_at(by_row->to, by_row, row, hv * KV), scratch);
     } else { /* another type or destination: the head goes through the thread's scratch */
@@ -687,6 +690,8 @@ static linseq_status kda_decode(const char *fn, const linseq_kda_problem *p,
                     .widen = LS_ISA_PICK(isa, ls_state_widen_isa),
                     .narrow = LS_ISA_PICK(isa, ls_state_narrow_isa),
                     .kern = ls_kda_kernels(isa)};
+    c.rows_item = isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot() ? c.kern->decode_rows_item_bf16_dot
+                                                                : c.kern->decode_rows_item;
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return kda_positive_g_status(fn, &pl);

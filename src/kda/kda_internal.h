@@ -116,6 +116,12 @@ LS_ISA_DECLARE(void, kda_decode_rows_item,
                (const kda_plan *pl, int64_t tok, int64_t hv, const void *from, void *to, bool half,
                 float *o, float *scratch));
 
+/* The same with AVX512-BF16's rounding of the bf16 state (kda_decode_bf16_simd.c; the same
+ * bits; other ISAs: the same kernel). */
+LS_ISA_DECLARE(void, kda_decode_rows_item_bf16_dot,
+               (const kda_plan *pl, int64_t tok, int64_t hv, const void *from, void *to, bool half,
+                float *o, float *scratch));
+
 /* Decode of one token where a V-first state row [V,K] lives (no transposed copy). */
 LS_ISA_DECLARE(void, kda_decode_v_first,
                (const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o, float *scratch));

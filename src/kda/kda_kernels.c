@@ -5,9 +5,11 @@
     {                                                                                              \
         .isa = ISA, .recurrent_item = kda_recurrent_item_##sfx,                                    \
         .decode_v_first = kda_decode_v_first_##sfx,                                                \
-        .decode_rows_item = kda_decode_rows_item_##sfx, .chunk_item = kda_chunk_item_##sfx,        \
-        .chunk_prepare = kda_chunk_prepare_##sfx, .chunk_solve = kda_chunk_solve_##sfx,            \
-        .chunk_output = kda_chunk_output_##sfx, .chunk_advance = kda_chunk_advance_##sfx,          \
+        .decode_rows_item = kda_decode_rows_item_##sfx,                                            \
+        .decode_rows_item_bf16_dot = kda_decode_rows_item_bf16_dot_##sfx,                          \
+        .chunk_item = kda_chunk_item_##sfx, .chunk_prepare = kda_chunk_prepare_##sfx,              \
+        .chunk_solve = kda_chunk_solve_##sfx, .chunk_output = kda_chunk_output_##sfx,              \
+        .chunk_advance = kda_chunk_advance_##sfx,                                                  \
         .recurrent_bwd_ws_bytes = kda_recurrent_bwd_ws_bytes_##sfx,                                \
         .recurrent_bwd_item = kda_recurrent_bwd_item_##sfx,                                        \
         .chunk_bwd_ws_bytes = kda_chunk_bwd_ws_bytes_##sfx,                                        \

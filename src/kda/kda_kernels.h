@@ -23,6 +23,8 @@ typedef struct kda_kernels {
                            float *o, float *scratch, int64_t j0, int64_t j1);
     void (*decode_rows_item)(const kda_plan *pl, int64_t tok, int64_t hv, const void *from,
                              void *to, bool half, float *o, float *scratch);
+    void (*decode_rows_item_bf16_dot)(const kda_plan *pl, int64_t tok, int64_t hv, const void *from,
+                                      void *to, bool half, float *o, float *scratch);
     void (*decode_v_first)(const kda_plan *pl, int64_t tok, int64_t hv, float *ST, float *o,
                            float *scratch);
     void (*chunk_item)(const kda_plan *pl, int64_t tok0, int64_t len, int64_t hv, float *S,

@@ -1,0 +1,44 @@
+/* KDA's decode over bf16 state rows with AVX512-BF16's rounding: the AVX-512 kernels compiled
+ * for vcvtneps2bf16, which a decode uses where the CPU has it (ls_cpu_has_bf16_dot). The
+ * instruction rounds to nearest even and quiets a NaN as ls_f32_to_bf16 does, but flushes a
+ * subnormal input to zero: a vector with a subnormal lane takes the integer rounding, so the
+ * bits are those of every other ISA. Rounding the state is a third of a bf16 decode step's
+ * work with the integer form (about 10 vector operations per 16 lanes); this is 2 or 3. Other
+ * ISAs and compilers without the instruction compile the plain kernel under this name. */
+#include "simd/gemm_bf16.h" /* LS_HAVE_BF16_DOT */
+
+#if LS_HAVE_BF16_DOT
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512bf16"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512bf16")
+#endif
+
+static inline __attribute__((always_inline)) void store_bf16_instruction(uint16_t *p, __m512 x)
+{
+    if (_mm512_fpclass_ps_mask(x, 0x20)) { /* a subnormal lane: the instruction would flush it */
+        vf_store_bf16(p, x);
+        return;
+    }
+    _mm256_storeu_si256((__m256i *)(void *)p, (__m256i)_mm512_cvtneps_pbh(x));
+}
+#define KDA_STORE_BF16 store_bf16_instruction
+#endif
+
+#include "kda/kda_columns.h"
+
+void LS_ISA_FN(kda_decode_rows_item_bf16_dot)(const kda_plan *pl, int64_t tok, int64_t hv,
+                                              const void *from, void *to, bool half, float *o,
+                                              float *scratch)
+{
+    decode_rows_token(pl, tok, hv, from, to, half, o, scratch);
+}
+
+#if LS_HAVE_BF16_DOT
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif
