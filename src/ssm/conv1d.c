@@ -220,12 +220,12 @@ static linseq_status check_cache_seqlens(const char *fn, const int64_t *cache_se
 }
 
 /* The decode step a serving engine takes every token: one token over tap-major states without
- * cache_seqlens, x dense. Its kernel (conv1d_decode_span_item) also takes bfloat16 x and y,
- * and a serving engine's rows where they lie (ls_conv1d_decode_rows_isa). */
+ * cache_seqlens, x's channels contiguous. Its kernel (conv1d_decode_span_item) also takes
+ * bfloat16 x and y, and a serving engine's rows where they lie (ls_conv1d_decode_rows_isa). */
 static bool span_step(const linseq_conv1d_problem *p, const int64_t *cache_seqlens)
 {
-    return p->state_tap_major && p->T == 1 && !cache_seqlens && !p->channel_first &&
-           ssm_strides_zero(p->x_strides);
+    return p->state_tap_major && p->T == 1 && !cache_seqlens &&
+           ssm_view_of(p->x, p->x_strides, p->channel_first, p->T, p->D, 1).channel == 1;
 }
 
 static linseq_status check_decode_bf16(const char *fn, const linseq_conv1d_problem *p,
@@ -235,7 +235,8 @@ static linseq_status check_decode_bf16(const char *fn, const linseq_conv1d_probl
     return ls_fail(fn, LINSEQ_ERR_UNSUPPORTED,
                    "exec->dtype = LINSEQ_DTYPE_BF16; the CPU decode takes bfloat16 x and y for "
                    "one token (T = 1) over tap-major states (state_tap_major) without "
-                   "cache_seqlens, x dense [B,1,D]; this call has T = %lld, state_tap_major = %d, "
+                   "cache_seqlens, x's channels contiguous; this call has T = %lld, "
+                   "state_tap_major = %d, "
                    "cache_seqlens %s",
                    (long long)p->T, (int)p->state_tap_major, cache_seqlens ? "given" : "NULL");
 }
