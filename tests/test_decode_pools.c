@@ -503,6 +503,36 @@ static void test_conv_serving_step(void)
     conv_pool_free(&c);
 }
 
+/* Width 1 keeps no window (state_len W - 1 = 0): a decode over a bf16 tap-major pool is
+ * refused by name as the float32 one is, and nothing is written. The fuzzer found the step
+ * over a serving engine's rows writing the new input one row before the pool. */
+static void test_conv_width1_pool_refused(void)
+{
+    enum { B = 2, D = 20, N_ROWS = 3, AT = 40 };
+    float x[B * D], weight[D], y[B * D];
+    uint16_t buffer[64], before[64]; /* the pool at buffer + AT, guards around it */
+    for (int i = 0; i < B * D; i++) x[i] = 0.25f * (float)(i % 7);
+    for (int i = 0; i < D; i++) weight[i] = 0.5f;
+    for (int i = 0; i < 64; i++) buffer[i] = before[i] = (uint16_t)(0x3f80 + i);
+    const linseq_conv1d_problem p = {.B = B,
+                                     .T = 1,
+                                     .D = D,
+                                     .W = 1,
+                                     .x = x,
+                                     .weight = weight,
+                                     .state_tap_major = true,
+                                     .weight_tap_major = true};
+    const int64_t src[B] = {0, 2};
+    const linseq_state_pool sp = {
+        .data = buffer + AT, .n_rows = N_ROWS, .dtype = LINSEQ_POOL_BF16, .src_rows = src};
+    float *out[] = {y};
+    const linseq_status st = linseq_op_decode_pool("causal_conv1d", &p, NULL, &sp, out);
+    const bool untouched = memcmp(buffer, before, sizeof buffer) == 0;
+    CHECK(st != LINSEQ_OK && strstr(linseq_last_error(), "state_len") && untouched,
+          "conv W = 1 over a bf16 tap-major pool: status %d ('%s'), memory %s", (int)st,
+          linseq_last_error(), untouched ? "untouched" : "WRITTEN");
+}
+
 static void conv_expect_fail(conv_pool *c, const linseq_conv1d_problem *p, float *state,
                              int64_t n_rows, int64_t L, const int64_t *rows, const int64_t *cache,
                              float *y, linseq_status want, const char *needle)
@@ -580,5 +610,6 @@ int main(void)
     }
     test_bad_inputs();
     test_conv_bad_inputs();
+    test_conv_width1_pool_refused();
     return tu_finish("test_decode_pools");
 }

@@ -306,7 +306,8 @@ linseq_status ls_conv1d_decode_isa(const linseq_conv1d_problem *p, const linseq_
 
 bool ls_conv1d_decode_rows_take(const linseq_conv1d_problem *p, linseq_pool_dtype dtype)
 {
-    return dtype != LINSEQ_POOL_F16 && span_step(p, NULL);
+    /* W = 1 keeps no window: the gathered path gives the decode's own refusal of it */
+    return dtype != LINSEQ_POOL_F16 && p->W >= 2 && span_step(p, NULL);
 }
 
 linseq_status ls_conv1d_decode_rows_isa(const linseq_conv1d_problem *p, const linseq_exec *exec,
