@@ -11,6 +11,10 @@
  * to linseq::<op>_fallback, the op's Python body under another name, which converts or refuses
  * it as before. A refusal of the library itself is a c10::ValueError with its message.
  *
+ * Also the vLLM plugin's decode steps over vLLM's state pools (linseq::vllm_gdn_decode,
+ * vllm_conv_update), defined here: linseq.integrations.vllm calls them for the common form of
+ * its decode calls, and takes any other form in Python.
+ *
  * Not linked against liblinseq: linseq/_torch_native.py hands in the entry points of the
  * library the package loaded (linseq_torch_native_bind), as for the XLA FFI handlers. */
 #include <ATen/core/Tensor.h>
@@ -41,13 +45,15 @@ struct Entries {
     decltype(&linseq_kda_decode) kda_decode = nullptr;
     decltype(&linseq_conv1d_decode) conv1d_decode = nullptr;
     decltype(&linseq_ssm1_decode) ssm1_decode = nullptr;
+    decltype(&linseq_op_decode_pool) op_decode_pool = nullptr;
     decltype(&linseq_last_error) last_error = nullptr;
 };
 Entries entries;
 
 bool bound()
 {
-    return entries.kda_decode && entries.conv1d_decode && entries.ssm1_decode && entries.last_error;
+    return entries.kda_decode && entries.conv1d_decode && entries.ssm1_decode &&
+           entries.op_decode_pool && entries.last_error;
 }
 
 void check(linseq_status status) { TORCH_CHECK_VALUE(status == LINSEQ_OK, entries.last_error()); }
@@ -416,6 +422,199 @@ Tensor kda_decode(const OptTensor &q, const OptTensor &k, const OptTensor &v, co
                               lower_bound, exec_mode, chunk_size);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* vLLM's decode steps on its own pools (linseq.integrations.vllm)                           */
+/* ---------------------------------------------------------------------------------------- */
+/* The plugin's hot path, where its Python cost more than the kernel at batch 1: the problem
+ * filled from vLLM's tensors as they are and the pool read where it lies, in one call of
+ * linseq_op_decode_pool. A call of another form returns no tensor, and the plugin's Python
+ * path takes it (converts it, leaves it to vLLM's own op, or refuses it by name). */
+
+std::optional<linseq_pool_dtype> pool_dtype(at::ScalarType dtype)
+{
+    switch (dtype) {
+    case at::kFloat: return LINSEQ_POOL_F32;
+    case at::kBFloat16: return LINSEQ_POOL_BF16;
+    case at::kHalf: return LINSEQ_POOL_F16;
+    default: return std::nullopt;
+    }
+}
+
+/* vLLM's slot indices: int32 or int64, [batch] or the [batch, 1] column, dense. */
+bool slot_indices(const Tensor &slots, int64_t batch)
+{
+    const auto type = slots.scalar_type();
+    return slots.device().is_cpu() && (type == at::kInt || type == at::kLong) &&
+           slots.is_contiguous() && slots.numel() == batch &&
+           (slots.dim() == 1 || (slots.dim() == 2 && slots.size(1) == 1));
+}
+
+/* The pool [slots, *row_shape] as the library reads it in place (each row C-contiguous, rows at
+ * least a row apart), request b on row slots[b]; nullopt for another layout or dtype. */
+std::optional<linseq_state_pool> pool_in_place(const Tensor &pool, at::IntArrayRef row_shape,
+                                               const Tensor &slots)
+{
+    const auto dtype = pool_dtype(pool.scalar_type());
+    if (!dtype || !pool.device().is_cpu() || !aligned(pool) ||
+        pool.dim() != static_cast<int64_t>(row_shape.size()) + 1 || pool.size(0) < 1)
+        return std::nullopt;
+    int64_t row = 1;
+    for (int64_t i = pool.dim() - 1; i >= 1; i--) {
+        if (pool.size(i) != row_shape[i - 1] || (pool.size(i) != 1 && pool.stride(i) != row))
+            return std::nullopt;
+        row *= pool.size(i);
+    }
+    const int64_t row_stride = pool.size(0) > 1 ? pool.stride(0) : row;
+    if (row_stride < row) return std::nullopt;
+    linseq_state_pool spec{};
+    spec.data = pool.data_ptr();
+    spec.n_rows = pool.size(0);
+    spec.row_stride = row_stride;
+    spec.dtype = *dtype;
+    spec.src_rows = slots.const_data_ptr();
+    spec.index_bits = static_cast<int>(slots.element_size() * 8);
+    return spec;
+}
+
+template <typename Index> bool counts_up(const Tensor &offsets)
+{
+    const Index *c = offsets.const_data_ptr<Index>();
+    for (int64_t i = 0; i < offsets.numel(); i++)
+        if (c[i] != i) return false;
+    return true;
+}
+
+/* cu_seqlens absent, or 0, 1, ..., batch: one token per request. */
+bool one_token_each(const OptTensor &cu_seqlens, int64_t batch)
+{
+    if (!cu_seqlens) return true;
+    const Tensor &cu = *cu_seqlens;
+    if (!cu.device().is_cpu() || cu.dim() != 1 || cu.numel() != batch + 1 || !cu.is_contiguous())
+        return false;
+    return cu.scalar_type() == at::kInt    ? counts_up<int32_t>(cu)
+           : cu.scalar_type() == at::kLong ? counts_up<int64_t>(cu)
+                                           : false;
+}
+
+/* A dense per-token tensor of `dtype` holding `count` items of shape `item` (its last
+ * dimensions), whatever its leading dimensions: vLLM's [1, batch, ...] or [batch, ...]. */
+bool dense_items(const Tensor &t, at::ScalarType dtype, int64_t count, at::IntArrayRef item)
+{
+    const int64_t lead = t.dim() - static_cast<int64_t>(item.size());
+    if (!t.device().is_cpu() || t.scalar_type() != dtype || lead < 0 || !t.is_contiguous() ||
+        !aligned(t))
+        return false;
+    int64_t n = count;
+    for (size_t i = 0; i < item.size(); i++) {
+        if (t.size(lead + static_cast<int64_t>(i)) != item[i]) return false;
+        n *= item[i];
+    }
+    return t.numel() == n;
+}
+
+/* A layer's parameter of n values as float32: where it lies, or a bfloat16 one widened into
+ * `widened`; nullptr for another form. */
+const float *param_f32(const Tensor &t, int64_t n, std::vector<float> &widened)
+{
+    if (!t.device().is_cpu() || t.numel() != n || !t.is_contiguous()) return nullptr;
+    if (t.scalar_type() == at::kFloat) return aligned(t) ? t.const_data_ptr<float>() : nullptr;
+    if (t.scalar_type() != at::kBFloat16) return nullptr;
+    const at::BFloat16 *h = t.const_data_ptr<at::BFloat16>();
+    widened.assign(h, h + n);
+    return widened.data();
+}
+
+linseq_dtype token_dtype(at::ScalarType t)
+{
+    return t == at::kBFloat16 ? LINSEQ_DTYPE_BF16 : LINSEQ_DTYPE_F32;
+}
+
+/* linseq::vllm_gdn_decode: vLLM's fused_sigmoid_gating_delta_rule_update at one token per
+ * request. q, k [(1,) B, H, K], v [(1,) B, HV, V], a, b [B, HV] all bfloat16 or all float32;
+ * the decay -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) in the kernel; request i
+ * on row slots[i] (negative: padding) of the pool [rows, HV, K, V]. Returns [o [B,1,HV,V] in
+ * v's dtype], or nothing where the call has another form. */
+std::vector<Tensor> vllm_gdn_decode(const Tensor &A_log, const Tensor &dt_bias, const Tensor &q,
+                                    const Tensor &k, const Tensor &v, const Tensor &a,
+                                    const Tensor &b, const Tensor &pool, const Tensor &slots,
+                                    const OptTensor &cu_seqlens, bool qk_l2norm, double l2norm_eps)
+{
+    if (!bound() || a.dim() != 2 || q.dim() < 2 || v.dim() < 2) return {};
+    const int64_t B = a.size(0), HV = a.size(1), H = q.size(-2), K = q.size(-1), V = v.size(-1);
+    const at::ScalarType dtype = v.scalar_type();
+    if ((dtype != at::kFloat && dtype != at::kBFloat16) || std::min({B, HV, H, K, V}) < 1 ||
+        HV % H != 0 || !dense_items(q, dtype, B, {H, K}) || !dense_items(k, dtype, B, {H, K}) ||
+        !dense_items(v, dtype, B, {HV, V}) || !dense_items(a, dtype, B, {HV}) ||
+        !dense_items(b, dtype, B, {HV}) || !slot_indices(slots, B) ||
+        !one_token_each(cu_seqlens, B))
+        return {};
+    std::vector<float> A_log_f32, dt_bias_f32;
+    linseq_kda_problem p{};
+    p.A_log = param_f32(A_log, HV, A_log_f32);
+    p.dt_bias = param_f32(dt_bias, HV, dt_bias_f32);
+    const auto spec = pool_in_place(pool, {HV, K, V}, slots);
+    if (!p.A_log || !p.dt_bias || !spec) return {};
+    p.B = B;
+    p.T = 1;
+    p.H = H;
+    p.HV = HV;
+    p.K = K;
+    p.V = V;
+    p.q = static_cast<const float *>(q.const_data_ptr());
+    p.k = static_cast<const float *>(k.const_data_ptr());
+    p.v = static_cast<const float *>(v.const_data_ptr());
+    p.beta = static_cast<const float *>(b.const_data_ptr());
+    p.g = static_cast<const float *>(a.const_data_ptr());
+    p.decay = LINSEQ_DECAY_PER_HEAD;
+    p.gate_in_kernel = true;
+    p.beta_is_logit = true;
+    p.qk_l2norm = qk_l2norm;
+    p.l2norm_eps = static_cast<float>(l2norm_eps);
+    Tensor o = at::empty({B, 1, HV, V}, v.options());
+    float *const outputs[] = {static_cast<float *>(o.data_ptr()), nullptr};
+    const linseq_exec exec = cpu_exec(LINSEQ_MODE_DEFAULT, token_dtype(dtype));
+    check(entries.op_decode_pool("kda", &p, &exec, &*spec, outputs));
+    return {o};
+}
+
+/* linseq::vllm_conv_update: vLLM's causal_conv1d_update at one token per request over its
+ * default conv-state layout (memory [rows, W-1, D], the tensor [rows, D, W-1]): x [B, D]
+ * bfloat16 or float32, taps float32 [W, D] (the plugin's copy of the layer's weight), bias
+ * [D] float32, bfloat16 or none; request i on row slots[i] (negative: padding). Returns [y [B, D] in x's
+ * dtype], or nothing where the call has another form. */
+std::vector<Tensor> vllm_conv_update(const Tensor &x, const Tensor &conv_states, const Tensor &taps,
+                                     const OptTensor &bias, bool silu, const Tensor &slots)
+{
+    if (!bound() || x.dim() != 2 || taps.dim() != 2 || conv_states.dim() != 3) return {};
+    const int64_t B = x.size(0), D = x.size(1), W = taps.size(0);
+    const at::ScalarType dtype = x.scalar_type();
+    const Tensor pool = conv_states.transpose(1, 2);
+    const bool bf16_on_half = dtype == at::kBFloat16 && pool.scalar_type() == at::kHalf;
+    if ((dtype != at::kFloat && dtype != at::kBFloat16) || bf16_on_half || B < 1 || D < 1 ||
+        W < 2 || !dense_items(x, dtype, B, {D}) || !dense_f32(taps, {W, D}) ||
+        !slot_indices(slots, B))
+        return {};
+    std::vector<float> bias_f32;
+    linseq_conv1d_problem p{};
+    p.bias = bias ? param_f32(*bias, D, bias_f32) : nullptr;
+    const auto spec = pool_in_place(pool, {W - 1, D}, slots);
+    if ((bias && !p.bias) || !spec) return {};
+    p.B = B;
+    p.T = 1;
+    p.D = D;
+    p.W = W;
+    p.x = static_cast<const float *>(x.const_data_ptr());
+    p.weight = taps.const_data_ptr<float>();
+    p.activation = silu ? LINSEQ_ACT_SILU : LINSEQ_ACT_IDENTITY;
+    p.state_tap_major = true;
+    p.weight_tap_major = true;
+    Tensor y = at::empty({B, D}, x.options());
+    float *const outputs[] = {static_cast<float *>(y.data_ptr()), nullptr};
+    const linseq_exec exec = cpu_exec(LINSEQ_MODE_DEFAULT, token_dtype(dtype));
+    check(entries.op_decode_pool("causal_conv1d", &p, &exec, &*spec, outputs));
+    return {y};
+}
+
 } // namespace
 
 /* Binds one entry point of the loaded liblinseq by its name without the "linseq_" prefix;
@@ -428,6 +627,7 @@ NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
     } slots[] = {{"kda_decode", reinterpret_cast<void **>(&entries.kda_decode)},
                  {"conv1d_decode", reinterpret_cast<void **>(&entries.conv1d_decode)},
                  {"ssm1_decode", reinterpret_cast<void **>(&entries.ssm1_decode)},
+                 {"op_decode_pool", reinterpret_cast<void **>(&entries.op_decode_pool)},
                  {"last_error", reinterpret_cast<void **>(&entries.last_error)}};
     for (auto &slot : slots)
         if (std::strcmp(name, slot.name) == 0) {
@@ -440,8 +640,9 @@ NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
 /* The names linseq_torch_native_bind takes, one per index; NULL past the last. */
 NATIVE_API const char *linseq_torch_native_entry_name(int index)
 {
-    static const char *const names[] = {"kda_decode", "conv1d_decode", "ssm1_decode", "last_error"};
-    return index >= 0 && index < 4 ? names[index] : nullptr;
+    static const char *const names[] = {"kda_decode", "conv1d_decode", "ssm1_decode",
+                                        "op_decode_pool", "last_error"};
+    return index >= 0 && index < 5 ? names[index] : nullptr;
 }
 
 /* How many calls the kernels have passed on to the ops' Python bodies. */
@@ -455,11 +656,25 @@ NATIVE_API int64_t linseq_torch_native_struct_size(const char *type)
     if (std::strcmp(type, "linseq_kda_problem") == 0) return sizeof(linseq_kda_problem);
     if (std::strcmp(type, "linseq_conv1d_problem") == 0) return sizeof(linseq_conv1d_problem);
     if (std::strcmp(type, "linseq_ssm1_problem") == 0) return sizeof(linseq_ssm1_problem);
+    if (std::strcmp(type, "linseq_state_pool") == 0) return sizeof(linseq_state_pool);
     return 0;
+}
+
+/* The plugin's steps are defined here, not in Python: nothing but the plugin calls them, and
+ * never with a gradient or under tracing. */
+TORCH_LIBRARY_FRAGMENT(linseq, m)
+{
+    m.def("vllm_gdn_decode(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, Tensor v, Tensor a, "
+          "Tensor b, Tensor(a!) pool, Tensor slots, Tensor? cu_seqlens, bool qk_l2norm, "
+          "float l2norm_eps) -> Tensor[]");
+    m.def("vllm_conv_update(Tensor x, Tensor(a!) conv_states, Tensor taps, Tensor? bias, "
+          "bool silu, Tensor slots) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(linseq, CPU, m)
 {
+    m.impl("vllm_gdn_decode", &vllm_gdn_decode);
+    m.impl("vllm_conv_update", &vllm_conv_update);
     m.impl("kda_decode", &kda_decode);
     m.impl("conv_state_update", &conv_state_update);
     m.impl("mamba_state_update", &mamba_state_update);

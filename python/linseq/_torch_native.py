@@ -72,8 +72,9 @@ def _checked_and_bound(path):
     native.linseq_torch_native_struct_size.restype = ctypes.c_int64
     sizes = {_lib.op_table["exec"]["type"]: _lib.op_table["exec"]["size"]}
     sizes.update({op["problem"]["type"]: op["problem"]["size"] for op in _lib.op_table["ops"]})
+    sizes[_lib.op_table["state_pool"]["type"]] = _lib.op_table["state_pool"]["size"]
     for name in ("linseq_exec", "linseq_kda_problem", "linseq_conv1d_problem",
-                 "linseq_ssm1_problem"):
+                 "linseq_ssm1_problem", "linseq_state_pool"):
         if native.linseq_torch_native_struct_size(name.encode()) != sizes.get(name):
             raise OSError(f"{name} is laid out otherwise than in the loaded liblinseq")
     refused = _lib.bind_entry_points(native, "linseq_torch_native")
@@ -125,6 +126,16 @@ def provide(op, body):
     if not AVAILABLE:
         return None
     return functools.partial(op._opoverload._handle.redispatch_boxed, _CPU)
+
+
+def defined_here(name):
+    """The C++ CPU kernel of linseq::<name>, an op the library itself defines (the vLLM
+    plugin's steps), called without torch's dispatch through Python, or None without the
+    library."""
+    if not AVAILABLE:
+        return None
+    return functools.partial(getattr(torch.ops.linseq, name).default._handle.redispatch_boxed,
+                             _CPU)
 
 
 def passed_on():

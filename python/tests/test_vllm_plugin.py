@@ -41,6 +41,7 @@ tomllib = _module("tomllib")
 from conftest import ROOT  # noqa: E402
 
 import linseq.integrations.vllm as linseq_vllm  # noqa: E402
+from linseq import _torch_native  # noqa: E402
 
 MIXER = "vllm.model_executor.layers.mamba.mamba_mixer"
 # lengths 1 to 40 tokens: with a step budget of 16 tokens the long prompts are prefilled over
@@ -523,6 +524,90 @@ def test_conv_decode_on_a_pool_layout_the_library_cannot_read_runs_on_a_copy():
     assert torch.equal(scattered, pool)
 
 
+def _without_native_steps(monkeypatch):
+    """The plugin's Python path for every call (as where the C++ kernels are not loaded)."""
+    monkeypatch.setattr(linseq_vllm, "_native_step", lambda name: None)
+
+
+def _native_or_skip(name):
+    """The C++ step, skipped without the C++ kernels (an error in the vLLM environment's
+    run, which builds them)."""
+    step = linseq_vllm._native_step(name)
+    if step is None and os.environ.get("LINSEQ_REQUIRE_VLLM") != "1":
+        pytest.skip(f"linseq's C++ kernels are not loaded here ({_torch_native.WHY_NOT})")
+    assert step is not None, _torch_native.WHY_NOT
+    return step
+
+
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("token_dtype", [torch.float32, torch.bfloat16])
+def test_gdn_decode_in_cpp_equals_the_python_path(pool_dtype, token_dtype, monkeypatch):
+    """The C++ step (linseq::vllm_gdn_decode) takes vLLM's common decode call, a padded
+    request and int64 [batch, 1] slots included, and gives the Python path's output and
+    pool bit for bit; a form it does not take (float16 tokens) is left to the Python path."""
+    step = _native_or_skip("vllm_gdn_decode")
+    g = torch.Generator().manual_seed(21)
+    n = 3
+    slots = torch.tensor([[5], [-1], [2]])
+    q, k, v, a, b = (t.to(token_dtype) for t in _gdn_tokens(n, g))
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(8, HV, HEAD_DIM, HEAD_DIM, generator=g).to(pool_dtype)
+    args = (A_log, dt_bias, q, k, v, a, b)
+    cu = torch.arange(n + 1, dtype=torch.int32)
+    pools = {side: pool.clone() for side in ("cpp", "python")}
+    taken = step(*args, pools["cpp"], slots, cu, True, linseq_vllm.GDN_L2NORM_EPS)
+    assert len(taken) == 1 and taken[0].dtype == token_dtype
+    _without_native_steps(monkeypatch)
+    o = linseq_vllm._gated_delta_update(*args, pools["python"], slots, cu, True)
+    assert torch.equal(taken[0], o)
+    assert torch.equal(pools["cpp"], pools["python"])
+    assert not torch.equal(pools["cpp"], pool)
+    half = [t.to(torch.float16) for t in (q, k, v, a, b)]
+    assert step(A_log, dt_bias, *half, pool, slots, cu, True, 1e-5) == []
+
+
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
+def test_conv_update_in_cpp_equals_the_python_path(x_dtype, monkeypatch):
+    """The C++ step (linseq::vllm_conv_update) takes vLLM's decode conv over its default
+    conv-state layout, bf16 bias included, and gives the Python path's output and pool bit
+    for bit; a pool in the other layout is left to the Python path."""
+    step = _native_or_skip("vllm_conv_update")
+    g = torch.Generator().manual_seed(22)
+    weight, bias, packed, pool = _conv_setup(g, 5)
+    slots = torch.tensor([3, -1, 0], dtype=torch.int32)
+    x = torch.randn(3, 64, generator=g).to(x_dtype)
+    taps = linseq_vllm._conv_taps(packed, True)
+    pools = {side: pool.transpose(1, 2).clone().transpose(1, 2) for side in ("cpp", "python")}
+    taken = step(x, pools["cpp"], taps, bias, True, slots)
+    assert len(taken) == 1 and taken[0].dtype == x_dtype
+    _without_native_steps(monkeypatch)
+    y = linseq_vllm._conv_update(x=x, conv_states=pools["python"], weight=packed, bias=bias,
+                                 silu_activation=True, conv_state_indices=slots,
+                                 is_weight_packed=True)
+    assert torch.equal(taken[0], y)
+    assert torch.equal(pools["cpp"], pools["python"])
+    assert step(x, pool.contiguous(), taps, bias, True, slots) == []
+
+
+def test_cpp_steps_refuse_a_slot_out_of_range_before_any_write():
+    """A slot past the pool: the library's refusal, naming the rows, and no row written."""
+    gdn, conv = _native_or_skip("vllm_gdn_decode"), _native_or_skip("vllm_conv_update")
+    g = torch.Generator().manual_seed(23)
+    q, k, v, a, b = _gdn_tokens(2, g)
+    A_log, dt_bias = _gdn_params(g)
+    pool = _paged_pool(4, HV, HEAD_DIM, HEAD_DIM, generator=g).to(torch.bfloat16)
+    before = pool.clone()
+    with pytest.raises(ValueError, match="rows"):
+        gdn(A_log, dt_bias, q, k, v, a, b, pool, torch.tensor([1, 4]), None, True, 1e-5)
+    assert torch.equal(pool, before)
+    weight, bias, packed, states = _conv_setup(g, 3)
+    before = states.clone()
+    with pytest.raises(ValueError, match="rows"):
+        conv(torch.randn(2, 64).to(torch.bfloat16), states, linseq_vllm._conv_taps(packed, True),
+             bias, True, torch.tensor([0, 7], dtype=torch.int32))
+    assert torch.equal(states, before)
+
+
 # ------------------------------------------------------------------------------------------
 # A tiny Qwen3.5-like model served by vLLM: linseq against vLLM's kernels and transformers
 # ------------------------------------------------------------------------------------------
@@ -575,14 +660,29 @@ LOGPROB_TOLERANCE = dict(rtol=0.03, atol=0.05)
 
 
 def _spy_on_pool_ops(monkeypatch):
-    """The (pool function, op) pairs the GDN adapters called, as a list filled in."""
+    """The (pool function, op) pairs the GDN adapters called, as a list filled in; a call
+    the C++ steps took as ("cpp decode_pool", its op)."""
     calls = []
-    real = linseq_vllm._on_vllms_pool
+    real, real_step = linseq_vllm._on_vllms_pool, linseq_vllm._native_step
+    step_ops = {"vllm_gdn_decode": "kda", "vllm_conv_update": "causal_conv1d"}
 
     def spy(function, op, *args, **kwargs):
         calls.append((function, op))
         return real(function, op, *args, **kwargs)
+
+    def step_spy(name):
+        step = real_step(name)
+        if step is None:
+            return None
+
+        def spied(*args):
+            taken = step(*args)
+            if taken:
+                calls.append(("cpp decode_pool", step_ops[name]))
+            return taken
+        return spied
     monkeypatch.setattr(linseq_vllm, "_on_vllms_pool", spy)
+    monkeypatch.setattr(linseq_vllm, "_native_step", step_spy)
     return calls
 
 
@@ -612,7 +712,9 @@ def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
                 linseq_vllm.enable("all")
             calls.clear()
             runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
+            decode = "decode_pool" if linseq_vllm._native_step("vllm_gdn_decode") is None \
+                else "cpp decode_pool"   # the C++ steps take every decode call where loaded
+            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", decode)
                                                  for op in ("kda", "causal_conv1d")}
             assert set(calls) == want, side
     finally:

@@ -40,7 +40,10 @@ conv state in vLLM's layouts). Each call passes vLLM's pool tensors to the libra
 pool functions as they lie (data pointer, row stride, dtype; the conv state as the tap-major
 pool it is) with vLLM's int32 slot tensors, its problem struct from a template per shapes
 and options (_pool_call); a pool the library cannot read in place runs on a float32 copy
-of the rows named. q and k are l2-normalised with vLLM's eps (1e-5). A call an
+of the rows named. The decode step and the decode conv of the common form (tensors as vLLM
+passes them, its default conv-state layout) go to C++ steps instead where linseq's C++
+kernels are loaded (linseq::vllm_gdn_decode, vllm_conv_update: the same library call
+without the Python around it, which cost more than the kernel at batch 1). q and k are l2-normalised with vLLM's eps (1e-5). A call an
 adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
 varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
@@ -400,6 +403,7 @@ GDN_L2NORM_EPS = 1e-5   # vLLM CPU's GDN kernels: q / sqrt(sum q^2 + eps), likew
 
 
 _loaded = []   # (ctypes, torch, linseq._lib, linseq.ops), imported on the first pool call
+_steps = []    # {step name: its C++ kernel} of the steps the C++ library takes
 
 
 def _modules():
@@ -413,6 +417,18 @@ def _modules():
         from .. import _lib, ops
         _loaded.append((ctypes, torch, _lib, ops))
     return _loaded[0]
+
+
+def _native_step(name):
+    """The C++ kernel of linseq::<name> (vllm_gdn_decode, vllm_conv_update; linseq's
+    _torch_native.cpp), or None where the C++ kernels are not loaded: a step of the common
+    form in one library call, without the Python of the pool call (_pool_call). It returns
+    [output], or [] for a call of another form, which the Python path takes."""
+    if not _steps:
+        from .. import _torch_native
+        _steps.append({n: _torch_native.defined_here(n)
+                       for n in ("vllm_gdn_decode", "vllm_conv_update")})
+    return _steps[0][name]
 
 
 def _token_tensors(*tensors):
@@ -553,6 +569,12 @@ def _gated_delta_update(A_log, dt_bias, q, k, v, a, b, initial_state_source,
     -exp(A_log) softplus(a + dt_bias) and beta = sigmoid(b) computed in linseq's kernel.
     Returns o [batch, 1, HV, V] in v's dtype."""
     _check_softplus(softplus_beta, softplus_threshold)
+    step = _native_step("vllm_gdn_decode")
+    if step is not None:
+        taken = step(A_log, dt_bias, q, k, v, a, b, initial_state_source, initial_state_indices,
+                     cu_seqlens, bool(use_qk_l2norm_in_kernel), GDN_L2NORM_EPS)
+        if taken:
+            return taken[0]
     batch = a.shape[0]
     if not _one_token_each(cu_seqlens, batch):
         raise _Declined   # several tokens per request: vLLM's kernel runs them
@@ -687,9 +709,14 @@ def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indic
     Returns [batch, dim]."""
     if num_accepted_tokens is not None or x.dim() != 2 or conv_state_indices is None:
         raise _Declined
-    return _conv_step_on_pool(x, conv_states, _conv_taps(weight, is_weight_packed), bias,
-                              silu_activation, _rows(conv_state_indices, "conv_state_indices"),
-                              pad_value=None)
+    taps = _conv_taps(weight, is_weight_packed)
+    step = _native_step("vllm_conv_update")
+    if step is not None:
+        taken = step(x, conv_states, taps, bias, bool(silu_activation), conv_state_indices)
+        if taken:
+            return taken[0]
+    return _conv_step_on_pool(x, conv_states, taps, bias, silu_activation,
+                              _rows(conv_state_indices, "conv_state_indices"), pad_value=None)
 
 
 def _conv_step_on_pool(x, conv_states, taps, bias, silu, rows, pad_value):
