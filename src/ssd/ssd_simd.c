@@ -16,6 +16,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "simd/bf16.h"
 #include "simd/state_rows.h"
 #include "ssd/ssd_kernel.h"
 
@@ -45,31 +46,43 @@ static void recurrent_item(const ssd_plan *pl, const ssd_item *it, float *St, fl
     }
 }
 
-/* The same recurrence on S [P,N]: row p of S takes e S_p + (d x_p) B, and y_p = C . S_p, the
- * sum over n in vector lanes, then across them. */
-static void recurrent_item_pn(const ssd_plan *pl, const ssd_item *it, float *S, float *ys)
+/* One token t of the recurrence on S [P,N], read from `from` and written to `to` (the same
+ * state, or a bfloat16 pool's row in place or moved): row p takes e S_p + (d x_p) B, and
+ * y_p = C . S_p, the sum over n in vector lanes, then across them. A bfloat16 row is widened
+ * as loaded and rounded once as stored, y taken from the float32 values: the bits of the
+ * float32 step on the widened row, rounded after it. Always inlined, so that each caller's
+ * constant bf16 leaves no branch in the loop. */
+static inline __attribute__((always_inline)) void pn_token(const ssd_plan *pl, const ssd_item *it,
+                                                           int64_t t, const void *from, void *to,
+                                                           bool bf16, float *ys)
 {
     const int64_t P = pl->P, N = pl->N;
-    const float A = pl->A[it->h];
-    for (int64_t t = 0; t < it->n_tokens; t++) {
-        const float d = step_dt(pl, it, t);
-        const vf e = vf_set1(expf(d * A));
-        const float *x = pl->x + at_hp(pl, it, t);
-        const float *Bt = pl->Bp + at_gn(pl, it, t), *Ct = pl->Cp + at_gn(pl, it, t);
-        for (int64_t p = 0; p < P; p++) {
-            float *row = S + p * N;
-            const vf u = vf_set1(d * x[p]);
-            vf acc = vf_zero();
-            for (int64_t n = 0; n < N; n += VW) {
-                const int64_t m = N - n < VW ? N - n : VW;
-                const vf v = vf_fmadd(e, vf_load_n(row + n, m), vf_mul(vf_load_n(Bt + n, m), u));
-                vf_store_n(row + n, v, m);
-                acc = vf_fmadd(vf_load_n(Ct + n, m), v, acc);
-            }
-            ys[p] = vf_hsum(acc);
+    const float d = step_dt(pl, it, t);
+    const vf e = vf_set1(expf(d * pl->A[it->h]));
+    const float *x = pl->x + at_hp(pl, it, t);
+    const float *Bt = pl->Bp + at_gn(pl, it, t), *Ct = pl->Cp + at_gn(pl, it, t);
+    for (int64_t p = 0; p < P; p++) {
+        const vf u = vf_set1(d * x[p]);
+        vf acc = vf_zero();
+        for (int64_t n = 0, i = p * N; n < N; n += VW, i += VW) {
+            const int64_t m = N - n < VW ? N - n : VW;
+            const vf s = bf16 ? vf_load_bf16_n((const uint16_t *)from + i, m)
+                              : vf_load_n((const float *)from + i, m);
+            const vf v = vf_fmadd(e, s, vf_mul(vf_load_n(Bt + n, m), u));
+            if (bf16)
+                vf_store_bf16_n((uint16_t *)to + i, v, m);
+            else
+                vf_store_n((float *)to + i, v, m);
+            acc = vf_fmadd(vf_load_n(Ct + n, m), v, acc);
         }
-        if (pl->y) finish_token(pl, it, t, ys);
+        ys[p] = vf_hsum(acc);
     }
+    if (pl->y) finish_token(pl, it, t, ys);
+}
+
+static void recurrent_item_pn(const ssd_plan *pl, const ssd_item *it, float *S, float *ys)
+{
+    for (int64_t t = 0; t < it->n_tokens; t++) pn_token(pl, it, t, S, S, false, ys);
 }
 
 /* The recurrent item in mamba's [P,N] layout: on the state row itself when the call updates
@@ -90,17 +103,23 @@ static void recurrent_item_in_place(const ssd_plan *pl, const ssd_item *it, floa
     if (pl->sT) memcpy(pl->sT + at, scratch, (size_t)size * sizeof *scratch);
 }
 
-/* A decode step over a serving engine's rows (pl->by_row): the head's state, in the pool's
- * own layout, from its source row (widened) into scratch, the step there, then to its
- * destination row (rounded once); a float32 [P,N] row that is its own destination is
- * stepped where it lies. */
+/* A decode step over a serving engine's rows (pl->by_row). In mamba's [P,N] layout a float32
+ * or bfloat16 head is stepped from its source row into its destination row where they lie
+ * (pn_token); otherwise (N-first rows, half pools) the head goes from its source row
+ * (widened) into scratch, takes the step there, then goes to its destination row (rounded
+ * once). */
 static void by_row_item(const ssd_plan *pl, const ssd_item *it, float *scratch)
 {
     const ls_state_rows *r = pl->by_row;
     const int64_t size = pl->P * pl->N, at = it->h * size, dst = r->dst[it->s];
     float *ys = scratch + ssd_round16(size);
-    if (!pl->n_first && ls_state_rows_in_place(r, it->s)) {
-        recurrent_item_pn(pl, it, ls_state_row_at(r->to, r, dst, at), ys);
+    if (!pl->n_first && it->n_tokens == 1 && r->dtype != LINSEQ_POOL_F16) {
+        const void *from = ls_state_row_at(r->from, r, it->row, at);
+        void *to = ls_state_row_at(r->to, r, dst, at);
+        if (r->dtype == LINSEQ_POOL_BF16)
+            pn_token(pl, it, 0, from, to, true, ys);
+        else
+            pn_token(pl, it, 0, from, to, false, ys);
         return;
     }
     LS_ISA_FN(ls_state_widen_isa)
