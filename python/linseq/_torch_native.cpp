@@ -12,7 +12,7 @@
  * it as before. A refusal of the library itself is a c10::ValueError with its message.
  *
  * Also the vLLM plugin's decode steps over vLLM's state pools (linseq::vllm_gdn_decode,
- * vllm_conv_update), defined here: linseq.integrations.vllm calls them for the common form of
+ * vllm_conv_update, vllm_ssd_decode), defined here: linseq.integrations.vllm calls them for the common form of
  * its decode calls, and takes any other form in Python.
  *
  * Not linked against liblinseq: linseq/_torch_native.py hands in the entry points of the
@@ -452,7 +452,8 @@ bool slot_indices(const Tensor &slots, int64_t batch)
 /* The pool [slots, *row_shape] as the library reads it in place (each row C-contiguous, rows at
  * least a row apart), request b on row slots[b]; nullopt for another layout or dtype. */
 std::optional<linseq_state_pool> pool_in_place(const Tensor &pool, at::IntArrayRef row_shape,
-                                               const Tensor &slots)
+                                               const Tensor &slots,
+                                               std::optional<int64_t> pad_value = std::nullopt)
 {
     const auto dtype = pool_dtype(pool.scalar_type());
     if (!dtype || !pool.device().is_cpu() || !aligned(pool) ||
@@ -473,6 +474,8 @@ std::optional<linseq_state_pool> pool_in_place(const Tensor &pool, at::IntArrayR
     spec.dtype = *dtype;
     spec.src_rows = slots.const_data_ptr();
     spec.index_bits = static_cast<int>(slots.element_size() * 8);
+    spec.has_pad_value = pad_value.has_value();
+    spec.pad_value = pad_value.value_or(0);
     return spec;
 }
 
@@ -579,31 +582,35 @@ std::vector<Tensor> vllm_gdn_decode(const Tensor &A_log, const Tensor &dt_bias, 
 
 /* linseq::vllm_conv_update: vLLM's causal_conv1d_update at one token per request over its
  * default conv-state layout (memory [rows, W-1, D], the tensor [rows, D, W-1]): x [B, D]
- * bfloat16 or float32, taps float32 [W, D] (the plugin's copy of the layer's weight), bias
- * [D] float32, bfloat16 or none; request i on row slots[i] (negative: padding). Returns [y [B, D] in x's
- * dtype], or nothing where the call has another form. */
+ * bfloat16 or float32 (its channels contiguous, its rows any distance apart), taps float32 [W, D] (the plugin's copy of the layer's weight), bias
+ * [D] float32, bfloat16 or none; request i on row slots[i] (negative or pad_value: padding).
+ * Returns [y [B, D] in x's dtype], or nothing where the call has another form. */
 std::vector<Tensor> vllm_conv_update(const Tensor &x, const Tensor &conv_states, const Tensor &taps,
-                                     const OptTensor &bias, bool silu, const Tensor &slots)
+                                     const OptTensor &bias, bool silu, const Tensor &slots,
+                                     std::optional<int64_t> pad_value)
 {
     if (!bound() || x.dim() != 2 || taps.dim() != 2 || conv_states.dim() != 3) return {};
     const int64_t B = x.size(0), D = x.size(1), W = taps.size(0);
     const at::ScalarType dtype = x.scalar_type();
     const Tensor pool = conv_states.transpose(1, 2);
     const bool bf16_on_half = dtype == at::kBFloat16 && pool.scalar_type() == at::kHalf;
+    /* x's rows may lie apart (the layer's slice of a wider projection): read where they lie */
+    const bool rows_apart = x.stride(0) >= D && (x.stride(1) == 1 || D == 1);
     if ((dtype != at::kFloat && dtype != at::kBFloat16) || bf16_on_half || B < 1 || D < 1 ||
-        W < 2 || !dense_items(x, dtype, B, {D}) || !dense_f32(taps, {W, D}) ||
+        W < 2 || !x.device().is_cpu() || !aligned(x) || !rows_apart || !dense_f32(taps, {W, D}) ||
         !slot_indices(slots, B))
         return {};
     std::vector<float> bias_f32;
     linseq_conv1d_problem p{};
     p.bias = bias ? param_f32(*bias, D, bias_f32) : nullptr;
-    const auto spec = pool_in_place(pool, {W - 1, D}, slots);
+    const auto spec = pool_in_place(pool, {W - 1, D}, slots, pad_value);
     if ((bias && !p.bias) || !spec) return {};
     p.B = B;
     p.T = 1;
     p.D = D;
     p.W = W;
     p.x = static_cast<const float *>(x.const_data_ptr());
+    if (!x.is_contiguous()) p.x_strides = {x.stride(0), x.stride(0), 1, 0};
     p.weight = taps.const_data_ptr<float>();
     p.activation = silu ? LINSEQ_ACT_SILU : LINSEQ_ACT_IDENTITY;
     p.state_tap_major = true;
@@ -613,6 +620,124 @@ std::vector<Tensor> vllm_conv_update(const Tensor &x, const Tensor &conv_states,
     const linseq_exec exec = cpu_exec(LINSEQ_MODE_DEFAULT, token_dtype(dtype));
     check(entries.op_decode_pool("causal_conv1d", &p, &exec, &*spec, outputs));
     return {y};
+}
+
+/* A per-head tensor the layer broadcast over its last `spread` dimensions with stride 0
+ * (vLLM's decode expands dt, dt_bias and A over headdim, and A over dstate) as its [.., H]
+ * values; nullopt where they vary along those dimensions. */
+std::optional<Tensor> per_head(const Tensor &t, int64_t spread)
+{
+    Tensor h = t;
+    for (int64_t i = 0; i < spread; i++) {
+        if (h.dim() < 1 || (h.size(-1) != 1 && h.stride(-1) != 0)) return std::nullopt;
+        h = h.select(-1, 0);
+    }
+    return h;
+}
+
+/* A floating tensor of `shape` as dense float32 values: where it lies, or a float32 copy
+ * kept in `held`; nullptr for another shape or dtype. */
+const float *floats_of(const Tensor &t, at::IntArrayRef shape, Tensor &held)
+{
+    const auto type = t.scalar_type();
+    if (!t.device().is_cpu() || t.sizes() != shape ||
+        (type != at::kFloat && type != at::kBFloat16 && type != at::kHalf))
+        return nullptr;
+    if (type == at::kFloat && t.is_contiguous() && aligned(t)) return t.const_data_ptr<float>();
+    held = t.to(at::kFloat).contiguous();
+    return held.const_data_ptr<float>();
+}
+
+/* The SSD skip D as vLLM passes it ([H], or [H, P] broadcast over P or not): its float32
+ * values and whether they are per channel; nullopt for another form. */
+std::optional<bool> skip_of(const OptTensor &D, int64_t H, int64_t P, linseq_ssd_problem &p,
+                            Tensor &held)
+{
+    if (!D) return false;
+    Tensor d = *D;
+    if (d.dim() == 2 && d.size(0) == H && d.size(1) == P && d.stride(1) == 0) d = d.select(1, 0);
+    const bool per_channel = d.dim() == 2;
+    p.D_skip = per_channel ? floats_of(d, {H, P}, held) : floats_of(d, {H}, held);
+    if (!p.D_skip) return std::nullopt;
+    return per_channel;
+}
+
+/* The Mamba2 decode step's tensors, float32, kept alive for the library call. */
+struct SsdHeld {
+    Tensor x, dt, A, B, C, D, z, dt_bias;
+};
+
+/* The problem of vLLM's Mamba2 decode step: x, z [B, H, P]; dt [B, H(, P)], A [H(, P, N)],
+ * dt_bias [H(, P)] per head; B, C [B, G, N]; the pool [rows, H, P, N]. False where the call
+ * has another form. */
+bool ssd_decode_problem(const Tensor &state, const Tensor &x, const Tensor &dt, const Tensor &A,
+                        const Tensor &Bp, const Tensor &Cp, const OptTensor &D,
+                        const OptTensor &dt_bias, const OptTensor &z, bool dt_softplus,
+                        linseq_ssd_problem &p, SsdHeld &held)
+{
+    if (state.dim() != 4 || x.dim() != 3 || Bp.dim() != 3 || (dt_bias && !dt_softplus))
+        return false;
+    const int64_t B = x.size(0), H = x.size(1), P = x.size(2), N = state.size(3);
+    const int64_t G = Bp.size(1);
+    const auto dt_h = dt.dim() == 3 ? per_head(dt, 1) : std::optional<Tensor>(dt);
+    const auto A_h = A.dim() == 3 ? per_head(A, 2) : std::optional<Tensor>(A);
+    const auto bias_h =
+        !dt_bias || dt_bias->dim() == 1 ? std::optional<Tensor>(dt_bias) : per_head(*dt_bias, 1);
+    if (std::min({B, H, P, N, G}) < 1 || H % G != 0 || !dt_h || !A_h || (dt_bias && !bias_h))
+        return false;
+    p.B = B;
+    p.T = 1;
+    p.H = H;
+    p.P = P;
+    p.N = N;
+    p.G = G;
+    p.x = floats_of(x, {B, H, P}, held.x);
+    p.dt = floats_of(*dt_h, {B, H}, held.dt);
+    p.A = floats_of(*A_h, {H}, held.A);
+    p.B_proj = floats_of(Bp, {B, G, N}, held.B);
+    p.C_proj = floats_of(Cp, {B, G, N}, held.C);
+    p.z = z ? floats_of(*z, {B, H, P}, held.z) : nullptr;
+    p.dt_bias = dt_bias ? floats_of(*bias_h, {H}, held.dt_bias) : nullptr;
+    p.dt_softplus = dt_softplus;
+    const auto per_channel = skip_of(D, H, P, p, held.D);
+    if (!per_channel) return false;
+    p.D_per_channel = *per_channel;
+    return p.x && p.dt && p.A && p.B_proj && p.C_proj && (!z || p.z) && (!dt_bias || p.dt_bias);
+}
+
+/* linseq::vllm_ssd_decode: vLLM's Mamba2 decode step (its SSU dispatcher's
+ * selective_state_update) at one token per request: request i reads row slots[i] of the pool
+ * [rows, H, P, N] and writes row dst_slots[i] (none: the same; negative or pad_value:
+ * padding, output 0). The output goes into out [B, H, P] where given (returned), else into a
+ * new tensor in x's dtype. Nothing where the call has another form. */
+std::vector<Tensor> vllm_ssd_decode(const Tensor &state, const Tensor &x, const Tensor &dt,
+                                    const Tensor &A, const Tensor &B, const Tensor &C,
+                                    const OptTensor &D, const OptTensor &dt_bias,
+                                    const OptTensor &z, bool dt_softplus, const Tensor &slots,
+                                    const OptTensor &dst_slots, std::optional<int64_t> pad_value,
+                                    const OptTensor &out, const OptTensor &cu_seqlens)
+{
+    linseq_ssd_problem p{};
+    SsdHeld held;
+    if (!bound() || !ssd_decode_problem(state, x, dt, A, B, C, D, dt_bias, z, dt_softplus, p, held))
+        return {};
+    const std::vector<int64_t> tokens{p.B, p.H, p.P};
+    const bool moved = dst_slots && !dst_slots->is_same(slots);
+    if (!slot_indices(slots, p.B) || !one_token_each(cu_seqlens, p.B) ||
+        (moved &&
+         (!slot_indices(*dst_slots, p.B) || dst_slots->scalar_type() != slots.scalar_type())) ||
+        (out && (!out->device().is_cpu() || out->sizes() != tokens)))
+        return {};
+    auto spec = pool_in_place(state, {p.H, p.P, p.N}, slots, pad_value);
+    if (!spec) return {};
+    if (moved) spec->dst_rows = dst_slots->const_data_ptr();
+    Tensor y = at::empty({p.B, 1, p.H, p.P}, x.options().dtype(at::kFloat));
+    float *const outputs[] = {y.data_ptr<float>(), nullptr};
+    const linseq_exec exec = cpu_exec(LINSEQ_MODE_DEFAULT, LINSEQ_DTYPE_F32);
+    check(entries.op_decode_pool("ssd", &p, &exec, &*spec, outputs));
+    if (!out) return {y.view(tokens).to(x.scalar_type())};
+    out->copy_(y.view(tokens));
+    return {*out};
 }
 
 } // namespace
@@ -656,6 +781,7 @@ NATIVE_API int64_t linseq_torch_native_struct_size(const char *type)
     if (std::strcmp(type, "linseq_kda_problem") == 0) return sizeof(linseq_kda_problem);
     if (std::strcmp(type, "linseq_conv1d_problem") == 0) return sizeof(linseq_conv1d_problem);
     if (std::strcmp(type, "linseq_ssm1_problem") == 0) return sizeof(linseq_ssm1_problem);
+    if (std::strcmp(type, "linseq_ssd_problem") == 0) return sizeof(linseq_ssd_problem);
     if (std::strcmp(type, "linseq_state_pool") == 0) return sizeof(linseq_state_pool);
     return 0;
 }
@@ -668,13 +794,17 @@ TORCH_LIBRARY_FRAGMENT(linseq, m)
           "Tensor b, Tensor(a!) pool, Tensor slots, Tensor? cu_seqlens, bool qk_l2norm, "
           "float l2norm_eps) -> Tensor[]");
     m.def("vllm_conv_update(Tensor x, Tensor(a!) conv_states, Tensor taps, Tensor? bias, "
-          "bool silu, Tensor slots) -> Tensor[]");
+          "bool silu, Tensor slots, int? pad_value) -> Tensor[]");
+    m.def("vllm_ssd_decode(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
+          "Tensor? D, Tensor? dt_bias, Tensor? z, bool dt_softplus, Tensor slots, "
+          "Tensor? dst_slots, int? pad_value, Tensor(b!)? out, Tensor? cu_seqlens) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(linseq, CPU, m)
 {
     m.impl("vllm_gdn_decode", &vllm_gdn_decode);
     m.impl("vllm_conv_update", &vllm_conv_update);
+    m.impl("vllm_ssd_decode", &vllm_ssd_decode);
     m.impl("kda_decode", &kda_decode);
     m.impl("conv_state_update", &conv_state_update);
     m.impl("mamba_state_update", &mamba_state_update);

@@ -74,7 +74,7 @@ def _checked_and_bound(path):
     sizes.update({op["problem"]["type"]: op["problem"]["size"] for op in _lib.op_table["ops"]})
     sizes[_lib.op_table["state_pool"]["type"]] = _lib.op_table["state_pool"]["size"]
     for name in ("linseq_exec", "linseq_kda_problem", "linseq_conv1d_problem",
-                 "linseq_ssm1_problem", "linseq_state_pool"):
+                 "linseq_ssm1_problem", "linseq_ssd_problem", "linseq_state_pool"):
         if native.linseq_torch_native_struct_size(name.encode()) != sizes.get(name):
             raise OSError(f"{name} is laid out otherwise than in the loaded liblinseq")
     refused = _lib.bind_entry_points(native, "linseq_torch_native")

@@ -567,18 +567,20 @@ def test_gdn_decode_in_cpp_equals_the_python_path(pool_dtype, token_dtype, monke
 
 
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.bfloat16])
-def test_conv_update_in_cpp_equals_the_python_path(x_dtype, monkeypatch):
+@pytest.mark.parametrize("rows_apart", [False, True])
+def test_conv_update_in_cpp_equals_the_python_path(x_dtype, rows_apart, monkeypatch):
     """The C++ step (linseq::vllm_conv_update) takes vLLM's decode conv over its default
-    conv-state layout, bf16 bias included, and gives the Python path's output and pool bit
-    for bit; a pool in the other layout is left to the Python path."""
+    conv-state layout, bf16 bias included, x dense or a slice of a wider projection (the
+    Mamba2 layer's), and gives the Python path's output and pool bit for bit; a pool in the
+    other layout is left to the Python path."""
     step = _native_or_skip("vllm_conv_update")
     g = torch.Generator().manual_seed(22)
     weight, bias, packed, pool = _conv_setup(g, 5)
     slots = torch.tensor([3, -1, 0], dtype=torch.int32)
-    x = torch.randn(3, 64, generator=g).to(x_dtype)
+    x = torch.randn(3, 100 if rows_apart else 64, generator=g).to(x_dtype)[:, :64]
     taps = linseq_vllm._conv_taps(packed, True)
     pools = {side: pool.transpose(1, 2).clone().transpose(1, 2) for side in ("cpp", "python")}
-    taken = step(x, pools["cpp"], taps, bias, True, slots)
+    taken = step(x, pools["cpp"], taps, bias, True, slots, None)
     assert len(taken) == 1 and taken[0].dtype == x_dtype
     _without_native_steps(monkeypatch)
     y = linseq_vllm._conv_update(x=x, conv_states=pools["python"], weight=packed, bias=bias,
@@ -586,7 +588,7 @@ def test_conv_update_in_cpp_equals_the_python_path(x_dtype, monkeypatch):
                                  is_weight_packed=True)
     assert torch.equal(taken[0], y)
     assert torch.equal(pools["cpp"], pools["python"])
-    assert step(x, pool.contiguous(), taps, bias, True, slots) == []
+    assert step(x, pool.contiguous(), taps, bias, True, slots, None) == []
 
 
 def test_cpp_steps_refuse_a_slot_out_of_range_before_any_write():
@@ -604,7 +606,7 @@ def test_cpp_steps_refuse_a_slot_out_of_range_before_any_write():
     before = states.clone()
     with pytest.raises(ValueError, match="rows"):
         conv(torch.randn(2, 64).to(torch.bfloat16), states, linseq_vllm._conv_taps(packed, True),
-             bias, True, torch.tensor([0, 7], dtype=torch.int32))
+             bias, True, torch.tensor([0, 7], dtype=torch.int32), None)
     assert torch.equal(states, before)
 
 
@@ -664,7 +666,8 @@ def _spy_on_pool_ops(monkeypatch):
     the C++ steps took as ("cpp decode_pool", its op)."""
     calls = []
     real, real_step = linseq_vllm._on_vllms_pool, linseq_vllm._native_step
-    step_ops = {"vllm_gdn_decode": "kda", "vllm_conv_update": "causal_conv1d"}
+    step_ops = {"vllm_gdn_decode": "kda", "vllm_conv_update": "causal_conv1d",
+                "vllm_ssd_decode": "ssd"}
 
     def spy(function, op, *args, **kwargs):
         calls.append((function, op))
@@ -925,6 +928,35 @@ def test_mamba2_decode_equals_vllms_op_and_float64(dtype, with_D_z):
     assert torch.equal(pools["linseq"][untouched], before[untouched])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_D_z", [True, False])
+def test_mamba2_decode_in_cpp_equals_the_python_path(dtype, with_D_z, monkeypatch):
+    """The C++ step (linseq::vllm_ssd_decode) takes the Mamba2 layer's decode call (the
+    stride-0 per-head tensors, vLLM's null block and -1 as padding, a request moved to
+    another slot) and gives the Python path's output and pool bit for bit; per-channel dt
+    (values along headdim) is left to the Python path, which declines it."""
+    step = _native_or_skip("vllm_ssd_decode")
+    g = torch.Generator().manual_seed(24)
+    src = torch.tensor([4, 0, 2, -1], dtype=torch.int32)
+    dst = torch.tensor([1, 0, 2, -1], dtype=torch.int32)
+    args = _mamba2_decode_args(g, 4, dtype, with_D_z)
+    pool = _paged_pool(6, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g, scale=0.5).to(dtype)
+    pools = {side: pool.clone() for side in ("cpp", "python")}
+    outs = {side: torch.full((4, M2_HEADS, M2_HEAD_DIM), float("nan"), dtype=dtype)
+            for side in pools}
+    call = [args[k] for k in ("x", "dt", "A", "B", "C", "D", "dt_bias", "z", "dt_softplus")]
+    taken = step(pools["cpp"], *call, src, dst, 0, outs["cpp"], None)
+    assert len(taken) == 1 and taken[0] is outs["cpp"]
+    _without_native_steps(monkeypatch)
+    linseq_vllm._ssd_state_update(pools["python"], state_batch_indices=src,
+                                  dst_state_batch_indices=dst, out=outs["python"], **args)
+    assert torch.equal(outs["cpp"], outs["python"])
+    assert torch.equal(pools["cpp"], pools["python"])
+    assert torch.equal(pools["cpp"][[0, 3, 4, 5]], pool[[0, 3, 4, 5]])
+    varying = args["dt"] + torch.linspace(0, 1, M2_HEAD_DIM)
+    assert step(pool, args["x"], varying, *call[2:], src, dst, 0, None, None) == []
+
+
 def _mamba2_conv_setup(g, slots, dim=48, width=4):
     """A bfloat16 [dim, width] weight as MambaMixer2 holds it (not packed) and a bfloat16
     conv-state pool in vLLM's default layout ([slots, width-1, dim] memory seen as [slots,
@@ -1077,7 +1109,9 @@ def test_mamba2_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
                 linseq_vllm.enable(("mamba2",))
             calls.clear()
             runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", "decode_pool")
+            decode = "decode_pool" if linseq_vllm._native_step("vllm_ssd_decode") is None \
+                else "cpp decode_pool"   # the C++ steps take every decode call where loaded
+            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", decode)
                                                  for op in ("ssd", "causal_conv1d")}
             assert set(calls) == want, side
     finally:

@@ -43,9 +43,10 @@ and options (_pool_call); a pool the library cannot read in place runs on a floa
 of the rows named. The decode step and the decode conv of the common form (tensors as vLLM
 passes them, its default conv-state layout) go to C++ steps instead where linseq's C++
 kernels are loaded (linseq::vllm_gdn_decode, vllm_conv_update: the same library call
-without the Python around it, which cost more than the kernel at batch 1). q and k are l2-normalised with vLLM's eps (1e-5). A call an
-adapter does not cover (another layout, a conv buffer widened for speculative decoding, a
-varying number of draft tokens) runs on vLLM's op, as does a call with tensors off the CPU.
+without the Python around it, which cost more than the kernel at batch 1). q and k are
+l2-normalised with vLLM's eps (1e-5). A call an adapter does not cover (another layout, a
+conv buffer widened for speculative decoding, a varying number of draft tokens) runs on
+vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
 
 Mamba2 (family "mamba2", routed only when asked: LINSEQ_VLLM=all or mamba2, or
@@ -62,13 +63,11 @@ head, and a call whose values differ along headdim is declined. Its conv (causal
 causal_conv1d_update) runs on linseq's causal conv op with the layer's [dim, width] weight
 and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op runs): the
 states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
-decoding (num_accepted_tokens). Per call against vLLM's own functions
-(tools/perf/vllm_mamba2_calls.py: one thread, 24 heads of 64, dstate 128, a bfloat16 pool)
-the prefill scan ran 1.0-1.5x as fast as vLLM's and the conv 2-5x from 8 requests on, but
-the decode step took 3.5-4.5x vLLM's time (the library gathers the bfloat16 rows into
-float32 and rounds them back, and the adapter's Python surrounds a step of about 0.1 ms);
-served (tools/perf/vllm_serving.py), a small Mamba2 decoded at about 0.6x vLLM's tokens/s
-with the same time to first token. So vLLM's ops stay the default here too.
+decoding (num_accepted_tokens). The decode step and the decode conv of the common form go
+to the C++ steps (linseq::vllm_ssd_decode, vllm_conv_update) where they are loaded. Per
+call against vLLM's own functions (tools/perf/vllm_mamba2_calls.py: one thread, 24 heads of
+64, dstate 128, a bfloat16 pool) the prefill scan ran 1.1-1.6x as fast as vLLM's, the conv
+3-12x, the decode step 0.95-0.97x. vLLM's ops stay the default here (opt-in family).
 
 Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
 block untouched, its output 0.
@@ -420,14 +419,14 @@ def _modules():
 
 
 def _native_step(name):
-    """The C++ kernel of linseq::<name> (vllm_gdn_decode, vllm_conv_update; linseq's
-    _torch_native.cpp), or None where the C++ kernels are not loaded: a step of the common
+    """The C++ kernel of linseq::<name> (vllm_gdn_decode, vllm_conv_update, vllm_ssd_decode;
+    linseq's _torch_native.cpp), or None where the C++ kernels are not loaded: a step of the common
     form in one library call, without the Python of the pool call (_pool_call). It returns
     [output], or [] for a call of another form, which the Python path takes."""
     if not _steps:
         from .. import _torch_native
         _steps.append({n: _torch_native.defined_here(n)
-                       for n in ("vllm_gdn_decode", "vllm_conv_update")})
+                       for n in ("vllm_gdn_decode", "vllm_conv_update", "vllm_ssd_decode")})
     return _steps[0][name]
 
 
@@ -709,14 +708,20 @@ def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indic
     Returns [batch, dim]."""
     if num_accepted_tokens is not None or x.dim() != 2 or conv_state_indices is None:
         raise _Declined
-    taps = _conv_taps(weight, is_weight_packed)
+    return _conv_step(x, conv_states, _conv_taps(weight, is_weight_packed), bias,
+                      silu_activation, conv_state_indices, pad_value=None)
+
+
+def _conv_step(x, conv_states, taps, bias, silu, indices, pad_value):
+    """The decode conv of x [batch, dim] over vLLM's conv-state pool, request i on slot
+    indices[i]: the C++ step where it takes the call, else the Python path."""
     step = _native_step("vllm_conv_update")
     if step is not None:
-        taken = step(x, conv_states, taps, bias, bool(silu_activation), conv_state_indices)
+        taken = step(x, conv_states, taps, bias, bool(silu), indices, pad_value)
         if taken:
             return taken[0]
-    return _conv_step_on_pool(x, conv_states, taps, bias, silu_activation,
-                              _rows(conv_state_indices, "conv_state_indices"), pad_value=None)
+    return _conv_step_on_pool(x, conv_states, taps, bias, silu,
+                              _rows(indices, "conv_state_indices"), pad_value=pad_value)
 
 
 def _conv_step_on_pool(x, conv_states, taps, bias, silu, rows, pad_value):
@@ -841,6 +846,13 @@ def _ssd_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, z=None,
     (num_accepted_tokens, several tokens per request) is declined."""
     if num_accepted_tokens is not None:
         raise _Declined("num_accepted_tokens: speculative decoding is vLLM's kernel's")
+    step = _native_step("vllm_ssd_decode")
+    if step is not None and state_batch_indices is not None:
+        taken = step(state, x, dt, A, B, C, D, dt_bias, z, bool(dt_softplus),
+                     state_batch_indices, dst_state_batch_indices, null_block_id, out,
+                     cu_seqlens)
+        if taken:
+            return taken[0]
     if state.dim() != 4 or x.dim() != 3 or state_batch_indices is None:
         raise _Declined("state: a pool other than [slots, heads, headdim, dstate] with "
                         "[batch, heads, headdim] tokens")
@@ -925,10 +937,8 @@ def _mixer2_conv_update(x, conv_state, weight, bias=None, activation=None,
     if pad_slot_id is None:
         from vllm.v1.attention.backends.utils import NULL_BLOCK_ID
         pad_slot_id = NULL_BLOCK_ID
-    return _conv_step_on_pool(x, conv_state, _conv_taps(weight, False), bias,
-                              _silu_from(activation),
-                              _rows(conv_state_indices, "conv_state_indices"),
-                              pad_value=pad_slot_id)
+    return _conv_step(x, conv_state, _conv_taps(weight, False), bias, _silu_from(activation),
+                      conv_state_indices, pad_value=pad_slot_id)
 
 
 # ------------------------------------------------------------------------------------------
