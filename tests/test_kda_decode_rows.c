@@ -11,7 +11,10 @@
  * And through linseq_op_decode_pool: a pool whose requests write the rows others read (a
  * rotation) must still give every request the state of its source row as it was before the
  * call, which the per-request path cannot do in place; the pool layer takes the gathered
- * path there. */
+ * path there.
+ *
+ * And the recurrent forward of one token from h0 into ht, which runs as such a decode step:
+ * the general forward's bits. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -160,6 +163,49 @@ static void check_rotation(void)
     kda_fixture_free(&f);
 }
 
+/* A recurrent forward of one token per sequence from h0 into ht (which linseq_kda_forward runs
+ * as a decode step from h0's rows into ht's) against the training forward of the same call,
+ * which takes the forward's general path: o and ht bit for bit, with ht a new state or h0
+ * itself; h0 unchanged in the first case. */
+static void check_one_step_forward(const rows_case *rc, bool delta, ls_isa isa, int threads)
+{
+    enum { B = 3 };
+    kda_fixture f = make_case(rc, B);
+    if (!delta) f.p.beta = NULL;
+    float *A_log = tu_alloc(4), *dt_bias = tu_alloc(4 * (size_t)rc->K);
+    if (rc->gate_in_kernel) {
+        tu_rng r = {9};
+        tu_fill_uniform(&r, A_log, 4, 0.0, 2.0);
+        tu_fill_normal(&r, dt_bias, 4 * (size_t)rc->K, 0.5);
+        f.p.A_log = A_log, f.p.dt_bias = dt_bias;
+    }
+    const size_t n_state = (size_t)(B * 4 * rc->K * rc->V);
+    float *h0 = tu_alloc(n_state), *h0_before = tu_alloc(n_state);
+    tu_rng r = {31};
+    tu_fill_normal(&r, h0, n_state, 0.5);
+    memcpy(h0_before, h0, n_state * sizeof *h0);
+    f.p.h0 = h0;
+    const linseq_exec ex = {.mode = LINSEQ_MODE_RECURRENT, .threads = threads};
+    size_t saved_bytes = 0;
+    CHECK_OK(linseq_kda_saved_size(&f.p, &ex, &saved_bytes));
+    void *saved = malloc(saved_bytes);
+    float *o_ref = tu_alloc(f.n_v), *ht_ref = tu_alloc(n_state);
+    float *o = tu_alloc_poisoned(f.n_v), *ht = tu_alloc_poisoned(n_state);
+    CHECK_OK(ls_kda_forward_train_isa(&f.p, &ex, o_ref, ht_ref, saved, saved_bytes, isa));
+    CHECK_OK(ls_kda_forward_isa(&f.p, &ex, o, ht, isa));
+    const bool moved = tu_same_bits(o, o_ref, f.n_v) && tu_same_bits(ht, ht_ref, n_state) &&
+                       tu_same_bits(h0, h0_before, n_state);
+    CHECK_OK(ls_kda_forward_isa(&f.p, &ex, o, h0, isa));
+    const bool in_place = tu_same_bits(o, o_ref, f.n_v) && tu_same_bits(h0, ht_ref, n_state);
+    CHECK(moved && in_place,
+          "%s%s %s, %d threads: the one-token forward into %s differs from the general path's",
+          rc->name, delta ? "" : " without beta", ls_isa_name(isa), threads,
+          moved ? "h0 itself" : "a new state");
+    free(saved), free(o_ref), free(ht_ref), free(o), free(ht), free(h0), free(h0_before);
+    free(A_log), free(dt_bias);
+    kda_fixture_free(&f);
+}
+
 int main(void)
 {
     static const rows_case cases[] = {
@@ -175,6 +221,11 @@ int main(void)
                 for (int threads = 1; threads <= 3; threads += 2)
                     check_rows(&cases[c], (ls_isa)isa, (linseq_pool_dtype)dtype, threads);
         check_extreme_rows((ls_isa)isa);
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+            for (int threads = 1; threads <= 3; threads += 2) {
+                check_one_step_forward(&cases[c], true, (ls_isa)isa, threads);
+                check_one_step_forward(&cases[c], false, (ls_isa)isa, threads);
+            }
     }
     check_rotation();
     return tu_finish("test_kda_decode_rows");

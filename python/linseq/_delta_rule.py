@@ -198,11 +198,20 @@ def _eager_token_step(q, *args, **kwargs):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return None
-    from . import _torch_direct, _torch_ops
+    from . import _torch_direct, _torch_native, _torch_ops
     if not _torch_ops.AVAILABLE:  # torch without torch.library.custom_op
         return None
     return _torch_direct.kda_token_step(_torch_ops.eager_entry("kda_decode"), q, *args,
-                                        **kwargs)
+                                        one_step=_one_step(_torch_native), **kwargs)
+
+
+_one_steps = []  # linseq::kda_token_step's C++ kernel (or None), looked up once
+
+
+def _one_step(native):
+    if not _one_steps:
+        _one_steps.append(native.defined_here("kda_token_step"))
+    return _one_steps[0]
 
 
 def _dims(q, v):

@@ -246,7 +246,7 @@ def _token_step_shapes(q, k, v, beta, g):
 
 
 def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logit,
-                   state_v_first):
+                   state_v_first, one_step=None):
     """fla's recurrent call at T = 1 for inference (no tensor needing a gradient, plain CPU
     tensors, eager): (o [B,1,HV,V], ht) where ht is a new float32 state (h0, if given, is
     left as it was), by the decode op's C++ kernel on a copy of h0 (zeros without it); None
@@ -255,7 +255,8 @@ def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logi
     kernel gives the recurrent forward's bits; on V-first states it sums in another order
     (equal within rounding), and a call should not change its bits with requires_grad.
     step: the decode op's eager entry (_torch_ops.eager_entry("kda_decode")), None without
-    the C++ kernels."""
+    the C++ kernels; one_step: linseq::kda_token_step's C++ kernel, which takes a float32
+    call with h0 from h0 into a new state, without the copy of h0."""
     if step is None or k is None or v is None or beta is None or state_v_first:
         return None
     if scale is not None and (not isinstance(scale, (int, float)) or scale != scale
@@ -270,6 +271,11 @@ def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logi
         return None
     B, HV, K, V = dims
     shape = (B, HV, K, V)
+    if h0 is not None and one_step is not None:
+        taken = one_step(q, k, v, beta, g, h0, None if scale is None else float(scale),
+                         bool(qk_l2norm), bool(beta_is_logit))
+        if taken:
+            return taken[0], taken[1]
     if h0 is None:
         state = torch.zeros(shape, dtype=_F32)
     elif _f32_dense(h0, shape):

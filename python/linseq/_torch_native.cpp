@@ -46,6 +46,7 @@ struct Entries {
     decltype(&linseq_conv1d_decode) conv1d_decode = nullptr;
     decltype(&linseq_ssm1_decode) ssm1_decode = nullptr;
     decltype(&linseq_op_decode_pool) op_decode_pool = nullptr;
+    decltype(&linseq_kda_forward) kda_forward = nullptr;
     decltype(&linseq_last_error) last_error = nullptr;
 };
 Entries entries;
@@ -53,7 +54,7 @@ Entries entries;
 bool bound()
 {
     return entries.kda_decode && entries.conv1d_decode && entries.ssm1_decode &&
-           entries.op_decode_pool && entries.last_error;
+           entries.op_decode_pool && entries.kda_forward && entries.last_error;
 }
 
 void check(linseq_status status) { TORCH_CHECK_VALUE(status == LINSEQ_OK, entries.last_error()); }
@@ -361,7 +362,9 @@ bool kda_plain_options(const KdaCall &c)
     return std::isfinite(scale) && scale != 0.0f;
 }
 
-Tensor kda_run(const KdaCall &c, at::ScalarType dtype)
+/* The problem of one token per request from the call's tensors (read as bfloat16 where the
+ * exec says so: the same pointers). */
+linseq_kda_problem kda_token_problem(const KdaCall &c)
 {
     const Tensor &q = *c.q, &v = *c.v;
     linseq_kda_problem p{};
@@ -387,7 +390,13 @@ Tensor kda_run(const KdaCall &c, at::ScalarType dtype)
     p.qk_l2norm = c.qk_l2norm;
     p.beta_is_logit = c.beta_is_logit;
     p.state_v_first = c.state_v_first;
-    Tensor o = at::empty({p.B, 1, p.HV, p.V}, v.options().dtype(dtype));
+    return p;
+}
+
+Tensor kda_run(const KdaCall &c, at::ScalarType dtype)
+{
+    const linseq_kda_problem p = kda_token_problem(c);
+    Tensor o = at::empty({p.B, 1, p.HV, p.V}, c.v->options().dtype(dtype));
     const linseq_exec exec = cpu_exec(
         LINSEQ_MODE_RECURRENT, dtype == at::kBFloat16 ? LINSEQ_DTYPE_BF16 : LINSEQ_DTYPE_F32);
     const int64_t *rows = c.rows ? c.rows->const_data_ptr<int64_t>() : nullptr;
@@ -740,6 +749,30 @@ std::vector<Tensor> vllm_ssd_decode(const Tensor &state, const Tensor &x, const 
     return {*out};
 }
 
+/* linseq::kda_token_step: fla's recurrent call at one token per sequence for inference, from an
+ * initial state h0 [B, HV, K, V] it leaves as it is: [o [B, 1, HV, V], a new float32 final
+ * state], by the library's recurrent forward, which runs it as a decode step from h0's rows
+ * into the new state's (no copy of h0 first). float32 tokens of kda_decode's forms; nothing
+ * for another form (the caller decodes on a copy of h0 instead). */
+std::vector<Tensor> kda_token_step(const Tensor &q, const Tensor &k, const Tensor &v,
+                                   const Tensor &beta, const OptTensor &g, const Tensor &h0,
+                                   std::optional<double> scale, bool qk_l2norm, bool beta_is_logit)
+{
+    const OptTensor q_(q), k_(k), v_(v), beta_(beta), none;
+    const KdaCall call(q_, k_, v_, beta_, g, none, none, none, h0, none, scale, qk_l2norm,
+                       beta_is_logit, false, false, std::nullopt);
+    if (!bound() || !kda_plain_options(call) || kda_storage(call) != at::kFloat ||
+        !kda_common(call, at::kFloat) || h0.size(0) != q.size(0))
+        return {};
+    linseq_kda_problem p = kda_token_problem(call);
+    p.h0 = h0.const_data_ptr<float>();
+    Tensor o = at::empty({p.B, 1, p.HV, p.V}, v.options());
+    Tensor ht = at::empty(h0.sizes(), h0.options());
+    const linseq_exec exec = cpu_exec(LINSEQ_MODE_RECURRENT, LINSEQ_DTYPE_F32);
+    check(entries.kda_forward(&p, &exec, o.data_ptr<float>(), ht.data_ptr<float>()));
+    return {o, ht};
+}
+
 } // namespace
 
 /* Binds one entry point of the loaded liblinseq by its name without the "linseq_" prefix;
@@ -753,6 +786,7 @@ NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
                  {"conv1d_decode", reinterpret_cast<void **>(&entries.conv1d_decode)},
                  {"ssm1_decode", reinterpret_cast<void **>(&entries.ssm1_decode)},
                  {"op_decode_pool", reinterpret_cast<void **>(&entries.op_decode_pool)},
+                 {"kda_forward", reinterpret_cast<void **>(&entries.kda_forward)},
                  {"last_error", reinterpret_cast<void **>(&entries.last_error)}};
     for (auto &slot : slots)
         if (std::strcmp(name, slot.name) == 0) {
@@ -765,9 +799,9 @@ NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
 /* The names linseq_torch_native_bind takes, one per index; NULL past the last. */
 NATIVE_API const char *linseq_torch_native_entry_name(int index)
 {
-    static const char *const names[] = {"kda_decode", "conv1d_decode", "ssm1_decode",
-                                        "op_decode_pool", "last_error"};
-    return index >= 0 && index < 5 ? names[index] : nullptr;
+    static const char *const names[] = {"kda_decode",     "conv1d_decode", "ssm1_decode",
+                                        "op_decode_pool", "kda_forward",   "last_error"};
+    return index >= 0 && index < 6 ? names[index] : nullptr;
 }
 
 /* How many calls the kernels have passed on to the ops' Python bodies. */
@@ -786,10 +820,12 @@ NATIVE_API int64_t linseq_torch_native_struct_size(const char *type)
     return 0;
 }
 
-/* The plugin's steps are defined here, not in Python: nothing but the plugin calls them, and
- * never with a gradient or under tracing. */
+/* The ops defined here, not in Python: the vLLM plugin's steps and fla's token step, called only
+ * from linseq's own code, never with a gradient or under tracing. */
 TORCH_LIBRARY_FRAGMENT(linseq, m)
 {
+    m.def("kda_token_step(Tensor q, Tensor k, Tensor v, Tensor beta, Tensor? g, Tensor h0, "
+          "float? scale, bool qk_l2norm, bool beta_is_logit) -> Tensor[]");
     m.def("vllm_gdn_decode(Tensor A_log, Tensor dt_bias, Tensor q, Tensor k, Tensor v, Tensor a, "
           "Tensor b, Tensor(a!) pool, Tensor slots, Tensor? cu_seqlens, bool qk_l2norm, "
           "float l2norm_eps) -> Tensor[]");
@@ -802,6 +838,7 @@ TORCH_LIBRARY_FRAGMENT(linseq, m)
 
 TORCH_LIBRARY_IMPL(linseq, CPU, m)
 {
+    m.impl("kda_token_step", &kda_token_step);
     m.impl("vllm_gdn_decode", &vllm_gdn_decode);
     m.impl("vllm_conv_update", &vllm_conv_update);
     m.impl("vllm_ssd_decode", &vllm_ssd_decode);

@@ -6,7 +6,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from linseq import _torch_direct, _torch_native  # noqa: E402
+from linseq import _delta_rule, _torch_direct, _torch_native  # noqa: E402
 from linseq.compat import causal_conv1d as cc  # noqa: E402
 from linseq.compat import fla  # noqa: E402
 from linseq.compat import mamba_ssm as ms  # noqa: E402
@@ -130,6 +130,36 @@ def test_token_step_equals_general_path(monkeypatch, dtype, per_channel, with_h0
     assert o.dtype == o_general.dtype and torch.equal(o, o_general)
     assert (ht is None) == (ht_general is None) == (not output_final_state)
     assert ht is None or torch.equal(ht, ht_general)
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_token_step_from_h0_needs_no_copy_of_it(monkeypatch, per_channel):
+    """A float32 step from an initial state goes to linseq::kda_token_step, which reads h0 and
+    writes a new final state in one library call (no copy of h0 first): the general path's
+    bits, h0 untouched; bfloat16 tokens are left to the decode over a copy."""
+    one_step = _torch_native.defined_here("kda_token_step")
+    if one_step is None:
+        pytest.skip("no C++ decode kernels")
+    taken, real = [], one_step
+
+    def spy(*args):
+        result = real(*args)
+        taken.append(bool(result))
+        return result
+    monkeypatch.setattr(_delta_rule, "_one_steps", [spy])
+    for dtype in (torch.float32, torch.bfloat16):
+        h0, call = _token_step_call(torch.Generator().manual_seed(5), dtype, per_channel, True,
+                                    True, requires_grad=False)
+        h0_before = h0.clone()
+        with torch.no_grad():
+            o, ht = call()
+        assert torch.equal(h0, h0_before)
+        with monkeypatch.context() as general:
+            general.setattr(_torch_direct, "kda_token_step", lambda *a, **kw: None)
+            with torch.no_grad():
+                o_general, ht_general = call()
+        assert torch.equal(o, o_general) and torch.equal(ht, ht_general)
+    assert taken == [True, False]
 
 
 def test_token_step_not_taken_where_gradients_are_recorded(monkeypatch):

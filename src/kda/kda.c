@@ -362,6 +362,10 @@ static linseq_status forward_split(const char *fn, const kda_plan *pl, const kda
 }
 
 /* The forward, and with saved != NULL the training forward that also fills saved. */
+static bool forward_is_one_step(const kda_plan *pl, const float *ht, const void *saved);
+static linseq_status forward_one_step(const char *fn, const kda_plan *pl, const linseq_exec *exec,
+                                      float *o, float *ht, ls_isa isa);
+
 static linseq_status forward_impl(const char *fn, const linseq_kda_problem *problem,
                                   const linseq_exec *exec, float *o, float *ht, void *saved,
                                   size_t saved_bytes, const kda_kernels *kern)
@@ -405,6 +409,8 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
     }
     if (p->cu_seqlens && (st = ls_check_cu_seqlens(fn, p->cu_seqlens, p->n_seqs, p->B, p->T)))
         return st;
+    if (forward_is_one_step(&pl, ht, saved))
+        return forward_one_step(fn, &pl, exec, o, ht, kern->isa);
     const int64_t n_items = pl.n_seqs * pl.HV;
     int64_t *saved_at = NULL;
     if (saved && (st = kda_saved_offsets(fn, &pl, saved_bytes, &saved_at))) return st;
@@ -695,6 +701,41 @@ static linseq_status kda_decode(const char *fn, const linseq_kda_problem *p,
     ls_parallel_for_static(n_items, threads, decode_item, &c);
     free(ws);
     return kda_positive_g_status(fn, &pl);
+}
+
+/* A recurrent forward of one token per sequence from h0 into ht ([K,V]-first, float32 tokens)
+ * is a decode step reading h0's rows and writing ht's: run as one, it advances each head from
+ * where it lies into its destination with the recurrent forward's arithmetic (the same bits),
+ * without the forward's copy of each head into its workspace and back. A decode step from
+ * PyTorch with fla's contract (h0 kept, a new final state) is such a call. */
+static bool forward_is_one_step(const kda_plan *pl, const float *ht, const void *saved)
+{
+    const linseq_kda_problem *p = pl->p;
+    return p->T == 1 && !p->cu_seqlens && p->h0 && ht && !p->state_v_first && !pl->chunk &&
+           !pl->bf16 && !saved;
+}
+
+static linseq_status forward_one_step(const char *fn, const kda_plan *pl, const linseq_exec *exec,
+                                      float *o, float *ht, ls_isa isa)
+{
+    const linseq_kda_problem *p = pl->p;
+    int64_t *rows = malloc((size_t)p->B * sizeof *rows);
+    if (!rows)
+        return ls_fail(fn, LINSEQ_ERR_OUT_OF_MEMORY, "could not allocate %lld row indices",
+                       (long long)p->B);
+    for (int64_t b = 0; b < p->B; b++) rows[b] = b;
+    const ls_state_rows by_row = {.from = p->h0,
+                                  .to = ht,
+                                  .dtype = LINSEQ_POOL_F32,
+                                  .stride = pl->HV * p->K * p->V,
+                                  .src = rows,
+                                  .dst = rows};
+    const decode_states at = {.n_rows = p->B, .by_row = &by_row};
+    linseq_kda_problem step = *p; /* decode reads its states from the rows, not h0 */
+    step.h0 = NULL;
+    const linseq_status st = kda_decode(fn, &step, exec, &at, o, isa);
+    free(rows);
+    return st;
 }
 
 linseq_status ls_kda_decode_isa(const linseq_kda_problem *problem, const linseq_exec *exec,
