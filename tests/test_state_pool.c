@@ -477,7 +477,7 @@ static void test_pool_inputs_checked_first(void)
                 "'x'");
 }
 
-/* The pool's bfloat16 rows are widened and rounded in blocks (ls_pool_widen, ls_pool_narrow):
+/* The pool's bfloat16 rows are widened and rounded in blocks (ls_state_widen, ls_state_narrow):
  * element for element the scalar conversions', at every length around a block's edge and for
  * every bfloat16 value, and for floats at and around every rounding midpoint, infinities and
  * NaNs (quiet and signalling payloads) included. */
@@ -492,15 +492,14 @@ static void test_pool_bf16_blocks(void)
             (uint32_t)(i & 0xffffu) << 16 | (uint32_t[]){0x8000u, 0x7fffu, 0x8001u, 0x0001u}[i % 4];
         memcpy(&probe[i], &u, sizeof u);
     }
-    const linseq_state_pool pool = {.dtype = LINSEQ_POOL_BF16};
     int bad = 0;
     const int64_t lengths[] = {1, 15, 16, 17, 31, 32, 33, n};
     for (size_t l = 0; l < sizeof lengths / sizeof *lengths; l++) {
         const int64_t len = lengths[l];
-        ls_pool_widen(&pool, h + 3, wide, len - (len == n ? 3 : 0));
+        ls_state_widen(LINSEQ_POOL_BF16, h + 3, wide, len - (len == n ? 3 : 0));
         for (int64_t i = 0; i < len - (len == n ? 3 : 0); i++)
             bad += !tu_same_bits(&wide[i], &(float){ls_bf16_to_f32(h[i + 3])}, 1);
-        ls_pool_narrow(&pool, probe, back, len);
+        ls_state_narrow(LINSEQ_POOL_BF16, probe, back, len);
         for (int64_t i = 0; i < len; i++) bad += back[i] != ls_f32_to_bf16(probe[i]);
     }
     CHECK(bad == 0, "bf16 pool rows: %d elements differ from the scalar conversions", bad);

@@ -183,16 +183,6 @@ void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride)
     return (unsigned char *)pool->data + (size_t)(r * stride) * ls_state_elem_bytes(pool->dtype);
 }
 
-void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n)
-{
-    ls_state_widen(pool->dtype, from, to, n);
-}
-
-void ls_pool_narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n)
-{
-    ls_state_narrow(pool->dtype, from, to, n);
-}
-
 /* True when no live request writes a row another request reads (src sorted into work, B
  * int64): then each request can be advanced on its own (ls_op.decode_rows), and "every
  * source row is read before any row is written" holds without a copy of the rows. */
@@ -239,12 +229,14 @@ static linseq_status decode_gathered(const char *fn, const ls_op *op, const void
     memset(block, 0, (size_t)row * sizeof *block); /* a block of padding only is still defined */
     for (int64_t b = 0; b < B; b++)
         if (slot[b] >= 0)
-            ls_pool_widen(pool, ls_pool_row(pool, src[b], stride), block + slot[b] * row, row);
+            ls_state_widen(pool->dtype, ls_pool_row(pool, src[b], stride), block + slot[b] * row,
+                           row);
     const linseq_status st = op->decode(p, exec, block, block_rows, slot, out);
     if (!st)
         for (int64_t b = 0; b < B; b++)
             if (slot[b] >= 0)
-                ls_pool_narrow(pool, block + slot[b] * row, ls_pool_row(pool, dst[b], stride), row);
+                ls_state_narrow(pool->dtype, block + slot[b] * row,
+                                ls_pool_row(pool, dst[b], stride), row);
     free(block);
     return st;
 }
@@ -303,7 +295,7 @@ linseq_status ls_pool_gather_initial(const char *fn, const linseq_state_pool *po
                        (long long)n);
     for (int64_t s = 0; s < n; s++)
         if (src[s] >= 0 && (!has_initial_state || has_initial_state[s]))
-            ls_pool_widen(pool, ls_pool_row(pool, src[s], stride), *block + s * row, row);
+            ls_state_widen(pool->dtype, ls_pool_row(pool, src[s], stride), *block + s * row, row);
     return LINSEQ_OK;
 }
 
@@ -362,7 +354,8 @@ linseq_status ls_op_forward_pool(const char *fn, const ls_op *op, const void *p,
         const int64_t stride = pool->row_stride ? pool->row_stride : row;
         for (int64_t s = 0; s < n; s++)
             if (src[s] >= 0)
-                ls_pool_narrow(pool, block + s * row, ls_pool_row(pool, dst[s], stride), row);
+                ls_state_narrow(pool->dtype, block + s * row, ls_pool_row(pool, dst[s], stride),
+                                row);
     }
     free(block);
     free(rows);

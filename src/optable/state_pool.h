@@ -47,8 +47,5 @@ linseq_status ls_pool_gather_initial(const char *fn, const linseq_state_pool *po
 linseq_status ls_pool_forward_from(const char *fn, const ls_op *op, const void *p,
                                    const linseq_exec *exec, float *const *out, float *block);
 void *ls_pool_row(const linseq_state_pool *pool, int64_t r, int64_t stride);
-/* A state row to float32, and back rounded once to the pool's type. */
-void ls_pool_widen(const linseq_state_pool *pool, const void *from, float *to, int64_t n);
-void ls_pool_narrow(const linseq_state_pool *pool, const float *from, void *to, int64_t n);
 
 #endif

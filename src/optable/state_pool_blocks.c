@@ -280,7 +280,7 @@ linseq_status ls_op_forward_pool_blocks(const char *fn, const ls_op *op, const v
     for (int64_t w = 0, k = 0; w < n_writes; w++) {
         if (writes[w].row < 0) continue;
         const float *state = w < n_seqs ? block + w * row : kept + k++ * row;
-        ls_pool_narrow(pool, state, ls_pool_row(pool, writes[w].row, stride), row);
+        ls_state_narrow(pool->dtype, state, ls_pool_row(pool, writes[w].row, stride), row);
     }
 done:
     free(kept);

@@ -177,14 +177,15 @@ linseq_status ls_op_decode_tokens_pool(const char *fn, const ls_op *op, const vo
     }
     for (int64_t b = 0; b < B; b++)
         if (slot[b] >= 0)
-            ls_pool_widen(pool, ls_pool_row(pool, src[b], stride), block + slot[b] * row, row);
+            ls_state_widen(pool->dtype, ls_pool_row(pool, src[b], stride), block + slot[b] * row,
+                           row);
     if ((st = run_steps(fn, op, p, exec, &tt, out, B, T, block, block_rows, slot, kept, floats)))
         goto done;
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; slot[b] >= 0 && t < T; t++)
             if (dst[b * T + t] >= 0)
-                ls_pool_narrow(pool, kept + t * floats + slot[b] * row,
-                               ls_pool_row(pool, dst[b * T + t], stride), row);
+                ls_state_narrow(pool->dtype, kept + t * floats + slot[b] * row,
+                                ls_pool_row(pool, dst[b * T + t], stride), row);
 done:
     free_token_tensors(&tt);
     free(kept);
