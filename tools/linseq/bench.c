@@ -317,13 +317,19 @@ static uint16_t to_bf16(float x)
 /* A tensor of n values of t's distribution (zeros for LS_DIST_ZERO), dims its shape (for
  * the distributions that depend on the position); NULL in the dry pass. A bf16 tensor holds
  * the float32 draws rounded to nearest even. */
-static float *tensor(job *j, const ls_tensor_desc *t, int64_t n, const int64_t *dims, int nd)
+/* The seed of the job's next tensor's values. */
+static uint64_t next_seed(job *j)
 {
     j->n_tensors++;
+    return SEED ^ (j->n_tensors << 40);
+}
+
+static float *tensor(job *j, const ls_tensor_desc *t, int64_t n, const int64_t *dims, int nd)
+{
+    const uint64_t seed = next_seed(j);
     const bool bf16 = element_bytes(j, t) == 2.0;
     void *x = buffer(j, (double)n * element_bytes(j, t));
     if (!x || t->dist == LS_DIST_ZERO) return x;
-    const uint64_t seed = SEED ^ (j->n_tensors << 40);
     if (!bf16) {
         ls_op_fill(t, x, n, dims, nd, seed);
         return x;
@@ -431,11 +437,18 @@ static double setup_pool(job *j)
     j->requests = spec_size(&j->s, "B");
     j->n_pool = pool_copies(j, n);
     const int64_t all = j->n_pool * n;
-    j->pool = tensor(j, &prefilled, all, dims, nd);
-    if (j->s.pool > 0) { /* a half pool: the same values, rounded once */
-        void *half = buffer(j, (double)all * 2.0);
-        if (half) ls_state_narrow((linseq_pool_dtype)j->s.pool, j->pool, half, all);
-        j->pool = half;
+    if (j->s.pool > 0) { /* a half pool: the same draws rounded once, not kept in float32 */
+        const uint64_t seed = next_seed(j);
+        j->pool = buffer(j, (double)all * 2.0);
+        float *draws = j->pool ? malloc((size_t)all * sizeof *draws) : NULL;
+        j->failed = j->failed || (j->pool && !draws);
+        if (draws) {
+            ls_op_fill(&prefilled, draws, all, dims, nd, seed);
+            ls_state_narrow((linseq_pool_dtype)j->s.pool, draws, j->pool, all);
+        }
+        free(draws);
+    } else {
+        j->pool = tensor(j, &prefilled, all, dims, nd);
     }
     j->rows = buffer(j, (double)(j->n_pool * j->requests) * sizeof(int64_t));
     if (j->rows)
