@@ -633,6 +633,13 @@ def _tiny_gdn_model(kind, path):
     else:
         config = transformers.Qwen3_5TextConfig(**sizes)
         model_class = transformers.Qwen3_5ForCausalLM
+    return _saved_with_bf16_weights(model_class, config, path)
+
+
+def _saved_with_bf16_weights(model_class, config, path):
+    """A float32 model of config, its weights drawn N(0, 0.5) (A_log, dt_bias and the norms
+    kept) and rounded to bfloat16 (the dtype vLLM serves it in) so that transformers' float32
+    model computes on the same weights, saved at path."""
     torch.manual_seed(0)
     model = model_class(config).float().eval()
     with torch.no_grad():
@@ -689,58 +696,78 @@ def _spy_on_pool_ops(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
-def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
-        kind, offline_vllm, tmp_path, monkeypatch):
-    """One engine, its GDN ops routed to linseq, then vLLM's own, then linseq again (the
-    same outputs). Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
-    prefilled over several steps (resuming from their slots) while short ones decode. The
-    prompt log-probabilities of linseq, vLLM's kernels and transformers' float32 model of the
-    same weights agree within bfloat16's noise; each token linseq generates greedily is, by
-    transformers' log-probabilities after the same tokens, the most likely one or within
-    that noise of it (bfloat16 can swap two near-equal tokens, and the sequences part)."""
-    model = _tiny_gdn_model(kind, tmp_path)
+def _serve_each_side(path, monkeypatch, sides, ops):
+    """{side: vLLM's outputs for PROMPTS} from one engine serving the model at path, each
+    side's routing set by sides[side] (None: vLLM's own kernels; else the families to
+    enable); a linseq side must make exactly ops' prefill and decode pool calls (the decode
+    in C++ where the C++ steps are loaded), vLLM's none. The routing is reset after."""
     calls = _spy_on_pool_ops(monkeypatch)
-    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+    llm = vllm.LLM(model=str(path), skip_tokenizer_init=True, dtype="bfloat16",
                    max_model_len=64, max_num_batched_tokens=16, enforce_eager=True, seed=0,
                    enable_prefix_caching=False)
     params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
                                  prompt_logprobs=0)
+    decode = "decode_pool" if linseq_vllm._native_step("vllm_conv_update") is None \
+        else "cpp decode_pool"
     runs = {}
     try:
-        for side in ("linseq", "vllm", "linseq again"):
-            if side == "vllm":
-                linseq_vllm.disable()
-            else:
-                linseq_vllm.enable("all")
+        for side, families in sides.items():
+            linseq_vllm.disable()
+            if families is not None:
+                linseq_vllm.enable(families)
             calls.clear()
             runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-            decode = "decode_pool" if linseq_vllm._native_step("vllm_gdn_decode") is None \
-                else "cpp decode_pool"   # the C++ steps take every decode call where loaded
-            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", decode)
-                                                 for op in ("kda", "causal_conv1d")}
+            want = set() if families is None else {(f, op) for f in ("forward_pool", decode)
+                                                   for op in ops}
             assert set(calls) == want, side
     finally:
-        linseq_vllm.enable("all")
+        linseq_vllm.disable()
+        linseq_vllm.enable()
         del llm
         gc.collect()
+    return runs
+
+
+def _assert_agree_with_transformers(model, runs):
+    """Each token linseq generated greedily is, by transformers' float32 log-probabilities
+    after the same tokens, the most likely one or within bfloat16's noise of it (bfloat16 can
+    swap two near-equal tokens, and the sequences part); the prompt log-probabilities of
+    linseq, vLLM's kernels and transformers agree within that noise."""
     generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
-    assert generated == [list(o.outputs[0].token_ids) for o in runs["linseq again"]]
     assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
     for i, prompt in enumerate(PROMPTS):
         ref = _reference_logprobs(model, prompt + generated[i])
         positions = torch.arange(len(prompt) - 1, ref.shape[0])
         chosen = ref[positions, torch.tensor(generated[i])]
-        best = ref[positions].max(-1).values
-        torch.testing.assert_close(chosen, best, **LOGPROB_TOLERANCE)
+        torch.testing.assert_close(chosen, ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
         if len(prompt) == 1:
             continue
         want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
         ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
-        assert torch.equal(ours, _prompt_logprobs(runs["linseq again"][i]).double())
         torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
         torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+
+
+@pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
+def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
+        kind, offline_vllm, tmp_path, monkeypatch):
+    """One engine, its GDN ops routed to linseq, then vLLM's own, then linseq again (the
+    same outputs). Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
+    prefilled over several steps (resuming from their slots) while short ones decode.
+    linseq's tokens and log-probabilities agree with vLLM's kernels' and transformers'
+    float32 model's of the same weights (_assert_agree_with_transformers)."""
+    model = _tiny_gdn_model(kind, tmp_path)
+    runs = _serve_each_side(tmp_path, monkeypatch,
+                            {"linseq": "all", "vllm": None, "linseq again": "all"},
+                            ("kda", "causal_conv1d"))
+    again = runs["linseq again"]
+    assert [o.outputs[0].token_ids for o in runs["linseq"]] == [o.outputs[0].token_ids
+                                                               for o in again]
+    for ours, repeated, prompt in zip(runs["linseq"], again, PROMPTS):
+        if len(prompt) > 1:
+            assert torch.equal(_prompt_logprobs(ours), _prompt_logprobs(repeated))
+    _assert_agree_with_transformers(model, runs)
 
 
 def test_a_call_the_route_declines_runs_on_vllms_op():
@@ -1074,65 +1101,20 @@ def _tiny_mamba2_model(path):
                                        num_hidden_layers=2, expand=2, conv_kernel=4,
                                        n_groups=1, head_dim=16, num_heads=8, chunk_size=16,
                                        tie_word_embeddings=False)
-    torch.manual_seed(0)
-    model = transformers.Mamba2ForCausalLM(config).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if not any(s in name for s in ("A_log", "dt_bias", "norm")):
-                p.normal_(0.0, 0.5)
-            p.copy_(p.to(torch.bfloat16).float())
-    model.save_pretrained(path)
-    return model
+    return _saved_with_bf16_weights(transformers.Mamba2ForCausalLM, config, path)
 
 
 def test_mamba2_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
         offline_vllm, tmp_path, monkeypatch):
     """One engine serving a tiny Mamba2, its Mamba2 layer routed to linseq, then on vLLM's
     own kernels. Prompts of 1 to 40 tokens under a 16-token step budget: long prompts are
-    prefilled over several steps (resuming from their slots) while short ones decode. The
-    prompt log-probabilities of linseq, vLLM's kernels and transformers' float32 model of
-    the same weights agree within bfloat16's noise; each token linseq generates greedily is,
-    by transformers' log-probabilities after the same tokens, the most likely one or within
-    that noise of it."""
+    prefilled over several steps (resuming from their slots) while short ones decode.
+    linseq's tokens and log-probabilities agree with vLLM's kernels' and transformers'
+    float32 model's of the same weights (_assert_agree_with_transformers)."""
     model = _tiny_mamba2_model(tmp_path)
-    calls = _spy_on_pool_ops(monkeypatch)
-    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
-                   max_model_len=64, max_num_batched_tokens=16, enforce_eager=True, seed=0,
-                   enable_prefix_caching=False)
-    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True,
-                                 prompt_logprobs=0)
-    runs = {}
-    try:
-        for side in ("linseq", "vllm"):
-            linseq_vllm.disable()
-            if side == "linseq":
-                linseq_vllm.enable(("mamba2",))
-            calls.clear()
-            runs[side] = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
-            decode = "decode_pool" if linseq_vllm._native_step("vllm_ssd_decode") is None \
-                else "cpp decode_pool"   # the C++ steps take every decode call where loaded
-            want = set() if side == "vllm" else {(f, op) for f in ("forward_pool", decode)
-                                                 for op in ("ssd", "causal_conv1d")}
-            assert set(calls) == want, side
-    finally:
-        linseq_vllm.disable()
-        linseq_vllm.enable()
-        del llm
-        gc.collect()
-    generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
-    assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
-    for i, prompt in enumerate(PROMPTS):
-        ref = _reference_logprobs(model, prompt + generated[i])
-        positions = torch.arange(len(prompt) - 1, ref.shape[0])
-        chosen = ref[positions, torch.tensor(generated[i])]
-        torch.testing.assert_close(chosen, ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
-        if len(prompt) == 1:
-            continue
-        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-        ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
-        torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
-        torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
-        torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+    runs = _serve_each_side(tmp_path, monkeypatch, {"linseq": ("mamba2",), "vllm": None},
+                            ("ssd", "causal_conv1d"))
+    _assert_agree_with_transformers(model, runs)
 
 
 def test_mamba2_bad_shapes_are_refused_by_name_and_leave_the_pool():
