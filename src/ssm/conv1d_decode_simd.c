@@ -197,34 +197,77 @@ typedef struct span_shape {
 /* The window vectors kept for the shift (below): up to W = 5, the widths models use. */
 #define SPAN_KEPT 4
 
+/* A vector of a row as stored: float32 lanes, or (half) bf16 bits; only one of the two is
+ * used, and with `half` constant the other is never computed. */
+typedef struct row_vec {
+    vf f;
+    vbf h;
+} row_vec;
+
+LS_INLINE row_vec row_vec_load(const void *row, int64_t at, int64_t n, bool half)
+{
+    row_vec v;
+    if (half) {
+        const uint16_t *h = (const uint16_t *)row + at;
+        v.h = n >= VW ? vbf_load(h) : vbf_load_n(h, n);
+        v.f = vf_zero();
+    } else {
+        v.f = row_load(row, at, n, false);
+        v.h = (vbf){0};
+    }
+    return v;
+}
+
+LS_INLINE vf row_vec_value(row_vec v, bool half) { return half ? vbf_widen(v.h) : v.f; }
+
+/* v stored again, as a store of its value would store it (vbf_rounded: the same bits, a NaN
+ * quieted), without the float32 round trip. */
+LS_INLINE void row_vec_store(void *row, int64_t at, row_vec v, int64_t n, bool half)
+{
+    if (!half) {
+        row_store(row, at, v.f, n, false);
+        return;
+    }
+    uint16_t *h = (uint16_t *)row + at;
+    if (n >= VW)
+        vbf_store(h, vbf_rounded(v.h));
+    else
+        vbf_store_n(h, vbf_rounded(v.h), n);
+}
+
 /* One strip of one request, channels c .. c+n-1 of the span, from its state row `from` (to
  * `to`), x and y at the request's first channel of the span: bias, then the W taps in order
  * with one fma each, then the activation, as the forward computes; then the row moves by one
- * position. When the row holds just the window (L = W-1) the shift stores the window's
- * vectors again rather than loading them twice: the same values, so the same bits (a bf16
- * value rounds to itself, a NaN quieted as the load and store always did). */
+ * position. The state and x move as stored (row_vec), and when the row holds just the window
+ * (L = W-1) the shift stores the window's vectors again rather than loading them twice: the
+ * same bits as widening, computing nothing, and rounding. */
 LS_INLINE void span_strip(const span_shape *s, int64_t W, linseq_activation act, bool half_x,
                           bool half_state, const void *from, void *to, const void *x, void *y,
                           int64_t c, int64_t n)
 {
     const int64_t D = s->D, L = s->L, prev = (L - (W - 1)) * D + c;
     const bool keep = L == W - 1 && W - 1 <= SPAN_KEPT;
-    vf kept[SPAN_KEPT];
+    row_vec kept[SPAN_KEPT];
     vf acc = s->bias ? row_load(s->bias, c, n, false) : vf_zero();
     for (int64_t j = 0; j < W - 1; j++) {
-        const vf v = row_load(from, prev + j * D, n, half_state);
+        const row_vec v = row_vec_load(from, prev + j * D, n, half_state);
         if (keep) kept[j] = v;
-        acc = vf_fmadd(row_load(s->taps, j * s->tap_stride + c, n, false), v, acc);
+        acc = vf_fmadd(row_load(s->taps, j * s->tap_stride + c, n, false),
+                       row_vec_value(v, half_state), acc);
     }
-    const vf x_new = row_load(x, c, n, half_x);
+    const row_vec x_stored = row_vec_load(x, c, n, half_x);
+    const vf x_new = row_vec_value(x_stored, half_x);
     acc = vf_fmadd(row_load(s->taps, (W - 1) * s->tap_stride + c, n, false), x_new, acc);
     row_store(y, c, vf_act(act, acc), n, half_x);
     /* position i takes i + 1's value, read before it is written (from may be to) */
     for (int64_t i = 0; i + 1 < L; i++)
-        row_store(to, i * D + c,
-                  keep ? kept[i + 1] : row_load(from, (i + 1) * D + c, n, half_state), n,
-                  half_state);
-    row_store(to, (L - 1) * D + c, x_new, n, half_state);
+        row_vec_store(to, i * D + c,
+                      keep ? kept[i + 1] : row_vec_load(from, (i + 1) * D + c, n, half_state), n,
+                      half_state);
+    if (half_x == half_state)
+        row_vec_store(to, (L - 1) * D + c, x_stored, n, half_state);
+    else
+        row_store(to, (L - 1) * D + c, x_new, n, half_state);
 }
 
 /* One token of every request over a span of tap-major rows, W, act and the dtypes constants
