@@ -320,6 +320,26 @@ static void test_ops(void)
         check_usage_error(ARGS("kda", "--pool", "bf16"));
     }
 
+    {
+        /* --tap-major reaches the problem: the conv decode over bf16 x and a bf16 pool runs
+         * in vLLM's layouts only (without it the library refuses the call, exit 1), and the
+         * report says so; an op without those layouts refuses the option */
+        outcome o =
+            run_bench(true, ARGS("conv-decode", "--B", "3", "--D", "40", "--W", "4", "--dtype",
+                                 "bf16", "--pool", "bf16", "--tap-major", TIMING, "--no-peak"));
+        cJSON *j = one_object(&o, "conv-decode --tap-major");
+        const cJSON *tm = j ? cJSON_GetObjectItemCaseSensitive(j, "tap_major") : NULL;
+        CHECK(o.status == 0 && cJSON_IsTrue(tm),
+              "conv-decode --tap-major: exit %d, no \"tap_major\": true in the JSON", o.status);
+        cJSON_Delete(j);
+        outcome_free(&o);
+        o = run_bench(true, ARGS("conv-decode", "--B", "3", "--D", "40", "--W", "4", "--dtype",
+                                 "bf16", "--pool", "bf16", TIMING, "--no-peak"));
+        CHECK(o.status == 1, "conv-decode bf16 without --tap-major: exit %d, want 1", o.status);
+        outcome_free(&o);
+        check_usage_error(ARGS("kda-decode", "--tap-major"));
+    }
+
     w = (want){"gate", 2, 32, 2.0 * 32 * 2 * 8, 4.0 * (2.0 * 32 * 2 * 8 + 2 + 2 * 8)};
     check_op("gate", &w,
              ARGS("gate", "--B", "2", "--T", "16", "--H", "2", "--K", "8", TIMING, "--no-peak"));

@@ -503,6 +503,53 @@ static void test_conv_serving_step(void)
     conv_pool_free(&c);
 }
 
+/* The serving step over bf16 rows moves each kept input and the new one as a store of its
+ * widened value would (the kernel moves their bits and quiets a NaN): every bf16 bit pattern
+ * in the rows, signalling NaNs, infinities and subnormals included, and x's patterns. */
+static void test_conv_bf16_rows_every_value(void)
+{
+    enum { B = 84, W = 4, L = 3, D = 261 }; /* B * L * D >= 65536; D: two spans and a ragged one */
+    const int64_t row = L * D, n = B * row;
+    uint16_t *data = malloc((size_t)n * 2), *before = malloc((size_t)n * 2);
+    uint16_t *x16 = malloc((size_t)(B * D) * 2), *y16 = malloc((size_t)(B * D) * 2);
+    float *weight = tu_alloc((size_t)(W * D)), *bias = tu_alloc((size_t)D);
+    int64_t rows[B];
+    for (int64_t i = 0; i < n; i++) data[i] = before[i] = (uint16_t)i;
+    for (int64_t i = 0; i < B * D; i++) x16[i] = (uint16_t)(0x7f81 + i * 7919);
+    for (int64_t b = 0; b < B; b++) rows[b] = b;
+    const linseq_conv1d_problem p = {.B = B,
+                                     .T = 1,
+                                     .D = D,
+                                     .W = W,
+                                     .x = (const float *)(void *)x16,
+                                     .weight = weight,
+                                     .bias = bias,
+                                     .activation = LINSEQ_ACT_SILU,
+                                     .state_tap_major = true,
+                                     .weight_tap_major = true};
+    const ls_state_rows r = {.from = data,
+                             .to = data,
+                             .dtype = LINSEQ_POOL_BF16,
+                             .stride = row,
+                             .src = rows,
+                             .dst = rows};
+    const linseq_exec ex = {.threads = 1, .dtype = LINSEQ_DTYPE_BF16};
+    CHECK_OK(ls_conv1d_decode_rows_isa(&p, &ex, &r, B, (float *)(void *)y16, test_isa));
+    int64_t bad = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t d = 0; d < D; d++) {
+                const uint16_t moved =
+                    i + 1 < L ? before[b * row + (i + 1) * D + d] : x16[b * D + d];
+                bad += data[b * row + i * D + d] != ls_f32_to_bf16(ls_bf16_to_f32(moved));
+            }
+    CHECK(bad == 0,
+          "%s conv serving step over bf16 rows: %lld state elements are not the "
+          "widened value rounded",
+          ls_isa_name(test_isa), (long long)bad);
+    free(data), free(before), free(x16), free(y16), free(weight), free(bias);
+}
+
 /* Width 1 keeps no window (state_len W - 1 = 0): a decode over a bf16 tap-major pool is
  * refused by name as the float32 one is, and nothing is written. The fuzzer found the step
  * over a serving engine's rows writing the new input one row before the pool. */
@@ -602,6 +649,7 @@ int main(void)
         test_conv_pools();
         test_conv_tap_major();
         test_conv_serving_step();
+        test_conv_bf16_rows_every_value();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

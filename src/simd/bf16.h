@@ -5,7 +5,14 @@
  * store rounds once, to nearest even; a NaN stays a NaN (quieted, sign kept) and subnormals
  * are rounded like any other value. The rounding is integer arithmetic on every ISA, not
  * AVX512-BF16's vcvtneps2bf16, which flushes subnormal inputs to zero: every ISA then gives
- * the same bits as ls_f32_to_bf16. */
+ * the same bits as ls_f32_to_bf16.
+ *
+ * Besides those, vbf holds VW bf16 values as their stored bits, for data that moves from one
+ * bf16 row to another without arithmetic: vbf_load, vbf_load_n (n lanes, the others zero),
+ * vbf_widen (to float32, exact), vbf_store, vbf_store_n, and vbf_rounded, the bits
+ * vf_store_bf16 writes for vbf_widen(h): h itself (the widened value is exact and rounds to
+ * itself) but for a NaN, quieted as the rounding quiets it. Moving bits this way gives what
+ * widening and rounding give, in 4 integer operations instead of about 10. */
 #ifndef LS_SIMD_BF16_H
 #define LS_SIMD_BF16_H
 
@@ -44,6 +51,31 @@ static inline void vf_store_bf16(uint16_t *p, vf x)
 static inline void vf_store_bf16_n(uint16_t *p, vf x, int64_t n)
 {
     _mm512_mask_cvtepi32_storeu_epi16(p, vf_tail(n), bf16_round_lanes(x));
+}
+
+typedef __m256i vbf;
+static inline vbf vbf_load(const uint16_t *p)
+{
+    return _mm256_loadu_si256((const __m256i *)(const void *)p);
+}
+static inline vbf vbf_load_n(const uint16_t *p, int64_t n)
+{
+    return _mm256_maskz_loadu_epi16(vf_tail(n), p);
+}
+static inline vf vbf_widen(vbf h)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+static inline void vbf_store(uint16_t *p, vbf h) { _mm256_storeu_si256((__m256i *)(void *)p, h); }
+static inline void vbf_store_n(uint16_t *p, vbf h, int64_t n)
+{
+    _mm256_mask_storeu_epi16(p, vf_tail(n), h);
+}
+static inline vbf vbf_rounded(vbf h)
+{
+    const __m256i magnitude = _mm256_and_si256(h, _mm256_set1_epi16(0x7fff));
+    const __m256i nan = _mm256_cmpgt_epi16(magnitude, _mm256_set1_epi16(0x7f80));
+    return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x40)));
 }
 
 #elif LS_ISA == 1
@@ -90,6 +122,35 @@ static inline void vf_store_bf16_n(uint16_t *p, vf x, int64_t n)
     memcpy(p, tail, (size_t)n * sizeof *p);
 }
 
+typedef __m128i vbf;
+static inline vbf vbf_load(const uint16_t *p)
+{
+    return _mm_loadu_si128((const __m128i *)(const void *)p);
+}
+static inline vbf vbf_load_n(const uint16_t *p, int64_t n)
+{
+    uint16_t tail[8] = {0};
+    memcpy(tail, p, (size_t)n * sizeof *p);
+    return vbf_load(tail);
+}
+static inline vf vbf_widen(vbf h)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+static inline void vbf_store(uint16_t *p, vbf h) { _mm_storeu_si128((__m128i *)(void *)p, h); }
+static inline void vbf_store_n(uint16_t *p, vbf h, int64_t n)
+{
+    uint16_t tail[8];
+    vbf_store(tail, h);
+    memcpy(p, tail, (size_t)n * sizeof *p);
+}
+static inline vbf vbf_rounded(vbf h)
+{
+    const __m128i magnitude = _mm_and_si128(h, _mm_set1_epi16(0x7fff));
+    const __m128i nan = _mm_cmpgt_epi16(magnitude, _mm_set1_epi16(0x7f80));
+    return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x40)));
+}
+
 #else
 
 static inline vf vf_load_bf16(const uint16_t *p) { return ls_bf16_to_f32(*p); }
@@ -102,6 +163,17 @@ static inline void vf_store_bf16_n(uint16_t *p, vf x, int64_t n)
 {
     if (n > 0) *p = ls_f32_to_bf16(x);
 }
+
+typedef uint16_t vbf;
+static inline vbf vbf_load(const uint16_t *p) { return *p; }
+static inline vbf vbf_load_n(const uint16_t *p, int64_t n) { return n > 0 ? *p : 0; }
+static inline vf vbf_widen(vbf h) { return ls_bf16_to_f32(h); }
+static inline void vbf_store(uint16_t *p, vbf h) { *p = h; }
+static inline void vbf_store_n(uint16_t *p, vbf h, int64_t n)
+{
+    if (n > 0) *p = h;
+}
+static inline vbf vbf_rounded(vbf h) { return (h & 0x7fff) > 0x7f80 ? (vbf)(h | 0x40) : h; }
 
 #endif
 

@@ -144,25 +144,34 @@ void LS_ISA_FN(ls_conv1d_decode_item)(void *ctx, int64_t item, int thread)
         advance_state(pl, state + l * ss.channel, ss.position, win + l, start);
 }
 
-/* A part-vector of a float32 or bf16 row (valid lanes; any value past VW loads a vector). */
-LS_INLINE vf half_or_f32_load(const void *row, int64_t at, int64_t valid, bool half)
+/* n lanes (1 .. VW; fewer than VW only at a span's ragged edge) of a float32 or bf16 row
+ * from element `at`; `half` is a constant where the span kernel is instantiated, so the
+ * common dtypes run without a branch on it. */
+LS_INLINE vf row_load(const void *row, int64_t at, int64_t n, bool half)
 {
-    if (!half) return vf_load_part((const float *)row + at, valid);
-    const uint16_t *h = (const uint16_t *)row + at;
-    return valid >= VW ? vf_load_bf16(h) : vf_load_bf16_n(h, valid > 0 ? valid : 0);
+    if (half) {
+        const uint16_t *h = (const uint16_t *)row + at;
+        return n >= VW ? vf_load_bf16(h) : vf_load_bf16_n(h, n);
+    }
+    const float *f = (const float *)row + at;
+    return n >= VW ? vf_load(f) : vf_load_n(f, n);
 }
 
-LS_INLINE void half_or_f32_store(void *row, int64_t at, vf v, int64_t valid, bool half)
+LS_INLINE void row_store(void *row, int64_t at, vf v, int64_t n, bool half)
 {
-    if (!half) {
-        vf_store_part((float *)row + at, v, valid);
+    if (half) {
+        uint16_t *h = (uint16_t *)row + at;
+        if (n >= VW)
+            vf_store_bf16(h, v);
+        else
+            vf_store_bf16_n(h, v, n);
         return;
     }
-    uint16_t *h = (uint16_t *)row + at;
-    if (valid >= VW)
-        vf_store_bf16(h, v);
-    else if (valid > 0)
-        vf_store_bf16_n(h, v, valid);
+    float *f = (float *)row + at;
+    if (n >= VW)
+        vf_store(f, v);
+    else
+        vf_store_n(f, v, n);
 }
 
 /* Where request b's state is read and written: a row of the float32 pool in place, or a
@@ -178,43 +187,133 @@ LS_INLINE const void *span_rows(const conv1d_decode_plan *pl, int64_t b, void **
     return ls_state_row_at(r->from, r, row, 0);
 }
 
-/* One token of every request over a span of tap-major rows, W and act constants when inlined
- * (see conv1d_decode_span_item): per strip, bias then the W taps in order with one fma each,
- * then the activation, as the forward computes; then the row moves by one position. */
-LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const float *taps, int64_t tap_stride,
-                              int64_t W, linseq_activation act, int64_t d0, int64_t width)
+/* What a span's strips share: the taps (tap j at taps + j * tap_stride) and bias from the
+ * span's first channel, and the sizes; the kernel's constants are passed beside it. */
+typedef struct span_shape {
+    const float *taps, *bias;
+    int64_t tap_stride, D, L;
+} span_shape;
+
+/* The window vectors kept for the shift (below): up to W = 5, the widths models use. */
+#define SPAN_KEPT 4
+
+/* A vector of a row as stored: float32 lanes, or (half) bf16 bits; only one of the two is
+ * used, and with `half` constant the other is never computed. */
+typedef struct row_vec {
+    vf f;
+    vbf h;
+} row_vec;
+
+LS_INLINE row_vec row_vec_load(const void *row, int64_t at, int64_t n, bool half)
 {
-    const linseq_conv1d_problem *p = pl->p;
-    const int64_t D = p->D, L = pl->state_len;
-    const float *bias = p->bias ? p->bias + d0 : NULL;
-    const bool half_x = pl->bf16, half_state = pl->by_row && pl->by_row->dtype == LINSEQ_POOL_BF16;
-    for (int64_t b = 0; b < p->B; b++) {
-        const int64_t x_at = b * pl->x.batch + d0, y_at = b * D + d0;
+    row_vec v;
+    if (half) {
+        const uint16_t *h = (const uint16_t *)row + at;
+        v.h = n >= VW ? vbf_load(h) : vbf_load_n(h, n);
+        v.f = vf_zero();
+    } else {
+        v.f = row_load(row, at, n, false);
+        v.h = (vbf){0};
+    }
+    return v;
+}
+
+LS_INLINE vf row_vec_value(row_vec v, bool half) { return half ? vbf_widen(v.h) : v.f; }
+
+/* v stored again, as a store of its value would store it (vbf_rounded: the same bits, a NaN
+ * quieted), without the float32 round trip. */
+LS_INLINE void row_vec_store(void *row, int64_t at, row_vec v, int64_t n, bool half)
+{
+    if (!half) {
+        row_store(row, at, v.f, n, false);
+        return;
+    }
+    uint16_t *h = (uint16_t *)row + at;
+    if (n >= VW)
+        vbf_store(h, vbf_rounded(v.h));
+    else
+        vbf_store_n(h, vbf_rounded(v.h), n);
+}
+
+/* One strip of one request, channels c .. c+n-1 of the span, from its state row `from` (to
+ * `to`), x and y at the request's first channel of the span: bias, then the W taps in order
+ * with one fma each, then the activation, as the forward computes; then the row moves by one
+ * position. The state and x move as stored (row_vec), and when the row holds just the window
+ * (L = W-1) the shift stores the window's vectors again rather than loading them twice: the
+ * same bits as widening, computing nothing, and rounding. */
+LS_INLINE void span_strip(const span_shape *s, int64_t W, linseq_activation act, bool half_x,
+                          bool half_state, const void *from, void *to, const void *x, void *y,
+                          int64_t c, int64_t n)
+{
+    const int64_t D = s->D, L = s->L, prev = (L - (W - 1)) * D + c;
+    const bool keep = L == W - 1 && W - 1 <= SPAN_KEPT;
+    row_vec kept[SPAN_KEPT];
+    vf acc = s->bias ? row_load(s->bias, c, n, false) : vf_zero();
+    for (int64_t j = 0; j < W - 1; j++) {
+        const row_vec v = row_vec_load(from, prev + j * D, n, half_state);
+        if (keep) kept[j] = v;
+        acc = vf_fmadd(row_load(s->taps, j * s->tap_stride + c, n, false),
+                       row_vec_value(v, half_state), acc);
+    }
+    const row_vec x_stored = row_vec_load(x, c, n, half_x);
+    const vf x_new = row_vec_value(x_stored, half_x);
+    acc = vf_fmadd(row_load(s->taps, (W - 1) * s->tap_stride + c, n, false), x_new, acc);
+    row_store(y, c, vf_act(act, acc), n, half_x);
+    /* position i takes i + 1's value, read before it is written (from may be to) */
+    for (int64_t i = 0; i + 1 < L; i++)
+        row_vec_store(to, i * D + c,
+                      keep ? kept[i + 1] : row_vec_load(from, (i + 1) * D + c, n, half_state), n,
+                      half_state);
+    if (half_x == half_state)
+        row_vec_store(to, (L - 1) * D + c, x_stored, n, half_state);
+    else
+        row_store(to, (L - 1) * D + c, x_new, n, half_state);
+}
+
+/* One token of every request over a span of tap-major rows, W, act and the dtypes constants
+ * when inlined (see conv1d_decode_span_item): whole vectors, then the span's ragged edge. */
+LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const span_shape *s, int64_t W,
+                              linseq_activation act, bool half_x, bool half_state, int64_t d0,
+                              int64_t width)
+{
+    const size_t x_bytes = half_x ? 2 : 4;
+    for (int64_t b = 0; b < pl->p->B; b++) {
+        const unsigned char *x =
+            (const unsigned char *)pl->x.base + (b * pl->x.batch + d0) * x_bytes;
+        unsigned char *y = (unsigned char *)pl->y + (b * s->D + d0) * x_bytes;
         void *to;
         const void *from = span_rows(pl, b, &to);
         if (!from) { /* padding request: y = 0, no state touched */
-            memset((unsigned char *)pl->y + (size_t)y_at * (half_x ? 2 : 4), 0,
-                   (size_t)width * (half_x ? 2 : 4));
+            memset(y, 0, (size_t)width * x_bytes);
             continue;
         }
-        /* position i of the state at i * D + d0; the shift reads i + 1 before it writes i */
-        const int64_t prev = (L - (W - 1)) * D + d0;
-        for (int64_t c = 0; c < width; c += VW) {
-            const int64_t valid = width - c;
-            vf acc = bias ? vf_load_part(bias + c, valid) : vf_zero();
-            for (int64_t j = 0; j < W - 1; j++)
-                acc = vf_fmadd(vf_load_part(taps + j * tap_stride + c, valid),
-                               half_or_f32_load(from, prev + j * D + c, valid, half_state), acc);
-            const vf x_new = half_or_f32_load(pl->x.base, x_at + c, valid, half_x);
-            acc = vf_fmadd(vf_load_part(taps + (W - 1) * tap_stride + c, valid), x_new, acc);
-            half_or_f32_store(pl->y, y_at + c, vf_act(act, acc), valid, half_x);
-            for (int64_t i = 0; i + 1 < L; i++)
-                half_or_f32_store(to, i * D + d0 + c,
-                                  half_or_f32_load(from, (i + 1) * D + d0 + c, valid, half_state),
-                                  valid, half_state);
-            half_or_f32_store(to, (L - 1) * D + d0 + c, x_new, valid, half_state);
-        }
+        from = (const unsigned char *)from + d0 * (half_state ? 2 : 4);
+        to = (unsigned char *)to + d0 * (half_state ? 2 : 4);
+        int64_t c = 0;
+        for (; c + VW <= width; c += VW)
+            span_strip(s, W, act, half_x, half_state, from, to, x, y, c, VW);
+        if (c < width) span_strip(s, W, act, half_x, half_state, from, to, x, y, c, width - c);
     }
+}
+
+/* The span kernel for one activation: the common dtypes (x and state both bf16, or both
+ * float32) and W = 4 instantiated with constants, so their loops carry no branch on them;
+ * any other mix runs the same body with run-time flags. */
+LS_INLINE void tap_major_span_for(const conv1d_decode_plan *pl, const span_shape *s,
+                                  linseq_activation act, int64_t d0, int64_t width)
+{
+    const int64_t W = pl->p->W;
+    const bool half_x = pl->bf16, half_state = pl->by_row && pl->by_row->dtype == LINSEQ_POOL_BF16;
+    if (half_x && half_state && W == 4)
+        tap_major_span(pl, s, 4, act, true, true, d0, width);
+    else if (!half_x && !half_state && W == 4)
+        tap_major_span(pl, s, 4, act, false, false, d0, width);
+    else if (half_x && half_state)
+        tap_major_span(pl, s, W, act, true, true, d0, width);
+    else if (!half_x && !half_state)
+        tap_major_span(pl, s, W, act, false, false, d0, width);
+    else
+        tap_major_span(pl, s, W, act, half_x, half_state, d0, width);
 }
 
 void LS_ISA_FN(ls_conv1d_decode_span_item)(void *ctx, int64_t item, int thread)
@@ -223,27 +322,23 @@ void LS_ISA_FN(ls_conv1d_decode_span_item)(void *ctx, int64_t item, int thread)
     const linseq_conv1d_problem *p = pl->p;
     const int64_t W = p->W, d0 = item * CONV1D_SPAN;
     const int64_t width = p->D - d0 < CONV1D_SPAN ? p->D - d0 : CONV1D_SPAN;
-    /* the span's taps, tap j at taps + j * tap_stride: a tap-major weight in place, else
-     * transposed into the thread's [W][CONV1D_SPAN] */
-    const float *taps = p->weight + d0;
-    int64_t tap_stride = p->D;
+    /* the span's taps: a tap-major weight in place, else transposed into the thread's
+     * [W][CONV1D_SPAN] */
+    span_shape s = {.taps = p->weight + d0,
+                    .bias = p->bias ? p->bias + d0 : NULL,
+                    .tap_stride = p->D,
+                    .D = p->D,
+                    .L = pl->state_len};
     if (!p->weight_tap_major) {
         float *own = pl->workspace + (size_t)thread * pl->thread_floats;
         ls_transpose_copy(own, CONV1D_SPAN, p->weight + d0 * W, W, width, W);
-        taps = own, tap_stride = CONV1D_SPAN;
+        s.taps = own, s.tap_stride = CONV1D_SPAN;
     }
-#define TAP_MAJOR_SPAN_FOR(ACT)                                                                    \
-    if (W == 4)                                                                                    \
-        tap_major_span(pl, taps, tap_stride, 4, ACT, d0, width);                                   \
-    else                                                                                           \
-        tap_major_span(pl, taps, tap_stride, W, ACT, d0, width);                                   \
-    break
     switch (pl->act) {
-    case LINSEQ_ACT_SILU: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_SILU);
-    case LINSEQ_ACT_SIGMOID: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_SIGMOID);
-    case LINSEQ_ACT_GELU_TANH: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_GELU_TANH);
-    case LINSEQ_ACT_RELU: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_RELU);
-    default: TAP_MAJOR_SPAN_FOR(LINSEQ_ACT_IDENTITY);
+    case LINSEQ_ACT_SILU: tap_major_span_for(pl, &s, LINSEQ_ACT_SILU, d0, width); break;
+    case LINSEQ_ACT_SIGMOID: tap_major_span_for(pl, &s, LINSEQ_ACT_SIGMOID, d0, width); break;
+    case LINSEQ_ACT_GELU_TANH: tap_major_span_for(pl, &s, LINSEQ_ACT_GELU_TANH, d0, width); break;
+    case LINSEQ_ACT_RELU: tap_major_span_for(pl, &s, LINSEQ_ACT_RELU, d0, width); break;
+    default: tap_major_span_for(pl, &s, LINSEQ_ACT_IDENTITY, d0, width);
     }
-#undef TAP_MAJOR_SPAN_FOR
 }

@@ -126,6 +126,21 @@ LS_INLINE void conv_token_any(const conv_rows *r, const float *taps, const float
     store_y(r, bf16, part, t, c, valid, vf_act(act, acc));
 }
 
+/* Token t over every strip of the item's `width` channels (full: the whole strips' lanes),
+ * one token at a time (conv_token_any): the first W-1 tokens of a sequence, which read its
+ * state, and the tokens a block of CONV_U leaves over. */
+LS_INLINE void conv_token_strips(const conv_rows *r, const float *taps, const float *cols,
+                                 const float *bias, int64_t W, linseq_activation act, bool bf16,
+                                 int64_t t, int64_t full, int64_t width)
+{
+    for (int64_t c = 0; c < full; c += VW)
+        conv_token_any(r, taps, cols, bias ? vf_load(bias + c) : vf_zero(), W, act, bf16, false, t,
+                       c, VW);
+    if (full < width)
+        conv_token_any(r, taps, cols, bias ? vf_load_n(bias + full, width - full) : vf_zero(), W,
+                       act, bf16, true, t, full, width - full);
+}
+
 /* Every strip of an item's `width` channels, tokens [t0, t1), with act, W (W_fixed: when it
  * is at most REG_W, else 0) and the storage type as constants. Blocks of CONV_U tokens sweep
  * the span strip by strip, so that the rows are read and written in order (the hardware
@@ -139,14 +154,8 @@ LS_INLINE void conv_item_strips(const conv_rows *r, const float *taps, const flo
     const int64_t full = width / VW * VW;
     int64_t t = t0;
     /* The first W-1 tokens of a sequence read its state (cols). */
-    for (; t < t1 && t < W - 1; t++) {
-        for (int64_t c = 0; c < full; c += VW)
-            conv_token_any(r, taps, cols, bias ? vf_load(bias + c) : vf_zero(), W, act, bf16, false,
-                           t, c, VW);
-        if (full < width)
-            conv_token_any(r, taps, cols, bias ? vf_load_n(bias + full, width - full) : vf_zero(),
-                           W, act, bf16, true, t, full, width - full);
-    }
+    for (; t < t1 && t < W - 1; t++)
+        conv_token_strips(r, taps, cols, bias, W, act, bf16, t, full, width);
     if (W_fixed)
         for (; t + CONV_U <= t1; t += CONV_U) {
             for (int64_t c = 0; c < full; c += VW)
@@ -156,14 +165,7 @@ LS_INLINE void conv_item_strips(const conv_rows *r, const float *taps, const flo
                 conv_block(r, taps, bias ? vf_load_n(bias + full, width - full) : vf_zero(),
                            W_fixed, CONV_U, act, bf16, true, t, full, width - full);
         }
-    for (; t < t1; t++) {
-        for (int64_t c = 0; c < full; c += VW)
-            conv_token_any(r, taps, cols, bias ? vf_load(bias + c) : vf_zero(), W, act, bf16, false,
-                           t, c, VW);
-        if (full < width)
-            conv_token_any(r, taps, cols, bias ? vf_load_n(bias + full, width - full) : vf_zero(),
-                           W, act, bf16, true, t, full, width - full);
-    }
+    for (; t < t1; t++) conv_token_strips(r, taps, cols, bias, W, act, bf16, t, full, width);
 }
 
 static void run_strips(const conv1d_plan *pl, const conv_rows *r, const float *taps,

@@ -34,7 +34,7 @@ static const char usage_head[] =
     "bench:\n"
     "  linseq bench OP [shape] [--threads N] [--repeats N] [--warmup N] [--json]\n"
     "               [--no-peak] [--mib N] [--dtype f32|bf16] [--products f32|bf16]\n"
-    "               [--contend N] [--cold] [--pool f32|bf16|f16]\n"
+    "               [--contend N] [--cold] [--pool f32|bf16|f16] [--tap-major]\n"
     "      time one op at one shape; OP is an op of the table as its forward, and its\n"
     "      training step (-fwdbwd: forward, then backward) and decode step (-decode: one\n"
     "      token for each of B requests, their states in place) where it has them:\n";
@@ -70,6 +70,9 @@ static const char usage_tail[] =
     "                 type, each updated in place by linseq_op_decode_pool, as a serving\n"
     "                 engine's decode step does; by default the op's own decode on float32\n"
     "                 rows in place\n"
+    "  --tap-major    conv: vLLM's layouts, the state [N_seq, W-1, D] and the weight [W, D]\n"
+    "                 (state_tap_major, weight_tap_major); the decode step then runs the\n"
+    "                 kernel a serving engine's step reaches\n"
     "  Each result: median, min and max seconds per call, tokens/s, GFLOP/s and GB/s by the\n"
     "  formulas of README \"Benchmarks\", and the fractions of the FMA peak and the triad\n"
     "  bandwidth measured in the same process at the same thread count.\n"
@@ -149,12 +152,23 @@ static bool bench_size(const command *c, int i)
 }
 
 /* The op's enum option "decay" (KDA, the gate), which --decay sets; NULL if it has none. */
-static const ls_option_desc *decay_option(const ls_op *op)
+static const ls_option_desc *op_option(const ls_op *op, ls_ctype type, const char *key)
 {
     for (int i = 0; i < op->n_options; i++)
-        if (op->options[i].type == LS_CTYPE_ENUM && strcmp(op->options[i].key, "decay") == 0)
+        if (op->options[i].type == type && strcmp(op->options[i].key, key) == 0)
             return &op->options[i];
     return NULL;
+}
+
+static const ls_option_desc *decay_option(const ls_op *op)
+{
+    return op_option(op, LS_CTYPE_ENUM, "decay");
+}
+
+/* --tap-major sets both (the op has them or refuses the option). */
+static const ls_option_desc *state_tap_major_option(const ls_op *op)
+{
+    return op_option(op, LS_CTYPE_BOOL, "state_tap_major");
 }
 
 typedef struct spec {
@@ -167,6 +181,7 @@ typedef struct spec {
     linseq_dtype dtype;       /* of the per-token tensors (--dtype) */
     linseq_products products; /* --products */
     int pool;                 /* decode: a linseq_pool_dtype (--pool), or -1: the op's decode */
+    bool tap_major;           /* --tap-major */
 } spec;
 
 typedef struct settings {
@@ -206,6 +221,11 @@ static void spec_problem(const spec *s, void *p)
     if (op->bench_options) op->bench_options(p);
     const ls_option_desc *decay = decay_option(op);
     if (decay && s->decay >= 0) memcpy((char *)p + decay->offset, &s->decay, sizeof s->decay);
+    const ls_option_desc *state = state_tap_major_option(op);
+    const ls_option_desc *weight = op_option(op, LS_CTYPE_BOOL, "weight_tap_major");
+    const bool yes = true;
+    if (s->tap_major && state) memcpy((char *)p + state->offset, &yes, sizeof yes);
+    if (s->tap_major && weight) memcpy((char *)p + weight->offset, &yes, sizeof yes);
 }
 
 static int spec_decay(const spec *s, const void *p)
@@ -842,10 +862,10 @@ static void label_text(const result *r, char *buf, size_t n)
         snprintf(mode, sizeof mode, " recurrent");
     if (r->decay) snprintf(decay, sizeof decay, " per-%s", r->decay);
     static const char *const pool_names[] = {" f32-pool", " bf16-pool", " f16-pool"};
-    snprintf(buf, n, "%s%s %s%s%s%s%s", s->cmd->name, mode, shape, decay,
+    snprintf(buf, n, "%s%s %s%s%s%s%s%s", s->cmd->name, mode, shape, decay,
              s->dtype == LINSEQ_DTYPE_BF16 ? " bf16" : "",
              s->products == LINSEQ_PRODUCTS_BF16 ? " bf16-products" : "",
-             s->pool >= 0 ? pool_names[s->pool] : "");
+             s->pool >= 0 ? pool_names[s->pool] : "", s->tap_major ? " tap-major" : "");
 }
 
 /* Fewer CPU-seconds than threads x wall time: some thread waited for a processor, and the
@@ -889,6 +909,7 @@ static void json_result(const result *r, const char *case_name)
     printf(", \"products\": \"%s\"", s->products == LINSEQ_PRODUCTS_BF16 ? "bf16" : "f32");
     static const char *const pool_names[] = {"\"f32\"", "\"bf16\"", "\"f16\""};
     printf(", \"pool\": %s", s->pool >= 0 ? pool_names[s->pool] : "null");
+    printf(", \"tap_major\": %s", s->tap_major ? "true" : "false");
     printf(", \"threads\": %d, \"isa\": \"%s\", \"repeats\": %d, \"warmup\": %d", s->threads,
            linseq_isa(), r->tm.repeats, r->tm.warmup);
     printf(", \"median_s\": %.9g, \"min_s\": %.9g, \"max_s\": %.9g", r->tm.median, r->tm.min,
@@ -1035,7 +1056,8 @@ typedef enum opt_id {
     O_CONTEND,
     O_DTYPE,
     O_PRODUCTS,
-    O_POOL
+    O_POOL,
+    O_TAP_MAJOR
 } opt_id;
 
 typedef struct option_def {
@@ -1061,6 +1083,7 @@ static const option_def options[] = {
     {"--dtype", O_DTYPE, FOR_OP, false},
     {"--products", O_PRODUCTS, FOR_OP, false},
     {"--pool", O_POOL, FOR_OP, false},
+    {"--tap-major", O_TAP_MAJOR, FOR_OP, true},
 };
 
 /* The option named by a[0 .. len): a fixed one, or a size option (*size: the size's name);
@@ -1104,6 +1127,7 @@ static bool option_applies(const option_def *o, const char *size, const command 
     case O_DECAY: return decay_option(c->op) != NULL;
     case O_COLD:
     case O_POOL: return c->kind == RUN_DECODE;
+    case O_TAP_MAJOR: return state_tap_major_option(c->op) != NULL;
     default: return true;
     }
 }
@@ -1227,6 +1251,7 @@ static int parse_options(int n, char **args, const char *what, unsigned target, 
             if (o->id == O_JSON) set->json = true;
             if (o->id == O_NO_PEAK) set->no_peak = true;
             if (o->id == O_COLD) set->cold = true;
+            if (o->id == O_TAP_MAJOR) s->tap_major = true;
             continue;
         }
         const char *v = eq ? eq + 1 : i + 1 < n ? args[++i] : NULL;
@@ -1477,6 +1502,7 @@ static void usage_command(FILE *f, const command *c, int width)
         usage_word(f, &col, indent, "--cold");
         usage_word(f, &col, indent, "--pool");
     }
+    if (state_tap_major_option(c->op)) usage_word(f, &col, indent, "--tap-major");
     fputc('\n', f);
 }
 
