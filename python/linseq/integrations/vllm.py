@@ -65,7 +65,7 @@ and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op 
 states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
 decoding (num_accepted_tokens). The decode step and the decode conv of the common form go
 to the C++ steps (linseq::vllm_ssd_decode, vllm_conv_update) where they are loaded. Per
-call against vLLM's own functions (tools/perf/vllm_mamba2_calls.py: one thread, 24 heads of
+call against vLLM's own functions (tools/perf/vllm_calls.py: one thread, 24 heads of
 64, dstate 128, a bfloat16 pool) the prefill scan ran 1.1-1.6x as fast as vLLM's, the conv
 3-12x, the decode step 0.95-0.97x. vLLM's ops stay the default here (opt-in family).
 
@@ -614,9 +614,21 @@ def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source
 
 
 _conv_unpacking = {}   # packed weight shape -> the flat packed position of each weight
-# (data_ptr, shape, dtype, version, packed) of a layer's conv weight -> (the weight, kept so
-# that its address is not reused while it is a key, its float32 [width, dim] taps)
-_conv_weights = {}
+# (what, data_ptr, shape, dtype, version) of a layer's parameter -> (the parameter, kept so
+# that its address is not reused while it is a key, the copy of it the library reads)
+_layer_copies = {}
+
+
+def _layer_copy(what, param, make):
+    """make(param), made once per layer parameter and kind of copy `what` (a parameter does
+    not change while the layer serves; its version counter tells if it did)."""
+    key = (what, param.data_ptr(), tuple(param.shape), param.dtype, param._version)
+    held = _layer_copies.get(key)
+    if held is None:
+        if len(_layer_copies) > 4096:   # parameters of engines gone
+            _layer_copies.clear()
+        held = _layer_copies[key] = (param, make(param))
+    return held[1]
 
 
 def _unpacked_conv_weight(packed):
@@ -646,15 +658,15 @@ def _conv_taps(weight, is_weight_packed):
     contiguous, what the decode step reads in place), made once per layer weight (it does
     not change while the layer serves; its version counter tells if it did); a packed one
     unpacked first."""
-    key = (weight.data_ptr(), tuple(weight.shape), weight.dtype, weight._version,
-           bool(is_weight_packed))
-    if key not in _conv_weights:
-        if len(_conv_weights) > 4096:   # weights of engines gone
-            _conv_weights.clear()
+    def taps(weight):
         rows = _unpacked_conv_weight(weight) if is_weight_packed else weight
-        taps = _f32(rows.detach().reshape(rows.shape[0], rows.shape[-1]).t())
-        _conv_weights[key] = (weight, taps)
-    return _conv_weights[key][1]
+        return _f32(rows.detach().reshape(rows.shape[0], rows.shape[-1]).t())
+    return _layer_copy(("taps", bool(is_weight_packed)), weight, taps)
+
+
+def _conv_bias(bias):
+    """The conv bias as float32 (a bfloat16 one widened once per layer), None as None."""
+    return None if bias is None else _layer_copy("float32", bias, _f32)
 
 
 def _conv_pool(conv_states, width):
@@ -715,7 +727,7 @@ def _conv_update(x, conv_states, weight, bias, silu_activation, conv_state_indic
 def _conv_step(x, conv_states, taps, bias, silu, indices, pad_value):
     """The decode conv of x [batch, dim] over vLLM's conv-state pool, request i on slot
     indices[i]: the C++ step where it takes the call, else the Python path."""
-    step = _native_step("vllm_conv_update")
+    step, bias = _native_step("vllm_conv_update"), _conv_bias(bias)
     if step is not None:
         taken = step(x, conv_states, taps, bias, bool(silu), indices, pad_value)
         if taken:

@@ -1,24 +1,29 @@
 #!/usr/bin/env python3
-"""The functions vLLM's Mamba2 layer (MambaMixer2) calls on the CPU, against the linseq
+"""The functions vLLM's Gated DeltaNet and Mamba2 layers call on the CPU, against the linseq
 adapters its plugin routes them to, side by side in one run, per call.
 
 Where vllm_side_by_side.py times the kernels alone, this times what the layer's call costs
-either way: vLLM's Python wrappers and C++ kernels (its prefill scan
-mamba_chunk_scan_combined_varlen, the CPU backend of its SSU dispatcher for the decode step,
-its CPU causal_conv1d_fn and causal_conv1d_update), and linseq's adapters with their tensor
-preparation and library calls (linseq/integrations/vllm.py). The tensors are those the
-layer passes: bfloat16 activations, dt, dt_bias and A expanded over headdim with stride 0 in
-the decode step, the conv state in vLLM's default layout, the SSM state pool in --pool's
-dtype. Each round runs each side for about --seconds per case (vLLM first in odd rounds, last
-in even ones; one warm-up call first); the table gives the medians over the rounds and the
-range of the per-round ratios. The VM's speed drifts, so only the ratios of one run mean
-much. Not run by make or CI; about a minute at the defaults.
+either way: vLLM's Python wrappers and C++ kernels, and linseq's adapters with their tensor
+preparation and library calls (linseq/integrations/vllm.py; the C++ steps where linseq's C++
+kernels are loaded). Family gdn (a Qwen3-Next-like layer: 16 key heads and 32 value heads of
+128, its conv of 8192 channels): the fused-gate decode step
+(fused_sigmoid_gating_delta_rule_update_cpu) and the decode conv (causal_conv1d_update_cpu,
+the weight packed as vLLM packs it on CPUs with AVX512-BF16). Family mamba2 (MambaMixer2):
+the prefill scan mamba_chunk_scan_combined_varlen, the CPU backend of its SSU dispatcher for
+the decode step, its CPU causal_conv1d_fn and causal_conv1d_update. The tensors are those
+the layers pass: bfloat16 activations; for Mamba2, dt, dt_bias and A expanded over headdim
+with stride 0 in the decode step, the SSM state pool in --pool's dtype; the conv states in
+vLLM's default layout; the GDN state pool bfloat16. Each round runs each side for about
+--seconds per case (vLLM first in odd rounds, last in even ones; one warm-up call first);
+the table gives the medians over the rounds and the range of the per-round ratios. The VM's
+speed drifts, so only the ratios of one run mean much. Not run by make or CI; about a minute
+a family at the defaults.
 
 Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree:
     make -j2 lib
     PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so \\
-        "$(sh scripts/vllm-venv.sh)/bin/python" tools/perf/vllm_mamba2_calls.py \\
-        [--threads 1] [--rounds 5] [--heads 24] [--pool bfloat16]
+        "$(sh scripts/vllm-venv.sh)/bin/python" tools/perf/vllm_calls.py \\
+        [--families gdn,mamba2] [--threads 1] [--rounds 5] [--heads 24] [--pool bfloat16]
 
 Threads: torch.set_num_threads(n) for vLLM, linseq.set_num_threads(n) for linseq.
 """
@@ -30,6 +35,7 @@ import sys
 import time
 
 import torch
+import vllm._custom_ops as vllm_ops
 
 import linseq
 import linseq.integrations.vllm as linseq_vllm
@@ -128,7 +134,60 @@ def conv_decode_case(layer, batch):
             call(linseq_vllm._mixer2_conv_update))
 
 
-def cases(layer):
+GDN_HEADS, GDN_VALUE_HEADS, GDN_DIM = 16, 32, 128   # Qwen3-Next's linear attention
+
+
+class GdnLayer:
+    """One Qwen3-Next-like GDN layer's parameters, vLLM's packing of its conv weight, and its
+    bfloat16 state pools."""
+
+    def __init__(self):
+        self.g = torch.Generator().manual_seed(1)
+        self.dim = 2 * GDN_HEADS * GDN_DIM + GDN_VALUE_HEADS * GDN_DIM
+        self.A_log = torch.rand(GDN_VALUE_HEADS, generator=self.g) * 2
+        self.dt_bias = self.rand(GDN_VALUE_HEADS, scale=0.5)
+        weight = self.rand(self.dim, WIDTH, scale=0.5)
+        self.packed = vllm_ops.causal_conv1d_weight_pack(weight.contiguous().clone())
+        self.bias = self.rand(self.dim)
+        self.pool = self.rand(SLOTS, GDN_VALUE_HEADS, GDN_DIM, GDN_DIM, scale=0.1)
+
+    def rand(self, *shape, scale=1.0):
+        return (torch.randn(*shape, generator=self.g) * scale).to(BF16)
+
+
+def gdn_decode_case(layer, batch):
+    r = layer.rand
+    args = dict(A_log=layer.A_log, dt_bias=layer.dt_bias,
+                q=r(1, batch, GDN_HEADS, GDN_DIM), k=r(1, batch, GDN_HEADS, GDN_DIM),
+                v=r(1, batch, GDN_VALUE_HEADS, GDN_DIM), a=r(batch, GDN_VALUE_HEADS),
+                b=r(batch, GDN_VALUE_HEADS), initial_state_source=layer.pool,
+                initial_state_indices=torch.arange(1, batch + 1, dtype=torch.int32),
+                cu_seqlens=torch.arange(batch + 1, dtype=torch.int32),
+                use_qk_l2norm_in_kernel=True)
+    return (f"GDN decode step, batch {batch}",
+            lambda: vllm_ops.fused_sigmoid_gating_delta_rule_update_cpu(**args),
+            lambda: linseq_vllm._gated_delta_update(**args))
+
+
+def gdn_conv_decode_case(layer, batch):
+    pool = layer.rand(SLOTS, WIDTH - 1, layer.dim).transpose(1, 2)
+    args = dict(x=layer.rand(batch, layer.dim), conv_states=pool, weight=layer.packed,
+                bias=layer.bias, silu_activation=True,
+                conv_state_indices=torch.arange(1, batch + 1, dtype=torch.int32),
+                is_weight_packed=True)
+    return (f"GDN decode conv, batch {batch}",
+            lambda: vllm_ops.causal_conv1d_update_cpu(**args),
+            lambda: linseq_vllm._conv_update(**args))
+
+
+def gdn_cases(args):
+    layer = GdnLayer()
+    return [case(layer, b) for case in (gdn_decode_case, gdn_conv_decode_case)
+            for b in (1, 8, 32)]
+
+
+def mamba2_cases(args):
+    layer = Layer(args.heads, getattr(torch, args.pool))
     return [scan_case(layer, [512], False), scan_case(layer, [128] * 4, True),
             scan_case(layer, [16] * 8, True),
             decode_case(layer, 1), decode_case(layer, 8), decode_case(layer, 32),
@@ -150,6 +209,8 @@ def per_call(fn, seconds):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--families", default="gdn,mamba2",
+                        help="comma-separated: gdn, mamba2")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--seconds", type=float, default=0.15, help="per case, side and round")
@@ -160,10 +221,13 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     linseq.set_num_threads(args.threads)
-    layer = Layer(args.heads, getattr(torch, args.pool))
+    families = {"gdn": gdn_cases, "mamba2": mamba2_cases}
+    chosen = args.families.split(",")
+    if not set(chosen) <= set(families):
+        parser.error(f"--families: expected a comma-separated subset of {sorted(families)}")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     rows = ["| routed call | vLLM | linseq | vLLM / linseq |", "|---|---|---|---|"]
-    for name, vllms, ours in cases(layer):
+    for name, vllms, ours in [c for f in chosen for c in families[f](args)]:
         times = {"vllm": [], "linseq": []}
         for r in range(args.rounds):
             for side, fn in ((("vllm", vllms), ("linseq", ours))[::1 if r % 2 == 0 else -1]):
@@ -174,10 +238,11 @@ def main():
                     f"({min(ratios):.2f}x-{max(ratios):.2f}x) |")
         print(rows[-1], file=sys.stderr)
     command = "PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so $VENV/bin/python " + \
-        shlex.join(["tools/perf/vllm_mamba2_calls.py", *sys.argv[1:]])
-    print(f"{cpu_model()}, {args.threads} thread(s), load average {load} before; "
-          f"{args.heads} heads of {HEAD_DIM}, dstate {DSTATE}, {GROUPS} group, conv "
-          f"{layer.dim} channels; bfloat16 activations, {args.pool} SSM state pool. Medians "
+        shlex.join(["tools/perf/vllm_calls.py", *sys.argv[1:]])
+    print(f"{cpu_model()}, {args.threads} thread(s), load average {load} before; GDN: "
+          f"{GDN_HEADS} and {GDN_VALUE_HEADS} heads of {GDN_DIM}, bfloat16 pool; Mamba2: "
+          f"{args.heads} heads of {HEAD_DIM}, dstate {DSTATE}, {GROUPS} group, "
+          f"{args.pool} SSM state pool; bfloat16 activations. Medians "
           f"over {args.rounds} alternating rounds; the ratio's range over the rounds (above "
           f"1: linseq faster).\n\n" + "\n".join(rows) + f"\n\n`{command}`")
 
