@@ -68,7 +68,7 @@ def offline_vllm(tmp_path_factory):
     os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1")
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
-    yield
+    yield site
     sys.path.remove(str(site))
     linseq_vllm.disable()
     for k, v in saved.items():
@@ -729,24 +729,34 @@ def _serve_each_side(path, monkeypatch, sides, ops):
 
 
 def _assert_agree_with_transformers(model, runs):
-    """Each token linseq generated greedily is, by transformers' float32 log-probabilities
-    after the same tokens, the most likely one or within bfloat16's noise of it (bfloat16 can
-    swap two near-equal tokens, and the sequences part); the prompt log-probabilities of
-    linseq, vLLM's kernels and transformers agree within that noise."""
-    generated = [list(o.outputs[0].token_ids) for o in runs["linseq"]]
-    assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
-    for i, prompt in enumerate(PROMPTS):
-        ref = _reference_logprobs(model, prompt + generated[i])
-        positions = torch.arange(len(prompt) - 1, ref.shape[0])
-        chosen = ref[positions, torch.tensor(generated[i])]
-        torch.testing.assert_close(chosen, ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
-        if len(prompt) == 1:
-            continue
-        want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
-        ours, theirs = (_prompt_logprobs(runs[s][i]).double() for s in ("linseq", "vllm"))
-        torch.testing.assert_close(ours, theirs, **LOGPROB_TOLERANCE)
-        torch.testing.assert_close(ours, want, **LOGPROB_TOLERANCE)
-        torch.testing.assert_close(theirs, want, **LOGPROB_TOLERANCE)
+    """linseq's run near transformers' float32 model (_assert_near_transformers), vLLM's
+    kernels' prompt log-probabilities too, and the two sides' within bfloat16's noise."""
+    ours, theirs = ([_prompt_logprobs(o).double() for o in runs[s]] for s in ("linseq", "vllm"))
+    _assert_near_transformers(model, [list(o.outputs[0].token_ids) for o in runs["linseq"]],
+                              ours)
+    _assert_near_transformers(model, None, theirs)
+    for a, b in zip(ours, theirs):
+        torch.testing.assert_close(a, b, **LOGPROB_TOLERANCE)
+
+
+def _assert_near_transformers(model, generated, prompt_logprobs):
+    """Each token of generated[i] (None: not checked) is, by transformers' float32
+    log-probabilities after the same tokens, the most likely one or within bfloat16's noise
+    of it (bfloat16 can swap two near-equal tokens, and the sequences part); prompt_logprobs[i]
+    (PROMPTS[i]'s tokens after its first) within that noise of transformers'."""
+    if generated is not None:
+        assert len({t for seq in generated for t in seq}) > len(PROMPTS), generated
+        for prompt, tokens in zip(PROMPTS, generated):
+            ref = _reference_logprobs(model, prompt + tokens)
+            positions = torch.arange(len(prompt) - 1, ref.shape[0])
+            torch.testing.assert_close(ref[positions, torch.tensor(tokens)],
+                                       ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
+    for prompt, logprobs in zip(PROMPTS, prompt_logprobs):
+        if len(prompt) > 1:
+            ref = _reference_logprobs(model, prompt)
+            want = ref[torch.arange(len(prompt) - 1), torch.tensor(prompt[1:])]
+            torch.testing.assert_close(torch.as_tensor(logprobs).double(), want,
+                                       **LOGPROB_TOLERANCE)
 
 
 @pytest.mark.parametrize("kind", ["qwen3_5", "qwen3_next"])
@@ -768,6 +778,57 @@ def test_gdn_model_on_linseq_agrees_with_vllms_kernels_and_transformers(
         if len(prompt) > 1:
             assert torch.equal(_prompt_logprobs(ours), _prompt_logprobs(repeated))
     _assert_agree_with_transformers(model, runs)
+
+
+# Two ranks of a tensor-parallel engine, run in a process of their own (vLLM's workers start
+# with the environment it is given): tokens and prompt log-probabilities as JSON, and in each
+# worker, whether vLLM's GDN ops are linseq's routes there.
+_TENSOR_PARALLEL_RUN = """
+import json, sys
+import vllm
+import vllm._custom_ops
+
+def routed(worker):
+    return vllm._custom_ops.chunk_gated_delta_rule_cpu.__module__
+
+path, prompts, new_tokens, out = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+llm = vllm.LLM(model=path, skip_tokenizer_init=True, dtype="bfloat16", max_model_len=64,
+               max_num_batched_tokens=16, enforce_eager=True, seed=0,
+               enable_prefix_caching=False, tensor_parallel_size=2,
+               distributed_executor_backend="mp")
+params = vllm.SamplingParams(max_tokens=new_tokens, temperature=0.0, ignore_eos=True,
+                             prompt_logprobs=0)
+outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+json.dump({"tokens": [list(o.outputs[0].token_ids) for o in outs],
+           "logprobs": [[next(iter(d.values())).logprob for d in o.prompt_logprobs[1:]]
+                        for o in outs],
+           "routed": llm.collective_rpc(routed)}, open(out, "w"))
+"""
+
+
+def test_gdn_model_on_two_tensor_parallel_ranks(offline_vllm, tmp_path):
+    """vLLM's CPU build serving a tiny Qwen3.5-like model over two tensor-parallel worker
+    processes (a core each), linseq routed in each worker through the plugin's entry point:
+    every rank's GDN ops are linseq's, and the tokens and prompt log-probabilities agree with
+    transformers' float32 model as the single-process run's do."""
+    import json
+    import subprocess
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("two worker processes of a core each need two cores")
+    model = _tiny_gdn_model("qwen3_5", tmp_path / "model")
+    out = tmp_path / "run.json"
+    env = dict(os.environ, LINSEQ_VLLM="gdn", VLLM_CPU_KVCACHE_SPACE="1",
+               VLLM_CPU_OMP_THREADS_BIND="|".join(map(str, sorted(os.sched_getaffinity(0))[:2])),
+               PYTHONPATH=os.pathsep.join([str(offline_vllm), os.path.join(ROOT, "python"),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+    done = subprocess.run([sys.executable, "-c", _TENSOR_PARALLEL_RUN, str(tmp_path / "model"),
+                           json.dumps(PROMPTS), str(NEW_TOKENS), str(out)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    run = json.loads(out.read_text())
+    assert run["routed"] == ["linseq.integrations.vllm"] * 2
+    _assert_near_transformers(model, run["tokens"], run["logprobs"])
 
 
 def test_a_call_the_route_declines_runs_on_vllms_op():
