@@ -31,7 +31,9 @@ static inline __attribute__((always_inline)) void store_bf16_instruction(uint16_
 static inline __attribute__((always_inline)) void store_bf16_pair_instruction(uint16_t *p, vf even,
                                                                               vf odd)
 {
-    if (_mm512_fpclass_ps_mask(even, 0x20) | _mm512_fpclass_ps_mask(odd, 0x20)) {
+    /* kortestw: the two masks' OR tested in one operation */
+    if (!_kortestz_mask16_u8(_mm512_fpclass_ps_mask(even, 0x20),
+                             _mm512_fpclass_ps_mask(odd, 0x20))) {
         vf_store_bf16_pair(p, even, odd);
         return;
     }
