@@ -12,7 +12,7 @@
 #ifndef KDA_STORE_BF16
 #define KDA_STORE_BF16 vf_store_bf16
 #endif
-#if LS_ISA == 2 && !defined(KDA_STORE_BF16_PAIR)
+#if LS_HAVE_BF16_PAIR && !defined(KDA_STORE_BF16_PAIR)
 #define KDA_STORE_BF16_PAIR vf_store_bf16_pair
 #endif
 
@@ -110,12 +110,13 @@ column_block(int64_t K, int64_t V, const void *from, void *to, bool half, int64_
     }
 }
 
-#if LS_ISA == 2
+#if LS_HAVE_BF16_PAIR
 /* column_block on a full block of bf16 state with its columns in even/odd order
- * (vf_load_bf16_pair): vectors 2q and 2q + 1 hold the even and odd columns of the block's
- * q-th 32. Per 32 state elements the two passes widen with 2 + 2 operations and round with
- * one store of 64 bytes, where column_block takes 4 + 4 and stores twice. Each column's
- * arithmetic is column_block's, in the same order: the bits are the same. */
+ * (vf_load_bf16_pair, AVX-512 and AVX2): vectors 2q and 2q + 1 hold the even and odd columns
+ * of the block's q-th 2 VW. Per 2 VW state elements the two passes widen with 2 + 2
+ * operations and round with one store, where column_block takes 4 + 4 (a zero extension and
+ * a shift a vector) and packs and stores twice. Each column's arithmetic is column_block's,
+ * in the same order: the bits are the same. */
 static inline __attribute__((always_inline)) void
 column_block_bf16_pairs(int64_t K, int64_t V, const uint16_t *from, uint16_t *to, int64_t j0,
                         const token_terms *t, const float *v, float *out)
@@ -166,7 +167,7 @@ token_columns(int64_t K, int64_t V, const void *from, void *to, bool half, int64
     const int64_t block = COLS * VW;
     for (int64_t jb = j0; jb < j1; jb += block) {
         const int64_t w = j1 - jb < block ? j1 - jb : block;
-#if LS_ISA == 2
+#if LS_HAVE_BF16_PAIR
         if (half && w == block) {
             column_block_bf16_pairs(K, V, from, to, jb, t, v, out);
             continue;
