@@ -2,8 +2,9 @@
  * *_simd.c files only: every function is static inline): kda_recurrent_simd.c's forward and
  * decode, and kda_decode_bf16_simd.c's decode over bf16 rows on AVX512-BF16.
  *
- * A bf16 state is widened as loaded and rounded once as stored, by KDA_STORE_BF16:
- * simd/bf16.h's integer rounding unless the including file defines it otherwise. */
+ * A bf16 state is widened as loaded and rounded once as stored, by KDA_STORE_BF16 (a vector)
+ * and KDA_STORE_BF16_PAIR (an even/odd pair, full blocks on AVX-512 and AVX2): simd/bf16.h's
+ * integer rounding unless the including file defines them otherwise. */
 #ifndef LS_KDA_COLUMNS_H
 #define LS_KDA_COLUMNS_H
 
