@@ -2,8 +2,9 @@
  * *_simd.c files only: every function is static inline): kda_recurrent_simd.c's forward and
  * decode, and kda_decode_bf16_simd.c's decode over bf16 rows on AVX512-BF16.
  *
- * A bf16 state is widened as loaded and rounded once as stored, by KDA_STORE_BF16:
- * simd/bf16.h's integer rounding unless the including file defines it otherwise. */
+ * A bf16 state is widened as loaded and rounded once as stored, by KDA_STORE_BF16 (a vector)
+ * and KDA_STORE_BF16_PAIR (an even/odd pair, full blocks on AVX-512 and AVX2): simd/bf16.h's
+ * integer rounding unless the including file defines them otherwise. */
 #ifndef LS_KDA_COLUMNS_H
 #define LS_KDA_COLUMNS_H
 
@@ -11,6 +12,9 @@
 
 #ifndef KDA_STORE_BF16
 #define KDA_STORE_BF16 vf_store_bf16
+#endif
+#if LS_HAVE_BF16_PAIR && !defined(KDA_STORE_BF16_PAIR)
+#define KDA_STORE_BF16_PAIR vf_store_bf16_pair
 #endif
 
 enum { COLS = 4 }; /* vectors per column block */
@@ -107,6 +111,55 @@ column_block(int64_t K, int64_t V, const void *from, void *to, bool half, int64_
     }
 }
 
+#if LS_HAVE_BF16_PAIR
+/* column_block on a full block of bf16 state with its columns in even/odd order
+ * (vf_load_bf16_pair, AVX-512 and AVX2): vectors 2q and 2q + 1 hold the even and odd columns
+ * of the block's q-th 2 VW. Per 2 VW state elements the two passes widen with 2 + 2
+ * operations and round with one store, where column_block takes 4 + 4 (a zero extension and
+ * a shift a vector) and packs and stores twice. Each column's arithmetic is column_block's,
+ * in the same order: the bits are the same. */
+static inline __attribute__((always_inline)) void
+column_block_bf16_pairs(int64_t K, int64_t V, const uint16_t *from, uint16_t *to, int64_t j0,
+                        const token_terms *t, const float *v, float *out)
+{
+    vf acc_p[COLS], acc_o[COLS], u[COLS], s[COLS];
+    for (int c = 0; c < COLS; c++) acc_p[c] = acc_o[c] = vf_zero();
+    for (int64_t i = 0; i < K; i++) {
+        const uint16_t *row = from + i * V + j0;
+        const vf vak = vf_set1(t->ak[i]), vaq = vf_set1(t->aq[i]);
+        vf_load_bf16_pair(row, &s[0], &s[1]);
+        vf_load_bf16_pair(row + 2 * VW, &s[2], &s[3]);
+#pragma GCC unroll 4
+        for (int c = 0; c < COLS; c++) {
+            acc_p[c] = vf_fmadd(vak, s[c], acc_p[c]);
+            acc_o[c] = vf_fmadd(vaq, s[c], acc_o[c]);
+        }
+    }
+    const vf vb = vf_set1(t->beta), vqk = vf_set1(t->qk);
+#pragma GCC unroll 2
+    for (int c = 0; c < COLS; c += 2) {
+        vf vin[2], o[2];
+        vf_load_pair(v + j0 + c * VW, &vin[0], &vin[1]);
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; h++) {
+            u[c + h] = t->delta ? vf_mul(vb, vf_sub(vin[h], acc_p[c + h])) : vin[h];
+            o[h] = vf_fmadd(vqk, u[c + h], acc_o[c + h]);
+        }
+        if (out) vf_store_pair(out + j0 + c * VW, o[0], o[1]);
+    }
+    for (int64_t i = 0; i < K; i++) {
+        const int64_t row = i * V + j0;
+        const vf va = vf_set1(t->a[i]), vk = vf_set1(t->ks[i]);
+        vf_load_bf16_pair(from + row, &s[0], &s[1]);
+        vf_load_bf16_pair(from + row + 2 * VW, &s[2], &s[3]);
+#pragma GCC unroll 4
+        for (int c = 0; c < COLS; c++) s[c] = vf_fmadd(vk, u[c], vf_mul(va, s[c]));
+        KDA_STORE_BF16_PAIR(to + row, s[0], s[1]);
+        KDA_STORE_BF16_PAIR(to + row + 2 * VW, s[2], s[3]);
+    }
+}
+#endif
+
 /* Columns [j0, j1) of one token's step, in blocks of COLS vectors. */
 static inline __attribute__((always_inline)) void
 token_columns(int64_t K, int64_t V, const void *from, void *to, bool half, int64_t j0, int64_t j1,
@@ -115,6 +168,12 @@ token_columns(int64_t K, int64_t V, const void *from, void *to, bool half, int64
     const int64_t block = COLS * VW;
     for (int64_t jb = j0; jb < j1; jb += block) {
         const int64_t w = j1 - jb < block ? j1 - jb : block;
+#if LS_HAVE_BF16_PAIR
+        if (half && w == block) {
+            column_block_bf16_pairs(K, V, from, to, jb, t, v, out);
+            continue;
+        }
+#endif
         if (w == block) {
             column_block(K, V, from, to, half, jb, COLS, VW, t, v, out);
         } else {

@@ -24,6 +24,29 @@ static inline __attribute__((always_inline)) void store_bf16_instruction(uint16_
     _mm256_storeu_si256((__m256i *)(void *)p, (__m256i)_mm512_cvtneps_pbh(x));
 }
 #define KDA_STORE_BF16 store_bf16_instruction
+
+/* vf_store_bf16_pair with the instruction: both vectors rounded by one vcvtne2ps2bf16 (even
+ * elements in the lower 16 words, odd in the upper), interleaved back by one word permutation.
+ * The instruction gives a normal input a normal or infinite bf16 and a subnormal one a zero:
+ * a zero word is a zero or a flushed subnormal lane, and one test of the 32 words (vptestnmw)
+ * replaces two subnormal classifications on the common path, which cost a tenth of the step. */
+static inline __attribute__((always_inline)) void store_bf16_pair_instruction(uint16_t *p, vf even,
+                                                                              vf odd)
+{
+    const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
+    if (_mm512_testn_epi16_mask(halves, _mm512_set1_epi16(0x7fff)) &&
+        !_kortestz_mask16_u8(_mm512_fpclass_ps_mask(even, 0x20),
+                             _mm512_fpclass_ps_mask(odd, 0x20))) {
+        vf_store_bf16_pair(p, even, odd);
+        return;
+    }
+    /* word 2m is word m (even), word 2m + 1 is word 16 + m (odd) */
+    const __m512i interleave =
+        _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
+                         21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    _mm512_storeu_si512(p, _mm512_permutexvar_epi16(interleave, halves));
+}
+#define KDA_STORE_BF16_PAIR store_bf16_pair_instruction
 #endif
 
 #include "kda/kda_columns.h"

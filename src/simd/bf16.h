@@ -78,6 +78,54 @@ static inline vbf vbf_rounded(vbf h)
     return _mm256_or_si256(h, _mm256_and_si256(nan, _mm256_set1_epi16(0x40)));
 }
 
+#define LS_HAVE_BF16_PAIR 1
+/* 32 bf16 as two vectors of their even and odd elements (lane m: element 2m, 2m + 1): one
+ * operation a vector, where widening in order takes two (a lane-crossing zero extension, then
+ * a shift). A kernel whose lanes are independent columns computes in this order as well as in
+ * any other, and puts its few per-column vectors (v, o) through a permutation instead. */
+static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
+{
+    const __m512i w = _mm512_loadu_si512(p);
+    *even = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *odd = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+}
+/* Each lane's bf16 bits (bf16_round_lanes's arithmetic) in the upper half of its 32 bits, the
+ * lower half garbage. */
+static inline __m512i bf16_round_lanes_high(vf x)
+{
+    const __m512i u = _mm512_castps_si512(x);
+    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i rounded = _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)), lsb);
+    const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+    return _mm512_mask_or_epi32(rounded, nan, u, _mm512_set1_epi32(0x400000));
+}
+/* The inverse of vf_load_bf16_pair, each lane rounded once as vf_store_bf16 rounds it. */
+static inline void vf_store_bf16_pair(uint16_t *p, vf even, vf odd)
+{
+    const __m512i lo = _mm512_srli_epi32(bf16_round_lanes_high(even), 16);
+    const __m512i hi = bf16_round_lanes_high(odd);
+    /* 0xea: (hi & mask) | lo */
+    _mm512_storeu_si512(
+        p, _mm512_ternarylogic_epi32(hi, _mm512_set1_epi32((int)0xffff0000u), lo, 0xea));
+}
+/* Float32 columns [0, 32) at p as vf_load_bf16_pair orders them, and back. */
+static inline void vf_load_pair(const float *p, vf *even, vf *odd)
+{
+    const __m512i ie = _mm512_set_epi32(30, 28, 26, 24, 22, 20, 18, 16, 14, 12, 10, 8, 6, 4, 2, 0);
+    const __m512i io = _mm512_add_epi32(ie, _mm512_set1_epi32(1));
+    const vf a = _mm512_loadu_ps(p), b = _mm512_loadu_ps(p + VW);
+    *even = _mm512_permutex2var_ps(a, ie, b);
+    *odd = _mm512_permutex2var_ps(a, io, b);
+}
+static inline void vf_store_pair(float *p, vf even, vf odd)
+{
+    /* column c of each half: lane c / 2 of even (c even) or of odd (index + 16) */
+    const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
+    _mm512_storeu_ps(p, _mm512_permutex2var_ps(even, lo, odd));
+    _mm512_storeu_ps(p + VW, _mm512_permutex2var_ps(even, hi, odd));
+}
+
 #elif LS_ISA == 1
 
 static inline vf vf_load_bf16(const uint16_t *p)
@@ -151,7 +199,53 @@ static inline vbf vbf_rounded(vbf h)
     return _mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x40)));
 }
 
+#define LS_HAVE_BF16_PAIR 1
+/* The AVX-512 section's pair forms on 16 bf16 (lane m: element 2m, 2m + 1). */
+static inline void vf_load_bf16_pair(const uint16_t *p, vf *even, vf *odd)
+{
+    const __m256i w = _mm256_loadu_si256((const __m256i *)(const void *)p);
+    *even = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    *odd = _mm256_castsi256_ps(_mm256_and_si256(w, _mm256_set1_epi32((int)0xffff0000u)));
+}
+/* Each lane's bf16 bits in the upper half of its 32 bits, the lower half garbage. */
+static inline __m256i bf16_round_lanes_high(vf x)
+{
+    const __m256i u = _mm256_castps_si256(x);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    const __m256i rounded = _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb);
+    const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+    const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x400000));
+    return _mm256_castps_si256(
+        _mm256_blendv_ps(_mm256_castsi256_ps(rounded), _mm256_castsi256_ps(quiet), nan));
+}
+static inline void vf_store_bf16_pair(uint16_t *p, vf even, vf odd)
+{
+    const __m256i lo = _mm256_srli_epi32(bf16_round_lanes_high(even), 16);
+    /* 0xaa: the odd words (each lane's upper half) from odd's rounding */
+    const __m256i w = _mm256_blend_epi16(lo, bf16_round_lanes_high(odd), 0xaa);
+    _mm256_storeu_si256((__m256i *)(void *)p, w);
+}
+/* Float32 columns [0, 16) at p as vf_load_bf16_pair orders them, and back. */
+static inline void vf_load_pair(const float *p, vf *even, vf *odd)
+{
+    const vf a = _mm256_loadu_ps(p), b = _mm256_loadu_ps(p + VW);
+    /* per 128-bit half: a0 a2 b0 b2 | a4 a6 b4 b6; the middle 64-bit pairs swapped */
+    *even = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0))), 0xd8));
+    *odd = _mm256_castpd_ps(_mm256_permute4x64_pd(
+        _mm256_castps_pd(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1))), 0xd8));
+}
+static inline void vf_store_pair(float *p, vf even, vf odd)
+{
+    /* e0 o0 e1 o1 | e4 o4 e5 o5 and e2 o2 e3 o3 | e6 o6 e7 o7 */
+    const vf lo = _mm256_unpacklo_ps(even, odd), hi = _mm256_unpackhi_ps(even, odd);
+    _mm256_storeu_ps(p, _mm256_permute2f128_ps(lo, hi, 0x20));
+    _mm256_storeu_ps(p + VW, _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
 #else
+
+#define LS_HAVE_BF16_PAIR 0 /* one lane: no order to gain from */
 
 static inline vf vf_load_bf16(const uint16_t *p) { return ls_bf16_to_f32(*p); }
 static inline vf vf_load_bf16_n(const uint16_t *p, int64_t n)
