@@ -346,8 +346,10 @@ static void test_conv_pools(void)
     check_conv_decode(&c, rows, cache, "W = 1");
     conv_pool_free(&c);
     /* one token, no cache_seqlens (its own path): ragged channel blocks, the common width
-     * and others, a longer state, W = 1, channel_first x, no bias */
-    static const int64_t one_token[][3] = {{4, 3, 70}, {3, 6, 37}, {5, 4, 21}, {1, 1, 18}};
+     * (state_len W-1, and W: transformers' rows) and others, a longer state, W = 1,
+     * channel_first x, no bias */
+    static const int64_t one_token[][3] = {
+        {4, 3, 70}, {4, 4, 35}, {3, 6, 37}, {5, 4, 21}, {1, 1, 18}};
     for (size_t i = 0; i < sizeof one_token / sizeof one_token[0]; i++) {
         const int64_t W = one_token[i][0], L = one_token[i][1], D = one_token[i][2];
         char what[64];
