@@ -5,7 +5,10 @@ A decode step of Mamba makes one causal_conv1d_update and one selective state up
 layer, Kimi Linear and Qwen3-Next one causal_conv1d_update and one recurrent delta rule
 (T = 1) per linear-attention layer; at batch 1 these calls are short enough that their
 Python cost decides whether linseq's step is faster than the fallback's. Each row is the
-median over --repeat timed calls (after warm-up) of the same call, in microseconds.
+median over --repeat timed calls (after warm-up) of the same call, in microseconds; "library"
+is the same work as one call of the C entry point alone (its struct filled beforehand, called
+through ctypes, about a microsecond of that), so that linseq - library is what the call costs
+around the kernel (the overhead), read off one run.
 
     python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300] [--ops]
 
@@ -19,6 +22,7 @@ At the defaults it took 26 s on a 2-core machine (load average near 4).
 """
 
 import argparse
+import ctypes
 import inspect
 import statistics
 import time
@@ -26,6 +30,7 @@ import time
 import torch
 
 import linseq
+from linseq import _lib, _torch_direct, ops
 from linseq.integrations import transformers as linseq_hf
 
 
@@ -66,9 +71,51 @@ def _mamba_calls(b, dim=2048, dstate=16, width=4):
         return lambda: fn(xc, conv_state, weight, bias, activation="silu")
 
     return [("mamba selective_state_update", ssm(linseq_hf._mamba_state_update),
-             ssm(_fallback(module, "mamba_selective_state_update"))),
+             ssm(_fallback(module, "mamba_selective_state_update")),
+             _ssm_library(state, x, dt, A, Bp, Cp, D, z, dt_bias)),
             ("mamba causal_conv1d_update", conv(linseq_hf._conv_update),
-             conv(_fallback(module, "causal_conv1d_update")))]
+             conv(_fallback(module, "causal_conv1d_update")),
+             _conv_library(xc, conv_state, weight, bias))]
+
+
+def _ssm_library(state, x, dt, A, Bp, Cp, D, z, dt_bias):
+    """linseq_ssm1_decode alone on a copy of the state (one row per request)."""
+    b, dim, dstate = state.shape
+    pool, y = state.clone(), torch.empty(b, dim)
+    problem = _torch_direct.ssm1_problem(b, dim, dstate, 1, x, dt, A, Bp[:, None], Cp[:, None],
+                                         D, z, dt_bias, True)
+    return lambda: _lib.lib.linseq_ssm1_decode(ctypes.byref(problem),
+                                               ctypes.byref(_torch_direct._EXEC),
+                                               pool.data_ptr(), b, None, y.data_ptr())
+
+
+def _conv_library(xc, conv_state, weight, bias):
+    """linseq_conv1d_decode alone on a copy of the rows [b, dim, width]."""
+    b, dim, state_len = conv_state.shape
+    pool, y = conv_state.clone(), torch.empty(b, dim, 1)
+    problem = _torch_direct.conv1d_problem(b, dim, 1, weight.shape[1], xc, weight, bias, "silu",
+                                           True)
+    return lambda: _lib.lib.linseq_conv1d_decode(ctypes.byref(problem),
+                                                 ctypes.byref(_torch_direct._EXEC),
+                                                 pool.data_ptr(), b, state_len, None, None,
+                                                 y.data_ptr())
+
+
+_RECURRENT = ops.make_exec("recurrent", 64)
+
+
+def _kda_library(q, k, v, decay, beta, state, per_channel):
+    """linseq_kda_forward alone: one token from the initial state into a new final state,
+    as fla's recurrent call leaves its initial state as it was."""
+    B, _, H, K = q.shape
+    HV, V = v.shape[2:]
+    o, ht = torch.empty(B, 1, HV, V), torch.empty_like(state)
+    problem = _lib.KdaProblem(
+        B=B, T=1, H=H, HV=HV, K=K, V=V, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
+        beta=beta.data_ptr(), g=decay.data_ptr(), h0=state.data_ptr(), qk_l2norm=True,
+        decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD)
+    return lambda: _lib.lib.linseq_kda_forward(ctypes.byref(problem), ctypes.byref(_RECURRENT),
+                                               o.data_ptr(), ht.data_ptr())
 
 
 def _delta_calls(b, name, module, function, adapter, heads, value_heads, dk, dv, per_channel):
@@ -91,9 +138,11 @@ def _delta_calls(b, name, module, function, adapter, heads, value_heads, dk, dv,
     def conv(fn):
         return lambda: fn(xc, conv_state, weight, None, activation="silu")
 
-    return [(f"{name} {function}", call(adapter), call(_fallback(module, function))),
+    return [(f"{name} {function}", call(adapter), call(_fallback(module, function)),
+             _kda_library(q, k, v, decay, beta, state, per_channel)),
             (f"{name} causal_conv1d_update", conv(linseq_hf._conv_update),
-             conv(_fallback(module, "causal_conv1d_update")))]
+             conv(_fallback(module, "causal_conv1d_update")),
+             _conv_library(xc, conv_state, weight, None))]
 
 
 def calls(b):
@@ -152,11 +201,14 @@ def main():
     linseq.set_num_threads(args.threads)
     print(f"batch {args.batch}, {args.threads} threads, median of {args.repeat} calls, "
           f"microseconds per call")
-    print(f"{'call':46s} {'linseq':>9s} {'fallback':>9s} {'speedup':>8s}")
+    print(f"{'call':46s} {'linseq':>9s} {'library':>9s} {'overhead':>9s} {'fallback':>9s} "
+          f"{'speedup':>8s}")
     with torch.no_grad():
-        for label, ours, theirs in calls(args.batch):
-            t_ours, t_theirs = _median_us(ours, args.repeat), _median_us(theirs, args.repeat)
-            print(f"{label:46s} {t_ours:9.1f} {t_theirs:9.1f} {t_theirs / t_ours:7.2f}x")
+        for label, ours, theirs, library in calls(args.batch):
+            t_ours, t_lib = _median_us(ours, args.repeat), _median_us(library, args.repeat)
+            t_theirs = _median_us(theirs, args.repeat)
+            print(f"{label:46s} {t_ours:9.1f} {t_lib:9.1f} {t_ours - t_lib:9.1f} "
+                  f"{t_theirs:9.1f} {t_theirs / t_ours:7.2f}x")
         if args.ops:
             print(f"\n{'op (torch.ops.linseq.*)':46s} {'C++':>9s} {'eager':>9s} "
                   f"{'Python':>9s}")

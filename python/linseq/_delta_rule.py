@@ -198,20 +198,26 @@ def _eager_token_step(q, *args, **kwargs):
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return None
-    from . import _torch_direct, _torch_native, _torch_ops
-    if not _torch_ops.AVAILABLE:  # torch without torch.library.custom_op
+    parts = _TOKEN_STEP_PARTS if _TOKEN_STEP_PARTS is not None else _token_step_parts()
+    if not parts:  # torch without torch.library.custom_op
         return None
-    return _torch_direct.kda_token_step(_torch_ops.eager_entry("kda_decode"), q, *args,
-                                        one_step=_one_step(_torch_native), **kwargs)
+    direct, step, one_step = parts
+    return direct.kda_token_step(step, q, *args, one_step=one_step, **kwargs)
 
 
-_one_steps = []  # linseq::kda_token_step's C++ kernel (or None), looked up once
+# (_torch_direct, the decode op's eager entry, linseq::kda_token_step's kernel or None), or ()
+# without custom ops: looked up at the first step, not at each (an import statement costs
+# microseconds there)
+_TOKEN_STEP_PARTS = None
 
 
-def _one_step(native):
-    if not _one_steps:
-        _one_steps.append(native.defined_here("kda_token_step"))
-    return _one_steps[0]
+def _token_step_parts():
+    global _TOKEN_STEP_PARTS
+    from . import _torch_direct, _torch_native, _torch_ops
+    _TOKEN_STEP_PARTS = () if not _torch_ops.AVAILABLE else (
+        _torch_direct, _torch_ops.eager_entry("kda_decode"),
+        _torch_native.defined_here("kda_token_step"))
+    return _TOKEN_STEP_PARTS
 
 
 def _dims(q, v):

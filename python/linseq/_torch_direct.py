@@ -266,16 +266,16 @@ def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logi
     if not direct_call(*tensors) or (torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in tensors)):
         return None
+    if h0 is not None and one_step is not None:  # checks its shapes itself
+        taken = one_step(q, k, v, beta, g, h0, None if scale is None else float(scale),
+                         bool(qk_l2norm), bool(beta_is_logit))
+        if taken:
+            return taken[0], taken[1]
     dims = _token_step_shapes(q, k, v, beta, g)
     if dims is None:
         return None
     B, HV, K, V = dims
     shape = (B, HV, K, V)
-    if h0 is not None and one_step is not None:
-        taken = one_step(q, k, v, beta, g, h0, None if scale is None else float(scale),
-                         bool(qk_l2norm), bool(beta_is_logit))
-        if taken:
-            return taken[0], taken[1]
     if h0 is None:
         state = torch.zeros(shape, dtype=_F32)
     elif _f32_dense(h0, shape):

@@ -150,7 +150,7 @@ struct ConvCall {
     const OptTensor &bias;
     std::optional<c10::string_view> activation;
     const OptTensor &cache_seqlens;
-    const Tensor &rows;
+    const Tensor *rows; /* nullptr: request b in row b, one row per request */
 };
 
 bool conv_common(const ConvCall &c)
@@ -161,7 +161,7 @@ bool conv_common(const ConvCall &c)
     if (std::min({b, d, l, R, L, W}) < 1 || L < W - 1) return false;
     if (c.activation && *c.activation != "silu") return false;
     if (!strided_f32(c.x) || !dense_f32(c.state, {R, d, L}) || !dense_f32(c.weight, {d, W}) ||
-        !absent_or_dense_f32(c.bias, {d}) || !valid_rows(c.rows, b, R))
+        !absent_or_dense_f32(c.bias, {d}) || !(c.rows ? valid_rows(*c.rows, b, R) : R == b))
         return false;
     if (!c.cache_seqlens) return true;
     if (!dense(*c.cache_seqlens, at::kLong, {b})) return false;
@@ -188,9 +188,9 @@ Tensor conv_run(const ConvCall &c)
         channel_first ? at::empty({b, d, l}, c.x.options()) : at::empty({b, l, d}, c.x.options());
     const linseq_exec exec = cpu_exec(LINSEQ_MODE_CHUNKED, LINSEQ_DTYPE_F32);
     const int64_t *seqlens = c.cache_seqlens ? c.cache_seqlens->const_data_ptr<int64_t>() : nullptr;
+    const int64_t *rows = c.rows ? c.rows->const_data_ptr<int64_t>() : nullptr;
     check(entries.conv1d_decode(&p, &exec, c.state.data_ptr<float>(), c.state.size(0),
-                                c.state.size(2), c.rows.const_data_ptr<int64_t>(), seqlens,
-                                y.data_ptr<float>()));
+                                c.state.size(2), rows, seqlens, y.data_ptr<float>()));
     return channel_first ? y : y.transpose(1, 2);
 }
 
@@ -198,7 +198,7 @@ Tensor conv_state_update(const Tensor &x, const Tensor &state, const Tensor &wei
                          const OptTensor &bias, std::optional<c10::string_view> activation,
                          const OptTensor &cache_seqlens, const Tensor &rows)
 {
-    const ConvCall call{x, state, weight, bias, activation, cache_seqlens, rows};
+    const ConvCall call{x, state, weight, bias, activation, cache_seqlens, &rows};
     if (bound() && conv_common(call)) return conv_run(call);
     passed_on++;
     static const auto general =
@@ -213,7 +213,9 @@ Tensor conv_state_update(const Tensor &x, const Tensor &state, const Tensor &wei
 /* ---------------------------------------------------------------------------------------- */
 
 struct ScanCall {
-    const Tensor &state, &rows, &x, &dt, &A, &B, &C;
+    const Tensor &state;
+    const Tensor *rows; /* nullptr: request b in row b, one row per request */
+    const Tensor &x, &dt, &A, &B, &C;
     const OptTensor &D, &z, &dt_bias;
     bool dt_softplus;
 };
@@ -241,7 +243,7 @@ bool scan_common(const ScanCall &c)
            absent_or_dense_f32(c.D, {d}) && absent_or_dense_f32(c.dt_bias, {d}) &&
            scan_token_input(c.x, b, d) && scan_token_input(c.dt, b, d) &&
            (!c.z || scan_token_input(*c.z, b, d)) && groups(c.B) && groups(c.C) &&
-           valid_rows(c.rows, b, R);
+           (c.rows ? valid_rows(*c.rows, b, R) : R == b);
 }
 
 /* (batch, token, channel, state) element strides of a [b, d] tensor read as [b, 1, d]. */
@@ -284,8 +286,9 @@ Tensor scan_run(const ScanCall &c)
     p.C_strides = group_strides(c.C);
     Tensor y = at::empty({b, d}, c.x.options());
     const linseq_exec exec = cpu_exec(LINSEQ_MODE_CHUNKED, LINSEQ_DTYPE_F32);
-    check(entries.ssm1_decode(&p, &exec, c.state.data_ptr<float>(), c.state.size(0),
-                              c.rows.const_data_ptr<int64_t>(), y.data_ptr<float>()));
+    const int64_t *rows = c.rows ? c.rows->const_data_ptr<int64_t>() : nullptr;
+    check(entries.ssm1_decode(&p, &exec, c.state.data_ptr<float>(), c.state.size(0), rows,
+                              y.data_ptr<float>()));
     return y;
 }
 
@@ -294,7 +297,7 @@ Tensor mamba_state_update(const Tensor &state, const Tensor &rows, const Tensor 
                           const OptTensor &D, const OptTensor &z, const OptTensor &dt_bias,
                           bool dt_softplus)
 {
-    const ScanCall call{state, rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus};
+    const ScanCall call{state, &rows, x, dt, A, B, C, D, z, dt_bias, dt_softplus};
     if (bound() && scan_common(call)) return scan_run(call);
     passed_on++;
     static const auto general =
@@ -773,6 +776,51 @@ std::vector<Tensor> kda_token_step(const Tensor &q, const Tensor &k, const Tenso
     return {o, ht};
 }
 
+
+/* ---------------------------------------------------------------------------------------- */
+/* The drop-ins' decode calls in their peers' shapes                                         */
+/* ---------------------------------------------------------------------------------------- */
+/* A model's decode step makes these calls once per layer and token; their Python checks and
+ * views cost more than the kernel at batch 1. Each takes the common form (float32, one state
+ * row per request, the shapes checked here) and returns nothing for any other, which the
+ * drop-in's Python then checks, converts or refuses by name. Both run without autograd, as
+ * their peers do (the drop-ins call them only for plain tensors outside tracing). */
+
+/* linseq::mamba1_token_step: mamba-ssm's selective_state_update in Mamba1's shapes: state
+ * [b, d, N] updated in place; x, dt, z [b, d]; A [d, N]; B, C [b, N]; D, dt_bias [d].
+ * [y [b, d]], or nothing. */
+std::vector<Tensor> mamba1_token_step(const Tensor &state, const Tensor &x, const Tensor &dt,
+                                      const Tensor &A, const Tensor &B, const Tensor &C,
+                                      const OptTensor &D, const OptTensor &z,
+                                      const OptTensor &dt_bias, bool dt_softplus)
+{
+    if (!bound() || state.dim() != 3 || B.dim() != 2 || C.dim() != 2 || x.dim() != 2 ||
+        B.size(0) != x.size(0) || C.size(0) != x.size(0))
+        return {};
+    /* [b, 1, d, N] and [b, 1, N]: the pool and groups of mamba_state_update's form */
+    const Tensor pool = state.unsqueeze(1), B_groups = B.unsqueeze(1), C_groups = C.unsqueeze(1);
+    const ScanCall call{pool, nullptr, x, dt, A, B_groups, C_groups, D, z, dt_bias, dt_softplus};
+    if (!scan_common(call)) return {};
+    return {scan_run(call)};
+}
+
+/* linseq::conv_token_step: causal-conv1d's causal_conv1d_update without cache_seqlens and
+ * conv_state_indices: x [b, d] or [b, d, l]; conv_state [b, d, L] (L >= W-1) shifted in
+ * place; weight [d, W]; bias [d]. [out in x's shape], or nothing. */
+std::vector<Tensor> conv_token_step(const Tensor &x, const Tensor &conv_state,
+                                    const Tensor &weight, const OptTensor &bias, bool silu)
+{
+    if (!bound() || (x.dim() != 2 && x.dim() != 3)) return {};
+    const Tensor x3 = x.dim() == 2 ? x.unsqueeze(2) : x;
+    const OptTensor none;
+    const std::optional<c10::string_view> activation =
+        silu ? std::optional<c10::string_view>("silu") : std::nullopt;
+    const ConvCall call{x3, conv_state, weight, bias, activation, none, nullptr};
+    if (!conv_common(call)) return {};
+    const Tensor y = conv_run(call);
+    return {x.dim() == 2 ? y.squeeze(2) : y};
+}
+
 } // namespace
 
 /* Binds one entry point of the loaded liblinseq by its name without the "linseq_" prefix;
@@ -820,8 +868,8 @@ NATIVE_API int64_t linseq_torch_native_struct_size(const char *type)
     return 0;
 }
 
-/* The ops defined here, not in Python: the vLLM plugin's steps and fla's token step, called only
- * from linseq's own code, never with a gradient or under tracing. */
+/* The ops defined here, not in Python: the vLLM plugin's steps and the drop-ins' token steps,
+ * called only from linseq's own code, never with a gradient or under tracing. */
 TORCH_LIBRARY_FRAGMENT(linseq, m)
 {
     m.def("kda_token_step(Tensor q, Tensor k, Tensor v, Tensor beta, Tensor? g, Tensor h0, "
@@ -834,11 +882,17 @@ TORCH_LIBRARY_FRAGMENT(linseq, m)
     m.def("vllm_ssd_decode(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, Tensor C, "
           "Tensor? D, Tensor? dt_bias, Tensor? z, bool dt_softplus, Tensor slots, "
           "Tensor? dst_slots, int? pad_value, Tensor(b!)? out, Tensor? cu_seqlens) -> Tensor[]");
+    m.def("mamba1_token_step(Tensor(a!) state, Tensor x, Tensor dt, Tensor A, Tensor B, "
+          "Tensor C, Tensor? D, Tensor? z, Tensor? dt_bias, bool dt_softplus) -> Tensor[]");
+    m.def("conv_token_step(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, "
+          "bool silu) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(linseq, CPU, m)
 {
     m.impl("kda_token_step", &kda_token_step);
+    m.impl("mamba1_token_step", &mamba1_token_step);
+    m.impl("conv_token_step", &conv_token_step);
     m.impl("vllm_gdn_decode", &vllm_gdn_decode);
     m.impl("vllm_conv_update", &vllm_conv_update);
     m.impl("vllm_ssd_decode", &vllm_ssd_decode);

@@ -146,7 +146,8 @@ def test_token_step_from_h0_needs_no_copy_of_it(monkeypatch, per_channel):
         result = real(*args)
         taken.append(bool(result))
         return result
-    monkeypatch.setattr(_delta_rule, "_one_steps", [spy])
+    direct, step, _ = _delta_rule._token_step_parts()
+    monkeypatch.setattr(_delta_rule, "_TOKEN_STEP_PARTS", (direct, step, spy))
     for dtype in (torch.float32, torch.bfloat16):
         h0, call = _token_step_call(torch.Generator().manual_seed(5), dtype, per_channel, True,
                                     True, requires_grad=False)

@@ -122,6 +122,121 @@ def test_a_call_of_another_form_goes_to_the_python_body():
     assert torch.equal(got, want)
 
 
+def _spy(monkeypatch, module, name):
+    """A list that gets, per call of the C++ step module.<name>, whether it took the call."""
+    taken, real = [], getattr(module, name)
+
+    def spy(*args):
+        result = real(*args)
+        taken.append(bool(result))
+        return result
+    monkeypatch.setattr(module, name, spy)
+    return taken
+
+
+def _through_step_and_python(monkeypatch, call, pool, without_step):
+    """(out, pool after) of call(pool copy) with the drop-in's C++ step, then without it and
+    with its op's Python body instead of the C++ kernel (without_step: the attributes to set
+    for that, on the drop-in's module)."""
+    results = []
+    for patch in ({}, without_step):
+        with monkeypatch.context() as m:
+            for name, value in patch.items():
+                m.setattr(*name, value)
+            given = pool.clone()
+            with torch.no_grad():
+                results.append((call(given), given))
+    return results
+
+
+def _mamba1_call(form, gen):
+    b, d, n = 3, 37, 16
+    state = _rand(gen, b, d, n)
+    x, dt, z = _rand(gen, b, d), _rand(gen, b, d) * 0.3, _rand(gen, b, d)
+    A, B, C = -torch.rand(d, n, generator=gen), _rand(gen, b, n), _rand(gen, b, n)
+    D, dt_bias = _rand(gen, d), _rand(gen, d) * 0.1
+    kwargs = dict(D=D, z=z, dt_bias=dt_bias, dt_softplus=True)
+    if form == "no_gate_no_skip":
+        kwargs.update(D=None, z=None)
+    elif form == "strided_x":
+        x = _rand(gen, b, 2 * d)[:, ::2]
+    elif form == "bf16_x":
+        x = x.bfloat16()
+    elif form == "bias_without_softplus":
+        kwargs.update(dt_softplus=False)
+    elif form == "transposed_state":
+        state = _rand(gen, b, n, d).transpose(1, 2)
+    return state, lambda pool: ms.selective_state_update(pool, x, dt, A, B, C, **kwargs)
+
+
+@pytest.mark.parametrize("form,taken", [
+    ("plain", True), ("no_gate_no_skip", True), ("strided_x", True), ("bf16_x", False),
+    ("bias_without_softplus", False), ("transposed_state", False)])
+def test_mamba1_decode_call_in_cpp_has_the_python_bodys_bits(monkeypatch, form, taken):
+    """mamba-ssm's selective_state_update in Mamba1's shapes goes to linseq::mamba1_token_step
+    (its checks and the kernel in one C++ call); another form falls through to the drop-in's
+    Python; either way the output and the new state are the op's Python body's, bit for
+    bit."""
+    state, call = _mamba1_call(form, torch.Generator().manual_seed(12))
+    spied = _spy(monkeypatch, ms, "_MAMBA1_STEP")
+    (y, pool), (y_ref, pool_ref) = _through_step_and_python(
+        monkeypatch, call, state,
+        {(ms, "_MAMBA1_STEP"): None, (ms, "_SCAN_EAGER"): ms._scan_decode})
+    assert spied == [taken]
+    assert y.dtype == y_ref.dtype and torch.equal(y, y_ref) and torch.equal(pool, pool_ref)
+
+
+def _conv_call(form, gen):
+    b, d, width = 3, 21, 4
+    state_len = width if form == "whole_window_rows" else width - 1
+    pool = _rand(gen, b, d, state_len)
+    x, weight, bias = _rand(gen, b, d, 1), _rand(gen, d, width), _rand(gen, d)
+    activation = "silu"
+    if form == "two_dims":
+        x = x[:, :, 0]
+    elif form == "two_tokens":
+        x = _rand(gen, b, d, 2)
+    elif form == "no_bias_no_activation":
+        bias, activation = None, None
+    elif form == "swish":
+        activation = "swish"
+    elif form == "bf16_x":
+        x = x.bfloat16()
+    elif form == "transposed_state":
+        pool = _rand(gen, b, state_len, d).transpose(1, 2)
+    return pool, lambda rows: cc.causal_conv1d_update(x, rows, weight, bias, activation)
+
+
+@pytest.mark.parametrize("form,taken", [
+    ("plain", True), ("whole_window_rows", True), ("two_dims", True), ("two_tokens", True),
+    ("no_bias_no_activation", True), ("swish", True), ("bf16_x", False),
+    ("transposed_state", False)])
+def test_conv_decode_call_in_cpp_has_the_python_bodys_bits(monkeypatch, form, taken):
+    """causal-conv1d's causal_conv1d_update without cache_seqlens or conv_state_indices goes to
+    linseq::conv_token_step; another form falls through to the drop-in's Python; either way
+    out (in x's shape and dtype) and the shifted rows are the op's Python body's."""
+    pool, call = _conv_call(form, torch.Generator().manual_seed(13))
+    spied = _spy(monkeypatch, cc, "_CONV_STEP")
+    (y, rows), (y_ref, rows_ref) = _through_step_and_python(
+        monkeypatch, call, pool,
+        {(cc, "_CONV_STEP"): None, (cc, "_CONV_EAGER"): cc._conv_decode})
+    assert spied == [taken]
+    assert y.shape == y_ref.shape and y.dtype == y_ref.dtype
+    assert torch.equal(y, y_ref) and torch.equal(rows, rows_ref)
+
+
+def test_conv_decode_calls_with_positions_or_rows_stay_in_python(monkeypatch):
+    gen = torch.Generator().manual_seed(14)
+    pool, x, weight = _rand(gen, 4, 6, 3), _rand(gen, 2, 6, 1), _rand(gen, 6, 4)
+    spied = _spy(monkeypatch, cc, "_CONV_STEP")
+    with torch.no_grad():
+        cc.causal_conv1d_update(x, pool, weight, None, "silu",
+                                conv_state_indices=torch.tensor([3, 1]))
+        cc.causal_conv1d_update(x, pool[:2].clone(), weight, None, "silu",
+                                cache_seqlens=torch.tensor([1, 5]))
+    assert spied == []
+
+
 def _refused(call, pool, match):
     before = pool.clone()
     with pytest.raises(ValueError, match=match):

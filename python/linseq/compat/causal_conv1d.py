@@ -30,7 +30,7 @@ read inside the op) included.
 
 import torch
 
-from .. import _torch_direct, _torch_ops, ops
+from .. import _torch_direct, _torch_native, _torch_ops, ops
 from .._arrays import check_one_device, check_pool
 from .._opspec import CONV1D
 from .._options import ConvOptions
@@ -262,6 +262,9 @@ _CONV_DECODE = _conv_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_upd
 # tensors (None without the C++ kernels: then the Python body)
 _CONV_EAGER = (_torch_ops.eager_entry("conv_state_update") if _torch_ops.AVAILABLE else None) \
     or _conv_decode
+# the common decode call (no cache_seqlens, no conv_state_indices) checked and run in C++
+# (linseq::conv_token_step), or None
+_CONV_STEP = _torch_native.defined_here("conv_token_step")
 
 
 def _through_float32_rows(pool, rows, decode):
@@ -452,6 +455,12 @@ def causal_conv1d_update(x, conv_state, weight, bias=None, activation=None,
     output is 0 and no row changes); two requests may not share a row (ValueError). Returns
     out in x's shape and dtype. No autograd (as in causal-conv1d).
     """
+    if (_CONV_STEP is not None and cache_seqlens is None and conv_state_indices is None
+            and activation in _ACTIVATIONS
+            and _torch_direct.direct_call(x, conv_state, weight, bias)):
+        taken = _CONV_STEP(x, conv_state, weight, bias, activation is not None)
+        if taken:  # else another form: checked, converted or refused below
+            return taken[0]
     act = _activation(activation)
     if not isinstance(x, torch.Tensor) or x.dim() not in (2, 3):
         raise ValueError(f"x: expected a torch.Tensor [batch, dim] or [batch, dim, seqlen], "

@@ -37,7 +37,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .. import _torch_direct, _torch_ops, ops
+from .. import _torch_direct, _torch_native, _torch_ops, ops
 from .._arrays import check_one_device, check_pool
 from .._opspec import SSM1
 from .._options import Ssm1Options
@@ -151,6 +151,8 @@ _SCAN_DECODE = _scan_decode if not _torch_ops.AVAILABLE else _torch_ops.pool_upd
 # tensors (None without the C++ kernels: then the Python body)
 _SCAN_EAGER = (_torch_ops.eager_entry("mamba_state_update") if _torch_ops.AVAILABLE else None) \
     or _scan_decode
+# the common Mamba1 decode call checked and run in C++ (linseq::mamba1_token_step), or None
+_MAMBA1_STEP = _torch_native.defined_here("mamba1_token_step")
 
 
 # ------------------------------------------------------------------------------------------
@@ -358,6 +360,10 @@ def _mamba1_update(state, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
     layer and token); None for any other call, which the general path checks and takes."""
     if not _torch_direct.direct_call(state, x, dt, A, B, C, D, z, dt_bias):
         return None
+    if _MAMBA1_STEP is not None:  # the whole call in C++, or nothing for another form
+        taken = _MAMBA1_STEP(state, x, dt, A, B, C, D, z, dt_bias, bool(dt_softplus))
+        if taken:
+            return taken[0]
     b, d, N = state.shape
     if not (x.shape == dt.shape == (b, d) and A.shape == (d, N) and B.shape == C.shape == (b, N)
             and (z is None or z.shape == (b, d))
