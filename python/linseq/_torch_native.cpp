@@ -365,30 +365,43 @@ bool kda_plain_options(const KdaCall &c)
     return std::isfinite(scale) && scale != 0.0f;
 }
 
-/* The problem of one token per request from the call's tensors (read as bfloat16 where the
- * exec says so: the same pointers). */
+/* A token's tensor (or none) as the library reads it: the same pointer for bfloat16 storage,
+ * which the exec's dtype names. */
+const float *token_ptr(const Tensor *t)
+{
+    return t ? static_cast<const float *>(t->const_data_ptr()) : nullptr;
+}
+
+/* The problem of one token per request over [B, H, K] q and k, [B, HV, V] v, beta and g of
+ * `decay` (each with any leading axes of size 1): sizes and pointers, the options left at
+ * their defaults. */
+linseq_kda_problem one_token_problem(int64_t B, const Tensor &q, const Tensor &k, const Tensor &v,
+                                     const Tensor *beta, const Tensor *g, linseq_decay decay)
+{
+    linseq_kda_problem p{};
+    p.B = B;
+    p.T = 1;
+    p.H = q.size(-2);
+    p.K = q.size(-1);
+    p.HV = v.size(-2);
+    p.V = v.size(-1);
+    p.q = token_ptr(&q);
+    p.k = token_ptr(&k);
+    p.v = token_ptr(&v);
+    p.beta = token_ptr(beta);
+    p.g = token_ptr(g);
+    p.decay = decay;
+    return p;
+}
+
+/* The problem of kda_decode's call, one token per request. */
 linseq_kda_problem kda_token_problem(const KdaCall &c)
 {
-    const Tensor &q = *c.q, &v = *c.v;
-    linseq_kda_problem p{};
-    p.B = q.size(0);
-    p.T = 1;
-    p.H = q.size(2);
-    p.HV = v.size(2);
-    p.K = q.size(3);
-    p.V = v.size(3);
-    /* bfloat16 storage: the library reads the same pointers as bfloat16 (exec dtype) */
-    auto ptr = [](const OptTensor &t) {
-        return t ? static_cast<const float *>(t->const_data_ptr()) : nullptr;
-    };
-    p.q = ptr(c.q);
-    p.k = ptr(c.k);
-    p.v = ptr(c.v);
-    p.beta = ptr(c.beta);
-    p.g = ptr(c.g);
-    p.decay = !c.g              ? LINSEQ_DECAY_NONE
-              : c.g->dim() == 4 ? LINSEQ_DECAY_PER_CHANNEL
-                                : LINSEQ_DECAY_PER_HEAD;
+    const linseq_decay decay = !c.g              ? LINSEQ_DECAY_NONE
+                               : c.g->dim() == 4 ? LINSEQ_DECAY_PER_CHANNEL
+                                                 : LINSEQ_DECAY_PER_HEAD;
+    linseq_kda_problem p = one_token_problem(
+        c.q->size(0), *c.q, *c.k, *c.v, c.beta ? &*c.beta : nullptr, c.g ? &*c.g : nullptr, decay);
     p.scale = c.scale ? static_cast<float>(*c.scale) : 0.0f;
     p.qk_l2norm = c.qk_l2norm;
     p.beta_is_logit = c.beta_is_logit;
@@ -564,23 +577,11 @@ std::vector<Tensor> vllm_gdn_decode(const Tensor &A_log, const Tensor &dt_bias, 
         !one_token_each(cu_seqlens, B))
         return {};
     std::vector<float> A_log_f32, dt_bias_f32;
-    linseq_kda_problem p{};
+    linseq_kda_problem p = one_token_problem(B, q, k, v, &b, &a, LINSEQ_DECAY_PER_HEAD);
     p.A_log = param_f32(A_log, HV, A_log_f32);
     p.dt_bias = param_f32(dt_bias, HV, dt_bias_f32);
     const auto spec = pool_in_place(pool, {HV, K, V}, slots);
     if (!p.A_log || !p.dt_bias || !spec) return {};
-    p.B = B;
-    p.T = 1;
-    p.H = H;
-    p.HV = HV;
-    p.K = K;
-    p.V = V;
-    p.q = static_cast<const float *>(q.const_data_ptr());
-    p.k = static_cast<const float *>(k.const_data_ptr());
-    p.v = static_cast<const float *>(v.const_data_ptr());
-    p.beta = static_cast<const float *>(b.const_data_ptr());
-    p.g = static_cast<const float *>(a.const_data_ptr());
-    p.decay = LINSEQ_DECAY_PER_HEAD;
     p.gate_in_kernel = true;
     p.beta_is_logit = true;
     p.qk_l2norm = qk_l2norm;
@@ -776,7 +777,6 @@ std::vector<Tensor> kda_token_step(const Tensor &q, const Tensor &k, const Tenso
     return {o, ht};
 }
 
-
 /* ---------------------------------------------------------------------------------------- */
 /* The drop-ins' decode calls in their peers' shapes                                         */
 /* ---------------------------------------------------------------------------------------- */
@@ -807,8 +807,8 @@ std::vector<Tensor> mamba1_token_step(const Tensor &state, const Tensor &x, cons
 /* linseq::conv_token_step: causal-conv1d's causal_conv1d_update without cache_seqlens and
  * conv_state_indices: x [b, d] or [b, d, l]; conv_state [b, d, L] (L >= W-1) shifted in
  * place; weight [d, W]; bias [d]. [out in x's shape], or nothing. */
-std::vector<Tensor> conv_token_step(const Tensor &x, const Tensor &conv_state,
-                                    const Tensor &weight, const OptTensor &bias, bool silu)
+std::vector<Tensor> conv_token_step(const Tensor &x, const Tensor &conv_state, const Tensor &weight,
+                                    const OptTensor &bias, bool silu)
 {
     if (!bound() || (x.dim() != 2 && x.dim() != 3)) return {};
     const Tensor x3 = x.dim() == 2 ? x.unsqueeze(2) : x;
