@@ -178,7 +178,7 @@ def _op_calls(b):
         args = (r(b, 1, heads, k), r(b, 1, heads, k), r(b, 1, value_heads, k),
                 torch.rand(b, 1, value_heads), -torch.rand(b, 1, value_heads, k), None, None,
                 None, r(b, value_heads, k, k) * 0.1, rows, None, True, False, False, False,
-                None, "recurrent", 64)
+                None, "recurrent", 64, False)
         calls.append((f"kda_decode HV {value_heads} K=V {k}", "kda_decode", args))
     from linseq import _torch_ops
     return [(label, [lambda op=getattr(torch.ops.linseq, name), a=args: op(*a),

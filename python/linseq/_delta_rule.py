@@ -140,10 +140,11 @@ def heads_vector(x, HV):
 
 def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, gv=None,
                gate=None, scale, initial_state, output_final_state, qk_l2norm, beta_logit,
-               neg_eigval, state_v_first, cu_seqlens, out_like, intermediate=False, delta=True):
+               neg_eigval, state_v_first, cu_seqlens, out_like, intermediate=False, delta=True,
+               bf16_products=False):
     """One call of the C KDA op (or, with return_intermediate_states, one more in pieces):
     o in out_like's dtype, the final state or None (and the chunk start states). delta=False:
-    gated linear attention (beta must be None)."""
+    gated linear attention (beta must be None). bf16_products: KdaOptions.bf16_products."""
     if (mode == "recurrent" and delta and gk is None and gv is None and gate is None
             and cu_seqlens is None and not neg_eigval and not intermediate):
         step = _eager_token_step(q, k, v, beta, g, initial_state, scale=scale,
@@ -173,7 +174,7 @@ def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, g
     opts = KdaOptions(scale=scale, qk_l2norm=qk_l2norm, beta_is_logit=beta_logit,
                       state_v_first=state_v_first and not per_value,
                       gate_in_kernel=gate is not None, lower_bound=lower_bound, mode=mode,
-                      chunk_size=chunk_size)
+                      chunk_size=chunk_size, bf16_products=bf16_products)
     o, ht = backend.run(_opspec.KDA, arrays, cu_seqlens, opts)
 
     def state_out(h):   # back from the value heads of size 1: [..., HV*V, K, 1]

@@ -47,6 +47,11 @@ ARGUMENTS = {
         "[N,...] global, the final state has the rows of the sequences ending on this rank; "
         "per value channel beta and return_intermediate_states are refused there, and "
         "fla's FLACPContext is refused (it drives fla's kernels)"),
+    "linseq's own": (
+        "bf16_products (chunk_kda, chunk_gated_delta_rule): True lets the inference forward "
+        "run the products only the output reads on bfloat16 operands, float32 accumulation "
+        "(fla's kernels take bf16 operands on bf16 inputs); the final state is bit for bit "
+        "the float32 one; no effect where a gradient is recorded or with cp_context"),
     "refused": (
         "cp_context in the recurrent functions, head_first "
         "(removed from fla too), and any other keyword, by name"),
@@ -74,7 +79,11 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     doubled with allow_neg_eigval); initial_state [N,HV,K,V] ([N,HV,V,K] with
     state_v_first); cu_seqlens: N+1 offsets of packed sequences (B == 1).
     Keywords: A_log, dt_bias, chunk_size (16, 32, 64 or 128; fla takes only 32 and 64),
-    transpose_state_layout (deprecated), chunk_indices (unused).
+    transpose_state_layout (deprecated), chunk_indices (unused), and linseq's own
+    bf16_products: True lets the inference forward run the output's products on bfloat16
+    operands (fla's kernels do so on bf16 inputs; include/linseq.h, exec->products: the final
+    state stays float32 and bit for bit the same; not taken with cp_context or where a
+    gradient is recorded).
     Returns (o [B,T,HV,V] in q's dtype, final_state float32 or None), and with
     return_intermediate_states also h [B,NT,HV,K,V] ([B,NT,HV,V,K] with state_v_first) in
     k's dtype: the state at the start of each chunk of chunk_size tokens (B = 1 and the
@@ -84,7 +93,7 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     tokens [1,T_r,...] of the context's packed sequences (see linseq.distributed.chunk_kda).
     """
     extra = _keywords("chunk_kda", kwargs, ("A_log", "dt_bias", "chunk_size",
-                                            "chunk_indices"))
+                                            "chunk_indices", "bf16_products"))
     state_v_first = _state_layout(state_v_first, kwargs)
     _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _delta_rule.kda_gate(use_gate_in_kernel, extra.get("A_log"), extra.get("dt_bias"),
@@ -104,10 +113,12 @@ def _chunked(cp_context, extra, q, k, v, g, beta, *, intermediate=False, **optio
     gate, scale, initial_state, output_final_state, qk_l2norm, beta_logit, neg_eigval,
     state_v_first, cu_seqlens; the output in q's dtype."""
     chunk_size = extra.get("chunk_size", 64)
-    if cp_context is not None:
+    if cp_context is not None:  # (bf16_products, a permission, is not taken there)
         return _context_parallel(cp_context, q, k, v, g, beta, chunk_size=chunk_size, **options)
     return _delta_rule.delta_rule("chunked", chunk_size, extra.get("_framework"), q, k, v,
-                                  beta, g=g, out_like=q, intermediate=intermediate, **options)
+                                  beta, g=g, out_like=q, intermediate=intermediate,
+                                  bf16_products=bool(extra.get("bf16_products", False)),
+                                  **options)
 
 
 @compilable
@@ -334,12 +345,12 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     g [B,T,HV]: one log decay per head (None: no decay), or with use_gate_in_kernel=True
     (keyword) the raw gate, -exp(A_log) * softplus(g + dt_bias) with A_log and dt_bias of HV
     elements. Keywords: use_gate_in_kernel, A_log, dt_bias, chunk_size (16, 32, 64 or 128),
-    transpose_state_layout (deprecated). The rest as chunk_kda. Returns (o in q's dtype,
-    final_state float32 or None).
+    transpose_state_layout (deprecated), bf16_products (linseq's, as chunk_kda's). The rest
+    as chunk_kda. Returns (o in q's dtype, final_state float32 or None).
     """
     extra = _keywords("chunk_gated_delta_rule", kwargs,
                       ("use_gate_in_kernel", "A_log", "dt_bias", "chunk_size",
-                       "safe_gate", "disable_recompute"))
+                       "safe_gate", "disable_recompute", "bf16_products"))
     state_v_first = _state_layout(state_v_first, kwargs)
     _check_common(None, allow_neg_eigval, use_beta_sigmoid_in_kernel)
     gate = _delta_rule.gdn_gate(extra.get("use_gate_in_kernel", False), extra.get("A_log"),

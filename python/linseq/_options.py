@@ -24,6 +24,9 @@ class KdaOptions:
     lower_bound: Optional[float] = None
     mode: str = "chunked"
     chunk_size: int = 64
+    # a permission for the chunked inference forward to run the output's products on bf16
+    # operands (exec->products, include/linseq.h); every other call computes as without it
+    bf16_products: bool = False
 
     def __post_init__(self):
         # refused here, before any framework sees them, and kept as the float32 the library
@@ -46,7 +49,8 @@ class KdaOptions:
     def exec_settings(self):
         """The exec settings of the call: keywords of ops.make_exec and of the ops
         functions."""
-        return {"mode": self.mode, "chunk_size": self.chunk_size}
+        return {"mode": self.mode, "chunk_size": self.chunk_size,
+                "bf16_products": bool(self.bf16_products)}
 
 
 @dataclasses.dataclass(frozen=True)

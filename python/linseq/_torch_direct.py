@@ -180,7 +180,7 @@ def conv1d_problem(b, d, l, W, x, weight, bias, activation, channel_first):
         channel_first=channel_first, x_strides=_lib.Strides(s0, s2, s1, 0))
 
 
-_KDA_EXECS = {}  # (mode, chunk_size) -> its linseq_exec, float32 storage
+_KDA_EXECS = {}  # KdaOptions.exec_settings() items -> its linseq_exec, float32 storage
 
 
 def _dense_f32(t, shape):
@@ -216,9 +216,11 @@ def kda_forward(arrays, opts):
     if any(d is None and t is not None for d, t in zip(dense, (q, k, v, beta, g, h0))):
         return None
     q, k, v, beta, g, h0 = dense
-    ex = _KDA_EXECS.get((opts.mode, opts.chunk_size))
+    settings = opts.exec_settings()
+    key = tuple(settings.items())
+    ex = _KDA_EXECS.get(key)
     if ex is None:
-        ex = _KDA_EXECS[(opts.mode, opts.chunk_size)] = ops.make_exec(opts.mode, opts.chunk_size)
+        ex = _KDA_EXECS[key] = ops.make_exec(**settings)
     o, ht = torch.empty((B, T, HV, V), dtype=_F32), torch.empty(state, dtype=_F32)
     problem = _lib.KdaProblem(
         B=B, T=T, H=H, HV=HV, K=K, V=V, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
@@ -284,5 +286,5 @@ def kda_token_step(step, q, k, v, beta, g, h0, *, scale, qk_l2norm, beta_is_logi
         return None
     o = step(q, k, v, beta, g, None, None, None, state, None,
              None if scale is None else float(scale), bool(qk_l2norm), bool(beta_is_logit),
-             False, False, None, "recurrent", 64)
+             False, False, None, "recurrent", 64, False)
     return o, state

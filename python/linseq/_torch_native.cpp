@@ -426,7 +426,7 @@ Tensor kda_decode(const OptTensor &q, const OptTensor &k, const OptTensor &v, co
                   const OptTensor &dt_bias, const Tensor &state, const OptTensor &state_rows,
                   std::optional<double> scale, bool qk_l2norm, bool beta_is_logit,
                   bool state_v_first, bool gate_in_kernel, std::optional<double> lower_bound,
-                  c10::string_view exec_mode, int64_t chunk_size)
+                  c10::string_view exec_mode, int64_t chunk_size, bool bf16_products)
 {
     const KdaCall call(q, k, v, beta, g, h0, A_log, dt_bias, state, state_rows, scale, qk_l2norm,
                        beta_is_logit, state_v_first, gate_in_kernel, lower_bound);
@@ -441,10 +441,10 @@ Tensor kda_decode(const OptTensor &q, const OptTensor &k, const OptTensor &v, co
                           const OptTensor &, const OptTensor &, const OptTensor &,
                           const OptTensor &, const OptTensor &, const Tensor &, const OptTensor &,
                           std::optional<double>, bool, bool, bool, bool, std::optional<double>,
-                          c10::string_view, int64_t)>();
+                          c10::string_view, int64_t, bool)>();
     return general.redispatch(CPU_KEYS, q, k, v, beta, g, h0, A_log, dt_bias, state, state_rows,
                               scale, qk_l2norm, beta_is_logit, state_v_first, gate_in_kernel,
-                              lower_bound, exec_mode, chunk_size);
+                              lower_bound, exec_mode, chunk_size, bf16_products);
 }
 
 /* ---------------------------------------------------------------------------------------- */

@@ -1,9 +1,11 @@
 """ops.kda_forward(bf16_products=True): the chunked forward's output products on bfloat16
 operands (exec->products, include/linseq.h). The final state is the default call's bit for
 bit; o is within a bf16 bound of a float64 recurrence of its own; the C call receives
-LINSEQ_PRODUCTS_BF16; the recurrent mode ignores the option."""
+LINSEQ_PRODUCTS_BF16; the recurrent mode ignores the option. KdaOptions.bf16_products carries
+it from every framework, and fla's chunk signatures take it as a keyword."""
 
 import numpy as np
+import pytest
 
 from linseq import ops
 
@@ -60,3 +62,62 @@ def test_exec_carries_the_option_and_recurrent_ignores_it():
     o_a, h_a = ops.kda_forward(_inputs(arrays), mode="recurrent", threads=1)
     o_b, h_b = ops.kda_forward(_inputs(arrays), mode="recurrent", threads=1, bf16_products=True)
     assert np.array_equal(o_a, o_b) and np.array_equal(h_a, h_b)
+
+
+def _through_frameworks(arrays, **options):
+    """(o, ht) of linseq.run("kda") with the given options over NumPy arrays, torch tensors
+    (no gradient) and, where JAX is installed, JAX arrays, as NumPy."""
+    import linseq
+    names = ("q", "k", "v", "beta", "g", "h0")
+    given = dict(zip(names, arrays))
+    results = [linseq.run("kda", given, qk_l2norm=True, **options)]
+    torch = pytest.importorskip("torch")
+    with torch.no_grad():
+        results.append(linseq.run("kda", {n: torch.from_numpy(a) for n, a in given.items()},
+                                  qk_l2norm=True, **options))
+    try:
+        import jax.numpy as jnp
+    except ImportError:
+        jnp = None
+    if jnp is not None:
+        results.append(linseq.run("kda", {n: jnp.asarray(a) for n, a in given.items()},
+                                  qk_l2norm=True, **options))
+    return [tuple(np.asarray(x) for x in r) for r in results]
+
+
+def test_every_framework_passes_the_option_to_the_forward():
+    """KdaOptions.bf16_products reaches the C call from NumPy, PyTorch (its custom op) and
+    JAX (its FFI call): each gives ops.kda_forward(bf16_products=True)'s bits."""
+    arrays = _problem(seed=2, T=96)
+    o_want, h_want = ops.kda_forward(_inputs(arrays), bf16_products=True)
+    o_f32, _ = ops.kda_forward(_inputs(arrays))
+    assert not np.array_equal(o_want, o_f32)
+    for o, h in _through_frameworks(arrays, bf16_products=True):
+        assert np.array_equal(o, o_want) and np.array_equal(h, h_want)
+
+
+def test_fla_chunk_signatures_take_the_option():
+    """fla's chunk_kda and chunk_gated_delta_rule take bf16_products (linseq's keyword): the
+    forward's bits with it; without it, or where a gradient is recorded (the training
+    forward of the float32 math), the float32 products' bits."""
+    torch = pytest.importorskip("torch")
+    from linseq.compat import fla
+    q, k, v, beta, g, h0 = _problem(seed=3, T=80)
+    g_channels = np.ascontiguousarray(np.broadcast_to(g[..., None], q.shape))
+    for fn, decay in ((fla.chunk_gated_delta_rule, g), (fla.chunk_kda, g_channels)):
+        arrays = [q, k, v, beta, decay, h0]
+        o_want, h_want = ops.kda_forward(_inputs(arrays), bf16_products=True)
+        o_f32, _ = ops.kda_forward(_inputs(arrays))
+        tq, tk, tv, tbeta, tg, th0 = (torch.from_numpy(a) for a in arrays)
+
+        def call(**options):
+            return fn(tq, tk, tv, tg, tbeta, initial_state=th0, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True, **options)
+        with torch.no_grad():
+            o, h = call(bf16_products=True)
+            o_plain, _ = call()
+        assert np.array_equal(o.numpy(), o_want) and np.array_equal(h.numpy(), h_want)
+        assert np.array_equal(o_plain.numpy(), o_f32) and not np.array_equal(o_want, o_f32)
+        tq.requires_grad_(True)
+        o_grad, _ = call(bf16_products=True)
+        assert np.array_equal(o_grad.detach().numpy(), o_f32)

@@ -98,7 +98,7 @@ def _kda_args(dtype, per_channel, v_first, padding, gen=None):
     pool = _rand(gen, entries, hv, *((v, k) if v_first else (k, v))) * 0.2
     per_token = [t.to(dtype) for t in (q, kk, vv, beta, g)]
     return (*per_token, None, None, None, pool, _rows(padding, b, entries), None, True, False,
-            v_first, False, None, "recurrent", 64)
+            v_first, False, None, "recurrent", 64, False)
 
 
 @pytest.mark.parametrize("padding", [False, True])

@@ -121,24 +121,28 @@ def _float32_only(inputs, what):
 
 
 
-def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True):
-    """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs."""
+def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True,
+                      bf16_products=False):
+    """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs.
+    bf16_products is taken as kda_forward takes it and changes nothing here: the saved block
+    feeds a backward of the float32 math."""
     _float32_only(inputs, "kda_forward_train")
-    (o, ht), saved = forward_train("kda", inputs, make_exec(mode, chunk_size, threads),
-                                   final_state)
+    ex = make_exec(mode, chunk_size, threads, bf16_products=bf16_products)
+    (o, ht), saved = forward_train("kda", inputs, ex, final_state)
     return o, ht, saved
 
 
 def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threads=0,
-                 saved=None, wanted=None):
+                 saved=None, wanted=None, bf16_products=False):
     """The gradients of sum(o * d_o) + sum(ht * d_ht), as a dict: dq, dk, dv, dbeta, dg,
     dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
-    `saved` is the block kda_forward_train returned for the same inputs and settings."""
+    `saved` is the block kda_forward_train returned for the same inputs and settings.
+    bf16_products changes nothing here (the backward's products are float32)."""
     _float32_only(inputs, "kda_backward")
     if inputs.beta is None:  # no delta rule: there is no beta to differentiate
         names = wanted if wanted is not None else [t["name"] for t in _lib.op_tensors("kda", "grad")]
         wanted = [name for name in names if name != "dbeta"]
-    ex = make_exec(mode, chunk_size, threads)
+    ex = make_exec(mode, chunk_size, threads, bf16_products=bf16_products)
     d_o, d_ht = upstream("kda", inputs, (d_o, d_ht))
     out, grads_struct = grads("kda", inputs, wanted)
     if saved is None:
