@@ -166,7 +166,13 @@ static void chunk_outputs_bf16(const ssd_plan *pl, int64_t n, chunk_bufs *c, con
     const int64_t S = SSD_BF16_BLOCK;
     ls_pack_bf16_rows(n, N, c->Cc, N, w->C, Nw);
     ls_pack_bf16_pairs(N, n, c->Bt, L, w->Bt, L);
-    ls_gemm_bf16(pl->bf16_dot, n, n, Nw, w->C, Nw, 1, w->Bt, L, c->M, L, false, NULL);
+    /* the scores by row blocks, up to each block's last column: ssd_decay_row zeroes every
+     * score above the diagonal */
+    for (int64_t r0 = 0; r0 < n; r0 += S) {
+        const int64_t m = n - r0 < S ? n - r0 : S;
+        ls_gemm_bf16(pl->bf16_dot, m, r0 + m, Nw, w->C + r0 * Nw, Nw, 1, w->Bt, L, c->M + r0 * L, L,
+                     false, NULL);
+    }
     for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
     ls_pack_bf16_pairs(N, P, c->St, P, w->St, P);
     ls_gemm_bf16(pl->bf16_dot, n, P, Nw, w->C, Nw, 1, w->St, P, c->Y, P, false, NULL);
