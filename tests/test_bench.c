@@ -297,6 +297,17 @@ static void test_ops(void)
         cJSON_Delete(j);
         outcome_free(&o);
         check_usage_error(ARGS("kda", "--products", "f16"));
+        /* the SSD forward takes it too (its chunked mode) */
+        o = run_bench(true,
+                      ARGS("ssd", "--B", "1", "--T", "40", "--H", "2", "--P", "8", "--N", "16",
+                           "--chunk-size", "16", "--products", "bf16", TIMING, "--no-peak"));
+        j = one_object(&o, "ssd --products bf16");
+        pr = j ? cJSON_GetObjectItemCaseSensitive(j, "products") : NULL;
+        CHECK(o.status == 0 && cJSON_IsString(pr) && strcmp(pr->valuestring, "bf16") == 0,
+              "ssd --products bf16: exit %d, no \"products\": \"bf16\" in the JSON", o.status);
+        cJSON_Delete(j);
+        outcome_free(&o);
+        check_usage_error(ARGS("ssd", "--products", "f16"));
     }
 
     {

@@ -72,7 +72,13 @@ static linseq_status run(const char *fn, ssd_plan *pl, const linseq_ssd_problem 
     plan(pl, p, exec, decode);
     const int64_t n_items = ls_ssd_state_rows(p) * p->H;
     const int n_threads = ls_resolve_threads(exec, n_items, ls_ssd_flops(p, exec));
-    pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk);
+    /* bf16 products in the chunked forward with outputs only: decode and the recurrent mode
+     * have no such products, and the segment summary (no y) none that only y reads */
+    pl->bf16_products =
+        !decode && pl->chunked && pl->y && exec && exec->products == LINSEQ_PRODUCTS_BF16;
+    pl->bf16_dot = pl->bf16_products && isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
+    pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk) +
+                         (pl->bf16_products ? ssd_bf16_words(p->P, p->N, pl->chunk) : 0);
     linseq_status st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,
                                        (void **)&pl->scratch);
     if (st) return st;

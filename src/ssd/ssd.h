@@ -47,6 +47,10 @@ typedef struct ssd_plan {
     bool dt_softplus, D_per_channel, n_first, chunked;
     int64_t chunk;        /* tokens per chunk (chunked) */
     float dt_min, dt_max; /* clamp when dt_max > dt_min */
+    /* The chunked forward's products that only y reads take bf16 operands (exec->products,
+     * simd/gemm_bf16.h): C B^T, C St and M U between 16-token blocks; bf16_dot: on vdpbf16ps
+     * (the AVX-512 kernels, on a CPU with AVX512-BF16). Never set for decode or backward. */
+    bool bf16_products, bf16_dot;
     float *scratch;
     int64_t scratch_floats;
 
@@ -73,6 +77,20 @@ static inline int64_t ssd_scratch_floats(int64_t P, int64_t N, bool chunked, int
     if (!chunked) return ssd_round16(N * P) + ssd_round16(P);
     return ssd_round16(N * P) + 2 * ssd_round16(L * N) + 3 * ssd_round16(L * P) +
            ssd_round16(L * L) + 4 * ssd_round16(L) + ssd_round16(N);
+}
+
+/* Tokens per row block of M U with bf16 products: the products between blocks take bf16
+ * operands, each block's own triangle stays float32 (no product visits a later token). */
+#define SSD_BF16_BLOCK 16
+
+/* With bf16 products, the 32-bit words of the packed operands, after the chunked scratch:
+ * C by rows [L, ceil(N/2)], B^T by pairs [ceil(N/2), L], St by pairs [ceil(N/2), P], M by
+ * rows [L, L/2] and U by pairs [L/2, P] (gemm_bf16.h's layouts). */
+static inline int64_t ssd_bf16_words(int64_t P, int64_t N, int64_t L)
+{
+    const int64_t Nw = (N + 1) / 2, Lw = L / 2;
+    return 2 * ssd_round16(L * Nw) + ssd_round16(Nw * P) + ssd_round16(L * Lw) +
+           ssd_round16(Lw * P);
 }
 
 /* The backward's scratch: the chunked forward's, its own blocks, and the state before each

@@ -12,11 +12,16 @@
  * default, each row of S along N in vectors, so that a decode step reads and writes the pool's
  * row where it lies, with no transposition.
  * Without y (pl->y NULL: the segment summary's R) only the state is carried.
+ * With bf16 products (pl->bf16_products) the products that only Y reads, C B^T, C St and M U
+ * between 16-token blocks, take bf16 operands (simd/gemm_bf16.h); the state update B^T W, its
+ * operands and the recurrence across chunks stay float32, so the state is bit for bit the
+ * float32 products'.
  * An item's arithmetic does not depend on the thread that runs it. */
 #include <math.h>
 #include <string.h>
 
 #include "simd/bf16.h"
+#include "simd/gemm_bf16.h"
 #include "simd/state_rows.h"
 #include "ssd/ssd_kernel.h"
 
@@ -133,12 +138,66 @@ static void by_row_item(const ssd_plan *pl, const ssd_item *it, float *scratch)
 
 /* ---- chunked ------------------------------------------------------------------------------ */
 
-static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c)
+/* The packed bf16 operands of the output's products (pl->bf16_products), carved from the
+ * thread's scratch after the chunk buffers (ssd_bf16_words). */
+typedef struct chunk_words {
+    uint32_t *C, *Bt, *St, *M, *U;
+} chunk_words;
+
+static chunk_words carve_words(uint32_t *w, int64_t P, int64_t N, int64_t L)
+{
+    const int64_t Nw = (N + 1) / 2, Lw = L / 2;
+    chunk_words cw;
+    cw.C = w, w += ssd_round16(L * Nw);
+    cw.Bt = w, w += ssd_round16(L * Nw);
+    cw.St = w, w += ssd_round16(Nw * P);
+    cw.M = w, w += ssd_round16(L * Lw);
+    cw.U = w;
+    return cw;
+}
+
+/* Y = diag(exp(lam)) (C St) + M U with bf16 operands (the float32 order of chunk_scores,
+ * C St and chunk_outputs): M = (C B^T) o decays, C St, and M U between 16-token blocks on
+ * operands rounded once each (M after its decays, U = dt x after dt); each block's own
+ * triangle of M U in float32, as without them, so that no product visits a later token. */
+static void chunk_outputs_bf16(const ssd_plan *pl, int64_t n, chunk_bufs *c, const chunk_words *w)
+{
+    const int64_t P = pl->P, N = pl->N, L = pl->chunk, Nw = (N + 1) / 2, Lw = L / 2;
+    const int64_t S = SSD_BF16_BLOCK;
+    ls_pack_bf16_rows(n, N, c->Cc, N, w->C, Nw);
+    ls_pack_bf16_pairs(N, n, c->Bt, L, w->Bt, L);
+    /* the scores by row blocks, up to each block's last column: ssd_decay_row zeroes every
+     * score above the diagonal */
+    for (int64_t r0 = 0; r0 < n; r0 += S) {
+        const int64_t m = n - r0 < S ? n - r0 : S;
+        ls_gemm_bf16(pl->bf16_dot, m, r0 + m, Nw, w->C + r0 * Nw, Nw, 1, w->Bt, L, c->M + r0 * L, L,
+                     false, NULL);
+    }
+    for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
+    ls_pack_bf16_pairs(N, P, c->St, P, w->St, P);
+    ls_gemm_bf16(pl->bf16_dot, n, P, Nw, w->C, Nw, 1, w->St, P, c->Y, P, false, NULL);
+    ssd_scale_rows(c->Y, c->elam, n, P);
+    ls_pack_bf16_pairs((n - 1) / S * S, P, c->U, P, w->U, P); /* the rows earlier blocks hold */
+    for (int64_t r0 = 0; r0 < n; r0 += S) {
+        const int64_t m = n - r0 < S ? n - r0 : S;
+        if (r0 > 0) { /* r0 is even: whole words */
+            ls_pack_bf16_rows(m, r0, c->M + r0 * L, L, w->M + r0 * Lw, Lw);
+            ls_gemm_bf16(pl->bf16_dot, m, P, r0 / 2, w->M + r0 * Lw, Lw, 1, w->U, P, c->Y + r0 * P,
+                         P, true, NULL);
+        }
+        ssd_tri(c->Y + r0 * P, P, c->U + r0 * P, P, P, m, c->M + r0 * L + r0, L, 1, false, true);
+    }
+}
+
+static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c,
+                       const chunk_words *words)
 {
     const int64_t P = pl->P, N = pl->N, L = pl->chunk;
     chunk_decays(pl, it, c0, n, c);
     chunk_gather(pl, it, c0, n, c);
-    if (pl->y) { /* Y = diag(exp(lam)) (C St) + M U (no y: the state alone) */
+    if (pl->y && pl->bf16_products) {
+        chunk_outputs_bf16(pl, n, c, words);
+    } else if (pl->y) { /* Y = diag(exp(lam)) (C St) + M U (no y: the state alone) */
         chunk_scores(n, N, L, c);
         ls_gemm(n, P, N, c->Cc, N, 1, c->St, P, c->Y, P, false);
         chunk_outputs(n, P, L, c, c->Y);
@@ -171,9 +230,13 @@ void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
     } else if (pl->chunked) {
         const int64_t L = pl->chunk;
         chunk_bufs c = carve(scratch, pl->P, pl->N, L);
+        float *const words = scratch + ssd_scratch_floats(pl->P, pl->N, true, L);
+        const chunk_words w = pl->bf16_products
+                                  ? carve_words((uint32_t *)(void *)words, pl->P, pl->N, L)
+                                  : (chunk_words){NULL};
         load_state(pl, &it, c.St);
         for (int64_t c0 = 0; c0 < it.n_tokens; c0 += L)
-            chunk_step(pl, &it, c0, it.n_tokens - c0 < L ? it.n_tokens - c0 : L, &c);
+            chunk_step(pl, &it, c0, it.n_tokens - c0 < L ? it.n_tokens - c0 : L, &c, &w);
         if (pl->sT) store_state(pl, &it, c.St);
     } else if (!pl->n_first) {
         recurrent_item_in_place(pl, &it, scratch);

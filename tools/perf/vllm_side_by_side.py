@@ -27,8 +27,9 @@ Dtypes: vLLM's GDN and conv kernels take bfloat16 activations (the GDN state flo
 Mamba2 scan is given bfloat16 x, B, C and float32 dt, as the Mamba2 mixer does. linseq runs
 each case in float32 (every input widened once, outside the timing) and, where its CPU
 kernels take bfloat16 storage (the GDN forward and decode, the conv forward), on vLLM's
-bfloat16 tensors themselves; and for the GDN prefill also with bf16 products (bf16p:
-exec->products = LINSEQ_PRODUCTS_BF16, the output's products on bf16 operands). linseq's conv
+bfloat16 tensors themselves; and for the GDN prefill and the Mamba2 scan also with bf16
+products (bf16p: exec->products = LINSEQ_PRODUCTS_BF16, the output's products on bf16
+operands; the GDN prefill on its bfloat16 tensors, the Mamba2 scan on float32). linseq's conv
 runs in vLLM's layouts: conv states [slots, W-1, D] (state_tap_major) and the weight packed
 once as [W, D] (weight_tap_major), as vLLM packs its own (causal_conv1d_weight_pack, not
 timed); its update keeps a float32 pool where vLLM's is bfloat16. linseq's GDN calls compute
@@ -443,7 +444,8 @@ class Mamba2Scan:
                                           self.Bp, self.Cp, self.D, None, self.cu)
 
     def linseq_call(self, dtype, threads):
-        ex = make_exec("chunked", 64, threads)
+        # bf16p: the float32 tensors with the output's products on bf16 operands
+        ex = make_exec("chunked", 64, threads, bf16_products=dtype == "bf16p")
         outs = (ctypes.c_void_p * 2)(self.y.data_ptr(), self.ht.data_ptr())
         problem, ex_p, fn = ctypes.byref(self.problem), ctypes.byref(ex), _lib.lib.linseq_op_forward
         return lambda: check(fn(b"ssd", problem, ex_p, outs))
@@ -453,10 +455,12 @@ class Mamba2Scan:
                                      torch.zeros(self.H, self.P, self.N))
         self.states.zero_()
         self.vllm_call()
-        self.linseq_call("f32", 1)()
-        return {"vllm": rel_err(self.out, y_ref), "vllm_state": rel_err(self.states[0], s_ref),
-                "linseq_f32": rel_err(self.y[0], y_ref),
-                "linseq_f32_state": rel_err(self.ht[0], s_ref)}
+        out = {"vllm": rel_err(self.out, y_ref), "vllm_state": rel_err(self.states[0], s_ref)}
+        for dtype in ("bf16p", "f32"):
+            self.linseq_call(dtype, 1)()
+            out[f"linseq_{dtype}"] = rel_err(self.y[0], y_ref)
+            out[f"linseq_{dtype}_state"] = rel_err(self.ht[0], s_ref)
+        return out
 
 
 class Mamba2Decode:
@@ -556,12 +560,14 @@ def make_cases():
 TARGETS = {("gdn", "bf16"): 1.5, ("gdn", "bf16p"): 1.5, ("gdn", "f32"): 1.0,
            ("gdn-decode", "bf16"): 1.3, ("gdn-decode", "f32"): 1.3, ("conv", "bf16"): 1.3,
            ("conv", "f32"): 1.3, ("conv-update", "f32"): 1.3, ("conv-update", "bf16"): 1.3,
-           ("mamba2", "f32"): 2.0}
+           ("mamba2", "f32"): 2.0, ("mamba2", "bf16p"): 2.0}
 
 
 def linseq_dtypes(case):
     if case.op == "gdn":
         return ("bf16", "bf16p", "f32")
+    if case.op == "mamba2":
+        return ("bf16p", "f32")
     return ("bf16", "f32") if case.op in ("gdn-decode", "conv", "conv-update") else ("f32",)
 
 

@@ -23,7 +23,8 @@ ACTIVATIONS = {
 
 # linseq_dtype: what the per-token tensors of a call are stored as (include/linseq.h)
 DTYPE_F32, DTYPE_BF16 = 0, 1
-# linseq_products: the operands of the chunked KDA forward's output products (include/linseq.h)
+# linseq_products: the operands of the chunked KDA and SSD forwards' output products
+# (include/linseq.h)
 PRODUCTS_F32, PRODUCTS_BF16 = 0, 1
 
 
