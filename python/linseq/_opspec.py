@@ -181,13 +181,15 @@ CONV1D = _spec("causal_conv1d", ConvOptions, _conv_out_shapes, _conv_forward,
 def _table_options(desc):
     """A frozen options class for an op from its table entry: each option by its key (a bool;
     a float32 as Optional[float], None for the struct's default; an enum as its value's name,
-    None for the default), and mode and chunk_size where exec's modes apply."""
+    None for the default), and mode, chunk_size and bf16_products (exec->products, which the
+    chunked forward takes) where exec's modes apply."""
     name, modes = desc["name"], bool(desc.get("modes"))
     kinds = {"bool": (bool, False), "enum": (Optional[str], None)}
     fields = [(o["key"], *kinds.get(o["type"], (Optional[float], None)))
               for o in desc["options"]]
     if modes:
-        fields += [("mode", str, "chunked"), ("chunk_size", int, 64)]
+        fields += [("mode", str, "chunked"), ("chunk_size", int, 64),
+                   ("bf16_products", bool, False)]
     keys = [o["key"] for o in desc["options"]]
 
     def __post_init__(self):
@@ -198,7 +200,10 @@ def _table_options(desc):
                                options={k: getattr(self, k) for k in keys})
 
     def exec_settings(self):
-        return {"mode": self.mode, "chunk_size": self.chunk_size} if modes else {}
+        if not modes:
+            return {}
+        return {"mode": self.mode, "chunk_size": self.chunk_size,
+                "bf16_products": bool(self.bf16_products)}
 
     def table_options(self):
         return {k: getattr(self, k) for k in keys}

@@ -121,3 +121,36 @@ def test_fla_chunk_signatures_take_the_option():
         tq.requires_grad_(True)
         o_grad, _ = call(bf16_products=True)
         assert np.array_equal(o_grad.detach().numpy(), o_f32)
+
+
+def _ssd_problem(seed=4, B=1, T=100, H=4, P=16, N=32, G=1):
+    r = np.random.default_rng(seed)
+    return dict(x=r.standard_normal((B, T, H, P)), dt=r.uniform(0.01, 0.1, (B, T, H)),
+                A=-r.uniform(0.5, 2.0, (H,)), B=r.standard_normal((B, T, G, N)),
+                C=r.standard_normal((B, T, G, N)), D=r.standard_normal((H,)),
+                h0=0.1 * r.standard_normal((B, H, P, N)))
+
+
+def test_ssd_takes_the_option_from_every_framework():
+    """The table op ssd's options carry bf16_products (its chunked forward takes
+    exec->products): y changes, within the bf16 operands' error, the final state does not,
+    and NumPy, PyTorch and JAX give the same bits."""
+    import linseq
+    given = {n: a.astype(np.float32) for n, a in _ssd_problem().items()}
+    y32, s32 = linseq.run("ssd", given)
+    results = [linseq.run("ssd", given, bf16_products=True)]
+    torch = pytest.importorskip("torch")
+    with torch.no_grad():
+        results.append(linseq.run("ssd", {n: torch.from_numpy(a) for n, a in given.items()},
+                                  bf16_products=True))
+    try:
+        import jax.numpy as jnp
+        results.append(linseq.run("ssd", {n: jnp.asarray(a) for n, a in given.items()},
+                                  bf16_products=True))
+    except ImportError:
+        pass
+    y16, s16 = (np.asarray(t) for t in results[0])
+    assert not np.array_equal(y16, y32) and np.array_equal(s16, s32)
+    assert np.abs(y16 - y32).max() <= 2 ** -6 * np.abs(y32).max()
+    for y, s in results[1:]:
+        assert np.array_equal(np.asarray(y), y16) and np.array_equal(np.asarray(s), s16)
