@@ -834,6 +834,26 @@ def test_gdn_model_on_two_tensor_parallel_ranks(offline_vllm, tmp_path):
     _assert_near_transformers(model, run["tokens"], run["logprobs"])
 
 
+def test_serving_tool_gives_vllms_ops_the_threads_linseq_gets(tmp_path):
+    """tools/perf/vllm_serving.py compares vLLM's kernels and linseq's in one in-process
+    engine at --threads each. vLLM's ops run on torch's intra-op threads, which that engine
+    leaves at one per CPU (its CPU worker makes torch.set_num_threads a no-op before its own
+    call that would lower them), so a "1 thread" table gave vLLM's GDN ops every CPU against
+    linseq's one: the tool must start torch on --threads, and say so in its header."""
+    import re
+    import subprocess
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(ROOT, "python"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("OMP_NUM_THREADS", None)   # what the tool's user has by default
+    done = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "perf", "vllm_serving.py"),
+                           "--threads", "1", "--rounds", "1", "--models", "qwen3_5",
+                           "--prompt", "16", "--batch", "2", "--new", "2"],
+                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    threads = re.search(r"torch's intra-op threads (\d+)", done.stdout)
+    assert threads and threads.group(1) == "1", done.stdout[-2000:]
+
+
 def test_a_call_the_route_declines_runs_on_vllms_op():
     """softplus_beta 2 (linseq's gate has beta 1): the routed function gives vLLM's result,
     written to vLLM's pool as vLLM's op writes it."""

@@ -13,8 +13,9 @@ the prefill scan mamba_chunk_scan_combined_varlen, the CPU backend of its SSU di
 the decode step, its CPU causal_conv1d_fn and causal_conv1d_update. The tensors are those
 the layers pass: bfloat16 activations; for Mamba2, dt, dt_bias and A expanded over headdim
 with stride 0 in the decode step, the SSM state pool in --pool's dtype; the conv states in
-vLLM's default layout; the GDN state pool bfloat16. Each round runs each side for about
---seconds per case (vLLM first in odd rounds, last in even ones; one warm-up call first);
+vLLM's default layout; the GDN state pool in --gdn-pool's dtype (bfloat16 by default; vLLM
+serves GDN models on a float32 pool on CPUs with AVX512-BF16). Each round runs each side for
+about --seconds per case (vLLM first in odd rounds, last in even ones; one warm-up call first);
 the table gives the medians over the rounds and the range of the per-round ratios. The VM's
 speed drifts, so only the ratios of one run mean much. Not run by make or CI; about a minute
 a family at the defaults.
@@ -23,7 +24,8 @@ Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree
     make -j2 lib
     PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so \\
         "$(sh scripts/vllm-venv.sh)/bin/python" tools/perf/vllm_calls.py \\
-        [--families gdn,mamba2] [--threads 1] [--rounds 5] [--heads 24] [--pool bfloat16]
+        [--families gdn,mamba2] [--threads 1] [--rounds 5] [--heads 24] [--pool bfloat16] \\
+        [--gdn-pool bfloat16]
 
 Threads: torch.set_num_threads(n) for vLLM, linseq.set_num_threads(n) for linseq.
 """
@@ -138,10 +140,10 @@ GDN_HEADS, GDN_VALUE_HEADS, GDN_DIM = 16, 32, 128   # Qwen3-Next's linear attent
 
 
 class GdnLayer:
-    """One Qwen3-Next-like GDN layer's parameters, vLLM's packing of its conv weight, and its
-    bfloat16 state pools."""
+    """One Qwen3-Next-like GDN layer's parameters, vLLM's packing of its conv weight, its
+    bfloat16 conv-state pool and its state pool in pool_dtype."""
 
-    def __init__(self):
+    def __init__(self, pool_dtype):
         self.g = torch.Generator().manual_seed(1)
         self.dim = 2 * GDN_HEADS * GDN_DIM + GDN_VALUE_HEADS * GDN_DIM
         self.A_log = torch.rand(GDN_VALUE_HEADS, generator=self.g) * 2
@@ -149,7 +151,8 @@ class GdnLayer:
         weight = self.rand(self.dim, WIDTH, scale=0.5)
         self.packed = vllm_ops.causal_conv1d_weight_pack(weight.contiguous().clone())
         self.bias = self.rand(self.dim)
-        self.pool = self.rand(SLOTS, GDN_VALUE_HEADS, GDN_DIM, GDN_DIM, scale=0.1)
+        self.pool = self.rand(SLOTS, GDN_VALUE_HEADS, GDN_DIM, GDN_DIM,
+                              scale=0.1).to(pool_dtype)
 
     def rand(self, *shape, scale=1.0):
         return (torch.randn(*shape, generator=self.g) * scale).to(BF16)
@@ -181,7 +184,7 @@ def gdn_conv_decode_case(layer, batch):
 
 
 def gdn_cases(args):
-    layer = GdnLayer()
+    layer = GdnLayer(getattr(torch, args.gdn_pool))
     return [case(layer, b) for case in (gdn_decode_case, gdn_conv_decode_case)
             for b in (1, 8, 32)]
 
@@ -218,6 +221,9 @@ def main():
     parser.add_argument("--pool", default="bfloat16", choices=("bfloat16", "float32"),
                         help="the SSM state's dtype (vLLM: the model's, or "
                              "--mamba-ssm-cache-dtype)")
+    parser.add_argument("--gdn-pool", default="bfloat16", choices=("bfloat16", "float32"),
+                        help="the GDN state's dtype (vLLM serves a GDN model on a float32 pool "
+                             "where the CPU has AVX512-BF16, its accelerated GDN backend)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     linseq.set_num_threads(args.threads)
@@ -240,7 +246,7 @@ def main():
     command = "PYTHONPATH=python LINSEQ_LIBRARY=build/liblinseq.so $VENV/bin/python " + \
         shlex.join(["tools/perf/vllm_calls.py", *sys.argv[1:]])
     print(f"{cpu_model()}, {args.threads} thread(s), load average {load} before; GDN: "
-          f"{GDN_HEADS} and {GDN_VALUE_HEADS} heads of {GDN_DIM}, bfloat16 pool; Mamba2: "
+          f"{GDN_HEADS} and {GDN_VALUE_HEADS} heads of {GDN_DIM}, {args.gdn_pool} pool; Mamba2: "
           f"{args.heads} heads of {HEAD_DIM}, dstate {DSTATE}, {GROUPS} group, "
           f"{args.pool} SSM state pool; bfloat16 activations. Medians "
           f"over {args.rounds} alternating rounds; the ratio's range over the rounds (above "

@@ -26,8 +26,13 @@ Run it in the environment scripts/vllm-venv.sh makes, with linseq from this tree
         [--threads 1] [--rounds 5] [--models qwen3_5,qwen3_next,mamba2,mamba,falcon_mamba] \\
         [--write docs/performance.md]
 
-Threads: vLLM binds its OpenMP threads to CPUs 0 .. threads-1 (VLLM_CPU_OMP_THREADS_BIND);
-linseq's pool gets the same count.
+Threads: both sides get --threads. vLLM's ops run on torch's intra-op (OpenMP) threads,
+which are set here before vLLM starts: vLLM's in-process engine does not lower them itself
+(its CPU worker replaces torch.set_num_threads with a no-op before it would set 1), so
+without this vLLM's GDN ops ran on every CPU against linseq's one thread, and their OpenMP
+workers spun between regions beside the step's serial code. The engine's own count is read
+back and checked (serving_threads), and the table's header states it. linseq's pool gets
+the same count; VLLM_CPU_OMP_THREADS_BIND names the CPUs for vLLM releases that bind.
 """
 import argparse
 import datetime
@@ -96,6 +101,7 @@ class Engine:
                             max_model_len=args.prompt + 64,
                             max_num_batched_tokens=max(args.prompt, 2048), seed=0,
                             enable_prefix_caching=False)
+        serving_threads(args.threads)   # as vLLM's start-up left them
         self.requests = 0
         self.long = [[(7 * i + 3) % 256 for i in range(args.prompt)]]
         self.short = [[(11 * i + 5 * b) % 256 for i in range(16)] for b in range(args.batch)]
@@ -123,6 +129,28 @@ class Engine:
         ttft = sum(self.step_seconds(self.long, 1))
         decode_steps = self.step_seconds(self.short, 1 + self.args.new)[1:]
         return ttft, self.args.batch / statistics.median(decode_steps)
+
+
+def serving_environment(threads):
+    """The in-process engine on `threads` threads: torch's intra-op count set before vLLM
+    starts (it then makes torch.set_num_threads a no-op), by call as well as by
+    OMP_NUM_THREADS, which an OpenMP already loaded (vLLM puts torch's libgomp in LD_PRELOAD
+    for the processes it starts) has read before this runs."""
+    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
+                      VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}",
+                      OMP_NUM_THREADS=str(threads))
+    import torch
+    torch.set_num_threads(threads)
+
+
+def serving_threads(threads):
+    """torch's intra-op thread count in this process, which vLLM's ops run on, refused
+    unless it is the --threads linseq gets (an unequal count would be compared)."""
+    import torch
+    if torch.get_num_threads() != threads:
+        raise RuntimeError(f"vLLM's ops would run on {torch.get_num_threads()} threads against "
+                           f"linseq's {threads}")
+    return threads
 
 
 def switch(side):
@@ -199,7 +227,8 @@ def header(args, load_before):
     from suite_table import cpu_model
     return (f"vLLM {vllm.__version__} (CPU build) on torch {torch.__version__}, linseq "
             f"{linseq.version()} ({linseq.isa()}), {datetime.date.today()}, {cpu_model()}; "
-            f"{args.threads} thread(s); load average {load_before} before, "
+            f"{args.threads} thread(s) each side (vLLM's ops: torch's intra-op threads "
+            f"{torch.get_num_threads()}); load average {load_before} before, "
             f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} after. {args.rounds} "
             f"alternating round(s) after one warm-up a side. TTFT: one prompt of "
             f"{args.prompt} tokens, 1 new token; decode: {args.batch} prompts of 16 tokens, "
@@ -219,8 +248,7 @@ def main():
     parser.add_argument("--write", metavar="MARKDOWN",
                         help="put the table between the vllm-serving markers of this file")
     args = parser.parse_args()
-    os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_CPU_KVCACHE_SPACE="1",
-                      VLLM_CPU_OMP_THREADS_BIND=f"0-{args.threads - 1}")
+    serving_environment(args.threads)
     import linseq
     linseq.set_num_threads(args.threads)
     load_before = " ".join(f"{x:.2f}" for x in os.getloadavg())
