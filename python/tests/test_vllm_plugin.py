@@ -310,6 +310,33 @@ def test_gdn_prefill_equals_vllms_op_and_float64():
     assert torch.equal(pools["linseq"][untouched], before[untouched])
 
 
+def test_gdn_bf16_prompts_take_bf16_products():
+    """vLLM hands the prefill bfloat16 tokens, and computes in bf16 itself: linseq's chunked
+    forward then runs the products only the output reads on bf16 operands (exec->products).
+    The final states are bit for bit those of the same call on float32 copies (float32
+    products); o differs from that call's, rounded, but stays within bf16's error of it."""
+    g = torch.Generator().manual_seed(12)
+    cu = torch.tensor([0, 70, 150], dtype=torch.int32)
+    slots = torch.tensor([3, 1], dtype=torch.int32)
+    q, k, v, a, b = _gdn_tokens(150, g)
+    A_log, dt_bias = _gdn_params(g)
+    gate, beta = _vllm_ops().fused_gdn_gating_cpu(A_log, a, b, dt_bias)
+    pool = _paged_pool(5, HV, HEAD_DIM, HEAD_DIM, generator=g)
+    outs, pools = {}, {}
+    for name, tokens in (("bf16", (q, k, v, gate, beta)),
+                         ("f32", [t.float() for t in (q, k, v, gate, beta)])):
+        tq, tk, tv, tg, tb = tokens
+        pools[name] = pool.clone()
+        outs[name], _ = linseq_vllm._chunk_gated_delta_rule(
+            query=tq, key=tk, value=tv, g=tg, beta=tb, initial_state=pools[name],
+            output_final_state=True, cu_seqlens=cu, head_first=False,
+            use_qk_l2norm_in_kernel=True, initial_state_indices=slots)
+    assert outs["bf16"].dtype == torch.bfloat16 and torch.equal(pools["bf16"], pools["f32"])
+    wide = outs["f32"].float()
+    assert not torch.equal(outs["bf16"], outs["f32"].to(torch.bfloat16))
+    assert (outs["bf16"].float() - wide).abs().max() <= 2 ** -6 * wide.abs().max()
+
+
 def test_gdn_decode_equals_vllms_op_and_float64():
     """One token per request over the pool, the fused gate from the raw a, b; a request
     padded with slot -1 (linseq's side only: vLLM's op reads and writes row -1 of the pool)

@@ -30,7 +30,9 @@ vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
 (chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
-layer zeroes the slots of new prompts first), the decode step with the gate fused
+layer zeroes the slots of new prompts first; on bfloat16 prompts the products only the
+output reads take bf16 operands, as vLLM's kernels compute in bf16, the states float32's
+bits all the same), the decode step with the gate fused
 (fused_sigmoid_gating_delta_rule_update_cpu: decay -exp(A_log) softplus(a + dt_bias) and
 beta = sigmoid(b) in linseq's kernel), the speculative decode step
 (fused_sigmoid_gating_delta_rule_update_spec_cpu: from the slot of the last accepted token,
@@ -157,7 +159,7 @@ def _on_pool(pool, src, dst, pad_value, run):
 _POOL_DTYPES = {"float32": 0, "bfloat16": 1, "float16": 2}
 _POOL_FUNCTIONS = ("decode_pool", "decode_tokens_pool", "forward_pool")
 _problem_templates = {}   # (function, op, options, input shapes, sequences) -> _Template
-_exec = {}                # per-token dtype ("float32", "bfloat16") -> the exec of pool calls
+_exec = {}                # (bf16 tokens, bf16 products) -> the exec of pool calls
 
 
 class _Template:
@@ -221,7 +223,7 @@ def _pool_layout(pool, row_shape):
 
 
 def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
-               has_initial_state=None, cu_seqlens=None, **options):
+               has_initial_state=None, cu_seqlens=None, bf16_products=False, **options):
     """linseq.ops' `function` (decode_pool, decode_tokens_pool or forward_pool) of op on
     vLLM's pool tensor in place, its rows where they lie: arrays {the table's input name:
     a C-contiguous float32 tensor or None; the op's per-token inputs may all be bfloat16
@@ -229,7 +231,9 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
     take them refuses the call by name), its per-token outputs bfloat16 too}; src, dst the
     int32 or int64 slot tensors as vLLM
     passes them (dst None: src; [B*T] for decode_tokens_pool); has_initial_state a bool
-    tensor, cu_seqlens an integer one (forward_pool). The problem struct and its checks come
+    tensor, cu_seqlens an integer one (forward_pool); bf16_products: the chunked forward's
+    output products on bf16 operands (exec->products), for a caller that computes in bf16
+    (the arrays may be float32 all the same). The problem struct and its checks come
     from a template per shapes and options (_Template); the library checks the rest (the
     pool's span, every index, cu_seqlens). Returns the outputs but the state (float32
     tensors; None where absent), or None, before anything is written, where the pool's
@@ -275,11 +279,13 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
                           index_bits=src.element_size() * 8,
                           has_pad_value=pad_value is not None,
                           pad_value=0 if pad_value is None else int(pad_value))
-    bf16 = token_dtype == torch.bfloat16
-    if bf16 not in _exec:
-        _exec[bf16] = ops.make_exec(mode="default", bf16=bf16)
+    settings = (token_dtype == torch.bfloat16, bool(bf16_products))
+    if settings not in _exec:
+        _exec[settings] = ops.make_exec(mode="default", bf16=settings[0],
+                                        bf16_products=settings[1])
     call = getattr(_lib.lib, f"linseq_op_{function}")
-    head = (op.encode(), ctypes.byref(problem), ctypes.byref(_exec[bf16]), ctypes.byref(spec))
+    head = (op.encode(), ctypes.byref(problem), ctypes.byref(_exec[settings]),
+            ctypes.byref(spec))
     if function == "forward_pool":
         _lib.check(call(*head, None if has is None else has.data_ptr(), ptrs))
     else:
@@ -464,16 +470,18 @@ def _f32(t):
 
 
 def _on_vllms_pool(function, op, arrays, pool, src, dst=None, *, pad_value=None,
-                   has_initial_state=None, cu_seqlens=None, **options):
+                   has_initial_state=None, cu_seqlens=None, bf16_products=False, **options):
     """linseq.ops' `function` of op on vLLM's pool where it lies (_pool_call); where the
-    library cannot read the pool in place, on a float32 copy of the rows named (_on_pool).
-    Returns the outputs but the state, float32 tensors."""
+    library cannot read the pool in place, on a float32 copy of the rows named (_on_pool,
+    float32 products: bf16_products is a permission). Returns the outputs but the state,
+    float32 tensors."""
     import numpy as np
     import torch
 
     from .. import ops
     out = _pool_call(function, op, arrays, pool, src, dst, pad_value=pad_value,
-                     has_initial_state=has_initial_state, cu_seqlens=cu_seqlens, **options)
+                     has_initial_state=has_initial_state, cu_seqlens=cu_seqlens,
+                     bf16_products=bf16_products, **options)
     if out is not None:
         return out
     given = {n: None if a is None else _f32(a).numpy() for n, a in arrays.items()}
@@ -509,14 +517,16 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_fi
     its gating op; initial_state the pool [slots, HV, K, V]. Prompt i starts from slot
     initial_state_indices[i] (vLLM's layer zeroes the slots of new prompts first) and its
     final state goes back there. Returns (o [1, tokens, HV, V] in value's dtype, the pool)."""
+    import torch
     if head_first or not output_final_state or query.dim() != 4 or query.shape[0] != 1 or \
             cu_seqlens is None:
         raise _Declined
     rows = _rows(initial_state_indices, "initial_state_indices")
     q, k, v, beta, g = _token_tensors(query, key, value, beta, g)
     arrays = dict(q=q, k=k, v=v, beta=beta, g=g)
+    # vLLM's kernels compute in bf16 on bf16 prompts: the output's products may too
     (o,) = _on_vllms_pool("forward_pool", "kda", arrays, initial_state, rows,
-                          cu_seqlens=cu_seqlens,
+                          cu_seqlens=cu_seqlens, bf16_products=value.dtype == torch.bfloat16,
                           **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
     return o.to(value.dtype), initial_state
 
@@ -837,6 +847,7 @@ def _ssd_chunk_scan(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
     arrays = dict(x=_f32(x)[None], dt=dt[None], A=_f32(A), B=_f32(B)[None], C=_f32(C)[None],
                   D=skip, z=None if z is None else _f32(z)[None], dt_bias=bias)
     rows = torch.arange(prompts, dtype=torch.int32)
+    # float32 products: vLLM's scan computes in float32 and rounds y once, as this does
     (y,) = _on_vllms_pool("forward_pool", "ssd", arrays, states, rows, has_initial_state=has,
                           cu_seqlens=cu_seqlens, D_per_channel=per_channel, **options)
     out.copy_(y[0])
