@@ -23,9 +23,9 @@ vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is
 
 Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
 enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
-decode state is 2-6e-3 off float64), but small models decode at about two thirds to three
-quarters of vLLM's tokens/s through it (docs/performance.md: the decode step widens vLLM's
-bfloat16 state rows to float32 and rounds them back), so vLLM's ops stay the default.
+decode state is 2-6e-3 off float64), but small models decode at about vLLM's tokens/s
+through it and reach their first token later (docs/performance.md, served table), so
+vLLM's ops stay the default.
 vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
