@@ -233,7 +233,7 @@ void LS_ISA_FN(ls_ssd_item)(void *ctx, int64_t item, int thread)
         float *const words = scratch + ssd_scratch_floats(pl->P, pl->N, true, L);
         const chunk_words w = pl->bf16_products
                                   ? carve_words((uint32_t *)(void *)words, pl->P, pl->N, L)
-                                  : (chunk_words){NULL};
+                                  : (chunk_words){.C = NULL};
         load_state(pl, &it, c.St);
         for (int64_t c0 = 0; c0 < it.n_tokens; c0 += L)
             chunk_step(pl, &it, c0, it.n_tokens - c0 < L ? it.n_tokens - c0 : L, &c, &w);

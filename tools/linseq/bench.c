@@ -952,7 +952,7 @@ static void print_time(const char *what, double s)
 
 static void text_result(const result *r)
 {
-    char label[384]; /* name, mode, a 256-byte shape, decay */
+    char label[512]; /* name, mode, a 256-byte shape, decay, dtype, products, pool, layout */
     label_text(r, label, sizeof label);
     printf("%s, %d thread%s, isa %s", label, r->s.threads, r->s.threads == 1 ? "" : "s",
            linseq_isa());
