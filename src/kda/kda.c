@@ -124,7 +124,7 @@ linseq_status kda_check_problem(const char *fn, const ls_op *op, const linseq_kd
     pl->chunk = 0;
     pl->segment = 64;
     pl->bf16 = false;
-    pl->bf16_products = pl->bf16_dot = false;
+    pl->bf16_products = pl->bf16_grad_products = pl->bf16_dot = false;
     pl->positive_g = NULL;
     return LINSEQ_OK;
 }
@@ -393,9 +393,9 @@ static linseq_status forward_impl(const char *fn, const linseq_kda_problem *prob
         ls_arg(&a, "saved", "saved_bytes", saved, true, LS_OUT, 1, 1, (int64_t)saved_bytes)->align =
             sizeof(float);
     kda_exec_plan(&pl, exec);
-    /* bf16 products in the chunked inference forward only: the training forward's saved
-     * deltas feed a backward that differentiates the float32 math */
-    pl.bf16_products = exec && exec->products == LINSEQ_PRODUCTS_BF16 && pl.chunk && !saved;
+    /* bf16 products in the chunked forward, the training forward's too: what it saves (the
+     * chunk-start states and the deltas) is state-side, float32 products either way */
+    pl.bf16_products = exec && exec->products == LINSEQ_PRODUCTS_BF16 && pl.chunk;
     pl.bf16_dot = pl.bf16_products && kern->isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
     size_t ws_stride;
     ls_arg_structs(&a, p, sizeof *p, NULL, 0, exec);

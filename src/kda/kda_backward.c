@@ -15,6 +15,7 @@
 #include "kda/kda_kernels.h"
 #include "kda/kda_op.h"
 #include "optable/check.h"
+#include "simd/isa.h"
 
 void kda_bwd_emit(const kda_bwd *b, int64_t tok, int64_t hv, const float *dqs, const float *dks,
                   const float *dv, float dbeta, const float *dg, double *item_partials)
@@ -161,6 +162,8 @@ static linseq_status backward_impl(const char *fn, const linseq_kda_problem *pro
             sizeof(float);
 
     kda_exec_plan(&pl, exec);
+    pl.bf16_grad_products = exec && exec->products == LINSEQ_PRODUCTS_BF16 && pl.chunk;
+    pl.bf16_dot = pl.bf16_grad_products && kern->isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
     const int chunk = pl.segment; /* chunk size, or the recurrent checkpoint interval */
     ls_arg_structs(&a, p, sizeof *p, grads, sizeof *grads, exec);
     if ((st = ls_args_validate(&a))) return st;

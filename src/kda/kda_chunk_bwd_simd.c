@@ -24,12 +24,21 @@
  * the state, whose gradient dS0 carries on), and tokens whose g was raised to the floor get 0:
  * every factor they enter is an exact float32 zero.
  * Without the delta rule (gated linear attention) Vn = V: dV = dVn, and the solve, its Akk
- * and the Kbg S0 term have no gradient to pass. */
+ * and the Kbg S0 term have no gradient to pass.
+ *
+ * With bf16 products (pl->bf16_grad_products) the products that only the per-token gradients
+ * read take bf16 operands (simd/gemm_bf16.h), each operand rounded once: dQg = dO S0^T,
+ * dKd = Vn dS^T, dKbg = -dR S0^T, dAqk = dO Vn^T, dM = -dR Vn^T, and the score matrices'
+ * products between 16-row blocks (with one decay per head, all of them). Everything dS0
+ * depends on stays float32: Kd dS, Aqk^T dO, the back substitution, Qg^T dO and Kbg^T dR,
+ * with the chunk's recomputed forward (its Aqk too). So dh0, and dv = beta dR, are bit for
+ * bit the float32 products' gradients; dq, dk, dbeta and dg carry the bf16 rounding. */
 #include <string.h>
 
 #include "kda/kda_backward.h"
 #include "kda/kda_chunk.h"
 #include "kda/kda_simd.h"
+#include "simd/gemm_bf16.h"
 
 typedef struct {
     float *ckpt;              /* [n_chunks,K,V] the state at each chunk start */
@@ -49,7 +58,15 @@ typedef struct {
     float *dg;                /* [C,gK] the emitted dg */
     float *dG;                /* [C,gK] dL/dG of each row */
     float *dGL;               /* [gK] */
-    unsigned char *chunk;     /* the forward's chunk workspace */
+    /* bf16 products only (pl->bf16_grad_products): operands packed as simd/gemm_bf16.h
+     * describes, Vw = ceil(V/2), Cw = C/2 words */
+    uint32_t *dO_w;         /* [C,Vw] rows of dO */
+    uint32_t *dR_w;         /* [C,Vw] rows of -dR */
+    uint32_t *ST_w, *dST_w; /* [Vw,K] pairs of rows of S0^T, dS^T */
+    uint32_t *VnT_w;        /* [Vw,C] pairs of rows of Vn^T (read as rows of Vn, too) */
+    uint32_t *dA_w;         /* [C,Cw] a score gradient's block, by rows or by pairs */
+    uint32_t *x_w, *y_w;    /* [Cw,K] pairs of rows of a score's scaled operands */
+    unsigned char *chunk;   /* the forward's chunk workspace */
 } bwd_ws;
 
 static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
@@ -98,6 +115,15 @@ static size_t carve(const kda_bwd *b, unsigned char *base, bwd_ws *w)
     TAKE(dg, C * gK);
     TAKE(dG, C * gK);
     TAKE(dGL, gK);
+    const size_t Vw = (V + 1) / 2, Cw = (C + 1) / 2, words = pl->bf16_grad_products ? 1 : 0;
+    TAKE_T(dO_w, uint32_t, words * C * Vw);
+    TAKE_T(dR_w, uint32_t, words * C * Vw);
+    TAKE_T(ST_w, uint32_t, words * Vw * K);
+    TAKE_T(dST_w, uint32_t, words * Vw * K);
+    TAKE_T(VnT_w, uint32_t, words * Vw * C);
+    TAKE_T(dA_w, uint32_t, words * C * Cw);
+    TAKE_T(x_w, uint32_t, words * Cw * K);
+    TAKE_T(y_w, uint32_t, words * Cw * K);
 #undef TAKE
 #undef TAKE_T
     if (base) w->chunk = base + off;
@@ -153,12 +179,41 @@ static void add_dG(float *dG_row, int64_t gK, int64_t K, const float *a, const f
                    K - d);
 }
 
+/* out [M,K] = dA [M,N] (row stride lda) Y [N,K]: a score gradient's rows against scaled
+ * columns, on bf16 operands with pl->bf16_grad_products. */
+static void score_rows_product(const kda_plan *pl, const bwd_ws *w, int64_t M, int64_t N, int64_t K,
+                               const float *dA, int64_t lda, const float *Y, float *out)
+{
+    if (!pl->bf16_grad_products) {
+        ls_gemm(M, K, N, dA, lda, 1, Y, K, out, K, false);
+        return;
+    }
+    const int64_t Nw = (N + 1) / 2;
+    ls_pack_bf16_rows(M, N, dA, lda, w->dA_w, Nw);
+    ls_pack_bf16_pairs(N, K, Y, K, w->y_w, K);
+    ls_gemm_bf16(pl->bf16_dot, M, K, Nw, w->dA_w, Nw, 1, w->y_w, K, out, K, false, NULL);
+}
+
+/* out [N,K] = dA^T X, dA [M,N] (row stride lda), X [M,K]: the same gradient's columns. */
+static void score_cols_product(const kda_plan *pl, const bwd_ws *w, int64_t M, int64_t N, int64_t K,
+                               const float *dA, int64_t lda, const float *X, float *out)
+{
+    if (!pl->bf16_grad_products) {
+        ls_gemm(N, K, M, dA, 1, lda, X, K, out, K, false);
+        return;
+    }
+    const int64_t Mw = (M + 1) / 2;
+    ls_pack_bf16_pairs(M, N, dA, lda, w->dA_w, N); /* read back as rows of dA^T */
+    ls_pack_bf16_pairs(M, K, X, K, w->x_w, K);
+    ls_gemm_bf16(pl->bf16_dot, N, K, Mw, w->dA_w, 1, N, w->x_w, K, out, K, false, NULL);
+}
+
 /* For the strictly lower A[r,c] = sum_d X_r[d] Y_c[d] e^{G_r[d]-G_c[d]} (c < r): dX = dA-weighted
  * Y, dY = dA-weighted X, overwritten, through the forward's factorisation. (A diagonal has no
  * decay and no dG share: the caller adds it.) */
-static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
-                                        int64_t K, int64_t C, const float *dA, const float *X,
-                                        const float *Y)
+static void scores_backward_per_channel(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw,
+                                        int64_t Lc, int64_t K, int64_t C, const float *dA,
+                                        const float *X, const float *Y)
 {
     const int64_t S = KDA_SUB_CHUNK;
     memset(w->dX, 0, (size_t)(Lc * K) * sizeof(float));
@@ -222,17 +277,18 @@ static void scores_backward_per_channel(const bwd_ws *w, const kda_chunk_ws *cw,
         }
         /* dX_r += rf_r * (dA[rows, :n] Y') ; the rf_r rows sit in prod[0..m) */
         float *rf = w->prod, *t = w->prod + m * K;
-        ls_gemm(m, K, n, dA + n * C, C, 1, w->yt, K, t, K, false);
+        score_rows_product(pl, w, m, n, K, dA + n * C, C, w->yt, t);
         for (int64_t rr = 0; rr < m; rr++) vfma3(K, rf + rr * K, t + rr * K, w->dX + (n + rr) * K);
         /* dY_c += fc_c * (dA[rows, :n]^T X') */
-        ls_gemm(n, K, m, dA + n * C, 1, C, w->xt, K, t, K, false);
+        score_cols_product(pl, w, m, n, K, dA + n * C, C, w->xt, t);
         for (int64_t c = 0; c < n; c++) vfma3(K, w->fc + c * K, t + c * K, w->dY + c * K);
     }
 }
 
 /* The same with one decay per row: e^{G_r - G_c} is a scalar weight of dA. */
-static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc, int64_t K,
-                                     int64_t C, const float *dA, const float *X, const float *Y)
+static void scores_backward_per_head(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw,
+                                     int64_t Lc, int64_t K, int64_t C, const float *dA,
+                                     const float *X, const float *Y)
 {
     for (int64_t r = 0; r < Lc; r++) {
         float e = 1.0f;
@@ -242,8 +298,8 @@ static void scores_backward_per_head(const bwd_ws *w, const kda_chunk_ws *cw, in
             e *= cw->a[c];
         }
     }
-    ls_gemm(Lc, K, Lc, w->dAe, C, 1, Y, K, w->dX, K, false);
-    ls_gemm(Lc, K, Lc, w->dAe, 1, C, X, K, w->dY, K, false);
+    score_rows_product(pl, w, Lc, Lc, K, w->dAe, C, Y, w->dX);
+    score_cols_product(pl, w, Lc, Lc, K, w->dAe, C, X, w->dY);
 }
 
 static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk_ws *cw, int64_t Lc,
@@ -251,9 +307,9 @@ static void scores_backward(const kda_plan *pl, const bwd_ws *w, const kda_chunk
 {
     const int64_t K = pl->p->K, C = pl->chunk;
     if (pl->p->decay == LINSEQ_DECAY_PER_CHANNEL)
-        scores_backward_per_channel(w, cw, Lc, K, C, dA, X, Y);
+        scores_backward_per_channel(pl, w, cw, Lc, K, C, dA, X, Y);
     else
-        scores_backward_per_head(w, cw, Lc, K, C, dA, X, Y);
+        scores_backward_per_head(pl, w, cw, Lc, K, C, dA, X, Y);
 }
 
 /* dg_t = sum_{r >= t} dG_r from the last row up, 0 where g was floored. The running sum
@@ -298,7 +354,8 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     const kda_plan *pl = b->pl;
     const linseq_kda_problem *p = pl->p;
     const int64_t K = p->K, V = p->V, HV = pl->HV, C = pl->chunk, gK = pl->gK, SC = KDA_SUB_CHUNK;
-    const int64_t ldo = HV * V;
+    const int64_t ldo = HV * V, Vw = (V + 1) / 2;
+    const bool bf16 = pl->bf16_grad_products, dot = pl->bf16_dot;
     const float *dO = b->d_o + (first * HV + hv) * V;
     const float *Vn = cw->vnew;
     const bool has_decay = p->decay != LINSEQ_DECAY_NONE;
@@ -310,10 +367,19 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     ls_transpose(K, V, S0, V, w->ST, K);
     ls_transpose(K, V, w->dS, V, w->dST, K);
     ls_transpose(Lc, V, Vn, V, w->VnT, C);
+    if (bf16) {
+        ls_pack_bf16_pairs(V, K, w->ST, K, w->ST_w, K);
+        ls_pack_bf16_pairs(V, K, w->dST, K, w->dST_w, K);
+        ls_pack_bf16_pairs(V, Lc, w->VnT, C, w->VnT_w, C);
+        ls_pack_bf16_rows(Lc, V, dO, ldo, w->dO_w, Vw);
+    }
 
-    /* S_C = diag(e^{G_L}) S0 + Kd^T Vn */
+    /* S_C = diag(e^{G_L}) S0 + Kd^T Vn (VnT_w read with strides is Vn by rows) */
     ls_gemm(Lc, V, K, cw->kd, K, 1, w->dS, V, w->dVn, V, false);
-    ls_gemm(Lc, K, V, Vn, V, 1, w->dST, K, w->dkd, K, false);
+    if (bf16)
+        ls_gemm_bf16(dot, Lc, K, Vw, w->VnT_w, 1, C, w->dST_w, K, w->dkd, K, false, NULL);
+    else
+        ls_gemm(Lc, K, V, Vn, V, 1, w->dST, K, w->dkd, K, false);
     for (int64_t i = 0; i < K; i++) {
         const float *ds = w->dS + i * V;
         float *d0 = w->dS0 + i * V;
@@ -323,9 +389,14 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
     }
 
     /* O = Qg S0 + Aqk Vn */
-    ls_gemm(Lc, K, V, dO, ldo, 1, w->ST, K, w->dqg, K, false);
+    if (bf16) {
+        ls_gemm_bf16(dot, Lc, K, Vw, w->dO_w, Vw, 1, w->ST_w, K, w->dqg, K, false, NULL);
+        ls_gemm_bf16(dot, Lc, Lc, Vw, w->dO_w, Vw, 1, w->VnT_w, C, w->dAqk, C, false, NULL);
+    } else {
+        ls_gemm(Lc, K, V, dO, ldo, 1, w->ST, K, w->dqg, K, false);
+        ls_gemm(Lc, Lc, V, dO, ldo, 1, w->VnT, C, w->dAqk, C, false);
+    }
     ls_gemm(K, V, Lc, cw->qg, 1, K, dO, ldo, w->dS0, V, true);
-    ls_gemm(Lc, Lc, V, dO, ldo, 1, w->VnT, C, w->dAqk, C, false);
     /* dVn_c += sum_{r >= c} Aqk[r,c] dO_r: the triangle of each block, then the later rows */
     for (int64_t n = 0; n < Lc; n += SC) {
         const int64_t m = Lc - n < SC ? Lc - n : SC, after = n + m;
@@ -350,7 +421,12 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         kda_substitute_rows(w->dR, V, V, after - 1, n - 1, cw->Mneg, 1, C);
     }
     /* dM = -dR Vn^T = (w->dR) Vn^T, strictly lower; M[r,c] = beta_r Akk[r,c] */
-    if (pl->delta) ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
+    if (pl->delta && bf16) {
+        ls_pack_bf16_rows(Lc, V, w->dR, V, w->dR_w, Vw);
+        ls_gemm_bf16(dot, Lc, Lc, Vw, w->dR_w, Vw, 1, w->VnT_w, C, w->dAe, C, false, NULL);
+    } else if (pl->delta) {
+        ls_gemm(Lc, Lc, V, w->dR, V, 1, w->VnT, C, w->dAe, C, false);
+    }
     for (int64_t r = 0; pl->delta && r < Lc; r++) {
         const float *dM = w->dAe + r * C;
         float *dAkk = w->dAkk + r * C;
@@ -365,7 +441,10 @@ static void chunk_backward(const kda_bwd *b, bwd_ws *w, const kda_chunk_ws *cw, 
         w->dbeta[r] -= ls_vdot(V, v, w->dR + r * V);
     }
     if (pl->delta) {
-        ls_gemm(Lc, K, V, w->dR, V, 1, w->ST, K, w->dkbg, K, false);
+        if (bf16)
+            ls_gemm_bf16(dot, Lc, K, Vw, w->dR_w, Vw, 1, w->ST_w, K, w->dkbg, K, false, NULL);
+        else
+            ls_gemm(Lc, K, V, w->dR, V, 1, w->ST, K, w->dkbg, K, false);
         ls_gemm(K, V, Lc, cw->kbg, 1, K, w->dR, V, w->dS0, V, true);
     }
 

@@ -33,10 +33,12 @@ typedef struct kda_plan {
     bool delta;
     bool bf16; /* the per-token tensors (q, k, v, beta, g, o) are bfloat16: the kernels
                   * widen them as they load them and round o once as they store it */
-    /* The chunked forward's products with the state, Aqk Vnew and the state update take
-     * bf16 operands (exec->products, simd/gemm_bf16.h); bf16_dot: on vdpbf16ps (the AVX-512
-     * kernels on a CPU with AVX512-BF16), else on widened operands, with the same bits. */
-    bool bf16_products, bf16_dot;
+    /* exec->products = BF16 (simd/gemm_bf16.h). bf16_products: the chunked forward's products
+     * that only the output reads take bf16 operands (kda_chunk_simd.c); bf16_grad_products:
+     * the chunked backward's products that only the per-token gradients read do
+     * (kda_chunk_bwd_simd.c). bf16_dot: on vdpbf16ps (the AVX-512 kernels on a CPU with
+     * AVX512-BF16), else on widened operands, with the same bits. */
+    bool bf16_products, bf16_grad_products, bf16_dot;
     /* Set (to 1) by a kernel whose pass over g met a positive log decay, outside the
      * contract g <= 0 (kda_positive_g_status); NULL: not watched. */
     atomic_int *positive_g;
