@@ -48,10 +48,11 @@ ARGUMENTS = {
         "per value channel beta and return_intermediate_states are refused there, and "
         "fla's FLACPContext is refused (it drives fla's kernels)"),
     "linseq's own": (
-        "bf16_products (chunk_kda, chunk_gated_delta_rule): True lets the inference forward "
-        "run the products only the output reads on bfloat16 operands, float32 accumulation "
-        "(fla's kernels take bf16 operands on bf16 inputs); the final state is bit for bit "
-        "the float32 one; no effect where a gradient is recorded or with cp_context"),
+        "bf16_products (chunk_kda, chunk_gated_delta_rule): True lets the forward run the "
+        "products only the output reads, and the backward those only the per-token gradients "
+        "read, on bfloat16 operands, float32 accumulation (fla's kernels take bf16 operands "
+        "on bf16 inputs); the final state and the initial state's gradient are bit for bit "
+        "the float32 ones; no effect with cp_context"),
     "refused": (
         "cp_context in the recurrent functions, head_first "
         "(removed from fla too), and any other keyword, by name"),
@@ -80,10 +81,10 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
     state_v_first); cu_seqlens: N+1 offsets of packed sequences (B == 1).
     Keywords: A_log, dt_bias, chunk_size (16, 32, 64 or 128; fla takes only 32 and 64),
     transpose_state_layout (deprecated), chunk_indices (unused), and linseq's own
-    bf16_products: True lets the inference forward run the output's products on bfloat16
-    operands (fla's kernels do so on bf16 inputs; include/linseq.h, exec->products: the final
-    state stays float32 and bit for bit the same; not taken with cp_context or where a
-    gradient is recorded).
+    bf16_products: True lets the forward run the output's products, and the backward those
+    of the per-token gradients, on bfloat16 operands (fla's kernels do so on bf16 inputs;
+    include/linseq.h, exec->products: the final state and the initial state's gradient stay
+    bit for bit the same; not taken with cp_context).
     Returns (o [B,T,HV,V] in q's dtype, final_state float32 or None), and with
     return_intermediate_states also h [B,NT,HV,K,V] ([B,NT,HV,V,K] with state_v_first) in
     k's dtype: the state at the start of each chunk of chunk_size tokens (B = 1 and the

@@ -24,8 +24,9 @@ class KdaOptions:
     lower_bound: Optional[float] = None
     mode: str = "chunked"
     chunk_size: int = 64
-    # a permission for the chunked inference forward to run the output's products on bf16
-    # operands (exec->products, include/linseq.h); every other call computes as without it
+    # a permission for the chunked forward to run the output's products, and the chunked
+    # backward those of the per-token gradients, on bf16 operands (exec->products,
+    # include/linseq.h); every other call computes as without it
     bf16_products: bool = False
 
     def __post_init__(self):

@@ -2,7 +2,9 @@
 operands (exec->products, include/linseq.h). The final state is the default call's bit for
 bit; o is within a bf16 bound of a float64 recurrence of its own; the C call receives
 LINSEQ_PRODUCTS_BF16; the recurrent mode ignores the option. KdaOptions.bf16_products carries
-it from every framework, and fla's chunk signatures take it as a keyword."""
+it from every framework, and fla's chunk signatures take it as a keyword, for the training
+forward and the backward too (whose gradients tests/test_kda_bf16_grads.c judges against
+float64)."""
 
 import numpy as np
 import pytest
@@ -98,8 +100,8 @@ def test_every_framework_passes_the_option_to_the_forward():
 
 def test_fla_chunk_signatures_take_the_option():
     """fla's chunk_kda and chunk_gated_delta_rule take bf16_products (linseq's keyword): the
-    forward's bits with it; without it, or where a gradient is recorded (the training
-    forward of the float32 math), the float32 products' bits."""
+    forward's bits with it, where a gradient is recorded too (the training forward takes the
+    option); without it, the float32 products' bits."""
     torch = pytest.importorskip("torch")
     from linseq.compat import fla
     q, k, v, beta, g, h0 = _problem(seed=3, T=80)
@@ -120,7 +122,42 @@ def test_fla_chunk_signatures_take_the_option():
         assert np.array_equal(o_plain.numpy(), o_f32) and not np.array_equal(o_want, o_f32)
         tq.requires_grad_(True)
         o_grad, _ = call(bf16_products=True)
-        assert np.array_equal(o_grad.detach().numpy(), o_f32)
+        assert np.array_equal(o_grad.detach().numpy(), o_want)
+
+
+def test_the_backward_takes_the_option():
+    """ops.kda_backward(bf16_products=True) and a torch backward through fla's chunk_kda
+    with the keyword: dh0 and dv the float32 products' bits (the state's gradient chain stays
+    float32), dq and dk not, within a bf16 bound of the float32 products' gradients."""
+    torch = pytest.importorskip("torch")
+    from linseq.compat import fla
+    arrays = _problem(seed=5, T=100)
+    r = np.random.default_rng(6)
+    d_o = r.standard_normal((1, 100, 2, 48)).astype(np.float32)
+    d_ht = r.standard_normal((1, 2, 64, 48)).astype(np.float32)
+    g32 = ops.kda_backward(_inputs(arrays), d_o, d_ht, threads=1)
+    g16 = ops.kda_backward(_inputs(arrays), d_o, d_ht, threads=1, bf16_products=True)
+    for name in ("dh0", "dv"):
+        assert np.array_equal(g16[name].view(np.uint32), g32[name].view(np.uint32)), name
+    for name in ("dq", "dk", "dbeta", "dg"):
+        err = np.abs(g16[name] - g32[name]).max() / np.abs(g32[name]).max()
+        assert 0 < err <= 1e-2, (name, err)
+
+    def torch_grads(**options):
+        leaves = [torch.from_numpy(a).requires_grad_(True) for a in arrays]
+        tq, tk, tv, tbeta, tg, th0 = leaves
+        o, h = fla.chunk_gated_delta_rule(tq, tk, tv, tg, tbeta, initial_state=th0,
+                                          output_final_state=True,
+                                          use_qk_l2norm_in_kernel=True, **options)
+        ((o * torch.from_numpy(d_o)).sum() + (h * torch.from_numpy(d_ht)).sum()).backward()
+        return {n: x.grad.numpy() for n, x in zip(("dq", "dk", "dv", "dbeta", "dg", "dh0"),
+                                                   leaves)}
+    t32, t16 = torch_grads(), torch_grads(bf16_products=True)
+    for name in ("dh0", "dv"):
+        assert np.array_equal(t16[name], t32[name]), name
+    for name in ("dq", "dk"):
+        assert not np.array_equal(t16[name], t32[name]), name
+        assert np.abs(t16[name] - t32[name]).max() / np.abs(t32[name]).max() <= 1e-2, name
 
 
 def _ssd_problem(seed=4, B=1, T=100, H=4, P=16, N=32, G=1):

@@ -124,8 +124,8 @@ def _float32_only(inputs, what):
 def kda_forward_train(inputs, *, mode="chunked", chunk_size=64, threads=0, final_state=True,
                       bf16_products=False):
     """(o, ht or None, saved): the forward plus what kda_backward(saved=...) needs.
-    bf16_products is taken as kda_forward takes it and changes nothing here: the saved block
-    feeds a backward of the float32 math."""
+    bf16_products as kda_forward takes it: o from bf16 operands, ht and the saved block (the
+    chunk states and deltas) the same bits as without it."""
     _float32_only(inputs, "kda_forward_train")
     ex = make_exec(mode, chunk_size, threads, bf16_products=bf16_products)
     (o, ht), saved = forward_train("kda", inputs, ex, final_state)
@@ -137,7 +137,9 @@ def kda_backward(inputs, d_o, d_ht=None, *, mode="chunked", chunk_size=64, threa
     """The gradients of sum(o * d_o) + sum(ht * d_ht), as a dict: dq, dk, dv, dbeta, dg,
     dh0 (and dA_log, ddt_bias with the gate in the kernel). `wanted` limits the set;
     `saved` is the block kda_forward_train returned for the same inputs and settings.
-    bf16_products changes nothing here (the backward's products are float32)."""
+    bf16_products: the chunked backward's products that only the per-token gradients read
+    take bfloat16 operands (exec->products): dh0 and dv the same bits as without it, dq, dk,
+    dbeta, dg within a bf16 bound."""
     _float32_only(inputs, "kda_backward")
     if inputs.beta is None:  # no delta rule: there is no beta to differentiate
         names = wanted if wanted is not None else [t["name"] for t in _lib.op_tensors("kda", "grad")]
