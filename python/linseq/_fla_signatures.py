@@ -8,6 +8,7 @@ ARGUMENTS below lists which are honoured, accepted without effect, or refused). 
 compilable (_compile_blocks): under torch.compile it runs as one non-strict traced block.
 """
 
+import sys
 import warnings
 
 import numpy as np
@@ -120,6 +121,26 @@ def _chunked(cp_context, extra, q, k, v, g, beta, *, intermediate=False, **optio
                                   beta, g=g, out_like=q, intermediate=intermediate,
                                   bf16_products=bool(extra.get("bf16_products", False)),
                                   **options)
+
+
+def _recurrent_token_step(q, k, v, g, beta, initial_state, output_final_state, qk_l2norm):
+    """The recurrent functions' decode call with their defaults (scale, layouts, no gate in
+    the kernel, no packed sequences), straight to the step delta_rule would take first
+    (_delta_rule._eager_token_step: one token from a state, plain tensors, no gradient),
+    without this module's checks of keywords in between, for a caller that passes only
+    these arguments (linseq.integrations.transformers): (o in v's dtype, the final state or
+    None), the same results as fused_recurrent_kda or fused_recurrent_gated_delta_rule with
+    g or gk = g, or None for any call that step does not take."""
+    torch = sys.modules.get("torch")
+    if initial_state is None or torch is None or torch.compiler.is_compiling():
+        return None  # (traced, the functions' blocks are what the graph holds)
+    step = _delta_rule._eager_token_step(q, k, v, beta, g, initial_state, scale=None,
+                                         qk_l2norm=qk_l2norm, beta_is_logit=False,
+                                         state_v_first=False)
+    if step is None:
+        return None
+    o = step[0] if step[0].dtype == v.dtype else step[0].to(v.dtype)
+    return o, step[1] if output_final_state else None
 
 
 @compilable

@@ -163,6 +163,33 @@ def test_token_step_from_h0_needs_no_copy_of_it(monkeypatch, per_channel):
     assert taken == [True, False]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("output_final_state", [True, False])
+def test_adapters_token_step_is_the_recurrent_functions(dtype, per_channel, output_final_state):
+    """fla._recurrent_token_step, which the transformers adapters call before fla's
+    recurrent functions: their output (dtype included) and final state bit for bit where it
+    takes the call, None without an initial state or where a gradient is recorded."""
+    if not _torch_native.AVAILABLE:
+        pytest.skip("no C++ decode kernels: the token step is not offered")
+    gen = torch.Generator().manual_seed(6)
+    b, h, hv, k, v = 2, 2, 4, 8, 6
+    q, kk = _random(gen, b, 1, h, k).to(dtype), _random(gen, b, 1, h, k).to(dtype)
+    vv = _random(gen, b, 1, hv, v).to(dtype)
+    g = -torch.rand(*((b, 1, hv, k) if per_channel else (b, 1, hv)), generator=gen).to(dtype)
+    beta = torch.rand(b, 1, hv, generator=gen).to(dtype)
+    h0 = _random(gen, b, hv, k, v) * 0.3
+    entry = fla.fused_recurrent_kda if per_channel else fla.fused_recurrent_gated_delta_rule
+    o_want, ht_want = entry(q, kk, vv, g=g, beta=beta, initial_state=h0,
+                            output_final_state=output_final_state, use_qk_l2norm_in_kernel=True)
+    o, ht = fla._recurrent_token_step(q, kk, vv, g, beta, h0, output_final_state, True)
+    assert o.dtype == o_want.dtype and torch.equal(o, o_want.detach())
+    assert (ht is None) == (ht_want is None) and (ht is None or torch.equal(ht, ht_want))
+    assert fla._recurrent_token_step(q, kk, vv, g, beta, None, True, True) is None
+    assert fla._recurrent_token_step(q, kk, vv.requires_grad_(True), g, beta, h0, True,
+                                     True) is None
+
+
 def test_token_step_not_taken_where_gradients_are_recorded(monkeypatch):
     taken = _spy_token_step(monkeypatch)
     _, call = _token_step_call(torch.Generator().manual_seed(4), torch.float32, True, True, True,

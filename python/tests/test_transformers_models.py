@@ -159,11 +159,12 @@ MODELS = {"kimi_linear": _kimi, "qwen3_next": _qwen3_next, "qwen3_5": _qwen3_5,
 PACKABLE = ["kimi_linear", "qwen3_next", "qwen3_5", "bamba", "nemotron_h", "falcon_h1",
             "zamba2", *LFM2_MODELS]
 
-# the linseq functions each model's prefill, decode and training must reach
+# the linseq functions each model's prefill, decode and training must reach (a decode step
+# of the delta rules: fla's recurrent functions' token step, which the adapters call first)
 LINSEQ_FUNCTIONS = {
-    "kimi_linear": {"chunk_kda", "fused_recurrent_kda", "causal_conv1d_fn",
+    "kimi_linear": {"chunk_kda", "_recurrent_token_step", "causal_conv1d_fn",
                     "causal_conv1d_update"},
-    "qwen3_next": {"chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule",
+    "qwen3_next": {"chunk_gated_delta_rule", "_recurrent_token_step",
                    "causal_conv1d_fn", "causal_conv1d_update"},
     "mamba": {"selective_scan_fn", "selective_state_update", "causal_conv1d_fn",
               "causal_conv1d_update"},
@@ -206,7 +207,8 @@ def linseq_calls(monkeypatch):
     seen = {}
     for module in (fla, mamba_ssm, mamba_ssd, causal_conv1d):
         for name in ("chunk_kda", "fused_recurrent_kda", "chunk_gated_delta_rule",
-                     "fused_recurrent_gated_delta_rule", "selective_scan_fn",
+                     "fused_recurrent_gated_delta_rule", "_recurrent_token_step",
+                     "selective_scan_fn",
                      "selective_state_update", "mamba_inner_fn", "causal_conv1d_fn",
                      "causal_conv1d_update", "mamba_chunk_scan_combined"):
             real = getattr(module, name, None)

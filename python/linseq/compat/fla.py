@@ -33,6 +33,7 @@ from .._fla_signatures import (ARGUMENTS, chunk_gated_delta_rule, chunk_gdn, chu
                                fused_gdn_gate, fused_kda_gate, fused_recurrent_gated_delta_rule,
                                fused_recurrent_gdn, fused_recurrent_kda,
                                fused_recurrent_kda_fwd)
+from .._fla_signatures import _recurrent_token_step  # noqa: F401 (the transformers adapters')
 
 __all__ = ["chunk_kda", "fused_recurrent_kda", "fused_recurrent_kda_fwd",
            "chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "chunk_gdn",

@@ -142,11 +142,14 @@ def _kda_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
 def _kda_recurrent(query, key, value, g, beta, initial_state, output_final_state,
                    use_qk_l2norm_in_kernel=False, **kwargs):
     """Kimi's recurrent_kimi_delta_attention (decode): as _kda_chunk, token by token."""
-    o, state = _compat("fla").fused_recurrent_kda(
+    fla, cu_seqlens = _compat("fla"), _packed_offsets(kwargs)
+    o, state = (cu_seqlens is None and fla._recurrent_token_step(
+        query, key, value, g, beta, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel)) or fla.fused_recurrent_kda(
         query, key, value, g, beta, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=_packed_offsets(kwargs))
-    return o.to(query.dtype), state
+        cu_seqlens=cu_seqlens)
+    return (o if o.dtype == query.dtype else o.to(query.dtype)), state
 
 
 def _gdn_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
@@ -163,11 +166,14 @@ def _gdn_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
 def _gdn_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                    use_qk_l2norm_in_kernel=False, **kwargs):
     """Qwen's torch_recurrent_gated_delta_rule (decode): as _gdn_chunk, token by token."""
-    o, state = _compat("fla").fused_recurrent_gated_delta_rule(
+    fla, cu_seqlens = _compat("fla"), _packed_offsets(kwargs)
+    o, state = (cu_seqlens is None and fla._recurrent_token_step(
+        query, key, value, g, beta, initial_state, output_final_state,
+        use_qk_l2norm_in_kernel)) or fla.fused_recurrent_gated_delta_rule(
         query, key, value, g=g, beta=beta, initial_state=initial_state,
         output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=_packed_offsets(kwargs))
-    return o.to(query.dtype), state
+        cu_seqlens=cu_seqlens)
+    return (o if o.dtype == query.dtype else o.to(query.dtype)), state
 
 
 def _mamba_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
