@@ -100,7 +100,7 @@ static void read_out(const linseq_ssd_problem *p, int64_t bt, int64_t h, const d
     for (int64_t i = 0; i < P; i++) {
         double acc = 0.0;
         for (int64_t n = 0; n < N; n++) acc += S[i * N + n] * Cv[n];
-        if (p->D_skip) acc += p->D_skip[p->D_per_channel ? h * P + i : h] * x[i];
+        if (p->D_skip) acc += (double)p->D_skip[p->D_per_channel ? h * P + i : h] * x[i];
         if (p->z) {
             const double z = p->z[(bt * H + h) * P + i];
             acc *= z / (1.0 + exp(-z));
@@ -134,6 +134,109 @@ void ssd_reference(const linseq_ssd_problem *p, double *y, double *hT)
                 for (int64_t n = 0; n < N; n++) hT[ssd_ref_state_at(p, s, h, i, n)] = S[i * N + n];
         }
     free(S);
+}
+
+/* ---- the definition's gradients ---------------------------------------------------- */
+
+static void zero_d(double *x, size_t n)
+{
+    for (size_t i = 0; x && i < n; i++) x[i] = 0.0;
+}
+
+void ssd_reference_backward(const linseq_ssd_problem *p, const float *d_y, const float *d_hT,
+                            const ssd_ref_grads *g)
+{
+    const int64_t H = p->H, P = p->P, N = p->N, G = p->G ? p->G : 1, BT = p->B * p->T;
+    const int64_t n_seqs = p->cu_seqlens ? p->n_seqs : p->B, PN = P * N;
+    /* sums first: every gradient of a shared input (B, C, D, A, dt_bias) adds up */
+    zero_d(g->dx, (size_t)(BT * H * P)), zero_d(g->dz, (size_t)(BT * H * P));
+    zero_d(g->ddt, (size_t)(BT * H)), zero_d(g->dA, (size_t)H), zero_d(g->ddt_bias, (size_t)H);
+    zero_d(g->dB, (size_t)(BT * G * N)), zero_d(g->dC, (size_t)(BT * G * N));
+    zero_d(g->dD, (size_t)(p->D_per_channel ? H * P : H));
+    zero_d(g->dh0, (size_t)(n_seqs * H * PN));
+    int64_t longest = 0;
+    for (int64_t s = 0; s < n_seqs; s++) {
+        int64_t first, last;
+        ssd_ref_tokens(p, s, &first, &last);
+        if (last - first > longest) longest = last - first;
+    }
+    double *S = malloc((size_t)((longest + 1) * PN) * sizeof *S); /* S_t after t tokens */
+    double *dS = malloc((size_t)PN * sizeof *dS);
+    if (!S || !dS) abort();
+    for (int64_t s = 0; s < n_seqs; s++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t first, last;
+            ssd_ref_tokens(p, s, &first, &last);
+            const int64_t gr = h / (H / G);
+            const double A = p->A[h];
+            for (int64_t i = 0; i < P; i++)
+                for (int64_t n = 0; n < N; n++) {
+                    const int64_t at = ssd_ref_state_at(p, s, h, i, n);
+                    S[i * N + n] = p->h0 ? p->h0[at] : 0.0;
+                    dS[i * N + n] = d_hT ? d_hT[at] : 0.0;
+                }
+            for (int64_t bt = first; bt < last; bt++) {
+                const double d = ssd_ref_dt(p, bt, h), decay = exp(d * A);
+                const float *x = p->x + (bt * H + h) * P, *Bv = p->B_proj + (bt * G + gr) * N;
+                const double *prev = S + (bt - first) * PN;
+                double *next = S + (bt - first + 1) * PN;
+                for (int64_t i = 0; i < P; i++)
+                    for (int64_t n = 0; n < N; n++)
+                        next[i * N + n] = decay * prev[i * N + n] + d * x[i] * Bv[n];
+            }
+            for (int64_t bt = last - 1; bt >= first; bt--) {
+                const double d = ssd_ref_dt(p, bt, h), decay = exp(d * A);
+                const int64_t o = (bt * H + h) * P;
+                const float *x = p->x + o, *Bv = p->B_proj + (bt * G + gr) * N;
+                const float *Cv = p->C_proj + (bt * G + gr) * N;
+                const double *prev = S + (bt - first) * PN, *St = prev + PN;
+                /* the read-out y = (S_t C + D x) silu(z) */
+                for (int64_t i = 0; i < P; i++) {
+                    const double Dv = p->D_skip ? p->D_skip[p->D_per_channel ? h * P + i : h] : 0.0;
+                    double gy = d_y[o + i];
+                    if (p->z) {
+                        double yf = Dv * x[i];
+                        for (int64_t n = 0; n < N; n++) yf += St[i * N + n] * Cv[n];
+                        const double z = p->z[o + i], sig = 1.0 / (1.0 + exp(-z));
+                        if (g->dz) g->dz[o + i] = gy * yf * sig * (1.0 + z * (1.0 - sig));
+                        gy *= z * sig;
+                    }
+                    if (g->dD) g->dD[p->D_per_channel ? h * P + i : h] += gy * x[i];
+                    if (g->dx) g->dx[o + i] += Dv * gy;
+                    for (int64_t n = 0; n < N; n++) {
+                        if (g->dC) g->dC[(bt * G + gr) * N + n] += St[i * N + n] * gy;
+                        dS[i * N + n] += gy * Cv[n];
+                    }
+                }
+                /* S_t = decay S_{t-1} + d x B^T */
+                double dd = 0.0, ddecay = 0.0;
+                for (int64_t i = 0; i < P; i++)
+                    for (int64_t n = 0; n < N; n++) {
+                        const double ds = dS[i * N + n];
+                        ddecay += ds * prev[i * N + n];
+                        dd += ds * x[i] * Bv[n];
+                        if (g->dx) g->dx[o + i] += d * ds * Bv[n];
+                        if (g->dB) g->dB[(bt * G + gr) * N + n] += d * ds * x[i];
+                        dS[i * N + n] = decay * ds;
+                    }
+                dd += ddecay * decay * A;
+                if (g->dA) g->dA[h] += ddecay * decay * d;
+                /* d = clamp(softplus(dt + dt_bias)): a clamped dt passes nothing */
+                const double raw = p->dt[bt * H + h];
+                const double biased = raw + (p->dt_bias ? p->dt_bias[h] : 0.0);
+                const double pre =
+                    p->dt_softplus ? (biased > 20.0 ? biased : log1p(exp(biased))) : raw;
+                double gdt =
+                    p->dt_max > p->dt_min && (pre < p->dt_min || pre > p->dt_max) ? 0.0 : dd;
+                if (p->dt_softplus) gdt *= 1.0 / (1.0 + exp(-biased));
+                if (g->ddt) g->ddt[bt * H + h] = gdt;
+                if (g->ddt_bias) g->ddt_bias[h] += gdt;
+            }
+            for (int64_t i = 0; g->dh0 && i < P; i++)
+                for (int64_t n = 0; n < N; n++)
+                    g->dh0[ssd_ref_state_at(p, s, h, i, n)] = dS[i * N + n];
+        }
+    free(S), free(dS);
 }
 
 /* ---- every ISA ------------------------------------------------------------------------ */

@@ -48,6 +48,17 @@ int64_t ssd_ref_state_at(const linseq_ssd_problem *p, int64_t row, int64_t h, in
 /* y [B,T,H,P] and hT (the state layout) from h0 (NULL: zeros); either may be NULL. */
 void ssd_reference(const linseq_ssd_problem *p, double *y, double *hT);
 
+/* The gradients of L = sum(y * d_y) + sum(hT * d_hT) in double, by the reverse of
+ * ssd_reference's recurrence (each token's state kept on the way forward), in the layouts of
+ * linseq_ssd_grads: dx and dz [B,T,H,P], ddt [B,T,H], dB and dC [B,T,G,N], dD as the problem
+ * has it, dh0 the state layout, dA and ddt_bias [H]. d_hT may be NULL (zero); a NULL member is
+ * not computed. Through the clamp a clamped dt passes no gradient, as the kernels take it. */
+typedef struct ssd_ref_grads {
+    double *dx, *ddt, *dA, *dB, *dC, *dD, *dz, *dh0, *ddt_bias;
+} ssd_ref_grads;
+void ssd_reference_backward(const linseq_ssd_problem *p, const float *d_y, const float *d_hT,
+                            const ssd_ref_grads *g);
+
 /* tests(isa) once per ISA the CPU has, each ISA's checks reported on a line of their own,
  * "<suite> <isa>: ..., <detail>". */
 void ssd_each_isa(const char *suite, void (*tests)(ls_isa isa), const char *detail);

@@ -226,7 +226,8 @@ static linseq_status run_backward(const char *fn, ssd_plan *pl, const linseq_ssd
     const bool shares = ls_ssd_groups(p) < p->H && (g->dB_proj || g->dC_proj);
     pl->n_tokens = p->B * p->T;
     const int64_t longest = ls_longest_sequence(p->cu_seqlens, p->n_seqs, p->T);
-    pl->scratch_floats = ssd_bwd_scratch_floats(p->P, p->N, pl->chunk, longest);
+    pl->scratch_floats = ssd_bwd_scratch_floats(p->P, p->N, pl->chunk, longest) +
+                         (pl->bf16_products ? ssd_bwd_bf16_words(p->P, p->N, pl->chunk) : 0);
     const int n_threads = ls_resolve_threads(exec, n_items, 3.5 * ls_ssd_flops(p, exec));
     linseq_status st = alloc_backward(fn, pl, n_items, shares);
     if (!st)
@@ -267,12 +268,12 @@ linseq_status ls_ssd_backward_isa(const linseq_ssd_problem *p, const linseq_exec
     ls_arg_structs(&a, p, sizeof *p, g, sizeof *g, exec);
     if ((st = ls_args_validate(&a)) || (st = ls_ssd_check_values(a.fn, &ls_op_ssd, p, exec)))
         return st;
-    return ls_ssd_run_backward(a.fn, p, exec, isa, d_y, d_hT, g);
+    return ls_ssd_run_backward(a.fn, p, exec, isa, d_y, d_hT, g, true);
 }
 
 linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
                                   const linseq_exec *exec, ls_isa isa, const float *d_y,
-                                  const float *d_hT, const linseq_ssd_grads *g)
+                                  const float *d_hT, const linseq_ssd_grads *g, bool products)
 {
     ssd_plan pl = {.s0 = p->h0,
                    .d_y = d_y,
@@ -284,6 +285,10 @@ linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
                    .dz = g->dz,
                    .dh0 = g->dh0};
     plan(&pl, p, exec, false);
+    /* bf16 products where the forward takes them (the chunked or default mode); the backward
+     * itself always runs chunked */
+    pl.bf16_products = products && pl.chunked && exec && exec->products == LINSEQ_PRODUCTS_BF16;
+    pl.bf16_dot = pl.bf16_products && isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
     pl.chunked = true;
     return run_backward(fn, &pl, p, exec, isa, g);
 }

@@ -48,8 +48,10 @@ typedef struct ssd_plan {
     int64_t chunk;        /* tokens per chunk (chunked) */
     float dt_min, dt_max; /* clamp when dt_max > dt_min */
     /* The chunked forward's products that only y reads take bf16 operands (exec->products,
-     * simd/gemm_bf16.h): C B^T, C St and M U between 16-token blocks; bf16_dot: on vdpbf16ps
-     * (the AVX-512 kernels, on a CPU with AVX512-BF16). Never set for decode or backward. */
+     * simd/gemm_bf16.h): C B^T, C St and M U between 16-token blocks; in the backward those
+     * that only the tokens' gradients read (ssd_bwd_simd.c), never those of the gradient at
+     * the state; bf16_dot: on vdpbf16ps (the AVX-512 kernels, on a CPU with AVX512-BF16).
+     * Never set for decode, the recurrent mode or the segment summary. */
     bool bf16_products, bf16_dot;
     float *scratch;
     int64_t scratch_floats;
@@ -93,8 +95,20 @@ static inline int64_t ssd_bf16_words(int64_t P, int64_t N, int64_t L)
            ssd_round16(Lw * P);
 }
 
+/* With bf16 products, the backward's 32-bit words of packed operands: the forward's and, per
+ * ssd_bwd_simd.c's carve_bwd_words, dY (by rows and by pairs), U^T, S_prev^T, dS^T, Q o E
+ * (by rows and by pairs), B, C, diag(w) U, diag(w) B, dS and M. */
+static inline int64_t ssd_bwd_bf16_words(int64_t P, int64_t N, int64_t L)
+{
+    const int64_t Pw = (P + 1) / 2, Nw = (N + 1) / 2, Lw = L / 2;
+    return ssd_bf16_words(P, N, L) + 2 * ssd_round16(L * Pw) + ssd_round16(Lw * P) +
+           ssd_round16(Pw * L) + 2 * ssd_round16(Pw * N) + 3 * ssd_round16(L * Lw) +
+           2 * ssd_round16(Lw * N) + ssd_round16(L * Nw) + ssd_round16(Nw * P);
+}
+
 /* The backward's scratch: the chunked forward's, its own blocks, and the state before each
- * chunk of the longest sequence (recomputed from h0, then walked back). */
+ * chunk of the longest sequence (recomputed from h0, then walked back); with bf16 products
+ * ssd_bwd_bf16_words more after them. */
 static inline int64_t ssd_bwd_scratch_floats(int64_t P, int64_t N, int64_t L, int64_t longest)
 {
     const int64_t chunks = (longest + L - 1) / L;
@@ -119,9 +133,11 @@ linseq_status ls_ssd_check_values(const char *fn, const struct ls_op *op,
                                   const linseq_ssd_problem *p, const linseq_exec *exec);
 linseq_status ls_ssd_run_forward(const char *fn, const linseq_ssd_problem *p,
                                  const linseq_exec *exec, ls_isa isa, float *y, float *hT);
+/* products: whether exec->products applies (the SSD backward; not the segment summary's,
+ * whose forward has no product that only y reads). */
 linseq_status ls_ssd_run_backward(const char *fn, const linseq_ssd_problem *p,
                                   const linseq_exec *exec, ls_isa isa, const float *d_y,
-                                  const float *d_hT, const linseq_ssd_grads *g);
+                                  const float *d_hT, const linseq_ssd_grads *g, bool products);
 
 /* The entry points with the ISA chosen (linseq_ssd_* resolve it from the CPU). */
 linseq_status ls_ssd_forward_isa(const linseq_ssd_problem *p, const linseq_exec *exec, float *y,

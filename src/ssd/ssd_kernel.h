@@ -8,7 +8,9 @@
 #include <string.h>
 
 #include "core/activation.h"
+#include "simd/bf16.h"
 #include "simd/gemm.h"
+#include "simd/gemm_bf16.h"
 #include "simd/vec.h"
 #include "ssd/ssd.h"
 
@@ -235,6 +237,86 @@ static inline void chunk_outputs(int64_t n, int64_t P, int64_t L, const chunk_bu
 {
     ssd_scale_rows(Y, c->elam, n, P);
     ssd_tri(Y, P, c->U, P, P, n, c->M, L, 1, false, true);
+}
+
+/* ---- bf16 products (pl->bf16_products, simd/gemm_bf16.h) ------------------------------ */
+
+/* The packed bf16 operands of the output's products, carved from the thread's scratch after
+ * the chunk buffers (ssd_bf16_words): C by rows, B^T by pairs, St by pairs, M by rows, U by
+ * pairs. */
+typedef struct chunk_words {
+    uint32_t *C, *Bt, *St, *M, *U;
+} chunk_words;
+
+static inline chunk_words carve_words(uint32_t *w, int64_t P, int64_t N, int64_t L)
+{
+    const int64_t Nw = (N + 1) / 2, Lw = L / 2;
+    chunk_words cw;
+    cw.C = w, w += ssd_round16(L * Nw);
+    cw.Bt = w, w += ssd_round16(L * Nw);
+    cw.St = w, w += ssd_round16(Nw * P);
+    cw.M = w, w += ssd_round16(L * Lw);
+    cw.U = w;
+    return cw;
+}
+
+/* M = (C B^T) o decays with bf16 operands C and B (the float32 order of chunk_scores), by row
+ * blocks up to each block's last column: ssd_decay_row zeroes every score above the
+ * diagonal. Leaves C packed by rows in w->C for ssd_read_bf16. */
+static inline void ssd_scores_bf16(const ssd_plan *pl, int64_t n, chunk_bufs *c,
+                                   const chunk_words *w)
+{
+    const int64_t N = pl->N, L = pl->chunk, Nw = (N + 1) / 2, S = SSD_BF16_BLOCK;
+    ls_pack_bf16_rows(n, N, c->Cc, N, w->C, Nw);
+    ls_pack_bf16_pairs(N, n, c->Bt, L, w->Bt, L);
+    for (int64_t r0 = 0; r0 < n; r0 += S) {
+        const int64_t m = n - r0 < S ? n - r0 : S;
+        ls_gemm_bf16(pl->bf16_dot, m, r0 + m, Nw, w->C + r0 * Nw, Nw, 1, w->Bt, L, c->M + r0 * L, L,
+                     false, NULL);
+    }
+    for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
+}
+
+/* Y = C St with bf16 operands, C packed by ssd_scores_bf16. */
+static inline void ssd_read_bf16(const ssd_plan *pl, int64_t n, const chunk_bufs *c,
+                                 const chunk_words *w, float *Y)
+{
+    const int64_t P = pl->P, N = pl->N, Nw = (N + 1) / 2;
+    ls_pack_bf16_pairs(N, P, c->St, P, w->St, P);
+    ls_gemm_bf16(pl->bf16_dot, n, P, Nw, w->C, Nw, 1, w->St, P, Y, P, false, NULL);
+}
+
+/* ssd_tri's lower product, accumulating, with coef [n, ldc] row-major (Y_i += sum_{j <= i}
+ * coef[i*ldc + j] X_j): for each SSD_BF16_BLOCK-token block of rows from r0, the columns
+ * j < r0 in one product on bf16 operands (coef's rows packed into cw [n, ldc/2] words, X's
+ * rows that earlier blocks hold by pairs into xw [., cols]), then the block's own triangle in
+ * float32 as without them, so that no product visits a later token. */
+static inline void ssd_tri_lower_bf16(bool dot, float *Y, int64_t ldy, const float *X, int64_t ldx,
+                                      int64_t cols, int64_t n, const float *coef, int64_t ldc,
+                                      uint32_t *cw, uint32_t *xw)
+{
+    const int64_t S = SSD_BF16_BLOCK, cww = ldc / 2;
+    ls_pack_bf16_pairs((n - 1) / S * S, cols, X, ldx, xw, cols);
+    for (int64_t r0 = 0; r0 < n; r0 += S) {
+        const int64_t m = n - r0 < S ? n - r0 : S;
+        if (r0 > 0) { /* r0 is even: whole words */
+            ls_pack_bf16_rows(m, r0, coef + r0 * ldc, ldc, cw + r0 * cww, cww);
+            ls_gemm_bf16(dot, m, cols, r0 / 2, cw + r0 * cww, cww, 1, xw, cols, Y + r0 * ldy, ldy,
+                         true, NULL);
+        }
+        ssd_tri(Y + r0 * ldy, ldy, X + r0 * ldx, ldx, cols, m, coef + r0 * ldc + r0, ldc, 1, false,
+                true);
+    }
+}
+
+/* Y = diag(exp(lam)) Y + M U with M U's products between 16-token blocks on bf16 operands
+ * (M after its decays, U = dt x after dt): Y holds C St on entry. */
+static inline void ssd_outputs_bf16(const ssd_plan *pl, int64_t n, const chunk_bufs *c,
+                                    const chunk_words *w, float *Y)
+{
+    const int64_t P = pl->P;
+    ssd_scale_rows(Y, c->elam, n, P);
+    ssd_tri_lower_bf16(pl->bf16_dot, Y, P, c->U, P, P, n, c->M, pl->chunk, w->M, w->U);
 }
 
 #endif

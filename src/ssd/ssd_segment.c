@@ -190,7 +190,7 @@ linseq_status ls_ssd_segment_backward_isa(const linseq_ssd_problem *p, const lin
     bare.z = NULL;
     linseq_ssd_grads g = *grads;
     g.dC_proj = g.dD_skip = g.dz = NULL;
-    st = ls_ssd_run_backward(a.fn, &bare, exec, isa, d_y, d_R, &g);
+    st = ls_ssd_run_backward(a.fn, &bare, exec, isa, d_y, d_R, &g, false);
     free(d_y);
     if (!st) {
         zero_unused_grads(p, grads);

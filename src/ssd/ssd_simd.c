@@ -20,8 +20,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "simd/bf16.h"
-#include "simd/gemm_bf16.h"
 #include "simd/state_rows.h"
 #include "ssd/ssd_kernel.h"
 
@@ -138,55 +136,15 @@ static void by_row_item(const ssd_plan *pl, const ssd_item *it, float *scratch)
 
 /* ---- chunked ------------------------------------------------------------------------------ */
 
-/* The packed bf16 operands of the output's products (pl->bf16_products), carved from the
- * thread's scratch after the chunk buffers (ssd_bf16_words). */
-typedef struct chunk_words {
-    uint32_t *C, *Bt, *St, *M, *U;
-} chunk_words;
-
-static chunk_words carve_words(uint32_t *w, int64_t P, int64_t N, int64_t L)
-{
-    const int64_t Nw = (N + 1) / 2, Lw = L / 2;
-    chunk_words cw;
-    cw.C = w, w += ssd_round16(L * Nw);
-    cw.Bt = w, w += ssd_round16(L * Nw);
-    cw.St = w, w += ssd_round16(Nw * P);
-    cw.M = w, w += ssd_round16(L * Lw);
-    cw.U = w;
-    return cw;
-}
-
 /* Y = diag(exp(lam)) (C St) + M U with bf16 operands (the float32 order of chunk_scores,
  * C St and chunk_outputs): M = (C B^T) o decays, C St, and M U between 16-token blocks on
  * operands rounded once each (M after its decays, U = dt x after dt); each block's own
  * triangle of M U in float32, as without them, so that no product visits a later token. */
 static void chunk_outputs_bf16(const ssd_plan *pl, int64_t n, chunk_bufs *c, const chunk_words *w)
 {
-    const int64_t P = pl->P, N = pl->N, L = pl->chunk, Nw = (N + 1) / 2, Lw = L / 2;
-    const int64_t S = SSD_BF16_BLOCK;
-    ls_pack_bf16_rows(n, N, c->Cc, N, w->C, Nw);
-    ls_pack_bf16_pairs(N, n, c->Bt, L, w->Bt, L);
-    /* the scores by row blocks, up to each block's last column: ssd_decay_row zeroes every
-     * score above the diagonal */
-    for (int64_t r0 = 0; r0 < n; r0 += S) {
-        const int64_t m = n - r0 < S ? n - r0 : S;
-        ls_gemm_bf16(pl->bf16_dot, m, r0 + m, Nw, w->C + r0 * Nw, Nw, 1, w->Bt, L, c->M + r0 * L, L,
-                     false, NULL);
-    }
-    for (int64_t i = 0; i < n; i++) ssd_decay_row(c->M, i, n, L, c->lam);
-    ls_pack_bf16_pairs(N, P, c->St, P, w->St, P);
-    ls_gemm_bf16(pl->bf16_dot, n, P, Nw, w->C, Nw, 1, w->St, P, c->Y, P, false, NULL);
-    ssd_scale_rows(c->Y, c->elam, n, P);
-    ls_pack_bf16_pairs((n - 1) / S * S, P, c->U, P, w->U, P); /* the rows earlier blocks hold */
-    for (int64_t r0 = 0; r0 < n; r0 += S) {
-        const int64_t m = n - r0 < S ? n - r0 : S;
-        if (r0 > 0) { /* r0 is even: whole words */
-            ls_pack_bf16_rows(m, r0, c->M + r0 * L, L, w->M + r0 * Lw, Lw);
-            ls_gemm_bf16(pl->bf16_dot, m, P, r0 / 2, w->M + r0 * Lw, Lw, 1, w->U, P, c->Y + r0 * P,
-                         P, true, NULL);
-        }
-        ssd_tri(c->Y + r0 * P, P, c->U + r0 * P, P, P, m, c->M + r0 * L + r0, L, 1, false, true);
-    }
+    ssd_scores_bf16(pl, n, c, w);
+    ssd_read_bf16(pl, n, c, w, c->Y);
+    ssd_outputs_bf16(pl, n, c, w, c->Y);
 }
 
 static void chunk_step(const ssd_plan *pl, const ssd_item *it, int64_t c0, int64_t n, chunk_bufs *c,
