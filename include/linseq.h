@@ -187,8 +187,8 @@ typedef struct linseq_exec {
      * default) keeps every product in float32. Applies to the CPU's chunked KDA forward
      * (linseq_kda_forward and linseq_kda_forward_train in chunked mode), with either dtype, to
      * the CPU's chunked KDA backward (linseq_kda_backward, linseq_kda_backward_saved), and to
-     * the CPU's chunked SSD forward (linseq_ssd_forward in chunked or default mode); every
-     * other call computes as with F32. In KDA the operands of q S (the chunk-start state read
+     * the CPU's SSD forward and backward in chunked or default mode (linseq_ssd_forward,
+     * linseq_ssd_backward); every other call computes as with F32. In KDA the operands of q S (the chunk-start state read
      * by q), of Aqk Vnew (the in-chunk output) between 16-token blocks and, with one decay per
      * head, of Aqk's q k^T are each rounded once to bf16 after the normalisation and the
      * decay scaling. In SSD those of C B^T (the scores), of C S (the chunk-start state read by
@@ -198,11 +198,16 @@ typedef struct linseq_exec {
      * products that only the per-token gradients read take bf16 operands (dq's and dk's
      * products with the state and its gradient, the score matrices' gradients and their
      * products between 16-token blocks); the chain of the state's gradient stays float32, so
-     * dh0 and dv are bit for bit F32's, and dq, dk, dbeta, dg carry the rounding. Every ISA
+     * dh0 and dv are bit for bit F32's, and dq, dk, dbeta, dg carry the rounding. In the SSD
+     * backward likewise (the recomputed C B^T, C S and M U as the forward computes them, dY
+     * U^T, dY S, the decayed U dS^T and B dS, and the score products between 16-token
+     * blocks): dh0 and dD are bit for bit F32's. Every ISA
      * runs these products with the same arithmetic (without AVX512-BF16, on operands widened
      * back to float32); results do not depend on the thread count. Error against float64
      * (KDA's o within about 2x F32's at K = V = 128, its gradients within 1e-2 of their
-     * largest; SSD's y within 2^-7 of the sum of |terms| behind it): docs/semantics.md. */
+     * largest; SSD's y within 2^-7 of the sum of |terms| behind it, its gradients within
+     * about 5e-3 of their largest, dA 3e-2): docs/semantics.md. Whether they are faster
+     * depends on the CPU: docs/performance.md. */
     linseq_products products;
 } linseq_exec;
 

@@ -182,7 +182,7 @@ def _table_options(desc):
     """A frozen options class for an op from its table entry: each option by its key (a bool;
     a float32 as Optional[float], None for the struct's default; an enum as its value's name,
     None for the default), and mode, chunk_size and bf16_products (exec->products, which the
-    chunked forward takes) where exec's modes apply."""
+    chunked forward and backward take) where exec's modes apply."""
     name, modes = desc["name"], bool(desc.get("modes"))
     kinds = {"bool": (bool, False), "enum": (Optional[str], None)}
     fields = [(o["key"], *kinds.get(o["type"], (Optional[float], None)))
