@@ -312,7 +312,9 @@ static void check_decode(bool v_first)
 
 /* With K = 1, q = 1, k = 0, g = 0 and scale 1, the first token's o is h0 exactly (S is not
  * written and o = S^T q): outputs chosen to be ties, subnormals, values that round to inf.
- * V = 37 puts some of them in every ISA's masked tail. */
+ * V = 37 puts some of them in every ISA's masked tail. The kernels read a subnormal float as
+ * zero (core/fp_mode.h, on x86): those outputs are zeros, or, where the mode is not in effect
+ * (under Valgrind, which does not emulate it), their rounding. */
 static void check_rounding(void)
 {
     static const float chosen[] = {
@@ -364,7 +366,8 @@ static void check_rounding(void)
             const linseq_exec ex = make_exec(chunk, 1, true);
             CHECK_OK(ls_kda_forward_isa(&p, &ex, (float *)(void *)o16, NULL, (ls_isa)isa));
             for (int64_t j = 0; j < V; j++)
-                CHECK(o16[j] == round_bf16(h0[j]),
+                CHECK(o16[j] == round_bf16(h0[j]) ||
+                          (fpclassify(h0[j]) == FP_SUBNORMAL && (o16[j] & 0x7fff) == 0),
                       "rounding %s chunk %d: o[%lld] = 0x%04x for %a, want 0x%04x",
                       ls_isa_name((ls_isa)isa), chunk, (long long)j, o16[j], (double)h0[j],
                       round_bf16(h0[j]));

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "core/fp_mode.h"
 #include "core/status.h"
 #include "core/validate.h"
 
@@ -221,7 +222,9 @@ static void *worker_main(void *arg)
         if (j) {
             const int t = join_job(j, w);
             pthread_mutex_unlock(&pool.lock);
+            const unsigned mode = ls_fp_mode_enter();
             run_share(j, t);
+            ls_fp_mode_leave(mode);
             pthread_mutex_lock(&pool.lock);
             /* the last one out tells the caller, still under the lock: once it has the lock
              * again the job may be gone, and nothing touches it after */
@@ -326,14 +329,17 @@ static void run_items(int64_t n_items, int n_threads, ls_item_fn fn, void *ctx, 
     /* a thread without an item would only be woken and waited for */
     if (n_threads > n_items) n_threads = (int)n_items;
     if (n_threads > LS_MAX_THREADS) n_threads = LS_MAX_THREADS;
+    const unsigned mode = ls_fp_mode_enter(); /* core/fp_mode.h; the caller's back below */
     if (n_threads <= 1) {
         for (int64_t i = 0; i < n_items; i++) fn(ctx, i, 0);
+        ls_fp_mode_leave(mode);
         return;
     }
     job j = {.fn = fn, .ctx = ctx, .n_items = n_items, .n_threads = n_threads, .fixed = fixed};
     pthread_cond_init(&j.workers_left, NULL);
     const bool shared = post_job(&j);
     run_share(&j, 0);
+    ls_fp_mode_leave(mode);
     if (shared) finish_job(&j);
     pthread_cond_destroy(&j.workers_left);
 }

@@ -3,7 +3,8 @@
  * Items are independent (one per sequence and head, or per channel block); each item's
  * arithmetic is the same whichever thread runs it, so results do not depend on the thread
  * count. `thread` is in [0, n_threads), unique among the threads running one call's items at
- * a time, and indexes per-thread workspace. Several callers may run calls at once. */
+ * a time, and indexes per-thread workspace. Several callers may run calls at once. Items run
+ * with subnormals flushed (core/fp_mode.h), the caller's mode restored on return. */
 #ifndef LS_CORE_PARALLEL_H
 #define LS_CORE_PARALLEL_H
 
