@@ -147,12 +147,11 @@ def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, g
     gated linear attention (beta must be None). bf16_products: KdaOptions.bf16_products."""
     if (mode == "recurrent" and delta and gk is None and gv is None and gate is None
             and cu_seqlens is None and not neg_eigval and not intermediate):
-        step = _eager_token_step(q, k, v, beta, g, initial_state, scale=scale,
-                                 qk_l2norm=qk_l2norm, beta_is_logit=beta_logit,
-                                 state_v_first=state_v_first)
+        step = eager_token_step(q, k, v, beta, g, initial_state, out_like.dtype,
+                                output_final_state, scale=scale, qk_l2norm=qk_l2norm,
+                                beta_is_logit=beta_logit, state_v_first=state_v_first)
         if step is not None:
-            o, ht = step
-            return o.to(out_like.dtype), ht if output_final_state else None
+            return step
     values = [q, k, v, g, gk, gv, beta, initial_state, cu_seqlens] + list(gate or ())
     framework = framework or framework_of(values)
     backend = backend_for(values, framework)
@@ -193,9 +192,10 @@ def delta_rule(mode, chunk_size, framework, q, k, v, beta, *, g=None, gk=None, g
     return result + (backend.cast(state_out(h), k),)
 
 
-def _eager_token_step(q, *args, **kwargs):
+def eager_token_step(q, k, v, beta, g, h0, out_dtype, output_final_state, **kwargs):
     """A decode step from PyTorch straight to the decode op's C++ kernel
-    (_torch_direct.kda_token_step), or None: not torch tensors, or not that common form."""
+    (_torch_direct.kda_token_step): (o in out_dtype, the final state or None), or None: not
+    torch tensors, or not that common form. kwargs: kda_token_step's."""
     torch = sys.modules.get("torch")
     if torch is None or not isinstance(q, torch.Tensor):
         return None
@@ -203,7 +203,11 @@ def _eager_token_step(q, *args, **kwargs):
     if not parts:  # torch without torch.library.custom_op
         return None
     direct, step, one_step = parts
-    return direct.kda_token_step(step, q, *args, one_step=one_step, **kwargs)
+    taken = direct.kda_token_step(step, q, k, v, beta, g, h0, one_step=one_step, **kwargs)
+    if taken is None:
+        return None
+    o, ht = taken
+    return (o if o.dtype == out_dtype else o.to(out_dtype)), ht if output_final_state else None
 
 
 # (_torch_direct, the decode op's eager entry, linseq::kda_token_step's kernel or None), or ()

@@ -126,7 +126,7 @@ def _chunked(cp_context, extra, q, k, v, g, beta, *, intermediate=False, **optio
 def _recurrent_token_step(q, k, v, g, beta, initial_state, output_final_state, qk_l2norm):
     """The recurrent functions' decode call with their defaults (scale, layouts, no gate in
     the kernel, no packed sequences), straight to the step delta_rule would take first
-    (_delta_rule._eager_token_step: one token from a state, plain tensors, no gradient),
+    (_delta_rule.eager_token_step: one token from a state, plain tensors, no gradient),
     without this module's checks of keywords in between, for a caller that passes only
     these arguments (linseq.integrations.transformers): (o in v's dtype, the final state or
     None), the same results as fused_recurrent_kda or fused_recurrent_gated_delta_rule with
@@ -134,13 +134,9 @@ def _recurrent_token_step(q, k, v, g, beta, initial_state, output_final_state, q
     torch = sys.modules.get("torch")
     if initial_state is None or torch is None or torch.compiler.is_compiling():
         return None  # (traced, the functions' blocks are what the graph holds)
-    step = _delta_rule._eager_token_step(q, k, v, beta, g, initial_state, scale=None,
-                                         qk_l2norm=qk_l2norm, beta_is_logit=False,
-                                         state_v_first=False)
-    if step is None:
-        return None
-    o = step[0] if step[0].dtype == v.dtype else step[0].to(v.dtype)
-    return o, step[1] if output_final_state else None
+    return _delta_rule.eager_token_step(q, k, v, beta, g, initial_state, v.dtype,
+                                        output_final_state, scale=None, qk_l2norm=qk_l2norm,
+                                        beta_is_logit=False, state_v_first=False)
 
 
 @compilable

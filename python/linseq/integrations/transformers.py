@@ -139,17 +139,26 @@ def _kda_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
     return o.to(query.dtype), state
 
 
+def _recurrent(function, query, key, value, g, beta, initial_state, output_final_state,
+               qk_l2norm, kwargs):
+    """A decode call of fla's recurrent `function` (fused_recurrent_kda or
+    fused_recurrent_gated_delta_rule): its token step first (fla._recurrent_token_step, past
+    the function's keyword checks), the function for any call the step does not take; o in
+    query's dtype."""
+    fla, cu_seqlens = _compat("fla"), _packed_offsets(kwargs)
+    o, state = (cu_seqlens is None and fla._recurrent_token_step(
+        query, key, value, g, beta, initial_state, output_final_state, qk_l2norm)) or \
+        getattr(fla, function)(query, key, value, g=g, beta=beta, initial_state=initial_state,
+                               output_final_state=output_final_state,
+                               use_qk_l2norm_in_kernel=qk_l2norm, cu_seqlens=cu_seqlens)
+    return (o if o.dtype == query.dtype else o.to(query.dtype)), state
+
+
 def _kda_recurrent(query, key, value, g, beta, initial_state, output_final_state,
                    use_qk_l2norm_in_kernel=False, **kwargs):
     """Kimi's recurrent_kimi_delta_attention (decode): as _kda_chunk, token by token."""
-    fla, cu_seqlens = _compat("fla"), _packed_offsets(kwargs)
-    o, state = (cu_seqlens is None and fla._recurrent_token_step(
-        query, key, value, g, beta, initial_state, output_final_state,
-        use_qk_l2norm_in_kernel)) or fla.fused_recurrent_kda(
-        query, key, value, g, beta, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=cu_seqlens)
-    return (o if o.dtype == query.dtype else o.to(query.dtype)), state
+    return _recurrent("fused_recurrent_kda", query, key, value, g, beta, initial_state,
+                      output_final_state, use_qk_l2norm_in_kernel, kwargs)
 
 
 def _gdn_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
@@ -166,14 +175,8 @@ def _gdn_chunk(query, key, value, g, beta, chunk_size=64, initial_state=None,
 def _gdn_recurrent(query, key, value, g, beta, initial_state=None, output_final_state=False,
                    use_qk_l2norm_in_kernel=False, **kwargs):
     """Qwen's torch_recurrent_gated_delta_rule (decode): as _gdn_chunk, token by token."""
-    fla, cu_seqlens = _compat("fla"), _packed_offsets(kwargs)
-    o, state = (cu_seqlens is None and fla._recurrent_token_step(
-        query, key, value, g, beta, initial_state, output_final_state,
-        use_qk_l2norm_in_kernel)) or fla.fused_recurrent_gated_delta_rule(
-        query, key, value, g=g, beta=beta, initial_state=initial_state,
-        output_final_state=output_final_state, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-        cu_seqlens=cu_seqlens)
-    return (o if o.dtype == query.dtype else o.to(query.dtype)), state
+    return _recurrent("fused_recurrent_gated_delta_rule", query, key, value, g, beta,
+                      initial_state, output_final_state, use_qk_l2norm_in_kernel, kwargs)
 
 
 def _mamba_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None,
