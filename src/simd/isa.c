@@ -5,6 +5,7 @@
 #include <cpuid.h>
 #endif
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
@@ -35,16 +36,29 @@ int ls_isa_available(ls_isa isa)
     return cpu_supports(isa);
 }
 
-int ls_cpu_has_bf16_dot(void)
+/* CPUID traps to the hypervisor in a virtual machine (13 us each on one VM, two per
+ * question), so the answer is asked for once per process, not on every call that uses it. */
+static atomic_int cpuid_probes;
+static int has_bf16_dot;
+static pthread_once_t bf16_dot_once = PTHREAD_ONCE_INIT;
+
+int ls_cpu_probes(void) { return atomic_load(&cpuid_probes); }
+
+static void probe_bf16_dot(void)
 {
 #if LS_HAVE_X86_KERNELS && defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
     /* CPUID leaf 7, subleaf 1: EAX bit 5 is AVX512_BF16 (the OS state is that of AVX-512) */
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-    if (!cpu_supports(LS_ISA_AVX512) || !__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) return 0;
-    return (eax >> 5) & 1u;
-#else
-    return 0;
+    if (!cpu_supports(LS_ISA_AVX512)) return;
+    atomic_fetch_add(&cpuid_probes, 1);
+    if (__get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx)) has_bf16_dot = (eax >> 5) & 1u;
 #endif
+}
+
+int ls_cpu_has_bf16_dot(void)
+{
+    pthread_once(&bf16_dot_once, probe_bf16_dot);
+    return has_bf16_dot;
 }
 
 const char *ls_isa_name(ls_isa isa)

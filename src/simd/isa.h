@@ -40,6 +40,10 @@ const char *ls_isa_name(ls_isa isa);
  * bf16-operand products use when it is there (simd/gemm_bf16.h). */
 int ls_cpu_has_bf16_dot(void);
 
+/* How many times this process has executed CPUID for the library (the test of the rule that
+ * the CPU is asked once: in a virtual machine each CPUID traps to the hypervisor). */
+int ls_cpu_probes(void);
+
 #ifndef LS_ISA
 #define LS_ISA 0
 #endif
