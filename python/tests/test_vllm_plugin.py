@@ -310,11 +310,15 @@ def test_gdn_prefill_equals_vllms_op_and_float64():
     assert torch.equal(pools["linseq"][untouched], before[untouched])
 
 
-def test_gdn_bf16_prompts_take_bf16_products():
-    """vLLM hands the prefill bfloat16 tokens, and computes in bf16 itself: linseq's chunked
-    forward then runs the products only the output reads on bf16 operands (exec->products).
-    The final states are bit for bit those of the same call on float32 copies (float32
-    products); o differs from that call's, rounded, but stays within bf16's error of it."""
+@pytest.mark.parametrize("bf16_products", [True, False])
+def test_gdn_bf16_prompts_take_bf16_products(monkeypatch, bf16_products):
+    """vLLM hands the prefill bfloat16 tokens, and computes in bf16 itself: on a CPU where
+    it pays (bf16_products_pay), linseq's chunked forward then runs the products only the
+    output reads on bf16 operands (exec->products). The final states are bit for bit those
+    of the same call on float32 copies (float32 products); o differs from that call's,
+    rounded, but stays within bf16's error of it. Where it does not pay, o is that call's
+    o rounded."""
+    monkeypatch.setattr(linseq_vllm, "_products_choice", [bf16_products])
     g = torch.Generator().manual_seed(12)
     cu = torch.tensor([0, 70, 150], dtype=torch.int32)
     slots = torch.tensor([3, 1], dtype=torch.int32)
@@ -333,8 +337,37 @@ def test_gdn_bf16_prompts_take_bf16_products():
             use_qk_l2norm_in_kernel=True, initial_state_indices=slots)
     assert outs["bf16"].dtype == torch.bfloat16 and torch.equal(pools["bf16"], pools["f32"])
     wide = outs["f32"].float()
+    if not bf16_products:
+        assert torch.equal(outs["bf16"], outs["f32"].to(torch.bfloat16))
+        return
     assert not torch.equal(outs["bf16"], outs["f32"].to(torch.bfloat16))
     assert (outs["bf16"].float() - wide).abs().max() <= 2 ** -6 * wide.abs().max()
+
+
+@pytest.mark.parametrize("vendor, flags, forced, pays", [
+    ("AuthenticAMD", "fpu avx512f avx512_bf16 avx512vl", "", True),
+    ("AuthenticAMD", "fpu avx2 fma", "", False),
+    ("GenuineIntel", "fpu avx512f avx512_bf16 amx_bf16", "", False),
+    ("GenuineIntel", "fpu avx512f avx512_bf16", "bf16", True),
+    ("AuthenticAMD", "fpu avx512f avx512_bf16", "f32", False)])
+def test_bf16_products_by_cpu(monkeypatch, tmp_path, vendor, flags, forced, pays):
+    """The GDN prefill's bf16 products where the CPU's bf16 dot product beats its float32
+    FMAs (AMD's with AVX512-BF16), else float32 products; LINSEQ_VLLM_PRODUCTS decides
+    instead where set, and a value it does not know is refused by name."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(f"processor\t: 0\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n\n"
+                       f"processor\t: 1\nvendor_id\t: {vendor}\nflags\t\t: {flags}\n")
+    monkeypatch.setattr(linseq_vllm, "_products_choice", [])
+    monkeypatch.setenv(linseq_vllm.PRODUCTS_VARIABLE, forced)
+    assert linseq_vllm.bf16_products_pay(str(cpuinfo)) is pays
+    assert linseq_vllm.bf16_products_pay("/nonexistent") is pays   # decided once
+    monkeypatch.setattr(linseq_vllm, "_products_choice", [])
+    monkeypatch.setenv(linseq_vllm.PRODUCTS_VARIABLE, "fast")
+    with pytest.raises(ValueError, match="LINSEQ_VLLM_PRODUCTS"):
+        linseq_vllm.bf16_products_pay(str(cpuinfo))
+    monkeypatch.setattr(linseq_vllm, "_products_choice", [])
+    monkeypatch.delenv(linseq_vllm.PRODUCTS_VARIABLE)
+    assert linseq_vllm.bf16_products_pay(str(tmp_path / "missing")) is False
 
 
 def test_gdn_decode_equals_vllms_op_and_float64():

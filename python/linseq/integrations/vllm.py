@@ -30,9 +30,10 @@ vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
 (chunk_gated_delta_rule_cpu: each prompt from its slot, its final state back there; the
-layer zeroes the slots of new prompts first; on bfloat16 prompts the products only the
-output reads take bf16 operands, as vLLM's kernels compute in bf16, the states float32's
-bits all the same), the decode step with the gate fused
+layer zeroes the slots of new prompts first; on bfloat16 prompts, on a CPU where that
+is faster (bf16_products_pay: AMD's with AVX512-BF16), the products only the output reads
+take bf16 operands, as vLLM's kernels compute in bf16, the states float32's bits all the
+same), the decode step with the gate fused
 (fused_sigmoid_gating_delta_rule_update_cpu: decay -exp(A_log) softplus(a + dt_bias) and
 beta = sigmoid(b) in linseq's kernel), the speculative decode step
 (fused_sigmoid_gating_delta_rule_update_spec_cpu: from the slot of the last accepted token,
@@ -100,7 +101,7 @@ import logging
 import os
 
 __all__ = ["register", "enable", "disable", "families_from", "ROUTES", "DEFAULT_FAMILIES",
-           "OPT_OUT_VARIABLE"]
+           "OPT_OUT_VARIABLE", "PRODUCTS_VARIABLE", "bf16_products_pay"]
 
 _log = logging.getLogger(__name__)
 
@@ -504,6 +505,43 @@ def _on_vllms_pool(function, op, arrays, pool, src, dst=None, *, pad_value=None,
     return [None if o is None else torch.from_numpy(o) for o in outs]
 
 
+PRODUCTS_VARIABLE = "LINSEQ_VLLM_PRODUCTS"   # bf16 or f32: the GDN prefill's, whatever the CPU
+_products_choice = []   # [whether bf16 products pay], decided on first use
+
+
+def bf16_products_pay(cpuinfo="/proc/cpuinfo"):
+    """Whether the GDN prefill of bfloat16 prompts runs the output's products on bf16
+    operands (exec->products) on this CPU: where its bf16 dot product (vdpbf16ps) is faster
+    than float32 FMAs, AMD's (on Zen 5 the chunked forward ran 1.06-1.12x as fast), not on
+    Intel's, where it runs at about half the FMA rate and the forward took 1.28x the time
+    (docs/performance.md); nowhere without AVX512-BF16. Decided once, from the vendor and
+    flags in `cpuinfo`; LINSEQ_VLLM_PRODUCTS=bf16 or f32 decides instead."""
+    if not _products_choice:
+        forced = os.environ.get(PRODUCTS_VARIABLE, "").strip().lower()
+        if forced not in ("", "bf16", "f32"):
+            raise ValueError(f"{PRODUCTS_VARIABLE}={forced!r}: expected bf16 or f32 (or unset: "
+                             f"by the CPU)")
+        _products_choice.append(forced == "bf16" if forced else _amd_with_bf16(cpuinfo))
+    return _products_choice[0]
+
+
+def _amd_with_bf16(cpuinfo):
+    """True when the first processor `cpuinfo` lists is AMD's and has AVX512-BF16."""
+    vendor, flags = "", ()
+    try:
+        with open(cpuinfo) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    vendor = value.strip()
+                elif key.strip() == "flags":
+                    flags = value.split()
+                    break
+    except OSError:
+        return False
+    return vendor == "AuthenticAMD" and "avx512_bf16" in flags
+
+
 def _gdn_gate_options(use_qk_l2norm_in_kernel, eps=GDN_L2NORM_EPS):
     return dict(decay="per_head", use_qk_l2norm=bool(use_qk_l2norm_in_kernel),
                 l2norm_eps=float(eps))
@@ -524,9 +562,11 @@ def _chunk_gated_delta_rule(query, key, value, g, beta, initial_state, output_fi
     rows = _rows(initial_state_indices, "initial_state_indices")
     q, k, v, beta, g = _token_tensors(query, key, value, beta, g)
     arrays = dict(q=q, k=k, v=v, beta=beta, g=g)
-    # vLLM's kernels compute in bf16 on bf16 prompts: the output's products may too
+    # vLLM's kernels compute in bf16 on bf16 prompts: the output's products may too, where
+    # that is faster on this CPU
+    bf16_products = value.dtype == torch.bfloat16 and bf16_products_pay()
     (o,) = _on_vllms_pool("forward_pool", "kda", arrays, initial_state, rows,
-                          cu_seqlens=cu_seqlens, bf16_products=value.dtype == torch.bfloat16,
+                          cu_seqlens=cu_seqlens, bf16_products=bf16_products,
                           **_gdn_gate_options(use_qk_l2norm_in_kernel, eps))
     return o.to(value.dtype), initial_state
 
