@@ -671,14 +671,17 @@ _layer_copies = {}
 
 def _layer_copy(what, param, make):
     """make(param), made once per layer parameter and kind of copy `what` (a parameter does
-    not change while the layer serves; its version counter tells if it did)."""
-    key = (what, param.data_ptr(), tuple(param.shape), param.dtype, param._version)
-    held = _layer_copies.get(key)
-    if held is None:
+    not change while the layer serves; its version counter and data pointer tell if it
+    did). Found by the parameter's identity, which the entry holds, so that the lookup in
+    each decode call costs one dictionary read and three comparisons."""
+    held = _layer_copies.get((what, id(param)))
+    if held is None or held[0] is not param or held[1] != param._version or \
+            held[2] != param.data_ptr():
         if len(_layer_copies) > 4096:   # parameters of engines gone
             _layer_copies.clear()
-        held = _layer_copies[key] = (param, make(param))
-    return held[1]
+        held = _layer_copies[(what, id(param))] = (param, param._version, param.data_ptr(),
+                                                   make(param))
+    return held[3]
 
 
 def _unpacked_conv_weight(packed):
@@ -1116,11 +1119,17 @@ def _routed(adapter, original, qualified):
     vLLM's function for any other, and for one the adapter declines."""
     import torch
 
+    tensor = torch.Tensor
+
+    def on_cpu(values):
+        for t in values:
+            if isinstance(t, tensor) and not t.is_cpu:
+                return False
+        return True
+
     @functools.wraps(original)
     def routed(*args, **kwargs):
-        on_cpu = all(t.is_cpu for t in (*args, *kwargs.values())
-                     if isinstance(t, torch.Tensor))
-        if on_cpu:
+        if on_cpu(args) and on_cpu(kwargs.values()):
             try:
                 return adapter(*args, **kwargs)
             except _Declined as declined:
