@@ -302,6 +302,15 @@ typedef struct linseq_state_pool {
     int64_t pad_value;
 } linseq_state_pool;
 
+/* linseq_state_pool.row_stride of a pool held as a strided array [n_rows, d1, .., dk] (sizes
+ * and strides in elements, as PyTorch and NumPy describe tensors, n_dims >= 1): each row must
+ * be C-contiguous (a dimension of size 1 may have any stride), as the library reads a state,
+ * and rows at least a row apart (vLLM's pages: rows within a larger page). *row_stride gets
+ * strides[0], or the row's size when n_rows is 1; a pool laid out otherwise is refused with a
+ * message naming the dimension (the caller then copies the rows, or declines). */
+LINSEQ_API linseq_status linseq_state_pool_row_stride(int n_dims, const int64_t *sizes,
+                                                      const int64_t *strides, int64_t *row_stride);
+
 /* One token per request for the op named op_name (its entry has "decode"), over `pool`: the
  * problem and outputs as linseq_op_decode's. CPU only. */
 LINSEQ_API linseq_status linseq_op_decode_pool(const char *op_name, const void *problem,

@@ -509,8 +509,53 @@ static void test_pool_bf16_blocks(void)
     free(probe);
 }
 
+/* linseq_state_pool_row_stride: the row stride of a strided pool whose rows are C-contiguous
+ * (vLLM's pages, a transposed view, a size-1 dimension with any stride), and a refusal naming
+ * the dimension for any other layout. */
+static void test_row_stride_rule(void)
+{
+    struct {
+        int n;
+        int64_t sizes[4], strides[4];
+        int64_t want;     /* the row stride, or -1 for a refusal */
+        const char *name; /* what the refusal names */
+    } cases[] = {
+        {4, {5, 2, 3, 4}, {24, 12, 4, 1}, 24, NULL},   /* dense */
+        {4, {5, 2, 3, 4}, {100, 12, 4, 1}, 100, NULL}, /* rows within larger pages */
+        {4, {1, 2, 3, 4}, {7, 12, 4, 1}, 24, NULL},    /* one row: its size */
+        {4, {5, 1, 3, 4}, {24, 999, 4, 1}, 24, NULL},  /* a size-1 dim, any stride */
+        {1, {6}, {1}, 1, NULL},                        /* scalar states */
+        {3, {5, 3, 4}, {12, 1, 3}, -1, "strides[2]"},  /* a transposed row */
+        {3, {5, 3, 4}, {12, 8, 1}, -1, "strides[1]"},  /* a gap inside a row */
+        {3, {5, 3, 4}, {11, 4, 1}, -1, "strides[0]"},  /* rows overlap */
+        {3, {5, 3, 4}, {-12, 4, 1}, -1, "strides[0]"}, /* rows backwards */
+        {3, {5, 0, 4}, {12, 4, 1}, -1, "sizes[1]"},    /* an empty dimension */
+        {0, {5}, {1}, -1, "n_dims"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int64_t got = -7;
+        const linseq_status st =
+            linseq_state_pool_row_stride(cases[c].n, cases[c].sizes, cases[c].strides, &got);
+        if (cases[c].want >= 0) {
+            CHECK(st == LINSEQ_OK && got == cases[c].want, "case %zu: %s, row stride %lld", c,
+                  linseq_status_string(st), (long long)got);
+        } else {
+            CHECK(st != LINSEQ_OK && strstr(linseq_last_error(), cases[c].name) && got == -7,
+                  "case %zu: %s (%s); expected a refusal naming %s, nothing written", c,
+                  linseq_status_string(st), linseq_last_error(), cases[c].name);
+        }
+    }
+    int64_t out;
+    CHECK_FAILS(linseq_state_pool_row_stride(2, NULL, cases[0].strides, &out),
+                LINSEQ_ERR_NULL_POINTER, "sizes");
+    const int64_t huge[3] = {2, INT64_MAX / 2, 4}, dense[3] = {0, 4, 1};
+    CHECK_FAILS(linseq_state_pool_row_stride(3, huge, dense, &out), LINSEQ_ERR_SIZE_OVERFLOW,
+                "overflows");
+}
+
 int main(void)
 {
+    test_row_stride_rule();
     test_pool_inputs_checked_first();
     test_pool_negative_size();
     test_pool_span_overflow();

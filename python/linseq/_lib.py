@@ -147,6 +147,8 @@ def _bind(lib):
                                                  ctypes.c_int64, _p, ctypes.c_int64, _p,
                                                  P(_p)]),
         "linseq_op_backward": (_int, [ctypes.c_char_p, _p, P(Exec), P(_p), _p]),
+        "linseq_state_pool_row_stride": (_int, [_int, P(ctypes.c_int64), P(ctypes.c_int64),
+                                                P(ctypes.c_int64)]),
         "linseq_last_error": (ctypes.c_char_p, []),
         "linseq_version": (ctypes.c_char_p, []),
         "linseq_isa": (ctypes.c_char_p, []),

@@ -47,14 +47,29 @@ struct Entries {
     decltype(&linseq_ssm1_decode) ssm1_decode = nullptr;
     decltype(&linseq_op_decode_pool) op_decode_pool = nullptr;
     decltype(&linseq_kda_forward) kda_forward = nullptr;
+    decltype(&linseq_state_pool_row_stride) state_pool_row_stride = nullptr;
     decltype(&linseq_last_error) last_error = nullptr;
 };
 Entries entries;
 
+/* Each entry point by its name without the "linseq_" prefix (linseq_torch_native_bind). */
+const struct {
+    const char *name;
+    void **slot;
+} entry_slots[] = {
+    {"kda_decode", reinterpret_cast<void **>(&entries.kda_decode)},
+    {"conv1d_decode", reinterpret_cast<void **>(&entries.conv1d_decode)},
+    {"ssm1_decode", reinterpret_cast<void **>(&entries.ssm1_decode)},
+    {"op_decode_pool", reinterpret_cast<void **>(&entries.op_decode_pool)},
+    {"kda_forward", reinterpret_cast<void **>(&entries.kda_forward)},
+    {"state_pool_row_stride", reinterpret_cast<void **>(&entries.state_pool_row_stride)},
+    {"last_error", reinterpret_cast<void **>(&entries.last_error)}};
+
 bool bound()
 {
-    return entries.kda_decode && entries.conv1d_decode && entries.ssm1_decode &&
-           entries.op_decode_pool && entries.kda_forward && entries.last_error;
+    for (const auto &entry : entry_slots)
+        if (!*entry.slot) return false;
+    return true;
 }
 
 void check(linseq_status status) { TORCH_CHECK_VALUE(status == LINSEQ_OK, entries.last_error()); }
@@ -474,24 +489,20 @@ bool slot_indices(const Tensor &slots, int64_t batch)
            (slots.dim() == 1 || (slots.dim() == 2 && slots.size(1) == 1));
 }
 
-/* The pool [slots, *row_shape] as the library reads it in place (each row C-contiguous, rows at
- * least a row apart), request b on row slots[b]; nullopt for another layout or dtype. */
+/* The pool [slots, *row_shape] as the library reads it in place (its layout rule:
+ * linseq_state_pool_row_stride), request b on row slots[b]; nullopt for another layout or
+ * dtype. */
 std::optional<linseq_state_pool> pool_in_place(const Tensor &pool, at::IntArrayRef row_shape,
                                                const Tensor &slots,
                                                std::optional<int64_t> pad_value = std::nullopt)
 {
     const auto dtype = pool_dtype(pool.scalar_type());
-    if (!dtype || !pool.device().is_cpu() || !aligned(pool) ||
-        pool.dim() != static_cast<int64_t>(row_shape.size()) + 1 || pool.size(0) < 1)
+    int64_t row_stride = 0;
+    if (!dtype || !pool.device().is_cpu() || !aligned(pool) || pool.dim() < 1 ||
+        pool.sizes().slice(1) != row_shape ||
+        entries.state_pool_row_stride(static_cast<int>(pool.dim()), pool.sizes().data(),
+                                      pool.strides().data(), &row_stride) != LINSEQ_OK)
         return std::nullopt;
-    int64_t row = 1;
-    for (int64_t i = pool.dim() - 1; i >= 1; i--) {
-        if (pool.size(i) != row_shape[i - 1] || (pool.size(i) != 1 && pool.stride(i) != row))
-            return std::nullopt;
-        row *= pool.size(i);
-    }
-    const int64_t row_stride = pool.size(0) > 1 ? pool.stride(0) : row;
-    if (row_stride < row) return std::nullopt;
     linseq_state_pool spec{};
     spec.data = pool.data_ptr();
     spec.n_rows = pool.size(0);
@@ -827,18 +838,9 @@ std::vector<Tensor> conv_token_step(const Tensor &x, const Tensor &conv_state, c
  * 0 on success, -1 for a name this library does not use. */
 NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
 {
-    struct {
-        const char *name;
-        void **slot;
-    } slots[] = {{"kda_decode", reinterpret_cast<void **>(&entries.kda_decode)},
-                 {"conv1d_decode", reinterpret_cast<void **>(&entries.conv1d_decode)},
-                 {"ssm1_decode", reinterpret_cast<void **>(&entries.ssm1_decode)},
-                 {"op_decode_pool", reinterpret_cast<void **>(&entries.op_decode_pool)},
-                 {"kda_forward", reinterpret_cast<void **>(&entries.kda_forward)},
-                 {"last_error", reinterpret_cast<void **>(&entries.last_error)}};
-    for (auto &slot : slots)
-        if (std::strcmp(name, slot.name) == 0) {
-            *slot.slot = address;
+    for (const auto &entry : entry_slots)
+        if (std::strcmp(name, entry.name) == 0) {
+            *entry.slot = address;
             return 0;
         }
     return -1;
@@ -847,9 +849,8 @@ NATIVE_API int linseq_torch_native_bind(const char *name, void *address)
 /* The names linseq_torch_native_bind takes, one per index; NULL past the last. */
 NATIVE_API const char *linseq_torch_native_entry_name(int index)
 {
-    static const char *const names[] = {"kda_decode",     "conv1d_decode", "ssm1_decode",
-                                        "op_decode_pool", "kda_forward",   "last_error"};
-    return index >= 0 && index < 6 ? names[index] : nullptr;
+    const int count = static_cast<int>(sizeof entry_slots / sizeof entry_slots[0]);
+    return index >= 0 && index < count ? entry_slots[index].name : nullptr;
 }
 
 /* How many calls the kernels have passed on to the ops' Python bodies. */

@@ -65,6 +65,36 @@ def test_refusals_leave_the_pool():
     assert np.array_equal(states, before)
 
 
+def test_pool_layouts_by_the_librarys_rule():
+    """The pool's layout is judged by the library (linseq_state_pool_row_stride): rows of a
+    size-1 dimension with any stride run; a row that is not C-contiguous, rows that overlap,
+    and strides of part of an element are refused by name, the pool left as it was."""
+    states = rng.standard_normal((ROWS, 1, H, P, N)).astype(np.float32)
+    wide = np.lib.stride_tricks.as_strided(states,
+                                           strides=(states.strides[0], 8, *states.strides[2:]))
+    want = states[:, 0].copy()
+    (want_y,) = ops.decode("ssd", STEP, want, np.array([1, 3, 5]))
+    (y,) = ops.decode_pool("ssd", STEP, wide[:, 0], np.array([1, 3, 5]))
+    assert np.array_equal(y, want_y) and np.array_equal(states[:, 0], want)
+    base = rng.standard_normal((ROWS, H, N, P)).astype(np.float32)
+    before = base.copy()
+    with pytest.raises(ValueError, match=r"strides\[3\]"):
+        ops.decode_pool("ssd", STEP, base.transpose(0, 1, 3, 2), np.array([1, 2, 3]))
+    dense = rng.standard_normal((ROWS, H, P, N)).astype(np.float32)
+    overlapping = np.lib.stride_tricks.as_strided(dense, shape=(ROWS - 1, H, P, N),
+                                                  strides=(4 * P * N, *dense.strides[1:]))
+    dense_before = dense.copy()
+    with pytest.raises(ValueError, match=r"strides\[0\]"):
+        ops.decode_pool("ssd", STEP, overlapping, np.array([1, 2, 3]))
+    assert np.array_equal(dense, dense_before)
+    raw = np.zeros(ROWS * (H * P * N * 4 + 2) + 2, np.uint8)
+    odd = np.ndarray((ROWS, H, P, N), np.float32, raw, offset=2,
+                     strides=(H * P * N * 4 + 2, P * N * 4, N * 4, 4))
+    with pytest.raises(ValueError, match="whole elements"):
+        ops.decode_pool("ssd", STEP, odd, np.array([1, 2, 3]))
+    assert np.array_equal(base, before)
+
+
 def _kda_inputs(B, T, H=2, K=8, V=6):
     return {"q": rng.standard_normal((B, T, H, K), np.float32),
             "k": rng.standard_normal((B, T, H, K), np.float32) * 0.3,

@@ -22,6 +22,41 @@
 #include "optable/check.h"
 #include "optable/state_pool.h"
 
+linseq_status linseq_state_pool_row_stride(int n_dims, const int64_t *sizes, const int64_t *strides,
+                                           int64_t *row_stride)
+{
+    static const char fn[] = "linseq_state_pool_row_stride";
+    ls_clear_error();
+    if (!sizes || !strides || !row_stride)
+        return ls_fail(fn, LINSEQ_ERR_NULL_POINTER, "'%s' is NULL",
+                       !sizes     ? "sizes"
+                       : !strides ? "strides"
+                                  : "row_stride");
+    if (n_dims < 1)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE, "n_dims = %d; expected >= 1 (the rows)",
+                       n_dims);
+    int64_t row = 1; /* the elements of one row, from its last dimension */
+    for (int i = n_dims - 1; i >= 0; i--) {
+        if (sizes[i] < 1)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_SIZE, "sizes[%d] = %lld; expected >= 1", i,
+                           (long long)sizes[i]);
+        if (i == 0) break;
+        if (sizes[i] != 1 && strides[i] != row)
+            return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                           "strides[%d] = %lld; expected %lld (each row C-contiguous)", i,
+                           (long long)strides[i], (long long)row);
+        if (!ls_mul_ok(&row, 2, row, sizes[i]))
+            return ls_fail(fn, LINSEQ_ERR_SIZE_OVERFLOW, "a row of the pool overflows int64");
+    }
+    const int64_t stride = sizes[0] > 1 ? strides[0] : row;
+    if (stride < row)
+        return ls_fail(fn, LINSEQ_ERR_INVALID_VALUE,
+                       "strides[0] = %lld; expected >= %lld, a row's elements (rows apart)",
+                       (long long)strides[0], (long long)row);
+    *row_stride = stride;
+    return LINSEQ_OK;
+}
+
 /* Elements of one request's state: the decode state's shape without its first (row) dim. */
 int64_t ls_pool_state_elements(const ls_op *op, const void *p)
 {

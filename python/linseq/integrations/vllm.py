@@ -208,19 +208,19 @@ def _template(function, op, arrays, cu_seqlens, options):
 
 def _pool_layout(pool, row_shape):
     """(data pointer, row stride in elements, linseq_pool_dtype) of vLLM's pool tensor
-    [slots, *row_shape] as it lies, or None where the library cannot read it there (another
-    dtype, rows not C-contiguous, rows closer than a row)."""
+    [slots, *row_shape] as it lies, or None where the library cannot read it there: another
+    dtype, or a layout the library's rule refuses (linseq_state_pool_row_stride: rows not
+    C-contiguous, or closer than a row)."""
+    ctypes, _, _lib, _ = _modules()
     dtype = _POOL_DTYPES.get(str(pool.dtype).rpartition(".")[2])
     if dtype is None or tuple(pool.shape[1:]) != tuple(row_shape) or not pool.is_cpu:
         return None
-    expected = 1
-    for size, stride in zip(reversed(pool.shape[1:]), reversed(pool.stride()[1:])):
-        if size != 1 and stride != expected:
-            return None
-        expected *= size
-    if pool.shape[0] > 1 and pool.stride(0) < expected:
+    n = pool.dim()
+    sizes, strides = (ctypes.c_int64 * n)(*pool.shape), (ctypes.c_int64 * n)(*pool.stride())
+    row_stride = ctypes.c_int64()
+    if _lib.lib.linseq_state_pool_row_stride(n, sizes, strides, ctypes.byref(row_stride)):
         return None
-    return pool.data_ptr(), pool.stride(0) if pool.shape[0] > 1 else expected, dtype
+    return pool.data_ptr(), row_stride.value, dtype
 
 
 def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,

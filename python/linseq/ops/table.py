@@ -243,6 +243,24 @@ def _pool_rows(rows, name, B):
     return arr, arr.dtype.itemsize * 8
 
 
+def _pool_row_stride(pool):
+    """The row stride, in elements, of a writable NumPy pool whose layout the library's rule
+    takes (linseq_state_pool_row_stride: each row C-contiguous, rows at least a row apart);
+    a ValueError naming what is wrong otherwise."""
+    if not pool.flags.writeable:
+        raise ValueError("pool: expected a writable array (the steps write its rows)")
+    if any(s % pool.itemsize for s in pool.strides):
+        raise ValueError(f"pool: strides {list(pool.strides)} bytes; expected whole "
+                         f"elements of {pool.itemsize} bytes")
+    n = pool.ndim
+    sizes = (ctypes.c_int64 * n)(*pool.shape)
+    strides = (ctypes.c_int64 * n)(*(s // pool.itemsize for s in pool.strides))
+    row_stride = ctypes.c_int64()
+    if _lib.lib.linseq_state_pool_row_stride(n, sizes, strides, ctypes.byref(row_stride)):
+        raise ValueError(f"pool: {_lib.lib.linseq_last_error().decode()}")
+    return row_stride.value
+
+
 def _pool_spec(pool, row_shape, count, src_rows, dst_rows, pad_value):
     """The linseq_state_pool over a NumPy pool [R, *row_shape] for `count` requests or
     sequences, and the index arrays it points at (kept alive by the caller)."""
@@ -252,17 +270,13 @@ def _pool_spec(pool, row_shape, count, src_rows, dst_rows, pad_value):
     if pool.ndim < 1 or tuple(pool.shape[1:]) != tuple(row_shape):
         raise ValueError(f"pool: expected rows of shape {list(row_shape)}, got "
                          f"{list(pool.shape[1:])}")
-    if pool.shape[0] and (not pool.flags.writeable or not pool[0].flags.c_contiguous or
-                          pool.strides[0] % pool.itemsize or
-                          pool.strides[0] < pool[0].size * pool.itemsize):
-        raise ValueError("pool: each row must be C-contiguous and writable, rows at a positive "
-                         "stride of whole elements, no closer than a row")
+    row_stride = _pool_row_stride(pool)
     src, src_bits = _pool_rows(src_rows, "src_rows", count)
     dst, dst_bits = _pool_rows(dst_rows, "dst_rows", count)
     if src is not None and dst is not None and src_bits != dst_bits:
         raise ValueError("src_rows, dst_rows: expected the same integer type")
     spec = _lib.StatePool(data=pool.ctypes.data, n_rows=pool.shape[0],
-                          row_stride=pool.strides[0] // pool.itemsize,
+                          row_stride=row_stride,
                           dtype=_POOL_DTYPES[pool.dtype.name], src_rows=pointer(src),
                           dst_rows=pointer(dst), index_bits=src_bits or dst_bits or 64,
                           has_pad_value=pad_value is not None,
