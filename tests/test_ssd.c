@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/half_float.h"
 #include "ssd/ssd.h"
 #include "ssd_fixture.h"
 #include "rows_pool.h"
@@ -179,6 +180,45 @@ static void test_decode_rows(void)
         }
 }
 
+/* bf16 rows of whole vectors (N = 40: two of 16 and a tail) whose states hold subnormal,
+ * infinite and NaN values: the new states' rounding (AVX512-BF16's instruction where the CPU
+ * has it, else integer arithmetic) gives the bits of the plain decode on the widened rows,
+ * rounded once, on every ISA. The kernels read subnormal states as zeros (core/fp_mode.h),
+ * the plain decode as well. */
+static void test_decode_bf16_rows_extremes(void)
+{
+    const ssd_spec s = {.B = 2, .T = 1, .H = 2, .P = 16, .N = 40, .D = true, .softplus = true};
+    static const int64_t src[] = {0, 2}, dst[] = {1, 2};
+    ssd_fixture e;
+    ssd_fixture_make(&e, &s, 43);
+    e.p.h0 = NULL;
+    const int64_t row = s.H * s.P * s.N;
+    rows_pool pool;
+    rows_pool_make(&pool, LINSEQ_POOL_BF16, 3, row, 0, 29);
+    uint16_t *h = (uint16_t *)(void *)pool.data, *before = (uint16_t *)(void *)pool.before;
+    int subnormal = 0;
+    for (int64_t i = 0; i < 3 * row; i++) {
+        if (i < row) h[i] = ls_f32_to_bf16(ls_bf16_to_f32(h[i]) * 1e-39f);
+        if (i == 2 * row + 5) h[i] = 0x7f80;  /* +inf */
+        if (i == 2 * row + 77) h[i] = 0xffc1; /* a NaN */
+        before[i] = h[i];
+        pool.dense[i] = ls_bf16_to_f32(h[i]);
+        subnormal += fpclassify(pool.dense[i]) == FP_SUBNORMAL;
+    }
+    float *y_ref = tu_alloc(e.n_y), *y = tu_alloc_poisoned(e.n_y);
+    CHECK_OK(ls_ssd_decode_isa(&e.p, NULL, pool.dense, 3, src, y_ref, test_isa));
+    const ls_state_rows rows = rows_pool_rows(&pool, src, dst);
+    CHECK_OK(ls_ssd_decode_rows_isa(&e.p, NULL, &rows, 3, y, test_isa));
+    CHECK(subnormal > 100 && tu_same_bits(y, y_ref, e.n_y) &&
+              rows_pool_holds(&pool, pool.dense, src, dst, 2),
+          "bf16 rows with subnormal (%d), inf and NaN states: y or rows differ from the plain "
+          "decode rounded once",
+          subnormal);
+    free(y_ref), free(y);
+    rows_pool_free(&pool);
+    ssd_fixture_free(&e);
+}
+
 /* hT == h0 in place, and thread counts, bitwise. */
 static void test_in_place_and_threads(void)
 {
@@ -340,6 +380,7 @@ static void numeric_tests(ls_isa isa)
     test_against_reference();
     test_decode_steps();
     test_decode_rows();
+    test_decode_bf16_rows_extremes();
     test_in_place_and_threads();
     test_backward();
 }

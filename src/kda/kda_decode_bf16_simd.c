@@ -1,10 +1,7 @@
 /* KDA's decode over bf16 state rows with AVX512-BF16's rounding: the AVX-512 kernels compiled
- * for vcvtneps2bf16, which a decode uses where the CPU has it (ls_cpu_has_bf16_dot). The
- * instruction rounds to nearest even and quiets a NaN as ls_f32_to_bf16 does, but flushes a
- * subnormal input to zero: a vector with a subnormal lane takes the integer rounding, so the
- * bits are those of every other ISA. Rounding the state is a third of a bf16 decode step's
- * work with the integer form (about 10 vector operations per 16 lanes); this is 2 or 3. Other
- * ISAs and compilers without the instruction compile the plain kernel under this name. */
+ * for vcvtneps2bf16 (simd/bf16_store_instruction.h), which a decode uses where the CPU has it
+ * (ls_cpu_has_bf16_dot). Other ISAs and compilers without the instruction compile the plain
+ * kernel under this name. */
 #include "simd/gemm_bf16.h" /* LS_HAVE_BF16_DOT */
 
 #if LS_HAVE_BF16_DOT
@@ -15,15 +12,9 @@
 #pragma GCC target("avx512bf16")
 #endif
 
-static inline __attribute__((always_inline)) void store_bf16_instruction(uint16_t *p, __m512 x)
-{
-    if (_mm512_fpclass_ps_mask(x, 0x20)) { /* a subnormal lane: the instruction would flush it */
-        vf_store_bf16(p, x);
-        return;
-    }
-    _mm256_storeu_si256((__m256i *)(void *)p, (__m256i)_mm512_cvtneps_pbh(x));
-}
-#define KDA_STORE_BF16 store_bf16_instruction
+#include "simd/bf16_store_instruction.h"
+
+#define KDA_STORE_BF16 ls_store_bf16_instruction
 
 /* vf_store_bf16_pair with the instruction: both vectors rounded by one vcvtne2ps2bf16 (even
  * elements in the lower 16 words, odd in the upper), interleaved back by one word permutation.

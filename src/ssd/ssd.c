@@ -77,6 +77,7 @@ static linseq_status run(const char *fn, ssd_plan *pl, const linseq_ssd_problem 
     pl->bf16_products =
         !decode && pl->chunked && pl->y && exec && exec->products == LINSEQ_PRODUCTS_BF16;
     pl->bf16_dot = pl->bf16_products && isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
+    pl->round_by_instruction = decode && isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
     pl->scratch_floats = ssd_scratch_floats(p->P, p->N, pl->chunked, pl->chunk) +
                          (pl->bf16_products ? ssd_bf16_words(p->P, p->N, pl->chunk) : 0);
     linseq_status st = ls_alloc_blocks(fn, (size_t)pl->scratch_floats * sizeof(float), n_threads,

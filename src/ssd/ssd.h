@@ -53,6 +53,9 @@ typedef struct ssd_plan {
      * the state; bf16_dot: on vdpbf16ps (the AVX-512 kernels, on a CPU with AVX512-BF16).
      * Never set for decode, the recurrent mode or the segment summary. */
     bool bf16_products, bf16_dot;
+    /* A decode's bf16 rows rounded by vcvtneps2bf16 (the AVX-512 kernels, on a CPU with
+     * AVX512-BF16): the integer rounding's bits, faster. */
+    bool round_by_instruction;
     float *scratch;
     int64_t scratch_floats;
 

@@ -19,6 +19,12 @@ typedef struct ssd_item {
     int64_t s, b, h, g, t0, n_tokens, row; /* s: the sequence (a decode's request) */
 } ssd_item;
 
+/* One decode token of item `it` from its bf16 row `from` into `to` (mamba's [P,N] layout),
+ * the new state rounded by AVX512-BF16's instruction on the AVX-512 kernels
+ * (ssd_decode_bf16_simd.c; every other ISA: the integer rounding, the same bits). */
+LS_ISA_DECLARE(void, ls_ssd_decode_bf16_row,
+               (const ssd_plan *pl, const ssd_item *it, const void *from, void *to, float *ys));
+
 static inline ssd_item locate(const ssd_plan *pl, int64_t item)
 {
     ssd_item it;
