@@ -24,8 +24,7 @@ vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is
 Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
 enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
 decode state is 2-6e-3 off float64), but small models decode at about vLLM's tokens/s
-through it and reach their first token later (docs/performance.md, served table), so
-vLLM's ops stay the default.
+through it (docs/performance.md, served tables), so vLLM's ops stay the default.
 vLLM's CPU GDN layer runs its own C++ ops, which it calls as attributes of
 vllm._custom_ops; routed, they run on linseq's KDA op (per-head decay) over vLLM's pool
 [slots, HV, K, V] in place: the chunked prefill of the packed prompts
@@ -69,8 +68,10 @@ states at chunk ends that prefix caching keeps (return_intermediate_states), spe
 decoding (num_accepted_tokens). The decode step and the decode conv of the common form go
 to the C++ steps (linseq::vllm_ssd_decode, vllm_conv_update) where they are loaded. Per
 call against vLLM's own functions (tools/perf/vllm_calls.py: one thread, 24 heads of
-64, dstate 128, a bfloat16 pool) the prefill scan ran 1.1-1.6x as fast as vLLM's, the conv
-3-12x, the decode step 0.95-0.97x. vLLM's ops stay the default here (opt-in family).
+64, dstate 128, a bfloat16 pool) the prefill scan ran 1.0-1.6x as fast as vLLM's, the conv
+3-17x, the decode step 1.02-1.26x on an Intel Xeon (0.93-1.01x on an AMD EPYC before the
+bf16 rounding instruction). vLLM's ops stay the default here (opt-in family, as every route
+of an op vLLM runs itself).
 
 Padding: linseq leaves a request whose slot is negative (vLLM's PAD_SLOT_ID) or vLLM's null
 block untouched, its output 0.
@@ -1081,9 +1082,10 @@ ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                                "causal_conv1d_fn": _mixer2_conv_forward,
                                "causal_conv1d_update": _mixer2_conv_update}}}
 # What register() routes unless LINSEQ_VLLM names more: the layers vLLM's CPU build cannot
-# run. The GDN route is exact in float32 where vLLM's ops run in bfloat16, but slower than
-# them at the sizes measured (docs/performance.md): a choice, LINSEQ_VLLM=all or gdn. The
-# Mamba2 route's decode step is slower than vLLM's (see the module's docstring): likewise.
+# run. The GDN and Mamba2 routes replace ops vLLM runs itself: a choice, LINSEQ_VLLM=all,
+# gdn or mamba2 (the GDN route is exact in float32 where vLLM's ops run in bfloat16, at
+# vLLM's decode tokens/s on the small models measured; the Mamba2 route faster there,
+# docs/performance.md).
 DEFAULT_FAMILIES = ("mamba1",)
 
 
