@@ -4,13 +4,9 @@
  * kernel under this name. */
 #include "simd/gemm_bf16.h" /* LS_HAVE_BF16_DOT */
 
+#include "simd/bf16_target_begin.h"
+
 #if LS_HAVE_BF16_DOT
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512bf16"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512bf16")
-#endif
 
 #include "simd/bf16_store_instruction.h"
 
@@ -49,10 +45,4 @@ void LS_ISA_FN(kda_decode_rows_item_bf16_dot)(const kda_plan *pl, int64_t tok, i
     decode_rows_token(pl, tok, hv, from, to, half, o, scratch);
 }
 
-#if LS_HAVE_BF16_DOT
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
+#include "simd/bf16_target_end.h"
