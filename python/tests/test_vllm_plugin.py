@@ -122,6 +122,43 @@ def test_tokens_equal_transformers_float32(kind, offline_vllm, tmp_path):
     assert got == want
 
 
+def test_mamba1_prefix_caching_in_align_mode(offline_vllm, tmp_path, monkeypatch):
+    """vLLM's prefix caching of Mamba states (mamba_cache_mode "align": the engine schedules
+    prompts in whole blocks and keeps the state at each block's end itself, so the kernels
+    get ordinary calls): prompts sharing a 40-token prefix, served one after another, give
+    transformers' float32 tokens, and the later ones' prefill starts from the cached state
+    (the scan sees fewer of their tokens than they have)."""
+    model = _tiny_model("falcon_mamba", tmp_path)
+    prefix = [(5 * i + 1) % 64 for i in range(40)]
+    prompts = [prefix + [7, 8, 9], prefix + [11, 12], prefix + [7, 8, 9, 10, 3]]
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([p]), max_new_tokens=NEW_TOKENS, do_sample=False,
+                               min_new_tokens=NEW_TOKENS)[0, len(p):].tolist() for p in prompts]
+    scanned = []   # (tokens, prompts that started from a state) of each layer's prefill scan
+    from linseq import ops
+    real = ops.forward_pool
+
+    def spy(op, arrays, pool, src, dst, has, **kw):
+        if op == "ssm1":
+            scanned.append((int(kw["cu_seqlens"][-1]), int(has.sum())))
+        return real(op, arrays, pool, src, dst, has, **kw)
+    monkeypatch.setattr(ops, "forward_pool", spy)
+    llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="float32",
+                   max_model_len=128, max_num_batched_tokens=64, enforce_eager=True, seed=0,
+                   block_size=16, enable_prefix_caching=True, mamba_cache_mode="align")
+    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    got, prefill_tokens = [], []
+    for p in prompts:
+        scanned.clear()
+        got.append(list(llm.generate([{"prompt_token_ids": p}], params)[0].outputs[0].token_ids))
+        prefill_tokens.append(sum(n for n, _ in scanned) // model.config.num_hidden_layers)
+    del llm
+    gc.collect()
+    assert got == want
+    assert prefill_tokens[0] == len(prompts[0]), prefill_tokens
+    assert all(n < len(p) for n, p in zip(prefill_tokens[1:], prompts[1:])), prefill_tokens
+
+
 def test_opt_out_and_disable_leave_vllms_functions(monkeypatch):
     mixer = importlib.import_module(MIXER)
     linseq_vllm.disable()

@@ -19,7 +19,10 @@ Routed, the prefill scan runs on linseq's SSM1 op over vLLM's own state pool
 (linseq.ops.forward_pool: packed prompts by query_start_loc, the int32 slot of each prompt,
 vLLM's null block as padding, has_initial_state for a prompt continued over several steps),
 and the decode step on the same op's decode step over the pool (linseq.ops.decode_pool).
-vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is.
+vLLM's CPU causal conv of the Mamba1 layer (a PyTorch function) is left as it is. vLLM's
+prefix caching in its align mode runs as it is: the engine schedules prompts in whole blocks
+and keeps each block's final state itself, so the scan sees a continued prompt
+(has_initial_state); a call with per-block state indices (block_idx_*) is refused by name.
 
 Gated DeltaNet (family "gdn", routed only when asked: LINSEQ_VLLM=all or gdn, or
 enable("all")). Its state is exact in float32 where vLLM's ops run in bfloat16 (their
@@ -332,7 +335,8 @@ def _selective_scan(u, ssm_states, delta, A, B, C, D=None, z=None, delta_bias=No
     given = [n for n in _PREFIX_CACHING_ARGS if prefix_caching.get(n) is not None]
     if given:
         raise NotImplementedError(f"{given[0]}: linseq does not run vLLM's prefix caching of "
-                                  f"Mamba states (mamba_cache_mode 'none' runs)")
+                                  f"Mamba states by per-block indices (mamba_cache_mode "
+                                  f"'none' and 'align' run)")
     if u.dim() != 2 or query_start_loc is None or cache_indices is None:
         raise ValueError(f"u: expected vLLM's packed [dim, tokens] prompts with "
                          f"query_start_loc and cache_indices, got u {list(u.shape)}")
