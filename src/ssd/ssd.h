@@ -88,25 +88,46 @@ static inline int64_t ssd_scratch_floats(int64_t P, int64_t N, bool chunked, int
  * operands, each block's own triangle stays float32 (no product visits a later token). */
 #define SSD_BF16_BLOCK 16
 
-/* With bf16 products, the 32-bit words of the packed operands, after the chunked scratch:
- * C by rows [L, ceil(N/2)], B^T by pairs [ceil(N/2), L], St by pairs [ceil(N/2), P], M by
- * rows [L, L/2] and U by pairs [L/2, P] (gemm_bf16.h's layouts). */
-static inline int64_t ssd_bf16_words(int64_t P, int64_t N, int64_t L)
+/* With bf16 products, the 32-bit words of each packed operand, in the order they lie after
+ * the chunked scratch, each part rounded up to 16 words (gemm_bf16.h's layouts): C by rows
+ * [L, ceil(N/2)], B^T by pairs [ceil(N/2), L], St by pairs [ceil(N/2), P], M by rows [L, L/2]
+ * and U by pairs [L/2, P]. ssd_bf16_words sums them; ssd_kernel.h's carve_words lays them
+ * out. */
+enum { SSD_BF16_PARTS = 5, SSD_BWD_BF16_PARTS = 13 };
+static inline void ssd_bf16_parts(int64_t P, int64_t N, int64_t L, int64_t words[SSD_BF16_PARTS])
 {
     const int64_t Nw = (N + 1) / 2, Lw = L / 2;
-    return 2 * ssd_round16(L * Nw) + ssd_round16(Nw * P) + ssd_round16(L * Lw) +
-           ssd_round16(Lw * P);
+    const int64_t w[SSD_BF16_PARTS] = {L * Nw, L * Nw, Nw * P, L * Lw, Lw * P};
+    for (int i = 0; i < SSD_BF16_PARTS; i++) words[i] = w[i];
 }
 
-/* With bf16 products, the backward's 32-bit words of packed operands: the forward's and, per
- * ssd_bwd_simd.c's carve_bwd_words, dY (by rows and by pairs), U^T, S_prev^T, dS^T, Q o E
- * (by rows and by pairs), B, C, diag(w) U, diag(w) B, dS and M. */
-static inline int64_t ssd_bwd_bf16_words(int64_t P, int64_t N, int64_t L)
+/* The backward's own parts, after the forward's (ssd_bwd_simd.c's carve_bwd_words, in this
+ * order): dY by rows [L, P/2] and by pairs [L/2, P], U^T [P/2, L], S_prev^T [P/2, N], dS^T
+ * [P/2, N], Q o E by rows [L, L/2] and by pairs [L/2, L], B and C by pairs [L/2, N], diag(w) U
+ * by rows [L, P/2], diag(w) B by rows [L, N/2], dS by pairs [N/2, P], M by pairs [L/2, L]. */
+static inline void ssd_bwd_bf16_parts(int64_t P, int64_t N, int64_t L,
+                                      int64_t words[SSD_BWD_BF16_PARTS])
 {
     const int64_t Pw = (P + 1) / 2, Nw = (N + 1) / 2, Lw = L / 2;
-    return ssd_bf16_words(P, N, L) + 2 * ssd_round16(L * Pw) + ssd_round16(Lw * P) +
-           ssd_round16(Pw * L) + 2 * ssd_round16(Pw * N) + 3 * ssd_round16(L * Lw) +
-           2 * ssd_round16(Lw * N) + ssd_round16(L * Nw) + ssd_round16(Nw * P);
+    const int64_t w[SSD_BWD_BF16_PARTS] = {L * Pw, Lw * P, Pw * L, Pw * N, Pw * N, L * Lw, Lw * L,
+                                           Lw * N, Lw * N, L * Pw, L * Nw, Nw * P, Lw * L};
+    for (int i = 0; i < SSD_BWD_BF16_PARTS; i++) words[i] = w[i];
+}
+
+static inline int64_t ssd_bf16_words(int64_t P, int64_t N, int64_t L)
+{
+    int64_t w[SSD_BF16_PARTS], sum = 0;
+    ssd_bf16_parts(P, N, L, w);
+    for (int i = 0; i < SSD_BF16_PARTS; i++) sum += ssd_round16(w[i]);
+    return sum;
+}
+
+static inline int64_t ssd_bwd_bf16_words(int64_t P, int64_t N, int64_t L)
+{
+    int64_t w[SSD_BWD_BF16_PARTS], sum = ssd_bf16_words(P, N, L);
+    ssd_bwd_bf16_parts(P, N, L, w);
+    for (int i = 0; i < SSD_BWD_BF16_PARTS; i++) sum += ssd_round16(w[i]);
+    return sum;
 }
 
 /* The backward's scratch: the chunked forward's, its own blocks, and the state before each

@@ -46,12 +46,8 @@ static bwd_bufs carve_bwd(float *s, int64_t P, int64_t N, int64_t L)
 }
 
 /* The packed bf16 operands of the backward's products (pl->bf16_products), after the rest of
- * a thread's scratch (ssd_bwd_bf16_words): the forward's (the scores, C S_prev and, for dz,
- * M U) and, each [rows, words] in gemm_bf16.h's layouts, by rows along the inner dimension
- * or by pairs of rows: dY by rows along P [L, P/2] and by pairs of tokens [L/2, P], U^T
- * [P/2, L], S_prev^T [P/2, N] and dS^T [P/2, N] by pairs of channels, Q o E by rows [L, L/2]
- * and by pairs [L/2, L], B and C by pairs of tokens [L/2, N], W = diag(w) U by rows
- * [L, P/2], diag(w) B by rows [L, N/2], dS by pairs along N [N/2, P], M by pairs [L/2, L]. */
+ * a thread's scratch: the forward's (the scores, C S_prev and, for dz, M U), then the
+ * backward's own, in ssd_bwd_bf16_parts' order and sizes (ssd.h says what each holds). */
 typedef struct bwd_words {
     chunk_words f;
     uint32_t *dYr, *dYp, *Ut, *Sp, *dSp, *Qr, *Qp, *Bp, *Cp, *W, *Wb, *dS, *Mp;
@@ -59,17 +55,16 @@ typedef struct bwd_words {
 
 static bwd_words carve_bwd_words(uint32_t *w, int64_t P, int64_t N, int64_t L)
 {
-    const int64_t Pw = (P + 1) / 2, Nw = (N + 1) / 2, Lw = L / 2;
     bwd_words b;
     b.f = carve_words(w, P, N, L);
     w += ssd_bf16_words(P, N, L);
-    uint32_t **parts[] = {&b.dYr, &b.dYp, &b.Ut, &b.Sp, &b.dSp, &b.Qr, &b.Qp,
-                          &b.Bp,  &b.Cp,  &b.W,  &b.Wb, &b.dS,  &b.Mp};
-    const int64_t sizes[] = {L * Pw, Lw * P, Pw * L, Pw * N, Pw * N, L * Lw, Lw * L,
-                             Lw * N, Lw * N, L * Pw, L * Nw, Nw * P, Lw * L};
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+    uint32_t **parts[SSD_BWD_BF16_PARTS] = {&b.dYr, &b.dYp, &b.Ut, &b.Sp, &b.dSp, &b.Qr, &b.Qp,
+                                            &b.Bp,  &b.Cp,  &b.W,  &b.Wb, &b.dS,  &b.Mp};
+    int64_t words[SSD_BWD_BF16_PARTS];
+    ssd_bwd_bf16_parts(P, N, L, words);
+    for (int i = 0; i < SSD_BWD_BF16_PARTS; i++) {
         *parts[i] = w;
-        w += ssd_round16(sizes[i]);
+        w += ssd_round16(words[i]);
     }
     return b;
 }

@@ -248,21 +248,21 @@ static inline void chunk_outputs(int64_t n, int64_t P, int64_t L, const chunk_bu
 /* ---- bf16 products (pl->bf16_products, simd/gemm_bf16.h) ------------------------------ */
 
 /* The packed bf16 operands of the output's products, carved from the thread's scratch after
- * the chunk buffers (ssd_bf16_words): C by rows, B^T by pairs, St by pairs, M by rows, U by
- * pairs. */
+ * the chunk buffers, in ssd_bf16_parts' order and sizes. */
 typedef struct chunk_words {
     uint32_t *C, *Bt, *St, *M, *U;
 } chunk_words;
 
 static inline chunk_words carve_words(uint32_t *w, int64_t P, int64_t N, int64_t L)
 {
-    const int64_t Nw = (N + 1) / 2, Lw = L / 2;
     chunk_words cw;
-    cw.C = w, w += ssd_round16(L * Nw);
-    cw.Bt = w, w += ssd_round16(L * Nw);
-    cw.St = w, w += ssd_round16(Nw * P);
-    cw.M = w, w += ssd_round16(L * Lw);
-    cw.U = w;
+    uint32_t **parts[SSD_BF16_PARTS] = {&cw.C, &cw.Bt, &cw.St, &cw.M, &cw.U};
+    int64_t words[SSD_BF16_PARTS];
+    ssd_bf16_parts(P, N, L, words);
+    for (int i = 0; i < SSD_BF16_PARTS; i++) {
+        *parts[i] = w;
+        w += ssd_round16(words[i]);
+    }
     return cw;
 }
 
