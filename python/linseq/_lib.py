@@ -300,6 +300,17 @@ def get_num_threads():
     return lib.linseq_get_num_threads()
 
 
+def state_pool_row_stride(sizes, strides):
+    """linseq_state_pool_row_stride for a pool of these sizes and element strides: the row
+    stride, or None where the library's layout rule refuses it (linseq_last_error says why)."""
+    n = len(sizes)
+    row_stride = ctypes.c_int64()
+    status = lib.linseq_state_pool_row_stride(n, (ctypes.c_int64 * n)(*sizes),
+                                              (ctypes.c_int64 * n)(*strides),
+                                              ctypes.byref(row_stride))
+    return None if status else row_stride.value
+
+
 def bind_entry_points(native, prefix):
     """Hands a separately built library (the XLA FFI handlers, the native PyTorch kernels) the
     C entry points it calls, as the loaded liblinseq's addresses: it lists them by

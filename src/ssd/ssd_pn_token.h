@@ -19,8 +19,7 @@
  * as loaded and rounded once as stored, y taken from the float32 values: the bits of the
  * float32 step on the widened row, rounded after it (whole vectors by SSD_STORE_BF16: the
  * integer rounding, or the same bits by AVX512-BF16's instruction, ssd_decode_bf16_simd.c).
- * Always inlined, so that each caller's
- * constant bf16 leaves no branch in the loop. */
+ * Always inlined, so that each caller's constant bf16 leaves no branch in the loop. */
 static inline __attribute__((always_inline)) void pn_token(const ssd_plan *pl, const ssd_item *it,
                                                            int64_t t, const void *from, void *to,
                                                            bool bf16, float *ys)

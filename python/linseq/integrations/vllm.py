@@ -215,16 +215,12 @@ def _pool_layout(pool, row_shape):
     [slots, *row_shape] as it lies, or None where the library cannot read it there: another
     dtype, or a layout the library's rule refuses (linseq_state_pool_row_stride: rows not
     C-contiguous, or closer than a row)."""
-    ctypes, _, _lib, _ = _modules()
+    _, _, _lib, _ = _modules()
     dtype = _POOL_DTYPES.get(str(pool.dtype).rpartition(".")[2])
     if dtype is None or tuple(pool.shape[1:]) != tuple(row_shape) or not pool.is_cpu:
         return None
-    n = pool.dim()
-    sizes, strides = (ctypes.c_int64 * n)(*pool.shape), (ctypes.c_int64 * n)(*pool.stride())
-    row_stride = ctypes.c_int64()
-    if _lib.lib.linseq_state_pool_row_stride(n, sizes, strides, ctypes.byref(row_stride)):
-        return None
-    return pool.data_ptr(), row_stride.value, dtype
+    row_stride = _lib.state_pool_row_stride(pool.shape, pool.stride())
+    return None if row_stride is None else (pool.data_ptr(), row_stride, dtype)
 
 
 def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,

@@ -252,13 +252,11 @@ def _pool_row_stride(pool):
     if any(s % pool.itemsize for s in pool.strides):
         raise ValueError(f"pool: strides {list(pool.strides)} bytes; expected whole "
                          f"elements of {pool.itemsize} bytes")
-    n = pool.ndim
-    sizes = (ctypes.c_int64 * n)(*pool.shape)
-    strides = (ctypes.c_int64 * n)(*(s // pool.itemsize for s in pool.strides))
-    row_stride = ctypes.c_int64()
-    if _lib.lib.linseq_state_pool_row_stride(n, sizes, strides, ctypes.byref(row_stride)):
+    row_stride = _lib.state_pool_row_stride(pool.shape,
+                                            [s // pool.itemsize for s in pool.strides])
+    if row_stride is None:
         raise ValueError(f"pool: {_lib.lib.linseq_last_error().decode()}")
-    return row_stride.value
+    return row_stride
 
 
 def _pool_spec(pool, row_shape, count, src_rows, dst_rows, pad_value):
