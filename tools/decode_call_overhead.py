@@ -8,7 +8,10 @@ Python cost decides whether linseq's step is faster than the fallback's. Each ro
 median over --repeat timed calls (after warm-up) of the same call, in microseconds; "library"
 is the same work as one call of the C entry point alone (its struct filled beforehand, called
 through ctypes, about a microsecond of that), so that linseq - library is what the call costs
-around the kernel (the overhead), read off one run.
+around the kernel (the overhead), read off one run. The recurrent delta rules return a new
+final state; their library call writes one as well (allocated at each call, as the function
+must), and "same out" gives the same call writing into one buffer every time, a cost no
+caller of the function can have: the difference is the cache, not the call.
 
     python tools/decode_call_overhead.py [--batch 1] [--threads 2] [--repeat 300] [--ops]
 
@@ -72,10 +75,10 @@ def _mamba_calls(b, dim=2048, dstate=16, width=4):
 
     return [("mamba selective_state_update", ssm(linseq_hf._mamba_state_update),
              ssm(_fallback(module, "mamba_selective_state_update")),
-             _ssm_library(state, x, dt, A, Bp, Cp, D, z, dt_bias)),
+             _ssm_library(state, x, dt, A, Bp, Cp, D, z, dt_bias), None),
             ("mamba causal_conv1d_update", conv(linseq_hf._conv_update),
              conv(_fallback(module, "causal_conv1d_update")),
-             _conv_library(xc, conv_state, weight, bias))]
+             _conv_library(xc, conv_state, weight, bias), None)]
 
 
 def _ssm_library(state, x, dt, A, Bp, Cp, D, z, dt_bias):
@@ -106,16 +109,27 @@ _RECURRENT = ops.make_exec("recurrent", 64)
 
 def _kda_library(q, k, v, decay, beta, state, per_channel):
     """linseq_kda_forward alone: one token from the initial state into a new final state,
-    as fla's recurrent call leaves its initial state as it was."""
+    as fla's recurrent call leaves its initial state as it was. Two callables: the outputs
+    new at each call (torch.empty), as the function returns them, which is the library
+    column; and the same outputs at every call, the "same out" column. Their difference is
+    where the new state lands, not the call: a state written over the buffer of the call
+    before stays in the cache, a new one is written to lines that are not (8 us at
+    Qwen3-Next's 1 MiB state, 2-core Xeon)."""
     B, _, H, K = q.shape
     HV, V = v.shape[2:]
-    o, ht = torch.empty(B, 1, HV, V), torch.empty_like(state)
     problem = _lib.KdaProblem(
         B=B, T=1, H=H, HV=HV, K=K, V=V, q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(),
         beta=beta.data_ptr(), g=decay.data_ptr(), h0=state.data_ptr(), qk_l2norm=True,
         decay=_lib.DECAY_PER_CHANNEL if per_channel else _lib.DECAY_PER_HEAD)
-    return lambda: _lib.lib.linseq_kda_forward(ctypes.byref(problem), ctypes.byref(_RECURRENT),
-                                               o.data_ptr(), ht.data_ptr())
+
+    def into(o, ht):
+        _lib.lib.linseq_kda_forward(ctypes.byref(problem), ctypes.byref(_RECURRENT),
+                                    o.data_ptr(), ht.data_ptr())
+        return o, ht
+
+    o, ht = torch.empty(B, 1, HV, V), torch.empty_like(state)
+    return (lambda: into(torch.empty(B, 1, HV, V), torch.empty_like(state)),
+            lambda: into(o, ht))
 
 
 def _delta_calls(b, name, module, function, adapter, heads, value_heads, dk, dv, per_channel):
@@ -139,10 +153,10 @@ def _delta_calls(b, name, module, function, adapter, heads, value_heads, dk, dv,
         return lambda: fn(xc, conv_state, weight, None, activation="silu")
 
     return [(f"{name} {function}", call(adapter), call(_fallback(module, function)),
-             _kda_library(q, k, v, decay, beta, state, per_channel)),
+             *_kda_library(q, k, v, decay, beta, state, per_channel)),
             (f"{name} causal_conv1d_update", conv(linseq_hf._conv_update),
              conv(_fallback(module, "causal_conv1d_update")),
-             _conv_library(xc, conv_state, weight, None))]
+             _conv_library(xc, conv_state, weight, None), None)]
 
 
 def calls(b):
@@ -202,13 +216,14 @@ def main():
     print(f"batch {args.batch}, {args.threads} threads, median of {args.repeat} calls, "
           f"microseconds per call")
     print(f"{'call':46s} {'linseq':>9s} {'library':>9s} {'overhead':>9s} {'fallback':>9s} "
-          f"{'speedup':>8s}")
+          f"{'speedup':>8s} {'same out':>9s}")
     with torch.no_grad():
-        for label, ours, theirs, library in calls(args.batch):
+        for label, ours, theirs, library, same_out in calls(args.batch):
             t_ours, t_lib = _median_us(ours, args.repeat), _median_us(library, args.repeat)
             t_theirs = _median_us(theirs, args.repeat)
+            t_same = f"{_median_us(same_out, args.repeat):9.1f}" if same_out else ""
             print(f"{label:46s} {t_ours:9.1f} {t_lib:9.1f} {t_ours - t_lib:9.1f} "
-                  f"{t_theirs:9.1f} {t_theirs / t_ours:7.2f}x")
+                  f"{t_theirs:9.1f} {t_theirs / t_ours:7.2f}x {t_same}")
         if args.ops:
             print(f"\n{'op (torch.ops.linseq.*)':46s} {'C++':>9s} {'eager':>9s} "
                   f"{'Python':>9s}")
