@@ -244,11 +244,11 @@ LS_INLINE void row_vec_store(void *row, int64_t at, row_vec v, int64_t n, bool h
  * position. The state and x move as stored (row_vec), and when the row holds just the window
  * (L = W-1) the shift stores the window's vectors again rather than loading them twice: the
  * same bits as widening, computing nothing, and rounding. */
-LS_INLINE void span_strip(const span_shape *s, int64_t W, linseq_activation act, bool half_x,
-                          bool half_state, const void *from, void *to, const void *x, void *y,
-                          int64_t c, int64_t n)
+LS_INLINE void span_strip(const span_shape *s, int64_t W, int64_t L, linseq_activation act,
+                          bool half_x, bool half_state, const void *from, void *to,
+                          const void *x, void *y, int64_t c, int64_t n)
 {
-    const int64_t D = s->D, L = s->L, prev = (L - (W - 1)) * D + c;
+    const int64_t D = s->D, prev = (L - (W - 1)) * D + c;
     const bool keep = L == W - 1 && W - 1 <= SPAN_KEPT;
     row_vec kept[SPAN_KEPT];
     vf acc = s->bias ? row_load(s->bias, c, n, false) : vf_zero();
@@ -273,11 +273,12 @@ LS_INLINE void span_strip(const span_shape *s, int64_t W, linseq_activation act,
         row_store(to, (L - 1) * D + c, x_new, n, half_state);
 }
 
-/* One token of every request over a span of tap-major rows, W, act and the dtypes constants
- * when inlined (see conv1d_decode_span_item): whole vectors, then the span's ragged edge. */
+/* One token of every request over a span of tap-major rows of L positions, W, L, act and the
+ * dtypes constants when inlined (see conv1d_decode_span_item): whole vectors, then the span's
+ * ragged edge. */
 LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const span_shape *s, int64_t W,
-                              linseq_activation act, bool half_x, bool half_state, int64_t d0,
-                              int64_t width)
+                              int64_t L, linseq_activation act, bool half_x, bool half_state,
+                              int64_t d0, int64_t width)
 {
     const size_t x_bytes = half_x ? 2 : 4;
     for (int64_t b = 0; b < pl->p->B; b++) {
@@ -294,29 +295,31 @@ LS_INLINE void tap_major_span(const conv1d_decode_plan *pl, const span_shape *s,
         to = (unsigned char *)to + d0 * (half_state ? 2 : 4);
         int64_t c = 0;
         for (; c + VW <= width; c += VW)
-            span_strip(s, W, act, half_x, half_state, from, to, x, y, c, VW);
-        if (c < width) span_strip(s, W, act, half_x, half_state, from, to, x, y, c, width - c);
+            span_strip(s, W, L, act, half_x, half_state, from, to, x, y, c, VW);
+        if (c < width)
+            span_strip(s, W, L, act, half_x, half_state, from, to, x, y, c, width - c);
     }
 }
 
 /* The span kernel for one activation: the common dtypes (x and state both bf16, or both
- * float32) and W = 4 instantiated with constants, so their loops carry no branch on them;
- * any other mix runs the same body with run-time flags. */
+ * float32) and W = 4 over rows of the window alone (L = 3, serving engines' rows)
+ * instantiated with constants, so their loops carry no branch on them; any other mix runs
+ * the same body with run-time sizes and flags. */
 LS_INLINE void tap_major_span_for(const conv1d_decode_plan *pl, const span_shape *s,
                                   linseq_activation act, int64_t d0, int64_t width)
 {
-    const int64_t W = pl->p->W;
+    const int64_t W = pl->p->W, L = s->L;
     const bool half_x = pl->bf16, half_state = pl->by_row && pl->by_row->dtype == LINSEQ_POOL_BF16;
-    if (half_x && half_state && W == 4)
-        tap_major_span(pl, s, 4, act, true, true, d0, width);
-    else if (!half_x && !half_state && W == 4)
-        tap_major_span(pl, s, 4, act, false, false, d0, width);
+    if (half_x && half_state && W == 4 && L == 3)
+        tap_major_span(pl, s, 4, 3, act, true, true, d0, width);
+    else if (!half_x && !half_state && W == 4 && L == 3)
+        tap_major_span(pl, s, 4, 3, act, false, false, d0, width);
     else if (half_x && half_state)
-        tap_major_span(pl, s, W, act, true, true, d0, width);
+        tap_major_span(pl, s, W, L, act, true, true, d0, width);
     else if (!half_x && !half_state)
-        tap_major_span(pl, s, W, act, false, false, d0, width);
+        tap_major_span(pl, s, W, L, act, false, false, d0, width);
     else
-        tap_major_span(pl, s, W, act, half_x, half_state, d0, width);
+        tap_major_span(pl, s, W, L, act, half_x, half_state, d0, width);
 }
 
 void LS_ISA_FN(ls_conv1d_decode_span_item)(void *ctx, int64_t item, int thread)
