@@ -14,19 +14,12 @@
 
 /* vf_store_bf16_pair with the instruction: both vectors rounded by one vcvtne2ps2bf16 (even
  * elements in the lower 16 words, odd in the upper), interleaved back by one word permutation.
- * The instruction gives a normal input a normal or infinite bf16 and a subnormal one a zero:
- * a zero word is a zero or a flushed subnormal lane, and one test of the 32 words (vptestnmw)
- * replaces two subnormal classifications on the common path, which cost a tenth of the step. */
+ * The state's values are results of the kernel's arithmetic, never subnormal under FTZ
+ * (simd/bf16_store_instruction.h), so the instruction gives the integer rounding's bits. */
 static inline __attribute__((always_inline)) void store_bf16_pair_instruction(uint16_t *p, vf even,
                                                                               vf odd)
 {
     const __m512i halves = (__m512i)_mm512_cvtne2ps_pbh(odd, even);
-    if (_mm512_testn_epi16_mask(halves, _mm512_set1_epi16(0x7fff)) &&
-        !_kortestz_mask16_u8(_mm512_fpclass_ps_mask(even, 0x20),
-                             _mm512_fpclass_ps_mask(odd, 0x20))) {
-        vf_store_bf16_pair(p, even, odd);
-        return;
-    }
     /* word 2m is word m (even), word 2m + 1 is word 16 + m (odd) */
     const __m512i interleave =
         _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
