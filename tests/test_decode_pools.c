@@ -552,6 +552,77 @@ static void test_conv_bf16_rows_every_value(void)
     free(data), free(before), free(x16), free(y16), free(weight), free(bias);
 }
 
+/* float32 bit patterns of every kind: every exponent (NaNs and infinities among them), and
+ * every 97th a subnormal, every 13th halfway between two bf16; vectors with and without such
+ * lanes. */
+static void fill_rounding_cases(float *v, int64_t n, uint32_t salt)
+{
+    for (int64_t i = 0; i < n; i++) {
+        uint32_t bits = ((uint32_t)i + salt) * 2654435761u;
+        if (i % 97 == 5)
+            bits &= 0x807fffffu;
+        else if (i % 13 == 1)
+            bits = (bits & 0xffff0000u) | 0x8000u;
+        memcpy(&v[i], &bits, sizeof bits);
+    }
+}
+
+/* The serving step rounds to bf16 as ls_f32_to_bf16 for every kind of value: ties,
+ * subnormals, infinities and NaNs, whole vectors and a ragged edge; on CPUs with AVX512-BF16
+ * by its instruction, which flushes a subnormal (a vector holding one takes the integer
+ * rounding). Its y with bf16 x (y = bias here: zero taps and window, no activation; the
+ * kernels' arithmetic flushes subnormals, core/fp_mode.h, so y = the float32 step's, rounded),
+ * and a float32 x moved into bf16 rows (a move, not arithmetic: subnormals kept). */
+static void test_conv_bf16_rounding(void)
+{
+    enum { B = 2, W = 4, L = 3, D = 1037 }; /* several spans and a ragged edge */
+    float *weight = tu_alloc((size_t)(W * D)), *bias = tu_alloc((size_t)D);
+    float *x32 = tu_alloc((size_t)(B * D)), *y32 = tu_alloc((size_t)(B * D));
+    float *pool32 = tu_alloc((size_t)(B * L * D));
+    uint16_t *x16 = calloc((size_t)(B * D), 2), *y16 = malloc((size_t)(B * D) * 2);
+    uint16_t *pool16 = calloc((size_t)(B * L * D), 2);
+    fill_rounding_cases(bias, D, 0);
+    static const int64_t rows[B] = {1, 0};
+    const linseq_conv1d_problem f32 = {.B = B,
+                                       .T = 1,
+                                       .D = D,
+                                       .W = W,
+                                       .x = x32,
+                                       .weight = weight,
+                                       .bias = bias,
+                                       .activation = LINSEQ_ACT_IDENTITY,
+                                       .state_tap_major = true,
+                                       .weight_tap_major = true};
+    linseq_conv1d_problem bf = f32;
+    bf.x = (const float *)(void *)x16;
+    CHECK_OK(ls_conv1d_decode_isa(&f32, NULL, pool32, B, L, rows, NULL, y32, test_isa));
+    const ls_state_rows r = {.from = pool16,
+                             .to = pool16,
+                             .dtype = LINSEQ_POOL_BF16,
+                             .stride = L * D,
+                             .src = rows,
+                             .dst = rows};
+    const linseq_exec ex = {.threads = 1, .dtype = LINSEQ_DTYPE_BF16};
+    CHECK_OK(ls_conv1d_decode_rows_isa(&bf, &ex, &r, B, (float *)(void *)y16, test_isa));
+    int64_t bad = 0;
+    for (int64_t i = 0; i < B * D; i++) bad += y16[i] != ls_f32_to_bf16(y32[i]);
+    CHECK(bad == 0, "%s conv serving step: %lld bf16 outputs are not the float32 y rounded once",
+          ls_isa_name(test_isa), (long long)bad);
+    /* float32 x and y over the bf16 rows: the newest position holds x rounded */
+    fill_rounding_cases(x32, B * D, 7);
+    const linseq_exec ex32 = {.threads = 1};
+    CHECK_OK(ls_conv1d_decode_rows_isa(&f32, &ex32, &r, B, y32, test_isa));
+    bad = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t d = 0; d < D; d++)
+            bad += pool16[rows[b] * L * D + (L - 1) * D + d] != ls_f32_to_bf16(x32[b * D + d]);
+    CHECK(bad == 0,
+          "%s conv serving step, float32 x over bf16 rows: %lld new entries are not x rounded",
+          ls_isa_name(test_isa), (long long)bad);
+    free(weight), free(bias), free(x32), free(y32), free(pool32);
+    free(x16), free(y16), free(pool16);
+}
+
 /* Width 1 keeps no window (state_len W - 1 = 0): a decode over a bf16 tap-major pool is
  * refused by name as the float32 one is, and nothing is written. The fuzzer found the step
  * over a serving engine's rows writing the new input one row before the pool. */
@@ -652,6 +723,7 @@ int main(void)
         test_conv_tap_major();
         test_conv_serving_step();
         test_conv_bf16_rows_every_value();
+        test_conv_bf16_rounding();
         tu_mark tally = {0, 0};
         tu_tally_add(&tally, mark);
         char label[64];

@@ -267,8 +267,13 @@ static linseq_status decode_run(const char *fn, conv1d_decode_plan *pl, const li
                        (long long)p->W, (long long)p->T);
     pl->thread_floats = (size_t)thread_floats;
     const ssm_kernels *kern = ls_ssm_kernels(isa);
+    /* bf16 rows rounded by AVX512-BF16's instruction where the CPU has it (the same bits) */
+    const bool round_by_instruction = isa == LS_ISA_AVX512 && ls_cpu_has_bf16_dot();
     ls_parallel_for_static(n_items, n_threads,
-                           by_span ? kern->conv1d_decode_span_item : kern->conv1d_decode_item, pl);
+                           !by_span               ? kern->conv1d_decode_item
+                           : round_by_instruction ? kern->conv1d_decode_span_item_bf16
+                                                  : kern->conv1d_decode_span_item,
+                           pl);
     free(pl->workspace);
     return LINSEQ_OK;
 }

@@ -10,6 +10,7 @@
         .conv1d_item = ls_conv1d_item_##sfx, .conv1d_bwd_item = ls_conv1d_bwd_item_##sfx,          \
         .conv1d_decode_item = ls_conv1d_decode_item_##sfx,                                         \
         .conv1d_decode_span_item = ls_conv1d_decode_span_item_##sfx,                               \
+        .conv1d_decode_span_item_bf16 = ls_conv1d_decode_span_item_bf16_##sfx,                     \
         .vmath_n = ls_ssm_vmath_n_##sfx,                                                           \
     }
 

@@ -174,6 +174,9 @@ LS_ISA_DECLARE(void, ls_conv1d_decode_item, (void *plan, int64_t item, int threa
  * per thread, transposed once for all of them). */
 #define CONV1D_DECODE_SPAN_FLOATS(W) ((W)*CONV1D_SPAN)
 LS_ISA_DECLARE(void, ls_conv1d_decode_span_item, (void *plan, int64_t item, int thread));
+/* The same, rounding bf16 rows by AVX512-BF16's instruction on the AVX-512 kernels (run only
+ * where ls_cpu_has_bf16_dot; every other ISA: the integer rounding, the same bits). */
+LS_ISA_DECLARE(void, ls_conv1d_decode_span_item_bf16, (void *plan, int64_t item, int thread));
 
 /* ---- the activations as the kernels compute them, over arrays (for tests) ------------- */
 
@@ -199,6 +202,7 @@ typedef struct ssm_kernels {
     void (*conv1d_bwd_item)(void *plan, int64_t item, int thread);
     void (*conv1d_decode_item)(void *plan, int64_t item, int thread);
     void (*conv1d_decode_span_item)(void *plan, int64_t item, int thread);
+    void (*conv1d_decode_span_item_bf16)(void *plan, int64_t item, int thread);
     void (*vmath_n)(ls_ssm_vfn fn, linseq_activation act, int64_t n, const float *x, float *y);
 } ssm_kernels;
 
