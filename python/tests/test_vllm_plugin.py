@@ -19,6 +19,7 @@ pyproject.toml declares, put on sys.path here as a distribution's metadata.
 
 import gc
 import importlib
+import itertools
 import os
 import sys
 
@@ -1083,6 +1084,97 @@ def test_mamba2_prefill_equals_vllms_op_and_float64(dtype, with_D_z, with_z, sof
         # both round one float32 result once: float32 rounding apart, one bfloat16 step
         torch.testing.assert_close(outs["linseq"], outs["vllm"], **_same_rounded(dtype))
         torch.testing.assert_close(states["linseq"], states["vllm"], **_same_rounded(dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mamba2_prefill_chunk_states_for_prefix_caching(dtype):
+    """return_intermediate_states (vLLM's align mode): the state after each chunk of
+    cu_chunk_seqlens, each prompt's final state at its last chunk. Three packed prompts in
+    chunks of 16: one from token 0 (16 + 16 + 8), one resuming 11 tokens into a block from a
+    state (5 + 16 + 3), one of a single chunk; each chunk's state is the float64 scan's after
+    that many tokens, and y as without the states. vLLM's CPU kernel returns the final states
+    alone for this call, which the layer then indexes by chunk (an IndexError)."""
+    g = torch.Generator().manual_seed(12)
+    lengths, chunks = (40, 24, 7), [16, 16, 8, 5, 16, 3, 7]
+    cu = torch.tensor([0, 40, 64, 71], dtype=torch.int32)
+    cu_chunks = torch.tensor([0] + list(itertools.accumulate(chunks)), dtype=torch.int32)
+    last = torch.tensor([2, 5, 6], dtype=torch.int32)
+    x, dt, B, C, _ = _ssd_tokens(71, g, dtype)
+    A, D, dt_bias = _ssd_params(g)
+    initial = (torch.randn(3, M2_HEADS, M2_HEAD_DIM, M2_DSTATE, generator=g) * 0.3).to(dtype)
+    initial[0] = 0
+    out, plain_out = (torch.full(x.shape, float("nan"), dtype=dtype) for _ in range(2))
+    states = linseq_vllm._ssd_chunk_scan(x, dt, A, B, C, 16, cu, cu_chunks, last,
+                                         torch.zeros(1), out, D=D, dt_bias=dt_bias,
+                                         initial_states=initial, dt_softplus=True,
+                                         return_intermediate_states=True, state_dtype=dtype)
+    assert states.dtype == dtype and states.shape == (len(chunks),) + initial.shape[1:]
+    linseq_vllm._ssd_chunk_scan(x, dt, A, B, C, 16, cu, None, None, torch.zeros(1), plain_out,
+                                D=D, dt_bias=dt_bias, initial_states=initial,
+                                dt_softplus=True, state_dtype=dtype)
+    chunk = 0
+    for s in range(3):
+        start, ends = int(cu[s]), []
+        while chunk <= int(last[s]):
+            ends.append((chunk, int(cu_chunks[chunk + 1])))
+            chunk += 1
+        for c, end in ends:
+            span = slice(start, end)
+            y, S = _ssd_reference(x[span], dt[span], A, B[span], C[span], D, None, dt_bias,
+                                  True, initial[s])
+            _close(states[c], S, f"state after chunk {c} (prompt {s})", tol=1e-2)
+        _close(out[start:int(cu[s + 1])], y, f"y of prompt {s}", tol=1e-2)
+    # the pieces restart the library's chunks at vLLM's ends: rounding apart from one pass
+    torch.testing.assert_close(out, plain_out, **_same_rounded(dtype))
+    with pytest.raises(linseq_vllm._Declined, match="multiples of chunk_size"):
+        linseq_vllm._ssd_chunk_scan(x, dt, A, B, C, 16, cu, torch.tensor(
+            [0, 16, 30, 40, 45, 61, 64, 71], dtype=torch.int32), last, torch.zeros(1), out,
+            D=D, dt_bias=dt_bias, dt_softplus=True, return_intermediate_states=True)
+
+
+def test_mamba2_prefix_caching_in_align_mode(offline_vllm, tmp_path, monkeypatch):
+    """Mamba2's prefix caching in vLLM's align mode, which vLLM's CPU build cannot run on its
+    own kernels (its scan returns no chunk states, and it keeps checkpoints with a Triton
+    kernel): routed to linseq, prompts sharing a 40-token prefix, served one after another,
+    give the tokens transformers' float32 model of the same weights ranks first (within
+    bfloat16's noise), and the later ones' prefill starts from the checkpoint at token 32
+    (the scan sees 10 and 13 of their 42 and 45 tokens)."""
+    model = _tiny_mamba2_model(tmp_path)
+    prefix = [(5 * i + 1) % 64 for i in range(40)]
+    prompts = [prefix + [7, 8, 9], prefix + [11, 12], prefix + [7, 8, 9, 10, 3]]
+    scanned = []   # the tokens of each layer's prefill scan
+    real = linseq_vllm._pool_call
+
+    def spy(function, op, arrays, *args, **kwargs):
+        if op == "ssd" and function.startswith("forward_pool"):
+            scanned.append(arrays["x"].shape[1])
+        return real(function, op, arrays, *args, **kwargs)
+    monkeypatch.setattr(linseq_vllm, "_pool_call", spy)
+    linseq_vllm.disable()
+    linseq_vllm.enable(("mamba2",))
+    try:
+        llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+                       max_model_len=128, max_num_batched_tokens=64, enforce_eager=True,
+                       seed=0, block_size=16, enable_prefix_caching=True,
+                       mamba_cache_mode="align")
+        params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+        got, prefill_tokens = [], []
+        for p in prompts:
+            scanned.clear()
+            got.append(list(llm.generate([{"prompt_token_ids": p}],
+                                         params)[0].outputs[0].token_ids))
+            prefill_tokens.append(sum(scanned) // model.config.num_hidden_layers)
+        del llm
+        gc.collect()
+    finally:
+        linseq_vllm.disable()
+        linseq_vllm.enable()
+    assert prefill_tokens == [43, 10, 13], prefill_tokens
+    for prompt, tokens in zip(prompts, got):
+        ref = _reference_logprobs(model, prompt + tokens)
+        positions = torch.arange(len(prompt) - 1, ref.shape[0])
+        torch.testing.assert_close(ref[positions, torch.tensor(tokens)],
+                                   ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
 
 
 def _mamba2_decode_args(g, batch, dtype, with_D_z):

@@ -55,7 +55,7 @@ vLLM's op, as does a call with tensors off the CPU.
 On a CPU without AVX512-BF16, vLLM's GDN layer runs its PyTorch conv instead, left as it is.
 
 Mamba2 (family "mamba2", routed only when asked: LINSEQ_VLLM=all or mamba2, or
-enable("all")). vLLM's Mamba2 layer (MambaMixer2) calls four functions it imported into its
+enable("all")). vLLM's Mamba2 layer (MambaMixer2) calls five functions it imported into its
 module, rebound there. Its prefill scan (mamba_chunk_scan_combined_varlen) runs on linseq's
 SSD op: the layer itself gathers each prompt's state from its pool (zeros for a new prompt)
 and writes the final states the scan returns back to the pool, so the scan's pool is the
@@ -66,9 +66,13 @@ pool [slots, heads, headdim, dstate] in place, vLLM's null block and negative sl
 padding; dt, dt_bias and A, which the layer expands over headdim with stride 0, are taken per
 head, and a call whose values differ along headdim is declined. Its conv (causal_conv1d_fn,
 causal_conv1d_update) runs on linseq's causal conv op with the layer's [dim, width] weight
-and the conv state in vLLM's layouts, as the GDN conv does. Declined (vLLM's op runs): the
-states at chunk ends that prefix caching keeps (return_intermediate_states), speculative
-decoding (num_accepted_tokens). The decode step and the decode conv of the common form go
+and the conv state in vLLM's layouts, as the GDN conv does. Prefix caching in vLLM's align
+mode, which vLLM's CPU build cannot run on its own (its scan ignores
+return_intermediate_states, and its store_prefill_checkpoint is a Triton kernel): the scan
+returns the state at each chunk end (the library's forward_pool_blocks, vLLM's chunks as its
+blocks), and store_prefill_checkpoint keeps the checkpoints in the pools with PyTorch
+indexing. Declined (vLLM's op runs): speculative decoding (num_accepted_tokens), and chunk
+layouts other than vLLM's (chunk ends at multiples of chunk_size). The decode step and the decode conv of the common form go
 to the C++ steps (linseq::vllm_ssd_decode, vllm_conv_update) where they are loaded. Per
 call against vLLM's own functions (tools/perf/vllm_calls.py: one thread, 24 heads of
 64, dstate 128, a bfloat16 pool) the prefill scan ran 1.0-1.6x as fast as vLLM's, the conv
@@ -224,8 +228,11 @@ def _pool_layout(pool, row_shape):
 
 
 def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
-               has_initial_state=None, cu_seqlens=None, bf16_products=False, **options):
-    """linseq.ops' `function` (decode_pool, decode_tokens_pool or forward_pool) of op on
+               has_initial_state=None, cu_seqlens=None, bf16_products=False, blocks=None,
+               **options):
+    """linseq.ops' `function` (decode_pool, decode_tokens_pool, forward_pool, or
+    forward_pool_blocks with blocks = (block_size, block_rows [sequences, max_blocks],
+    computed_tokens [sequences]) of src's dtype: include/linseq.h) of op on
     vLLM's pool tensor in place, its rows where they lie: arrays {the table's input name:
     a C-contiguous float32 tensor or None; the op's per-token inputs may all be bfloat16
     instead, which the library then reads as they are (exec dtype bf16: an op that does not
@@ -240,7 +247,8 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
     tensors; None where absent), or None, before anything is written, where the pool's
     layout is not one the library reads in place."""
     ctypes, torch, _lib, ops = _modules()
-    template = _template(function, op, arrays, cu_seqlens, options)
+    template = _template("forward_pool" if blocks else function, op, arrays, cu_seqlens,
+                         options)
     token_dtype = _token_dtype(template, arrays)
     layout = _pool_layout(pool, template.row_shape)
     if layout is None:
@@ -289,6 +297,20 @@ def _pool_call(function, op, arrays, pool, src, dst=None, *, pad_value=None,
             ctypes.byref(spec))
     if function == "forward_pool":
         _lib.check(call(*head, None if has is None else has.data_ptr(), ptrs))
+    elif function == "forward_pool_blocks":
+        block_size, block_rows, computed = blocks
+        if block_rows.dtype != src.dtype or computed.dtype != src.dtype or \
+                block_rows.dim() != 2 or not block_rows.is_contiguous() or \
+                block_rows.shape[0] != template.state_count or \
+                computed.shape != (template.state_count,) or not computed.is_contiguous():
+            raise ValueError(f"block_rows, computed_tokens: expected contiguous {src.dtype} "
+                             f"[{template.state_count}, max_blocks] and "
+                             f"[{template.state_count}], got {block_rows.dtype} "
+                             f"{list(block_rows.shape)} and {computed.dtype} "
+                             f"{list(computed.shape)}")
+        _lib.check(call(*head, None if has is None else has.data_ptr(), int(block_size),
+                        block_rows.data_ptr(), block_rows.shape[1], computed.data_ptr(),
+                        ptrs))
     else:
         _lib.check(call(*head, ptrs))
     del kept
@@ -861,14 +883,14 @@ def _ssd_chunk_scan(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
     initial_states [prompts, heads, headdim, dstate] (None: every prompt from zeros; the
     layer gathers them from its pool, zeros for new prompts). The output goes into out
     [tokens, heads, headdim]; returns the final states [prompts, heads, headdim, dstate] in
-    state_dtype (x's without it), which the layer writes to its pool. The returned tensor is
-    the pool the library runs on, in place, a bfloat16 one included. chunk_size and the
-    chunk metadata are vLLM's kernel's; linseq takes its own chunks (the same values within
-    float32 rounding)."""
+    state_dtype (x's without it), which the layer writes to its pool; with
+    return_intermediate_states (prefix caching in vLLM's align mode) the state after each
+    chunk of cu_chunk_seqlens instead, [chunks, heads, headdim, dstate], prompt i's final
+    state at last_chunk_indices[i] (vLLM's CPU kernel returns the final states alone there,
+    which the layer cannot index). The returned tensor is the pool the library runs on, in
+    place, a bfloat16 one included. linseq takes its own chunks within vLLM's (the same
+    values within float32 rounding)."""
     import torch
-    if return_intermediate_states:
-        raise _Declined("return_intermediate_states: the states at chunk ends (vLLM's prefix "
-                        "caching checkpoints) are vLLM's kernel's")
     if x.dim() != 3 or cu_seqlens is None or cu_seqlens.dim() != 1 or out is None:
         raise ValueError(f"x: expected vLLM's packed [tokens, heads, headdim] prompts with "
                          f"cu_seqlens [prompts + 1] and out, got x {list(x.shape)}")
@@ -879,23 +901,96 @@ def _ssd_chunk_scan(x, dt, A, B, C, chunk_size, cu_seqlens, cu_chunk_seqlens,
                          f"{list(x.shape)}; got B {list(B.shape)}, C {list(C.shape)}, "
                          f"A {list(A.shape)}, out {list(out.shape)}")
     prompts, dstate = cu_seqlens.shape[0] - 1, B.shape[2]
-    states = torch.empty(prompts, heads, headdim, dstate, dtype=state_dtype or x.dtype)
+    blocks, n_rows = None, prompts
+    rows = torch.arange(prompts, dtype=torch.int64)
+    if return_intermediate_states:
+        block_rows, computed, rows = _chunk_state_rows(cu_seqlens, cu_chunk_seqlens,
+                                                       last_chunk_indices, chunk_size)
+        blocks, n_rows = (chunk_size, block_rows, computed), cu_chunk_seqlens.shape[0] - 1
+    states = torch.empty(n_rows, heads, headdim, dstate, dtype=state_dtype or x.dtype)
     if initial_states is not None:
-        if initial_states.shape != states.shape:
-            raise ValueError(f"initial_states: expected {list(states.shape)}, got "
-                             f"{list(initial_states.shape)}")
-        states.copy_(initial_states)
+        if initial_states.shape != (prompts,) + states.shape[1:]:
+            raise ValueError(f"initial_states: expected {[prompts] + list(states.shape[1:])}, "
+                             f"got {list(initial_states.shape)}")
+        states[rows] = initial_states.to(states.dtype)
     has = torch.full((prompts,), initial_states is not None, dtype=torch.bool)
     dt, bias, options = _ssd_dt_options(dt, dt_bias, dt_softplus, dt_limit)
     skip, per_channel = _ssd_skip(D, heads, headdim)
     arrays = dict(x=_f32(x)[None], dt=dt[None], A=_f32(A), B=_f32(B)[None], C=_f32(C)[None],
                   D=skip, z=None if z is None else _f32(z)[None], dt_bias=bias)
-    rows = torch.arange(prompts, dtype=torch.int32)
     # float32 products: vLLM's scan computes in float32 and rounds y once, as this does
-    (y,) = _on_vllms_pool("forward_pool", "ssd", arrays, states, rows, has_initial_state=has,
-                          cu_seqlens=cu_seqlens, D_per_channel=per_channel, **options)
+    if blocks is None:
+        (y,) = _on_vllms_pool("forward_pool", "ssd", arrays, states, rows,
+                              has_initial_state=has, cu_seqlens=cu_seqlens,
+                              D_per_channel=per_channel, **options)
+    else:   # the states tensor is this function's own: the library reads it in place
+        (y,) = _pool_call("forward_pool_blocks", "ssd", arrays, states, rows,
+                          has_initial_state=has, cu_seqlens=cu_seqlens, blocks=blocks,
+                          D_per_channel=per_channel, **options)
     out.copy_(y[0])
     return states
+
+
+def _chunk_state_rows(cu_seqlens, cu_chunk_seqlens, last_chunk_indices, chunk_size):
+    """vLLM's chunks (cu_chunk_seqlens [chunks + 1] token offsets; prompt i's chunks end
+    at last_chunk_indices[i]) as the library's block boundaries, for the state after each
+    chunk. vLLM ends a prompt's chunks at multiples of chunk_size counted from the start of
+    its prompt, so every chunk but the first and last is chunk_size long: with block_size =
+    chunk_size and computed_tokens[i] = chunk_size - (its first chunk's length) (mod
+    chunk_size), the library's boundaries inside the prompt are its chunks' ends. Returns
+    (block_rows [prompts, max_blocks], computed_tokens [prompts], final rows [prompts]),
+    int64: the state after prompt i's j-th chunk goes to that chunk's row (its index in
+    cu_chunk_seqlens), its final state to its last chunk's. Another layout is declined
+    (vLLM's function runs)."""
+    import torch
+    cu, ends, last = (t.tolist() for t in (cu_seqlens, cu_chunk_seqlens, last_chunk_indices))
+    if len(last) != len(cu) - 1 or chunk_size < 1:
+        raise _Declined("last_chunk_indices: not one per prompt")
+    counts, computed, first = [], [], 0
+    for i, final in enumerate(last):
+        lengths = [ends[c + 1] - ends[c] for c in range(first, min(final, len(ends) - 2) + 1)]
+        if not lengths or first + len(lengths) - 1 != final or ends[first] != cu[i] or \
+                ends[final + 1] != cu[i + 1] or \
+                not all(0 < n <= chunk_size for n in lengths) or \
+                any(n != chunk_size for n in lengths[1:-1]):
+            raise _Declined(f"cu_chunk_seqlens: prompt {i}'s chunks do not end at multiples "
+                            f"of chunk_size {chunk_size} (the layout linseq maps)")
+        counts.append(len(lengths))
+        computed.append((chunk_size - lengths[0]) % chunk_size)
+        first = final + 1
+    if first != len(ends) - 1:
+        raise _Declined("cu_chunk_seqlens: chunks past the last prompt's")
+    block_rows = torch.full((len(last), max([1] + [n - 1 for n in counts])), -1,
+                            dtype=torch.int64)
+    for i, (n, final) in enumerate(zip(counts, last)):
+        block_rows[i, :n - 1] = torch.arange(final - n + 1, final)
+    return (block_rows, torch.tensor(computed, dtype=torch.int64),
+            torch.tensor(last, dtype=torch.int64))
+
+
+def _store_prefill_checkpoint(checkpoint, chunk_idx, x, conv_state, chunk_states, ssm_state,
+                              query_start_loc, *, state_len):
+    """vLLM's store_prefill_checkpoint (the Mamba2 layer's prefix caching in align mode), on
+    the CPU, where vLLM's is a Triton kernel its CPU build cannot run: each prefill prompt i
+    with a checkpoint (checkpoint.checkpoint_offsets[i] > 0 tokens into this step's part of
+    it) keeps, in block checkpoint.state_indices[i], the state_len conv inputs before that
+    token (x [dim, tokens] from query_start_loc[i], oldest first) in conv_state's first
+    state_len positions ([blocks, dim, >= state_len]) and the SSD state after chunk
+    chunk_idx[i] of chunk_states (_ssd_chunk_scan's intermediate states) in ssm_state."""
+    import torch
+    offsets = checkpoint.checkpoint_offsets.tolist()
+    blocks, chunks = checkpoint.state_indices.tolist(), chunk_idx.tolist()
+    starts = query_start_loc.tolist()
+    for i, offset in enumerate(offsets):
+        if offset <= 0:
+            continue
+        if offset < state_len:   # align mode schedules whole blocks: not reached
+            raise ValueError(f"checkpoint_offsets[{i}] = {offset}: expected >= state_len "
+                             f"{state_len} (the conv inputs before it are this step's)")
+        end = starts[i] + offset
+        with torch.no_grad():
+            conv_state[blocks[i], :, :state_len] = x[:, end - state_len:end]
+            ssm_state[blocks[i]] = chunk_states[chunks[i]].reshape(ssm_state.shape[1:])
 
 
 def _ssd_state_update(state, x, dt, A, B, C, D=None, dt_bias=None, z=None,
@@ -1078,6 +1173,7 @@ ROUTES = {"mamba1": {_MIXER: {"selective_scan_fn": _selective_scan,
                                 "causal_conv1d_fwd_cpu": _conv_forward,
                                 "causal_conv1d_update_cpu": _conv_update}},
           "mamba2": {_MIXER2: {"mamba_chunk_scan_combined_varlen": _ssd_chunk_scan,
+                               "store_prefill_checkpoint": _store_prefill_checkpoint,
                                "selective_state_update": _ssd_state_update,
                                "causal_conv1d_fn": _mixer2_conv_forward,
                                "causal_conv1d_update": _mixer2_conv_update}}}
