@@ -4,7 +4,10 @@ linseq's plugin, alternating in one run: time to first token and decode tokens p
 
 Models (random weights, saved in a temporary folder): a Qwen3.5-like and a Qwen3-Next-like
 model (Gated DeltaNet layers and one full-attention layer, bfloat16: vLLM's CPU GDN layer
-runs in bfloat16 only) and a Mamba2 (bfloat16, as such models are served), served by vLLM's
+runs in bfloat16 only), qwen3_5_wide (the Qwen3.5-like model with the GDN layer of the
+released Qwen3-Next and Qwen3.5 models: 16 key and 32 value heads of 128, so that the GDN
+layers take the share of a decode step they take there, rather than a small model's), and
+a Mamba2 (bfloat16, as such models are served), served by vLLM's
 kernels and by linseq's; Mamba and FalconMamba (float32), served by linseq only, since
 vLLM's CPU build cannot run them alone (see linseq/integrations/vllm.py).
 
@@ -45,14 +48,15 @@ import tempfile
 import time
 
 SIDES = ("vllm", "linseq")
-GDN_MODELS = ("qwen3_5", "qwen3_next")
+GDN_MODELS = ("qwen3_5", "qwen3_next", "qwen3_5_wide")
 BOTH_SIDES = GDN_MODELS + ("mamba2",)   # the models vLLM's CPU build runs alone, in bfloat16
 
 
 def model_config(kind):
     """transformers' config and model class of a small random model of each kind: hidden
     256, 4 layers (the GDN models: 3 GDN layers, 8 value heads of 128, and 1 attention
-    layer; Mamba2: 8 heads of 64 channels, state 128, one group), vocabulary 256."""
+    layer; qwen3_5_wide 16 key and 32 value heads of 128; Mamba2: 8 heads of 64 channels,
+    state 128, one group), vocabulary 256."""
     import transformers
     if kind == "mamba2":
         return (transformers.Mamba2Config(vocab_size=256, hidden_size=256, state_size=128,
@@ -74,6 +78,8 @@ def model_config(kind):
                  linear_value_head_dim=128, tie_word_embeddings=False,
                  layer_types=["linear_attention"] * 3 + ["full_attention"],
                  max_position_embeddings=4096)
+    if kind == "qwen3_5_wide":
+        sizes.update(linear_num_key_heads=16, linear_num_value_heads=32)
     if kind == "qwen3_next":
         return (transformers.Qwen3NextConfig(num_experts=4, num_experts_per_tok=2,
                                              moe_intermediate_size=128,
