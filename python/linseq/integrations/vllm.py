@@ -687,8 +687,8 @@ def _gated_delta_update_spec(A_log, dt_bias, q, k, v, a, b, initial_state_source
 
 
 _conv_unpacking = {}   # packed weight shape -> the flat packed position of each weight
-# (what, data_ptr, shape, dtype, version) of a layer's parameter -> (the parameter, kept so
-# that its address is not reused while it is a key, the copy of it the library reads)
+# (what, id(parameter)) -> (the parameter, kept so that its id is not reused while it is a
+# key, its version counter and data pointer when copied, the copy of it the library reads)
 _layer_copies = {}
 
 
@@ -1214,10 +1214,14 @@ _installed = {}   # (module, name) -> the routed function linseq put there
 
 def _routed(adapter, original, qualified):
     """The function installed: the adapter for a call whose tensors are all on the CPU,
-    vLLM's function for any other, and for one the adapter declines."""
+    vLLM's function for any other, and for one the adapter declines. The check and the
+    adapter run with tensor subclasses' __torch_function__ off: vLLM's parameters
+    (BasevLLMParameter) override it only to pass each call on, yet that makes every read of
+    one (its device, version, shape) a Python call, 5-10 us of a decode call in a serving
+    step; vLLM's function, where it runs, runs as called."""
     import torch
 
-    tensor = torch.Tensor
+    tensor, plain = torch.Tensor, torch._C.DisableTorchFunctionSubclass
 
     def on_cpu(values):
         for t in values:
@@ -1227,11 +1231,12 @@ def _routed(adapter, original, qualified):
 
     @functools.wraps(original)
     def routed(*args, **kwargs):
-        if on_cpu(args) and on_cpu(kwargs.values()):
-            try:
-                return adapter(*args, **kwargs)
-            except _Declined as declined:
-                _log.debug("linseq: %s declined: %s", qualified, declined)
+        with plain():
+            if on_cpu(args) and on_cpu(kwargs.values()):
+                try:
+                    return adapter(*args, **kwargs)
+                except _Declined as declined:
+                    _log.debug("linseq: %s declined: %s", qualified, declined)
         return original(*args, **kwargs)
     routed.linseq_route = qualified
     return routed
