@@ -1135,13 +1135,17 @@ def test_mamba2_prefill_chunk_states_for_prefix_caching(dtype):
 def test_mamba2_prefix_caching_in_align_mode(offline_vllm, tmp_path, monkeypatch):
     """Mamba2's prefix caching in vLLM's align mode, which vLLM's CPU build cannot run on its
     own kernels (its scan returns no chunk states, and it keeps checkpoints with a Triton
-    kernel): routed to linseq, prompts sharing a 40-token prefix, served one after another,
+    kernel), routed to linseq. Prompts sharing a 40-token prefix, served one after another,
     give the tokens transformers' float32 model of the same weights ranks first (within
     bfloat16's noise), and the later ones' prefill starts from the checkpoint at token 32
-    (the scan sees 10 and 13 of their 42 and 45 tokens)."""
+    (the scan sees 10 and 13 of their 42 and 45 tokens). Then one batch (a prompt resuming
+    from the cache, a new one of four chunks, a short one: several prompts' chunk states in
+    one scan) gives the tokens of the same engine without prefix caching."""
     model = _tiny_mamba2_model(tmp_path)
     prefix = [(5 * i + 1) % 64 for i in range(40)]
     prompts = [prefix + [7, 8, 9], prefix + [11, 12], prefix + [7, 8, 9, 10, 3]]
+    other = [(3 * i + 2) % 64 for i in range(57)]
+    batch = [prefix + [5, 6, 7], other, other[:20]]
     scanned = []   # the tokens of each layer's prefill scan
     real = linseq_vllm._pool_call
 
@@ -1152,29 +1156,36 @@ def test_mamba2_prefix_caching_in_align_mode(offline_vllm, tmp_path, monkeypatch
     monkeypatch.setattr(linseq_vllm, "_pool_call", spy)
     linseq_vllm.disable()
     linseq_vllm.enable(("mamba2",))
+    params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    runs = {}
     try:
-        llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
-                       max_model_len=128, max_num_batched_tokens=64, enforce_eager=True,
-                       seed=0, block_size=16, enable_prefix_caching=True,
-                       mamba_cache_mode="align")
-        params = vllm.SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
-        got, prefill_tokens = [], []
-        for p in prompts:
-            scanned.clear()
-            got.append(list(llm.generate([{"prompt_token_ids": p}],
-                                         params)[0].outputs[0].token_ids))
-            prefill_tokens.append(sum(scanned) // model.config.num_hidden_layers)
-        del llm
-        gc.collect()
+        for caching in (True, False):
+            llm = vllm.LLM(model=str(tmp_path), skip_tokenizer_init=True, dtype="bfloat16",
+                           max_model_len=128, max_num_batched_tokens=64, enforce_eager=True,
+                           seed=0, block_size=16, enable_prefix_caching=caching,
+                           **({"mamba_cache_mode": "align"} if caching else {}))
+            got, prefill_tokens = [], []
+            for p in prompts if caching else ():
+                scanned.clear()
+                got.append(list(llm.generate([{"prompt_token_ids": p}],
+                                             params)[0].outputs[0].token_ids))
+                prefill_tokens.append(sum(scanned) // model.config.num_hidden_layers)
+            runs[caching] = (got, prefill_tokens, [
+                list(o.outputs[0].token_ids)
+                for o in llm.generate([{"prompt_token_ids": p} for p in batch], params)])
+            del llm
+            gc.collect()
     finally:
         linseq_vllm.disable()
         linseq_vllm.enable()
+    got, prefill_tokens, batch_tokens = runs[True]
     assert prefill_tokens == [43, 10, 13], prefill_tokens
     for prompt, tokens in zip(prompts, got):
         ref = _reference_logprobs(model, prompt + tokens)
         positions = torch.arange(len(prompt) - 1, ref.shape[0])
         torch.testing.assert_close(ref[positions, torch.tensor(tokens)],
                                    ref[positions].max(-1).values, **LOGPROB_TOLERANCE)
+    assert batch_tokens == runs[False][2]
 
 
 def _mamba2_decode_args(g, batch, dtype, with_D_z):
