@@ -72,8 +72,9 @@ return_intermediate_states, and its store_prefill_checkpoint is a Triton kernel)
 returns the state at each chunk end (the library's forward_pool_blocks, vLLM's chunks as its
 blocks), and store_prefill_checkpoint keeps the checkpoints in the pools with PyTorch
 indexing. Declined (vLLM's op runs): speculative decoding (num_accepted_tokens), and chunk
-layouts other than vLLM's (chunk ends at multiples of chunk_size). The decode step and the decode conv of the common form go
-to the C++ steps (linseq::vllm_ssd_decode, vllm_conv_update) where they are loaded. Per
+layouts other than vLLM's (chunk ends at multiples of chunk_size). The decode step and the
+decode conv of the common form go to the C++ steps (linseq::vllm_ssd_decode,
+vllm_conv_update) where they are loaded. Per
 call against vLLM's own functions (tools/perf/vllm_calls.py: one thread, 24 heads of
 64, dstate 128, a bfloat16 pool) the prefill scan ran 1.0-1.6x as fast as vLLM's, the conv
 3-17x, the decode step 1.02-1.26x on an Intel Xeon (0.93-1.01x on an AMD EPYC before the
